@@ -1,0 +1,173 @@
+//! Admission: deciding whether a call may start, binding it to the open visit, and driving it to exactly one
+//! outcome (rule H13).
+//!
+//! The order of checks: the tool exists (`TOOL_NOT_FOUND`), its arguments parse (`INVALID_INPUT`), a visit is
+//! open (`NO_WORLD`) and not exiting (`WORLD_CLOSED`). Nothing has run when any of these rejects. An admitted
+//! call waits for a loading session (`WORLD_LOADING_TIMEOUT`), then its handler runs on the plugin's runtime.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{CallCoordinates, CallCore, CallLife, CallOutcome, CallOutput};
+use crate::completion::Completion;
+use crate::error::{ErrorCode, ToolError};
+use crate::host::HostShared;
+use crate::ids::{ConversationId, OperationId, TaskId};
+use crate::panic::panic_message;
+use crate::tool::PreparedCall;
+
+/// One tool invocation, as an agent asks for it.
+#[derive(Clone, Debug)]
+pub struct CallRequest {
+    /// The tool's name.
+    pub tool: String,
+    /// The arguments: a JSON object.
+    pub arguments: Value,
+    /// The task the call belongs to; the conversation id when `None`.
+    pub task: Option<TaskId>,
+    /// A key that makes retries of one operation run once.
+    pub operation: Option<OperationId>,
+    /// Overrides the tool's timeout.
+    pub timeout: Option<Duration>,
+}
+
+impl CallRequest {
+    /// A call of `tool` with `arguments`.
+    pub fn new(tool: impl Into<String>, arguments: Value) -> Self {
+        Self { tool: tool.into(), arguments, task: None, operation: None, timeout: None }
+    }
+
+    /// Puts the call in a task.
+    pub fn task(mut self, task: impl Into<TaskId>) -> Self {
+        self.task = Some(task.into());
+        self
+    }
+
+    /// Gives the call an operation id.
+    pub fn operation(mut self, operation: impl Into<OperationId>) -> Self {
+        self.operation = Some(operation.into());
+        self
+    }
+
+    /// Overrides the tool's timeout for this call.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+/// A call that passed admission: it is live, and its driver runs.
+pub(crate) struct Admitted {
+    pub life: Arc<CallLife>,
+}
+
+/// Admits `request` for `conversation`, or says why not. Never blocks on the main thread.
+pub(crate) fn admit(
+    host: &Arc<HostShared>,
+    conversation: &ConversationId,
+    request: CallRequest,
+) -> Result<Admitted, ToolError> {
+    let request_id = host.next_request_id();
+    let rejected = |mut error: ToolError| {
+        error.details.request.get_or_insert(request_id);
+        error.details.tool.get_or_insert_with(|| request.tool.clone());
+        error
+    };
+    let tool = host.tools.get(&request.tool).map_err(rejected)?;
+    let prepared = tool.prepare(request.arguments.clone()).map_err(rejected)?;
+    let info = tool.info();
+    let timeout = request.timeout.or(info.timeout).unwrap_or(host.config.default_timeout);
+    let deadline = Instant::now() + timeout;
+
+    let (life, ready) = {
+        let mut state = host.state.lock();
+        let Some(open) = state.visit.as_mut() else {
+            return Err(rejected(ToolError::with_code(
+                ErrorCode::NoWorld,
+                "no world is open: the player must enter a world before tools can run",
+            )));
+        };
+        if open.closing {
+            let mut error = rejected(ToolError::with_code(
+                ErrorCode::WorldClosed,
+                format!("world `{}` is closing: calls are no longer admitted", open.info.world),
+            ));
+            error.details.visit = Some(open.info.visit);
+            error.details.world = Some(open.info.world.clone());
+            return Err(error);
+        }
+        let coords = CallCoordinates {
+            request: request_id,
+            tool: info.name.clone(),
+            scope: info.scope,
+            conversation: conversation.clone(),
+            task: request.task.clone().unwrap_or_else(|| TaskId::new(conversation.as_str())),
+            operation: request.operation.clone(),
+            visit: open.info.clone(),
+        };
+        // The replay table sits here: a call with an operation id looks up its key before it is inserted.
+        let life = Arc::new(CallLife::new(coords, deadline));
+        open.calls.insert(request_id, life.clone());
+        (life, open.ready.clone())
+    };
+    host.runtime.spawn(drive(host.clone(), life.clone(), prepared, ready, timeout));
+    Ok(Admitted { life })
+}
+
+async fn drive(
+    host: Arc<HostShared>,
+    life: Arc<CallLife>,
+    prepared: PreparedCall,
+    ready: Option<Completion>,
+    timeout: Duration,
+) {
+    let outcome = run(&host, &life, prepared, ready, timeout).await;
+    if !life.finish(outcome) {
+        tracing::debug!(request = %life.coords.request, "the call had already ended; its late result was dropped");
+    }
+    host.release_call(life.coords.visit.visit, life.coords.request);
+}
+
+async fn run(
+    host: &Arc<HostShared>,
+    life: &Arc<CallLife>,
+    prepared: PreparedCall,
+    ready: Option<Completion>,
+    timeout: Duration,
+) -> CallOutcome {
+    let deadline = tokio::time::Instant::from_std(life.deadline);
+    if let Some(ready) = ready {
+        tokio::select! {
+            biased;
+            _ = life.ended_token().cancelled() => return Err(life.end_error()),
+            loaded = ready.finished() => if let Err(error) = loaded {
+                return Err(ToolError::internal(format!("the world failed to load: {error}")));
+            },
+            _ = tokio::time::sleep_until(deadline) => return Err(ToolError::with_code(
+                ErrorCode::WorldLoadingTimeout,
+                format!("the world was still loading after {timeout:?}; try again when it has loaded"),
+            )),
+        }
+    }
+    // The handler runs as its own task: a panic is caught there, and the handler keeps running to clean up
+    // after the call ended (rule H10). It owns what it started.
+    let handler = host.runtime.spawn(prepared(CallCore { life: life.clone(), host: host.clone() }));
+    tokio::select! {
+        biased;
+        _ = life.ended_token().cancelled() => Err(life.end_error()),
+        joined = handler => match joined {
+            Ok(Ok(value)) => Ok(CallOutput { value, observed: life.observed() }),
+            Ok(Err(error)) => Err(error),
+            Err(join) if join.is_panic() => Err(ToolError::internal(format!(
+                "the tool's handler panicked: {}", panic_message(&*join.into_panic())
+            ))),
+            Err(_) => Err(ToolError::internal("the tool's handler was aborted")),
+        },
+        _ = tokio::time::sleep_until(deadline) => Err(ToolError::with_code(
+            ErrorCode::Timeout,
+            format!("the call timed out after {timeout:?}; its effect is unknown: inspect the game's state before retrying"),
+        )),
+    }
+}

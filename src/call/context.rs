@@ -1,0 +1,155 @@
+//! [`CallContext`]: a handler's only way back into the game, bound to the call's own visit and location.
+
+use std::any::Any;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::time::Instant;
+
+use bevy::prelude::World;
+
+use super::{CallCore, Job};
+use crate::error::{ErrorCode, ToolError};
+use crate::ids::{ConversationId, OperationId, RequestId, TaskId};
+use crate::lifecycle::VisitInfo;
+use crate::tool::ToolScope;
+
+/// What a handler gets with its arguments: the call's identity, its captured visit, and
+/// [`on_client`](CallContext::on_client), the only way to reach the game.
+///
+/// A context never looks up "the current world": every step it sends to the main thread is rechecked against
+/// the visit (and, for `Location` scope, the location revision) the call was admitted under (rules H8, H9).
+pub struct CallContext<S> {
+    core: CallCore,
+    _session: PhantomData<fn(S)>,
+}
+
+impl<S> Clone for CallContext<S> {
+    fn clone(&self) -> Self {
+        Self { core: self.core.clone(), _session: PhantomData }
+    }
+}
+
+impl<S: Send + Sync + 'static> CallContext<S> {
+    pub(crate) fn new(core: CallCore) -> Self {
+        Self { core, _session: PhantomData }
+    }
+
+    /// The request id.
+    pub fn request_id(&self) -> RequestId {
+        self.core.life.coords.request
+    }
+
+    /// The tool's name.
+    pub fn tool(&self) -> &str {
+        &self.core.life.coords.tool
+    }
+
+    /// The visit and location the call was admitted under. Never changes.
+    pub fn visit(&self) -> &VisitInfo {
+        &self.core.life.coords.visit
+    }
+
+    /// The tool's scope.
+    pub fn scope(&self) -> ToolScope {
+        self.core.life.coords.scope
+    }
+
+    /// The conversation that made the call.
+    pub fn conversation(&self) -> &ConversationId {
+        &self.core.life.coords.conversation
+    }
+
+    /// The task the call belongs to (the conversation id unless the agent named one).
+    pub fn task(&self) -> &TaskId {
+        &self.core.life.coords.task
+    }
+
+    /// The agent's operation id, if it sent one.
+    pub fn operation_id(&self) -> Option<&OperationId> {
+        self.core.life.coords.operation.as_ref()
+    }
+
+    /// When the call times out.
+    pub fn deadline(&self) -> Instant {
+        self.core.life.deadline
+    }
+
+    /// The plugin's tokio runtime, for work the handler starts and owns.
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.core.host.runtime
+    }
+
+    /// Whether the call is still live. A hint only: the answer can change right after it is read, so it is not
+    /// permission to act; [`on_client`](Self::on_client) rechecks on the main thread.
+    pub fn is_active(&self) -> bool {
+        !self.core.life.is_ended()
+    }
+
+    /// Resolves with the reason when the call ends: cancelled, timed out, its visit ended, (`Location` scope) the
+    /// player relocated, or it finished. Cancel-safe.
+    ///
+    /// Observers may stop waiting here; work the handler already started (I/O, native resources) is still the
+    /// handler's to clean up (rule H10).
+    pub fn ended(&self) -> Ended {
+        let life = self.core.life.clone();
+        Ended(Box::pin(async move {
+            life.ended_token().cancelled().await;
+            life.end_error()
+        }))
+    }
+
+    /// Runs `step` on the main thread with the world and this call's session, and returns its result.
+    ///
+    /// Right before running it, on the main thread and as one step, the host checks that the call is still live
+    /// (not cancelled, not timed out), that its visit is still the open visit, and (for `Location` scope) that the
+    /// location revision is the one the call was admitted under. If any check fails `step` is dropped unrun and
+    /// the error says why (`VISIT_ENDED`, `LOCATION_CHANGED`, `CANCELLED`, `TIMEOUT`). A panic in `step` ends
+    /// the call with `INTERNAL`; the game keeps running.
+    ///
+    /// Keep steps small: the main thread runs them within a per-frame budget. Nothing is sent until the future is
+    /// first polled.
+    pub fn on_client<R, F>(&self, step: F) -> impl Future<Output = Result<R, ToolError>> + Send + 'static
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut World, &mut S) -> R + Send + 'static,
+    {
+        let core = self.core.clone();
+        async move {
+            let life = core.life;
+            if life.is_ended() {
+                return Err(life.end_error());
+            }
+            let (reply, result) = tokio::sync::oneshot::channel();
+            let run = Box::new(move |world: &mut World, session: &mut dyn Any| {
+                let session = session.downcast_mut::<S>().ok_or_else(|| {
+                    ToolError::internal(format!(
+                        "the open world's session is not a {}: register tools for the lifecycle's session type",
+                        std::any::type_name::<S>()
+                    ))
+                })?;
+                let _ = reply.send(step(world, session));
+                Ok(())
+            });
+            if core.host.jobs.send(Job::Call { life: life.clone(), run }).is_err() {
+                life.fail(ErrorCode::VisitEnded, "the game stopped before this step could run");
+                return Err(life.end_error());
+            }
+            tokio::select! {
+                biased;
+                result = result => result.map_err(|_| life.end_error()),
+                _ = life.ended_token().cancelled() => Err(life.end_error()),
+            }
+        }
+    }
+}
+
+/// The future returned by [`CallContext::ended`]: resolves with why the call ended.
+pub struct Ended(std::pin::Pin<Box<dyn Future<Output = ToolError> + Send>>);
+
+impl Future for Ended {
+    type Output = ToolError;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<ToolError> {
+        self.0.as_mut().poll(cx)
+    }
+}

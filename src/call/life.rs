@@ -1,0 +1,144 @@
+//! The life of one admitted call: its coordinates, its deadline, how it ends, and its one terminal outcome
+//! (rule H13).
+
+use std::time::Instant;
+
+use parking_lot::{Mutex, MutexGuard};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{ErrorCode, ToolError};
+use crate::ids::{ConversationId, OperationId, RequestId, TaskId};
+use crate::lifecycle::{Location, VisitInfo};
+use crate::signal::OnceSignal;
+use crate::tool::ToolScope;
+
+/// Where a call belongs: fixed at admission, never changed.
+#[derive(Clone, Debug)]
+pub(crate) struct CallCoordinates {
+    pub request: RequestId,
+    pub tool: String,
+    pub scope: ToolScope,
+    pub conversation: ConversationId,
+    pub task: TaskId,
+    pub operation: Option<OperationId>,
+    /// The visit and location at admission.
+    pub visit: VisitInfo,
+}
+
+/// A successful tool result, with the visit and location revision it observed (rule H11).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CallOutput {
+    /// The tool's output, as JSON.
+    pub value: serde_json::Value,
+    /// The visit the call belonged to, and the location its last main-thread step observed (the admission
+    /// location if it never took one).
+    pub observed: VisitInfo,
+}
+
+/// How a call ended: exactly one per admitted call.
+pub type CallOutcome = Result<CallOutput, ToolError>;
+
+pub(crate) struct CallLife {
+    pub coords: CallCoordinates,
+    pub deadline: Instant,
+    /// Fires when the call ends, for any reason. `ended()` waits on it.
+    ended: CancellationToken,
+    /// Held by the pump across check-and-run of an `on_client` step, and by `finish`: an end can never slip in
+    /// between the check and the closure (rule H8).
+    step: Mutex<Option<ToolError>>,
+    observed: Mutex<Location>,
+    outcome: OnceSignal<CallOutcome>,
+}
+
+impl CallLife {
+    pub(crate) fn new(coords: CallCoordinates, deadline: Instant) -> Self {
+        let observed = Mutex::new(coords.visit.location.clone());
+        Self {
+            coords,
+            deadline,
+            ended: CancellationToken::new(),
+            step: Mutex::new(None),
+            observed,
+            outcome: OnceSignal::new(),
+        }
+    }
+
+    /// Ends the call with `outcome` unless it already ended. Commits first, then notifies. Returns whether this
+    /// was the call's terminal outcome.
+    pub(crate) fn finish(&self, outcome: CallOutcome) -> bool {
+        let mut step = self.step.lock();
+        self.finish_locked(&mut step, outcome)
+    }
+
+    fn finish_locked(&self, step: &mut MutexGuard<'_, Option<ToolError>>, outcome: CallOutcome) -> bool {
+        if self.outcome.is_set() {
+            return false;
+        }
+        let outcome = outcome.map_err(|error| error.locate(&self.coords));
+        **step = Some(match &outcome {
+            Ok(_) => ToolError::with_code(
+                ErrorCode::Cancelled,
+                "the call already finished: its context can no longer reach the world",
+            ),
+            Err(error) => error.clone(),
+        });
+        self.outcome.set(outcome);
+        self.ended.cancel();
+        true
+    }
+
+    /// Ends the call with an error built from its coordinates.
+    pub(crate) fn fail(&self, code: ErrorCode, message: impl Into<String>) -> bool {
+        self.finish(Err(ToolError::with_code(code, message)))
+    }
+
+    /// Locks the call for one main-thread step. Returns the guard if the call is live.
+    pub(crate) fn begin_step(&self) -> Result<StepGuard<'_>, ToolError> {
+        let guard = self.step.lock();
+        if let Some(error) = guard.as_ref() {
+            return Err(error.clone());
+        }
+        Ok(StepGuard { life: self, guard })
+    }
+
+    pub(crate) fn is_ended(&self) -> bool {
+        self.ended.is_cancelled()
+    }
+
+    pub(crate) fn ended_token(&self) -> &CancellationToken {
+        &self.ended
+    }
+
+    /// Why the call ended (`CANCELLED` if it has not recorded a reason).
+    pub(crate) fn end_error(&self) -> ToolError {
+        self.step.lock().clone().unwrap_or_else(|| {
+            ToolError::with_code(ErrorCode::Cancelled, "the call was cancelled").locate(&self.coords)
+        })
+    }
+
+    pub(crate) fn outcome(&self) -> &OnceSignal<CallOutcome> {
+        &self.outcome
+    }
+
+    pub(crate) fn observed(&self) -> VisitInfo {
+        VisitInfo { location: self.observed.lock().clone(), ..self.coords.visit.clone() }
+    }
+}
+
+/// One main-thread step of a live call. While it is held, the call cannot end.
+pub(crate) struct StepGuard<'a> {
+    life: &'a CallLife,
+    guard: MutexGuard<'a, Option<ToolError>>,
+}
+
+impl StepGuard<'_> {
+    pub(crate) fn observe(&self, location: &Location) {
+        *self.life.observed.lock() = location.clone();
+    }
+
+    /// Ends the call from inside its step (e.g. a failed recheck, a panicking closure).
+    pub(crate) fn finish(mut self, error: ToolError) {
+        self.life.finish_locked(&mut self.guard, Err(error));
+    }
+}

@@ -1,0 +1,52 @@
+//! Calls: [`CallContext`] (what a handler gets), `on_client` marshaling to the main thread, the main-thread pump
+//! with its per-frame budget, and the driver that gives every admitted call exactly one outcome.
+
+mod admission;
+mod context;
+mod life;
+mod pump;
+
+use std::any::Any;
+use std::sync::Arc;
+
+use bevy::prelude::World;
+
+pub(crate) use admission::admit;
+pub use admission::CallRequest;
+pub use context::{CallContext, Ended};
+pub(crate) use life::{CallCoordinates, CallLife};
+pub use life::{CallOutcome, CallOutput};
+pub(crate) use pump::run_jobs;
+pub use pump::PumpStats;
+
+use crate::error::ToolError;
+use crate::host::HostShared;
+use crate::ids::VisitId;
+use crate::lifecycle::VisitInfo;
+
+/// What a handler's context is made of, before it is given its session type.
+#[derive(Clone)]
+pub(crate) struct CallCore {
+    pub life: Arc<CallLife>,
+    pub host: Arc<HostShared>,
+}
+
+/// A closure bound for the main thread, with what the pump rechecks before running it.
+pub(crate) type ClientStep = Box<dyn FnOnce(&mut World, &mut dyn Any) -> Result<(), ToolError> + Send>;
+
+/// Work for the main-thread pump.
+pub(crate) enum Job {
+    /// One `on_client` step of a call.
+    Call { life: Arc<CallLife>, run: ClientStep },
+    /// Ask the session for an input context (rule H14).
+    InputContext { visit: VisitId, reply: tokio::sync::oneshot::Sender<Result<InputContext, ToolError>> },
+}
+
+/// An observation taken for one input (rule H14).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct InputContext {
+    /// The visit and location it was taken in.
+    pub observed: VisitInfo,
+    /// What `WorldLifecycle::input_context` returned for this input; `None` means there is none.
+    pub observation: Option<serde_json::Value>,
+}

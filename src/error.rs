@@ -1,0 +1,166 @@
+//! The error every rejection and tool failure is reported with: a stable code, a message a person can act on,
+//! and details (visit, revision, request, tool, and whatever else explains it).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::ids::{LocationRevision, RequestId, VisitId, WorldId};
+
+/// The stable error codes. Each variant serializes as its `SCREAMING_SNAKE_CASE` name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    /// No visit is open: the player is not in a world.
+    NoWorld,
+    /// Admission is closed: the visit is exiting.
+    WorldClosed,
+    /// The call's visit ended before its main-thread step ran.
+    VisitEnded,
+    /// A `Location`-scoped call's location revision changed.
+    LocationChanged,
+    /// The session did not finish loading within the call's timeout.
+    WorldLoadingTimeout,
+    /// No tool with that name is registered.
+    ToolNotFound,
+    /// The arguments fail the schema or its bounds.
+    InvalidInput,
+    /// The same operation key arrived with different arguments.
+    OperationConflict,
+    /// `expected_version` differs from the resource's current version.
+    VersionConflict,
+    /// A destructive tool was called without the confirmation its definition demands.
+    ConfirmationRequired,
+    /// The agent cancelled the request (or stopped waiting for it).
+    Cancelled,
+    /// The deadline passed. Whether the effect happened is unknown: inspect state before retrying.
+    Timeout,
+    /// The conversation's in-flight limit is reached.
+    Busy,
+    /// The conversation is not known to the host.
+    ConversationNotFound,
+    /// A handler panicked or an invariant broke. The game keeps running.
+    Internal,
+    /// A domain error defined by the tool itself (e.g. `BLOCK_NOT_FOUND`).
+    #[serde(untagged)]
+    Tool(String),
+}
+
+impl ErrorCode {
+    /// The code as it appears on the wire.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::NoWorld => "NO_WORLD",
+            Self::WorldClosed => "WORLD_CLOSED",
+            Self::VisitEnded => "VISIT_ENDED",
+            Self::LocationChanged => "LOCATION_CHANGED",
+            Self::WorldLoadingTimeout => "WORLD_LOADING_TIMEOUT",
+            Self::ToolNotFound => "TOOL_NOT_FOUND",
+            Self::InvalidInput => "INVALID_INPUT",
+            Self::OperationConflict => "OPERATION_CONFLICT",
+            Self::VersionConflict => "VERSION_CONFLICT",
+            Self::ConfirmationRequired => "CONFIRMATION_REQUIRED",
+            Self::Cancelled => "CANCELLED",
+            Self::Timeout => "TIMEOUT",
+            Self::Busy => "BUSY",
+            Self::ConversationNotFound => "CONVERSATION_NOT_FOUND",
+            Self::Internal => "INTERNAL",
+            Self::Tool(code) => code,
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a person needs to act on an error: where it happened and what else explains it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ErrorDetails {
+    /// The visit the call was bound to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub visit: Option<VisitId>,
+    /// The world of that visit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub world: Option<WorldId>,
+    /// The location revision the call was admitted under (or observed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<LocationRevision>,
+    /// The request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request: Option<RequestId>,
+    /// The tool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// Anything else: the field that failed, the closest tool names, the current version...
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// A structured error: a stable [`ErrorCode`], a message, and [`ErrorDetails`].
+///
+/// Handlers return it for domain failures (`ToolError::new("BLOCK_NOT_FOUND", "...")`); the host returns it for
+/// every rejection.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolError {
+    /// The stable code.
+    pub code: ErrorCode,
+    /// What happened and what to do next, in words.
+    pub message: String,
+    /// Where it happened.
+    pub details: Box<ErrorDetails>,
+}
+
+impl ToolError {
+    /// A domain error with a tool-defined code.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::with_code(ErrorCode::Tool(code.into()), message)
+    }
+
+    /// An error with one of the host's codes.
+    pub fn with_code(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into(), details: Box::default() }
+    }
+
+    /// `INVALID_INPUT` naming the field and why, for bounds a schema cannot express.
+    pub fn invalid_input(field: impl Into<String>, why: impl Into<String>) -> Self {
+        let (field, why) = (field.into(), why.into());
+        Self::with_code(ErrorCode::InvalidInput, format!("argument `{field}` is invalid: {why}"))
+            .with_detail("field", field)
+            .with_detail("reason", why)
+    }
+
+    /// `INTERNAL`, for a broken invariant.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::with_code(ErrorCode::Internal, message)
+    }
+
+    /// Adds one entry to the details.
+    pub fn with_detail(mut self, key: impl Into<String>, value: impl Serialize) -> Self {
+        let value = serde_json::to_value(value).unwrap_or(Value::Null);
+        self.details.extra.insert(key.into(), value);
+        self
+    }
+
+    /// Fills in the call's coordinates where the error does not carry its own.
+    pub(crate) fn locate(mut self, at: &crate::call::CallCoordinates) -> Self {
+        let d = &mut self.details;
+        d.visit.get_or_insert(at.visit.visit);
+        d.world.get_or_insert_with(|| at.visit.world.clone());
+        d.revision.get_or_insert(at.visit.location.revision);
+        d.request.get_or_insert(at.request);
+        d.tool.get_or_insert_with(|| at.tool.clone());
+        self
+    }
+}
+
+impl fmt::Display for ToolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for ToolError {}

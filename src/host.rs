@@ -1,0 +1,138 @@
+//! The state the host shares between the main thread and agent threads: admission, the open visit's live calls,
+//! the tool registry, the queue of main-thread jobs, and the runtime handlers run on.
+//!
+//! Only the main thread changes the visit (enter, travel, exit); agent threads only read it to admit calls.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+
+use crate::call::{CallLife, Job};
+use crate::completion::Completion;
+use crate::ids::{ConversationId, RequestId, TaskId, VisitId};
+use crate::lifecycle::VisitInfo;
+use crate::tool::ToolRegistry;
+
+/// Where the open visit is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VisitPhase {
+    /// `open` returned a session that is still loading: calls are admitted and wait for it.
+    Loading,
+    /// Calls are admitted and run.
+    Open,
+    /// Exit began: admission is closed (`WORLD_CLOSED`) and `close` is running.
+    Closing,
+}
+
+/// What an observer may know about the current visit.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VisitStatus {
+    /// The visit and its current location.
+    pub info: VisitInfo,
+    /// Where it is in its life.
+    pub phase: VisitPhase,
+}
+
+pub(crate) struct OpenVisit {
+    pub info: VisitInfo,
+    /// The session's readiness, when it loads asynchronously.
+    pub ready: Option<Completion>,
+    pub closing: bool,
+    pub calls: HashMap<RequestId, Arc<CallLife>>,
+}
+
+impl OpenVisit {
+    pub(crate) fn phase(&self) -> VisitPhase {
+        if self.closing {
+            VisitPhase::Closing
+        } else if self.ready.as_ref().is_some_and(|ready| !ready.is_done()) {
+            VisitPhase::Loading
+        } else {
+            VisitPhase::Open
+        }
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct HostState {
+    /// `None` between visits.
+    pub visit: Option<OpenVisit>,
+    last_visit: u64,
+}
+
+impl HostState {
+    pub(crate) fn next_visit_id(&mut self) -> VisitId {
+        self.last_visit += 1;
+        VisitId(self.last_visit)
+    }
+}
+
+/// Host settings, fixed when the plugin is built.
+#[derive(Clone, Debug)]
+pub(crate) struct HostConfig {
+    pub default_timeout: Duration,
+    pub pump_budget: Duration,
+}
+
+pub(crate) struct HostShared {
+    pub state: Mutex<HostState>,
+    pub tools: ToolRegistry,
+    pub jobs: Sender<Job>,
+    pub runtime: tokio::runtime::Handle,
+    pub config: HostConfig,
+    next_request: AtomicU64,
+}
+
+impl HostShared {
+    pub(crate) fn new(runtime: tokio::runtime::Handle, config: HostConfig) -> (Arc<Self>, Receiver<Job>) {
+        let (jobs, queue) = crossbeam_channel::unbounded();
+        let host = Self {
+            state: Mutex::new(HostState::default()),
+            tools: ToolRegistry::default(),
+            jobs,
+            runtime,
+            config,
+            next_request: AtomicU64::new(1),
+        };
+        (Arc::new(host), queue)
+    }
+
+    pub(crate) fn next_request_id(&self) -> RequestId {
+        RequestId(self.next_request.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub(crate) fn status(&self) -> Option<VisitStatus> {
+        let state = self.state.lock();
+        state.visit.as_ref().map(|visit| VisitStatus { info: visit.info.clone(), phase: visit.phase() })
+    }
+
+    /// Forgets a call that reached its outcome.
+    pub(crate) fn release_call(&self, visit: VisitId, request: RequestId) {
+        let mut state = self.state.lock();
+        if let Some(open) = state.visit.as_mut().filter(|open| open.info.visit == visit) {
+            open.calls.remove(&request);
+        }
+    }
+
+    /// Ends the live calls of one task of one conversation with `CANCELLED`. Returns how many ended.
+    pub(crate) fn cancel_task(&self, conversation: &ConversationId, task: &TaskId) -> usize {
+        let lives: Vec<Arc<CallLife>> = {
+            let state = self.state.lock();
+            let Some(open) = state.visit.as_ref() else { return 0 };
+            open.calls
+                .values()
+                .filter(|life| &life.coords.conversation == conversation && &life.coords.task == task)
+                .cloned()
+                .collect()
+        };
+        lives
+            .iter()
+            .filter(|life| life.fail(crate::error::ErrorCode::Cancelled, "the agent cancelled the task"))
+            .count()
+    }
+}

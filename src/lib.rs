@@ -1,0 +1,40 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
+mod agent;
+mod call;
+mod completion;
+mod error;
+mod host;
+mod ids;
+mod lifecycle;
+mod panic;
+mod plugin;
+mod runtime;
+mod signal;
+pub mod testing;
+mod tool;
+mod visit;
+
+pub use agent::{AgentHandle, Call, Conversation};
+pub use call::{CallContext, CallOutcome, CallOutput, CallRequest, Ended, InputContext, PumpStats};
+pub use completion::{Completer, Completion, CompletionError, CompletionResult};
+pub use error::{ErrorCode, ErrorDetails, ToolError};
+pub use host::{VisitPhase, VisitStatus};
+pub use ids::{ConversationId, DimensionId, LocationRevision, OperationId, RequestId, TaskId, VisitId, WorldId};
+pub use lifecycle::{Location, OpenError, Opened, VisitInfo, WorldLifecycle};
+pub use plugin::{AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet};
+pub use runtime::AgentRuntime;
+pub use tool::{AgentTool, NoArgs, ToolAnnotations, ToolInfo, ToolScope, DEFAULT_TOOL_TIMEOUT};
+pub use visit::{
+    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitOpened, VisitRelocated, WorldBinding, WorldOpenFailed,
+};
+
+/// Everything you need to get started: the trait to implement, the plugin, tools, contexts and errors.
+pub mod prelude {
+    pub use crate::{
+        AgentHandle, AgentTool, AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet, CallContext, Completion, EnterWorld,
+        ErrorCode, ExitWorld, Location, OpenError, Opened, ToolError, ToolScope, TravelTo, VisitInfo, WorldBinding,
+        WorldLifecycle,
+    };
+}

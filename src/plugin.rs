@@ -1,0 +1,276 @@
+//! [`AgentToolsPlugin`]: the builder, the system sets, and the wiring.
+
+use std::any::TypeId;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bevy::app::AppExit;
+use bevy::ecs::message::Messages;
+use bevy::ecs::schedule::{InternedScheduleLabel, ScheduleLabel};
+use bevy::prelude::*;
+use bevy::state::state::States;
+
+use crate::agent::AgentHandle;
+use crate::call::{run_jobs, PumpStats};
+use crate::host::{HostConfig, HostShared};
+use crate::ids::{DimensionId, WorldId};
+use crate::lifecycle::WorldLifecycle;
+use crate::runtime::AgentRuntime;
+use crate::tool::{AgentTool, ErasedTool, DEFAULT_TOOL_TIMEOUT};
+use crate::visit::{
+    apply_transitions, collect_transitions, follow_state, EnterWorld, ExitWorld, PendingTransitions, StateTarget,
+    TravelTo, VisitClosed, VisitOpened, VisitRelocated, VisitSlot, WorldBinding, WorldOpenFailed,
+};
+
+/// The host's systems, in the schedule the plugin runs in (`PostUpdate` unless
+/// [`AgentToolsPlugin::in_schedule`] says otherwise), in this order.
+#[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AgentToolsSet {
+    /// Applies this frame's [`EnterWorld`], [`TravelTo`] and [`ExitWorld`] (and changes of a followed `States`
+    /// type) in the order they were created, calling `open`, `relocated` and `close`; then calls `tick` on the
+    /// open session.
+    Transitions,
+    /// Runs queued `on_client` steps, each rechecked right before it runs, until the per-frame budget is spent.
+    Pump,
+}
+
+type Follower = dyn Fn(&mut App, Arc<HostShared>) + Send + Sync;
+
+/// Adds the agent-tools host for one [`WorldLifecycle`].
+///
+/// ```no_run
+/// # use bevy::prelude::*;
+/// # use bevy_agent_tools::prelude::*;
+/// # struct MyLifecycle;
+/// # impl WorldLifecycle for MyLifecycle {
+/// #     type Session = ();
+/// #     fn open(&self, _: &VisitInfo, _: &mut World) -> Result<Opened<()>, OpenError> { Ok(Opened::ready(())) }
+/// #     fn close(&self, _: (), _: &mut World) -> Completion { Completion::done() }
+/// # }
+/// App::new()
+///     .add_plugins(MinimalPlugins)
+///     .add_plugins(AgentToolsPlugin::new(MyLifecycle).pump_budget(std::time::Duration::from_millis(2)))
+///     .run();
+/// ```
+pub struct AgentToolsPlugin<L: WorldLifecycle> {
+    lifecycle: Arc<L>,
+    tools: Vec<Arc<dyn ErasedTool>>,
+    config: HostConfig,
+    default_dimension: DimensionId,
+    worker_threads: usize,
+    schedule: InternedScheduleLabel,
+    exit_deadline: Duration,
+    followers: Vec<Arc<Follower>>,
+}
+
+impl<L: WorldLifecycle> AgentToolsPlugin<L> {
+    /// A host for `lifecycle`, with the defaults: 30 s call timeout, 1 ms pump budget per frame, dimension
+    /// `"overworld"`, 2 worker threads, `PostUpdate`, 30 s exit deadline.
+    pub fn new(lifecycle: L) -> Self {
+        Self {
+            lifecycle: Arc::new(lifecycle),
+            tools: Vec::new(),
+            config: HostConfig { default_timeout: DEFAULT_TOOL_TIMEOUT, pump_budget: Duration::from_millis(1) },
+            default_dimension: DimensionId::new("overworld"),
+            worker_threads: 2,
+            schedule: PostUpdate.intern(),
+            exit_deadline: Duration::from_secs(30),
+            followers: Vec::new(),
+        }
+    }
+
+    /// Registers a tool.
+    pub fn with_tool(mut self, tool: AgentTool<L::Session>) -> Self {
+        self.tools.push(Arc::new(tool));
+        self
+    }
+
+    /// The timeout of calls whose tool sets none.
+    pub fn default_timeout(mut self, timeout: Duration) -> Self {
+        self.config.default_timeout = timeout;
+        self
+    }
+
+    /// How long the pump may run `on_client` steps per frame. At least one step runs per frame.
+    pub fn pump_budget(mut self, budget: Duration) -> Self {
+        self.config.pump_budget = budget;
+        self
+    }
+
+    /// The dimension an [`EnterWorld`] without one starts in.
+    pub fn default_dimension(mut self, dimension: impl Into<DimensionId>) -> Self {
+        self.default_dimension = dimension.into();
+        self
+    }
+
+    /// How many tokio worker threads run handlers and close work.
+    pub fn worker_threads(mut self, threads: usize) -> Self {
+        self.worker_threads = threads;
+        self
+    }
+
+    /// Runs the host's [`AgentToolsSet`]s in `schedule` instead of `PostUpdate`.
+    pub fn in_schedule(mut self, schedule: impl ScheduleLabel) -> Self {
+        self.schedule = schedule.intern();
+        self
+    }
+
+    /// How long `AppExit` waits, in all, for outstanding close completions and `shutdown`.
+    pub fn exit_deadline(mut self, deadline: Duration) -> Self {
+        self.exit_deadline = deadline;
+        self
+    }
+
+    /// Follows the game's own `States` type instead of (or besides) messages: `target` says, for each state,
+    /// which world and dimension the player is in (`None`: not in a world). Needs Bevy's `StatesPlugin`.
+    pub fn follow_state<S: States>(
+        mut self,
+        target: impl Fn(&S) -> Option<(WorldId, DimensionId)> + Send + Sync + 'static,
+    ) -> Self {
+        let target = Arc::new(target);
+        self.followers.push(Arc::new(move |app: &mut App, host: Arc<HostShared>| {
+            let target = target.clone();
+            app.insert_resource(StateTarget::<S> { map: Box::new(move |state| target(state)), host });
+            app.add_systems(
+                app_schedule(app),
+                follow_state::<S>
+                    .run_if(resource_exists::<State<S>>)
+                    .after(collect_transitions)
+                    .before(apply_transitions::<L>)
+                    .in_set(AgentToolsSet::Transitions),
+            );
+        }));
+        self
+    }
+}
+
+/// The schedule recorded by the plugin, for followers added while it builds.
+#[derive(Resource, Clone, Copy)]
+struct HostSchedule(InternedScheduleLabel);
+
+fn app_schedule(app: &App) -> InternedScheduleLabel {
+    app.world().resource::<HostSchedule>().0
+}
+
+/// What `add_agent_tool` needs to find the host.
+#[derive(Resource, Clone)]
+pub(crate) struct AgentHost {
+    pub host: Arc<HostShared>,
+    pub session_type: (TypeId, &'static str),
+}
+
+impl AgentHost {
+    fn register(&self, tool: Arc<dyn ErasedTool>) {
+        let (wanted, wanted_name) = self.session_type;
+        let (given, given_name) = tool.session_type();
+        assert!(
+            wanted == given,
+            "agent tool `{}` is for sessions of type {given_name}, but the lifecycle's session is {wanted_name}",
+            tool.info().name
+        );
+        self.host.tools.insert(tool);
+    }
+}
+
+impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
+    fn build(&self, app: &mut App) {
+        let runtime = AgentRuntime::start(self.worker_threads)
+            .unwrap_or_else(|error| panic!("agent tools could not start their tokio runtime: {error}"));
+        let (host, jobs) = HostShared::new(runtime.handle().clone(), self.config.clone());
+        let agent_host = AgentHost {
+            host: host.clone(),
+            session_type: (TypeId::of::<L::Session>(), std::any::type_name::<L::Session>()),
+        };
+        for tool in &self.tools {
+            agent_host.register(tool.clone());
+        }
+        app.insert_resource(HostSchedule(self.schedule))
+            .insert_resource(runtime)
+            .insert_resource(agent_host)
+            .insert_resource(AgentHandle::new(host.clone()))
+            .insert_resource(WorldBinding::<L>::new(host.clone()))
+            .insert_resource(VisitSlot::<L> {
+                lifecycle: self.lifecycle.clone(),
+                host: host.clone(),
+                open: None,
+                jobs,
+                default_dimension: self.default_dimension.clone(),
+                closing: Vec::new(),
+                shut_down: false,
+            })
+            .insert_resource(ExitDeadline(self.exit_deadline))
+            .init_resource::<PendingTransitions>()
+            .init_resource::<PumpStats>()
+            .add_message::<EnterWorld>()
+            .add_message::<TravelTo>()
+            .add_message::<ExitWorld>()
+            .add_message::<VisitOpened>()
+            .add_message::<VisitRelocated>()
+            .add_message::<VisitClosed>()
+            .add_message::<WorldOpenFailed>()
+            .configure_sets(self.schedule, (AgentToolsSet::Transitions, AgentToolsSet::Pump).chain())
+            .add_systems(
+                self.schedule,
+                (
+                    (collect_transitions, apply_transitions::<L>).chain().in_set(AgentToolsSet::Transitions),
+                    run_jobs::<L>.in_set(AgentToolsSet::Pump),
+                ),
+            )
+            .add_systems(Last, stop_on_app_exit::<L>);
+        for follower in &self.followers {
+            follower(app, host.clone());
+        }
+    }
+}
+
+#[derive(Resource, Clone, Copy)]
+struct ExitDeadline(Duration);
+
+/// On `AppExit`: exits the open visit, waits for every outstanding close completion (bounded, each miss logged
+/// with its world), calls `shutdown` exactly once, then stops the runtime.
+fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
+    if world.resource::<Messages<AppExit>>().is_empty() {
+        return;
+    }
+    let deadline = Instant::now() + world.resource::<ExitDeadline>().0;
+    let stopped = world.resource_scope(|world, mut slot: Mut<VisitSlot<L>>| {
+        if slot.shut_down {
+            return false;
+        }
+        slot.shut_down = true;
+        slot.exit(world);
+        for (info, completion) in slot.closing.drain(..) {
+            match completion.wait_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Some(Ok(())) => {}
+                Some(Err(error)) => tracing::error!(world = %info.world, visit = %info.visit, %error, "closing the world failed"),
+                None => tracing::error!(world = %info.world, visit = %info.visit, "closing the world did not finish before the exit deadline"),
+            }
+        }
+        match slot.lifecycle.shutdown().wait_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Some(Ok(())) => {}
+            Some(Err(error)) => tracing::error!(%error, "the world lifecycle's shutdown failed"),
+            None => tracing::error!("the world lifecycle's shutdown did not finish before the exit deadline"),
+        }
+        true
+    });
+    if stopped {
+        world.resource_mut::<AgentRuntime>().stop(Duration::from_secs(1));
+    }
+}
+
+/// Registering tools on an `App` that has an [`AgentToolsPlugin`].
+pub trait AgentToolsAppExt {
+    /// Registers `tool`. Panics if no `AgentToolsPlugin` was added before, or if the tool is for another session
+    /// type than the lifecycle's: both are mistakes in the game's set-up, found at start-up.
+    fn add_agent_tool<S: Send + Sync + 'static>(&mut self, tool: AgentTool<S>) -> &mut Self;
+}
+
+impl AgentToolsAppExt for App {
+    fn add_agent_tool<S: Send + Sync + 'static>(&mut self, tool: AgentTool<S>) -> &mut Self {
+        let Some(host) = self.world().get_resource::<AgentHost>() else {
+            panic!("add AgentToolsPlugin before registering agent tool `{}`", tool.info().name);
+        };
+        host.register(Arc::new(tool));
+        self
+    }
+}

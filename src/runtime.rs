@@ -1,0 +1,50 @@
+//! [`AgentRuntime`]: the tokio runtime the plugin owns. Handlers, drivers and close work run on it; it starts
+//! with the plugin and stops on `AppExit`, after every close completion and `WorldLifecycle::shutdown`.
+
+use std::time::Duration;
+
+use bevy::prelude::Resource;
+
+/// The plugin's tokio runtime (named worker threads `agent-tools-worker`). Use its handle to run I/O from
+/// `close` and return a [`Completion`](crate::Completion) with [`Completion::spawn`](crate::Completion::spawn).
+#[derive(Resource)]
+pub struct AgentRuntime {
+    runtime: Option<tokio::runtime::Runtime>,
+    handle: tokio::runtime::Handle,
+}
+
+impl AgentRuntime {
+    pub(crate) fn start(worker_threads: usize) -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(worker_threads.max(1))
+            .thread_name("agent-tools-worker")
+            .enable_all()
+            .build()?;
+        let handle = runtime.handle().clone();
+        Ok(Self { runtime: Some(runtime), handle })
+    }
+
+    /// A handle to spawn work on.
+    pub fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
+    }
+
+    /// Whether the runtime was stopped (after `AppExit`).
+    pub fn is_stopped(&self) -> bool {
+        self.runtime.is_none()
+    }
+
+    pub(crate) fn stop(&mut self, grace: Duration) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(grace);
+        }
+    }
+}
+
+impl Drop for AgentRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}

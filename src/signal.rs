@@ -1,0 +1,64 @@
+//! A value set once and awaited by many: blocking with a deadline from any thread, or asynchronously on tokio.
+//! The one primitive behind [`Completion`](crate::Completion) and the outcome of a call.
+
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+use tokio::sync::Notify;
+
+pub(crate) struct OnceSignal<T> {
+    value: Mutex<Option<T>>,
+    changed: Condvar,
+    notify: Notify,
+}
+
+impl<T: Clone> OnceSignal<T> {
+    pub(crate) fn new() -> Self {
+        Self { value: Mutex::new(None), changed: Condvar::new(), notify: Notify::new() }
+    }
+
+    /// Sets the value if none was set; returns whether this call set it.
+    pub(crate) fn set(&self, value: T) -> bool {
+        let mut slot = self.value.lock();
+        if slot.is_some() {
+            return false;
+        }
+        *slot = Some(value);
+        drop(slot);
+        self.changed.notify_all();
+        self.notify.notify_waiters();
+        true
+    }
+
+    pub(crate) fn get(&self) -> Option<T> {
+        self.value.lock().clone()
+    }
+
+    pub(crate) fn is_set(&self) -> bool {
+        self.value.lock().is_some()
+    }
+
+    /// Blocks until set or until `deadline`; `None` if still unset then.
+    pub(crate) fn wait_until(&self, deadline: Instant) -> Option<T> {
+        let mut slot = self.value.lock();
+        while slot.is_none() {
+            if self.changed.wait_until(&mut slot, deadline).timed_out() {
+                break;
+            }
+        }
+        slot.clone()
+    }
+
+    /// Waits until set. Cancel-safe.
+    pub(crate) async fn wait(&self) -> T {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(value) = self.get() {
+                return value;
+            }
+            notified.await;
+        }
+    }
+}

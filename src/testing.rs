@@ -1,0 +1,199 @@
+//! A headless harness for testing tools through world transitions: enter, travel, exit, step frames, hold a
+//! call in flight across a transition, run until a call resolves.
+//!
+//! ```
+//! use bevy::prelude::*;
+//! use bevy_agent_tools::prelude::*;
+//! use bevy_agent_tools::testing::{headless_app, AgentTestAppExt};
+//!
+//! struct Game;
+//! impl WorldLifecycle for Game {
+//!     type Session = u32;
+//!     fn open(&self, _: &VisitInfo, _: &mut World) -> Result<Opened<u32>, OpenError> { Ok(Opened::ready(0)) }
+//!     fn close(&self, _: u32, _: &mut World) -> Completion { Completion::done() }
+//! }
+//!
+//! let tool = AgentTool::new("bump", "Adds one.", |ctx: CallContext<u32>, _: bevy_agent_tools::NoArgs| async move {
+//!     ctx.on_client(|_, counter| { *counter += 1; *counter }).await
+//! });
+//! let mut app = headless_app(AgentToolsPlugin::new(Game).with_tool(tool));
+//! app.enter_world("alpha");
+//! let call = app.agent().conversation("test").call("bump", serde_json::json!({}));
+//! let output = app.run_until_resolved(&call).unwrap();
+//! assert_eq!(output.value, 1);
+//! ```
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bevy::prelude::*;
+
+use crate::agent::{AgentHandle, Call};
+use crate::call::CallOutcome;
+use crate::ids::{DimensionId, WorldId};
+use crate::lifecycle::WorldLifecycle;
+use crate::plugin::AgentToolsPlugin;
+use crate::signal::OnceSignal;
+use crate::visit::{EnterWorld, ExitWorld, TravelTo};
+
+/// How long the harness runs frames for one wait before it fails the test instead of hanging.
+pub const HARNESS_LIMIT: Duration = Duration::from_secs(30);
+
+/// A `MinimalPlugins` app with `plugin` added, finished and cleaned up, ready for `update()`.
+pub fn headless_app<L: WorldLifecycle>(plugin: AgentToolsPlugin<L>) -> App {
+    let mut app = App::new();
+    app.add_plugins(MinimalPlugins).add_plugins(plugin);
+    app.finish();
+    app.cleanup();
+    app
+}
+
+/// Story-like steps on an `App` with an [`AgentToolsPlugin`].
+pub trait AgentTestAppExt {
+    /// Writes [`EnterWorld`] for `world` and runs one frame.
+    fn enter_world(&mut self, world: impl Into<WorldId>) -> &mut Self;
+    /// Writes [`EnterWorld`] for `world` in `dimension` and runs one frame.
+    fn enter_world_in(&mut self, world: impl Into<WorldId>, dimension: impl Into<DimensionId>) -> &mut Self;
+    /// Writes [`TravelTo`] and runs one frame.
+    fn travel(&mut self, dimension: impl Into<DimensionId>) -> &mut Self;
+    /// Writes [`ExitWorld`] and runs one frame.
+    fn exit_world(&mut self) -> &mut Self;
+    /// Runs `frames` frames.
+    fn step(&mut self, frames: usize) -> &mut Self;
+    /// The app's [`AgentHandle`].
+    fn agent(&self) -> AgentHandle;
+    /// Runs frames until `call` resolves, and returns its outcome. Fails the test after [`HARNESS_LIMIT`].
+    fn run_until_resolved(&mut self, call: &Call) -> CallOutcome;
+    /// Runs frames until `done` returns true. Fails the test, naming `what`, after [`HARNESS_LIMIT`].
+    fn run_until(&mut self, what: &str, done: impl FnMut(&mut App) -> bool) -> &mut Self;
+    /// Runs `future` on the plugin's runtime while running frames, and returns its output.
+    fn run_future<F>(&mut self, future: F) -> F::Output
+    where
+        F: Future + Send + 'static,
+        F::Output: Clone + Send + 'static;
+}
+
+impl AgentTestAppExt for App {
+    fn enter_world(&mut self, world: impl Into<WorldId>) -> &mut Self {
+        self.world_mut().write_message(EnterWorld::new(world));
+        self.step(1)
+    }
+
+    fn enter_world_in(&mut self, world: impl Into<WorldId>, dimension: impl Into<DimensionId>) -> &mut Self {
+        self.world_mut().write_message(EnterWorld::new(world).in_dimension(dimension));
+        self.step(1)
+    }
+
+    fn travel(&mut self, dimension: impl Into<DimensionId>) -> &mut Self {
+        self.world_mut().write_message(TravelTo::new(dimension));
+        self.step(1)
+    }
+
+    fn exit_world(&mut self) -> &mut Self {
+        self.world_mut().write_message(ExitWorld::new());
+        self.step(1)
+    }
+
+    fn step(&mut self, frames: usize) -> &mut Self {
+        for _ in 0..frames {
+            self.update();
+        }
+        self
+    }
+
+    fn agent(&self) -> AgentHandle {
+        self.world().resource::<AgentHandle>().clone()
+    }
+
+    fn run_until_resolved(&mut self, call: &Call) -> CallOutcome {
+        let started = Instant::now();
+        loop {
+            if let Some(outcome) = call.try_outcome() {
+                return outcome;
+            }
+            assert!(
+                started.elapsed() < HARNESS_LIMIT,
+                "call {:?} did not resolve within {HARNESS_LIMIT:?}",
+                call.request_id()
+            );
+            self.update();
+            if let Some(outcome) = call.wait_timeout(Duration::from_micros(200)) {
+                return outcome;
+            }
+        }
+    }
+
+    fn run_until(&mut self, what: &str, mut done: impl FnMut(&mut App) -> bool) -> &mut Self {
+        let started = Instant::now();
+        while !done(self) {
+            assert!(started.elapsed() < HARNESS_LIMIT, "{what}: not reached within {HARNESS_LIMIT:?}");
+            self.update();
+            std::thread::yield_now();
+        }
+        self
+    }
+
+    fn run_future<F>(&mut self, future: F) -> F::Output
+    where
+        F: Future + Send + 'static,
+        F::Output: Clone + Send + 'static,
+    {
+        let signal = Arc::new(OnceSignal::new());
+        let setter = signal.clone();
+        self.agent().runtime().spawn(async move {
+            setter.set(future.await);
+        });
+        let started = Instant::now();
+        loop {
+            assert!(started.elapsed() < HARNESS_LIMIT, "future did not resolve within {HARNESS_LIMIT:?}");
+            self.update();
+            if let Some(output) = signal.wait_until(Instant::now() + Duration::from_micros(200)) {
+                return output;
+            }
+        }
+    }
+}
+
+/// Holds handlers at a point until the test opens it: put `gate.pass().await` in a handler, run until
+/// [`arrived`](Gate::arrived) counts it, make a transition, then [`open`](Gate::open).
+#[derive(Clone, Default)]
+pub struct Gate {
+    inner: Arc<GateInner>,
+}
+
+#[derive(Default)]
+struct GateInner {
+    arrived: AtomicUsize,
+    opened: OnceSignal<()>,
+}
+
+impl Default for OnceSignal<()> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Counts this arrival, then waits until the gate is open.
+    pub async fn pass(&self) {
+        self.inner.arrived.fetch_add(1, Ordering::SeqCst);
+        self.inner.opened.wait().await;
+    }
+
+    /// How many have arrived.
+    pub fn arrived(&self) -> usize {
+        self.inner.arrived.load(Ordering::SeqCst)
+    }
+
+    /// Opens the gate for everyone waiting and everyone to come.
+    pub fn open(&self) {
+        self.inner.opened.set(());
+    }
+}

@@ -1,0 +1,216 @@
+//! Tool definitions: name, description, typed arguments with a JSON schema, typed output, scope, annotations
+//! and timeout, and the registry the host looks them up in.
+
+mod input;
+mod registry;
+
+use std::any::TypeId;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::call::{CallContext, CallCore};
+use crate::error::ToolError;
+
+pub(crate) use registry::ToolRegistry;
+
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// How long a call may live when neither the tool nor the call says.
+pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Whether a call survives dimension travel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolScope {
+    /// The call survives dimension travel inside its visit (not world exit).
+    #[default]
+    World,
+    /// The call needs the exact location revision it was admitted under: travel ends it with
+    /// `LOCATION_CHANGED`, and its pending `on_client` closures never run.
+    Location,
+}
+
+/// Hints for clients (MCP tool annotations). They describe the tool; they do not enforce anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolAnnotations {
+    /// The tool does not change the game.
+    pub read_only: bool,
+    /// The tool may destroy or overwrite something (meaningful when not read-only).
+    pub destructive: bool,
+    /// Calling it again with the same arguments has no further effect.
+    pub idempotent: bool,
+}
+
+impl Default for ToolAnnotations {
+    /// MCP's defaults: not read-only, destructive, not idempotent.
+    fn default() -> Self {
+        Self { read_only: false, destructive: true, idempotent: false }
+    }
+}
+
+/// What a client can know about a tool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolInfo {
+    /// Unique name.
+    pub name: String,
+    /// What it does, for a model to read.
+    pub description: String,
+    /// JSON schema of the arguments (an object).
+    pub input_schema: Value,
+    /// JSON schema of the output.
+    pub output_schema: Value,
+    /// World or Location.
+    pub scope: ToolScope,
+    /// Read-only, destructive, idempotent.
+    pub annotations: ToolAnnotations,
+    /// The tool's own timeout; the host default applies when `None`.
+    pub timeout: Option<Duration>,
+}
+
+/// A started handler: arguments already parsed, waiting for its context.
+pub(crate) type PreparedCall = Box<dyn FnOnce(CallCore) -> BoxFuture<Result<Value, ToolError>> + Send>;
+
+/// The session-type-erased face of a tool, as the registry holds it.
+pub(crate) trait ErasedTool: Send + Sync + 'static {
+    fn info(&self) -> &ToolInfo;
+    fn session_type(&self) -> (TypeId, &'static str);
+    /// Parses the arguments (rejections happen here, before anything runs).
+    fn prepare(&self, args: Value) -> Result<PreparedCall, ToolError>;
+}
+
+type Handler<S, A> = dyn Fn(CallContext<S>, A) -> BoxFuture<Result<Value, ToolError>> + Send + Sync;
+
+/// A tool for sessions of type `S`: build it with [`AgentTool::new`], register it with
+/// [`AgentToolsAppExt::add_agent_tool`](crate::AgentToolsAppExt::add_agent_tool) or
+/// [`AgentToolsPlugin::with_tool`](crate::AgentToolsPlugin::with_tool).
+///
+/// ```
+/// use bevy_agent_tools::prelude::*;
+/// use schemars::JsonSchema;
+/// use serde::{Deserialize, Serialize};
+///
+/// struct Session { score: u32 }
+///
+/// #[derive(Deserialize, JsonSchema)]
+/// struct AddArgs { points: u32 }
+///
+/// #[derive(Serialize, JsonSchema)]
+/// struct Score { score: u32 }
+///
+/// let tool = AgentTool::new("add_points", "Adds points to the score.", |ctx: CallContext<Session>, args: AddArgs| async move {
+///     let score = ctx.on_client(move |_world, session| { session.score += args.points; session.score }).await?;
+///     Ok(Score { score })
+/// })
+/// .idempotent(false)
+/// .destructive(false);
+/// assert_eq!(tool.info().name, "add_points");
+/// ```
+pub struct AgentTool<S> {
+    info: ToolInfo,
+    start: Arc<dyn Fn(Value) -> Result<PreparedCall, ToolError> + Send + Sync>,
+    _session: PhantomData<fn(S)>,
+}
+
+impl<S: Send + Sync + 'static> AgentTool<S> {
+    /// A tool named `name`, described by `description`, handled by `handler`.
+    ///
+    /// The argument schema is derived from `A`, the output schema from `O`. Defaults: `World` scope, MCP's
+    /// default annotations (not read-only, destructive, not idempotent), the host's default timeout.
+    pub fn new<A, O, F, Fut>(name: impl Into<String>, description: impl Into<String>, handler: F) -> Self
+    where
+        A: DeserializeOwned + JsonSchema + Send + 'static,
+        O: Serialize + JsonSchema + 'static,
+        F: Fn(CallContext<S>, A) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<O, ToolError>> + Send + 'static,
+    {
+        let handler: Arc<Handler<S, A>> = Arc::new(move |ctx, args| {
+            let run = handler(ctx, args);
+            Box::pin(async move {
+                let output = run.await?;
+                serde_json::to_value(output)
+                    .map_err(|error| ToolError::internal(format!("the tool's output is not valid JSON: {error}")))
+            })
+        });
+        let name = name.into();
+        let tool_name = name.clone();
+        let start = Arc::new(move |args: Value| -> Result<PreparedCall, ToolError> {
+            let args: A = input::parse(&tool_name, args)?;
+            let handler = handler.clone();
+            Ok(Box::new(move |core: CallCore| handler(CallContext::new(core), args)))
+        });
+        Self {
+            info: ToolInfo {
+                name,
+                description: description.into(),
+                input_schema: input::schema_of::<A>(),
+                output_schema: input::schema_of::<O>(),
+                scope: ToolScope::World,
+                annotations: ToolAnnotations::default(),
+                timeout: None,
+            },
+            start,
+            _session: PhantomData,
+        }
+    }
+
+    /// Sets the scope (default `World`).
+    pub fn scope(mut self, scope: ToolScope) -> Self {
+        self.info.scope = scope;
+        self
+    }
+
+    /// Marks the tool read-only (and so neither destructive nor in need of replay keys).
+    pub fn read_only(mut self) -> Self {
+        self.info.annotations = ToolAnnotations { read_only: true, destructive: false, idempotent: true };
+        self
+    }
+
+    /// Says whether the tool may destroy or overwrite something.
+    pub fn destructive(mut self, destructive: bool) -> Self {
+        self.info.annotations.destructive = destructive;
+        self
+    }
+
+    /// Says whether repeating a call with the same arguments has no further effect.
+    pub fn idempotent(mut self, idempotent: bool) -> Self {
+        self.info.annotations.idempotent = idempotent;
+        self
+    }
+
+    /// Sets the tool's timeout (covers waiting for a loading world, the handler, and its main-thread steps).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.info.timeout = Some(timeout);
+        self
+    }
+
+    /// The tool's description for clients.
+    pub fn info(&self) -> &ToolInfo {
+        &self.info
+    }
+}
+
+impl<S: Send + Sync + 'static> ErasedTool for AgentTool<S> {
+    fn info(&self) -> &ToolInfo {
+        &self.info
+    }
+
+    fn session_type(&self) -> (TypeId, &'static str) {
+        (TypeId::of::<S>(), std::any::type_name::<S>())
+    }
+
+    fn prepare(&self, args: Value) -> Result<PreparedCall, ToolError> {
+        (self.start)(args)
+    }
+}
+
+/// Arguments for tools that take none.
+#[derive(Clone, Copy, Debug, Default, Deserialize, JsonSchema)]
+pub struct NoArgs {}

@@ -1,0 +1,42 @@
+//! Visits: the main-thread side of the host. Applies enter, travel and exit in order, keeps the one session of
+//! the open visit, and calls the game's [`WorldLifecycle`] at the right moments (rules H1–H5).
+
+mod binding;
+mod follow;
+mod messages;
+mod transitions;
+
+use std::sync::Arc;
+
+use bevy::prelude::*;
+use crossbeam_channel::Receiver;
+
+pub use binding::WorldBinding;
+pub(crate) use follow::{follow_state, StateTarget};
+pub use messages::{EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitOpened, VisitRelocated, WorldOpenFailed};
+pub(crate) use transitions::{apply_transitions, collect_transitions, PendingTransitions, Transition};
+
+use crate::call::Job;
+use crate::completion::Completion;
+use crate::host::HostShared;
+use crate::ids::DimensionId;
+use crate::lifecycle::{VisitInfo, WorldLifecycle};
+
+/// The open visit's session, owned by the main thread.
+pub(crate) struct OpenSession<S> {
+    pub info: VisitInfo,
+    pub session: S,
+}
+
+/// The main thread's view of visits for lifecycle `L`: the session, the job queue, outstanding completions.
+#[derive(Resource)]
+pub(crate) struct VisitSlot<L: WorldLifecycle> {
+    pub lifecycle: Arc<L>,
+    pub host: Arc<HostShared>,
+    pub open: Option<OpenSession<L::Session>>,
+    pub jobs: Receiver<Job>,
+    pub default_dimension: DimensionId,
+    /// Close completions not yet resolved, waited for on `AppExit`.
+    pub closing: Vec<(VisitInfo, Completion)>,
+    pub shut_down: bool,
+}

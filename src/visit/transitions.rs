@@ -1,0 +1,166 @@
+//! Applying enter, travel and exit on the main thread, in the order the game asked for them.
+//!
+//! Each transition commits the host's state before it calls the game or ends calls (rule H13): admission closes
+//! before calls end and before `close` runs (H5); the location revision increments before `relocated` runs (H2).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use bevy::prelude::*;
+
+use super::messages::{EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitOpened, VisitRelocated, WorldOpenFailed};
+use super::{OpenSession, VisitSlot};
+use crate::completion::Completion;
+use crate::error::{ErrorCode, ToolError};
+use crate::host::OpenVisit;
+use crate::ids::{DimensionId, LocationRevision, WorldId};
+use crate::lifecycle::{Location, OpenError, VisitInfo, WorldLifecycle};
+use crate::panic::panic_message;
+use crate::tool::ToolScope;
+
+/// A transition waiting for this frame's [`AgentToolsSet::Transitions`](crate::AgentToolsSet::Transitions).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Transition {
+    Enter { world: WorldId, dimension: Option<DimensionId> },
+    Travel { dimension: DimensionId },
+    Exit,
+}
+
+/// Transitions gathered from messages (and from a followed `States` type), ordered by creation.
+#[derive(Resource, Default)]
+pub(crate) struct PendingTransitions(pub Vec<(u64, Transition)>);
+
+pub(crate) fn collect_transitions(
+    mut enter: MessageReader<EnterWorld>,
+    mut travel: MessageReader<TravelTo>,
+    mut exit: MessageReader<ExitWorld>,
+    mut pending: ResMut<PendingTransitions>,
+) {
+    let pending = &mut pending.0;
+    pending.extend(
+        enter.read().map(|m| (m.order, Transition::Enter { world: m.world.clone(), dimension: m.dimension.clone() })),
+    );
+    pending.extend(travel.read().map(|m| (m.order, Transition::Travel { dimension: m.dimension.clone() })));
+    pending.extend(exit.read().map(|m| (m.order, Transition::Exit)));
+}
+
+/// Applies this frame's transitions in order, then ticks the open session.
+pub(crate) fn apply_transitions<L: WorldLifecycle>(world: &mut World) {
+    let mut pending = std::mem::take(&mut world.resource_mut::<PendingTransitions>().0);
+    pending.sort_by_key(|(order, _)| *order);
+    world.resource_scope(|world, mut slot: Mut<VisitSlot<L>>| {
+        for (_, transition) in pending {
+            match transition {
+                Transition::Enter { world: id, dimension } => {
+                    slot.exit(world);
+                    slot.enter(world, id, dimension);
+                }
+                Transition::Travel { dimension } => slot.travel(world, dimension),
+                Transition::Exit => slot.exit(world),
+            }
+        }
+        slot.tick(world);
+    });
+}
+
+impl<L: WorldLifecycle> VisitSlot<L> {
+    fn enter(&mut self, world: &mut World, id: WorldId, dimension: Option<DimensionId>) {
+        let visit = self.host.state.lock().next_visit_id();
+        let dimension = dimension.unwrap_or_else(|| self.default_dimension.clone());
+        let info =
+            VisitInfo { visit, world: id.clone(), location: Location { dimension, revision: LocationRevision(0) } };
+        let lifecycle = self.lifecycle.clone();
+        let opened = catch_unwind(AssertUnwindSafe(|| lifecycle.open(&info, world)))
+            .unwrap_or_else(|panic| Err(OpenError::new(format!("open panicked: {}", panic_message(&*panic)))));
+        match opened {
+            Ok(opened) => {
+                self.host.state.lock().visit = Some(OpenVisit {
+                    info: info.clone(),
+                    ready: opened.ready,
+                    closing: false,
+                    calls: Default::default(),
+                });
+                self.open = Some(OpenSession { info: info.clone(), session: opened.session });
+                tracing::info!(world = %id, visit = %visit, "entered world");
+                world.write_message(VisitOpened { info });
+            }
+            Err(error) => {
+                tracing::error!(world = %id, visit = %visit, %error, "could not open world; no visit is open");
+                world.write_message(WorldOpenFailed { world: id, visit, error });
+            }
+        }
+    }
+
+    fn travel(&mut self, world: &mut World, dimension: DimensionId) {
+        let Some(open) = self.open.as_mut() else {
+            tracing::warn!(%dimension, "travel ignored: no world is open");
+            return;
+        };
+        let from = open.info.location.clone();
+        let to = Location { dimension, revision: from.revision.next() };
+        open.info.location = to.clone();
+        let stranded = {
+            let mut state = self.host.state.lock();
+            let Some(visit) = state.visit.as_mut() else { return };
+            visit.info.location = to.clone();
+            let stranded: Vec<_> = visit
+                .calls
+                .iter()
+                .filter(|(_, life)| life.coords.scope == ToolScope::Location)
+                .map(|(request, _)| *request)
+                .collect();
+            stranded.iter().filter_map(|request| visit.calls.remove(request)).collect::<Vec<_>>()
+        };
+        for life in stranded {
+            life.finish(Err(ToolError::with_code(
+                ErrorCode::LocationChanged,
+                format!(
+                    "the player moved from {} ({}) to {} ({}); this tool needs the location it was called in: look again and retry",
+                    from.dimension, from.revision, to.dimension, to.revision
+                ),
+            )
+            .with_detail("current_revision", to.revision)));
+        }
+        let visit = open.info.visit;
+        self.lifecycle.relocated(&mut open.session, &from, &to, world);
+        world.write_message(VisitRelocated { visit, from, to });
+    }
+
+    /// Exits the open visit, if any: (1) admission closes, (2) every call of the visit ends and queued steps are
+    /// dropped unrun, (3) `close` runs and its completion is kept.
+    pub(crate) fn exit(&mut self, world: &mut World) {
+        let Some(open) = self.open.take() else { return };
+        let calls = {
+            let mut state = self.host.state.lock();
+            match state.visit.as_mut() {
+                Some(visit) => {
+                    visit.closing = true;
+                    std::mem::take(&mut visit.calls)
+                }
+                None => Default::default(),
+            }
+        };
+        for life in calls.into_values() {
+            life.finish(Err(ToolError::with_code(
+                ErrorCode::VisitEnded,
+                format!("the player left world `{}` before the call finished", open.info.world),
+            )));
+        }
+        // Steps still queued belong to calls that just ended: drop them unrun.
+        while self.jobs.try_recv().is_ok() {}
+        let info = open.info.clone();
+        let lifecycle = self.lifecycle.clone();
+        let completion = catch_unwind(AssertUnwindSafe(|| lifecycle.close(open.session, world)))
+            .unwrap_or_else(|panic| Completion::failed(format!("close panicked: {}", panic_message(&*panic))));
+        self.host.state.lock().visit = None;
+        tracing::info!(world = %info.world, visit = %info.visit, "left world");
+        self.closing.retain(|(_, completion)| !completion.is_done());
+        self.closing.push((info.clone(), completion.clone()));
+        world.write_message(VisitClosed { info, completion });
+    }
+
+    fn tick(&mut self, world: &mut World) {
+        if let Some(open) = self.open.as_mut() {
+            self.lifecycle.tick(&mut open.session, world);
+        }
+    }
+}
