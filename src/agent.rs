@@ -54,6 +54,11 @@ impl AgentHandle {
         Conversation { host: self.host.clone(), id: id.into() }
     }
 
+    /// How many `on_client` steps are queued for the main thread now.
+    pub fn queued_steps(&self) -> usize {
+        self.host.jobs.len()
+    }
+
     /// The plugin's tokio runtime.
     pub fn runtime(&self) -> &tokio::runtime::Handle {
         &self.host.runtime

@@ -68,6 +68,9 @@ pub trait AgentTestAppExt {
     fn run_until_resolved(&mut self, call: &Call) -> CallOutcome;
     /// Runs frames until `done` returns true. Fails the test, naming `what`, after [`HARNESS_LIMIT`].
     fn run_until(&mut self, what: &str, done: impl FnMut(&mut App) -> bool) -> &mut Self;
+    /// Waits, without running frames, until at least `steps` `on_client` steps are queued. Fails the test after
+    /// [`HARNESS_LIMIT`].
+    fn wait_for_queued_steps(&self, steps: usize);
     /// Runs `future` on the plugin's runtime while running frames, and returns its output.
     fn run_future<F>(&mut self, future: F) -> F::Output
     where
@@ -133,6 +136,15 @@ impl AgentTestAppExt for App {
             std::thread::yield_now();
         }
         self
+    }
+
+    fn wait_for_queued_steps(&self, steps: usize) {
+        let agent = self.agent();
+        let started = Instant::now();
+        while agent.queued_steps() < steps {
+            assert!(started.elapsed() < HARNESS_LIMIT, "{steps} steps were not queued within {HARNESS_LIMIT:?}");
+            std::thread::yield_now();
+        }
     }
 
     fn run_future<F>(&mut self, future: F) -> F::Output

@@ -106,19 +106,18 @@ impl<S: Send + Sync + 'static> CallContext<S> {
     /// the error says why (`VISIT_ENDED`, `LOCATION_CHANGED`, `CANCELLED`, `TIMEOUT`). A panic in `step` ends
     /// the call with `INTERNAL`; the game keeps running.
     ///
-    /// Keep steps small: the main thread runs them within a per-frame budget. Nothing is sent until the future is
-    /// first polled.
+    /// The step is queued when `on_client` is called, so steps run in the order they were asked for (FIFO, across
+    /// frames when the per-frame budget runs out). Dropping the future does not unqueue the step; its result is
+    /// then discarded. Keep steps small: the main thread runs them within a per-frame budget.
     pub fn on_client<R, F>(&self, step: F) -> impl Future<Output = Result<R, ToolError>> + Send + 'static
     where
         R: Send + 'static,
         F: FnOnce(&mut World, &mut S) -> R + Send + 'static,
     {
-        let core = self.core.clone();
-        async move {
-            let life = core.life;
-            if life.is_ended() {
-                return Err(life.end_error());
-            }
+        let life = self.core.life.clone();
+        let queued = if life.is_ended() {
+            None
+        } else {
             let (reply, result) = tokio::sync::oneshot::channel();
             let run = Box::new(move |world: &mut World, session: &mut dyn Any| {
                 let session = session.downcast_mut::<S>().ok_or_else(|| {
@@ -130,10 +129,13 @@ impl<S: Send + Sync + 'static> CallContext<S> {
                 let _ = reply.send(step(world, session));
                 Ok(())
             });
-            if core.host.jobs.send(Job::Call { life: life.clone(), run }).is_err() {
+            if self.core.host.jobs.send(Job::Call { life: life.clone(), run }).is_err() {
                 life.fail(ErrorCode::VisitEnded, "the game stopped before this step could run");
-                return Err(life.end_error());
             }
+            Some(result)
+        };
+        async move {
+            let Some(result) = queued else { return Err(life.end_error()) };
             tokio::select! {
                 biased;
                 result = result => result.map_err(|_| life.end_error()),

@@ -1,0 +1,171 @@
+//! A small game for the host tests: a lifecycle that records what the host called, and tools that count what
+//! they did to the world.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bevy::prelude::*;
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::{headless_app, Gate};
+use bevy_agent_tools::{Completer, NoArgs, VisitId, WorldId};
+use parking_lot::Mutex;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// What the host did to the lifecycle, in order.
+#[derive(Default)]
+pub struct Record {
+    pub events: Mutex<Vec<String>>,
+    pub opens: AtomicUsize,
+    pub closes: AtomicUsize,
+    pub input_asks: AtomicUsize,
+    /// What a call made from inside `close` got: it must be rejected, admission being closed.
+    pub call_during_close: Mutex<Vec<Option<ErrorCode>>>,
+}
+
+impl Record {
+    pub fn events(&self) -> Vec<String> {
+        self.events.lock().clone()
+    }
+    fn push(&self, event: String) {
+        self.events.lock().push(event);
+    }
+}
+
+/// Per-visit state: which visit it belongs to and a counter tools bump.
+pub struct Session {
+    pub visit: VisitId,
+    pub world: WorldId,
+    pub counter: u64,
+    /// The location revision, as `relocated` last said.
+    pub revision: u64,
+}
+
+/// Everything tools did to the world, tagged with the visit of the session they ran against.
+#[derive(Resource, Default)]
+pub struct WorldLog(pub Vec<(VisitId, String)>);
+
+#[derive(Default)]
+pub struct TestGame {
+    pub record: Arc<Record>,
+    /// Worlds whose `open` fails.
+    pub failing: Vec<WorldId>,
+    /// When set, `open` returns a loading session whose readiness this completer resolves.
+    pub loading: Arc<Mutex<Option<Completer>>>,
+    pub load_async: bool,
+    /// The observations `input_context` returns, one per ask; `None` once they run out.
+    pub observations: Arc<Mutex<Vec<Option<Value>>>>,
+}
+
+impl WorldLifecycle for TestGame {
+    type Session = Session;
+
+    fn open(&self, visit: &VisitInfo, world: &mut World) -> Result<Opened<Session>, OpenError> {
+        self.record.opens.fetch_add(1, Ordering::SeqCst);
+        self.record.push(format!("open {} {}", visit.world, visit.visit));
+        if self.failing.contains(&visit.world) {
+            return Err(OpenError::new(format!("save `{}` is corrupt", visit.world)));
+        }
+        world.get_resource_or_insert_with(WorldLog::default);
+        let session = Session { visit: visit.visit, world: visit.world.clone(), counter: 0, revision: 0 };
+        if self.load_async {
+            let (completer, ready) = Completion::pending();
+            *self.loading.lock() = Some(completer);
+            return Ok(Opened::loading(session, ready));
+        }
+        Ok(Opened::ready(session))
+    }
+
+    fn relocated(&self, session: &mut Session, from: &Location, to: &Location, _world: &mut World) {
+        session.revision = to.revision.0;
+        self.record.push(format!("relocated {} {}->{}", session.visit, from.dimension, to.dimension));
+    }
+
+    fn close(&self, session: Session, world: &mut World) -> Completion {
+        self.record.closes.fetch_add(1, Ordering::SeqCst);
+        self.record.push(format!("close {} {}", session.world, session.visit));
+        let probe = world.resource::<AgentHandle>().conversation("probe").call("bump", serde_json::json!({}));
+        self.record.call_during_close.lock().push(probe.try_outcome().and_then(|o| o.err()).map(|e| e.code));
+        Completion::done()
+    }
+
+    fn input_context(&self, session: &Session, _world: &World) -> Option<Value> {
+        self.record.input_asks.fetch_add(1, Ordering::SeqCst);
+        let mut observations = self.observations.lock();
+        let next = if observations.is_empty() { None } else { observations.remove(0) };
+        next.map(|mut value| {
+            value["visit"] = serde_json::json!(session.visit);
+            value
+        })
+    }
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct BumpArgs {
+    /// How much to add.
+    #[serde(default = "one")]
+    pub by: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+#[derive(Serialize, JsonSchema)]
+pub struct Bumped {
+    pub counter: u64,
+}
+
+/// Adds to the session's counter and logs it in the world; counts executions of the main-thread step.
+pub fn bump_tool(name: &str, scope: ToolScope, executions: Arc<AtomicUsize>, gate: Option<Gate>) -> AgentTool<Session> {
+    let tool_name = name.to_string();
+    AgentTool::new(name, "Adds to the counter.", move |ctx: CallContext<Session>, args: BumpArgs| {
+        let (executions, gate, tool_name) = (executions.clone(), gate.clone(), tool_name.clone());
+        async move {
+            if let Some(gate) = gate {
+                gate.pass().await;
+            }
+            let counter = ctx
+                .on_client(move |world, session| {
+                    executions.fetch_add(1, Ordering::SeqCst);
+                    session.counter += args.by;
+                    world.resource_mut::<WorldLog>().0.push((session.visit, tool_name));
+                    session.counter
+                })
+                .await?;
+            Ok(Bumped { counter })
+        }
+    })
+    .scope(scope)
+}
+
+/// A game with `bump` (World scope), `bump_here` (Location scope), `panics` and `panics_on_client`.
+pub fn app_with(game: TestGame, tools: Vec<AgentTool<Session>>) -> App {
+    let mut plugin = AgentToolsPlugin::new(game)
+        .with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None))
+        .with_tool(bump_tool("bump_here", ToolScope::Location, Arc::default(), None))
+        .with_tool(AgentTool::new("panics", "Panics in its handler.", |_ctx: CallContext<Session>, _: NoArgs| async move {
+            if true {
+                panic!("handler exploded");
+            }
+            Ok(())
+        }))
+        .with_tool(AgentTool::new(
+            "panics_on_client",
+            "Panics in its main-thread step.",
+            |ctx: CallContext<Session>, _: NoArgs| async move {
+                ctx.on_client(|_, _| -> () { panic!("step exploded") }).await?;
+                Ok(())
+            },
+        ));
+    for tool in tools {
+        plugin = plugin.with_tool(tool);
+    }
+    headless_app(plugin)
+}
+
+pub fn code(outcome: &bevy_agent_tools::CallOutcome) -> Option<ErrorCode> {
+    outcome.as_ref().err().map(|error| error.code.clone())
+}

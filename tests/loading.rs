@@ -1,0 +1,68 @@
+//! Sessions that load asynchronously (H3): calls wait for them, bounded by their timeout.
+
+mod common;
+
+use std::time::Duration;
+
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::AgentTestAppExt;
+use bevy_agent_tools::{CallRequest, VisitPhase};
+use common::*;
+use serde_json::json;
+
+fn loading_game() -> TestGame {
+    TestGame { load_async: true, ..Default::default() }
+}
+
+#[test]
+fn h3_call_during_loading_waits_then_succeeds() {
+    let game = loading_game();
+    let loading = game.loading.clone();
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    assert_eq!(app.agent().visit().expect("open").phase, VisitPhase::Loading);
+
+    let call = app.agent().conversation("a").call("bump", json!({}));
+    app.step(20);
+    assert!(call.try_outcome().is_none(), "the call waits for the session to load, it is not rejected");
+
+    loading.lock().take().expect("open handed out a completer").succeed();
+    let output = app.run_until_resolved(&call).expect("the call runs once loaded");
+    assert_eq!(output.value["counter"], 1);
+    assert_eq!(app.agent().visit().expect("open").phase, VisitPhase::Open);
+}
+
+#[test]
+fn h3_call_past_its_timeout_while_loading_gets_world_loading_timeout() {
+    let game = loading_game();
+    let loading = game.loading.clone();
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").request(CallRequest::new("bump", json!({})).timeout(Duration::from_millis(50)));
+    let error = app.run_until_resolved(&call).expect_err("loading never finished");
+    assert_eq!(error.code, ErrorCode::WorldLoadingTimeout);
+    drop(loading.lock().take());
+}
+
+#[test]
+fn h3_a_session_that_fails_to_load_fails_waiting_calls_with_internal() {
+    let game = loading_game();
+    let loading = game.loading.clone();
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("bump", json!({}));
+    loading.lock().take().expect("completer").fail("region file unreadable");
+    let error = app.run_until_resolved(&call).expect_err("load failed");
+    assert_eq!(error.code, ErrorCode::Internal);
+    assert!(error.message.contains("region file unreadable"), "{}", error.message);
+}
+
+#[test]
+fn h3_exit_during_loading_ends_waiting_calls() {
+    let game = loading_game();
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("bump", json!({}));
+    app.exit_world();
+    assert_eq!(code(&app.run_until_resolved(&call)), Some(ErrorCode::VisitEnded));
+}

@@ -1,0 +1,168 @@
+//! Visits: one session per visit (H1), failed open (H4), exit order (H5), and entering while a world is open.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bevy::prelude::*;
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::{AgentTestAppExt, Gate};
+use bevy_agent_tools::{VisitClosed, VisitPhase, WorldId, WorldOpenFailed};
+use common::*;
+use serde_json::json;
+
+#[test]
+fn h1_reconnecting_a_conversation_ten_times_opens_the_visit_once() {
+    let game = TestGame::default();
+    let record = game.record.clone();
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    let agent = app.agent();
+    let mut visits = Vec::new();
+    for attempt in 0..10 {
+        let conversation = agent.conversation("claude");
+        let call = conversation.call("bump", json!({}));
+        let output = app.run_until_resolved(&call).expect("bump succeeds");
+        assert_eq!(output.value["counter"], attempt + 1, "every reconnection reaches the same session");
+        visits.push(output.observed.visit);
+        drop(conversation);
+    }
+    assert_eq!(record.opens.load(Ordering::SeqCst), 1, "reconnecting never opens another visit");
+    assert_eq!(record.closes.load(Ordering::SeqCst), 0, "reconnecting never closes the visit");
+    assert!(visits.windows(2).all(|pair| pair[0] == pair[1]));
+}
+
+#[test]
+fn h4_failed_open_leaves_no_session_reports_and_the_next_enter_works() {
+    let game = TestGame { failing: vec![WorldId::new("corrupt")], ..Default::default() };
+    let record = game.record.clone();
+    let mut app = app_with(game, vec![]);
+    app.enter_world("corrupt");
+
+    let failures: Vec<WorldOpenFailed> =
+        app.world_mut().resource_mut::<Messages<WorldOpenFailed>>().drain().collect();
+    assert_eq!(failures.len(), 1, "the failure is visible as a message");
+    assert_eq!(failures[0].world, WorldId::new("corrupt"));
+    assert!(failures[0].error.message().contains("corrupt"));
+    assert!(app.agent().visit().is_none(), "no session is held");
+
+    let call = app.agent().conversation("a").call("bump", json!({}));
+    assert_eq!(code(&app.run_until_resolved(&call)), Some(ErrorCode::NoWorld));
+    assert_eq!(record.closes.load(Ordering::SeqCst), 0, "nothing to close after a failed open");
+
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("bump", json!({}));
+    let output = app.run_until_resolved(&call).expect("the next enter works");
+    assert_eq!(output.observed.world, WorldId::new("alpha"));
+    assert_ne!(output.observed.visit, failures[0].visit, "the failed visit's id is never reused");
+}
+
+#[test]
+fn h5_exit_closes_admission_ends_calls_and_closes_once_after_admission_closed() {
+    let gate = Gate::new();
+    let executions = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let game = TestGame::default();
+    let record = game.record.clone();
+    let mut app =
+        app_with(game, vec![bump_tool("slow_bump", ToolScope::World, executions.clone(), Some(gate.clone()))]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("a");
+    let in_flight: Vec<_> = (0..3).map(|_| conversation.call("slow_bump", json!({}))).collect();
+    app.run_until("three handlers parked at the gate", |_| gate.arrived() == 3);
+
+    app.world_mut().write_message(ExitWorld::new());
+    app.update();
+
+    let late = conversation.call("bump", json!({}));
+    assert_eq!(code(&late.try_outcome().expect("rejected at once")), Some(ErrorCode::NoWorld));
+    for call in &in_flight {
+        let outcome = call.try_outcome().expect("every in-flight call resolved during exit");
+        assert_eq!(code(&outcome), Some(ErrorCode::VisitEnded));
+    }
+    assert_eq!(
+        *record.call_during_close.lock(),
+        vec![Some(ErrorCode::WorldClosed)],
+        "while close runs, admission is already closed"
+    );
+
+    gate.open();
+    app.step(5);
+    assert_eq!(executions.load(Ordering::SeqCst), 0, "no in-flight closure runs after exit");
+    assert_eq!(record.closes.load(Ordering::SeqCst), 1, "close is called once");
+    let closed: Vec<VisitClosed> = app.world_mut().resource_mut::<Messages<VisitClosed>>().drain().collect();
+    assert_eq!(closed.len(), 1);
+    assert!(closed[0].completion.wait().is_ok());
+}
+
+#[test]
+fn entering_while_a_world_is_open_exits_then_enters_in_that_order() {
+    let game = TestGame::default();
+    let record = game.record.clone();
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    app.enter_world("beta");
+    let events = record.events();
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert!(events[0].starts_with("open alpha"));
+    assert!(events[1].starts_with("close alpha"));
+    assert!(events[2].starts_with("open beta"));
+    let status = app.agent().visit().expect("beta is open");
+    assert_eq!(status.info.world, WorldId::new("beta"));
+    assert_eq!(status.phase, VisitPhase::Open);
+}
+
+#[test]
+fn messages_written_in_one_frame_apply_in_the_order_they_were_created() {
+    let game = TestGame::default();
+    let record = game.record.clone();
+    let mut app = app_with(game, vec![]);
+    // Enter, travel, exit and enter again, all before one frame runs.
+    app.world_mut().write_message(EnterWorld::new("alpha"));
+    app.world_mut().write_message(TravelTo::new("nether"));
+    app.world_mut().write_message(ExitWorld::new());
+    app.world_mut().write_message(EnterWorld::new("beta"));
+    app.update();
+    let events: Vec<String> =
+        record.events().iter().map(|e| e.split_whitespace().take(2).collect::<Vec<_>>().join(" ")).collect();
+    assert_eq!(events, ["open alpha", "relocated visit#1", "close alpha", "open beta"]);
+}
+
+#[derive(States, Clone, Debug, Default, PartialEq, Eq, Hash)]
+enum Screen {
+    #[default]
+    Menu,
+    Playing { save: &'static str, dimension: &'static str },
+}
+
+#[test]
+fn a_followed_states_type_drives_enter_travel_and_exit() {
+    let game = TestGame::default();
+    let record = game.record.clone();
+    let plugin = AgentToolsPlugin::new(game).follow_state::<Screen>(|screen| match screen {
+        Screen::Menu => None,
+        Screen::Playing { save, dimension } => Some(((*save).into(), (*dimension).into())),
+    });
+    let mut app = App::new();
+    app.add_plugins((MinimalPlugins, bevy::state::app::StatesPlugin, plugin)).init_state::<Screen>();
+    app.finish();
+    app.cleanup();
+    app.update();
+    assert!(app.agent().visit().is_none());
+
+    let mut go = |app: &mut App, screen: Screen| {
+        app.world_mut().resource_mut::<NextState<Screen>>().set(screen);
+        app.update();
+    };
+    go(&mut app, Screen::Playing { save: "alpha", dimension: "overworld" });
+    go(&mut app, Screen::Playing { save: "alpha", dimension: "nether" });
+    let status = app.agent().visit().expect("in alpha");
+    assert_eq!(status.info.location.dimension.as_str(), "nether");
+    assert_eq!(status.info.location.revision.0, 1);
+    go(&mut app, Screen::Playing { save: "beta", dimension: "overworld" });
+    go(&mut app, Screen::Menu);
+    assert!(app.agent().visit().is_none());
+    let events: Vec<String> =
+        record.events().iter().map(|e| e.split_whitespace().take(2).collect::<Vec<_>>().join(" ")).collect();
+    assert_eq!(events, ["open alpha", "relocated visit#1", "close alpha", "open beta", "close beta"]);
+}
