@@ -1,0 +1,246 @@
+//! Main-thread steps: rechecked as one step (H8), bound to the call's own visit (H9), owned cleanup after the
+//! caller stops waiting (H10), panics become INTERNAL (H13), and the per-frame budget.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bevy::prelude::*;
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::{headless_app, AgentTestAppExt, Gate};
+use bevy_agent_tools::{NoArgs, PumpStats};
+use common::*;
+use parking_lot::Mutex;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+
+#[test]
+fn h8_step_queued_then_exit_in_the_same_frame_before_the_pump_never_runs() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let mut app = app_with(TestGame::default(), vec![bump_tool("count", ToolScope::World, executions.clone(), None)]);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("count", json!({}));
+    app.wait_for_queued_steps(1);
+    // The exit is applied in AgentToolsSet::Transitions, before AgentToolsSet::Pump of the same frame.
+    app.exit_world();
+    assert_eq!(code(&call.try_outcome().expect("resolved by the exit")), Some(ErrorCode::VisitEnded));
+    app.step(3);
+    assert_eq!(executions.load(Ordering::SeqCst), 0, "the queued step never ran");
+    assert_eq!(app.agent().queued_steps(), 0, "the dead step was dropped, not left queued");
+}
+
+#[test]
+fn h8_cancelled_call_step_is_dropped_unrun() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let mut app = app_with(TestGame::default(), vec![bump_tool("count", ToolScope::World, executions.clone(), None)]);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("count", json!({}));
+    app.wait_for_queued_steps(1);
+    assert!(call.cancel());
+    app.step(2);
+    assert_eq!(code(&call.try_outcome().expect("cancelled")), Some(ErrorCode::Cancelled));
+    assert_eq!(executions.load(Ordering::SeqCst), 0);
+}
+
+/// What a handler's late `on_client` got, written by the handler itself.
+type Seen = Arc<Mutex<Option<Result<u64, ErrorCode>>>>;
+
+fn late_tool(gate: Gate, seen: Seen) -> AgentTool<Session> {
+    AgentTool::new("late", "Does async work, then touches the world.", move |ctx: CallContext<Session>, _: NoArgs| {
+        let (gate, seen) = (gate.clone(), seen.clone());
+        async move {
+            gate.pass().await;
+            let result = ctx
+                .on_client(|world, session| {
+                    session.counter += 100;
+                    world.resource_mut::<WorldLog>().0.push((session.visit, "late".into()));
+                    session.counter
+                })
+                .await;
+            *seen.lock() = Some(result.as_ref().map(|c| *c).map_err(|e| e.code.clone()));
+            result.map(|_| ())
+        }
+    })
+}
+
+#[test]
+fn h9_step_after_the_player_entered_another_world_is_rejected_and_the_new_world_is_untouched() {
+    let gate = Gate::new();
+    let seen: Seen = Arc::default();
+    let mut app = app_with(TestGame::default(), vec![late_tool(gate.clone(), seen.clone())]);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("late", json!({}));
+    app.run_until("handler parked", |_| gate.arrived() == 1);
+    app.enter_world("beta");
+    let beta = app.agent().visit().expect("beta open").info.visit;
+
+    gate.open();
+    app.run_until("handler finished", |_| seen.lock().is_some());
+    assert_eq!(*seen.lock(), Some(Err(ErrorCode::VisitEnded)), "the late step is rejected");
+    assert_eq!(code(&call.try_outcome().expect("ended")), Some(ErrorCode::VisitEnded));
+    let log = &app.world().resource::<WorldLog>().0;
+    assert!(log.iter().all(|(visit, _)| *visit != beta), "beta was never touched: {log:?}");
+    let check = app.run_until_resolved(&app.agent().conversation("b").call("bump", json!({}))).expect("ok");
+    assert_eq!(check.value["counter"], 1, "beta's session counter was untouched by the late step");
+}
+
+#[derive(Default)]
+struct Cleanup {
+    started: AtomicUsize,
+    cleaned: AtomicUsize,
+    touched: AtomicUsize,
+    late_step: Mutex<Option<ErrorCode>>,
+}
+
+#[test]
+fn h10_handler_whose_caller_stopped_waiting_still_cleans_up_and_never_touches_the_world() {
+    let cleanup = Arc::new(Cleanup::default());
+    let state = cleanup.clone();
+    let tool = AgentTool::new("download", "Long I/O.", move |ctx: CallContext<Session>, _: NoArgs| {
+        let state = state.clone();
+        async move {
+            // Work accepted: the handler owns it from here.
+            state.started.fetch_add(1, Ordering::SeqCst);
+            let reason = ctx.ended().await;
+            // The caller stopped waiting; release what was started (async, like closing a file).
+            tokio::task::yield_now().await;
+            state.cleaned.fetch_add(1, Ordering::SeqCst);
+            let touch = state.clone();
+            let late = ctx.on_client(move |_, _| touch.touched.fetch_add(1, Ordering::SeqCst)).await;
+            *state.late_step.lock() = late.err().map(|e| e.code);
+            Err::<(), _>(reason)
+        }
+    });
+    let mut app = app_with(TestGame::default(), vec![tool]);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("download", json!({}));
+    app.run_until("work started", |_| cleanup.started.load(Ordering::SeqCst) == 1);
+    drop(call); // The caller stops waiting: the call is cancelled and `ended()` fires.
+    app.run_until("cleanup finished", |_| cleanup.late_step.lock().is_some());
+    assert_eq!(cleanup.cleaned.load(Ordering::SeqCst), 1, "the handler finished its cleanup");
+    assert_eq!(*cleanup.late_step.lock(), Some(ErrorCode::Cancelled));
+    app.step(3);
+    assert_eq!(cleanup.touched.load(Ordering::SeqCst), 0, "nothing it did afterwards touched the world");
+}
+
+#[test]
+fn h13_panic_in_handler_gives_internal_and_the_app_keeps_updating() {
+    let mut app = app_with(TestGame::default(), vec![]);
+    app.enter_world("alpha");
+    let error = app.run_until_resolved(&app.agent().conversation("a").call("panics", json!({}))).expect_err("panics");
+    assert_eq!(error.code, ErrorCode::Internal);
+    assert!(error.message.contains("handler exploded"));
+    app.step(3);
+    assert!(app.run_until_resolved(&app.agent().conversation("a").call("bump", json!({}))).is_ok());
+}
+
+#[test]
+fn h13_panic_in_on_client_step_gives_internal_and_the_app_keeps_updating() {
+    let mut app = app_with(TestGame::default(), vec![]);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("panics_on_client", json!({}));
+    let error = app.run_until_resolved(&call).expect_err("panics");
+    assert_eq!(error.code, ErrorCode::Internal);
+    assert!(error.message.contains("step exploded"));
+    app.step(3);
+    let output = app.run_until_resolved(&app.agent().conversation("a").call("bump", json!({}))).expect("still works");
+    assert_eq!(output.value["counter"], 1);
+}
+
+#[test]
+fn h13_every_call_ends_with_exactly_one_outcome_even_when_its_caller_and_visit_race() {
+    let gate = Gate::new();
+    let executions = Arc::new(AtomicUsize::new(0));
+    let mut app =
+        app_with(TestGame::default(), vec![bump_tool("slow", ToolScope::World, executions.clone(), Some(gate.clone()))]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("a");
+    let calls: Vec<_> = (0..20).map(|_| conversation.call("slow", json!({}))).collect();
+    app.run_until("parked", |_| gate.arrived() == 20);
+    for call in calls.iter().step_by(2) {
+        call.cancel();
+    }
+    gate.open();
+    app.exit_world();
+    for (i, call) in calls.iter().enumerate() {
+        let first = call.try_outcome().expect("every call ended");
+        app.step(1);
+        assert_eq!(call.try_outcome(), Some(first.clone()), "the outcome of call {i} never changes");
+        let expected = if i % 2 == 0 { ErrorCode::Cancelled } else { ErrorCode::VisitEnded };
+        assert_eq!(code(&first), Some(expected));
+    }
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct Burst {
+    steps: usize,
+    #[serde(default)]
+    spin_micros: u64,
+}
+
+fn burst_app(budget: Duration, order: Arc<Mutex<Vec<usize>>>) -> App {
+    let tool = AgentTool::new("burst", "Queues many steps.", move |ctx: CallContext<Session>, args: Burst| {
+        let order = order.clone();
+        async move {
+            let spin = Duration::from_micros(args.spin_micros);
+            let steps: Vec<_> = (0..args.steps)
+                .map(|i| {
+                    let order = order.clone();
+                    ctx.on_client(move |_, _| {
+                        let started = Instant::now();
+                        while started.elapsed() < spin {
+                            std::hint::spin_loop();
+                        }
+                        order.lock().push(i);
+                    })
+                })
+                .collect();
+            for step in steps {
+                step.await?;
+            }
+            Ok(())
+        }
+    });
+    let mut app = headless_app(AgentToolsPlugin::new(TestGame::default()).pump_budget(budget).with_tool(tool));
+    app.enter_world("alpha");
+    app
+}
+
+#[test]
+fn budget_ten_thousand_steps_run_across_frames_in_fifo_order_and_none_is_lost() {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    // A zero budget still runs one step per frame: each frame stops at the budget.
+    let mut app = burst_app(Duration::ZERO, order.clone());
+    let call = app.agent().conversation("a").call("burst", json!({ "steps": 10_000 }));
+    app.wait_for_queued_steps(10_000);
+    for frame in 0..10_000 {
+        app.update();
+        let stats = *app.world().resource::<PumpStats>();
+        assert_eq!(stats.last_frame, 1, "frame {frame} ran past its budget");
+        assert_eq!(stats.left_queued, 9_999 - frame, "what did not fit stays queued");
+    }
+    assert!(app.run_until_resolved(&call).is_ok());
+    assert_eq!(*order.lock(), (0..10_000).collect::<Vec<_>>(), "all ran, in FIFO order");
+}
+
+#[test]
+fn budget_a_frame_stops_once_its_time_is_spent() {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut app = burst_app(Duration::from_millis(1), order.clone());
+    // Each step takes at least 250 µs, so at most four fit in a 1 ms budget, however slow the machine.
+    let call = app.agent().conversation("a").call("burst", json!({ "steps": 40, "spin_micros": 250 }));
+    app.wait_for_queued_steps(40);
+    let mut frames = 0;
+    while order.lock().len() < 40 {
+        app.update();
+        frames += 1;
+        let ran = app.world().resource::<PumpStats>().last_frame;
+        assert!((1..=4).contains(&ran), "frame {frames} ran {ran} steps");
+    }
+    assert!(frames >= 10);
+    assert!(app.run_until_resolved(&call).is_ok());
+    assert_eq!(*order.lock(), (0..40).collect::<Vec<_>>());
+}
