@@ -9,6 +9,7 @@ mod host;
 mod ids;
 mod lifecycle;
 mod panic;
+pub mod persist;
 mod plugin;
 mod runtime;
 mod signal;
@@ -27,7 +28,8 @@ pub use plugin::{AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet};
 pub use runtime::AgentRuntime;
 pub use tool::{AgentTool, NoArgs, ToolAnnotations, ToolInfo, ToolScope, DEFAULT_TOOL_TIMEOUT};
 pub use visit::{
-    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitOpened, VisitRelocated, WorldBinding, WorldOpenFailed,
+    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitOpened, VisitRelocated, VisitSaved, WorldBinding,
+    WorldOpenFailed,
 };
 
 /// Everything you need to get started: the trait to implement, the plugin, tools, contexts and errors.

@@ -19,7 +19,7 @@ use crate::runtime::AgentRuntime;
 use crate::tool::{AgentTool, ErasedTool, DEFAULT_TOOL_TIMEOUT};
 use crate::visit::{
     apply_transitions, collect_transitions, follow_state, EnterWorld, ExitWorld, PendingTransitions, StateTarget,
-    TravelTo, VisitClosed, VisitOpened, VisitRelocated, VisitSlot, WorldBinding, WorldOpenFailed,
+    TravelTo, VisitClosed, VisitOpened, VisitRelocated, VisitSaved, VisitSlot, WorldBinding, WorldOpenFailed,
 };
 
 /// The host's systems, in the schedule the plugin runs in (`PostUpdate` unless
@@ -207,6 +207,7 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
             .add_message::<VisitOpened>()
             .add_message::<VisitRelocated>()
             .add_message::<VisitClosed>()
+            .add_message::<VisitSaved>()
             .add_message::<WorldOpenFailed>()
             .configure_sets(self.schedule, (AgentToolsSet::Transitions, AgentToolsSet::Pump).chain())
             .add_systems(

@@ -24,7 +24,8 @@ fn arguments_that_are_not_an_object_are_invalid_input() {
     let mut app = app_with(TestGame::default(), vec![]);
     app.enter_world("alpha");
     for args in [json!([1, 2]), json!("by=2"), json!(3)] {
-        let error = app.agent().conversation("a").call("bump", args.clone()).try_outcome().expect("at once").expect_err("bad");
+        let error =
+            app.agent().conversation("a").call("bump", args.clone()).try_outcome().expect("at once").expect_err("bad");
         assert_eq!(error.code, ErrorCode::InvalidInput, "{args}");
         assert!(error.message.contains("must be a JSON object"), "{}", error.message);
     }

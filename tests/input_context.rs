@@ -13,7 +13,8 @@ use serde_json::json;
 #[test]
 fn h14_input_context_is_asked_once_per_input_and_none_after_some_is_none() {
     let game = TestGame::default();
-    *game.observations.lock() = vec![Some(json!({ "looking_at": "oak_log" })), None, Some(json!({ "looking_at": "sand" }))];
+    *game.observations.lock() =
+        vec![Some(json!({ "looking_at": "oak_log" })), None, Some(json!({ "looking_at": "sand" }))];
     let record = game.record.clone();
     let mut app = app_with(game, vec![]);
     app.enter_world("alpha");

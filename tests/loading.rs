@@ -38,7 +38,8 @@ fn h3_call_past_its_timeout_while_loading_gets_world_loading_timeout() {
     let loading = game.loading.clone();
     let mut app = app_with(game, vec![]);
     app.enter_world("alpha");
-    let call = app.agent().conversation("a").request(CallRequest::new("bump", json!({})).timeout(Duration::from_millis(50)));
+    let call =
+        app.agent().conversation("a").request(CallRequest::new("bump", json!({})).timeout(Duration::from_millis(50)));
     let error = app.run_until_resolved(&call).expect_err("loading never finished");
     assert_eq!(error.code, ErrorCode::WorldLoadingTimeout);
     drop(loading.lock().take());

@@ -15,8 +15,10 @@ use serde_json::json;
 fn h2_world_scoped_call_survives_travel() {
     let gate = Gate::new();
     let executions = Arc::new(AtomicUsize::new(0));
-    let mut app =
-        app_with(TestGame::default(), vec![bump_tool("slow", ToolScope::World, executions.clone(), Some(gate.clone()))]);
+    let mut app = app_with(
+        TestGame::default(),
+        vec![bump_tool("slow", ToolScope::World, executions.clone(), Some(gate.clone()))],
+    );
     app.enter_world("alpha");
     let call = app.agent().conversation("a").call("slow", json!({}));
     app.run_until("handler parked", |_| gate.arrived() == 1);
@@ -33,7 +35,8 @@ fn h2_location_scoped_call_admitted_before_travel_gets_location_changed_and_neve
     let executions = Arc::new(AtomicUsize::new(0));
     let game = TestGame::default();
     let record = game.record.clone();
-    let mut app = app_with(game, vec![bump_tool("slow_here", ToolScope::Location, executions.clone(), Some(gate.clone()))]);
+    let mut app =
+        app_with(game, vec![bump_tool("slow_here", ToolScope::Location, executions.clone(), Some(gate.clone()))]);
     app.enter_world("alpha");
     let call = app.agent().conversation("a").call("slow_here", json!({}));
     app.run_until("handler parked", |_| gate.arrived() == 1);

@@ -40,8 +40,7 @@ fn h4_failed_open_leaves_no_session_reports_and_the_next_enter_works() {
     let mut app = app_with(game, vec![]);
     app.enter_world("corrupt");
 
-    let failures: Vec<WorldOpenFailed> =
-        app.world_mut().resource_mut::<Messages<WorldOpenFailed>>().drain().collect();
+    let failures: Vec<WorldOpenFailed> = app.world_mut().resource_mut::<Messages<WorldOpenFailed>>().drain().collect();
     assert_eq!(failures.len(), 1, "the failure is visible as a message");
     assert_eq!(failures[0].world, WorldId::new("corrupt"));
     assert!(failures[0].error.message().contains("corrupt"));
@@ -132,7 +131,10 @@ fn messages_written_in_one_frame_apply_in_the_order_they_were_created() {
 enum Screen {
     #[default]
     Menu,
-    Playing { save: &'static str, dimension: &'static str },
+    Playing {
+        save: &'static str,
+        dimension: &'static str,
+    },
 }
 
 #[test]

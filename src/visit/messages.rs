@@ -101,6 +101,16 @@ pub struct VisitClosed {
     pub completion: Completion,
 }
 
+/// A visit's close work finished: its `close` completion resolved. `result` carries a failed save's error; the
+/// game keeps running either way.
+#[derive(Message, Clone, Debug)]
+pub struct VisitSaved {
+    /// The visit that was closed.
+    pub info: VisitInfo,
+    /// Whether persistence and release succeeded.
+    pub result: crate::completion::CompletionResult,
+}
+
 /// `WorldLifecycle::open` failed (or panicked). No visit is open.
 #[derive(Message, Clone, Debug)]
 pub struct WorldOpenFailed {

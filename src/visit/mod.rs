@@ -13,7 +13,9 @@ use crossbeam_channel::Receiver;
 
 pub use binding::WorldBinding;
 pub(crate) use follow::{follow_state, StateTarget};
-pub use messages::{EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitOpened, VisitRelocated, WorldOpenFailed};
+pub use messages::{
+    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitOpened, VisitRelocated, VisitSaved, WorldOpenFailed,
+};
 pub(crate) use transitions::{apply_transitions, collect_transitions, PendingTransitions, Transition};
 
 use crate::call::Job;

@@ -7,7 +7,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use bevy::prelude::*;
 
-use super::messages::{EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitOpened, VisitRelocated, WorldOpenFailed};
+use super::messages::{
+    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitOpened, VisitRelocated, VisitSaved, WorldOpenFailed,
+};
 use super::{OpenSession, VisitSlot};
 use crate::completion::Completion;
 use crate::error::{ErrorCode, ToolError};
@@ -59,6 +61,7 @@ pub(crate) fn apply_transitions<L: WorldLifecycle>(world: &mut World) {
             }
         }
         slot.tick(world);
+        slot.report_saved(world);
     });
 }
 
@@ -153,9 +156,23 @@ impl<L: WorldLifecycle> VisitSlot<L> {
             .unwrap_or_else(|panic| Completion::failed(format!("close panicked: {}", panic_message(&*panic))));
         self.host.state.lock().visit = None;
         tracing::info!(world = %info.world, visit = %info.visit, "left world");
-        self.closing.retain(|(_, completion)| !completion.is_done());
         self.closing.push((info.clone(), completion.clone()));
         world.write_message(VisitClosed { info, completion });
+    }
+
+    /// Writes [`VisitSaved`] for every close completion that resolved since the last frame.
+    fn report_saved(&mut self, world: &mut World) {
+        self.closing.retain(|(info, completion)| {
+            let Some(result) = completion.result() else { return true };
+            match &result {
+                Ok(()) => tracing::info!(world = %info.world, visit = %info.visit, "world saved"),
+                Err(error) => {
+                    tracing::error!(world = %info.world, visit = %info.visit, %error, "saving the world failed")
+                }
+            }
+            world.write_message(VisitSaved { info: info.clone(), result });
+            false
+        });
     }
 
     fn tick(&mut self, world: &mut World) {

@@ -146,12 +146,16 @@ pub fn app_with(game: TestGame, tools: Vec<AgentTool<Session>>) -> App {
     let mut plugin = AgentToolsPlugin::new(game)
         .with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None))
         .with_tool(bump_tool("bump_here", ToolScope::Location, Arc::default(), None))
-        .with_tool(AgentTool::new("panics", "Panics in its handler.", |_ctx: CallContext<Session>, _: NoArgs| async move {
-            if true {
-                panic!("handler exploded");
-            }
-            Ok(())
-        }))
+        .with_tool(AgentTool::new(
+            "panics",
+            "Panics in its handler.",
+            |_ctx: CallContext<Session>, _: NoArgs| async move {
+                if true {
+                    panic!("handler exploded");
+                }
+                Ok(())
+            },
+        ))
         .with_tool(AgentTool::new(
             "panics_on_client",
             "Panics in its main-thread step.",
