@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bevy::prelude::Resource;
 use serde_json::Value;
 
-use crate::call::{admit, CallLife, CallOutcome, CallRequest, InputContext, Job};
+use crate::call::{admit, Admitted, CallLife, CallOutcome, CallRequest, InputContext, Job};
 use crate::error::{ErrorCode, ToolError};
 use crate::host::{HostShared, VisitStatus};
 use crate::ids::{ConversationId, RequestId, TaskId};
@@ -87,8 +87,9 @@ impl Conversation {
     /// Makes a call described in full.
     pub fn request(&self, request: CallRequest) -> Call {
         match admit(&self.host, &self.id, request) {
-            Ok(admitted) => Call::admitted(admitted.life),
-            Err(error) => Call::rejected(error),
+            Ok(Admitted::Running { life, owner }) => Call::running(life, owner),
+            Ok(Admitted::Retained(outcome)) => Call::ready(None, outcome),
+            Err(error) => Call::ready(error.details.request, Err(error)),
         }
     }
 
@@ -133,47 +134,50 @@ impl Conversation {
 
 /// A call in flight: a future that resolves with the call's one outcome.
 ///
-/// Dropping it before it resolves cancels the call (its handler's `ended()` fires); [`Call::detach`] lets it run
-/// on unobserved instead. Cancel-safe to poll.
+/// Dropping it before it resolves cancels the call (its handler's `ended()` fires) — unless the call carries an
+/// operation id: a keyed operation keeps running so that a retry with the same id gets its outcome. [`Call::cancel`]
+/// cancels either kind; [`Call::detach`] stops observing without cancelling. Cancel-safe to poll.
 #[must_use = "a call is cancelled when dropped; await it, or detach it"]
 pub struct Call {
     request: Option<RequestId>,
     life: Option<Arc<CallLife>>,
-    rejected: Option<ToolError>,
+    /// Whether dropping this handle cancels the execution.
+    cancel_on_drop: bool,
+    ready: Option<CallOutcome>,
     waiting: Option<Pin<Box<dyn Future<Output = CallOutcome> + Send>>>,
 }
 
 impl Call {
-    fn admitted(life: Arc<CallLife>) -> Self {
+    fn running(life: Arc<CallLife>, owner: bool) -> Self {
         let waiter = life.clone();
         Self {
             request: Some(life.coords.request),
+            cancel_on_drop: owner && life.coords.operation.is_none(),
             life: Some(life),
-            rejected: None,
+            ready: None,
             waiting: Some(Box::pin(async move { waiter.outcome().wait().await })),
         }
     }
 
-    fn rejected(error: ToolError) -> Self {
-        Self { request: error.details.request, life: None, rejected: Some(error), waiting: None }
+    fn ready(request: Option<RequestId>, outcome: CallOutcome) -> Self {
+        Self { request, life: None, cancel_on_drop: false, ready: Some(outcome), waiting: None }
     }
 
-    /// The request id.
+    /// The request id of the execution this call observes (for a duplicate, the first call's).
     pub fn request_id(&self) -> Option<RequestId> {
         self.request
     }
 
-    /// Whether admission accepted the call.
-    pub fn was_admitted(&self) -> bool {
+    /// Whether the call runs (or joined a running execution), as opposed to a rejection or a retained outcome.
+    pub fn is_running(&self) -> bool {
         self.life.is_some()
     }
 
     /// The outcome, if the call has ended.
     pub fn try_outcome(&self) -> Option<CallOutcome> {
-        match (&self.life, &self.rejected) {
-            (Some(life), _) => life.outcome().get(),
-            (None, Some(error)) => Some(Err(error.clone())),
-            (None, None) => None,
+        match &self.life {
+            Some(life) => life.outcome().get(),
+            None => self.ready.clone(),
         }
     }
 
@@ -182,7 +186,7 @@ impl Call {
     pub fn wait_timeout(&self, timeout: Duration) -> Option<CallOutcome> {
         match &self.life {
             Some(life) => life.outcome().wait_until(Instant::now() + timeout),
-            None => self.try_outcome(),
+            None => self.ready.clone(),
         }
     }
 
@@ -193,8 +197,7 @@ impl Call {
 
     /// Stops observing the call without cancelling it.
     pub fn detach(mut self) {
-        self.life = None;
-        self.rejected = None;
+        self.cancel_on_drop = false;
     }
 }
 
@@ -202,19 +205,19 @@ impl Future for Call {
     type Output = CallOutcome;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CallOutcome> {
-        if let Some(error) = &self.rejected {
-            return Poll::Ready(Err(error.clone()));
+        if let Some(outcome) = &self.ready {
+            return Poll::Ready(outcome.clone());
         }
         match self.waiting.as_mut() {
             Some(waiting) => waiting.as_mut().poll(cx),
-            None => Poll::Ready(Err(ToolError::internal("the call was detached"))),
+            None => Poll::Ready(Err(ToolError::internal("the call has no outcome to wait for"))),
         }
     }
 }
 
 impl Drop for Call {
     fn drop(&mut self) {
-        if let Some(life) = &self.life {
+        if let Some(life) = self.life.as_ref().filter(|_| self.cancel_on_drop) {
             life.fail(ErrorCode::Cancelled, "the caller stopped waiting for the call");
         }
     }

@@ -11,10 +11,11 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
-use crate::call::{CallLife, Job};
+use crate::call::{CallLife, CallOutcome, Job};
 use crate::completion::Completion;
 use crate::ids::{ConversationId, RequestId, TaskId, VisitId};
 use crate::lifecycle::VisitInfo;
+use crate::replay::{ReplayRetention, ReplayTable};
 use crate::tool::ToolRegistry;
 
 /// Where the open visit is in its life.
@@ -44,6 +45,8 @@ pub(crate) struct OpenVisit {
     pub ready: Option<Completion>,
     pub closing: bool,
     pub calls: HashMap<RequestId, Arc<CallLife>>,
+    /// Keyed operations of this visit (rule H12); it ends with the visit.
+    pub replay: ReplayTable<Arc<CallLife>, CallOutcome>,
 }
 
 impl OpenVisit {
@@ -77,6 +80,7 @@ impl HostState {
 pub(crate) struct HostConfig {
     pub default_timeout: Duration,
     pub pump_budget: Duration,
+    pub replay: ReplayRetention,
 }
 
 pub(crate) struct HostShared {
@@ -111,11 +115,19 @@ impl HostShared {
         state.visit.as_ref().map(|visit| VisitStatus { info: visit.info.clone(), phase: visit.phase() })
     }
 
-    /// Forgets a call that reached its outcome.
-    pub(crate) fn release_call(&self, visit: VisitId, request: RequestId) {
+    /// Forgets a call that reached its outcome, and retains that outcome for its operation key (if it has one
+    /// and its handler started; a call that never ran leaves no trace, so a retry can run).
+    pub(crate) fn release_call(&self, life: &CallLife, handler_started: bool) {
         let mut state = self.state.lock();
-        if let Some(open) = state.visit.as_mut().filter(|open| open.info.visit == visit) {
-            open.calls.remove(&request);
+        let Some(open) = state.visit.as_mut().filter(|open| open.info.visit == life.coords.visit.visit) else {
+            return;
+        };
+        open.calls.remove(&life.coords.request);
+        if let Some(key) = &life.coords.replay_key {
+            match life.outcome().get() {
+                Some(outcome) if handler_started => open.replay.complete(key, outcome, std::time::Instant::now()),
+                _ => open.replay.forget(key),
+            }
         }
     }
 

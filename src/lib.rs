@@ -11,6 +11,7 @@ mod lifecycle;
 mod panic;
 pub mod persist;
 mod plugin;
+mod replay;
 mod runtime;
 mod signal;
 pub mod testing;
@@ -25,12 +26,22 @@ pub use host::{VisitPhase, VisitStatus};
 pub use ids::{ConversationId, DimensionId, LocationRevision, OperationId, RequestId, TaskId, VisitId, WorldId};
 pub use lifecycle::{Location, OpenError, Opened, VisitInfo, WorldLifecycle};
 pub use plugin::{AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet};
+pub use replay::ReplayRetention;
 pub use runtime::AgentRuntime;
-pub use tool::{AgentTool, NoArgs, ToolAnnotations, ToolInfo, ToolScope, DEFAULT_TOOL_TIMEOUT};
+pub use tool::{
+    check_version, require_confirmation, AgentTool, DestructiveGuard, NoArgs, ToolAnnotations, ToolInfo, ToolScope,
+    DEFAULT_TOOL_TIMEOUT, OPERATION_ID, TASK_ID,
+};
 pub use visit::{
     EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitOpened, VisitRelocated, VisitSaved, WorldBinding,
     WorldOpenFailed,
 };
+
+/// Internals exposed for the crate's benchmarks only; not part of the API.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::replay::{canonical_arguments, Begin, ReplayKey, ReplayTable};
+}
 
 /// Everything you need to get started: the trait to implement, the plugin, tools, contexts and errors.
 pub mod prelude {

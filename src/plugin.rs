@@ -15,6 +15,7 @@ use crate::call::{run_jobs, PumpStats};
 use crate::host::{HostConfig, HostShared};
 use crate::ids::{DimensionId, WorldId};
 use crate::lifecycle::WorldLifecycle;
+use crate::replay::ReplayRetention;
 use crate::runtime::AgentRuntime;
 use crate::tool::{AgentTool, ErasedTool, DEFAULT_TOOL_TIMEOUT};
 use crate::visit::{
@@ -70,7 +71,11 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
         Self {
             lifecycle: Arc::new(lifecycle),
             tools: Vec::new(),
-            config: HostConfig { default_timeout: DEFAULT_TOOL_TIMEOUT, pump_budget: Duration::from_millis(1) },
+            config: HostConfig {
+                default_timeout: DEFAULT_TOOL_TIMEOUT,
+                pump_budget: Duration::from_millis(1),
+                replay: ReplayRetention::default(),
+            },
             default_dimension: DimensionId::new("overworld"),
             worker_threads: 2,
             schedule: PostUpdate.intern(),
@@ -94,6 +99,13 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// How long the pump may run `on_client` steps per frame. At least one step runs per frame.
     pub fn pump_budget(mut self, budget: Duration) -> Self {
         self.config.pump_budget = budget;
+        self
+    }
+
+    /// How many outcomes of keyed operations (`operation_id`) a visit retains, and for how long (default 10,000
+    /// entries, 10 minutes).
+    pub fn replay_retention(mut self, retention: ReplayRetention) -> Self {
+        self.config.replay = retention;
         self
     }
 

@@ -16,7 +16,8 @@ use crate::error::{ErrorCode, ToolError};
 use crate::host::HostShared;
 use crate::ids::{ConversationId, OperationId, TaskId};
 use crate::panic::panic_message;
-use crate::tool::PreparedCall;
+use crate::replay::{canonical_arguments, Begin, ReplayKey};
+use crate::tool::{require_confirmation, PreparedCall, ToolScope};
 
 /// One tool invocation, as an agent asks for it.
 #[derive(Clone, Debug)]
@@ -58,9 +59,12 @@ impl CallRequest {
     }
 }
 
-/// A call that passed admission: it is live, and its driver runs.
-pub(crate) struct Admitted {
-    pub life: Arc<CallLife>,
+/// A call that passed admission.
+pub(crate) enum Admitted {
+    /// A live execution. `owner` is false for a duplicate that joined another call's execution.
+    Running { life: Arc<CallLife>, owner: bool },
+    /// A duplicate of a finished operation: its retained outcome.
+    Retained(CallOutcome),
 }
 
 /// Admits `request` for `conversation`, or says why not. Never blocks on the main thread.
@@ -78,6 +82,10 @@ pub(crate) fn admit(
     let tool = host.tools.get(&request.tool).map_err(rejected)?;
     let prepared = tool.prepare(request.arguments.clone()).map_err(rejected)?;
     let info = tool.info();
+    if info.requires_confirmation && request.arguments.get("confirm") != Some(&Value::Bool(true)) {
+        return Err(rejected(require_confirmation(false).unwrap_err()));
+    }
+    let canonical = request.operation.as_ref().map(|_| canonical_arguments(&request.arguments));
     let timeout = request.timeout.or(info.timeout).unwrap_or(host.config.default_timeout);
     let deadline = Instant::now() + timeout;
 
@@ -98,22 +106,60 @@ pub(crate) fn admit(
             error.details.world = Some(open.info.world.clone());
             return Err(error);
         }
+        let task = request.task.clone().unwrap_or_else(|| TaskId::new(conversation.as_str()));
+        let replay_key = request.operation.clone().map(|operation| ReplayKey {
+            tool: info.name.clone(),
+            task: task.clone(),
+            location: (info.scope == ToolScope::Location).then_some(open.info.location.revision),
+            operation,
+        });
+        if let (Some(key), Some(canonical)) = (&replay_key, &canonical) {
+            match open.replay.begin(key, canonical, Instant::now()) {
+                Begin::Fresh => {}
+                Begin::Join(life) => return Ok(Admitted::Running { life, owner: false }),
+                Begin::Retained(outcome) => return Ok(Admitted::Retained(outcome)),
+                Begin::Conflict => return Err(rejected(conflict(key))),
+                Begin::Full => {
+                    return Err(rejected(ToolError::with_code(
+                        ErrorCode::Busy,
+                        "too many keyed operations are in flight in this world; wait for some to finish",
+                    )))
+                }
+            }
+        }
         let coords = CallCoordinates {
             request: request_id,
             tool: info.name.clone(),
             scope: info.scope,
             conversation: conversation.clone(),
-            task: request.task.clone().unwrap_or_else(|| TaskId::new(conversation.as_str())),
+            task,
             operation: request.operation.clone(),
+            replay_key: replay_key.clone(),
             visit: open.info.clone(),
         };
-        // The replay table sits here: a call with an operation id looks up its key before it is inserted.
         let life = Arc::new(CallLife::new(coords, deadline));
         open.calls.insert(request_id, life.clone());
+        if let (Some(key), Some(canonical)) = (replay_key, &canonical) {
+            open.replay.start(key, canonical, life.clone());
+        }
         (life, open.ready.clone())
     };
     host.runtime.spawn(drive(host.clone(), life.clone(), prepared, ready, timeout));
-    Ok(Admitted { life })
+    Ok(Admitted::Running { life, owner: true })
+}
+
+fn conflict(key: &ReplayKey) -> ToolError {
+    ToolError::with_code(
+        ErrorCode::OperationConflict,
+        format!(
+            "operation `{}` of task `{}` was already used with other arguments; use a new operation_id for a new operation",
+            key.operation, key.task
+        ),
+    )
+    .with_detail("operation_id", &key.operation)
+    .with_detail("task_id", &key.task)
+    .with_detail("location_revision", key.location)
+    .with_detail("arguments_differ", true)
 }
 
 async fn drive(
@@ -123,11 +169,12 @@ async fn drive(
     ready: Option<Completion>,
     timeout: Duration,
 ) {
-    let outcome = run(&host, &life, prepared, ready, timeout).await;
+    let mut handler_started = false;
+    let outcome = run(&host, &life, prepared, ready, timeout, &mut handler_started).await;
     if !life.finish(outcome) {
         tracing::debug!(request = %life.coords.request, "the call had already ended; its late result was dropped");
     }
-    host.release_call(life.coords.visit.visit, life.coords.request);
+    host.release_call(&life, handler_started);
 }
 
 async fn run(
@@ -136,6 +183,7 @@ async fn run(
     prepared: PreparedCall,
     ready: Option<Completion>,
     timeout: Duration,
+    handler_started: &mut bool,
 ) -> CallOutcome {
     let deadline = tokio::time::Instant::from_std(life.deadline);
     if let Some(ready) = ready {
@@ -153,6 +201,10 @@ async fn run(
     }
     // The handler runs as its own task: a panic is caught there, and the handler keeps running to clean up
     // after the call ended (rule H10). It owns what it started.
+    if life.is_ended() {
+        return Err(life.end_error());
+    }
+    *handler_started = true;
     let handler = host.runtime.spawn(prepared(CallCore { life: life.clone(), host: host.clone() }));
     tokio::select! {
         biased;

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::{ConversationId, OperationId, RequestId, TaskId};
 use crate::lifecycle::{Location, VisitInfo};
+use crate::replay::ReplayKey;
 use crate::signal::OnceSignal;
 use crate::tool::ToolScope;
 
@@ -22,6 +23,8 @@ pub(crate) struct CallCoordinates {
     pub conversation: ConversationId,
     pub task: TaskId,
     pub operation: Option<OperationId>,
+    /// The key the call's outcome is retained under, when it has an operation id.
+    pub replay_key: Option<ReplayKey>,
     /// The visit and location at admission.
     pub visit: VisitInfo,
 }

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use bevy::prelude::World;
 
-pub(crate) use admission::admit;
 pub use admission::CallRequest;
+pub(crate) use admission::{admit, Admitted};
 pub use context::{CallContext, Ended};
 pub(crate) use life::{CallCoordinates, CallLife};
 pub use life::{CallOutcome, CallOutput};

@@ -10,8 +10,24 @@ pub(crate) fn schema_of<T: JsonSchema>() -> Value {
     schemars::SchemaGenerator::default().into_root_schema_for::<T>().to_value()
 }
 
+/// Writes integral floating-point numbers (`3.0`, `1e2`) as integers, so that how a client spells a number never
+/// changes what it means: `3.0` fits a `u32` argument, and replays compare equal.
+pub(crate) fn normalize_numbers(value: &mut Value) {
+    match value {
+        Value::Number(number) => {
+            if let Some(float) = number.as_f64().filter(|f| number.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15) {
+                *value = Value::from(float as i64);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(normalize_numbers),
+        Value::Object(map) => map.values_mut().for_each(normalize_numbers),
+        _ => {}
+    }
+}
+
 /// Parses `args` (a JSON object; `null` counts as `{}`) into `A`.
-pub(crate) fn parse<A: DeserializeOwned>(tool: &str, args: Value) -> Result<A, ToolError> {
+pub(crate) fn parse<A: DeserializeOwned>(tool: &str, mut args: Value) -> Result<A, ToolError> {
+    normalize_numbers(&mut args);
     let args = match args {
         Value::Null => Value::Object(Default::default()),
         Value::Object(map) => Value::Object(map),

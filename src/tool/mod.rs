@@ -1,8 +1,10 @@
 //! Tool definitions: name, description, typed arguments with a JSON schema, typed output, scope, annotations
 //! and timeout, and the registry the host looks them up in.
 
-mod input;
+mod guard;
+pub(crate) mod input;
 mod registry;
+mod reserved;
 
 use std::any::TypeId;
 use std::future::Future;
@@ -19,7 +21,9 @@ use serde_json::Value;
 use crate::call::{CallContext, CallCore};
 use crate::error::ToolError;
 
+pub use guard::{check_version, require_confirmation, DestructiveGuard};
 pub(crate) use registry::ToolRegistry;
+pub use reserved::{OPERATION_ID, TASK_ID};
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -73,6 +77,8 @@ pub struct ToolInfo {
     pub annotations: ToolAnnotations,
     /// The tool's own timeout; the host default applies when `None`.
     pub timeout: Option<Duration>,
+    /// Calls must carry `confirm: true`, or they are refused with `CONFIRMATION_REQUIRED` before anything runs.
+    pub requires_confirmation: bool,
 }
 
 /// A started handler: arguments already parsed, waiting for its context.
@@ -155,6 +161,7 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
                 scope: ToolScope::World,
                 annotations: ToolAnnotations::default(),
                 timeout: None,
+                requires_confirmation: false,
             },
             start,
             _session: PhantomData,
@@ -188,6 +195,19 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
     /// Sets the tool's timeout (covers waiting for a loading world, the handler, and its main-thread steps).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.info.timeout = Some(timeout);
+        self
+    }
+
+    /// Refuses calls without `confirm: true` (`CONFIRMATION_REQUIRED`) before anything runs, and adds `confirm`
+    /// to the input schema. For destructive tools.
+    pub fn requires_confirmation(mut self) -> Self {
+        self.info.requires_confirmation = true;
+        if let Some(properties) = self.info.input_schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
+            properties.entry("confirm").or_insert(serde_json::json!({
+                "type": "boolean",
+                "description": "Must be true: this action cannot be undone."
+            }));
+        }
         self
     }
 

@@ -17,6 +17,7 @@ use crate::host::OpenVisit;
 use crate::ids::{DimensionId, LocationRevision, WorldId};
 use crate::lifecycle::{Location, OpenError, VisitInfo, WorldLifecycle};
 use crate::panic::panic_message;
+use crate::replay::ReplayTable;
 use crate::tool::ToolScope;
 
 /// A transition waiting for this frame's [`AgentToolsSet::Transitions`](crate::AgentToolsSet::Transitions).
@@ -81,6 +82,7 @@ impl<L: WorldLifecycle> VisitSlot<L> {
                     ready: opened.ready,
                     closing: false,
                     calls: Default::default(),
+                    replay: ReplayTable::new(self.host.config.replay),
                 });
                 self.open = Some(OpenSession { info: info.clone(), session: opened.session });
                 tracing::info!(world = %id, visit = %visit, "entered world");

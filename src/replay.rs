@@ -1,0 +1,264 @@
+//! The TASK_OPERATION replay table (rule H12): calls with the same (tool, task, scope, operation id) share one
+//! execution, and its outcome is retained for later duplicates.
+//!
+//! Modelled on idempotency keys (the outcome of the first request is kept whether it succeeded or failed, the
+//! same key with other parameters is an error, keys expire), and stricter: duplicates that arrive while the first
+//! runs join it, and a retained timeout says its effect is unknown.
+//!
+//! One table per visit; it ends with its visit. Retention is bounded by count and age; in-flight entries are
+//! never evicted. This is not durable exactly-once execution across reconnections or visits: after a `TIMEOUT`
+//! (effect unknown), inspect the game's state before deliberately starting a new operation id.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::ids::{LocationRevision, OperationId, TaskId};
+use crate::tool::input::normalize_numbers;
+
+/// What makes two calls the same operation.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ReplayKey {
+    /// The tool.
+    pub tool: String,
+    /// The task (the conversation unless the agent named one).
+    pub task: TaskId,
+    /// `None` for `World` scope; the admitted revision for `Location` scope, so the same operation id at another
+    /// location is another operation.
+    pub location: Option<LocationRevision>,
+    /// The agent's operation id.
+    pub operation: OperationId,
+}
+
+/// How long and how many outcomes a visit's table keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplayRetention {
+    /// At most this many entries (completed ones are evicted oldest first; in-flight ones never).
+    pub max_entries: usize,
+    /// Completed entries older than this are dropped.
+    pub max_age: Duration,
+}
+
+impl Default for ReplayRetention {
+    /// 10,000 entries, 10 minutes.
+    fn default() -> Self {
+        Self { max_entries: 10_000, max_age: Duration::from_secs(600) }
+    }
+}
+
+enum State<T, O> {
+    InFlight(T),
+    Done(O),
+}
+
+struct Entry<T, O> {
+    /// The arguments in canonical form.
+    arguments: Arc<str>,
+    state: State<T, O>,
+    generation: u64,
+}
+
+/// What admission should do with a keyed call.
+pub enum Begin<T, O> {
+    /// First of its key: run it, then [`ReplayTable::start`] it.
+    Fresh,
+    /// Same key, same arguments, still running: share that execution.
+    Join(T),
+    /// Same key, same arguments, finished: this is its outcome.
+    Retained(O),
+    /// Same key, other arguments.
+    Conflict,
+    /// The table is full of in-flight operations.
+    Full,
+}
+
+/// One visit's table: keyed executions in flight (`T`) and retained outcomes (`O`).
+pub struct ReplayTable<T, O> {
+    retention: ReplayRetention,
+    entries: HashMap<ReplayKey, Entry<T, O>>,
+    /// Completed entries in completion order: (key, generation, completed at).
+    completed: VecDeque<(ReplayKey, u64, Instant)>,
+    next_generation: u64,
+}
+
+impl<T: Clone, O: Clone> ReplayTable<T, O> {
+    /// An empty table.
+    pub fn new(retention: ReplayRetention) -> Self {
+        Self { retention, entries: HashMap::new(), completed: VecDeque::new(), next_generation: 0 }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Looks `key` up for a call with `arguments` (canonical form).
+    pub fn begin(&mut self, key: &ReplayKey, arguments: &str, now: Instant) -> Begin<T, O> {
+        self.expire(now);
+        match self.entries.get(key) {
+            Some(entry) if &*entry.arguments != arguments => Begin::Conflict,
+            Some(Entry { state: State::InFlight(running), .. }) => Begin::Join(running.clone()),
+            Some(Entry { state: State::Done(outcome), .. }) => Begin::Retained(outcome.clone()),
+            None => {
+                if self.entries.len() >= self.retention.max_entries && !self.evict_oldest() {
+                    Begin::Full
+                } else {
+                    Begin::Fresh
+                }
+            }
+        }
+    }
+
+    /// Records the execution of a fresh key.
+    pub fn start(&mut self, key: ReplayKey, arguments: &str, running: T) {
+        self.next_generation += 1;
+        let entry = Entry {
+            arguments: Arc::from(arguments),
+            state: State::InFlight(running),
+            generation: self.next_generation,
+        };
+        self.entries.insert(key, entry);
+    }
+
+    /// Retains the outcome of a finished execution.
+    pub fn complete(&mut self, key: &ReplayKey, outcome: O, now: Instant) {
+        if let Some(entry) = self.entries.get_mut(key) {
+            if matches!(entry.state, State::InFlight(_)) {
+                entry.state = State::Done(outcome);
+                self.completed.push_back((key.clone(), entry.generation, now));
+            }
+        }
+    }
+
+    /// Forgets an execution that never started its handler, so a retry can run.
+    pub fn forget(&mut self, key: &ReplayKey) {
+        if matches!(self.entries.get(key), Some(Entry { state: State::InFlight(_), .. })) {
+            self.entries.remove(key);
+        }
+    }
+
+    fn expire(&mut self, now: Instant) {
+        while let Some((_, _, completed_at)) = self.completed.front() {
+            if now.saturating_duration_since(*completed_at) < self.retention.max_age {
+                break;
+            }
+            self.evict_oldest();
+        }
+    }
+
+    /// Evicts the oldest completed entry; false if there is none.
+    fn evict_oldest(&mut self) -> bool {
+        while let Some((key, generation, _)) = self.completed.pop_front() {
+            if self.entries.get(&key).is_some_and(|entry| entry.generation == generation) {
+                self.entries.remove(&key);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// The arguments in a form where object key order and number spelling do not matter: keys sorted, integral
+/// numbers written as integers.
+pub fn canonical_arguments(arguments: &Value) -> String {
+    let mut arguments = arguments.clone();
+    normalize_numbers(&mut arguments);
+    let mut out = String::new();
+    write_canonical(&arguments, &mut out);
+    out
+}
+
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(&map[key], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn key(n: usize) -> ReplayKey {
+        ReplayKey { tool: "t".into(), task: "task".into(), location: None, operation: OperationId::new(n.to_string()) }
+    }
+
+    #[test]
+    fn canonical_form_ignores_key_order_and_number_spelling() {
+        let a: Value = serde_json::from_str(r#"{"b": 1.0, "a": {"y": [1e2, 2], "x": null}}"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{"a": {"x": null, "y": [100, 2.0]}, "b": 1}"#).unwrap();
+        assert_eq!(canonical_arguments(&a), canonical_arguments(&b));
+        assert_ne!(canonical_arguments(&json!({"a": 1})), canonical_arguments(&json!({"a": 1.5})));
+        assert_ne!(canonical_arguments(&json!({"a": "1"})), canonical_arguments(&json!({"a": 1})));
+    }
+
+    #[test]
+    fn h12_retention_a_million_unique_keys_never_exceed_the_cap() {
+        let cap = 10_000;
+        let mut table: ReplayTable<(), u32> =
+            ReplayTable::new(ReplayRetention { max_entries: cap, max_age: Duration::from_secs(3600) });
+        let now = Instant::now();
+        for n in 0..1_000_000 {
+            let key = key(n);
+            assert!(matches!(table.begin(&key, "{}", now), Begin::Fresh));
+            table.start(key.clone(), "{}", ());
+            table.complete(&key, 0, now);
+            assert!(table.len() <= cap, "{} entries after {n} keys", table.len());
+        }
+        assert_eq!(table.len(), cap);
+        assert!(table.completed.len() <= cap, "the completion order does not grow either");
+    }
+
+    #[test]
+    fn h12_retention_oldest_completed_go_first_and_in_flight_is_never_evicted() {
+        let mut table: ReplayTable<&str, u32> =
+            ReplayTable::new(ReplayRetention { max_entries: 2, max_age: Duration::from_secs(3600) });
+        let now = Instant::now();
+        table.start(key(0), "{}", "running");
+        table.start(key(1), "{}", "first");
+        table.complete(&key(1), 1, now);
+        assert!(matches!(table.begin(&key(2), "{}", now), Begin::Fresh), "the completed entry made room");
+        table.start(key(2), "{}", "running too");
+        assert!(matches!(table.begin(&key(0), "{}", now), Begin::Join("running")), "in flight survived");
+        assert!(matches!(table.begin(&key(3), "{}", now), Begin::Full), "only in-flight entries left");
+    }
+
+    #[test]
+    fn h12_retention_entries_expire_by_age() {
+        let mut table: ReplayTable<(), u32> =
+            ReplayTable::new(ReplayRetention { max_entries: 100, max_age: Duration::from_secs(60) });
+        let start = Instant::now();
+        table.start(key(0), "{}", ());
+        table.complete(&key(0), 7, start);
+        assert!(matches!(table.begin(&key(0), "{}", start + Duration::from_secs(59)), Begin::Retained(7)));
+        assert!(matches!(table.begin(&key(0), "{}", start + Duration::from_secs(61)), Begin::Fresh));
+        assert_eq!(table.len(), 0);
+    }
+}

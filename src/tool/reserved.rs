@@ -1,0 +1,70 @@
+//! The reserved arguments every transport accepts on non-read-only tools: `operation_id` (retries with the same
+//! id run once) and `task_id` (groups calls; defaults to the conversation).
+
+use serde_json::{json, Map, Value};
+
+use super::ToolInfo;
+use crate::call::CallRequest;
+use crate::error::{ErrorCode, ToolError};
+use crate::ids::{OperationId, TaskId};
+
+/// The reserved argument carrying the operation id.
+pub const OPERATION_ID: &str = "operation_id";
+/// The reserved argument carrying the task id.
+pub const TASK_ID: &str = "task_id";
+
+const OPERATION_HELP: &str = "Optional. A unique id for this operation (e.g. a UUID). If you retry a call with \
+the same operation_id and the same arguments, it runs once and you get the first outcome; different arguments \
+with the same id are refused (OPERATION_CONFLICT). After a TIMEOUT the effect is unknown: inspect the game \
+before starting a new operation_id.";
+const TASK_HELP: &str = "Optional. Groups calls into one task (defaults to this conversation); operation ids are \
+scoped to it.";
+
+impl ToolInfo {
+    /// The input schema a client sees: the tool's own, plus `operation_id` and `task_id` for non-read-only tools.
+    pub fn client_input_schema(&self) -> Value {
+        let mut schema = self.input_schema.clone();
+        if self.annotations.read_only {
+            return schema;
+        }
+        if let Some(object) = schema.as_object_mut() {
+            let properties = object.entry("properties").or_insert_with(|| Value::Object(Map::new()));
+            if let Some(properties) = properties.as_object_mut() {
+                properties.entry(OPERATION_ID).or_insert(json!({ "type": "string", "description": OPERATION_HELP }));
+                properties.entry(TASK_ID).or_insert(json!({ "type": "string", "description": TASK_HELP }));
+            }
+        }
+        schema
+    }
+}
+
+impl CallRequest {
+    /// A request from arguments as a transport receives them: `operation_id` and `task_id` are taken out of the
+    /// object (they must be non-empty strings) and the rest are the tool's arguments.
+    pub fn from_wire(tool: impl Into<String>, arguments: Value) -> Result<Self, ToolError> {
+        let tool = tool.into();
+        let mut arguments = arguments;
+        let (mut operation, mut task) = (None, None);
+        if let Value::Object(map) = &mut arguments {
+            operation = take_id(map, OPERATION_ID)?.map(OperationId::from);
+            task = take_id(map, TASK_ID)?.map(TaskId::from);
+        }
+        let mut request = CallRequest::new(tool, arguments);
+        request.operation = operation;
+        request.task = task;
+        Ok(request)
+    }
+}
+
+fn take_id(map: &mut Map<String, Value>, field: &str) -> Result<Option<String>, ToolError> {
+    match map.remove(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(id)) if !id.is_empty() && id.len() <= 256 => Ok(Some(id)),
+        Some(_) => Err(ToolError::with_code(
+            ErrorCode::InvalidInput,
+            format!("argument `{field}` is invalid: it must be a string of 1 to 256 characters"),
+        )
+        .with_detail("field", field)
+        .with_detail("reason", "not a string of 1 to 256 characters")),
+    }
+}

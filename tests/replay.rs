@@ -1,0 +1,287 @@
+//! Replay (H12): calls with the same (tool, task, scope, operation id) share one execution; failures are
+//! retained; conflicts run nothing. And the guards of destructive tools.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::{AgentTestAppExt, Gate};
+use bevy_agent_tools::{CallRequest, DestructiveGuard, NoArgs, OPERATION_ID, TASK_ID};
+use common::*;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+fn keyed(tool: &str, args: Value, operation: &str) -> CallRequest {
+    CallRequest::new(tool, args).operation(operation)
+}
+
+#[test]
+fn h12_hundred_concurrent_identical_calls_run_the_handler_once_and_share_one_outcome() {
+    let gate = Gate::new();
+    let executions = Arc::new(AtomicUsize::new(0));
+    let mut app = app_with(
+        TestGame::default(),
+        vec![bump_tool("slow", ToolScope::World, executions.clone(), Some(gate.clone()))],
+    );
+    app.enter_world("alpha");
+    let agent = app.agent();
+    let barrier = Arc::new(std::sync::Barrier::new(4));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (agent, barrier) = (agent.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                (0..25)
+                    .map(|_| {
+                        agent
+                            .conversation(format!("c{t}"))
+                            .request(keyed("slow", json!({"by": 2}), "op-1").task("build"))
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let calls: Vec<_> = threads.into_iter().flat_map(|t| t.join().expect("thread")).collect();
+    assert_eq!(calls.len(), 100);
+    app.run_until("the one execution is parked", |_| gate.arrived() >= 1);
+    gate.open();
+    let outcomes: Vec<_> = calls.iter().map(|call| app.run_until_resolved(call)).collect();
+    assert_eq!(gate.arrived(), 1, "the handler ran once");
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "its step ran once");
+    assert!(outcomes[0].is_ok());
+    assert!(outcomes.iter().all(|o| *o == outcomes[0]), "all 100 got the identical outcome");
+}
+
+#[test]
+fn h12_duplicate_after_completion_gets_the_retained_outcome_without_running() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let mut app = app_with(TestGame::default(), vec![bump_tool("count", ToolScope::World, executions.clone(), None)]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("a");
+    let first = app.run_until_resolved(&conversation.request(keyed("count", json!({"by": 5}), "op")));
+    let again = conversation.request(keyed("count", json!({"by": 5}), "op"));
+    assert!(!again.is_running(), "answered from the table");
+    assert_eq!(again.try_outcome(), Some(first.clone()));
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+    assert_eq!(first.expect("ok").value["counter"], 5);
+}
+
+#[derive(Default)]
+struct Runs(AtomicUsize);
+
+fn failing_tool(runs: Arc<Runs>) -> AgentTool<Session> {
+    AgentTool::new("fails", "Always fails.", move |_ctx: CallContext<Session>, _: NoArgs| {
+        let runs = runs.clone();
+        async move {
+            runs.0.fetch_add(1, Ordering::SeqCst);
+            Err::<(), _>(ToolError::new("NO_DIAMONDS", "there are no diamonds here"))
+        }
+    })
+}
+
+#[test]
+fn h12_failed_outcome_is_retained_the_same_way() {
+    let runs = Arc::new(Runs::default());
+    let mut app = app_with(TestGame::default(), vec![failing_tool(runs.clone())]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("a");
+    let first = app.run_until_resolved(&conversation.request(keyed("fails", json!({}), "mine")));
+    let again = app.run_until_resolved(&conversation.request(keyed("fails", json!({}), "mine")));
+    assert_eq!(first, again);
+    assert_eq!(code(&again), Some(ErrorCode::Tool("NO_DIAMONDS".into())));
+    assert_eq!(runs.0.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn h12_changed_arguments_conflict_and_run_nothing_but_reordered_keys_do_not() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let mut app = app_with(TestGame::default(), vec![bump_tool("count", ToolScope::World, executions.clone(), None)]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("a");
+    let args: Value = serde_json::from_str(r#"{"by": 3, "note": {"a": 1, "b": 2.0}}"#).expect("json");
+    let first = app.run_until_resolved(&conversation.request(keyed("count", args, "op")));
+    assert!(first.is_ok());
+
+    let reordered: Value = serde_json::from_str(r#"{"note": {"b": 2, "a": 1.0}, "by": 3.0}"#).expect("json");
+    let same = conversation.request(keyed("count", reordered, "op"));
+    assert_eq!(same.try_outcome(), Some(first), "key order and number spelling do not matter");
+
+    let changed = conversation.request(keyed("count", json!({"by": 4, "note": {"a": 1, "b": 2}}), "op"));
+    let error = changed.try_outcome().expect("at once").expect_err("conflict");
+    assert_eq!(error.code, ErrorCode::OperationConflict);
+    assert_eq!(error.details.extra["operation_id"], "op");
+    assert_eq!(error.details.extra["arguments_differ"], true);
+    app.step(3);
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "nothing ran for the conflict");
+}
+
+#[test]
+fn h12_different_task_scope_or_tool_with_the_same_operation_id_are_independent() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let tools = vec![
+        bump_tool("count", ToolScope::World, executions.clone(), None),
+        bump_tool("count_too", ToolScope::World, executions.clone(), None),
+        bump_tool("count_here", ToolScope::Location, executions.clone(), None),
+    ];
+    let mut app = app_with(TestGame::default(), tools);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("a");
+    let run =
+        |app: &mut bevy::prelude::App, request: CallRequest| app.run_until_resolved(&conversation.request(request));
+    assert!(run(&mut app, keyed("count", json!({}), "op").task("t1")).is_ok());
+    assert!(run(&mut app, keyed("count", json!({}), "op").task("t2")).is_ok());
+    assert!(run(&mut app, keyed("count_too", json!({}), "op").task("t1")).is_ok());
+    assert!(run(&mut app, keyed("count_here", json!({}), "op").task("t1")).is_ok());
+    app.travel("nether");
+    assert!(
+        run(&mut app, keyed("count_here", json!({}), "op").task("t1")).is_ok(),
+        "another location is another scope"
+    );
+    assert_eq!(executions.load(Ordering::SeqCst), 5);
+    assert!(run(&mut app, keyed("count_here", json!({}), "op").task("t1")).is_ok());
+    assert_eq!(executions.load(Ordering::SeqCst), 5, "the same scope replays");
+}
+
+#[test]
+fn h12_timed_out_operation_replays_as_timeout_with_effect_unknown_and_does_not_rerun() {
+    let gate = Gate::new();
+    let executions = Arc::new(AtomicUsize::new(0));
+    let mut app = app_with(
+        TestGame::default(),
+        vec![bump_tool("slow", ToolScope::World, executions.clone(), Some(gate.clone()))],
+    );
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("a");
+    let request = keyed("slow", json!({}), "op").timeout(Duration::from_millis(30));
+    let first = app.run_until_resolved(&conversation.request(request.clone()));
+    let error = first.clone().expect_err("timed out");
+    assert_eq!(error.code, ErrorCode::Timeout);
+    assert!(error.message.contains("effect is unknown"), "{}", error.message);
+    let again = conversation.request(request);
+    assert_eq!(again.try_outcome(), Some(first), "replayed, not re-run");
+    gate.open();
+    app.step(3);
+    assert_eq!(gate.arrived(), 1, "the handler ran once");
+    assert_eq!(executions.load(Ordering::SeqCst), 0, "and its late step never ran");
+}
+
+#[test]
+fn h12_a_call_that_never_started_is_not_retained_so_a_retry_runs() {
+    let game = TestGame { load_async: true, ..Default::default() };
+    let loading = game.loading.clone();
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("a");
+    let request = keyed("bump", json!({}), "op").timeout(Duration::from_millis(30));
+    assert_eq!(code(&app.run_until_resolved(&conversation.request(request))), Some(ErrorCode::WorldLoadingTimeout));
+    loading.lock().take().expect("completer").succeed();
+    let retry = app.run_until_resolved(&conversation.request(keyed("bump", json!({}), "op")));
+    assert_eq!(retry.expect("the retry ran").value["counter"], 1);
+}
+
+#[test]
+fn h12_a_new_visit_does_not_see_the_previous_visits_entries() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let mut app = app_with(TestGame::default(), vec![bump_tool("count", ToolScope::World, executions.clone(), None)]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("a");
+    assert!(app.run_until_resolved(&conversation.request(keyed("count", json!({}), "op"))).is_ok());
+    app.enter_world("alpha");
+    let fresh = conversation.request(keyed("count", json!({}), "op"));
+    assert!(fresh.is_running(), "a new visit starts with an empty table");
+    assert!(app.run_until_resolved(&fresh).is_ok());
+    assert_eq!(executions.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn h12_a_dropped_keyed_call_keeps_running_for_its_retry() {
+    let gate = Gate::new();
+    let executions = Arc::new(AtomicUsize::new(0));
+    let mut app = app_with(
+        TestGame::default(),
+        vec![bump_tool("slow", ToolScope::World, executions.clone(), Some(gate.clone()))],
+    );
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("a");
+    drop(conversation.request(keyed("slow", json!({}), "op")));
+    app.run_until("parked", |_| gate.arrived() == 1);
+    let retry = conversation.request(keyed("slow", json!({}), "op"));
+    assert!(retry.is_running(), "the retry joined the running execution");
+    gate.open();
+    assert!(app.run_until_resolved(&retry).is_ok());
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct Smash {
+    #[serde(flatten)]
+    guard: DestructiveGuard,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct Smashed {
+    version: u64,
+}
+
+fn smash_tool(name: &str, confirm_at_host: bool) -> AgentTool<Session> {
+    let tool = AgentTool::new(name, "Destroys the counter.", |ctx: CallContext<Session>, args: Smash| async move {
+        args.guard.confirmed()?;
+        let version = ctx
+            .on_client(move |_, session| {
+                args.guard.check_version("the counter", session.counter)?;
+                session.counter += 1;
+                Ok::<_, ToolError>(session.counter)
+            })
+            .await??;
+        Ok(Smashed { version })
+    })
+    .destructive(true);
+    if confirm_at_host {
+        tool.requires_confirmation()
+    } else {
+        tool
+    }
+}
+
+#[test]
+fn destructive_missing_confirmation_and_stale_version_are_rejected_with_nothing_changed() {
+    let mut app = app_with(TestGame::default(), vec![smash_tool("smash", false), smash_tool("smash_checked", true)]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("a");
+    for tool in ["smash", "smash_checked"] {
+        let error = app.run_until_resolved(&conversation.call(tool, json!({}))).expect_err("unconfirmed");
+        assert_eq!(error.code, ErrorCode::ConfirmationRequired, "{tool}");
+    }
+    let stale = app.run_until_resolved(&conversation.call("smash", json!({"confirm": true, "expected_version": 7})));
+    let error = stale.expect_err("stale");
+    assert_eq!(error.code, ErrorCode::VersionConflict);
+    assert_eq!(error.details.extra["current_version"], 0);
+    let check = app.run_until_resolved(&conversation.call("bump", json!({"by": 0}))).expect("ok");
+    assert_eq!(check.value["counter"], 0, "nothing changed");
+
+    let done = app.run_until_resolved(&conversation.call("smash", json!({"confirm": true, "expected_version": 0})));
+    assert_eq!(done.expect("current version").value["version"], 1);
+}
+
+#[test]
+fn reserved_arguments_are_in_schemas_of_mutating_tools_and_taken_off_the_wire() {
+    let app = app_with(TestGame::default(), vec![smash_tool("smash", true)]);
+    let tools = app.agent().tools();
+    let bump = tools.iter().find(|t| t.name == "bump").expect("bump");
+    let schema = bump.client_input_schema();
+    assert!(schema["properties"][OPERATION_ID]["description"].as_str().is_some_and(|d| d.contains("retry")));
+    assert!(schema["properties"][TASK_ID].is_object());
+    let smash = tools.iter().find(|t| t.name == "smash").expect("smash");
+    assert!(smash.client_input_schema()["properties"]["confirm"].is_object());
+
+    let request = CallRequest::from_wire("bump", json!({"by": 1, "operation_id": "op-9", "task_id": "t"})).expect("ok");
+    assert_eq!(request.operation.as_ref().map(|o| o.as_str()), Some("op-9"));
+    assert_eq!(request.task.as_ref().map(|t| t.as_str()), Some("t"));
+    assert_eq!(request.arguments, json!({"by": 1}));
+    let bad = CallRequest::from_wire("bump", json!({"operation_id": 5})).expect_err("not a string");
+    assert_eq!(bad.code, ErrorCode::InvalidInput);
+}
