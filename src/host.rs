@@ -81,6 +81,8 @@ pub(crate) struct HostConfig {
     pub default_timeout: Duration,
     pub pump_budget: Duration,
     pub replay: ReplayRetention,
+    /// Calls one conversation may have in flight at once (`BUSY` beyond).
+    pub max_in_flight: usize,
 }
 
 pub(crate) struct HostShared {

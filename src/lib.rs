@@ -19,12 +19,15 @@ mod tool;
 mod visit;
 
 pub use agent::{AgentHandle, Call, Conversation};
-pub use call::{CallContext, CallOutcome, CallOutput, CallRequest, Ended, InputContext, PumpStats};
+pub use call::{
+    CallContext, CallOutcome, CallOutput, CallRequest, Ended, InputContext, Progress, ProgressSink, PumpStats,
+};
 pub use completion::{Completer, Completion, CompletionError, CompletionResult};
 pub use error::{ErrorCode, ErrorDetails, ToolError};
 pub use host::{VisitPhase, VisitStatus};
 pub use ids::{ConversationId, DimensionId, LocationRevision, OperationId, RequestId, TaskId, VisitId, WorldId};
 pub use lifecycle::{Location, OpenError, Opened, VisitInfo, WorldLifecycle};
+pub use persist::{Loaded, StoreError, WorldStore, WorldStorePlugin};
 pub use plugin::{AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet};
 pub use replay::ReplayRetention;
 pub use runtime::AgentRuntime;

@@ -75,6 +75,7 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
                 default_timeout: DEFAULT_TOOL_TIMEOUT,
                 pump_budget: Duration::from_millis(1),
                 replay: ReplayRetention::default(),
+                max_in_flight: 32,
             },
             default_dimension: DimensionId::new("overworld"),
             worker_threads: 2,
@@ -106,6 +107,12 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// entries, 10 minutes).
     pub fn replay_retention(mut self, retention: ReplayRetention) -> Self {
         self.config.replay = retention;
+        self
+    }
+
+    /// How many calls one conversation may have in flight at once; more get `BUSY` (default 32).
+    pub fn max_in_flight_per_conversation(mut self, limit: usize) -> Self {
+        self.config.max_in_flight = limit;
         self
     }
 

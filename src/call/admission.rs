@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{CallCoordinates, CallCore, CallLife, CallOutcome, CallOutput};
+use super::{CallCoordinates, CallCore, CallLife, CallOutcome, CallOutput, ProgressSink};
 use crate::completion::Completion;
 use crate::error::{ErrorCode, ToolError};
 use crate::host::HostShared;
@@ -32,12 +32,14 @@ pub struct CallRequest {
     pub operation: Option<OperationId>,
     /// Overrides the tool's timeout.
     pub timeout: Option<Duration>,
+    /// Where the handler's progress reports go.
+    pub progress: Option<ProgressSink>,
 }
 
 impl CallRequest {
     /// A call of `tool` with `arguments`.
     pub fn new(tool: impl Into<String>, arguments: Value) -> Self {
-        Self { tool: tool.into(), arguments, task: None, operation: None, timeout: None }
+        Self { tool: tool.into(), arguments, task: None, operation: None, timeout: None, progress: None }
     }
 
     /// Puts the call in a task.
@@ -49,6 +51,12 @@ impl CallRequest {
     /// Gives the call an operation id.
     pub fn operation(mut self, operation: impl Into<OperationId>) -> Self {
         self.operation = Some(operation.into());
+        self
+    }
+
+    /// Sends the handler's progress reports to `sink`.
+    pub fn progress(mut self, sink: ProgressSink) -> Self {
+        self.progress = Some(sink);
         self
     }
 
@@ -106,6 +114,16 @@ pub(crate) fn admit(
             error.details.world = Some(open.info.world.clone());
             return Err(error);
         }
+        let in_flight = open.calls.values().filter(|life| &life.coords.conversation == conversation).count();
+        if in_flight >= host.config.max_in_flight {
+            return Err(rejected(
+                ToolError::with_code(
+                    ErrorCode::Busy,
+                    format!("this conversation already has {in_flight} calls in flight; wait for one to finish"),
+                )
+                .with_detail("limit", host.config.max_in_flight),
+            ));
+        }
         let task = request.task.clone().unwrap_or_else(|| TaskId::new(conversation.as_str()));
         let replay_key = request.operation.clone().map(|operation| ReplayKey {
             tool: info.name.clone(),
@@ -137,7 +155,7 @@ pub(crate) fn admit(
             replay_key: replay_key.clone(),
             visit: open.info.clone(),
         };
-        let life = Arc::new(CallLife::new(coords, deadline));
+        let life = Arc::new(CallLife::new(coords, deadline, request.progress.clone()));
         open.calls.insert(request_id, life.clone());
         if let (Some(key), Some(canonical)) = (replay_key, &canonical) {
             open.replay.start(key, canonical, life.clone());

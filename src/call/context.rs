@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use bevy::prelude::World;
 
-use super::{CallCore, Job};
+use super::{CallCore, Job, Progress};
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::{ConversationId, OperationId, RequestId, TaskId};
 use crate::lifecycle::VisitInfo;
@@ -77,6 +77,14 @@ impl<S: Send + Sync + 'static> CallContext<S> {
     /// The plugin's tokio runtime, for work the handler starts and owns.
     pub fn runtime(&self) -> &tokio::runtime::Handle {
         &self.core.host.runtime
+    }
+
+    /// Reports progress to whoever made the call (over MCP, a `notifications/progress` when the client asked
+    /// for it). Does nothing after the call ended, or when nobody listens.
+    pub fn report_progress(&self, progress: f64, total: Option<f64>, message: Option<String>) {
+        if let Some(sink) = self.core.life.progress.as_ref().filter(|_| !self.core.life.is_ended()) {
+            sink.send(Progress { progress, total, message });
+        }
     }
 
     /// Whether the call is still live. A hint only: the answer can change right after it is read, so it is not

@@ -7,6 +7,7 @@ use parking_lot::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use super::ProgressSink;
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::{ConversationId, OperationId, RequestId, TaskId};
 use crate::lifecycle::{Location, VisitInfo};
@@ -45,6 +46,7 @@ pub type CallOutcome = Result<CallOutput, ToolError>;
 pub(crate) struct CallLife {
     pub coords: CallCoordinates,
     pub deadline: Instant,
+    pub progress: Option<ProgressSink>,
     /// Fires when the call ends, for any reason. `ended()` waits on it.
     ended: CancellationToken,
     /// Held by the pump across check-and-run of an `on_client` step, and by `finish`: an end can never slip in
@@ -55,11 +57,12 @@ pub(crate) struct CallLife {
 }
 
 impl CallLife {
-    pub(crate) fn new(coords: CallCoordinates, deadline: Instant) -> Self {
+    pub(crate) fn new(coords: CallCoordinates, deadline: Instant, progress: Option<ProgressSink>) -> Self {
         let observed = Mutex::new(coords.visit.location.clone());
         Self {
             coords,
             deadline,
+            progress,
             ended: CancellationToken::new(),
             step: Mutex::new(None),
             observed,

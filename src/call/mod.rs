@@ -4,6 +4,7 @@
 mod admission;
 mod context;
 mod life;
+mod progress;
 mod pump;
 
 use std::any::Any;
@@ -16,6 +17,7 @@ pub(crate) use admission::{admit, Admitted};
 pub use context::{CallContext, Ended};
 pub(crate) use life::{CallCoordinates, CallLife};
 pub use life::{CallOutcome, CallOutput};
+pub use progress::{Progress, ProgressSink};
 pub(crate) use pump::run_jobs;
 pub use pump::PumpStats;
 

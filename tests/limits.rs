@@ -1,0 +1,63 @@
+//! The per-conversation in-flight limit (`BUSY`) and progress reports.
+
+mod common;
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::{headless_app, AgentTestAppExt, Gate};
+use bevy_agent_tools::{CallRequest, NoArgs, Progress, ProgressSink};
+use common::*;
+use parking_lot::Mutex;
+use serde_json::json;
+
+#[test]
+fn busy_when_a_conversation_is_over_its_in_flight_limit_and_others_are_unaffected() {
+    let gate = Gate::new();
+    let plugin = AgentToolsPlugin::new(TestGame::default()).max_in_flight_per_conversation(2).with_tool(bump_tool(
+        "slow",
+        ToolScope::World,
+        Arc::new(AtomicUsize::new(0)),
+        Some(gate.clone()),
+    ));
+    let mut app = headless_app(plugin);
+    app.enter_world("alpha");
+    let greedy = app.agent().conversation("greedy");
+    let first = [greedy.call("slow", json!({})), greedy.call("slow", json!({}))];
+    let third = greedy.call("slow", json!({}));
+    let error = third.try_outcome().expect("at once").expect_err("busy");
+    assert_eq!(error.code, ErrorCode::Busy);
+    assert_eq!(error.details.extra["limit"], 2);
+    let other = app.agent().conversation("other").call("slow", json!({}));
+    assert!(other.is_running(), "the limit is per conversation");
+    gate.open();
+    for call in first.iter().chain([&other]) {
+        assert!(app.run_until_resolved(call).is_ok());
+    }
+    assert!(app.run_until_resolved(&greedy.call("slow", json!({}))).is_ok(), "room again once calls finished");
+}
+
+#[test]
+fn progress_reports_reach_the_caller_in_order() {
+    let tool = AgentTool::new("long", "Reports progress.", |ctx: CallContext<Session>, _: NoArgs| async move {
+        for step in 1..=3 {
+            ctx.on_client(|_, session| session.counter += 1).await?;
+            ctx.report_progress(step as f64, Some(3.0), Some(format!("step {step}")));
+        }
+        Ok(())
+    });
+    let mut app = headless_app(AgentToolsPlugin::new(TestGame::default()).with_tool(tool));
+    app.enter_world("alpha");
+    let seen: Arc<Mutex<Vec<Progress>>> = Arc::default();
+    let sink = {
+        let seen = seen.clone();
+        ProgressSink::new(move |progress| seen.lock().push(progress))
+    };
+    let call = app.agent().conversation("a").request(CallRequest::new("long", json!({})).progress(sink));
+    assert!(app.run_until_resolved(&call).is_ok());
+    let seen = seen.lock();
+    assert_eq!(seen.iter().map(|p| p.progress).collect::<Vec<_>>(), [1.0, 2.0, 3.0]);
+    assert_eq!(seen[2].message.as_deref(), Some("step 3"));
+    assert_eq!(seen[0].total, Some(3.0));
+}
