@@ -8,6 +8,8 @@ mod error;
 mod host;
 mod ids;
 mod lifecycle;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 mod panic;
 pub mod persist;
 mod plugin;
@@ -32,8 +34,8 @@ pub use plugin::{AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet};
 pub use replay::ReplayRetention;
 pub use runtime::AgentRuntime;
 pub use tool::{
-    check_version, require_confirmation, AgentTool, DestructiveGuard, NoArgs, ToolAnnotations, ToolInfo, ToolScope,
-    DEFAULT_TOOL_TIMEOUT, OPERATION_ID, TASK_ID,
+    check_version, require_confirmation, AgentTool, DestructiveGuard, ImageContent, NoArgs, ToolAnnotations, ToolInfo,
+    ToolScope, DEFAULT_TOOL_TIMEOUT, OPERATION_ID, TASK_ID,
 };
 pub use visit::{
     EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitOpened, VisitRelocated, VisitSaved, WorldBinding,

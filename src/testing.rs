@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bevy::app::Plugins;
 use bevy::prelude::*;
 
 use crate::agent::{AgentHandle, Call};
@@ -43,8 +44,13 @@ pub const HARNESS_LIMIT: Duration = Duration::from_secs(30);
 
 /// A `MinimalPlugins` app with `plugin` added, finished and cleaned up, ready for `update()`.
 pub fn headless_app<L: WorldLifecycle>(plugin: AgentToolsPlugin<L>) -> App {
+    headless_app_with(plugin, ())
+}
+
+/// [`headless_app`] with more plugins added after it (a transport, the game's own), before finishing.
+pub fn headless_app_with<L: WorldLifecycle, M>(plugin: AgentToolsPlugin<L>, more: impl Plugins<M>) -> App {
     let mut app = App::new();
-    app.add_plugins(MinimalPlugins).add_plugins(plugin);
+    app.add_plugins(MinimalPlugins).add_plugins(plugin).add_plugins(more);
     app.finish();
     app.cleanup();
     app
@@ -207,5 +213,85 @@ impl Gate {
     /// Opens the gate for everyone waiting and everyone to come.
     pub fn open(&self) {
         self.inner.opened.set(());
+    }
+}
+
+type GameCommand = Box<dyn FnOnce(&mut App) + Send>;
+
+/// A game running its frames on its own thread, for tests that talk to it from outside (a transport, a second
+/// process): commands run between frames, on the game's thread.
+pub struct RunningGame {
+    commands: crossbeam_channel::Sender<GameCommand>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    agent: AgentHandle,
+}
+
+impl RunningGame {
+    /// Builds the app on a new thread with `build` (which should call `finish` and `cleanup`, as
+    /// [`headless_app`] does) and runs a frame every `frame` until [`stop`](Self::stop).
+    pub fn spawn(frame: Duration, build: impl FnOnce() -> App + Send + 'static) -> Self {
+        let (commands, queue) = crossbeam_channel::unbounded::<GameCommand>();
+        let (agent_tx, agent_rx) = crossbeam_channel::bounded(1);
+        let thread = std::thread::Builder::new()
+            .name("game".into())
+            .spawn(move || {
+                let mut app = build();
+                let _ = agent_tx.send(app.agent());
+                loop {
+                    match queue.recv_timeout(frame) {
+                        Ok(command) => command(&mut app),
+                        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+                    }
+                    app.update();
+                    if app.should_exit().is_some() {
+                        break;
+                    }
+                }
+            })
+            .expect("spawn the game thread");
+        let agent = agent_rx.recv_timeout(HARNESS_LIMIT).expect("the game started");
+        Self { commands, thread: Some(thread), agent }
+    }
+
+    /// The game's [`AgentHandle`].
+    pub fn agent(&self) -> AgentHandle {
+        self.agent.clone()
+    }
+
+    /// Runs `command` on the game thread between frames and returns its result.
+    pub fn with_app<R: Send + 'static>(&self, command: impl FnOnce(&mut App) -> R + Send + 'static) -> R {
+        let (reply, result) = crossbeam_channel::bounded(1);
+        let command: GameCommand = Box::new(move |app| {
+            let _ = reply.send(command(app));
+        });
+        self.commands.send(command).expect("the game is running");
+        result.recv_timeout(HARNESS_LIMIT).expect("the game ran the command")
+    }
+
+    /// Queues `command` without waiting for it.
+    pub fn send(&self, command: impl FnOnce(&mut App) + Send + 'static) {
+        let _ = self.commands.send(Box::new(command));
+    }
+
+    /// Writes `AppExit`, lets the game run its last frame (saves, shutdown) and joins its thread.
+    pub fn stop(mut self) {
+        self.send(|app| {
+            app.world_mut().write_message(AppExit::Success);
+        });
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for RunningGame {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = self.commands.send(Box::new(|app: &mut App| {
+                app.world_mut().write_message(AppExit::Success);
+            }));
+            let _ = thread.join();
+        }
     }
 }

@@ -152,7 +152,7 @@ fn a_followed_states_type_drives_enter_travel_and_exit() {
     app.update();
     assert!(app.agent().visit().is_none());
 
-    let mut go = |app: &mut App, screen: Screen| {
+    let go = |app: &mut App, screen: Screen| {
         app.world_mut().resource_mut::<NextState<Screen>>().set(screen);
         app.update();
     };

@@ -2,6 +2,7 @@
 //! and timeout, and the registry the host looks them up in.
 
 mod guard;
+mod image;
 pub(crate) mod input;
 mod registry;
 mod reserved;
@@ -22,6 +23,7 @@ use crate::call::{CallContext, CallCore};
 use crate::error::ToolError;
 
 pub use guard::{check_version, require_confirmation, DestructiveGuard};
+pub use image::ImageContent;
 pub(crate) use registry::ToolRegistry;
 pub use reserved::{OPERATION_ID, TASK_ID};
 

@@ -1,0 +1,201 @@
+//! [`McpPlugin`]: its builder, start-up (bind, token, service) and stop.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use bevy::app::AppExit;
+use bevy::prelude::*;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+use super::security::{self, McpConfigError};
+use super::server::GameServer;
+use crate::agent::AgentHandle;
+use crate::runtime::AgentRuntime;
+
+/// Serves the host's tools over MCP (Streamable HTTP). See the [module docs](crate::mcp).
+#[derive(Clone, Debug)]
+pub struct McpPlugin {
+    address: IpAddr,
+    port: u16,
+    path: String,
+    allow_non_loopback: bool,
+    token: Option<String>,
+    token_file: Option<PathBuf>,
+    allowed_origins: Vec<String>,
+    max_body_bytes: usize,
+}
+
+impl Default for McpPlugin {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl McpPlugin {
+    /// `127.0.0.1:15777/mcp`, a token generated per run, browser origins of localhost only, 1 MiB bodies.
+    pub fn new() -> Self {
+        Self {
+            address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 15777,
+            path: "/mcp".into(),
+            allow_non_loopback: false,
+            token: None,
+            token_file: None,
+            allowed_origins: vec!["http://localhost:*".into(), "http://127.0.0.1:*".into(), "http://[::1]:*".into()],
+            max_body_bytes: 1024 * 1024,
+        }
+    }
+
+    /// The port; `0` picks a free one (read it from [`McpServer`]).
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// The address to bind. Anything but loopback is refused unless [`allow_non_loopback`](Self::allow_non_loopback).
+    pub fn bind(mut self, address: IpAddr) -> Self {
+        self.address = address;
+        self
+    }
+
+    /// Allows binding an address other machines can reach. Keep the token secret.
+    pub fn allow_non_loopback(mut self) -> Self {
+        self.allow_non_loopback = true;
+        self
+    }
+
+    /// Uses this bearer token instead of generating one.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Where to write the token (mode 0600). Default: the temporary directory, named after the port.
+    pub fn token_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.token_file = Some(path.into());
+        self
+    }
+
+    /// Browser origins allowed to call (patterns like `http://localhost:*`). Requests without `Origin` pass.
+    pub fn allowed_origins(mut self, origins: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.allowed_origins = origins.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The largest request body accepted (413 beyond).
+    pub fn max_body_bytes(mut self, bytes: usize) -> Self {
+        self.max_body_bytes = bytes;
+        self
+    }
+
+    /// Checks the configuration as start-up will.
+    pub fn validate(&self) -> Result<(), McpConfigError> {
+        security::check_bind(self.address, self.allow_non_loopback)?;
+        if self.token.as_deref().is_some_and(|token| token.len() < 16) {
+            return Err(McpConfigError("the MCP token must be at least 16 characters".into()));
+        }
+        Ok(())
+    }
+
+    fn start(&self, agent: AgentHandle, runtime: &tokio::runtime::Handle) -> Result<McpServer, McpConfigError> {
+        self.validate()?;
+        let listener = std::net::TcpListener::bind((self.address, self.port))
+            .map_err(|error| McpConfigError(format!("could not listen on {}:{}: {error}", self.address, self.port)))?;
+        let address = listener.local_addr().map_err(|error| McpConfigError(error.to_string()))?;
+        listener.set_nonblocking(true).map_err(|error| McpConfigError(error.to_string()))?;
+        let token = match &self.token {
+            Some(token) => token.clone(),
+            None => security::generate_token()?,
+        };
+        let token_file = self.token_file.clone().unwrap_or_else(|| security::default_token_path(address.port()));
+        security::write_token_file(&token_file, &token)?;
+
+        let shutdown = CancellationToken::new();
+        let mut hosts = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
+        hosts.push(address.ip().to_string());
+        let config = StreamableHttpServerConfig::default()
+            .with_legacy_session_mode(true)
+            .with_allowed_hosts(hosts)
+            .with_allowed_origins(self.allowed_origins.clone())
+            .with_max_request_body_bytes(self.max_body_bytes)
+            .with_sse_keep_alive(Some(Duration::from_secs(2)))
+            .with_cancellation_token(shutdown.child_token());
+        let handler = GameServer { agent };
+        let service: StreamableHttpService<GameServer, LocalSessionManager> =
+            StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(LocalSessionManager::default()), config);
+        let router = Router::new()
+            .nest_service(&self.path, service)
+            .layer(axum::middleware::from_fn_with_state(Arc::<str>::from(token.as_str()), security::require_bearer));
+        let listener = {
+            let _entered = runtime.enter();
+            tokio::net::TcpListener::from_std(listener).map_err(|error| McpConfigError(error.to_string()))?
+        };
+        let stop = shutdown.clone();
+        runtime.spawn(async move {
+            let served = axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned()).await;
+            if let Err(error) = served {
+                tracing::error!(%error, "the MCP server stopped");
+            }
+        });
+        let url = format!("http://{address}{}", self.path);
+        tracing::info!(%url, token_file = %token_file.display(), token = %security::redacted(&token), "serving MCP");
+        Ok(McpServer { url, address, token_file, token: token.into(), shutdown })
+    }
+}
+
+/// The running MCP server: where it listens and where its token is.
+#[derive(Resource, Clone, Debug)]
+pub struct McpServer {
+    url: String,
+    address: SocketAddr,
+    token_file: PathBuf,
+    token: Arc<str>,
+    shutdown: CancellationToken,
+}
+
+impl McpServer {
+    /// The endpoint, e.g. `http://127.0.0.1:15777/mcp`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The bound address (with the port picked when `0` was asked for).
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// The file holding the token (mode 0600).
+    pub fn token_file(&self) -> &Path {
+        &self.token_file
+    }
+
+    /// The bearer token. Show it only to the person who runs the game.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+}
+
+impl Plugin for McpPlugin {
+    fn build(&self, app: &mut App) {
+        let (Some(agent), Some(runtime)) =
+            (app.world().get_resource::<AgentHandle>(), app.world().get_resource::<AgentRuntime>())
+        else {
+            panic!("add AgentToolsPlugin before McpPlugin");
+        };
+        let server = self
+            .start(agent.clone(), runtime.handle())
+            .unwrap_or_else(|error| panic!("the MCP server could not start: {error}"));
+        app.insert_resource(server).add_systems(Last, stop_on_app_exit);
+    }
+}
+
+fn stop_on_app_exit(mut exits: MessageReader<AppExit>, server: Res<McpServer>) {
+    if exits.read().next().is_some() {
+        server.shutdown.cancel();
+    }
+}

@@ -1,0 +1,142 @@
+//! What keeps the MCP endpoint safe by default: loopback-only binding, a bearer token per run written to a file
+//! only the user can read, and the checks in front of the MCP service.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+/// Why the MCP server would not start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpConfigError(pub String);
+
+impl fmt::Display for McpConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for McpConfigError {}
+
+/// Refuses a non-loopback address unless the author opted in.
+pub(crate) fn check_bind(address: IpAddr, allow_non_loopback: bool) -> Result<(), McpConfigError> {
+    if address.is_loopback() || allow_non_loopback {
+        return Ok(());
+    }
+    Err(McpConfigError(format!(
+        "refusing to serve MCP on {address}: it is reachable from other machines. Bind 127.0.0.1, or call \
+         McpPlugin::allow_non_loopback() if you really mean to expose the game (and keep the token secret)"
+    )))
+}
+
+/// A fresh token: 32 random bytes, hex.
+pub(crate) fn generate_token() -> Result<String, McpConfigError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|error| McpConfigError(format!("no randomness for the MCP token: {error}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Writes the token to `path`, readable only by the user (mode 0600 on Unix).
+pub(crate) fn write_token_file(path: &Path, token: &str) -> Result<(), McpConfigError> {
+    let fail =
+        |error: std::io::Error| McpConfigError(format!("could not write the MCP token to {}: {error}", path.display()));
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(fail)?;
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut file = options.open(path).map_err(fail)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
+    }
+    std::io::Write::write_all(&mut file, token.as_bytes()).map_err(fail)?;
+    Ok(())
+}
+
+/// The default token file: in the system's temporary directory, named after the port.
+pub(crate) fn default_token_path(port: u16) -> PathBuf {
+    std::env::temp_dir().join(format!("bevy_agent_tools-mcp-{port}.token"))
+}
+
+/// The token, shortened for logs: never logged in full.
+pub(crate) fn redacted(token: &str) -> String {
+    format!("{}…", token.chars().take(4).collect::<String>())
+}
+
+/// Requires `Authorization: Bearer <token>`; 401 with a JSON body that says why otherwise. Compares in constant
+/// time.
+pub(crate) async fn require_bearer(
+    State(expected): State<std::sync::Arc<str>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let reason = match presented {
+        None => "missing bearer token: send `Authorization: Bearer <token>` (the token is in the file the game printed at start-up)",
+        Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => return next.run(request).await,
+        Some(_) => "wrong bearer token",
+    };
+    refusal(StatusCode::UNAUTHORIZED, "unauthorized", reason)
+}
+
+/// A refusal with a JSON body that says why.
+pub(crate) fn refusal(status: StatusCode, error: &str, message: &str) -> Response {
+    let body = serde_json::json!({ "error": error, "message": message }).to_string();
+    let mut response = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_loopback_bind_is_refused_without_opt_in() {
+        let public: IpAddr = "0.0.0.0".parse().unwrap();
+        assert!(check_bind(public, false).unwrap_err().0.contains("allow_non_loopback"));
+        assert!(check_bind(public, true).is_ok());
+        assert!(check_bind("127.0.0.1".parse().unwrap(), false).is_ok());
+        assert!(check_bind("::1".parse().unwrap(), false).is_ok());
+    }
+
+    #[test]
+    fn tokens_are_random_and_long() {
+        let (a, b) = (generate_token().unwrap(), generate_token().unwrap());
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, b);
+        assert!(!redacted(&a).contains(&a[4..]));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn token_file_is_readable_only_by_the_user() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = std::env::temp_dir().join(format!("bat-token-test-{}", std::process::id()));
+        write_token_file(&path, "secret").unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "secret");
+        std::fs::remove_file(path).unwrap();
+    }
+}

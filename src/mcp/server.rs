@@ -1,0 +1,172 @@
+//! The MCP face of the host: `tools/list` from the registry, `tools/call` through [`AgentHandle`], with
+//! conversations, cancellation and progress mapped onto the host's.
+
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject, ListToolsResult,
+    MetaObject, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde_json::{json, Value};
+
+use crate::agent::AgentHandle;
+use crate::call::{CallOutcome, CallRequest, ProgressSink};
+use crate::error::{ErrorCode, ToolError};
+use crate::ids::ConversationId;
+use crate::tool::{ImageContent, ToolInfo, TASK_ID};
+
+/// The `_meta` key under which results carry the visit and location they observed (rule H11).
+pub const OBSERVED_META_KEY: &str = "bevy_agent_tools/observed";
+
+const INSTRUCTIONS: &str = "Tools act inside a running game. Each call is bound to the world visit (and, for \
+location-scoped tools, the exact location) it was made in: if the player leaves or travels first, the call is \
+refused (VISIT_ENDED, LOCATION_CHANGED) and nothing is applied elsewhere. Errors carry a stable `code` in \
+structuredContent. For non-read-only tools, pass an `operation_id` when you may retry: retries run once. After \
+TIMEOUT the effect is unknown: look before you retry.";
+
+/// One `ServerHandler` per MCP session (or per request, for 2026-07-28): cheap clones of the agent handle.
+#[derive(Clone)]
+pub(crate) struct GameServer {
+    pub agent: AgentHandle,
+}
+
+impl GameServer {
+    /// Names the conversation a request belongs to: the MCP session (2025-11-25), else the agent's `task_id`
+    /// handle, else the client's identity from `_meta` (2026-07-28 has no sessions).
+    fn conversation(&self, arguments: &JsonObject, context: &RequestContext<RoleServer>) -> ConversationId {
+        let parts = context.extensions.get::<axum::http::request::Parts>();
+        let session = parts.and_then(|p| p.headers.get("mcp-session-id")).and_then(|v| v.to_str().ok());
+        if let Some(session) = session {
+            return ConversationId::new(format!("mcp-session:{session}"));
+        }
+        if let Some(task) = arguments.get(TASK_ID).and_then(Value::as_str).filter(|t| !t.is_empty()) {
+            return ConversationId::new(format!("mcp-task:{task}"));
+        }
+        match context.client_info() {
+            Some(client) => ConversationId::new(format!("mcp-client:{}/{}", client.name, client.version)),
+            None => ConversationId::new("mcp-client:unknown"),
+        }
+    }
+}
+
+pub(crate) fn to_mcp_tool(info: &ToolInfo) -> Tool {
+    let input = match info.client_input_schema() {
+        Value::Object(schema) => schema,
+        _ => JsonObject::new(),
+    };
+    let annotations = ToolAnnotations::new()
+        .read_only(info.annotations.read_only)
+        .destructive(info.annotations.destructive)
+        .idempotent(info.annotations.idempotent)
+        .open_world(false);
+    let mut tool =
+        Tool::new(info.name.clone(), info.description.clone(), Arc::new(input)).with_annotations(annotations);
+    if let Value::Object(output) = &info.output_schema {
+        if output.get("type").and_then(Value::as_str) == Some("object") {
+            tool = tool.with_raw_output_schema(Arc::new(output.clone()));
+        }
+    }
+    tool
+}
+
+impl ServerHandler for GameServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("bevy_agent_tools", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.agent.tools().iter().map(to_mcp_tool).collect()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.agent.tools().iter().find(|tool| tool.name == name).map(to_mcp_tool)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let arguments = request.arguments.unwrap_or_default();
+        let conversation = self.agent.conversation(self.conversation(&arguments, &context));
+        let mut call_request = match CallRequest::from_wire(request.name.to_string(), Value::Object(arguments)) {
+            Ok(call_request) => call_request,
+            Err(error) => return Ok(error_result(&error).into()),
+        };
+        let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel();
+        let progress_token = context.meta.get_progress_token();
+        if progress_token.is_some() {
+            call_request = call_request.progress(ProgressSink::new(move |progress| {
+                let _ = progress_tx.send(progress);
+            }));
+        }
+        let mut call = conversation.request(call_request);
+        let mut cancelled = false;
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                outcome = &mut call => break outcome,
+                _ = context.ct.cancelled(), if !cancelled => {
+                    cancelled = true;
+                    call.cancel();
+                }
+                Some(progress) = progress_rx.recv() => {
+                    if let Some(token) = progress_token.clone() {
+                        let mut param = ProgressNotificationParam::new(token, progress.progress);
+                        if let Some(total) = progress.total {
+                            param = param.with_total(total);
+                        }
+                        if let Some(message) = progress.message {
+                            param = param.with_message(message);
+                        }
+                        let _ = context.peer.notify_progress(param).await;
+                    }
+                }
+            }
+        };
+        outcome_to_result(outcome).map(Into::into)
+    }
+}
+
+/// Maps a call's outcome onto MCP: success and domain errors are tool results (errors with `isError: true` and
+/// the code in `structuredContent`); an unknown tool is a JSON-RPC error (-32602), as the specification asks.
+pub(crate) fn outcome_to_result(outcome: CallOutcome) -> Result<CallToolResult, ErrorData> {
+    match outcome {
+        Ok(output) => {
+            let mut content = vec![ContentBlock::text(output.value.to_string())];
+            let structured = output.value.as_object().map(|object| {
+                content.extend(
+                    object
+                        .values()
+                        .filter_map(ImageContent::from_value)
+                        .map(|image| ContentBlock::image(image.data, image.mime_type)),
+                );
+                Value::Object(object.clone())
+            });
+            let mut result = CallToolResult::success(content);
+            result.structured_content = structured;
+            let mut meta = JsonObject::new();
+            meta.insert(OBSERVED_META_KEY.into(), json!(output.observed));
+            Ok(result.with_meta(Some(MetaObject(meta))))
+        }
+        Err(error) if error.code == ErrorCode::ToolNotFound => {
+            Err(ErrorData::invalid_params(error.message.clone(), Some(json!(error))))
+        }
+        Err(error) => Ok(error_result(&error)),
+    }
+}
+
+fn error_result(error: &ToolError) -> CallToolResult {
+    let mut result = CallToolResult::error(vec![ContentBlock::text(format!("{}: {}", error.code, error.message))]);
+    result.structured_content = Some(json!(error));
+    result
+}

@@ -1,0 +1,328 @@
+//! The MCP transport with a real client (rmcp's), both protocol generations, and its security checks over raw
+//! HTTP.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bevy_agent_tools::mcp::{McpPlugin, McpServer, OBSERVED_META_KEY};
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
+use bevy_agent_tools::NoArgs;
+use common::*;
+use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest, ProgressNotificationParam, ProtocolVersion};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, NotificationContext, PeerRequestOptions, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+const TOKEN: &str = "test-token-0123456789abcdef";
+
+#[derive(Default)]
+struct Seen {
+    long_ended: AtomicUsize,
+}
+
+fn long_tool(seen: Arc<Seen>) -> AgentTool<Session> {
+    AgentTool::new(
+        "long",
+        "Counts frames, reporting progress, until told to stop.",
+        move |ctx: CallContext<Session>, _: NoArgs| {
+            let seen = seen.clone();
+            async move {
+                // Stops at its first refused step (the call ended), or waits for the end after 100 frames.
+                for step in 1..=100 {
+                    if ctx.on_client(|_, session| session.counter += 1).await.is_err() {
+                        break;
+                    }
+                    ctx.report_progress(step as f64, Some(100.0), Some(format!("step {step}")));
+                }
+                let reason = ctx.ended().await;
+                seen.long_ended.fetch_add(1, Ordering::SeqCst);
+                Err::<(), _>(reason)
+            }
+        },
+    )
+}
+
+fn game(seen: Arc<Seen>, gate: Gate) -> (RunningGame, McpServer) {
+    let game = RunningGame::spawn(Duration::from_millis(1), move || {
+        let plugin = AgentToolsPlugin::new(TestGame::default())
+            .with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None))
+            .with_tool(
+                AgentTool::new("peek", "Reads the counter.", |ctx: CallContext<Session>, _: NoArgs| async move {
+                    Ok(json!({ "counter": ctx.on_client(|_, s| s.counter).await? }))
+                })
+                .read_only(),
+            )
+            .with_tool(long_tool(seen))
+            .with_tool(bump_tool("gated", ToolScope::World, Arc::default(), Some(gate)))
+            .max_in_flight_per_conversation(2);
+        headless_app_with(plugin, McpPlugin::new().port(0).token(TOKEN).max_body_bytes(64 * 1024))
+    });
+    let server = game.with_app(|app| app.world().resource::<McpServer>().clone());
+    game.with_app(|app| {
+        app.world_mut().write_message(EnterWorld::new("alpha"));
+    });
+    (game, server)
+}
+
+#[derive(Clone)]
+struct Progress(mpsc::UnboundedSender<ProgressNotificationParam>);
+
+impl ClientHandler for Progress {
+    async fn on_progress(&self, params: ProgressNotificationParam, _: NotificationContext<RoleClient>) {
+        let _ = self.0.send(params);
+    }
+}
+
+type Client = RunningService<RoleClient, Progress>;
+
+async fn connect(url: &str, modern: bool) -> (Client, mpsc::UnboundedReceiver<ProgressNotificationParam>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(url).auth_header(TOKEN),
+    );
+    let client = if modern {
+        let mode = ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
+        Progress(tx).serve_with_lifecycle(transport, mode).await.expect("connect (2026-07-28)")
+    } else {
+        Progress(tx).serve(transport).await.expect("connect (2025-11-25)")
+    };
+    (client, rx)
+}
+
+fn params(tool: &str, arguments: Value) -> CallToolRequestParams {
+    CallToolRequestParams::new(tool.to_string()).with_arguments(arguments.as_object().cloned().unwrap_or_default())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+async fn story(url: String, modern: bool, seen: Arc<Seen>) {
+    let (client, mut progress) = connect(&url, modern).await;
+
+    let tools = client.list_all_tools().await.expect("tools/list");
+    let bump = tools.iter().find(|t| t.name == "bump").expect("bump listed");
+    let properties = &bump.input_schema["properties"];
+    assert!(properties["by"].is_object(), "argument schema from schemars");
+    assert!(properties["operation_id"].is_object() && properties["task_id"].is_object(), "reserved arguments");
+    assert!(bump.output_schema.is_some(), "typed output schema");
+    let annotations = bump.annotations.clone().expect("annotations");
+    assert_eq!(annotations.read_only_hint, Some(false));
+    let peek = tools.iter().find(|t| t.name == "peek").expect("peek listed");
+    assert_eq!(peek.annotations.as_ref().and_then(|a| a.read_only_hint), Some(true));
+    let peek_properties = peek.input_schema.get("properties").cloned().unwrap_or_default();
+    assert!(peek_properties.get("operation_id").is_none(), "read-only tools have no replay keys");
+
+    let result = client.call_tool(params("bump", json!({"by": 2}))).await.expect("tools/call");
+    assert_eq!(result.is_error, Some(false));
+    let structured = result.structured_content.clone().expect("structured");
+    assert!(structured["counter"].as_u64().is_some());
+    let observed = &result.meta.as_ref().expect("meta").0[OBSERVED_META_KEY];
+    assert_eq!(observed["world"], "alpha", "results say which visit they observed");
+
+    let error = client.call_tool(params("bump", json!({"by": "many"}))).await.expect("a result, not a protocol error");
+    assert_eq!(error.is_error, Some(true));
+    let structured = error.structured_content.expect("structured error");
+    assert_eq!(structured["code"], "INVALID_INPUT");
+    assert_eq!(structured["details"]["field"], "by");
+
+    let unknown = client.call_tool(params("bumb", json!({}))).await.expect_err("JSON-RPC error");
+    let text = unknown.to_string();
+    assert!(text.contains("-32602") || text.contains("no tool named"), "{text}");
+
+    // Progress, then cancel: the handler's ended() fires.
+    let before = seen.long_ended.load(Ordering::SeqCst);
+    let handle = client
+        .peer()
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(CallToolRequest::new(params("long", json!({})))),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .expect("sent");
+    let first = tokio::time::timeout(Duration::from_secs(10), progress.recv()).await.expect("progress in time");
+    assert!(first.expect("a progress notification").progress >= 1.0);
+    handle.cancel(Some("test".into())).await.expect("cancel sent");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while seen.long_ended.load(Ordering::SeqCst) == before {
+        assert!(tokio::time::Instant::now() < deadline, "the handler never saw ended()");
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    client.cancel().await.expect("close");
+}
+
+#[test]
+fn mcp_2025_11_25_lists_calls_reports_errors_progress_and_cancels() {
+    let seen = Arc::new(Seen::default());
+    let (game, server) = game(seen.clone(), Gate::new());
+    runtime().block_on(story(server.url().to_string(), false, seen));
+    game.stop();
+}
+
+#[test]
+fn mcp_2026_07_28_lists_calls_reports_errors_progress_and_cancels() {
+    let seen = Arc::new(Seen::default());
+    let (game, server) = game(seen.clone(), Gate::new());
+    runtime().block_on(story(server.url().to_string(), true, seen));
+    game.stop();
+}
+
+#[test]
+fn h1_reconnecting_mcp_clients_keep_talking_to_the_same_visit() {
+    let (game, server) = game(Arc::default(), Gate::new());
+    let url = server.url().to_string();
+    let visits: Vec<Value> = runtime().block_on(async move {
+        let mut visits = Vec::new();
+        for modern in [false, true, false, true] {
+            let (client, _) = connect(&url, modern).await;
+            let result = client.call_tool(params("bump", json!({}))).await.expect("call");
+            visits.push(result.meta.expect("meta").0[OBSERVED_META_KEY]["visit"].clone());
+            client.cancel().await.expect("close");
+        }
+        visits
+    });
+    assert!(visits.windows(2).all(|w| w[0] == w[1]), "{visits:?}");
+    let opens =
+        game.with_app(|app| app.world().resource::<bevy_agent_tools::AgentHandle>().visit().map(|v| v.info.visit));
+    assert_eq!(json!(opens.expect("open")), visits[0]);
+    game.stop();
+}
+
+#[test]
+fn busy_over_the_in_flight_limit_is_an_error_result() {
+    let gate = Gate::new();
+    let (game, server) = game(Arc::default(), gate.clone());
+    let url = server.url().to_string();
+    let opener = gate.clone();
+    runtime().block_on(async move {
+        let (client, _) = connect(&url, false).await;
+        let peer = client.peer().clone();
+        let first = tokio::spawn({
+            let peer = peer.clone();
+            async move { peer.call_tool(params("gated", json!({}))).await }
+        });
+        let second = tokio::spawn({
+            let peer = peer.clone();
+            async move { peer.call_tool(params("gated", json!({}))).await }
+        });
+        while opener.arrived() < 2 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let third = peer.call_tool(params("gated", json!({}))).await.expect("a result");
+        assert_eq!(third.is_error, Some(true));
+        assert_eq!(third.structured_content.expect("structured")["code"], "BUSY");
+        opener.open();
+        assert_eq!(first.await.expect("joined").expect("ok").is_error, Some(false));
+        assert_eq!(second.await.expect("joined").expect("ok").is_error, Some(false));
+        client.cancel().await.expect("close");
+    });
+    game.stop();
+}
+
+/// One raw HTTP/1.1 exchange; returns the status code and body.
+fn raw(server: &McpServer, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(server.address()).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let mut request = format!(
+        "POST /mcp HTTP/1.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if !headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("host")) {
+        request.push_str(&format!("Host: {}\r\n", server.address()));
+    }
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).expect("write");
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, response)
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+
+#[test]
+fn security_refusals_have_the_right_status_and_say_why() {
+    let (game, server) = game(Arc::default(), Gate::new());
+    let bearer = format!("Bearer {TOKEN}");
+
+    let (status, body) = raw(&server, &[], INITIALIZE);
+    assert_eq!(status, 401, "no token: {body}");
+    assert!(body.contains("missing bearer token"));
+    let (status, body) = raw(&server, &[("Authorization", "Bearer wrong-token-wrong-token")], INITIALIZE);
+    assert_eq!(status, 401, "wrong token: {body}");
+    assert!(body.contains("wrong bearer token"));
+
+    let (status, _) = raw(&server, &[("Authorization", &bearer), ("Origin", "http://evil.example")], INITIALIZE);
+    assert_eq!(status, 403, "a foreign Origin is refused");
+    let (status, _) = raw(&server, &[("Authorization", &bearer), ("Host", "evil.example")], INITIALIZE);
+    assert_eq!(status, 403, "a foreign Host is refused");
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"bump","arguments":{{"x":"{}"}}}}}}"#,
+        "a".repeat(100_000)
+    );
+    let (status, _) = raw(&server, &[("Authorization", &bearer)], &huge);
+    assert_eq!(status, 413, "an oversized body is refused");
+
+    let (status, _) = raw(&server, &[("Authorization", &bearer), ("Origin", "http://localhost:3000")], INITIALIZE);
+    assert_eq!(status, 200, "a local browser origin with the token is served");
+    let (status, _) = raw(&server, &[("Authorization", &bearer)], "{not json");
+    assert!((400..500).contains(&status), "malformed JSON is a client error, got {status}");
+    let (status, _) = raw(&server, &[("Authorization", &bearer)], r#"{"jsonrpc":"2.0","id":[1,2],"method":7}"#);
+    assert!((400..500).contains(&status) || status == 200, "a wrong JSON-RPC shape is refused, got {status}");
+
+    // The game kept running through all of it.
+    let alive = game.with_app(|app| app.world().resource::<bevy_agent_tools::AgentHandle>().visit().is_some());
+    assert!(alive);
+    game.stop();
+}
+
+#[test]
+fn deeply_nested_and_huge_arguments_get_a_clear_error_and_the_game_keeps_running() {
+    let (game, server) = game(Arc::default(), Gate::new());
+    let url = server.url().to_string();
+    runtime().block_on(async move {
+        let (client, _) = connect(&url, false).await;
+        let mut nested = json!(1);
+        for _ in 0..100 {
+            nested = json!({ "n": nested });
+        }
+        let result = client.call_tool(params("bump", json!({ "by": nested }))).await.expect("a result");
+        assert_eq!(result.is_error, Some(true));
+        assert_eq!(result.structured_content.expect("structured")["code"], "INVALID_INPUT");
+        let wide = json!({ "by": 1, "junk": vec![0; 5_000] });
+        let result = client.call_tool(params("bump", wide)).await.expect("a result");
+        assert_eq!(result.is_error, Some(false), "unknown fields are ignored");
+        let ok = client.call_tool(params("peek", json!({}))).await.expect("still serving");
+        assert_eq!(ok.is_error, Some(false));
+        client.cancel().await.expect("close");
+    });
+    game.stop();
+}
+
+#[test]
+fn non_loopback_bind_without_opt_in_is_refused_at_start_up() {
+    let plugin = McpPlugin::new().bind("0.0.0.0".parse().expect("ip"));
+    let error = plugin.validate().expect_err("refused");
+    assert!(error.to_string().contains("allow_non_loopback"), "{error}");
+    let result = std::panic::catch_unwind(|| {
+        headless_app_with(
+            AgentToolsPlugin::new(TestGame::default()),
+            McpPlugin::new().port(0).bind("0.0.0.0".parse().expect("ip")),
+        )
+    });
+    assert!(result.is_err(), "the plugin refuses to start");
+}
