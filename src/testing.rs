@@ -184,6 +184,7 @@ pub struct Gate {
 #[derive(Default)]
 struct GateInner {
     arrived: AtomicUsize,
+    arrival: tokio::sync::Notify,
     opened: OnceSignal<()>,
 }
 
@@ -202,12 +203,26 @@ impl Gate {
     /// Counts this arrival, then waits until the gate is open.
     pub async fn pass(&self) {
         self.inner.arrived.fetch_add(1, Ordering::SeqCst);
+        self.inner.arrival.notify_waiters();
         self.inner.opened.wait().await;
     }
 
     /// How many have arrived.
     pub fn arrived(&self) -> usize {
         self.inner.arrived.load(Ordering::SeqCst)
+    }
+
+    /// Waits until at least `count` have arrived. Cancel-safe.
+    pub async fn arrivals(&self, count: usize) {
+        loop {
+            let arrival = self.inner.arrival.notified();
+            tokio::pin!(arrival);
+            arrival.as_mut().enable();
+            if self.arrived() >= count {
+                return;
+            }
+            arrival.await;
+        }
     }
 
     /// Opens the gate for everyone waiting and everyone to come.

@@ -5,7 +5,6 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,9 +23,17 @@ use tokio::sync::mpsc;
 
 const TOKEN: &str = "test-token-0123456789abcdef";
 
-#[derive(Default)]
+/// Receives one message each time the `long` tool's handler sees `ended()`.
 struct Seen {
-    long_ended: AtomicUsize,
+    ended_tx: mpsc::UnboundedSender<()>,
+    ended: tokio::sync::Mutex<mpsc::UnboundedReceiver<()>>,
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        let (ended_tx, ended) = mpsc::unbounded_channel();
+        Self { ended_tx, ended: tokio::sync::Mutex::new(ended) }
+    }
 }
 
 fn long_tool(seen: Arc<Seen>) -> AgentTool<Session> {
@@ -44,7 +51,7 @@ fn long_tool(seen: Arc<Seen>) -> AgentTool<Session> {
                     ctx.report_progress(step as f64, Some(100.0), Some(format!("step {step}")));
                 }
                 let reason = ctx.ended().await;
-                seen.long_ended.fetch_add(1, Ordering::SeqCst);
+                let _ = seen.ended_tx.send(());
                 Err::<(), _>(reason)
             }
         },
@@ -140,7 +147,6 @@ async fn story(url: String, modern: bool, seen: Arc<Seen>) {
     assert!(text.contains("-32602") || text.contains("no tool named"), "{text}");
 
     // Progress, then cancel: the handler's ended() fires.
-    let before = seen.long_ended.load(Ordering::SeqCst);
     let handle = client
         .peer()
         .send_cancellable_request(
@@ -152,12 +158,8 @@ async fn story(url: String, modern: bool, seen: Arc<Seen>) {
     let first = tokio::time::timeout(Duration::from_secs(10), progress.recv()).await.expect("progress in time");
     assert!(first.expect("a progress notification").progress >= 1.0);
     handle.cancel(Some("test".into())).await.expect("cancel sent");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while seen.long_ended.load(Ordering::SeqCst) == before {
-        assert!(tokio::time::Instant::now() < deadline, "the handler never saw ended()");
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let ended = tokio::time::timeout(Duration::from_secs(10), seen.ended.lock().await.recv()).await;
+    assert!(matches!(ended, Ok(Some(()))), "the handler saw ended()");
     client.cancel().await.expect("close");
 }
 
@@ -215,9 +217,7 @@ fn busy_over_the_in_flight_limit_is_an_error_result() {
             let peer = peer.clone();
             async move { peer.call_tool(params("gated", json!({}))).await }
         });
-        while opener.arrived() < 2 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        opener.arrivals(2).await;
         let third = peer.call_tool(params("gated", json!({}))).await.expect("a result");
         assert_eq!(third.is_error, Some(true));
         assert_eq!(third.structured_content.expect("structured")["code"], "BUSY");
@@ -325,4 +325,53 @@ fn non_loopback_bind_without_opt_in_is_refused_at_start_up() {
         )
     });
     assert!(result.is_err(), "the plugin refuses to start");
+}
+
+/// A game whose `close` holds the main thread until the test lets it go, so a call can arrive mid-exit.
+struct SlowClose {
+    closing: crossbeam_channel::Sender<()>,
+    release: crossbeam_channel::Receiver<()>,
+}
+
+impl WorldLifecycle for SlowClose {
+    type Session = ();
+    fn open(&self, _: &VisitInfo, _: &mut bevy::prelude::World) -> Result<Opened<()>, OpenError> {
+        Ok(Opened::ready(()))
+    }
+    fn close(&self, _: (), _: &mut bevy::prelude::World) -> Completion {
+        let _ = self.closing.send(());
+        let _ = self.release.recv_timeout(Duration::from_secs(20));
+        Completion::done()
+    }
+}
+
+#[test]
+fn h5_a_call_during_exit_gets_world_closed_as_an_error_result() {
+    let (closing_tx, closing) = crossbeam_channel::bounded(1);
+    let (release, release_rx) = crossbeam_channel::bounded(1);
+    let game = RunningGame::spawn(Duration::from_millis(1), move || {
+        let noop = AgentTool::new("noop", "Does nothing.", |_: CallContext<()>, _: NoArgs| async move { Ok(()) });
+        let plugin = AgentToolsPlugin::new(SlowClose { closing: closing_tx, release: release_rx }).with_tool(noop);
+        headless_app_with(plugin, McpPlugin::new().port(0).token(TOKEN))
+    });
+    let url = game.with_app(|app| {
+        app.world_mut().write_message(EnterWorld::new("alpha"));
+        app.world().resource::<McpServer>().url().to_string()
+    });
+    runtime().block_on(async move {
+        let (client, _) = connect(&url, false).await;
+        assert_eq!(client.call_tool(params("noop", json!({}))).await.expect("ok").is_error, Some(false));
+        game.send(|app| {
+            app.world_mut().write_message(ExitWorld::new());
+        });
+        closing.recv_timeout(Duration::from_secs(10)).expect("close began");
+        let refused = client.call_tool(params("noop", json!({}))).await.expect("a result");
+        release.send(()).expect("release close");
+        assert_eq!(refused.is_error, Some(true));
+        let error = refused.structured_content.expect("structured");
+        assert_eq!(error["code"], "WORLD_CLOSED");
+        assert_eq!(error["details"]["world"], "alpha");
+        client.cancel().await.expect("close");
+        game.stop();
+    });
 }

@@ -1,0 +1,75 @@
+"""End-to-end: the official Python MCP client (PyPI `mcp`) drives a running game.
+
+Usage: python client.py URL TOKEN
+Checks, in both protocol generations: list tools, call one, see a domain error, cancel a long call.
+Prints one JSON line per check; exits non-zero on the first failed check.
+"""
+import json
+import sys
+
+import anyio
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+URL, TOKEN = sys.argv[1], sys.argv[2]
+
+
+def check(name: str, ok: bool, detail: object = None) -> None:
+    print(json.dumps({"check": name, "ok": bool(ok), "detail": detail}), flush=True)
+    if not ok:
+        sys.exit(1)
+
+
+def transport():
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=httpx2.Timeout(30.0, read=300.0))
+    return streamable_http_client(URL, http_client=http)
+
+
+async def run(mode: str) -> None:
+    async with Client(transport(), mode=mode) as client:
+        version = client.session.protocol_version
+        check(f"{mode}: negotiated", version in ("2025-11-25", "2026-07-28"), version)
+
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        check(f"{mode}: tools listed", {"bump", "long"} <= set(tools), sorted(tools))
+        check(f"{mode}: reserved arguments", "operation_id" in tools["bump"].input_schema["properties"])
+
+        result = await client.call_tool("bump", {"by": 2})
+        check(f"{mode}: call", not result.is_error and result.structured_content["counter"] >= 2, result.structured_content)
+
+        error = await client.call_tool("bump", {"by": "lots"})
+        code = (error.structured_content or {}).get("code")
+        check(f"{mode}: domain error", error.is_error and code == "INVALID_INPUT", error.structured_content)
+
+        replay = [await client.call_tool("bump", {"by": 5, "operation_id": f"op-{mode}"}) for _ in range(2)]
+        same = replay[0].structured_content == replay[1].structured_content
+        check(f"{mode}: replay runs once", same, [r.structured_content for r in replay])
+
+        progress = []
+
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            progress.append(value)
+
+        with anyio.move_on_after(30) as scope:
+            async with anyio.create_task_group() as group:
+
+                async def long_call() -> None:
+                    await client.call_tool("long", {}, progress_callback=on_progress)
+
+                group.start_soon(long_call)
+                while not progress:
+                    await anyio.sleep(0.01)
+                group.cancel_scope.cancel()
+        check(f"{mode}: cancelled a long call after progress", not scope.cancelled_caught and progress, progress[:3])
+
+        after = await client.call_tool("bump", {})
+        check(f"{mode}: usable after cancel", not after.is_error)
+
+
+async def main() -> None:
+    for mode in ("auto", "legacy"):
+        await run(mode)
+
+
+anyio.run(main)
