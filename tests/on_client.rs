@@ -246,3 +246,30 @@ fn budget_a_frame_stops_once_its_time_is_spent() {
     assert!(app.run_until_resolved(&call).is_ok());
     assert_eq!(*order.lock(), (0..40).collect::<Vec<_>>());
 }
+
+#[test]
+fn details_the_handler_recorded_reach_the_error_that_ended_the_call() {
+    let gate = Gate::new();
+    let passed = gate.clone();
+    let tool =
+        AgentTool::new("tower", "Places blocks until it is stopped.", move |ctx: CallContext<Session>, _: NoArgs| {
+            let gate = passed.clone();
+            async move {
+                for placed in 1..=2u32 {
+                    ctx.on_client(|_, session| session.counter += 1).await?;
+                    ctx.set_detail("placed", placed);
+                }
+                gate.pass().await;
+                Ok(())
+            }
+        })
+        .scope(ToolScope::Location);
+    let mut app = app_with(TestGame::default(), vec![tool]);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("tower", json!({}));
+    app.run_until("two blocks placed", |_| gate.arrived() == 1);
+    app.travel("nether");
+    let error = app.run_until_resolved(&call).expect_err("ended by the travel");
+    assert_eq!(error.code, ErrorCode::LocationChanged);
+    assert_eq!(error.details.extra["placed"], 2, "the agent learns what was already done");
+}

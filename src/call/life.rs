@@ -53,6 +53,8 @@ pub(crate) struct CallLife {
     /// between the check and the closure (rule H8).
     step: Mutex<Option<ToolError>>,
     observed: Mutex<Location>,
+    /// Details the handler recorded, merged into whatever error ends the call.
+    details: Mutex<serde_json::Map<String, serde_json::Value>>,
     outcome: OnceSignal<CallOutcome>,
 }
 
@@ -66,6 +68,7 @@ impl CallLife {
             ended: CancellationToken::new(),
             step: Mutex::new(None),
             observed,
+            details: Mutex::new(serde_json::Map::new()),
             outcome: OnceSignal::new(),
         }
     }
@@ -81,7 +84,12 @@ impl CallLife {
         if self.outcome.is_set() {
             return false;
         }
-        let outcome = outcome.map_err(|error| error.locate(&self.coords));
+        let outcome = outcome.map_err(|mut error| {
+            for (key, value) in self.details.lock().iter() {
+                error.details.extra.entry(key.clone()).or_insert_with(|| value.clone());
+            }
+            error.locate(&self.coords)
+        });
         **step = Some(match &outcome {
             Ok(_) => ToolError::with_code(
                 ErrorCode::Cancelled,
@@ -125,6 +133,10 @@ impl CallLife {
 
     pub(crate) fn outcome(&self) -> &OnceSignal<CallOutcome> {
         &self.outcome
+    }
+
+    pub(crate) fn set_detail(&self, key: String, value: serde_json::Value) {
+        self.details.lock().insert(key, value);
     }
 
     pub(crate) fn observed(&self) -> VisitInfo {
