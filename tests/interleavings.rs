@@ -218,7 +218,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1_000, ..ProptestConfig::default() })]
+    // 1,000 cases by default; `PROPTEST_CASES=100000` for the long run in RELIABILITY.md.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|cases| cases.parse().ok()).unwrap_or(1_000),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn h8_steps_run_only_for_their_live_call_visit_and_revision_over_random_interleavings(
