@@ -1,0 +1,266 @@
+//! The console: standing in for the player. Reads commands from standard input (on its own thread, handed to the
+//! game through a channel, one command per frame) and prints one `ok ...` or `error: ...` line per command, and
+//! one line per visit event. Every line is flushed at once, so a program reading through a pipe sees it.
+
+use std::collections::BTreeSet;
+use std::fmt::Display;
+use std::io::{BufRead, Write};
+use std::time::{Duration, Instant};
+
+use bevy::app::AppExit;
+use bevy::prelude::*;
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::{VisitClosed, VisitOpened, VisitPhase, VisitRelocated, VisitSaved, WorldOpenFailed};
+use crossbeam_channel::{Receiver, TryRecvError};
+
+use crate::session::{Sandbox, VisitSummary};
+use crate::world::Dimension;
+
+/// How long `quit` waits for saves before it exits anyway (the plugin then waits once more, bounded too).
+const QUIT_DEADLINE: Duration = Duration::from_secs(30);
+
+const USAGE: &str = "commands: enter WORLD, travel DIMENSION, exit, status, quit";
+
+/// Prints one line to standard output and flushes it. A closed pipe is not the game's problem: it is ignored.
+pub fn say(line: impl Display) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// World names: 1 to 32 of `a-z 0-9 _ -` (they are directory names).
+pub fn check_world_name(name: &str) -> Result<(), String> {
+    let length = name.chars().count();
+    if !(1..=32).contains(&length) {
+        return Err(format!("invalid world name {name:?}: use 1 to 32 characters of a-z, 0-9, _ and - (got {length})"));
+    }
+    if let Some(bad) = name.chars().find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '_' | '-')) {
+        return Err(format!("invalid world name {name:?}: {bad:?} is not allowed; use a-z, 0-9, _ and -"));
+    }
+    Ok(())
+}
+
+/// Reads standard input and answers on standard output. `enter_at_start` is entered before the first command.
+pub struct ConsolePlugin {
+    pub enter_at_start: Option<String>,
+}
+
+enum Input {
+    Line(String),
+    End,
+}
+
+#[derive(Resource)]
+struct ConsoleInput(Receiver<Input>);
+
+/// What the player asked for, ahead of what the host has applied yet.
+#[derive(Resource, Default)]
+struct Player {
+    /// The world the player is in, or entering.
+    world: Option<String>,
+    dimension: Option<Dimension>,
+    quitting: Option<Instant>,
+    exit_sent: bool,
+    /// Visits closed whose saves have not finished.
+    unsaved: BTreeSet<u64>,
+    save_failed: bool,
+}
+
+impl Plugin for ConsolePlugin {
+    fn build(&self, app: &mut App) {
+        let (lines, input) = crossbeam_channel::unbounded();
+        let reader = std::thread::Builder::new().name("console".into()).spawn(move || {
+            for line in std::io::stdin().lock().lines() {
+                let Ok(line) = line else { break };
+                if lines.send(Input::Line(line)).is_err() {
+                    return;
+                }
+            }
+            let _ = lines.send(Input::End);
+        });
+        if let Err(error) = reader {
+            error!("cannot read the console: {error}");
+        }
+        let mut player = Player::default();
+        if let Some(world) = &self.enter_at_start {
+            app.world_mut().write_message(EnterWorld::new(world.as_str()));
+            player.world = Some(world.clone());
+            player.dimension = Some(Dimension::Overworld);
+        }
+        app.insert_resource(ConsoleInput(input))
+            .insert_resource(player)
+            .init_resource::<VisitSummary>()
+            .add_systems(Update, read_command)
+            .add_systems(PostUpdate, (report_events, finish_quit).chain().after(AgentToolsSet::Pump));
+    }
+}
+
+/// Runs at most one command per frame, so every command's effects are applied before the next one is read.
+fn read_command(
+    input: Res<ConsoleInput>,
+    mut player: ResMut<Player>,
+    binding: Res<WorldBinding<Sandbox>>,
+    summary: Res<VisitSummary>,
+    mut enter: MessageWriter<EnterWorld>,
+    mut travel: MessageWriter<TravelTo>,
+    mut exit: MessageWriter<ExitWorld>,
+) {
+    let line = match input.0.try_recv() {
+        Ok(Input::Line(line)) => line,
+        Ok(Input::End) | Err(TryRecvError::Disconnected) => {
+            if player.quitting.is_none() {
+                info!("end of input: quitting");
+                quit(&mut player, &mut exit);
+            }
+            return;
+        }
+        Err(TryRecvError::Empty) => return,
+    };
+    let words: Vec<&str> = line.split_whitespace().collect();
+    if words.is_empty() {
+        return;
+    }
+    if player.quitting.is_some() {
+        return say("error: quitting: no more commands");
+    }
+    let answer = match words.as_slice() {
+        ["enter", world] => check_world_name(world).map(|()| {
+            enter.write(EnterWorld::new(*world));
+            let left = player.world.replace(world.to_string());
+            player.dimension = Some(Dimension::Overworld);
+            match left {
+                Some(left) => format!("leaving {left}, entering {world}"),
+                None => format!("entering {world}"),
+            }
+        }),
+        ["travel", dimension] => Dimension::parse(dimension).and_then(|dimension| {
+            if player.world.is_none() {
+                return Err("no world is open: enter one first".into());
+            }
+            if player.dimension == Some(dimension) {
+                return Ok(format!("already in the {dimension}"));
+            }
+            travel.write(TravelTo::new(dimension.as_str()));
+            player.dimension = Some(dimension);
+            Ok(format!("traveling to the {dimension}"))
+        }),
+        ["exit"] => match player.world.take() {
+            Some(world) => {
+                exit.write(ExitWorld::new());
+                player.dimension = None;
+                Ok(format!("leaving {world}"))
+            }
+            None => Err("no world is open".into()),
+        },
+        ["status"] => Ok(status(&player, &binding, &summary)),
+        ["quit"] => {
+            quit(&mut player, &mut exit);
+            Ok("quitting".into())
+        }
+        [command, ..] if ["enter", "travel", "exit", "status", "quit"].contains(command) => {
+            Err(format!("wrong arguments for `{command}`; {USAGE}"))
+        }
+        [command, ..] => Err(format!("unknown command {command:?}; {USAGE}")),
+        [] => return,
+    };
+    match answer {
+        Ok(answer) => say(format_args!("ok {answer}")),
+        Err(error) => say(format_args!("error: {error}")),
+    }
+}
+
+fn quit(player: &mut Player, exit: &mut MessageWriter<ExitWorld>) {
+    player.quitting = Some(Instant::now());
+    if player.world.take().is_some() {
+        exit.write(ExitWorld::new());
+    }
+}
+
+fn status(player: &Player, binding: &WorldBinding<Sandbox>, summary: &VisitSummary) -> String {
+    let Some(world) = &player.world else { return "no world open".into() };
+    let Some(open) = binding.current().filter(|open| open.info.world.as_str() == world) else {
+        return format!("entering {world}");
+    };
+    let phase = match open.phase {
+        VisitPhase::Loading => "loading",
+        VisitPhase::Open => "open",
+        VisitPhase::Closing => "closing",
+    };
+    let info = &open.info;
+    let mut line = format!(
+        "world={world} visit={} phase={phase} dimension={} revision={}",
+        info.visit.0, info.location.dimension, info.location.revision.0
+    );
+    match summary.0.as_ref().filter(|s| s.visit == info.visit).and_then(|s| s.loaded.as_ref()) {
+        None => line.push_str(" player=loading"),
+        Some(Ok((pos, notes, changed))) => {
+            line.push_str(&format!(" player={},{},{} notes={notes} changed={changed}", pos.x, pos.y, pos.z));
+        }
+        Some(Err(error)) => line.push_str(&format!(" load-error={error:?}")),
+    }
+    line
+}
+
+fn report_events(
+    mut opened: MessageReader<VisitOpened>,
+    mut relocated: MessageReader<VisitRelocated>,
+    mut closed: MessageReader<VisitClosed>,
+    mut saved: MessageReader<VisitSaved>,
+    mut failed: MessageReader<WorldOpenFailed>,
+    mut player: ResMut<Player>,
+) {
+    // One command per frame: a frame's events are, in time order, an agent's travel (asked for in the frame
+    // before), the previous visit's close, the next one's open, then the saves that finished.
+    for m in relocated.read() {
+        say(format_args!("relocated visit={} dimension={} revision={}", m.visit.0, m.to.dimension, m.to.revision.0));
+        // An agent's `travel` moves the player too.
+        player.dimension = Dimension::parse(m.to.dimension.as_str()).ok();
+    }
+    for m in closed.read() {
+        say(format_args!("visit-closed world={} visit={}", m.info.world, m.info.visit.0));
+        player.unsaved.insert(m.info.visit.0);
+    }
+    for m in opened.read() {
+        say(format_args!("visit-opened world={} visit={}", m.info.world, m.info.visit.0));
+    }
+    for m in failed.read() {
+        say(format_args!("open-failed world={} visit={} error={:?}", m.world, m.visit.0, m.error.message()));
+        if player.world.as_deref() == Some(m.world.as_str()) {
+            player.world = None;
+            player.dimension = None;
+        }
+    }
+    for m in saved.read() {
+        player.unsaved.remove(&m.info.visit.0);
+        match &m.result {
+            Ok(()) => say(format_args!("saved world={} visit={}", m.info.world, m.info.visit.0)),
+            Err(error) => {
+                player.save_failed = true;
+                say(format_args!(
+                    "save-failed world={} visit={} error={:?}",
+                    m.info.world,
+                    m.info.visit.0,
+                    error.message()
+                ));
+            }
+        }
+    }
+}
+
+/// Once quitting, the world left and every save finished (or the deadline passed): exit, with status 1 if a save
+/// failed.
+fn finish_quit(mut player: ResMut<Player>, binding: Res<WorldBinding<Sandbox>>, mut exit: MessageWriter<AppExit>) {
+    let Some(since) = player.quitting else { return };
+    if player.exit_sent {
+        return;
+    }
+    let late = since.elapsed() > QUIT_DEADLINE;
+    if !late && (binding.current().is_some() || !player.unsaved.is_empty()) {
+        return;
+    }
+    if late {
+        error!(unsaved = ?player.unsaved, "saves did not finish within {QUIT_DEADLINE:?}; exiting anyway");
+    }
+    player.exit_sent = true;
+    exit.write(if player.save_failed || late { AppExit::from_code(1) } else { AppExit::Success });
+}

@@ -1,0 +1,140 @@
+//! The sandbox: a small voxel world that AI agents play through MCP tools, headless, at a fixed 60 ticks per
+//! second. The console (standard input) stands in for the player: `enter WORLD`, `travel DIMENSION`, `exit`,
+//! `status`, `quit`.
+//!
+//! ```sh
+//! cargo run --example sandbox -- [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N]
+//! ```
+//!
+//! Worlds are saved under the data directory (default `sandbox-data/`), one directory per world, as one document
+//! (`sandbox.json`: changed blocks with their versions, notes, the player's position in each dimension) written
+//! when the visit closes and loaded in the background when it opens. A visit starts in the overworld; each
+//! dimension remembers where the player stood. The player stands on the ground of their column: a block placed
+//! under them lifts them, a block broken under them drops them. Logs go to standard error; standard output
+//! carries only the lines a program driving the sandbox reads.
+//!
+//! `build_tower` is a `Location` tool: when the player travels, the host ends it with `LOCATION_CHANGED` at once;
+//! the tower keeps `placed` current with `CallContext::set_detail`, so that error says how many blocks it placed.
+//! The count is also kept in the visit's tower log, shown by `world_info` as `last_tower` (`placed`, and
+//! `status`: `building`, `finished`, or the code that stopped it).
+
+mod console;
+mod picture;
+mod session;
+mod terrain;
+mod tools;
+mod tower;
+mod world;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bevy::app::ScheduleRunnerPlugin;
+use bevy::log::LogPlugin;
+use bevy::prelude::*;
+use bevy_agent_tools::mcp::{McpPlugin, McpServer};
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::WorldStorePlugin;
+
+use console::{check_world_name, say, ConsolePlugin};
+use session::Sandbox;
+use tools::FrameTime;
+use world::Palette;
+
+const USAGE: &str = "usage: sandbox [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N]";
+
+/// The command line.
+struct Args {
+    data_dir: PathBuf,
+    port: u16,
+    token: Option<String>,
+    world: Option<String>,
+    tps: u32,
+}
+
+impl Args {
+    fn parse(mut words: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
+        let mut args = Args { data_dir: "sandbox-data".into(), port: 15777, token: None, world: None, tps: 60 };
+        while let Some(word) = words.next() {
+            let (flag, inline) = match word.split_once('=') {
+                Some((flag, value)) => (flag.to_string(), Some(value.to_string())),
+                None => (word, None),
+            };
+            if flag == "-h" || flag == "--help" {
+                return Ok(None);
+            }
+            let value = inline.or_else(|| words.next()).ok_or_else(|| format!("{flag} needs a value"))?;
+            match flag.as_str() {
+                "--data-dir" => args.data_dir = value.into(),
+                "--port" => {
+                    args.port = value.parse().map_err(|_| format!("--port: {value:?} is not a port (0-65535)"))?
+                }
+                "--token" if value.is_empty() || value.chars().any(|c| c.is_whitespace() || c.is_control()) => {
+                    return Err("--token: use a non-empty token without spaces".into());
+                }
+                "--token" => args.token = Some(value),
+                "--world" => {
+                    check_world_name(&value).map_err(|e| format!("--world: {e}"))?;
+                    args.world = Some(value);
+                }
+                "--tps" => {
+                    args.tps =
+                        value.parse().ok().filter(|tps| (1..=1000).contains(tps)).ok_or_else(|| {
+                            format!("--tps: {value:?} is not a number of ticks per second in 1..=1000")
+                        })?;
+                }
+                other => return Err(format!("unknown option {other:?}")),
+            }
+        }
+        Ok(Some(args))
+    }
+}
+
+fn main() -> AppExit {
+    let args = match Args::parse(std::env::args().skip(1)) {
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            say(USAGE);
+            return AppExit::Success;
+        }
+        Err(error) => {
+            eprintln!("sandbox: {error}\n{USAGE}");
+            return AppExit::from_code(2);
+        }
+    };
+    let palette = match Palette::parse(include_str!("../../assets/palette.json")) {
+        Ok(palette) => Arc::new(palette),
+        Err(error) => {
+            eprintln!("sandbox: assets/palette.json: {error}");
+            return AppExit::from_code(2);
+        }
+    };
+    let frame = Duration::from_secs(1) / args.tps;
+
+    let mut app = App::new();
+    app.add_plugins((MinimalPlugins.set(ScheduleRunnerPlugin::run_loop(frame)), LogPlugin::default()));
+    let host = tools::all(palette.clone())
+        .into_iter()
+        .fold(AgentToolsPlugin::new(Sandbox::new(palette)), |host, tool| host.with_tool(tool));
+    app.add_plugins(host)
+        .add_plugins(WorldStorePlugin::new(&args.data_dir))
+        .insert_resource(FrameTime(frame))
+        .add_plugins(ConsolePlugin { enter_at_start: args.world.clone() });
+    info!(data_dir = %args.data_dir.display(), tps = args.tps, "sandbox started");
+
+    let mut mcp = McpPlugin::new().port(args.port).token_file(args.data_dir.join("mcp-token"));
+    if let Some(token) = &args.token {
+        mcp = mcp.token(token);
+    }
+    if let Err(error) = mcp.validate() {
+        eprintln!("sandbox: {error}");
+        return AppExit::from_code(2);
+    }
+    app.add_plugins(mcp);
+    let server = app.world().resource::<McpServer>();
+    say(format_args!("mcp: {}", server.url()));
+    say(format_args!("token: {}", server.token()));
+
+    app.run()
+}

@@ -1,0 +1,186 @@
+//! The sandbox's [`WorldLifecycle`]: a visit loads its world's save in the background (open never blocks the main
+//! thread), and saves it through the [`WorldStore`] when the player leaves.
+
+use std::sync::Arc;
+
+use bevy::prelude::*;
+use bevy_agent_tools::persist::{Loaded, WorldStore};
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::{VisitId, WorldId};
+use parking_lot::Mutex;
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use crate::world::{Dimension, Palette, Pos, SaveDoc, WorldState};
+
+/// The one document a world's save is kept in.
+pub const SAVE_DOCUMENT: &str = "sandbox";
+
+/// How many tower reports a visit keeps.
+const TOWER_LOG_LEN: usize = 16;
+
+/// The sandbox's worlds.
+pub struct Sandbox {
+    palette: Arc<Palette>,
+}
+
+impl Sandbox {
+    pub fn new(palette: Arc<Palette>) -> Self {
+        Self { palette }
+    }
+}
+
+/// One visit's state.
+pub struct Visit {
+    pub world: WorldId,
+    pub visit: VisitId,
+    pub location: Location,
+    palette: Arc<Palette>,
+    /// The save, until it is turned into `state` (the first time a tool or `tick` needs it).
+    save: Loaded<SaveDoc>,
+    ready: Completion,
+    state: Option<WorldState>,
+    /// What `build_tower` calls did in this visit, newest last.
+    pub towers: TowerLog,
+}
+
+impl Visit {
+    /// The world's state; `INTERNAL` only if the host ran a step before the load finished (it never does).
+    pub fn state(&mut self) -> Result<&mut WorldState, ToolError> {
+        if self.state.is_none() {
+            let doc = self.save.get_mut().map(std::mem::take).ok_or_else(|| match self.ready.result() {
+                Some(Err(error)) => ToolError::internal(format!("world `{}` could not be loaded: {error}", self.world)),
+                _ => ToolError::internal(format!("world `{}` is still loading", self.world)),
+            })?;
+            let (state, warnings) = WorldState::from_save(self.world.as_str(), self.palette.clone(), doc);
+            for warning in warnings {
+                warn!(world = %self.world, "left out of the save: {warning}");
+            }
+            self.state = Some(state);
+        }
+        self.state.as_mut().ok_or_else(|| ToolError::internal("the world state vanished"))
+    }
+
+    /// Where the player stands, how many notes and changed cells the world has.
+    fn summary(&mut self) -> Result<(Pos, usize, usize), ToolError> {
+        let dimension = self.dimension()?;
+        let state = self.state()?;
+        Ok((state.arrive(dimension), state.notes().len(), state.changed_cells()))
+    }
+
+    /// The dimension the player is in now.
+    pub fn dimension(&self) -> Result<Dimension, ToolError> {
+        Dimension::parse(self.location.dimension.as_str()).map_err(ToolError::internal)
+    }
+}
+
+/// A shared log of tower builds. The handler writes to it directly (not through `on_client`), so it can still
+/// record how its build ended after its call ended and its steps no longer run.
+#[derive(Clone, Default)]
+pub struct TowerLog(Arc<Mutex<Vec<TowerReport>>>);
+
+/// What one `build_tower` call did.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+pub struct TowerReport {
+    /// The call's request id.
+    pub request: u64,
+    pub dimension: Dimension,
+    pub x: i32,
+    pub z: i32,
+    pub block: String,
+    /// How many blocks were asked for.
+    pub height: u32,
+    /// How many were placed.
+    pub placed: u32,
+    /// `building`, `finished`, or the error code that stopped it (`LOCATION_CHANGED`, `CANCELLED`, ...).
+    pub status: String,
+}
+
+impl TowerLog {
+    pub fn start(&self, report: TowerReport) {
+        let mut log = self.0.lock();
+        if log.len() >= TOWER_LOG_LEN {
+            log.remove(0);
+        }
+        log.push(report);
+    }
+
+    pub fn update(&self, request: u64, change: impl FnOnce(&mut TowerReport)) {
+        if let Some(report) = self.0.lock().iter_mut().rev().find(|r| r.request == request) {
+            change(report);
+        }
+    }
+
+    /// Marks every tower still building as stopped by `code` (travel ends them all: they are location tools).
+    pub fn stop_building(&self, code: &str) {
+        for report in self.0.lock().iter_mut().filter(|r| r.status == "building") {
+            report.status = code.to_string();
+        }
+    }
+
+    pub fn last(&self) -> Option<TowerReport> {
+        self.0.lock().last().cloned()
+    }
+}
+
+/// What the console's `status` shows about the open visit, refreshed every frame by `tick`.
+#[derive(Resource, Default, Clone, Debug)]
+pub struct VisitSummary(pub Option<Summary>);
+
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub visit: VisitId,
+    /// `None` while the save is loading; the error if it could not be loaded.
+    pub loaded: Option<Result<(Pos, usize, usize), String>>,
+}
+
+impl WorldLifecycle for Sandbox {
+    type Session = Visit;
+
+    fn open(&self, visit: &VisitInfo, world: &mut World) -> Result<Opened<Visit>, OpenError> {
+        let store = world
+            .get_resource::<WorldStore>()
+            .ok_or_else(|| OpenError::new("the sandbox has no world store: add WorldStorePlugin"))?;
+        store.world_dir(&visit.world).map_err(OpenError::new)?;
+        Dimension::parse(visit.location.dimension.as_str()).map_err(OpenError::new)?;
+        let (save, ready) = store.load_in_background(&visit.world, SAVE_DOCUMENT, SaveDoc::default);
+        let session = Visit {
+            world: visit.world.clone(),
+            visit: visit.visit,
+            location: visit.location.clone(),
+            palette: self.palette.clone(),
+            save,
+            ready: ready.clone(),
+            state: None,
+            towers: TowerLog::default(),
+        };
+        Ok(Opened::loading(session, ready))
+    }
+
+    fn tick(&self, session: &mut Visit, world: &mut World) {
+        let loaded = session.ready.result().map(|result| match result {
+            Err(error) => Err(error.to_string()),
+            Ok(()) => session.summary().map_err(|error| error.message),
+        });
+        world.insert_resource(VisitSummary(Some(Summary { visit: session.visit, loaded })));
+    }
+
+    fn relocated(&self, session: &mut Visit, _from: &Location, to: &Location, _world: &mut World) {
+        session.location = to.clone();
+        session.towers.stop_building("LOCATION_CHANGED");
+    }
+
+    fn close(&self, session: Visit, world: &mut World) -> Completion {
+        world.insert_resource(VisitSummary(None));
+        let Some(state) = session.state else {
+            // No tool ran and no frame saw the save loaded: nothing changed, and the files stay as they are.
+            return Completion::done();
+        };
+        match world.get_resource::<WorldStore>() {
+            Some(store) => store.save(&session.world, SAVE_DOCUMENT, state.to_save()),
+            None => {
+                Completion::failed(format!("world `{}` was not saved: the sandbox has no world store", session.world))
+            }
+        }
+    }
+}

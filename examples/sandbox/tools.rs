@@ -1,0 +1,495 @@
+//! The sandbox's agent tools, as issue 9's table fixes them. `Location` tools capture the dimension they were
+//! called in and act there only; the host ends them with `LOCATION_CHANGED` if the player travels first.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bevy::prelude::*;
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::{check_version, DestructiveGuard, ImageContent, NoArgs};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::picture;
+use crate::session::{TowerReport, Visit};
+use crate::world::{BlockId, Dimension, Palette, Pos, AIR, XZ_BOUNDS, Y_BOUNDS};
+
+/// How long a frame lasts, so `build_tower` waits one frame between blocks. Inserted by `main` from `--tps`.
+#[derive(Resource, Clone, Copy)]
+pub struct FrameTime(pub Duration);
+
+/// Every tool of the sandbox.
+pub fn all(palette: Arc<Palette>) -> Vec<AgentTool<Visit>> {
+    vec![
+        world_info(),
+        look(),
+        observe(),
+        get_block(),
+        place_block(palette.clone()),
+        break_block(palette.clone()),
+        travel(),
+        crate::tower::build_tower(palette),
+        note(),
+        notes(),
+    ]
+}
+
+/// Runs one main-thread step that can itself fail.
+pub(crate) async fn step<R: Send + 'static>(
+    ctx: &CallContext<Visit>,
+    f: impl FnOnce(&mut World, &mut Visit) -> Result<R, ToolError> + Send + 'static,
+) -> Result<R, ToolError> {
+    ctx.on_client(f).await?
+}
+
+/// The dimension a `Location` call was admitted in.
+pub(crate) fn called_in(ctx: &CallContext<Visit>) -> Result<Dimension, ToolError> {
+    Dimension::parse(ctx.visit().location.dimension.as_str()).map_err(ToolError::internal)
+}
+
+pub(crate) fn invalid((field, why): (&'static str, String)) -> ToolError {
+    ToolError::invalid_input(field, why)
+}
+
+pub(crate) fn block_id(palette: &Palette, name: &str) -> Result<BlockId, ToolError> {
+    match palette.id(name).filter(|id| *id != AIR) {
+        Some(id) => Ok(id),
+        None => {
+            let names: Vec<&str> = palette.placeable().collect();
+            Err(ToolError::invalid_input(
+                "block",
+                format!("{name:?} is not a block of the palette; use one of: {}", names.join(", ")),
+            )
+            .with_detail("palette", names))
+        }
+    }
+}
+
+fn bounds_text() -> String {
+    format!("x and z in {}..={}, y in {}..={}", XZ_BOUNDS.start(), XZ_BOUNDS.end(), Y_BOUNDS.start(), Y_BOUNDS.end())
+}
+
+// ---- world_info -------------------------------------------------------------------------------------------------
+
+#[derive(Serialize, JsonSchema)]
+struct WorldInfo {
+    world: String,
+    visit: u64,
+    dimension: Dimension,
+    revision: u64,
+    /// Where the player stands.
+    player: Pos,
+    /// How many notes the world has.
+    notes: usize,
+    /// How many cells were changed, in all dimensions.
+    changed_cells: usize,
+    /// The latest `build_tower` of this visit, with how many blocks it placed and how it ended.
+    last_tower: Option<TowerReport>,
+}
+
+fn world_info() -> AgentTool<Visit> {
+    AgentTool::new(
+        "world_info",
+        "Where the player is: world, visit, dimension, location revision, and the player's x/y/z.",
+        |ctx: CallContext<Visit>, _: NoArgs| async move {
+            step(&ctx, |_, visit| {
+                let dimension = visit.dimension()?;
+                let (world, id, revision) = (visit.world.to_string(), visit.visit.0, visit.location.revision.0);
+                let last_tower = visit.towers.last();
+                let state = visit.state()?;
+                Ok(WorldInfo {
+                    world,
+                    visit: id,
+                    dimension,
+                    revision,
+                    player: state.player(dimension),
+                    notes: state.notes().len(),
+                    changed_cells: state.changed_cells(),
+                    last_tower,
+                })
+            })
+            .await
+        },
+    )
+    .read_only()
+}
+
+// ---- look and observe -------------------------------------------------------------------------------------------
+
+#[derive(Deserialize, JsonSchema)]
+struct LookArgs {
+    /// How far to look around the player, in blocks (1 to 16).
+    #[schemars(range(min = 1, max = 16))]
+    radius: i32,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct LookOutput {
+    dimension: Dimension,
+    player: Pos,
+    radius: i32,
+    /// One line per z (north first), one character per x (west first): the highest block of each column. `@`
+    /// is the player.
+    map: String,
+    /// What each character of the map means.
+    legend: BTreeMap<String, String>,
+}
+
+fn look() -> AgentTool<Visit> {
+    AgentTool::new(
+        "look",
+        "A text map of the columns around the player, seen from above: each character is the highest block of one \
+         column (see the legend); `@` is the player. Rows go north to south (z increasing), columns west to east.",
+        |ctx: CallContext<Visit>, args: LookArgs| async move {
+            if !(1..=16).contains(&args.radius) {
+                return Err(ToolError::invalid_input("radius", format!("must be in 1..=16, got {}", args.radius)));
+            }
+            let dimension = called_in(&ctx)?;
+            step(&ctx, move |_, visit| {
+                let state = visit.state()?;
+                let player = state.player(dimension);
+                let palette = state.palette().clone();
+                let mut legend = BTreeMap::from([("@".to_string(), "you".to_string())]);
+                let mut map = String::new();
+                for z in player.z - args.radius..=player.z + args.radius {
+                    for x in player.x - args.radius..=player.x + args.radius {
+                        let symbol = if (x, z) == (player.x, player.z) {
+                            '@'
+                        } else if !XZ_BOUNDS.contains(&x) || !XZ_BOUNDS.contains(&z) {
+                            legend.insert("!".into(), "outside the world".into());
+                            '!'
+                        } else {
+                            let block = state.top(dimension, x, z).map_or(AIR, |(_, block)| block);
+                            let kind = palette.kind(block);
+                            legend.entry(kind.symbol.to_string()).or_insert_with(|| kind.name.clone());
+                            kind.symbol
+                        };
+                        map.push(symbol);
+                    }
+                    map.push('\n');
+                }
+                Ok(LookOutput { dimension, player, radius: args.radius, map, legend })
+            })
+            .await
+        },
+    )
+    .scope(ToolScope::Location)
+    .read_only()
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct ObserveArgs {
+    /// How far to look around the player, in blocks (1 to 32).
+    #[schemars(range(min = 1, max = 32))]
+    radius: i32,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct ObserveOutput {
+    /// One line describing the picture.
+    summary: String,
+    /// The picture (a PNG); over MCP it is also sent as image content.
+    picture: ImageContent,
+    width: u32,
+    height: u32,
+}
+
+fn observe() -> AgentTool<Visit> {
+    AgentTool::new(
+        "observe",
+        "A top-down picture (PNG) of the columns around the player, each in its highest block's colour, lighter \
+         above the player and darker below; the player is red. Also a one-line summary.",
+        |ctx: CallContext<Visit>, args: ObserveArgs| async move {
+            if !(1..=32).contains(&args.radius) {
+                return Err(ToolError::invalid_input("radius", format!("must be in 1..=32, got {}", args.radius)));
+            }
+            let dimension = called_in(&ctx)?;
+            let drawn = step(&ctx, move |_, visit| {
+                let state = visit.state()?;
+                Ok(picture::top_down(state, dimension, state.player(dimension), args.radius))
+            })
+            .await?;
+            Ok(ObserveOutput {
+                summary: drawn.summary,
+                picture: ImageContent::png(picture::base64(&drawn.png)),
+                width: drawn.width,
+                height: drawn.height,
+            })
+        },
+    )
+    .scope(ToolScope::Location)
+    .read_only()
+}
+
+// ---- blocks -----------------------------------------------------------------------------------------------------
+
+#[derive(Deserialize, JsonSchema)]
+struct At {
+    /// West–east, -256 to 255.
+    #[schemars(range(min = -256, max = 255))]
+    x: i32,
+    /// Height, 0 to 127.
+    #[schemars(range(min = 0, max = 127))]
+    y: i32,
+    /// North–south, -256 to 255.
+    #[schemars(range(min = -256, max = 255))]
+    z: i32,
+}
+
+impl At {
+    fn pos(&self) -> Result<Pos, ToolError> {
+        Pos { x: self.x, y: self.y, z: self.z }.check().map_err(invalid)
+    }
+}
+
+#[derive(Serialize, JsonSchema)]
+struct BlockOutput {
+    block: String,
+    /// Increases each time the cell changes (0: never changed). Pass it as `expected_version` to act only if
+    /// nobody changed the cell since.
+    version: u64,
+}
+
+fn get_block() -> AgentTool<Visit> {
+    AgentTool::new(
+        "get_block",
+        format!("The block at x, y, z in the player's dimension, and its version ({}).", bounds_text()),
+        |ctx: CallContext<Visit>, args: At| async move {
+            let (dimension, pos) = (called_in(&ctx)?, args.pos()?);
+            step(&ctx, move |_, visit| {
+                let state = visit.state()?;
+                let cell = state.block(dimension, pos);
+                Ok(BlockOutput { block: state.palette().name(cell.block).into(), version: cell.version })
+            })
+            .await
+        },
+    )
+    .scope(ToolScope::Location)
+    .read_only()
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct PlaceArgs {
+    #[serde(flatten)]
+    at: At,
+    /// A block name from the palette, e.g. `stone`, `planks`, `glass`.
+    block: String,
+    /// The cell's version you last read: the block is placed only if the cell has not changed since.
+    #[serde(default)]
+    expected_version: Option<u64>,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct PlaceOutput {
+    block: String,
+    version: u64,
+    /// False when the block was already there (nothing changed).
+    changed: bool,
+}
+
+fn place_block(palette: Arc<Palette>) -> AgentTool<Visit> {
+    AgentTool::new(
+        "place_block",
+        format!(
+            "Places a block at x, y, z in the player's dimension ({}), into air or liquid; placing the block that is \
+             already there changes nothing. With `expected_version`, fails with VERSION_CONFLICT if the cell changed \
+             since you read it. Send an `operation_id` to make retries safe.",
+            bounds_text()
+        ),
+        move |ctx: CallContext<Visit>, args: PlaceArgs| {
+            let palette = palette.clone();
+            async move {
+                let (dimension, pos) = (called_in(&ctx)?, args.at.pos()?);
+                let block = block_id(&palette, &args.block)?;
+                step(&ctx, move |_, visit| {
+                    let state = visit.state()?;
+                    let cell = state.block(dimension, pos);
+                    check_version(&format!("block {pos}"), args.expected_version, cell.version)?;
+                    let name = state.palette().name(block).to_string();
+                    if cell.block == block {
+                        return Ok(PlaceOutput { block: name, version: cell.version, changed: false });
+                    }
+                    if state.palette().is_solid(cell.block) {
+                        let there = state.palette().name(cell.block).to_string();
+                        return Err(ToolError::new(
+                            "OCCUPIED",
+                            format!("there is already {there} at {pos}: break it first (break_block)"),
+                        )
+                        .with_detail("block", there)
+                        .with_detail("version", cell.version));
+                    }
+                    let version = state.set(dimension, pos, block);
+                    Ok(PlaceOutput { block: name, version, changed: true })
+                })
+                .await
+            }
+        },
+    )
+    .scope(ToolScope::Location)
+    .destructive(false)
+    .idempotent(true)
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct BreakArgs {
+    #[serde(flatten)]
+    at: At,
+    #[serde(flatten)]
+    guard: DestructiveGuard,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct BreakOutput {
+    /// What was there.
+    broken: String,
+    /// The cell's new version (it is air now).
+    version: u64,
+}
+
+fn break_block(palette: Arc<Palette>) -> AgentTool<Visit> {
+    let bedrock = palette.id("bedrock");
+    AgentTool::new(
+        "break_block",
+        format!(
+            "Breaks the block at x, y, z in the player's dimension ({}), leaving air. Needs `confirm: true`. With \
+             `expected_version`, fails with VERSION_CONFLICT if the cell changed since you read it. Bedrock cannot \
+             be broken.",
+            bounds_text()
+        ),
+        move |ctx: CallContext<Visit>, args: BreakArgs| async move {
+            args.guard.confirmed()?;
+            let (dimension, pos) = (called_in(&ctx)?, args.at.pos()?);
+            step(&ctx, move |_, visit| {
+                let state = visit.state()?;
+                let cell = state.block(dimension, pos);
+                args.guard.check_version(&format!("block {pos}"), cell.version)?;
+                let broken = state.palette().name(cell.block).to_string();
+                if cell.block == AIR {
+                    return Err(ToolError::new("NO_BLOCK", format!("there is only air at {pos}: nothing to break"))
+                        .with_detail("version", cell.version));
+                }
+                if Some(cell.block) == bedrock {
+                    return Err(ToolError::new("UNBREAKABLE", format!("the bedrock at {pos} cannot be broken")));
+                }
+                let version = state.set(dimension, pos, AIR);
+                Ok(BreakOutput { broken, version })
+            })
+            .await
+        },
+    )
+    .scope(ToolScope::Location)
+    .destructive(true)
+    .idempotent(false)
+    .requires_confirmation()
+}
+
+// ---- travel -----------------------------------------------------------------------------------------------------
+
+#[derive(Deserialize, JsonSchema)]
+struct TravelArgs {
+    /// Where to go: `overworld` or `nether`.
+    dimension: Dimension,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct TravelOutput {
+    dimension: Dimension,
+    /// The location revision after the travel.
+    revision: u64,
+    /// False when the player was already there.
+    traveled: bool,
+}
+
+fn travel() -> AgentTool<Visit> {
+    AgentTool::new(
+        "travel",
+        "Takes the player to another dimension. Calls of location tools still running (e.g. build_tower) end with \
+         LOCATION_CHANGED. Returns the new location revision.",
+        |ctx: CallContext<Visit>, args: TravelArgs| async move {
+            let to = args.dimension;
+            let before = step(&ctx, move |world, visit| {
+                let revision = visit.location.revision.0;
+                if visit.dimension()? == to {
+                    return Ok(Err(revision));
+                }
+                world.write_message(TravelTo::new(to.as_str()));
+                Ok(Ok(revision))
+            })
+            .await?;
+            let before = match before {
+                Err(revision) => return Ok(TravelOutput { dimension: to, revision, traveled: false }),
+                Ok(revision) => revision,
+            };
+            // The host applies the travel in the next frame's transitions: look again, one main-thread step at a
+            // time, until it shows (within a frame or two; the call's timeout bounds it).
+            loop {
+                let (dimension, revision) =
+                    step(&ctx, |_, visit| Ok((visit.dimension()?, visit.location.revision.0))).await?;
+                if revision > before {
+                    return Ok(TravelOutput { dimension, revision, traveled: true });
+                }
+            }
+        },
+    )
+    .destructive(false)
+    .idempotent(false)
+}
+
+// ---- notes ------------------------------------------------------------------------------------------------------
+
+/// The longest note, in characters.
+const NOTE_MAX: usize = 500;
+
+#[derive(Deserialize, JsonSchema)]
+struct NoteArgs {
+    /// What to remember about this world (1 to 500 characters).
+    #[schemars(length(min = 1, max = 500))]
+    text: String,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct NoteCount {
+    /// How many notes the world has now.
+    notes: usize,
+}
+
+fn note() -> AgentTool<Visit> {
+    AgentTool::new(
+        "note",
+        "Writes a note into this world (kept with its save; up to 500 characters). Returns how many notes it has.",
+        |ctx: CallContext<Visit>, args: NoteArgs| async move {
+            let length = args.text.chars().count();
+            if args.text.trim().is_empty() || length > NOTE_MAX {
+                let why = format!("must have 1 to {NOTE_MAX} characters (not only spaces), got {length}");
+                return Err(ToolError::invalid_input("text", why));
+            }
+            step(&ctx, move |_, visit| {
+                let notes = visit.state()?.add_note(args.text).ok_or_else(|| {
+                    ToolError::new("NOTES_FULL", format!("the world keeps at most {} notes", crate::world::MAX_NOTES))
+                })?;
+                Ok(NoteCount { notes })
+            })
+            .await
+        },
+    )
+    .destructive(false)
+    .idempotent(false)
+}
+
+#[derive(Serialize, JsonSchema)]
+struct NotesOutput {
+    /// The world's notes, oldest first.
+    notes: Vec<String>,
+}
+
+fn notes() -> AgentTool<Visit> {
+    AgentTool::new(
+        "notes",
+        "The notes written in this world, oldest first.",
+        |ctx: CallContext<Visit>, _: NoArgs| async move {
+            step(&ctx, |_, visit| Ok(NotesOutput { notes: visit.state()?.notes().to_vec() })).await
+        },
+    )
+    .read_only()
+}

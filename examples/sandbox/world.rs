@@ -1,0 +1,380 @@
+//! The sandbox's world: the block palette, the two dimensions, the bounds, and a world's state (placed blocks with
+//! their versions, notes, where the player stands in each dimension). Terrain comes from [`crate::terrain`]; only
+//! changed cells are stored, so a world costs memory for what agents did to it, not for its volume.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::ops::RangeInclusive;
+use std::sync::Arc;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::terrain::{Column, Terrain};
+
+/// x and z of every cell.
+pub const XZ_BOUNDS: RangeInclusive<i32> = -256..=255;
+/// y of every cell.
+pub const Y_BOUNDS: RangeInclusive<i32> = 0..=127;
+/// How many notes a world keeps.
+pub const MAX_NOTES: usize = 1000;
+
+/// An index into the [`Palette`].
+pub type BlockId = u8;
+/// `air` is always the palette's first block.
+pub const AIR: BlockId = 0;
+
+/// One kind of block, as `assets/palette.json` describes it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct BlockKind {
+    pub name: String,
+    pub rgb: [u8; 3],
+    pub symbol: char,
+    pub solid: bool,
+}
+
+#[derive(Deserialize)]
+struct PaletteFile {
+    blocks: Vec<BlockKind>,
+}
+
+/// The blocks of the game, in the order of `assets/palette.json`.
+#[derive(Debug)]
+pub struct Palette {
+    blocks: Vec<BlockKind>,
+    by_name: HashMap<String, BlockId>,
+}
+
+impl Palette {
+    /// Reads the palette, checking what the game relies on: `air` first, unique names, at most 256 blocks, and
+    /// every block the terrain generator uses.
+    pub fn parse(json: &str) -> Result<Self, String> {
+        let file: PaletteFile = serde_json::from_str(json).map_err(|e| format!("the palette is not valid: {e}"))?;
+        if file.blocks.first().map(|b| b.name.as_str()) != Some("air") {
+            return Err("the palette's first block must be `air`".into());
+        }
+        if file.blocks.len() > usize::from(BlockId::MAX) + 1 {
+            return Err(format!("the palette has {} blocks; at most 256 fit", file.blocks.len()));
+        }
+        let mut by_name = HashMap::new();
+        for (id, block) in file.blocks.iter().enumerate() {
+            let id = BlockId::try_from(id).map_err(|_| "too many blocks".to_string())?;
+            if by_name.insert(block.name.clone(), id).is_some() {
+                return Err(format!("the palette names `{}` twice", block.name));
+            }
+        }
+        let palette = Self { blocks: file.blocks, by_name };
+        for name in crate::terrain::BLOCKS_USED {
+            if palette.id(name).is_none() {
+                return Err(format!("the palette lacks `{name}`, which the terrain generator uses"));
+            }
+        }
+        Ok(palette)
+    }
+
+    pub fn id(&self, name: &str) -> Option<BlockId> {
+        self.by_name.get(name).copied()
+    }
+
+    /// The id of a block the palette was checked to contain (`AIR` otherwise).
+    pub fn known(&self, name: &str) -> BlockId {
+        self.id(name).unwrap_or(AIR)
+    }
+
+    pub fn kind(&self, id: BlockId) -> &BlockKind {
+        self.blocks.get(usize::from(id)).unwrap_or(&self.blocks[0])
+    }
+
+    pub fn name(&self, id: BlockId) -> &str {
+        &self.kind(id).name
+    }
+
+    pub fn is_solid(&self, id: BlockId) -> bool {
+        self.kind(id).solid
+    }
+
+    /// Every block but air: what `place_block` and `build_tower` accept.
+    pub fn placeable(&self) -> impl Iterator<Item = &str> {
+        self.blocks.iter().skip(1).map(|b| b.name.as_str())
+    }
+}
+
+/// The two dimensions. Each has its own terrain and its own placed blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Dimension {
+    Overworld,
+    Nether,
+}
+
+impl Dimension {
+    pub const ALL: [Dimension; 2] = [Dimension::Overworld, Dimension::Nether];
+
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "overworld" => Ok(Self::Overworld),
+            "nether" => Ok(Self::Nether),
+            other => Err(format!("unknown dimension {other:?}: use `overworld` or `nether`")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Overworld => "overworld",
+            Self::Nether => "nether",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Dimension {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A cell's coordinates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub struct Pos {
+    pub x: i32,
+    pub y: i32,
+    pub z: i32,
+}
+
+impl Pos {
+    /// The first coordinate out of bounds, as (field, why).
+    pub fn check(self) -> Result<Self, (&'static str, String)> {
+        check_xz("x", self.x)?;
+        check_y("y", self.y)?;
+        check_xz("z", self.z)?;
+        Ok(self)
+    }
+}
+
+impl fmt::Display for Pos {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "({}, {}, {})", self.x, self.y, self.z)
+    }
+}
+
+pub fn check_xz(field: &'static str, value: i32) -> Result<i32, (&'static str, String)> {
+    bounded(field, value, &XZ_BOUNDS)
+}
+
+pub fn check_y(field: &'static str, value: i32) -> Result<i32, (&'static str, String)> {
+    bounded(field, value, &Y_BOUNDS)
+}
+
+fn bounded(field: &'static str, value: i32, range: &RangeInclusive<i32>) -> Result<i32, (&'static str, String)> {
+    if range.contains(&value) {
+        return Ok(value);
+    }
+    Err((field, format!("must be in {}..={}, got {value}", range.start(), range.end())))
+}
+
+/// A changed cell: its block and how many times it changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cell {
+    pub block: BlockId,
+    pub version: u64,
+}
+
+/// One dimension's changed cells (by column, then y) and where the player stands in it.
+#[derive(Default)]
+struct Layer {
+    edits: HashMap<(i32, i32), BTreeMap<i32, Cell>>,
+    player: Option<Pos>,
+}
+
+/// A world's state while it is visited.
+pub struct WorldState {
+    palette: Arc<Palette>,
+    terrain: [Terrain; 2],
+    layers: [Layer; 2],
+    notes: Vec<String>,
+}
+
+impl WorldState {
+    /// A world as generated from its name, nothing changed yet.
+    pub fn generate(name: &str, palette: Arc<Palette>) -> Self {
+        let terrain = Dimension::ALL.map(|d| Terrain::new(name, d, &palette));
+        Self { palette, terrain, layers: Default::default(), notes: Vec::new() }
+    }
+
+    pub fn palette(&self) -> &Arc<Palette> {
+        &self.palette
+    }
+
+    /// The block at `pos` and its version (0 for a cell nobody changed).
+    pub fn block(&self, dimension: Dimension, pos: Pos) -> Cell {
+        let layer = &self.layers[dimension.index()];
+        if let Some(cell) = layer.edits.get(&(pos.x, pos.z)).and_then(|column| column.get(&pos.y)) {
+            return *cell;
+        }
+        let column = self.terrain[dimension.index()].column(pos.x, pos.z);
+        Cell { block: column.block(pos.y), version: 0 }
+    }
+
+    /// Sets the block at `pos` (in bounds), and returns its new version. The player, if standing in that column,
+    /// is pushed up out of a solid block or falls onto the next solid one.
+    pub fn set(&mut self, dimension: Dimension, pos: Pos, block: BlockId) -> u64 {
+        let version = self.block(dimension, pos).version + 1;
+        let layer = &mut self.layers[dimension.index()];
+        layer.edits.entry((pos.x, pos.z)).or_default().insert(pos.y, Cell { block, version });
+        if layer.player.is_some_and(|p| p.x == pos.x && p.z == pos.z) {
+            let player = self.player(dimension);
+            let settled = self.settle(dimension, player);
+            self.layers[dimension.index()].player = Some(settled);
+        }
+        version
+    }
+
+    /// Where the player stands in `dimension`: on the ground at (0, 0) until they have been there.
+    pub fn player(&self, dimension: Dimension) -> Pos {
+        self.layers[dimension.index()].player.unwrap_or_else(|| self.spawn(dimension))
+    }
+
+    /// Records that the player is in `dimension` (placing them at its spawn on their first visit).
+    pub fn arrive(&mut self, dimension: Dimension) -> Pos {
+        let player = self.player(dimension);
+        self.layers[dimension.index()].player = Some(player);
+        player
+    }
+
+    fn spawn(&self, dimension: Dimension) -> Pos {
+        let y = self.surface(dimension, 0, 0).map_or(1, |top| top + 1);
+        self.settle(dimension, Pos { x: 0, y: y.min(*Y_BOUNDS.end()), z: 0 })
+    }
+
+    /// Moves `pos` up out of solid blocks, then down onto the first solid block below.
+    fn settle(&self, dimension: Dimension, mut pos: Pos) -> Pos {
+        let solid = |y| self.palette.is_solid(self.block(dimension, Pos { y, ..pos }).block);
+        while pos.y < *Y_BOUNDS.end() && solid(pos.y) {
+            pos.y += 1;
+        }
+        while pos.y > *Y_BOUNDS.start() && !solid(pos.y - 1) {
+            pos.y -= 1;
+        }
+        pos
+    }
+
+    /// The highest non-air cell of a column at or below the dimension's view ceiling (the nether has a roof: its
+    /// view starts below it).
+    pub fn surface(&self, dimension: Dimension, x: i32, z: i32) -> Option<i32> {
+        let column = self.terrain[dimension.index()].column(x, z);
+        self.surface_in(dimension, &column, x, z).map(|(y, _)| y)
+    }
+
+    /// The highest non-air cell (y and block) at or below the view ceiling, for maps and pictures.
+    pub fn top(&self, dimension: Dimension, x: i32, z: i32) -> Option<(i32, BlockId)> {
+        let column = self.terrain[dimension.index()].column(x, z);
+        self.surface_in(dimension, &column, x, z)
+    }
+
+    fn surface_in(&self, dimension: Dimension, column: &Column, x: i32, z: i32) -> Option<(i32, BlockId)> {
+        let ceiling = column.view_ceiling();
+        let edits = self.layers[dimension.index()].edits.get(&(x, z));
+        let start = edits
+            .and_then(|cells| cells.range(..=ceiling).rev().find(|(_, c)| c.block != AIR).map(|(y, _)| *y))
+            .map_or(column.top(), |edited| edited.max(column.top()))
+            .min(ceiling);
+        (0..=start).rev().find_map(|y| {
+            let block = edits.and_then(|cells| cells.get(&y)).map_or_else(|| column.block(y), |cell| cell.block);
+            (block != AIR).then_some((y, block))
+        })
+    }
+
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// Adds a note; `None` when the world already keeps [`MAX_NOTES`].
+    pub fn add_note(&mut self, text: String) -> Option<usize> {
+        if self.notes.len() >= MAX_NOTES {
+            return None;
+        }
+        self.notes.push(text);
+        Some(self.notes.len())
+    }
+
+    /// How many cells were changed, in all dimensions.
+    pub fn changed_cells(&self) -> usize {
+        self.layers.iter().flat_map(|layer| layer.edits.values()).map(BTreeMap::len).sum()
+    }
+
+    /// What is saved: changed cells (by block name, so a reordered palette still loads), notes, positions.
+    pub fn to_save(&self) -> SaveDoc {
+        let mut doc = SaveDoc { format: SAVE_FORMAT, notes: self.notes.clone(), ..SaveDoc::default() };
+        for dimension in Dimension::ALL {
+            let layer = &self.layers[dimension.index()];
+            if let Some(player) = layer.player {
+                doc.players.insert(dimension, player);
+            }
+            for (&(x, z), cells) in &layer.edits {
+                for (&y, cell) in cells {
+                    let block = self.palette.name(cell.block).to_string();
+                    doc.blocks.push(SavedCell { dimension, x, y, z, block, version: cell.version });
+                }
+            }
+        }
+        doc.blocks.sort_by_key(|c| (c.dimension, c.x, c.z, c.y));
+        doc
+    }
+
+    /// A world from its save. What cannot be restored (a block no longer in the palette, a cell out of bounds)
+    /// is left out and described in the returned warnings.
+    pub fn from_save(name: &str, palette: Arc<Palette>, doc: SaveDoc) -> (Self, Vec<String>) {
+        let mut state = Self::generate(name, palette);
+        let mut warnings = Vec::new();
+        for cell in doc.blocks {
+            let pos = Pos { x: cell.x, y: cell.y, z: cell.z };
+            let Some(block) = state.palette.id(&cell.block) else {
+                warnings.push(format!("block {pos} in the {}: `{}` is not in the palette", cell.dimension, cell.block));
+                continue;
+            };
+            if let Err((field, why)) = pos.check() {
+                warnings.push(format!("block {pos} in the {}: {field} {why}", cell.dimension));
+                continue;
+            }
+            let cells = state.layers[cell.dimension.index()].edits.entry((pos.x, pos.z)).or_default();
+            cells.insert(pos.y, Cell { block, version: cell.version });
+        }
+        for (dimension, player) in doc.players {
+            if player.check().is_ok() {
+                state.layers[dimension.index()].player = Some(player);
+            }
+        }
+        state.notes = doc.notes;
+        state.notes.truncate(MAX_NOTES);
+        (state, warnings)
+    }
+}
+
+/// The save format's version, written into every save.
+pub const SAVE_FORMAT: u32 = 1;
+
+/// A world's save: one document, so that blocks, notes and positions are always saved together.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SaveDoc {
+    pub format: u32,
+    #[serde(default)]
+    pub players: BTreeMap<Dimension, Pos>,
+    #[serde(default)]
+    pub notes: Vec<String>,
+    #[serde(default)]
+    pub blocks: Vec<SavedCell>,
+}
+
+/// One changed cell in a save.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SavedCell {
+    pub dimension: Dimension,
+    pub x: i32,
+    pub y: i32,
+    pub z: i32,
+    pub block: String,
+    pub version: u64,
+}

@@ -1,0 +1,33 @@
+//! [`WriteFaults`]: a test hook that delays or fails a write. Off by default; production code never sleeps.
+
+use std::io;
+
+use crate::ids::WorldId;
+
+/// Called on the store's I/O thread after a document's new content is written and synced to its temporary file,
+/// just before it replaces the primary. Returning an error fails the save (the temporary file is discarded and
+/// the previous save stays as it was); blocking here delays it.
+///
+/// Install with [`WorldStore::set_write_faults`](super::WorldStore::set_write_faults). Closures implement it:
+///
+/// ```
+/// # use bevy_agent_tools::WorldId;
+/// # use bevy_agent_tools::persist::WriteFaults;
+/// let fail_alpha = |world: &WorldId, _document: &str| -> std::io::Result<()> {
+///     if world.as_str() == "alpha" { Err(std::io::Error::other("injected")) } else { Ok(()) }
+/// };
+/// let _: &dyn WriteFaults = &fail_alpha;
+/// ```
+pub trait WriteFaults: Send + Sync + 'static {
+    /// Decides what happens to this write.
+    fn before_commit(&self, world: &WorldId, document: &str) -> io::Result<()>;
+}
+
+impl<F> WriteFaults for F
+where
+    F: Fn(&WorldId, &str) -> io::Result<()> + Send + Sync + 'static,
+{
+    fn before_commit(&self, world: &WorldId, document: &str) -> io::Result<()> {
+        self(world, document)
+    }
+}

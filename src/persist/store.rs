@@ -1,0 +1,305 @@
+//! [`WorldStore`]: a directory per world, typed documents, one ordered queue per world.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bevy::prelude::Resource;
+use parking_lot::{Mutex, RwLock};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
+
+use super::envelope;
+use super::error::{NameKind, StoreError};
+use super::faults::WriteFaults;
+use super::files::{Found, WorldFiles};
+use super::loaded::Loaded;
+use super::name;
+use crate::completion::Completion;
+use crate::ids::WorldId;
+
+/// A cheap-to-clone handle over a data directory holding one subdirectory per world.
+///
+/// - **Typed documents**: any `serde` type, stored as JSON in a checksummed envelope.
+/// - **Off the main thread**: [`save`](Self::save) takes an owned snapshot and returns at once; serialization and
+///   I/O run on the tokio runtime given to [`new`](Self::new) (the plugin's [`AgentRuntime`](crate::AgentRuntime)).
+///   The returned [`Completion`] resolves when the data is durable, and never waits for a frame (rule H6).
+/// - **Atomic and durable**: temporary file, fsync, rename, fsync of the directory. The current save becomes
+///   `<doc>.json.prev` before it is replaced; a damaged primary falls back to it, with a warning.
+/// - **Ordered per world** (rule H7): operations on one world run one at a time, in the order they were
+///   *called* (not polled), across visits, so a load issued by the next visit's `open` sees the save issued by
+///   the previous visit's `close`. Different worlds never wait for each other.
+/// - **Locked per world**: the first operation on a world takes `<world>/world.lock`; another game process gets
+///   [`StoreError::Locked`]. Within this process, visits share the lock through clones of one store, so create
+///   one store per data directory and clone it. Locks are released when the last clone is dropped, or by the
+///   OS if the process dies.
+///
+/// ```no_run
+/// # use bevy_agent_tools::{WorldId, persist::WorldStore};
+/// # let runtime = tokio::runtime::Runtime::new().unwrap();
+/// let store = WorldStore::new("saves", runtime.handle().clone());
+/// let world = WorldId::new("alpha");
+/// store.save(&world, "player", vec![1, 2, 3]).wait().unwrap();
+/// let player: Option<Vec<u8>> = runtime.block_on(store.load(&world, "player")).unwrap();
+/// assert_eq!(player, Some(vec![1, 2, 3]));
+/// ```
+#[derive(Resource, Clone)]
+pub struct WorldStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    root: PathBuf,
+    runtime: Handle,
+    faults: RwLock<Option<Arc<dyn WriteFaults>>>,
+    worlds: Mutex<HashMap<WorldId, Arc<WorldQueue>>>,
+}
+
+/// One world's queue: the completion of the last operation called, and the files, used by one operation at a time.
+struct WorldQueue {
+    world: WorldId,
+    tail: Mutex<Option<Completion>>,
+    files: Mutex<WorldFiles>,
+}
+
+impl WorldStore {
+    /// A store over `root` (created when first written), running its work on `runtime`. Does no I/O.
+    pub fn new(root: impl Into<PathBuf>, runtime: Handle) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                root: root.into(),
+                runtime,
+                faults: RwLock::new(None),
+                worlds: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The data directory.
+    pub fn root(&self) -> &Path {
+        &self.shared.root
+    }
+
+    /// Installs a fault-injection hook for tests (all clones see it). Off by default.
+    pub fn set_write_faults(&self, faults: impl WriteFaults) {
+        *self.shared.faults.write() = Some(Arc::new(faults));
+    }
+
+    /// Removes the fault-injection hook.
+    pub fn clear_write_faults(&self) {
+        *self.shared.faults.write() = None;
+    }
+
+    /// The directory of `world`, after checking its name.
+    pub fn world_dir(&self, world: &WorldId) -> Result<PathBuf, StoreError> {
+        name::check(NameKind::World, world.as_str())?;
+        Ok(self.shared.root.join(world.as_str()))
+    }
+
+    /// The primary file of `document` in `world`.
+    pub fn document_path(&self, world: &WorldId, document: &str) -> Result<PathBuf, StoreError> {
+        name::check(NameKind::Document, document)?;
+        Ok(self.world_dir(world)?.join(format!("{document}.json")))
+    }
+
+    /// Saves `snapshot` as `document` of `world`. Returns at once: call it from `close` on the main thread with
+    /// an owned snapshot. The completion resolves when the new content is durable, or fails with the
+    /// [`StoreError`]'s message; until then, and if it fails, the previous save stays loadable.
+    pub fn save<T: Serialize + Send + 'static>(&self, world: &WorldId, document: &str, snapshot: T) -> Completion {
+        let queue = match self.queue(world, document) {
+            Ok(queue) => queue,
+            Err(error) => return Completion::failed(error),
+        };
+        let (completer, completion) = Completion::pending();
+        // The queued task resolves the completion itself: one spawn is all the caller's thread does.
+        self.write(queue, document, snapshot, move |result| completer.complete(result.map_err(Into::into)));
+        completion
+    }
+
+    /// Like [`save`](Self::save), with the typed error. The write is queued when this is called; awaiting the
+    /// future only observes it (dropping it does not cancel the write).
+    pub fn save_async<T: Serialize + Send + 'static>(
+        &self,
+        world: &WorldId,
+        document: &str,
+        snapshot: T,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        let queued = self.queue(world, document).map(|queue| self.write(queue, document, snapshot, |result| result));
+        async move { joined(queued?).await }
+    }
+
+    fn write<T: Serialize + Send + 'static, O: Send + 'static>(
+        &self,
+        queue: Arc<WorldQueue>,
+        document: &str,
+        snapshot: T,
+        finish: impl FnOnce(Result<(), StoreError>) -> O + Send + 'static,
+    ) -> Queued<O> {
+        let (world, doc) = (queue.world.clone(), document.to_string());
+        let encode = move || {
+            let payload = serde_json::to_vec(&snapshot).map_err(|e| StoreError::Encode {
+                world,
+                document: doc,
+                message: e.to_string(),
+            })?;
+            Ok((envelope::header(&payload), payload))
+        };
+        let (doc, shared) = (document.to_string(), self.shared.clone());
+        let work = move |files: &mut WorldFiles, (header, payload): (Vec<u8>, Vec<u8>)| {
+            let faults = shared.faults.read().clone();
+            files.write(&doc, &header, &payload, faults.as_deref())
+        };
+        self.enqueue(queue, encode, work, finish)
+    }
+
+    /// Loads `document` of `world`: `None` if it was never saved. Waits for every operation on `world` called
+    /// before it (an in-flight save of the previous visit included); queued when called, not when polled.
+    pub fn load<T: DeserializeOwned + Send + 'static>(
+        &self,
+        world: &WorldId,
+        document: &str,
+    ) -> impl Future<Output = Result<Option<T>, StoreError>> + Send + 'static {
+        let queued = self.queue(world, document).map(|queue| self.read(queue, document, |result| result));
+        async move { joined(queued?).await }
+    }
+
+    fn read<T: DeserializeOwned + Send + 'static, O: Send + 'static>(
+        &self,
+        queue: Arc<WorldQueue>,
+        document: &str,
+        finish: impl FnOnce(Result<Option<T>, StoreError>) -> O + Send + 'static,
+    ) -> Queued<O> {
+        let (world, doc) = (queue.world.clone(), document.to_string());
+        let work = move |files: &mut WorldFiles, ()| {
+            let (path, payload) = match files.read(&doc)? {
+                None => return Ok(None),
+                Some(Found::Primary(path, payload) | Found::Previous(path, payload)) => (path, payload),
+            };
+            serde_json::from_slice(&payload).map(Some).map_err(|e| StoreError::Decode {
+                world,
+                document: doc,
+                path,
+                message: e.to_string(),
+            })
+        };
+        self.enqueue(queue, || Ok(()), work, finish)
+    }
+
+    /// Starts loading `document` for a session returned by `open`, without blocking: returns the session's
+    /// [`Loaded`] slot and the readiness [`Completion`] to hand to [`Opened::loading`](crate::Opened::loading).
+    /// The slot is filled (with `if_absent()` if the document was never saved) before the completion resolves,
+    /// so a tool step, which runs only once the session is ready, always sees the data.
+    pub fn load_in_background<T: DeserializeOwned + Send + Sync + 'static>(
+        &self,
+        world: &WorldId,
+        document: &str,
+        if_absent: impl FnOnce() -> T + Send + 'static,
+    ) -> (Loaded<T>, Completion) {
+        let (loaded, filler) = Loaded::pending();
+        let queue = match self.queue(world, document) {
+            Ok(queue) => queue,
+            Err(error) => return (loaded, Completion::failed(error)),
+        };
+        let (completer, ready) = Completion::pending();
+        self.read(queue, document, move |result: Result<Option<T>, StoreError>| match result {
+            Ok(value) => {
+                filler.fill(value.unwrap_or_else(if_absent));
+                completer.succeed();
+            }
+            Err(error) => completer.fail(error),
+        });
+        (loaded, ready)
+    }
+
+    /// Resolves when every operation called so far, on every world, has finished (successfully or not: each
+    /// operation reports its own outcome). Useful in [`WorldLifecycle::shutdown`](crate::WorldLifecycle::shutdown).
+    pub fn flush(&self) -> Completion {
+        let worlds: Vec<_> = self.shared.worlds.lock().values().cloned().collect();
+        let turns: Vec<_> = worlds.iter().filter_map(|queue| queue.tail.lock().clone()).collect();
+        Completion::spawn(&self.shared.runtime, async move {
+            for turn in turns {
+                let _ = turn.finished().await;
+            }
+            Ok(())
+        })
+    }
+
+    /// The queue of `world`, after checking both names.
+    fn queue(&self, world: &WorldId, document: &str) -> Result<Arc<WorldQueue>, StoreError> {
+        let dir = self.world_dir(world)?;
+        name::check(NameKind::Document, document)?;
+        let mut worlds = self.shared.worlds.lock();
+        let queue = worlds.entry(world.clone()).or_insert_with(|| {
+            Arc::new(WorldQueue {
+                world: world.clone(),
+                tail: Mutex::new(None),
+                files: Mutex::new(WorldFiles::new(world.clone(), dir)),
+            })
+        });
+        Ok(queue.clone())
+    }
+
+    /// Takes the world's next place in line now, then on the runtime: runs `prepare` (not ordered: serialization
+    /// overlaps the previous operation's I/O), waits for the previous operation, runs `work` with the files, and
+    /// hands the result to `finish`.
+    fn enqueue<P, R, O>(
+        &self,
+        queue: Arc<WorldQueue>,
+        prepare: impl FnOnce() -> Result<P, StoreError> + Send + 'static,
+        work: impl FnOnce(&mut WorldFiles, P) -> Result<R, StoreError> + Send + 'static,
+        finish: impl FnOnce(Result<R, StoreError>) -> O + Send + 'static,
+    ) -> Queued<O>
+    where
+        P: Send + 'static,
+        R: Send + 'static,
+        O: Send + 'static,
+    {
+        let (turn_done, turn) = Completion::pending();
+        let previous = queue.tail.lock().replace(turn);
+        let runtime = self.shared.runtime.clone();
+        let world = queue.world.clone();
+        let task = self.shared.runtime.spawn(async move {
+            let id = queue.world.clone();
+            let prepared = blocking(&runtime, &id, prepare).await;
+            if let Some(previous) = previous {
+                // Its outcome belongs to its caller; we only wait for our turn.
+                let _ = previous.finished().await;
+            }
+            let result = match prepared {
+                Ok(prepared) => blocking(&runtime, &id, move || work(&mut queue.files.lock(), prepared)).await,
+                Err(error) => Err(error),
+            };
+            turn_done.succeed();
+            finish(result)
+        });
+        (world, task)
+    }
+}
+
+async fn blocking<R: Send + 'static>(
+    runtime: &Handle,
+    world: &WorldId,
+    work: impl FnOnce() -> Result<R, StoreError> + Send + 'static,
+) -> Result<R, StoreError> {
+    runtime.spawn_blocking(work).await.unwrap_or_else(|error| {
+        Err(StoreError::Interrupted { world: world.clone(), message: format!("the I/O work failed: {error}") })
+    })
+}
+
+/// The outcome of a queued operation, or `Interrupted` if its task never finished.
+async fn joined<R>((world, task): Queued<Result<R, StoreError>>) -> Result<R, StoreError> {
+    task.await.unwrap_or_else(|error| {
+        Err(StoreError::Interrupted { world, message: format!("the store's task did not finish: {error}") })
+    })
+}
+
+type Queued<O> = (WorldId, JoinHandle<O>);
+
+impl From<StoreError> for crate::completion::CompletionError {
+    fn from(error: StoreError) -> Self {
+        Self::new(error)
+    }
+}

@@ -1,0 +1,317 @@
+//! The sandbox example as a program: its console on standard input, its lines on standard output, its saves on
+//! disk across a restart. The test builds the example with cargo (a no-op when `cargo test` already did) and runs
+//! it as a child process.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(30);
+const TOKEN: &str = "test-token-0123456789";
+
+/// The example binary next to this test's own: `<target>/<profile>/examples/sandbox`, built once per run.
+fn sandbox_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test's own path");
+        let profile_dir = exe.parent().and_then(Path::parent).expect("<target>/<profile>/deps/<test>");
+        let target_dir = profile_dir.parent().expect("<target>/<profile>");
+        let mut build = Command::new(env!("CARGO"));
+        build.args(["build", "--example", "sandbox"]).env("CARGO_TARGET_DIR", target_dir);
+        if profile_dir.file_name().is_some_and(|name| name == "release") {
+            build.arg("--release");
+        }
+        let status = build.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("cargo runs");
+        assert!(status.success(), "cargo build --example sandbox failed");
+        profile_dir.join("examples").join(format!("sandbox{}", std::env::consts::EXE_SUFFIX))
+    })
+}
+
+/// A running sandbox and the lines it printed.
+struct Sandbox {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+    /// The MCP endpoint it printed.
+    url: String,
+}
+
+impl Sandbox {
+    fn start(data_dir: &Path) -> Self {
+        let mut child = Command::new(sandbox_binary())
+            .args(["--data-dir".as_ref(), data_dir.as_os_str()])
+            .args(["--tps", "120", "--port", "0", "--token", TOKEN])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the sandbox starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        let mut sandbox = Self { child, stdin, lines, seen: Vec::new(), url: String::new() };
+        let mcp = sandbox.next_line();
+        assert!(mcp.starts_with("mcp: http://127.0.0.1:") && mcp.ends_with("/mcp"), "{mcp}");
+        sandbox.url = mcp.trim_start_matches("mcp: ").to_string();
+        assert_eq!(sandbox.next_line(), format!("token: {TOKEN}"));
+        sandbox
+    }
+
+    fn next_line(&mut self) -> String {
+        match self.lines.recv_timeout(WAIT) {
+            Ok(line) => {
+                self.seen.push(line.clone());
+                line
+            }
+            Err(RecvTimeoutError::Timeout) => panic!("no line within {WAIT:?}; so far: {:#?}", self.seen),
+            Err(RecvTimeoutError::Disconnected) => panic!("the sandbox closed its output; so far: {:#?}", self.seen),
+        }
+    }
+
+    /// Sends a command and returns its answer (the next line).
+    fn command(&mut self, command: &str) -> String {
+        let stdin = self.stdin.as_mut().expect("stdin is open");
+        writeln!(stdin, "{command}").and_then(|()| stdin.flush()).expect("the sandbox reads its input");
+        self.next_line()
+    }
+
+    fn expect(&mut self, line: &str) {
+        assert_eq!(self.next_line(), line);
+    }
+
+    /// `status` until the save has loaded (the world loads in the background).
+    fn loaded_status(&mut self) -> String {
+        let started = Instant::now();
+        loop {
+            let status = self.command("status");
+            assert!(status.starts_with("ok world="), "{status}");
+            if !status.contains("player=loading") {
+                return status;
+            }
+            assert!(started.elapsed() < WAIT, "the world did not load: {status}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn wait_exit(mut self) -> ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting works") {
+                return status;
+            }
+            if started.elapsed() > WAIT {
+                let _ = self.child.kill();
+                panic!("the sandbox did not exit; it printed {:#?}", self.seen);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The Python venv with the official MCP client (created once by tests/e2e/setup-venv.sh).
+fn python() -> PathBuf {
+    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-venv");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/setup-venv.sh");
+    let output = Command::new("bash").arg(script).arg(&venv).output().expect("run tests/e2e/setup-venv.sh");
+    assert!(output.status.success(), "Python MCP client setup failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+}
+
+/// One run of tests/e2e/sandbox_agent.py, read line by line.
+struct Agent {
+    child: Child,
+    lines: Receiver<String>,
+}
+
+impl Agent {
+    fn start(url: &str, step: &str) -> Self {
+        let mut child = Command::new(python())
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/sandbox_agent.py"))
+            .args([url, TOKEN, step])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the Python agent starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, lines }
+    }
+
+    /// The next event the agent printed, as JSON.
+    fn event(&mut self) -> serde_json::Value {
+        let line = self.lines.recv_timeout(WAIT).expect("the agent printed an event");
+        serde_json::from_str(&line).unwrap_or_else(|_| panic!("not JSON: {line}"))
+    }
+
+    fn finish(mut self) {
+        let status = self.child.wait().expect("the agent exits");
+        assert!(status.success(), "the Python agent failed");
+    }
+}
+
+/// The value of `key=` in a status line.
+fn field<'a>(status: &'a str, key: &str) -> &'a str {
+    let prefix = format!("{key}=");
+    status.split(' ').find_map(|word| word.strip_prefix(prefix.as_str())).unwrap_or_else(|| panic!("{key} in {status}"))
+}
+
+#[test]
+fn enter_travel_exit_quit_then_the_world_is_still_there_after_a_restart() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let mut game = Sandbox::start(data.path());
+    assert_eq!(game.command("status"), "ok no world open");
+    assert_eq!(game.command("enter alpha"), "ok entering alpha");
+    game.expect("visit-opened world=alpha visit=1");
+    let status = game.loaded_status();
+    assert_eq!(
+        (field(&status, "visit"), field(&status, "dimension"), field(&status, "revision")),
+        ("1", "overworld", "0")
+    );
+    let overworld_player = field(&status, "player").to_string();
+
+    assert_eq!(game.command("travel nether"), "ok traveling to the nether");
+    game.expect("relocated visit=1 dimension=nether revision=1");
+    let status = game.loaded_status();
+    assert_eq!(field(&status, "dimension"), "nether");
+    let nether_player = field(&status, "player").to_string();
+
+    assert_eq!(game.command("exit"), "ok leaving alpha");
+    game.expect("visit-closed world=alpha visit=1");
+    game.expect("saved world=alpha visit=1");
+    assert!(data.path().join("alpha").join("sandbox.json").is_file(), "the save is a real file");
+    assert_eq!(game.command("quit"), "ok quitting");
+    assert_eq!(game.wait_exit().code(), Some(0));
+
+    let mut game = Sandbox::start(data.path());
+    assert_eq!(game.command("enter alpha"), "ok entering alpha");
+    game.expect("visit-opened world=alpha visit=1");
+    let status = game.loaded_status();
+    assert_eq!(field(&status, "player"), overworld_player);
+    assert_eq!(field(&status, "notes"), "0");
+    game.command("travel nether");
+    game.expect("relocated visit=1 dimension=nether revision=1");
+    assert_eq!(field(&game.loaded_status(), "player"), nether_player, "each dimension keeps its position");
+    assert_eq!(game.command("quit"), "ok quitting");
+    game.expect("visit-closed world=alpha visit=1");
+    game.expect("saved world=alpha visit=1");
+    assert_eq!(game.wait_exit().code(), Some(0));
+}
+
+#[test]
+fn bad_commands_get_one_error_line_each_and_end_of_input_quits_after_saving() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let mut game = Sandbox::start(data.path());
+    for (command, error) in [
+        ("enter Alpha", "error: invalid world name \"Alpha\""),
+        (&format!("enter {}", "x".repeat(33)), "error: invalid world name"),
+        ("travel nether", "error: no world is open"),
+        ("exit", "error: no world is open"),
+        ("dance", "error: unknown command \"dance\""),
+        ("enter", "error: wrong arguments for `enter`"),
+    ] {
+        let answer = game.command(command);
+        assert!(answer.starts_with(error), "{command:?} answered {answer:?}");
+    }
+    assert_eq!(game.command("enter beta"), "ok entering beta");
+    game.expect("visit-opened world=beta visit=1");
+    let answer = game.command("travel moon");
+    assert!(answer.starts_with("error: unknown dimension \"moon\""), "{answer}");
+    assert_eq!(game.command("enter gamma"), "ok leaving beta, entering gamma");
+    game.expect("visit-closed world=beta visit=1");
+    let mut next = [game.next_line(), game.next_line()];
+    next.sort();
+    assert_eq!(next, ["saved world=beta visit=1", "visit-opened world=gamma visit=2"], "the save may finish later");
+    game.loaded_status();
+    drop(game.stdin.take());
+    game.expect("visit-closed world=gamma visit=2");
+    game.expect("saved world=gamma visit=2");
+    assert_eq!(game.wait_exit().code(), Some(0));
+}
+
+#[test]
+fn an_mcp_agent_places_replays_conflicts_survives_travel_and_exit_and_finds_its_block_after_a_restart() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let mut game = Sandbox::start(data.path());
+    assert_eq!(game.command("enter alpha"), "ok entering alpha");
+    game.expect("visit-opened world=alpha visit=1");
+    game.loaded_status();
+
+    let mut agent = Agent::start(&game.url, "place");
+    let placed = agent.event();
+    agent.finish();
+    assert_eq!(placed["first"]["ok"]["version"], 1, "{placed}");
+    assert_eq!(placed["again"], placed["first"], "a replay with the same operation id gets the same outcome");
+    assert_eq!(placed["after"]["ok"]["version"], 1, "and the block changed once: {placed}");
+    assert_eq!(placed["conflict"]["error"], "OPERATION_CONFLICT", "{placed}");
+
+    // Travel during build_tower: it stops with LOCATION_CHANGED and says how many blocks it placed.
+    let mut tower = Agent::start(&game.url, "tower");
+    assert_eq!(tower.event()["event"], "tower-started");
+    assert_eq!(game.command("travel nether"), "ok traveling to the nether");
+    game.expect("relocated visit=1 dimension=nether revision=1");
+    let ended = tower.event();
+    tower.finish();
+    assert_eq!(ended["error"], "LOCATION_CHANGED", "{ended}");
+    assert!(ended["details"]["placed"].as_u64().is_some_and(|placed| placed >= 1), "{ended}");
+
+    // Exit during a call: the call ends, the world is saved.
+    let mut tower = Agent::start(&game.url, "tower");
+    assert_eq!(tower.event()["event"], "tower-started");
+    assert_eq!(game.command("exit"), "ok leaving alpha");
+    let ended = tower.event();
+    tower.finish();
+    assert_eq!(ended["error"], "VISIT_ENDED", "{ended}");
+    game.expect("visit-closed world=alpha visit=1");
+    game.expect("saved world=alpha visit=1");
+
+    // Re-enter: the block is there.
+    assert_eq!(game.command("enter alpha"), "ok entering alpha");
+    game.expect("visit-opened world=alpha visit=2");
+    game.loaded_status();
+    let mut agent = Agent::start(&game.url, "get");
+    let block = agent.event();
+    agent.finish();
+    assert_eq!((block["ok"]["block"].as_str(), block["ok"]["version"].as_u64()), (Some("gold"), Some(1)), "{block}");
+    assert_eq!(game.command("quit"), "ok quitting");
+    game.expect("visit-closed world=alpha visit=2");
+    game.expect("saved world=alpha visit=2");
+    assert_eq!(game.wait_exit().code(), Some(0));
+
+    // Restart: still there.
+    let mut game = Sandbox::start(data.path());
+    assert_eq!(game.command("enter alpha"), "ok entering alpha");
+    game.expect("visit-opened world=alpha visit=1");
+    game.loaded_status();
+    let mut agent = Agent::start(&game.url, "get");
+    let block = agent.event();
+    agent.finish();
+    assert_eq!(block["ok"]["block"], "gold", "{block}");
+    assert_eq!(game.command("quit"), "ok quitting");
+    assert_eq!(game.wait_exit().code(), Some(0));
+}

@@ -1,0 +1,208 @@
+//! The sandbox example's world and tools, in process: terrain, bounds, versions, saves, and the tools through the
+//! host (enter, place, conflict, replay, travel during a tower, exit, re-enter). The example's modules are
+//! compiled into this test with `#[path]`, so they are tested exactly as the example runs them.
+
+#[allow(dead_code)]
+#[path = "../examples/sandbox/picture.rs"]
+mod picture;
+#[allow(dead_code)]
+#[path = "../examples/sandbox/session.rs"]
+mod session;
+#[allow(dead_code)]
+#[path = "../examples/sandbox/terrain.rs"]
+mod terrain;
+#[allow(dead_code)]
+#[path = "../examples/sandbox/tools.rs"]
+mod tools;
+#[allow(dead_code)]
+#[path = "../examples/sandbox/tower.rs"]
+mod tower;
+#[allow(dead_code)]
+#[path = "../examples/sandbox/world.rs"]
+mod world;
+
+use std::sync::Arc;
+
+use bevy::prelude::*;
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::AgentTestAppExt;
+use bevy_agent_tools::{CallOutcome, CallRequest, VisitSaved, WorldStorePlugin};
+use serde_json::{json, Value};
+
+use world::{Dimension, Palette, Pos, WorldState};
+
+fn palette() -> Arc<Palette> {
+    Arc::new(Palette::parse(include_str!("../assets/palette.json")).expect("the palette parses"))
+}
+
+fn sandbox(data_dir: &std::path::Path) -> App {
+    let palette = palette();
+    let host = tools::all(palette.clone())
+        .into_iter()
+        .fold(AgentToolsPlugin::new(session::Sandbox::new(palette)), |host, tool| host.with_tool(tool));
+    let mut app = App::new();
+    app.add_plugins(MinimalPlugins).add_plugins(host).add_plugins(WorldStorePlugin::new(data_dir));
+    app.finish();
+    app.cleanup();
+    app
+}
+
+fn ok(outcome: CallOutcome) -> Value {
+    outcome.unwrap_or_else(|error| panic!("expected success, got {error}")).value
+}
+
+fn err(outcome: CallOutcome) -> bevy_agent_tools::ToolError {
+    outcome.expect_err("expected an error")
+}
+
+fn call(app: &mut App, tool: &str, args: Value) -> CallOutcome {
+    let call = app.agent().conversation("test").call(tool, args);
+    app.run_until_resolved(&call)
+}
+
+fn wait_saved(app: &mut App) {
+    app.run_until("the visit is saved", |app| {
+        !app.world_mut().resource_mut::<Messages<VisitSaved>>().drain().collect::<Vec<_>>().is_empty()
+    });
+}
+
+#[test]
+fn terrain_is_the_same_for_the_same_name_and_differs_between_names_and_dimensions() {
+    let palette = palette();
+    let (a, again, b) = (
+        WorldState::generate("alpha", palette.clone()),
+        WorldState::generate("alpha", palette.clone()),
+        WorldState::generate("beta", palette),
+    );
+    let samples: Vec<Pos> =
+        (-256..=255).step_by(37).flat_map(|x| (0..=127).step_by(9).map(move |y| Pos { x, y, z: x / 2 })).collect();
+    let blocks = |w: &WorldState, d| samples.iter().map(|p| w.block(d, *p).block).collect::<Vec<_>>();
+    assert_eq!(blocks(&a, Dimension::Overworld), blocks(&again, Dimension::Overworld));
+    assert_eq!(blocks(&a, Dimension::Nether), blocks(&again, Dimension::Nether));
+    assert_ne!(blocks(&a, Dimension::Overworld), blocks(&b, Dimension::Overworld), "another name, other terrain");
+    assert_ne!(blocks(&a, Dimension::Overworld), blocks(&a, Dimension::Nether), "each dimension has its own");
+    let nether_roof = a.block(Dimension::Nether, Pos { x: 0, y: 127, z: 0 }).block;
+    assert_eq!(a.palette().name(nether_roof), "bedrock");
+}
+
+#[test]
+fn bounds_are_checked_and_name_the_field() {
+    assert!(Pos { x: -256, y: 0, z: 255 }.check().is_ok());
+    assert_eq!(Pos { x: 256, y: 0, z: 0 }.check().unwrap_err().0, "x");
+    assert_eq!(Pos { x: 0, y: 128, z: 0 }.check().unwrap_err().0, "y");
+    assert_eq!(Pos { x: 0, y: 0, z: -257 }.check().unwrap_err().0, "z");
+}
+
+#[test]
+fn a_cell_version_increases_on_every_change_and_survives_a_save() {
+    let palette = palette();
+    let mut state = WorldState::generate("alpha", palette.clone());
+    let at = Pos { x: 3, y: 100, z: -4 };
+    assert_eq!(state.block(Dimension::Overworld, at).version, 0);
+    let stone = palette.id("stone").expect("stone");
+    assert_eq!(state.set(Dimension::Overworld, at, stone), 1);
+    assert_eq!(state.set(Dimension::Overworld, at, world::AIR), 2);
+    assert_eq!(state.set(Dimension::Overworld, at, stone), 3);
+    assert_eq!(state.block(Dimension::Nether, at).version, 0, "the nether has its own cells");
+    state.add_note("a note".into());
+    let (restored, warnings) = WorldState::from_save("alpha", palette, state.to_save());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(restored.block(Dimension::Overworld, at).version, 3);
+    assert_eq!(restored.block(Dimension::Overworld, at).block, stone);
+    assert_eq!(restored.notes(), ["a note"]);
+}
+
+#[test]
+fn observe_returns_a_png_of_the_asked_size() {
+    let state = WorldState::generate("alpha", palette());
+    let drawn = picture::top_down(&state, Dimension::Overworld, state.player(Dimension::Overworld), 4);
+    assert_eq!(&drawn.png[..8], b"\x89PNG\r\n\x1a\n");
+    assert_eq!(&drawn.png[12..16], b"IHDR");
+    assert_eq!(u32::from_be_bytes(drawn.png[16..20].try_into().expect("4 bytes")), drawn.width);
+    assert!(drawn.summary.contains("overworld"), "{}", drawn.summary);
+    assert_eq!(picture::base64(b"any carnal pleas"), "YW55IGNhcm5hbCBwbGVhcw==");
+}
+
+#[test]
+fn tools_place_conflict_replay_break_and_note_then_the_world_is_there_on_the_next_visit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut app = sandbox(dir.path());
+    app.enter_world("alpha");
+    let info = ok(call(&mut app, "world_info", json!({})));
+    assert_eq!(info["dimension"], "overworld");
+    let (x, y, z) = (5, 120, 5);
+
+    let placed = ok(call(&mut app, "place_block", json!({"x": x, "y": y, "z": z, "block": "gold"})));
+    assert_eq!(placed["version"], 1);
+    let stale =
+        err(call(&mut app, "place_block", json!({"x": x, "y": y, "z": z, "block": "gold", "expected_version": 0})));
+    assert_eq!(stale.code, ErrorCode::VersionConflict);
+
+    let unknown = err(call(&mut app, "place_block", json!({"x": x, "y": y + 1, "z": z, "block": "diamond"})));
+    assert_eq!(unknown.code, ErrorCode::InvalidInput);
+    assert!(unknown.message.contains("block") && unknown.message.contains("planks"), "{}", unknown.message);
+    let outside = err(call(&mut app, "get_block", json!({"x": 300, "y": 1, "z": 0})));
+    assert_eq!(outside.details.extra["field"], "x");
+
+    let conversation = app.agent().conversation("retry");
+    let args = json!({"x": x, "y": y + 1, "z": z, "block": "brick"});
+    let first =
+        app.run_until_resolved(&conversation.request(CallRequest::new("place_block", args.clone()).operation("op-1")));
+    let again = app.run_until_resolved(&conversation.request(CallRequest::new("place_block", args).operation("op-1")));
+    assert_eq!(first, again, "a retry with the same operation id gets the same outcome");
+    assert_eq!(ok(call(&mut app, "get_block", json!({"x": x, "y": y + 1, "z": z})))["version"], 1, "it ran once");
+
+    let unconfirmed = err(call(&mut app, "break_block", json!({"x": x, "y": y, "z": z})));
+    assert_eq!(unconfirmed.code, ErrorCode::ConfirmationRequired);
+    let broken =
+        ok(call(&mut app, "break_block", json!({"x": x, "y": y, "z": z, "confirm": true, "expected_version": 1})));
+    assert_eq!((broken["broken"].as_str(), broken["version"].as_u64()), (Some("gold"), Some(2)));
+    assert_eq!(ok(call(&mut app, "note", json!({"text": "gold was here"})))["notes"], 1);
+    let long = err(call(&mut app, "note", json!({"text": "x".repeat(501)})));
+    assert_eq!(long.details.extra["field"], "text");
+
+    app.exit_world();
+    wait_saved(&mut app);
+    app.enter_world("alpha");
+    let cell = ok(call(&mut app, "get_block", json!({"x": x, "y": y + 1, "z": z})));
+    assert_eq!((cell["block"].as_str(), cell["version"].as_u64()), (Some("brick"), Some(1)));
+    assert_eq!(ok(call(&mut app, "get_block", json!({"x": x, "y": y, "z": z})))["version"], 2);
+    assert_eq!(ok(call(&mut app, "notes", json!({})))["notes"], json!(["gold was here"]));
+}
+
+#[test]
+fn travel_during_build_tower_stops_it_with_location_changed_and_the_count_is_kept() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut app = sandbox(dir.path());
+    app.enter_world("alpha");
+    ok(call(&mut app, "world_info", json!({})));
+    let tower = app
+        .agent()
+        .conversation("builder")
+        .call("build_tower", json!({"x": 10, "z": 10, "height": 64, "block": "planks"}));
+    app.run_until("a few blocks are placed", |app| {
+        let info = ok(call(app, "world_info", json!({})));
+        info["last_tower"]["placed"].as_u64().is_some_and(|placed| placed >= 3)
+    });
+    let traveled = ok(call(&mut app, "travel", json!({"dimension": "nether"})));
+    assert_eq!((traveled["dimension"].as_str(), traveled["revision"].as_u64()), (Some("nether"), Some(1)));
+    let stopped = err(app.run_until_resolved(&tower));
+    assert_eq!(stopped.code, ErrorCode::LocationChanged);
+
+    let info = ok(call(&mut app, "world_info", json!({})));
+    let report = &info["last_tower"];
+    let placed = report["placed"].as_u64().expect("placed");
+    assert!((3..64).contains(&placed), "{report}");
+    assert_eq!(report["status"], "LOCATION_CHANGED");
+    assert_eq!(stopped.details.extra["placed"].as_u64(), Some(placed), "the agent's error says how far it got");
+    ok(call(&mut app, "travel", json!({"dimension": "overworld"})));
+    let base = ok(call(&mut app, "look", json!({"radius": 1})));
+    assert_eq!(base["dimension"], "overworld");
+    let mut planks = 0;
+    for y in 0..=127 {
+        if ok(call(&mut app, "get_block", json!({"x": 10, "y": y, "z": 10})))["block"] == "planks" {
+            planks += 1;
+        }
+    }
+    assert_eq!(planks, placed, "the report counts exactly the blocks in the world");
+}
