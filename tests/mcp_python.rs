@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,21 +16,9 @@ use bevy_agent_tools::testing::{headless_app_with, RunningGame};
 use bevy_agent_tools::NoArgs;
 use common::*;
 
-fn python() -> PathBuf {
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-venv");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/setup-venv.sh");
-    let output = Command::new("bash").arg(script).arg(&venv).output().expect("run tests/e2e/setup-venv.sh");
-    assert!(
-        output.status.success(),
-        "could not set up the Python MCP client (needs python3 and PyPI access):\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
-}
-
 #[test]
 fn python_mcp_client_lists_calls_sees_errors_replays_and_cancels_in_both_protocol_generations() {
-    let python = python();
+    let python = python_mcp_client();
     let (ended_tx, ended) = crossbeam_channel::unbounded::<()>();
     let long = AgentTool::new(
         "long",

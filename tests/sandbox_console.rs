@@ -2,6 +2,8 @@
 //! disk across a restart. The test builds the example with cargo (a no-op when `cargo test` already did) and runs
 //! it as a child process.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
@@ -50,15 +52,7 @@ impl Sandbox {
             .stderr(Stdio::null())
             .spawn()
             .expect("the sandbox starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let (send, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if send.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = lines_of(child.stdout.take().expect("stdout"));
         let stdin = child.stdin.take();
         let mut sandbox = Self { child, stdin, lines, seen: Vec::new(), url: String::new() };
         let mcp = sandbox.next_line();
@@ -128,15 +122,6 @@ impl Drop for Sandbox {
     }
 }
 
-/// The Python venv with the official MCP client (created once by tests/e2e/setup-venv.sh).
-fn python() -> PathBuf {
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-venv");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/setup-venv.sh");
-    let output = Command::new("bash").arg(script).arg(&venv).output().expect("run tests/e2e/setup-venv.sh");
-    assert!(output.status.success(), "Python MCP client setup failed:\n{}", String::from_utf8_lossy(&output.stderr));
-    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
-}
-
 /// One run of tests/e2e/sandbox_agent.py, read line by line.
 struct Agent {
     child: Child,
@@ -145,21 +130,13 @@ struct Agent {
 
 impl Agent {
     fn start(url: &str, step: &str) -> Self {
-        let mut child = Command::new(python())
+        let mut child = Command::new(common::python_mcp_client())
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/sandbox_agent.py"))
             .args([url, TOKEN, step])
             .stdout(Stdio::piped())
             .spawn()
             .expect("the Python agent starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let (send, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if send.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = lines_of(child.stdout.take().expect("stdout"));
         Self { child, lines }
     }
 
@@ -173,6 +150,19 @@ impl Agent {
         let status = self.child.wait().expect("the agent exits");
         assert!(status.success(), "the Python agent failed");
     }
+}
+
+/// The lines a child prints on `stdout`, as they come.
+fn lines_of(stdout: std::process::ChildStdout) -> Receiver<String> {
+    let (send, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if send.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
 }
 
 /// The value of `key=` in a status line.

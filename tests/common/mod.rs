@@ -173,3 +173,17 @@ pub fn app_with(game: TestGame, tools: Vec<AgentTool<Session>>) -> App {
 pub fn code(outcome: &bevy_agent_tools::CallOutcome) -> Option<ErrorCode> {
     outcome.as_ref().err().map(|error| error.code.clone())
 }
+
+/// The Python of a venv holding the official MCP client pinned in tests/e2e/requirements.txt, created on first
+/// use by tests/e2e/setup-venv.sh (needs `python3`, and PyPI the first time).
+pub fn python_mcp_client() -> std::path::PathBuf {
+    let venv = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-venv");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/setup-venv.sh");
+    let output = std::process::Command::new("bash").arg(script).arg(&venv).output().expect("run setup-venv.sh");
+    assert!(
+        output.status.success(),
+        "could not set up the Python MCP client (needs python3 and PyPI access):\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::path::PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+}
