@@ -134,7 +134,12 @@ pub(crate) fn admit(
         if let (Some(key), Some(canonical)) = (&replay_key, &canonical) {
             match open.replay.begin(key, canonical, Instant::now()) {
                 Begin::Fresh => {}
-                Begin::Join(life) => return Ok(Admitted::Running { life, owner: false }),
+                // An execution that already has its outcome (its table entry is completed a moment later)
+                // answers like a retained one.
+                Begin::Join(life) => match life.outcome().get() {
+                    Some(outcome) => return Ok(Admitted::Retained(outcome)),
+                    None => return Ok(Admitted::Running { life, owner: false }),
+                },
                 Begin::Retained(outcome) => return Ok(Admitted::Retained(outcome)),
                 Begin::Conflict => return Err(rejected(conflict(key))),
                 Begin::Full => {
