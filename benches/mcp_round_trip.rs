@@ -46,6 +46,7 @@ fn main() {
     });
     let url = game.with_app(|app| {
         app.world_mut().write_message(EnterWorld::new("bench"));
+        app.update(); // the world is open before anyone calls
         app.world().resource::<McpServer>().url().to_string()
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");

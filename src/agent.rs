@@ -10,10 +10,13 @@ use bevy::prelude::Resource;
 use serde_json::Value;
 
 use crate::call::{admit, Admitted, CallLife, CallOutcome, CallRequest, InputContext, Job};
+use crate::conversation::{
+    tool_wait, wait_for_tool, ConversationSnapshot, ConversationStatus, Reported, Subscription, WaitingCall,
+};
 use crate::error::{ErrorCode, ToolError};
 use crate::host::{HostShared, VisitStatus};
 use crate::ids::{ConversationId, RequestId, TaskId};
-use crate::tool::ToolInfo;
+use crate::tool::{AgentTool, ToolInfo};
 
 /// The in-process agent side of the host: list tools, open conversations, call tools, observe the visit.
 /// `Clone + Send + Sync`; a resource of the app, and usable from any thread.
@@ -48,10 +51,52 @@ impl AgentHandle {
         self.host.status()
     }
 
-    /// A conversation named `id`. Opening, reconnecting or dropping a conversation never opens or closes a visit
-    /// (rule H1).
+    /// Opens the conversation named `id`: a new one starts `Idle`; a known one is reattached; an ended one is
+    /// reactivated (`Ended → Idle`, published by the host). Opening, reconnecting or dropping a conversation never
+    /// opens or closes a visit (rule H1). To reattach without reactivating, and to get a snapshot, use
+    /// [`resume`](Self::resume).
     pub fn conversation(&self, id: impl Into<ConversationId>) -> Conversation {
-        Conversation { host: self.host.clone(), id: id.into() }
+        let id = id.into();
+        self.host.conversations.open(&id);
+        Conversation { host: self.host.clone(), id }
+    }
+
+    /// Reattaches to a conversation the host knows, as it is (an ended one stays ended): returns its
+    /// authoritative [`ConversationSnapshot`] (status, active and pending calls, visit and revision) and a
+    /// [`Subscription`] that delivers every event after the snapshot, without gaps or duplicates.
+    ///
+    /// An empty id is `INVALID_INPUT`; an unknown one is `CONVERSATION_NOT_FOUND` (nothing is created).
+    pub fn resume(&self, id: impl Into<ConversationId>) -> Result<Resumed, ToolError> {
+        let id = id.into();
+        let (snapshot, events) = {
+            // The state lock first (the host's lock order): the visit and the snapshot are of the same instant.
+            let state = self.host.state.lock();
+            let visit = state.visit.as_ref().map(|open| open.info.clone());
+            self.host.conversations.attach(&id, visit)?
+        };
+        Ok(Resumed { conversation: Conversation { host: self.host.clone(), id }, snapshot, events })
+    }
+
+    /// The status of conversation `id`, if the host knows it.
+    pub fn conversation_status(&self, id: &ConversationId) -> Option<ConversationStatus> {
+        self.host.conversations.status(id)
+    }
+
+    /// Every conversation's events from now on (status changes, calls started and finished), in publication
+    /// order per conversation.
+    pub fn subscribe(&self) -> Subscription {
+        self.host.conversations.subscribe_all()
+    }
+
+    /// Registers a tool while the game runs (for example when a world's session finished loading). Calls waiting
+    /// for it are admitted at once. A tool of the same name is replaced. Fails if the tool is for another session
+    /// type than the lifecycle's.
+    pub fn register_tool<S: Send + Sync + 'static>(&self, tool: AgentTool<S>) -> Result<(), ToolError> {
+        self.host.register_tool(Arc::new(tool)).map_err(ToolError::internal)
+    }
+
+    pub(crate) fn host(&self) -> &Arc<HostShared> {
+        &self.host
     }
 
     /// How many `on_client` steps are queued for the main thread now.
@@ -84,13 +129,79 @@ impl Conversation {
         self.request(CallRequest::new(tool, arguments))
     }
 
-    /// Makes a call described in full.
+    /// Makes a call described in full. On an ended conversation it is rejected (`CANCELLED`, with
+    /// `conversation_ended` in its details) until [`resume`](Self::resume). A call for a tool that is not
+    /// registered yet may wait for it: see [`AgentToolsPlugin::tool_wait`](crate::AgentToolsPlugin::tool_wait).
     pub fn request(&self, request: CallRequest) -> Call {
+        if !self.host.conversations.accepts(&self.id) {
+            return Call::ready(None, Err(crate::conversation::ended(&self.id)));
+        }
+        let wait = self.host.tools.get(&request.tool).is_err().then(|| tool_wait(&self.host, &request)).flatten();
+        if let Some(wait) = wait {
+            let cancel_on_drop = request.operation.is_none();
+            return Call::waiting(wait_for_tool(&self.host, &self.id, request, wait), cancel_on_drop);
+        }
         match admit(&self.host, &self.id, request) {
             Ok(Admitted::Running { life, owner }) => Call::running(life, owner),
             Ok(Admitted::Retained(outcome)) => Call::ready(None, outcome),
             Err(error) => Call::ready(error.details.request, Err(error)),
         }
+    }
+
+    /// The conversation's status now.
+    pub fn status(&self) -> ConversationStatus {
+        // A conversation the host forgot (long ended) is ended.
+        self.host.conversations.status(&self.id).unwrap_or(ConversationStatus::Ended)
+    }
+
+    /// The agent started a turn: `Running`.
+    pub fn turn_started(&self) -> Reported {
+        self.host.conversations.report(&self.id, ConversationStatus::Running, None)
+    }
+
+    /// The agent's turn ended: `Idle`.
+    pub fn turn_ended(&self) -> Reported {
+        self.host.conversations.report(&self.id, ConversationStatus::Idle, None)
+    }
+
+    /// The agent side failed: `Error`, until it reports a turn again (`Running` or `Idle`).
+    pub fn report_error(&self) -> Reported {
+        self.host.conversations.report(&self.id, ConversationStatus::Error, None)
+    }
+
+    /// Reports a status the agent side observed, with its own per-conversation `sequence` number: a report whose
+    /// sequence is not newer than the last one seen for this conversation is ignored ([`Reported::Stale`]).
+    /// Reporting `Ended` ends the conversation, as [`end`](Self::end) does. Only a resume leaves `Ended`.
+    pub fn report(&self, status: ConversationStatus, sequence: u64) -> Reported {
+        self.host.conversations.report(&self.id, status, Some(sequence))
+    }
+
+    /// Ends the conversation: publishes `Ended` once and ends its in-flight calls (`CANCELLED`; their `ended()`
+    /// fires). Never touches the visit. Ending an ended conversation succeeds without a second event.
+    /// `CONVERSATION_NOT_FOUND` if the host no longer knows it.
+    pub fn end(&self) -> Result<(), ToolError> {
+        self.host.conversations.end(&self.id)
+    }
+
+    /// The explicit `Ended → Idle`: reactivates this ended conversation (a no-op on an active one).
+    /// `CONVERSATION_NOT_FOUND` if the host no longer knows it.
+    pub fn resume(&self) -> Result<(), ToolError> {
+        self.host.conversations.reactivate(&self.id)
+    }
+
+    /// Observes one of this conversation's calls that is still in flight (as listed in a snapshot's
+    /// `active_calls`), for example after a reconnect: the returned [`Call`] resolves with its outcome. Dropping it
+    /// does not cancel the call. `None` if the call already finished (its outcome is then in the
+    /// [`CallFinished`](crate::CallFinished) event; a keyed call's outcome is also retained for a retry).
+    pub fn rejoin(&self, request: RequestId) -> Option<Call> {
+        self.host.conversations.live_call(&self.id, request).map(|life| Call::running(life, false))
+    }
+
+    /// The conversation's snapshot and its events after it: what [`AgentHandle::resume`] returns.
+    pub fn subscribe(&self) -> Result<(ConversationSnapshot, Subscription), ToolError> {
+        let state = self.host.state.lock();
+        let visit = state.visit.as_ref().map(|open| open.info.clone());
+        self.host.conversations.attach(&self.id, visit)
     }
 
     /// Cancels every live call of `task` in this conversation; returns how many ended.
@@ -132,6 +243,17 @@ impl Conversation {
     }
 }
 
+/// What [`AgentHandle::resume`] returns: the reattached conversation, its authoritative snapshot, and its events
+/// after the snapshot.
+pub struct Resumed {
+    /// The conversation.
+    pub conversation: Conversation,
+    /// Its state when it was reattached.
+    pub snapshot: ConversationSnapshot,
+    /// Its events after the snapshot: the first has sequence `snapshot.sequence + 1`.
+    pub events: Subscription,
+}
+
 /// A call in flight: a future that resolves with the call's one outcome.
 ///
 /// Dropping it before it resolves cancels the call (its handler's `ended()` fires) — unless the call carries an
@@ -144,6 +266,8 @@ pub struct Call {
     /// Whether dropping this handle cancels the execution.
     cancel_on_drop: bool,
     ready: Option<CallOutcome>,
+    /// A call that waits for its tool to be registered.
+    pending: Option<Arc<WaitingCall>>,
     waiting: Option<Pin<Box<dyn Future<Output = CallOutcome> + Send>>>,
 }
 
@@ -155,26 +279,47 @@ impl Call {
             cancel_on_drop: owner && life.coords.operation.is_none(),
             life: Some(life),
             ready: None,
+            pending: None,
             waiting: Some(Box::pin(async move { waiter.outcome().wait().await })),
         }
     }
 
     fn ready(request: Option<RequestId>, outcome: CallOutcome) -> Self {
-        Self { request, life: None, cancel_on_drop: false, ready: Some(outcome), waiting: None }
+        Self { request, life: None, cancel_on_drop: false, ready: Some(outcome), pending: None, waiting: None }
     }
 
-    /// The request id of the execution this call observes (for a duplicate, the first call's).
+    fn waiting(call: Arc<WaitingCall>, cancel_on_drop: bool) -> Self {
+        let waiter = call.clone();
+        Self {
+            request: None,
+            life: None,
+            cancel_on_drop,
+            ready: None,
+            pending: Some(call),
+            waiting: Some(Box::pin(async move { waiter.outcome.wait().await })),
+        }
+    }
+
+    /// The request id of the execution this call observes (for a duplicate, the first call's). A call waiting
+    /// for its tool has none until it is admitted.
     pub fn request_id(&self) -> Option<RequestId> {
-        self.request
+        match &self.pending {
+            Some(pending) => pending.life.lock().as_ref().map(|life| life.coords.request),
+            None => self.request,
+        }
     }
 
-    /// Whether the call runs (or joined a running execution), as opposed to a rejection or a retained outcome.
+    /// Whether the call runs (or joined a running execution, or waits for its tool), as opposed to a rejection
+    /// or a retained outcome.
     pub fn is_running(&self) -> bool {
-        self.life.is_some()
+        self.life.is_some() || self.pending.is_some()
     }
 
     /// The outcome, if the call has ended.
     pub fn try_outcome(&self) -> Option<CallOutcome> {
+        if let Some(pending) = &self.pending {
+            return pending.outcome.get();
+        }
         match &self.life {
             Some(life) => life.outcome().get(),
             None => self.ready.clone(),
@@ -184,6 +329,9 @@ impl Call {
     /// Blocks this thread until the call ends or `timeout` passes. Do not use it on the main thread of a running
     /// app: the call may need a frame to finish.
     pub fn wait_timeout(&self, timeout: Duration) -> Option<CallOutcome> {
+        if let Some(pending) = &self.pending {
+            return pending.outcome.wait_until(Instant::now() + timeout);
+        }
         match &self.life {
             Some(life) => life.outcome().wait_until(Instant::now() + timeout),
             None => self.ready.clone(),
@@ -192,6 +340,9 @@ impl Call {
 
     /// Cancels the call: it ends with `CANCELLED` unless it already ended. Returns whether this ended it.
     pub fn cancel(&self) -> bool {
+        if let Some(pending) = &self.pending {
+            return pending.cancel();
+        }
         self.life.as_ref().is_some_and(|life| life.fail(ErrorCode::Cancelled, "the agent cancelled the call"))
     }
 
@@ -217,6 +368,9 @@ impl Future for Call {
 
 impl Drop for Call {
     fn drop(&mut self) {
+        if let Some(pending) = self.pending.as_ref().filter(|_| self.cancel_on_drop) {
+            pending.cancel();
+        }
         if let Some(life) = self.life.as_ref().filter(|_| self.cancel_on_drop) {
             life.fail(ErrorCode::Cancelled, "the caller stopped waiting for the call");
         }

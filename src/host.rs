@@ -13,10 +13,11 @@ use parking_lot::Mutex;
 
 use crate::call::{CallLife, CallOutcome, Job};
 use crate::completion::Completion;
+use crate::conversation::{ConversationEvent, ConversationHub};
 use crate::ids::{ConversationId, RequestId, TaskId, VisitId};
 use crate::lifecycle::VisitInfo;
 use crate::replay::{ReplayRetention, ReplayTable};
-use crate::tool::ToolRegistry;
+use crate::tool::{ErasedTool, ToolRegistry};
 
 /// Where the open visit is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -83,6 +84,10 @@ pub(crate) struct HostConfig {
     pub replay: ReplayRetention,
     /// Calls one conversation may have in flight at once (`BUSY` beyond).
     pub max_in_flight: usize,
+    /// How long a call for a tool that is not registered waits for it, even when no visit is loading.
+    pub tool_wait: Option<Duration>,
+    /// A conversation with no calls and no activity for this long ends.
+    pub idle_timeout: Option<Duration>,
 }
 
 pub(crate) struct HostShared {
@@ -91,21 +96,53 @@ pub(crate) struct HostShared {
     pub jobs: Sender<Job>,
     pub runtime: tokio::runtime::Handle,
     pub config: HostConfig,
+    /// The conversations, their status and events.
+    pub conversations: Arc<ConversationHub>,
+    /// Wakes calls waiting for their tool when one is registered.
+    pub tool_registered: tokio::sync::Notify,
+    /// The lifecycle's session type: registered tools must be for it.
+    pub session_type: (std::any::TypeId, &'static str),
     next_request: AtomicU64,
 }
 
 impl HostShared {
-    pub(crate) fn new(runtime: tokio::runtime::Handle, config: HostConfig) -> (Arc<Self>, Receiver<Job>) {
+    /// The shared state, the main thread's end of the job queue, and the feed of conversation events for the
+    /// game's messages.
+    pub(crate) fn new(
+        runtime: tokio::runtime::Handle,
+        config: HostConfig,
+        session_type: (std::any::TypeId, &'static str),
+    ) -> (Arc<Self>, Receiver<Job>, Receiver<ConversationEvent>) {
         let (jobs, queue) = crossbeam_channel::unbounded();
+        let (conversations, feed) = ConversationHub::new(config.idle_timeout);
         let host = Self {
             state: Mutex::new(HostState::default()),
             tools: ToolRegistry::default(),
             jobs,
             runtime,
             config,
+            conversations: Arc::new(conversations),
+            tool_registered: tokio::sync::Notify::new(),
+            session_type,
             next_request: AtomicU64::new(1),
         };
-        (Arc::new(host), queue)
+        (Arc::new(host), queue, feed)
+    }
+
+    /// Registers a tool (replacing one of the same name) and wakes the calls waiting for a tool. Refuses a tool
+    /// for another session type than the lifecycle's.
+    pub(crate) fn register_tool(&self, tool: Arc<dyn ErasedTool>) -> Result<(), String> {
+        let (wanted, wanted_name) = self.session_type;
+        let (given, given_name) = tool.session_type();
+        if wanted != given {
+            return Err(format!(
+                "agent tool `{}` is for sessions of type {given_name}, but the lifecycle's session is {wanted_name}",
+                tool.info().name
+            ));
+        }
+        self.tools.insert(tool);
+        self.tool_registered.notify_waiters();
+        Ok(())
     }
 
     pub(crate) fn next_request_id(&self) -> RequestId {

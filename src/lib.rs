@@ -4,6 +4,7 @@
 mod agent;
 mod call;
 mod completion;
+mod conversation;
 mod error;
 mod host;
 mod ids;
@@ -20,11 +21,15 @@ pub mod testing;
 mod tool;
 mod visit;
 
-pub use agent::{AgentHandle, Call, Conversation};
+pub use agent::{AgentHandle, Call, Conversation, Resumed};
 pub use call::{
     CallContext, CallOutcome, CallOutput, CallRequest, Ended, InputContext, Progress, ProgressSink, PumpStats,
 };
 pub use completion::{Completer, Completion, CompletionError, CompletionResult};
+pub use conversation::{
+    ActiveCall, CallFinished, CallStarted, ConversationEvent, ConversationSnapshot, ConversationStatus,
+    ConversationStatusChanged, PendingCall, Reported, StatusSource, Subscription,
+};
 pub use error::{ErrorCode, ErrorDetails, ToolError};
 pub use host::{VisitPhase, VisitStatus};
 pub use ids::{ConversationId, DimensionId, LocationRevision, OperationId, RequestId, TaskId, VisitId, WorldId};
@@ -38,7 +43,7 @@ pub use tool::{
     ToolScope, DEFAULT_TOOL_TIMEOUT, OPERATION_ID, TASK_ID,
 };
 pub use visit::{
-    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitOpened, VisitRelocated, VisitSaved, WorldBinding,
+    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitClosing, VisitOpened, VisitRelocated, VisitSaved, WorldBinding,
     WorldOpenFailed,
 };
 

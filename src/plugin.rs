@@ -12,6 +12,10 @@ use bevy::state::state::States;
 
 use crate::agent::AgentHandle;
 use crate::call::{run_jobs, PumpStats};
+use crate::conversation::{
+    end_idle_conversations, publish_conversation_messages, CallFinished, CallStarted, ConversationFeed,
+    ConversationStatusChanged,
+};
 use crate::host::{HostConfig, HostShared};
 use crate::ids::{DimensionId, WorldId};
 use crate::lifecycle::WorldLifecycle;
@@ -20,11 +24,17 @@ use crate::runtime::AgentRuntime;
 use crate::tool::{AgentTool, ErasedTool, DEFAULT_TOOL_TIMEOUT};
 use crate::visit::{
     apply_transitions, collect_transitions, follow_state, EnterWorld, ExitWorld, PendingTransitions, StateTarget,
-    TravelTo, VisitClosed, VisitOpened, VisitRelocated, VisitSaved, VisitSlot, WorldBinding, WorldOpenFailed,
+    TravelTo, VisitClosed, VisitClosing, VisitOpened, VisitRelocated, VisitSaved, VisitSlot, WorldBinding,
+    WorldOpenFailed,
 };
 
 /// The host's systems, in the schedule the plugin runs in (`PostUpdate` unless
 /// [`AgentToolsPlugin::in_schedule`] says otherwise), in this order.
+///
+/// Conversation events that happened on other threads ([`ConversationStatusChanged`], [`CallStarted`],
+/// [`CallFinished`]) are written as messages twice a frame: at the start of `Transitions` (what happened since
+/// the last frame, before this frame's transitions) and at the end of `Pump` (what this frame's transitions and
+/// steps caused). The idle timeout of conversations is checked at the start of `Transitions`.
 #[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AgentToolsSet {
     /// Applies this frame's [`EnterWorld`], [`TravelTo`] and [`ExitWorld`] (and changes of a followed `States`
@@ -76,6 +86,8 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
                 pump_budget: Duration::from_millis(1),
                 replay: ReplayRetention::default(),
                 max_in_flight: 32,
+                tool_wait: None,
+                idle_timeout: None,
             },
             default_dimension: DimensionId::new("overworld"),
             worker_threads: 2,
@@ -113,6 +125,24 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// How many calls one conversation may have in flight at once; more get `BUSY` (default 32).
     pub fn max_in_flight_per_conversation(mut self, limit: usize) -> Self {
         self.config.max_in_flight = limit;
+        self
+    }
+
+    /// How long a call for a tool that is not registered waits for it to be registered (with
+    /// [`AgentHandle::register_tool`] or `add_agent_tool`) before it fails with `TOOL_NOT_FOUND`; the call's own
+    /// timeout, when it sets one, replaces this wait. By default (and with `Duration::ZERO`) such a call waits only while
+    /// the open visit is still loading (up to the default timeout), and is rejected at once otherwise, so that a
+    /// mistyped name does not hang.
+    pub fn tool_wait(mut self, wait: Duration) -> Self {
+        self.config.tool_wait = Some(wait);
+        self
+    }
+
+    /// Ends a conversation that had no call in flight and no activity (a call, a status report, an open) for
+    /// `timeout`. Off by default. This is how conversations end over MCP 2026-07-28, which has no sessions; a
+    /// client that comes back later reopens its conversation (`Ended → Idle`). Checked once per frame.
+    pub fn conversation_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.config.idle_timeout = Some(timeout);
         self
     }
 
@@ -175,19 +205,13 @@ fn app_schedule(app: &App) -> InternedScheduleLabel {
 #[derive(Resource, Clone)]
 pub(crate) struct AgentHost {
     pub host: Arc<HostShared>,
-    pub session_type: (TypeId, &'static str),
 }
 
 impl AgentHost {
     fn register(&self, tool: Arc<dyn ErasedTool>) {
-        let (wanted, wanted_name) = self.session_type;
-        let (given, given_name) = tool.session_type();
-        assert!(
-            wanted == given,
-            "agent tool `{}` is for sessions of type {given_name}, but the lifecycle's session is {wanted_name}",
-            tool.info().name
-        );
-        self.host.tools.insert(tool);
+        if let Err(mistake) = self.host.register_tool(tool) {
+            panic!("{mistake}");
+        }
     }
 }
 
@@ -195,11 +219,9 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
     fn build(&self, app: &mut App) {
         let runtime = AgentRuntime::start(self.worker_threads)
             .unwrap_or_else(|error| panic!("agent tools could not start their tokio runtime: {error}"));
-        let (host, jobs) = HostShared::new(runtime.handle().clone(), self.config.clone());
-        let agent_host = AgentHost {
-            host: host.clone(),
-            session_type: (TypeId::of::<L::Session>(), std::any::type_name::<L::Session>()),
-        };
+        let session_type = (TypeId::of::<L::Session>(), std::any::type_name::<L::Session>());
+        let (host, jobs, feed) = HostShared::new(runtime.handle().clone(), self.config.clone(), session_type);
+        let agent_host = AgentHost { host: host.clone() };
         for tool in &self.tools {
             agent_host.register(tool.clone());
         }
@@ -218,6 +240,7 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
                 shut_down: false,
             })
             .insert_resource(ExitDeadline(self.exit_deadline))
+            .insert_resource(ConversationFeed(feed))
             .init_resource::<PendingTransitions>()
             .init_resource::<PumpStats>()
             .add_message::<EnterWorld>()
@@ -225,15 +248,26 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
             .add_message::<ExitWorld>()
             .add_message::<VisitOpened>()
             .add_message::<VisitRelocated>()
+            .add_message::<VisitClosing>()
             .add_message::<VisitClosed>()
+            .add_message::<ConversationStatusChanged>()
+            .add_message::<CallStarted>()
+            .add_message::<CallFinished>()
             .add_message::<VisitSaved>()
             .add_message::<WorldOpenFailed>()
             .configure_sets(self.schedule, (AgentToolsSet::Transitions, AgentToolsSet::Pump).chain())
             .add_systems(
                 self.schedule,
                 (
-                    (collect_transitions, apply_transitions::<L>).chain().in_set(AgentToolsSet::Transitions),
-                    run_jobs::<L>.in_set(AgentToolsSet::Pump),
+                    (
+                        end_idle_conversations,
+                        publish_conversation_messages,
+                        collect_transitions,
+                        apply_transitions::<L>,
+                    )
+                        .chain()
+                        .in_set(AgentToolsSet::Transitions),
+                    (run_jobs::<L>, publish_conversation_messages).chain().in_set(AgentToolsSet::Pump),
                 ),
             )
             .add_systems(Last, stop_on_app_exit::<L>);

@@ -76,6 +76,7 @@ fn game(seen: Arc<Seen>, gate: Gate) -> (RunningGame, McpServer) {
     let server = game.with_app(|app| app.world().resource::<McpServer>().clone());
     game.with_app(|app| {
         app.world_mut().write_message(EnterWorld::new("alpha"));
+        app.update(); // the world is open before anyone calls
     });
     (game, server)
 }
@@ -356,6 +357,7 @@ fn h5_a_call_during_exit_gets_world_closed_as_an_error_result() {
     });
     let url = game.with_app(|app| {
         app.world_mut().write_message(EnterWorld::new("alpha"));
+        app.update(); // the world is open before anyone calls
         app.world().resource::<McpServer>().url().to_string()
     });
     runtime().block_on(async move {

@@ -61,6 +61,7 @@ fn load_ten_conversations_of_a_hundred_calls_through_exits_and_travel_lose_nothi
     });
     let url = game.with_app(|app| {
         app.world_mut().write_message(EnterWorld::new("alpha"));
+        app.update(); // the world is open before anyone calls
         app.world().resource::<McpServer>().url().to_string()
     });
 

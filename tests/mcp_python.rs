@@ -47,6 +47,7 @@ fn python_mcp_client_lists_calls_sees_errors_replays_and_cancels_in_both_protoco
     });
     let url = game.with_app(|app| {
         app.world_mut().write_message(EnterWorld::new("alpha"));
+        app.update(); // the world is open before anyone calls
         app.world().resource::<McpServer>().url().to_string()
     });
 

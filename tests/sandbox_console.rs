@@ -62,10 +62,15 @@ impl Sandbox {
         sandbox
     }
 
+    /// The next line, skipping the `conversation ...` status lines agents cause (they interleave with the
+    /// player's; `conversation_lines` checks them).
     fn next_line(&mut self) -> String {
         match self.lines.recv_timeout(WAIT) {
             Ok(line) => {
                 self.seen.push(line.clone());
+                if line.starts_with("conversation ") {
+                    return self.next_line();
+                }
                 line
             }
             Err(RecvTimeoutError::Timeout) => panic!("no line within {WAIT:?}; so far: {:#?}", self.seen),
@@ -303,5 +308,10 @@ fn an_mcp_agent_places_replays_conflicts_survives_travel_and_exit_and_finds_its_
     agent.finish();
     assert_eq!(block["ok"]["block"], "gold", "{block}");
     assert_eq!(game.command("quit"), "ok quitting");
+    let conversation_lines: Vec<&String> = game.seen.iter().filter(|l| l.starts_with("conversation ")).collect();
+    assert!(
+        conversation_lines.iter().any(|l| l.contains("status=waiting_tool_result")),
+        "the console shows what the agent is doing: {conversation_lines:#?}"
+    );
     assert_eq!(game.wait_exit().code(), Some(0));
 }

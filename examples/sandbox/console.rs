@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 use bevy::app::AppExit;
 use bevy::prelude::*;
 use bevy_agent_tools::prelude::*;
-use bevy_agent_tools::{VisitClosed, VisitOpened, VisitPhase, VisitRelocated, VisitSaved, WorldOpenFailed};
+use bevy_agent_tools::{
+    ConversationStatusChanged, StatusSource, VisitClosed, VisitOpened, VisitPhase, VisitRelocated, VisitSaved,
+    WorldOpenFailed,
+};
 use crossbeam_channel::{Receiver, TryRecvError};
 
 use crate::session::{Sandbox, VisitSummary};
@@ -91,7 +94,10 @@ impl Plugin for ConsolePlugin {
             .insert_resource(player)
             .init_resource::<VisitSummary>()
             .add_systems(Update, read_command)
-            .add_systems(PostUpdate, (report_events, finish_quit).chain().after(AgentToolsSet::Pump));
+            .add_systems(
+                PostUpdate,
+                (report_events, report_conversations, finish_quit).chain().after(AgentToolsSet::Pump),
+            );
     }
 }
 
@@ -199,6 +205,22 @@ fn status(player: &Player, binding: &WorldBinding<Sandbox>, summary: &VisitSumma
         Some(Err(error)) => line.push_str(&format!(" load-error={error:?}")),
     }
     line
+}
+
+/// One line per change of an agent conversation's status, so a person watching sees what the agents do.
+fn report_conversations(mut changed: MessageReader<ConversationStatusChanged>) {
+    for m in changed.read() {
+        let source = match m.source {
+            StatusSource::Host => "host",
+            StatusSource::Agent => "agent",
+        };
+        say(format_args!(
+            "conversation id={} status={} previous={} source={source}",
+            m.conversation,
+            m.status.as_str(),
+            m.previous.as_str()
+        ));
+    }
 }
 
 fn report_events(

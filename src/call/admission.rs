@@ -3,12 +3,15 @@
 //!
 //! The order of checks: the tool exists (`TOOL_NOT_FOUND`), its arguments parse (`INVALID_INPUT`), a visit is
 //! open (`NO_WORLD`) and not exiting (`WORLD_CLOSED`). Nothing has run when any of these rejects. An admitted
-//! call waits for a loading session (`WORLD_LOADING_TIMEOUT`), then its handler runs on the plugin's runtime.
+//! call is recorded in its conversation (which turns `WaitingToolResult`) and runs inside a `tracing` span
+//! (`agent_tool_call`) carrying visit, revision, conversation, request and tool. It waits for a loading session
+//! (`WORLD_LOADING_TIMEOUT`), then its handler runs on the plugin's runtime.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use tracing::Instrument;
 
 use super::{CallCoordinates, CallCore, CallLife, CallOutcome, CallOutput, ProgressSink};
 use crate::completion::Completion;
@@ -97,7 +100,7 @@ pub(crate) fn admit(
     let timeout = request.timeout.or(info.timeout).unwrap_or(host.config.default_timeout);
     let deadline = Instant::now() + timeout;
 
-    let (life, ready) = {
+    let (life, ready, accepted) = {
         let mut state = host.state.lock();
         let Some(open) = state.visit.as_mut() else {
             return Err(rejected(ToolError::with_code(
@@ -160,14 +163,27 @@ pub(crate) fn admit(
             replay_key: replay_key.clone(),
             visit: open.info.clone(),
         };
-        let life = Arc::new(CallLife::new(coords, deadline, request.progress.clone()));
+        let life = Arc::new(CallLife::new(coords, deadline, request.progress.clone(), host.conversations.clone()));
         open.calls.insert(request_id, life.clone());
         if let (Some(key), Some(canonical)) = (replay_key, &canonical) {
             open.replay.start(key, canonical, life.clone());
         }
-        (life, open.ready.clone())
+        // Under the state lock: an exit cannot end the call before its conversation knows it started.
+        let accepted = host.conversations.call_started(&life);
+        (life, open.ready.clone(), accepted)
     };
-    host.runtime.spawn(drive(host.clone(), life.clone(), prepared, ready, timeout));
+    if !accepted {
+        life.finish(Err(crate::conversation::ended(conversation)));
+    }
+    let span = tracing::info_span!(
+        "agent_tool_call",
+        visit = %life.coords.visit.visit,
+        revision = life.coords.visit.location.revision.0,
+        conversation = %life.coords.conversation,
+        request = %life.coords.request,
+        tool = %life.coords.tool,
+    );
+    host.runtime.spawn(drive(host.clone(), life.clone(), prepared, ready, timeout).instrument(span));
     Ok(Admitted::Running { life, owner: true })
 }
 
@@ -228,7 +244,7 @@ async fn run(
         return Err(life.end_error());
     }
     *handler_started = true;
-    let handler = host.runtime.spawn(prepared(CallCore { life: life.clone(), host: host.clone() }));
+    let handler = host.runtime.spawn(prepared(CallCore { life: life.clone(), host: host.clone() }).in_current_span());
     tokio::select! {
         biased;
         _ = life.ended_token().cancelled() => Err(life.end_error()),

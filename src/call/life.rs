@@ -1,6 +1,7 @@
 //! The life of one admitted call: its coordinates, its deadline, how it ends, and its one terminal outcome
 //! (rule H13).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -8,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::ProgressSink;
+use crate::conversation::ConversationHub;
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::{ConversationId, OperationId, RequestId, TaskId};
 use crate::lifecycle::{Location, VisitInfo};
@@ -45,7 +47,11 @@ pub type CallOutcome = Result<CallOutput, ToolError>;
 
 pub(crate) struct CallLife {
     pub coords: CallCoordinates,
+    /// When it was admitted.
+    pub started: Instant,
     pub deadline: Instant,
+    /// Told of the outcome before anyone waiting for it, so the conversation's status is already current.
+    hub: Arc<ConversationHub>,
     pub progress: Option<ProgressSink>,
     /// Fires when the call ends, for any reason. `ended()` waits on it.
     ended: CancellationToken,
@@ -59,11 +65,18 @@ pub(crate) struct CallLife {
 }
 
 impl CallLife {
-    pub(crate) fn new(coords: CallCoordinates, deadline: Instant, progress: Option<ProgressSink>) -> Self {
+    pub(crate) fn new(
+        coords: CallCoordinates,
+        deadline: Instant,
+        progress: Option<ProgressSink>,
+        hub: Arc<ConversationHub>,
+    ) -> Self {
         let observed = Mutex::new(coords.visit.location.clone());
         Self {
             coords,
+            started: Instant::now(),
             deadline,
+            hub,
             progress,
             ended: CancellationToken::new(),
             step: Mutex::new(None),
@@ -97,6 +110,8 @@ impl CallLife {
             ),
             Err(error) => error.clone(),
         });
+        // Commit, then notify: the conversation learns of the outcome before the caller does.
+        self.hub.call_finished(self, &outcome);
         self.outcome.set(outcome);
         self.ended.cancel();
         true

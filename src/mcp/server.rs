@@ -36,6 +36,12 @@ pub(crate) struct GameServer {
 impl GameServer {
     /// Names the conversation a request belongs to: the MCP session (2025-11-25), else the agent's `task_id`
     /// handle, else the client's identity from `_meta` (2026-07-28 has no sessions).
+    ///
+    /// Every request opens its conversation ([`AgentHandle::conversation`]): a conversation that ended (for
+    /// example by the plugin's `conversation_idle_timeout`, which is how 2026-07-28 conversations end) is
+    /// reactivated, so a client that comes back simply continues in the same visit. The end of a 2025-11-25
+    /// session (DELETE or expiry) is not detected here: rmcp's `LocalSessionManager` offers no hook for it short of
+    /// wrapping the whole `SessionManager`; the idle timeout ends such conversations too.
     fn conversation(&self, arguments: &JsonObject, context: &RequestContext<RoleServer>) -> ConversationId {
         let parts = context.extensions.get::<axum::http::request::Parts>();
         let session = parts.and_then(|p| p.headers.get("mcp-session-id")).and_then(|v| v.to_str().ok());

@@ -92,6 +92,14 @@ pub struct VisitRelocated {
     pub to: Location,
 }
 
+/// A visit is closing: admission just closed (new calls get `WORLD_CLOSED`); next, its calls end and `close`
+/// runs, then [`VisitClosed`] follows in the same frame.
+#[derive(Message, Clone, Debug)]
+pub struct VisitClosing {
+    /// The visit, at its last location.
+    pub info: VisitInfo,
+}
+
 /// A visit ended. `completion` resolves when its `close` work is durable.
 #[derive(Message, Clone, Debug)]
 pub struct VisitClosed {

@@ -14,7 +14,8 @@ use crossbeam_channel::Receiver;
 pub use binding::WorldBinding;
 pub(crate) use follow::{follow_state, StateTarget};
 pub use messages::{
-    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitOpened, VisitRelocated, VisitSaved, WorldOpenFailed,
+    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitClosing, VisitOpened, VisitRelocated, VisitSaved,
+    WorldOpenFailed,
 };
 pub(crate) use transitions::{apply_transitions, collect_transitions, PendingTransitions, Transition};
 

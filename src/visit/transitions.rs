@@ -8,7 +8,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use bevy::prelude::*;
 
 use super::messages::{
-    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitOpened, VisitRelocated, VisitSaved, WorldOpenFailed,
+    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitClosing, VisitOpened, VisitRelocated, VisitSaved,
+    WorldOpenFailed,
 };
 use super::{OpenSession, VisitSlot};
 use crate::completion::Completion;
@@ -144,6 +145,7 @@ impl<L: WorldLifecycle> VisitSlot<L> {
                 None => Default::default(),
             }
         };
+        world.write_message(VisitClosing { info: open.info.clone() });
         for life in calls.into_values() {
             life.finish(Err(ToolError::with_code(
                 ErrorCode::VisitEnded,

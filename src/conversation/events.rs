@@ -1,0 +1,136 @@
+//! What a conversation publishes: status changes and the start and finish of its calls. Each event carries the
+//! conversation's next sequence number, so a subscriber can tell it missed nothing and saw nothing twice. The
+//! same values are Bevy messages for the game (a HUD) and items of a [`Subscription`] for Rust code.
+
+use std::time::Duration;
+
+use bevy::prelude::Message;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::status::{ConversationStatus, StatusSource};
+use crate::error::ErrorCode;
+use crate::ids::{ConversationId, RequestId, TaskId};
+use crate::lifecycle::VisitInfo;
+
+/// A conversation's status changed. Published only when the value changes.
+#[derive(Message, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConversationStatusChanged {
+    /// The conversation.
+    pub conversation: ConversationId,
+    /// The status before.
+    pub previous: ConversationStatus,
+    /// The status now.
+    pub status: ConversationStatus,
+    /// Who caused it.
+    pub source: StatusSource,
+    /// The conversation's event sequence number: one more than its previous event's.
+    pub sequence: u64,
+}
+
+/// A call was admitted and its execution started.
+#[derive(Message, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallStarted {
+    /// The conversation that made it.
+    pub conversation: ConversationId,
+    /// The call.
+    pub request: RequestId,
+    /// The tool.
+    pub tool: String,
+    /// Its task.
+    pub task: TaskId,
+    /// The visit and location revision it was admitted under.
+    pub visit: VisitInfo,
+    /// The conversation's event sequence number.
+    pub sequence: u64,
+}
+
+/// A call reached its one outcome.
+#[derive(Message, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallFinished {
+    /// The conversation that made it.
+    pub conversation: ConversationId,
+    /// The call.
+    pub request: RequestId,
+    /// The tool.
+    pub tool: String,
+    /// `None` for a success, else the error's code.
+    pub code: Option<ErrorCode>,
+    /// From admission to outcome.
+    pub duration: Duration,
+    /// The visit and location revision it was admitted under.
+    pub visit: VisitInfo,
+    /// The conversation's event sequence number.
+    pub sequence: u64,
+}
+
+/// One event of a conversation, in the order it was published.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ConversationEvent {
+    /// The status changed.
+    Status(ConversationStatusChanged),
+    /// A call started.
+    CallStarted(CallStarted),
+    /// A call finished.
+    CallFinished(CallFinished),
+}
+
+impl ConversationEvent {
+    /// The conversation it belongs to.
+    pub fn conversation(&self) -> &ConversationId {
+        match self {
+            Self::Status(event) => &event.conversation,
+            Self::CallStarted(event) => &event.conversation,
+            Self::CallFinished(event) => &event.conversation,
+        }
+    }
+
+    /// Its sequence number in its conversation.
+    pub fn sequence(&self) -> u64 {
+        match self {
+            Self::Status(event) => event.sequence,
+            Self::CallStarted(event) => event.sequence,
+            Self::CallFinished(event) => event.sequence,
+        }
+    }
+
+    pub(crate) fn set_sequence(&mut self, sequence: u64) {
+        match self {
+            Self::Status(event) => event.sequence = sequence,
+            Self::CallStarted(event) => event.sequence = sequence,
+            Self::CallFinished(event) => event.sequence = sequence,
+        }
+    }
+
+    /// The status change, if it is one.
+    pub fn as_status(&self) -> Option<&ConversationStatusChanged> {
+        match self {
+            Self::Status(event) => Some(event),
+            _ => None,
+        }
+    }
+}
+
+/// Live events, in publication order, from the moment it was created (for one conversation, or for all).
+/// Unbounded: read it, or drop it to unsubscribe. Usable from any thread.
+pub struct Subscription {
+    pub(crate) events: UnboundedReceiver<ConversationEvent>,
+}
+
+impl Subscription {
+    /// The next event if one is waiting.
+    pub fn try_next(&mut self) -> Option<ConversationEvent> {
+        self.events.try_recv().ok()
+    }
+
+    /// Every event waiting now.
+    pub fn drain(&mut self) -> Vec<ConversationEvent> {
+        std::iter::from_fn(|| self.try_next()).collect()
+    }
+
+    /// Waits for the next event; `None` once the host is gone. Cancel-safe.
+    pub async fn next(&mut self) -> Option<ConversationEvent> {
+        self.events.recv().await
+    }
+}

@@ -1,0 +1,43 @@
+//! What the game sees: conversation events written as Bevy messages on the main thread, and the per-frame check
+//! of the idle timeout.
+
+use std::time::Instant;
+
+use bevy::prelude::*;
+use crossbeam_channel::Receiver;
+
+use super::events::{CallFinished, CallStarted, ConversationEvent, ConversationStatusChanged};
+use crate::agent::AgentHandle;
+
+/// Events published on any thread, waiting to be written as messages.
+#[derive(Resource)]
+pub(crate) struct ConversationFeed(pub Receiver<ConversationEvent>);
+
+/// Writes every event published since the last run as [`ConversationStatusChanged`], [`CallStarted`] and
+/// [`CallFinished`] messages, in publication order.
+pub(crate) fn publish_conversation_messages(
+    feed: Res<ConversationFeed>,
+    mut status: MessageWriter<ConversationStatusChanged>,
+    mut started: MessageWriter<CallStarted>,
+    mut finished: MessageWriter<CallFinished>,
+) {
+    for event in feed.0.try_iter() {
+        match event {
+            ConversationEvent::Status(event) => {
+                tracing::debug!(conversation = %event.conversation, from = %event.previous, to = %event.status, source = ?event.source, "conversation status");
+                status.write(event);
+            }
+            ConversationEvent::CallStarted(event) => {
+                started.write(event);
+            }
+            ConversationEvent::CallFinished(event) => {
+                finished.write(event);
+            }
+        }
+    }
+}
+
+/// Ends conversations idle for longer than the plugin's idle timeout.
+pub(crate) fn end_idle_conversations(agent: Res<AgentHandle>) {
+    agent.host().conversations.end_idle(Instant::now());
+}

@@ -1,0 +1,37 @@
+//! Conversations (DESIGN §6): one agent connection each, with a status a HUD can trust, de-duplicated events in
+//! sequence, and a reconnect that loses nothing.
+//!
+//! - **Status** ([`ConversationStatus`]): `Idle`, `Running`, `WaitingToolResult`, `Ended`, `Error`. The host sets
+//!   `WaitingToolResult` while a call of the conversation executes (or waits for its tool) and returns to
+//!   `Running` (if the agent reported a turn) or `Idle` when the last one finishes. The agent reports turns
+//!   (`Running`, `Idle`), `Error`, and may end the conversation; it reports with sequence numbers, and a report not
+//!   newer than the last one seen is ignored ([`Reported::Stale`]).
+//! - **Events** ([`ConversationEvent`]): status changes (only when the value changes, with the previous status
+//!   and the [`StatusSource`]), calls started and finished. Each carries the conversation's next sequence number.
+//!   The game reads them as Bevy messages; Rust code subscribes through [`AgentHandle`](crate::AgentHandle).
+//! - **End**: ends the conversation's calls (`CANCELLED`, their `ended()` fires) and never touches the visit.
+//!   `Ended` is published once per transition into it; ending again succeeds without an event. Only a resume
+//!   (`Ended → Idle`) leaves it; opening the conversation again by id ([`AgentHandle::conversation`]) is such a
+//!   resume, so an MCP client that comes back after the idle timeout simply continues.
+//! - **Reconnect**: [`AgentHandle::resume`] returns a [`ConversationSnapshot`] (status, active and pending calls,
+//!   visit and revision) and a [`Subscription`] that delivers exactly the events after it.
+//! - **Idle timeout** ([`AgentToolsPlugin::conversation_idle_timeout`]): a conversation with no call in flight and
+//!   no activity (call, report, open) for that long ends. Checked every frame.
+//!
+//! [`AgentHandle::conversation`]: crate::AgentHandle::conversation
+//! [`AgentHandle::resume`]: crate::AgentHandle::resume
+//! [`AgentToolsPlugin::conversation_idle_timeout`]: crate::AgentToolsPlugin::conversation_idle_timeout
+
+mod events;
+mod game;
+mod pending;
+mod registry;
+mod snapshot;
+mod status;
+
+pub use events::{CallFinished, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription};
+pub(crate) use game::{end_idle_conversations, publish_conversation_messages, ConversationFeed};
+pub(crate) use pending::{ended, tool_wait, wait_for_tool, WaitingCall};
+pub(crate) use registry::ConversationHub;
+pub use snapshot::{ActiveCall, ConversationSnapshot, PendingCall};
+pub use status::{ConversationStatus, Reported, StatusSource};

@@ -1,0 +1,404 @@
+//! The host's conversations: each one's status facts, event sequence, calls in flight and subscribers.
+//!
+//! Its lock is a leaf: the host takes it after its own state lock (admission) or after a call's step lock (a
+//! call's outcome), and never calls back into a call while holding it. Events are published under the lock, so
+//! every subscriber sees one conversation's events in sequence order, and a snapshot taken under it is exactly
+//! the state before the next event.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+use tokio_util::sync::CancellationToken;
+
+use super::events::{CallFinished, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription};
+use super::snapshot::{ActiveCall, ConversationSnapshot, PendingCall};
+use super::status::{ConversationStatus, Reported, StatusFacts, StatusSource};
+use crate::call::{CallLife, CallOutcome};
+use crate::error::{ErrorCode, ToolError};
+use crate::ids::{ConversationId, TaskId};
+use crate::lifecycle::VisitInfo;
+
+/// How many ended conversations are remembered (so that resuming one says "ended", not "not found").
+const ENDED_KEPT: usize = 1024;
+
+struct Entry {
+    facts: StatusFacts,
+    status: ConversationStatus,
+    /// The sequence number of the last published event.
+    sequence: u64,
+    /// The newest sequence number the agent reported with.
+    agent_sequence: u64,
+    active: BTreeMap<crate::ids::RequestId, Arc<CallLife>>,
+    pending: BTreeMap<u64, (PendingCall, CancellationToken)>,
+    subscribers: Vec<UnboundedSender<ConversationEvent>>,
+    last_activity: Instant,
+    ended_at: Option<Instant>,
+}
+
+impl Entry {
+    fn new(now: Instant) -> Self {
+        Self {
+            facts: StatusFacts::default(),
+            status: ConversationStatus::Idle,
+            sequence: 0,
+            agent_sequence: 0,
+            active: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            subscribers: Vec::new(),
+            last_activity: now,
+            ended_at: None,
+        }
+    }
+}
+
+#[derive(Default)]
+struct HubInner {
+    conversations: HashMap<ConversationId, Entry>,
+    /// Subscribers to every conversation.
+    watchers: Vec<UnboundedSender<ConversationEvent>>,
+    next_pending: u64,
+}
+
+/// What an end took from the conversation, to be ended outside the lock.
+#[derive(Default)]
+pub(crate) struct Orphans {
+    calls: Vec<Arc<CallLife>>,
+    pending: Vec<CancellationToken>,
+}
+
+impl Orphans {
+    /// Ends the conversation's calls with `CANCELLED` (their `ended()` fires) and stops its pending calls.
+    pub(crate) fn end(self, conversation: &ConversationId) {
+        for life in self.calls {
+            life.fail(ErrorCode::Cancelled, format!("conversation `{conversation}` ended before the call finished"));
+        }
+        for token in self.pending {
+            token.cancel();
+        }
+    }
+}
+
+pub(crate) struct ConversationHub {
+    inner: Mutex<HubInner>,
+    /// To the main thread, which writes them as Bevy messages.
+    game: Sender<ConversationEvent>,
+    idle_timeout: Option<Duration>,
+}
+
+impl ConversationHub {
+    pub(crate) fn new(idle_timeout: Option<Duration>) -> (Self, Receiver<ConversationEvent>) {
+        let (game, feed) = crossbeam_channel::unbounded();
+        (Self { inner: Mutex::new(HubInner::default()), game, idle_timeout }, feed)
+    }
+
+    /// Opens `id`: creates it `Idle` if unknown, and reactivates it (`Ended → Idle`, by the host) if it ended.
+    pub(crate) fn open(&self, id: &ConversationId) {
+        let mut inner = self.inner.lock();
+        let now = Instant::now();
+        let game = &self.game;
+        let HubInner { conversations, watchers, .. } = &mut *inner;
+        let entry = conversations.entry(id.clone()).or_insert_with(|| Entry::new(now));
+        entry.last_activity = now;
+        if entry.facts.ended {
+            entry.facts.reactivate();
+            entry.ended_at = None;
+            update(game, watchers, id, entry, StatusSource::Host);
+        }
+    }
+
+    pub(crate) fn status(&self, id: &ConversationId) -> Option<ConversationStatus> {
+        self.inner.lock().conversations.get(id).map(|entry| entry.status)
+    }
+
+    /// The explicit `Ended → Idle` of [`Conversation::resume`](crate::Conversation::resume).
+    pub(crate) fn reactivate(&self, id: &ConversationId) -> Result<(), ToolError> {
+        let mut inner = self.inner.lock();
+        let HubInner { conversations, watchers, .. } = &mut *inner;
+        let entry = conversations.get_mut(id).ok_or_else(|| not_found(id))?;
+        entry.last_activity = Instant::now();
+        if entry.facts.ended {
+            entry.facts.reactivate();
+            entry.ended_at = None;
+            update(&self.game, watchers, id, entry, StatusSource::Host);
+        }
+        Ok(())
+    }
+
+    /// Applies a status the agent reported, with its sequence number (the next one when `None`).
+    pub(crate) fn report(&self, id: &ConversationId, status: ConversationStatus, sequence: Option<u64>) -> Reported {
+        let (reported, orphans) = {
+            let mut inner = self.inner.lock();
+            let HubInner { conversations, watchers, .. } = &mut *inner;
+            let Some(entry) = conversations.get_mut(id) else { return Reported::Refused };
+            let sequence = sequence.unwrap_or(entry.agent_sequence + 1);
+            if sequence <= entry.agent_sequence {
+                return Reported::Stale;
+            }
+            entry.agent_sequence = sequence;
+            entry.last_activity = Instant::now();
+            if status == ConversationStatus::Ended {
+                let was_ended = entry.facts.ended;
+                let orphans = end_entry(&self.game, watchers, id, entry, StatusSource::Agent);
+                (if was_ended { Reported::Unchanged } else { Reported::Changed }, Some(orphans))
+            } else if !entry.facts.agent_reports(status) {
+                (Reported::Refused, None)
+            } else if update(&self.game, watchers, id, entry, StatusSource::Agent) {
+                (Reported::Changed, None)
+            } else {
+                (Reported::Unchanged, None)
+            }
+        };
+        if let Some(orphans) = orphans {
+            orphans.end(id);
+            self.forget_old_ended();
+        }
+        reported
+    }
+
+    /// Ends `id` (by the host): publishes `Ended` once, ends its calls. Ending an ended conversation succeeds
+    /// without a second event.
+    pub(crate) fn end(&self, id: &ConversationId) -> Result<(), ToolError> {
+        let orphans = {
+            let mut inner = self.inner.lock();
+            let HubInner { conversations, watchers, .. } = &mut *inner;
+            let entry = conversations.get_mut(id).ok_or_else(|| not_found(id))?;
+            end_entry(&self.game, watchers, id, entry, StatusSource::Host)
+        };
+        orphans.end(id);
+        self.forget_old_ended();
+        Ok(())
+    }
+
+    /// Ends every conversation that had no call in flight and no activity for the idle timeout.
+    pub(crate) fn end_idle(&self, now: Instant) {
+        let Some(timeout) = self.idle_timeout else { return };
+        let idle: Vec<ConversationId> = {
+            let inner = self.inner.lock();
+            inner
+                .conversations
+                .iter()
+                .filter(|(_, entry)| {
+                    !entry.facts.ended
+                        && entry.active.is_empty()
+                        && entry.pending.is_empty()
+                        && now.saturating_duration_since(entry.last_activity) >= timeout
+                })
+                .map(|(id, _)| id.clone())
+                .collect()
+        };
+        for id in idle {
+            tracing::info!(conversation = %id, ?timeout, "the conversation was idle too long; it ended");
+            let _ = self.end(&id);
+        }
+    }
+
+    /// A snapshot of `id` and a subscription that delivers exactly the events after it.
+    pub(crate) fn attach(
+        &self,
+        id: &ConversationId,
+        visit: Option<VisitInfo>,
+    ) -> Result<(ConversationSnapshot, Subscription), ToolError> {
+        if id.as_str().is_empty() {
+            return Err(ToolError::with_code(ErrorCode::InvalidInput, "the conversation id is empty")
+                .with_detail("field", "conversation"));
+        }
+        let mut inner = self.inner.lock();
+        let entry = inner.conversations.get_mut(id).ok_or_else(|| not_found(id))?;
+        let (sender, events) = unbounded_channel();
+        entry.subscribers.push(sender);
+        let snapshot = ConversationSnapshot {
+            conversation: id.clone(),
+            status: entry.status,
+            sequence: entry.sequence,
+            active_calls: entry
+                .active
+                .values()
+                .map(|life| ActiveCall {
+                    request: life.coords.request,
+                    tool: life.coords.tool.clone(),
+                    task: life.coords.task.clone(),
+                    visit: life.coords.visit.clone(),
+                })
+                .collect(),
+            pending_calls: entry.pending.values().map(|(call, _)| call.clone()).collect(),
+            visit,
+        };
+        Ok((snapshot, Subscription { events }))
+    }
+
+    /// The execution of one of `id`'s calls, if it is still in flight.
+    pub(crate) fn live_call(&self, id: &ConversationId, request: crate::ids::RequestId) -> Option<Arc<CallLife>> {
+        self.inner.lock().conversations.get(id).and_then(|entry| entry.active.get(&request).cloned())
+    }
+
+    /// A subscription to every conversation's events from now on.
+    pub(crate) fn subscribe_all(&self) -> Subscription {
+        let (sender, events) = unbounded_channel();
+        self.inner.lock().watchers.push(sender);
+        Subscription { events }
+    }
+
+    /// Whether `id` may make calls now (it is known and not ended).
+    pub(crate) fn accepts(&self, id: &ConversationId) -> bool {
+        self.inner.lock().conversations.get(id).is_some_and(|entry| !entry.facts.ended)
+    }
+
+    /// Records an admitted call (under the host's state lock). Returns false if the conversation ended
+    /// meanwhile: the caller must then end the call.
+    pub(crate) fn call_started(&self, life: &Arc<CallLife>) -> bool {
+        let mut inner = self.inner.lock();
+        let HubInner { conversations, watchers, .. } = &mut *inner;
+        let id = &life.coords.conversation;
+        let Some(entry) = conversations.get_mut(id).filter(|entry| !entry.facts.ended) else { return false };
+        entry.active.insert(life.coords.request, life.clone());
+        entry.facts.calls += 1;
+        entry.last_activity = Instant::now();
+        let started = CallStarted {
+            conversation: id.clone(),
+            request: life.coords.request,
+            tool: life.coords.tool.clone(),
+            task: life.coords.task.clone(),
+            visit: life.coords.visit.clone(),
+            sequence: 0,
+        };
+        publish(&self.game, watchers, entry, ConversationEvent::CallStarted(started));
+        update(&self.game, watchers, id, entry, StatusSource::Host);
+        true
+    }
+
+    /// Records a call's outcome, before anyone waiting for it can see it (so the status has already returned
+    /// when the agent learns the result).
+    pub(crate) fn call_finished(&self, life: &CallLife, outcome: &CallOutcome) {
+        let mut inner = self.inner.lock();
+        let HubInner { conversations, watchers, .. } = &mut *inner;
+        let id = &life.coords.conversation;
+        let Some(entry) = conversations.get_mut(id) else { return };
+        if entry.active.remove(&life.coords.request).is_none() {
+            return;
+        }
+        entry.facts.calls = entry.facts.calls.saturating_sub(1);
+        entry.last_activity = Instant::now();
+        let finished = CallFinished {
+            conversation: id.clone(),
+            request: life.coords.request,
+            tool: life.coords.tool.clone(),
+            code: outcome.as_ref().err().map(|error| error.code.clone()),
+            duration: life.started.elapsed(),
+            visit: life.coords.visit.clone(),
+            sequence: 0,
+        };
+        publish(&self.game, watchers, entry, ConversationEvent::CallFinished(finished));
+        update(&self.game, watchers, id, entry, StatusSource::Host);
+    }
+
+    /// Records a call that waits for its tool. `None` if the conversation ended (or is unknown).
+    pub(crate) fn pending_started(
+        &self,
+        id: &ConversationId,
+        tool: &str,
+        task: Option<TaskId>,
+        cancel: CancellationToken,
+    ) -> Option<u64> {
+        let mut inner = self.inner.lock();
+        inner.next_pending += 1;
+        let key = inner.next_pending;
+        let HubInner { conversations, watchers, .. } = &mut *inner;
+        let entry = conversations.get_mut(id).filter(|entry| !entry.facts.ended)?;
+        entry.pending.insert(key, (PendingCall { tool: tool.to_string(), task }, cancel));
+        entry.facts.calls += 1;
+        entry.last_activity = Instant::now();
+        update(&self.game, watchers, id, entry, StatusSource::Host);
+        Some(key)
+    }
+
+    /// The call stopped waiting for its tool (it was admitted, or gave up).
+    pub(crate) fn pending_finished(&self, id: &ConversationId, key: u64) {
+        let mut inner = self.inner.lock();
+        let HubInner { conversations, watchers, .. } = &mut *inner;
+        let Some(entry) = conversations.get_mut(id) else { return };
+        if entry.pending.remove(&key).is_some() {
+            entry.facts.calls = entry.facts.calls.saturating_sub(1);
+            entry.last_activity = Instant::now();
+            update(&self.game, watchers, id, entry, StatusSource::Host);
+        }
+    }
+
+    /// Keeps at most [`ENDED_KEPT`] ended conversations, forgetting the longest ended first.
+    fn forget_old_ended(&self) {
+        let mut inner = self.inner.lock();
+        let mut ended: Vec<(Instant, ConversationId)> =
+            inner.conversations.iter().filter_map(|(id, entry)| entry.ended_at.map(|at| (at, id.clone()))).collect();
+        if ended.len() <= ENDED_KEPT {
+            return;
+        }
+        ended.sort();
+        let excess = ended.len() - ENDED_KEPT;
+        for (_, id) in ended.into_iter().take(excess) {
+            inner.conversations.remove(&id);
+        }
+    }
+}
+
+fn not_found(id: &ConversationId) -> ToolError {
+    ToolError::with_code(
+        ErrorCode::ConversationNotFound,
+        format!("no conversation `{id}` is known to the host: open a new one instead"),
+    )
+    .with_detail("conversation", id)
+}
+
+/// Marks the entry ended (publishing once) and takes its calls, to be ended outside the lock.
+fn end_entry(
+    game: &Sender<ConversationEvent>,
+    watchers: &mut Vec<UnboundedSender<ConversationEvent>>,
+    id: &ConversationId,
+    entry: &mut Entry,
+    source: StatusSource,
+) -> Orphans {
+    if entry.facts.ended {
+        return Orphans::default();
+    }
+    entry.facts.ended = true;
+    entry.ended_at = Some(Instant::now());
+    update(game, watchers, id, entry, source);
+    Orphans {
+        calls: entry.active.values().cloned().collect(),
+        pending: entry.pending.values().map(|(_, token)| token.clone()).collect(),
+    }
+}
+
+/// Recomputes the status from the facts and publishes a change. Returns whether it changed.
+fn update(
+    game: &Sender<ConversationEvent>,
+    watchers: &mut Vec<UnboundedSender<ConversationEvent>>,
+    id: &ConversationId,
+    entry: &mut Entry,
+    source: StatusSource,
+) -> bool {
+    let status = entry.facts.status();
+    if status == entry.status {
+        return false;
+    }
+    let previous = std::mem::replace(&mut entry.status, status);
+    let changed = ConversationStatusChanged { conversation: id.clone(), previous, status, source, sequence: 0 };
+    publish(game, watchers, entry, ConversationEvent::Status(changed));
+    true
+}
+
+/// Gives the event the conversation's next sequence number and sends it to every subscriber and the game.
+fn publish(
+    game: &Sender<ConversationEvent>,
+    watchers: &mut Vec<UnboundedSender<ConversationEvent>>,
+    entry: &mut Entry,
+    mut event: ConversationEvent,
+) {
+    entry.sequence += 1;
+    event.set_sequence(entry.sequence);
+    entry.subscribers.retain(|subscriber| subscriber.send(event.clone()).is_ok());
+    watchers.retain(|watcher| watcher.send(event.clone()).is_ok());
+    let _ = game.send(event);
+}

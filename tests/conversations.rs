@@ -1,0 +1,502 @@
+//! Conversations (DESIGN §6): the status machine, de-duplicated events in sequence, end and resume, the reconnect
+//! snapshot, calls waiting for their tool, and what the game sees as Bevy messages.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bevy::prelude::*;
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::{headless_app, AgentTestAppExt, Gate};
+use bevy_agent_tools::{
+    CallFinished, CallStarted, ConversationEvent, ConversationStatus as S, ConversationStatusChanged, NoArgs, Reported,
+    StatusSource, Subscription, VisitClosed, VisitClosing, VisitOpened, VisitRelocated, VisitSaved,
+};
+use common::*;
+use serde_json::json;
+
+/// The status changes in `events`, as (previous, status, source).
+fn statuses(events: &[ConversationEvent]) -> Vec<(S, S, StatusSource)> {
+    events.iter().filter_map(ConversationEvent::as_status).map(|e| (e.previous, e.status, e.source)).collect()
+}
+
+fn drain(events: &mut Subscription) -> Vec<ConversationEvent> {
+    let drained = events.drain();
+    let sequences: Vec<u64> = drained.iter().map(ConversationEvent::sequence).collect();
+    assert!(sequences.windows(2).all(|pair| pair[1] == pair[0] + 1), "sequence numbers without gaps: {sequences:?}");
+    drained
+}
+
+fn gated_app(gate: &Gate) -> App {
+    app_with(TestGame::default(), vec![bump_tool("slow_bump", ToolScope::World, Arc::default(), Some(gate.clone()))])
+}
+
+#[test]
+fn a_turn_without_tools_goes_idle_running_idle() {
+    let mut app = app_with(TestGame::default(), vec![]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("agent");
+    let (snapshot, mut events) = conversation.subscribe().expect("known");
+    assert_eq!(snapshot.status, S::Idle, "a new conversation starts idle, without an event");
+    assert_eq!(snapshot.sequence, 0);
+
+    assert_eq!(conversation.turn_started(), Reported::Changed);
+    assert_eq!(conversation.status(), S::Running);
+    assert_eq!(conversation.turn_ended(), Reported::Changed);
+
+    let events = drain(&mut events);
+    assert_eq!(
+        statuses(&events),
+        [(S::Idle, S::Running, StatusSource::Agent), (S::Running, S::Idle, StatusSource::Agent)]
+    );
+    assert_eq!(events[0].sequence(), 1);
+}
+
+#[test]
+fn a_turn_with_a_tool_goes_idle_running_waiting_running_idle() {
+    let mut app = app_with(TestGame::default(), vec![]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("agent");
+    let (_, mut events) = conversation.subscribe().expect("known");
+
+    conversation.turn_started();
+    let call = conversation.call("bump", json!({}));
+    assert_eq!(conversation.status(), S::WaitingToolResult, "the host sets it as soon as the call is admitted");
+    app.run_until_resolved(&call).expect("bump succeeds");
+    assert_eq!(conversation.status(), S::Running, "the status returned before the agent saw the result");
+    conversation.turn_ended();
+
+    assert_eq!(
+        statuses(&drain(&mut events)),
+        [
+            (S::Idle, S::Running, StatusSource::Agent),
+            (S::Running, S::WaitingToolResult, StatusSource::Host),
+            (S::WaitingToolResult, S::Running, StatusSource::Host),
+            (S::Running, S::Idle, StatusSource::Agent),
+        ]
+    );
+}
+
+#[test]
+fn host_and_agent_reporting_the_same_status_publish_it_once() {
+    let gate = Gate::new();
+    let mut app = gated_app(&gate);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("agent");
+    let (_, mut events) = conversation.subscribe().expect("known");
+
+    assert_eq!(conversation.turn_started(), Reported::Changed);
+    assert_eq!(conversation.turn_started(), Reported::Unchanged, "running twice is one event");
+    let call = conversation.call("slow_bump", json!({}));
+    app.run_until("the handler is at the gate", |_| gate.arrived() == 1);
+    assert_eq!(conversation.report(S::WaitingToolResult, 10), Reported::Unchanged, "the host already said so");
+    gate.open();
+    app.run_until_resolved(&call).expect("succeeds");
+    assert_eq!(conversation.status(), S::WaitingToolResult, "the agent still says it waits");
+    assert_eq!(conversation.report(S::Running, 11), Reported::Changed);
+    assert_eq!(conversation.report(S::Running, 12), Reported::Unchanged);
+
+    assert_eq!(
+        statuses(&drain(&mut events)),
+        [
+            (S::Idle, S::Running, StatusSource::Agent),
+            (S::Running, S::WaitingToolResult, StatusSource::Host),
+            (S::WaitingToolResult, S::Running, StatusSource::Agent),
+        ]
+    );
+}
+
+#[test]
+fn out_of_order_and_duplicate_sequence_numbers_are_ignored() {
+    let mut app = app_with(TestGame::default(), vec![]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("agent");
+    let (_, mut events) = conversation.subscribe().expect("known");
+
+    assert_eq!(conversation.report(S::Running, 2), Reported::Changed);
+    assert_eq!(conversation.report(S::Idle, 2), Reported::Stale, "a duplicate sequence is ignored");
+    assert_eq!(conversation.report(S::Idle, 1), Reported::Stale, "an older sequence is ignored");
+    assert_eq!(conversation.status(), S::Running, "neither changed the status");
+    assert_eq!(conversation.report(S::Error, 5), Reported::Changed);
+    assert_eq!(conversation.report(S::Idle, 4), Reported::Stale, "late recovery from before the error");
+    assert_eq!(conversation.report(S::Idle, 6), Reported::Changed);
+
+    assert_eq!(
+        statuses(&drain(&mut events)),
+        [
+            (S::Idle, S::Running, StatusSource::Agent),
+            (S::Running, S::Error, StatusSource::Agent),
+            (S::Error, S::Idle, StatusSource::Agent),
+        ]
+    );
+}
+
+#[test]
+fn ended_is_published_once_per_transition_and_ending_twice_succeeds() {
+    let mut app = app_with(TestGame::default(), vec![]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("agent");
+    let (_, mut events) = conversation.subscribe().expect("known");
+
+    assert_eq!(conversation.end(), Ok(()));
+    assert_eq!(conversation.end(), Ok(()), "ending an ended conversation succeeds");
+    assert_eq!(conversation.report(S::Ended, 1), Reported::Unchanged, "the agent's duplicate end is no event");
+    assert_eq!(conversation.turn_started(), Reported::Refused, "only a resume leaves ended");
+    assert_eq!(statuses(&drain(&mut events)), [(S::Idle, S::Ended, StatusSource::Host)]);
+
+    conversation.resume().expect("known");
+    assert_eq!(conversation.status(), S::Idle);
+    conversation.end().expect("ends again");
+    assert_eq!(
+        statuses(&drain(&mut events)),
+        [(S::Ended, S::Idle, StatusSource::Host), (S::Idle, S::Ended, StatusSource::Host)],
+        "a new transition into ended is published once more"
+    );
+}
+
+#[test]
+fn ending_a_conversation_cancels_its_calls_and_never_touches_the_visit() {
+    let gate = Gate::new();
+    let game = TestGame::default();
+    let record = game.record.clone();
+    let ended_seen = Arc::new(AtomicUsize::new(0));
+    let seen = ended_seen.clone();
+    let watcher = AgentTool::new("watch", "Waits until the call ends.", move |ctx: CallContext<Session>, _: NoArgs| {
+        let seen = seen.clone();
+        async move {
+            ctx.ended().await;
+            seen.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    });
+    let mut app =
+        app_with(game, vec![watcher, bump_tool("slow_bump", ToolScope::World, Arc::default(), Some(gate.clone()))]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("agent");
+    let watching = conversation.call("watch", json!({}));
+    let gated = conversation.call("slow_bump", json!({}));
+    app.run_until("the handler is at the gate", |_| gate.arrived() == 1);
+
+    conversation.end().expect("ends");
+    for call in [&watching, &gated] {
+        assert_eq!(code(&call.try_outcome().expect("ended at once")), Some(ErrorCode::Cancelled));
+    }
+    app.run_until("the handler saw ended()", |_| ended_seen.load(Ordering::SeqCst) == 1);
+    let refused = conversation.call("bump", json!({})).try_outcome().expect("rejected at once").expect_err("ended");
+    assert_eq!(refused.details.extra["conversation_ended"], json!(true));
+
+    gate.open();
+    app.step(3);
+    assert_eq!(record.closes.load(Ordering::SeqCst), 0, "the visit was not closed");
+    assert_eq!(record.opens.load(Ordering::SeqCst), 1);
+    let other = app.agent().conversation("other").call("bump", json!({}));
+    assert!(app.run_until_resolved(&other).is_ok(), "the visit still serves other conversations");
+}
+
+#[test]
+fn resuming_an_empty_or_unknown_id_fails_with_a_clear_code() {
+    let app = app_with(TestGame::default(), vec![]);
+    let agent = app.agent();
+    assert_eq!(agent.resume("").err().map(|e| e.code), Some(ErrorCode::InvalidInput));
+    assert_eq!(agent.resume("nobody").err().map(|e| e.code), Some(ErrorCode::ConversationNotFound));
+    assert_eq!(agent.conversation_status(&"nobody".into()), None, "resuming creates nothing");
+}
+
+#[test]
+fn reconnect_with_a_call_in_flight_gets_the_snapshot_first_then_the_outcome() {
+    let gate = Gate::new();
+    let mut app = gated_app(&gate);
+    app.enter_world("alpha");
+    app.travel("nether");
+    let agent = app.agent();
+    {
+        let first = agent.conversation("claude");
+        first.turn_started();
+        first.call("slow_bump", json!({})).detach();
+    }
+    app.run_until("the handler is at the gate", |_| gate.arrived() == 1);
+
+    let mut resumed = agent.resume("claude").expect("known");
+    let snapshot = resumed.snapshot.clone();
+    assert_eq!(snapshot.status, S::WaitingToolResult);
+    let active = snapshot.active_call().expect("the call in flight is in the snapshot");
+    assert_eq!(active.tool, "slow_bump");
+    assert!(snapshot.pending_call().is_none());
+    let visit = snapshot.visit.clone().expect("a visit is open");
+    assert_eq!((visit.world.as_str(), visit.location.revision.0), ("alpha", 1));
+    assert!(resumed.events.try_next().is_none(), "nothing before the snapshot is delivered again");
+
+    let rejoined = resumed.conversation.rejoin(active.request).expect("still in flight");
+    gate.open();
+    let output = app.run_until_resolved(&rejoined).expect("the outcome reaches the reattached conversation");
+    assert_eq!(output.value["counter"], 1);
+
+    let events = drain(&mut resumed.events);
+    assert_eq!(events[0].sequence(), snapshot.sequence + 1, "live events continue right after the snapshot");
+    match &events[0] {
+        ConversationEvent::CallFinished(finished) => {
+            assert_eq!((finished.request, finished.code.clone()), (active.request, None));
+        }
+        other => panic!("expected the call to finish first, got {other:?}"),
+    }
+    assert_eq!(statuses(&events), [(S::WaitingToolResult, S::Running, StatusSource::Host)]);
+}
+
+fn late_tool_app(game: TestGame, wait: Option<Duration>) -> App {
+    let mut plugin = AgentToolsPlugin::new(game);
+    if let Some(wait) = wait {
+        plugin = plugin.tool_wait(wait);
+    }
+    headless_app(plugin)
+}
+
+#[test]
+fn a_call_for_a_tool_registered_later_completes_once_it_appears() {
+    let mut app = late_tool_app(TestGame::default(), Some(Duration::from_secs(20)));
+    app.enter_world("alpha");
+    let agent = app.agent();
+    let conversation = agent.conversation("agent");
+    let call = conversation.call("late_bump", json!({"by": 3}));
+    app.run_until("the call waits for its tool", |app| {
+        app.agent().resume("agent").is_ok_and(|resumed| resumed.snapshot.pending_call().is_some())
+    });
+    assert_eq!(conversation.status(), S::WaitingToolResult);
+    assert!(call.try_outcome().is_none(), "not dropped, not rejected: waiting");
+
+    agent.register_tool(bump_tool("late_bump", ToolScope::World, Arc::default(), None)).expect("same session type");
+    let output = app.run_until_resolved(&call).expect("runs once the tool is registered");
+    assert_eq!(output.value["counter"], 3);
+    assert_eq!(conversation.status(), S::Idle);
+}
+
+#[test]
+fn while_the_world_loads_a_call_waits_for_the_tool_the_world_registers() {
+    let game = TestGame { load_async: true, ..Default::default() };
+    let loading = game.loading.clone();
+    let mut app = late_tool_app(game, None);
+    app.enter_world("alpha");
+    let agent = app.agent();
+    let call = agent.conversation("agent").call("world_tool", json!({}));
+    app.step(2);
+    assert!(call.try_outcome().is_none(), "waiting while the world loads");
+
+    agent.register_tool(bump_tool("world_tool", ToolScope::World, Arc::default(), None)).expect("registers");
+    if let Some(completer) = loading.lock().take() {
+        completer.succeed();
+    }
+    assert_eq!(app.run_until_resolved(&call).expect("runs").value["counter"], 1);
+}
+
+#[test]
+fn a_call_for_a_tool_never_registered_times_out_with_tool_not_found() {
+    let mut app = late_tool_app(TestGame::default(), Some(Duration::from_millis(30)));
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("agent");
+    let (_, mut events) = conversation.subscribe().expect("known");
+    let call = conversation.call("never", json!({}));
+    let error = app.run_until_resolved(&call).expect_err("never registered");
+    assert_eq!(error.code, ErrorCode::ToolNotFound);
+    assert!(error.message.contains("waited"), "{}", error.message);
+    assert_eq!(
+        statuses(&drain(&mut events)),
+        [(S::Idle, S::WaitingToolResult, StatusSource::Host), (S::WaitingToolResult, S::Idle, StatusSource::Host)]
+    );
+}
+
+#[test]
+fn an_idle_conversation_ends_after_the_configured_timeout_and_reopens() {
+    let game = TestGame::default();
+    let record = game.record.clone();
+    let mut app = headless_app(
+        AgentToolsPlugin::new(game)
+            .with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None))
+            .conversation_idle_timeout(Duration::from_millis(20)),
+    );
+    app.enter_world("alpha");
+    let agent = app.agent();
+    let conversation = agent.conversation("mcp-client:test/1");
+    let call = conversation.call("bump", json!({}));
+    app.run_until_resolved(&call).expect("succeeds");
+    app.run_until("the idle conversation ended", |_| conversation.status() == S::Ended);
+    assert_eq!(record.closes.load(Ordering::SeqCst), 0, "ending never closes the visit");
+
+    let again = agent.conversation("mcp-client:test/1");
+    assert_eq!(again.status(), S::Idle, "opening it again reactivates it");
+    let call = again.call("bump", json!({}));
+    assert_eq!(app.run_until_resolved(&call).expect("the same visit").value["counter"], 2);
+}
+
+/// Everything the game saw, one line per message.
+#[derive(Resource, Default)]
+struct Seen(Vec<String>);
+
+fn record_messages(
+    mut opened: MessageReader<VisitOpened>,
+    mut conversation: (
+        MessageReader<ConversationStatusChanged>,
+        MessageReader<CallStarted>,
+        MessageReader<CallFinished>,
+    ),
+    mut relocated: MessageReader<VisitRelocated>,
+    mut visit_end: (MessageReader<VisitClosing>, MessageReader<VisitClosed>, MessageReader<VisitSaved>),
+    mut seen: ResMut<Seen>,
+) {
+    let seen = &mut seen.0;
+    seen.extend(opened.read().map(|m| format!("opened {}", m.info.world)));
+    // Conversation messages of one frame, in their conversation's order.
+    let mut frame: Vec<(u64, String)> = Vec::new();
+    frame.extend(conversation.0.read().map(|m| (m.sequence, format!("status {} -> {}", m.previous, m.status))));
+    frame.extend(
+        conversation.1.read().map(|m| (m.sequence, format!("started {} at {}", m.tool, m.visit.location.revision))),
+    );
+    frame.extend(conversation.2.read().map(|m| (m.sequence, format!("finished {} {:?}", m.tool, m.code))));
+    frame.sort();
+    seen.extend(frame.into_iter().map(|(_, line)| line));
+    seen.extend(relocated.read().map(|m| format!("relocated {} {}", m.to.dimension, m.to.revision)));
+    seen.extend(visit_end.0.read().map(|m| format!("closing {}", m.info.world)));
+    seen.extend(visit_end.1.read().map(|m| format!("closed {}", m.info.world)));
+    seen.extend(visit_end.2.read().map(|m| format!("saved {} {}", m.info.world, m.result.is_ok())));
+}
+
+#[test]
+fn a_bevy_system_sees_the_exact_sequence_of_a_scripted_session() {
+    let mut app = app_with(TestGame::default(), vec![]);
+    app.init_resource::<Seen>().add_systems(Last, record_messages);
+
+    app.enter_world("alpha");
+    let call = app.agent().conversation("hud").call("bump", json!({}));
+    app.run_until_resolved(&call).expect("succeeds");
+    app.step(1);
+    app.travel("nether");
+    app.exit_world();
+    app.step(1);
+
+    assert_eq!(
+        app.world().resource::<Seen>().0,
+        [
+            "opened alpha",
+            "started bump at rev#0",
+            "status idle -> waiting_tool_result",
+            "finished bump None",
+            "status waiting_tool_result -> idle",
+            "relocated nether rev#1",
+            "closing alpha",
+            "closed alpha",
+            "saved alpha true",
+        ]
+    );
+}
+
+/// Records, for each event logged inside a span, the span's name and fields.
+mod spans {
+    use std::collections::BTreeMap;
+    use std::fmt::Debug;
+    use std::sync::OnceLock;
+
+    use parking_lot::Mutex;
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id};
+    use tracing::{Event, Subscriber};
+    use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+    use tracing_subscriber::registry::LookupSpan;
+
+    pub type Fields = BTreeMap<String, String>;
+
+    #[derive(Default)]
+    struct Collect(Fields);
+
+    impl Visit for Collect {
+        fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
+            self.0.insert(field.name().to_string(), format!("{value:?}").trim_matches('"').to_string());
+        }
+    }
+
+    /// (span name, span fields, event message) of every event logged inside a span.
+    pub fn seen() -> &'static Mutex<Vec<(String, Fields, String)>> {
+        static SEEN: OnceLock<Mutex<Vec<(String, Fields, String)>>> = OnceLock::new();
+        SEEN.get_or_init(Default::default)
+    }
+
+    struct Recorder;
+
+    impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
+        fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+            let mut fields = Collect::default();
+            attrs.record(&mut fields);
+            if let Some(span) = ctx.span(id) {
+                span.extensions_mut().insert(fields.0);
+            }
+        }
+
+        fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+            let Some(span) = ctx.event_span(event) else { return };
+            let mut message = Collect::default();
+            event.record(&mut message);
+            let fields = span.extensions().get::<Fields>().cloned().unwrap_or_default();
+            let text = message.0.get("message").cloned().unwrap_or_default();
+            seen().lock().push((span.name().to_string(), fields, text));
+        }
+    }
+
+    /// Installs the recorder for the whole test process (the handlers run on the plugin's threads).
+    pub fn install() {
+        static INSTALLED: OnceLock<()> = OnceLock::new();
+        INSTALLED.get_or_init(|| {
+            let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Recorder));
+        });
+    }
+}
+
+#[test]
+fn every_call_runs_inside_a_span_carrying_visit_revision_conversation_request_and_tool() {
+    spans::install();
+    let traced =
+        AgentTool::new("traced", "Logs from its handler.", |ctx: CallContext<Session>, _: NoArgs| async move {
+            tracing::info!("inside the handler");
+            ctx.on_client(|_, _| ()).await
+        });
+    let mut app = app_with(TestGame::default(), vec![traced]);
+    app.enter_world("alpha");
+    app.travel("nether");
+    let call = app.agent().conversation("traced-conversation").call("traced", json!({}));
+    let request = call.request_id().expect("admitted");
+    app.run_until_resolved(&call).expect("succeeds");
+
+    let seen = spans::seen().lock();
+    let (name, fields, _) = seen
+        .iter()
+        .find(|(_, fields, message)| {
+            message == "inside the handler"
+                && fields.get("conversation").map(String::as_str) == Some("traced-conversation")
+        })
+        .expect("the handler's log line is inside the call's span");
+    assert_eq!(name, "agent_tool_call");
+    assert_eq!(fields["visit"], "visit#1");
+    assert_eq!(fields["revision"], "1");
+    assert_eq!(fields["request"], request.to_string());
+    assert_eq!(fields["tool"], "traced");
+}
+
+#[test]
+fn ending_a_conversation_ends_its_call_waiting_for_a_tool() {
+    let mut app = late_tool_app(TestGame::default(), Some(Duration::from_secs(20)));
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("agent");
+    let call = conversation.call("late_tool", json!({}));
+    app.run_until("the call waits for its tool", |_| conversation.status() == S::WaitingToolResult);
+    conversation.end().expect("ends");
+    let error = app.run_until_resolved(&call).expect_err("ended with its conversation");
+    assert_eq!(error.code, ErrorCode::Cancelled);
+    assert_eq!(error.details.extra["conversation_ended"], json!(true));
+}
+
+#[test]
+fn registering_a_tool_for_another_session_type_at_run_time_is_an_error_not_a_panic() {
+    let app = app_with(TestGame::default(), vec![]);
+    let wrong = AgentTool::new("wrong", "For another game.", |_: CallContext<u32>, _: NoArgs| async move { Ok(()) });
+    let error = app.agent().register_tool(wrong).expect_err("refused");
+    assert!(error.message.contains("u32"), "{}", error.message);
+    assert!(app.agent().tools().iter().all(|tool| tool.name != "wrong"));
+}
