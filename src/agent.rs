@@ -99,6 +99,11 @@ impl AgentHandle {
         &self.host
     }
 
+    /// Whether `conversation` has its limit of calls in flight (its next call would get `BUSY`).
+    pub fn is_busy(&self, conversation: &ConversationId) -> bool {
+        self.host.in_flight(conversation) >= self.host.config.max_in_flight
+    }
+
     /// How many `on_client` steps are queued for the main thread now.
     pub fn queued_steps(&self) -> usize {
         self.host.jobs.len()

@@ -51,6 +51,11 @@ pub(crate) struct OpenVisit {
 }
 
 impl OpenVisit {
+    /// How many calls `conversation` has in flight in this visit.
+    pub(crate) fn in_flight(&self, conversation: &ConversationId) -> usize {
+        self.calls.values().filter(|life| &life.coords.conversation == conversation).count()
+    }
+
     pub(crate) fn phase(&self) -> VisitPhase {
         if self.closing {
             VisitPhase::Closing
@@ -152,6 +157,12 @@ impl HostShared {
     pub(crate) fn status(&self) -> Option<VisitStatus> {
         let state = self.state.lock();
         state.visit.as_ref().map(|visit| VisitStatus { info: visit.info.clone(), phase: visit.phase() })
+    }
+
+    /// How many calls `conversation` has in flight in the open visit.
+    pub(crate) fn in_flight(&self, conversation: &ConversationId) -> usize {
+        let state = self.state.lock();
+        state.visit.as_ref().map_or(0, |open| open.in_flight(conversation))
     }
 
     /// Forgets a call that reached its outcome, and retains that outcome for its operation key (if it has one

@@ -202,7 +202,7 @@ fn h1_reconnecting_mcp_clients_keep_talking_to_the_same_visit() {
 }
 
 #[test]
-fn busy_over_the_in_flight_limit_is_an_error_result() {
+fn busy_over_the_in_flight_limit_is_refused_with_429() {
     let gate = Gate::new();
     let (game, server) = game(Arc::default(), gate.clone());
     let url = server.url().to_string();
@@ -219,9 +219,8 @@ fn busy_over_the_in_flight_limit_is_an_error_result() {
             async move { peer.call_tool(params("gated", json!({}))).await }
         });
         opener.arrivals(2).await;
-        let third = peer.call_tool(params("gated", json!({}))).await.expect("a result");
-        assert_eq!(third.is_error, Some(true));
-        assert_eq!(third.structured_content.expect("structured")["code"], "BUSY");
+        let third = peer.call_tool(params("gated", json!({}))).await.expect_err("refused");
+        assert!(third.to_string().contains("429"), "over the limit is HTTP 429: {third}");
         opener.open();
         assert_eq!(first.await.expect("joined").expect("ok").is_error, Some(false));
         assert_eq!(second.await.expect("joined").expect("ok").is_error, Some(false));

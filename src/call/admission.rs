@@ -117,7 +117,7 @@ pub(crate) fn admit(
             error.details.world = Some(open.info.world.clone());
             return Err(error);
         }
-        let in_flight = open.calls.values().filter(|life| &life.coords.conversation == conversation).count();
+        let in_flight = open.in_flight(conversation);
         if in_flight >= host.config.max_in_flight {
             return Err(rejected(
                 ToolError::with_code(

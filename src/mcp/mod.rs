@@ -18,12 +18,15 @@
 //! [`McpPlugin::allow_non_loopback`]); a bearer token (generated per run unless set, written to a file readable
 //! only by the user, never logged in full); `Origin` checked against an allow-list (requests without `Origin`, as
 //! non-browser clients send, pass); `Host` checked; a request body limit; the per-conversation in-flight limit of
-//! the host (`BUSY`). Refusals: 401 (token), 403 (Origin, Host), 413 (body).
+//! the host (429 at the HTTP layer, `BUSY` as an error result for a call that races past it). Refusals: 401
+//! (token), 403 (Origin, Host), 413 (body), 429 (in-flight limit).
 //!
 //! A tool call travels as `tools/call`; domain errors come back as results with `isError: true` and the error
 //! (`code`, `message`, `details`) in `structuredContent`; an unknown tool is a JSON-RPC error (-32602). Successful
 //! results carry the visit and location they observed under `_meta["bevy_agent_tools/observed"]`.
 
+mod limit;
+mod naming;
 mod plugin;
 mod security;
 mod server;

@@ -12,6 +12,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
+use super::limit::{limit_in_flight, InFlightLimit};
 use super::security::{self, McpConfigError};
 use super::server::GameServer;
 use crate::agent::AgentHandle;
@@ -125,11 +126,14 @@ impl McpPlugin {
             .with_max_request_body_bytes(self.max_body_bytes)
             .with_sse_keep_alive(Some(Duration::from_secs(2)))
             .with_cancellation_token(shutdown.child_token());
+        let limit = InFlightLimit { agent: agent.clone(), max_body_bytes: self.max_body_bytes };
         let handler = GameServer { agent };
         let service: StreamableHttpService<GameServer, LocalSessionManager> =
             StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(LocalSessionManager::default()), config);
+        // Outermost last: the token, then the in-flight limit, then rmcp (Host, Origin, body limit).
         let router = Router::new()
             .nest_service(&self.path, service)
+            .layer(axum::middleware::from_fn_with_state(limit, limit_in_flight))
             .layer(axum::middleware::from_fn_with_state(Arc::<str>::from(token.as_str()), security::require_bearer));
         let listener = {
             let _entered = runtime.enter();

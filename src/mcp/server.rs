@@ -12,6 +12,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
+use super::naming::conversation_id;
 use crate::agent::AgentHandle;
 use crate::call::{CallOutcome, CallRequest, ProgressSink};
 use crate::error::{ErrorCode, ToolError};
@@ -45,16 +46,9 @@ impl GameServer {
     fn conversation(&self, arguments: &JsonObject, context: &RequestContext<RoleServer>) -> ConversationId {
         let parts = context.extensions.get::<axum::http::request::Parts>();
         let session = parts.and_then(|p| p.headers.get("mcp-session-id")).and_then(|v| v.to_str().ok());
-        if let Some(session) = session {
-            return ConversationId::new(format!("mcp-session:{session}"));
-        }
-        if let Some(task) = arguments.get(TASK_ID).and_then(Value::as_str).filter(|t| !t.is_empty()) {
-            return ConversationId::new(format!("mcp-task:{task}"));
-        }
-        match context.client_info() {
-            Some(client) => ConversationId::new(format!("mcp-client:{}/{}", client.name, client.version)),
-            None => ConversationId::new("mcp-client:unknown"),
-        }
+        let task = arguments.get(TASK_ID).and_then(Value::as_str);
+        let client = context.client_info();
+        conversation_id(session, task, client.as_ref().map(|c| (c.name.as_str(), c.version.as_str())))
     }
 }
 

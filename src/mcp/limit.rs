@@ -1,0 +1,50 @@
+//! The per-conversation in-flight limit at the HTTP layer: a `tools/call` from a conversation that already has
+//! its limit of calls in flight is refused with 429 before it reaches the MCP service. (The host enforces the
+//! same limit at admission, as `BUSY`, for calls that race past this check.)
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::Response;
+use serde_json::Value;
+
+use super::naming::conversation_id;
+use super::security::refusal;
+use crate::agent::AgentHandle;
+use crate::tool::TASK_ID;
+
+/// What the limit layer needs: the host, and the body limit it must respect while it reads a request.
+#[derive(Clone)]
+pub(crate) struct InFlightLimit {
+    pub agent: AgentHandle,
+    pub max_body_bytes: usize,
+}
+
+pub(crate) async fn limit_in_flight(State(limit): State<InFlightLimit>, request: Request, next: Next) -> Response {
+    if request.method() != Method::POST {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let Ok(bytes) = to_bytes(body, limit.max_body_bytes).await else {
+        return refusal(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the request body is over the limit");
+    };
+    if let Ok(message) = serde_json::from_slice::<Value>(&bytes) {
+        if message.get("method").and_then(Value::as_str) == Some("tools/call") {
+            let session = parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok());
+            let params = message.get("params");
+            let task = params.and_then(|p| p.get("arguments")).and_then(|a| a.get(TASK_ID)).and_then(Value::as_str);
+            let client = params.and_then(|p| p.get("_meta")).and_then(|m| m.get("io.modelcontextprotocol/clientInfo"));
+            let client = client.and_then(|c| Some((c.get("name")?.as_str()?, c.get("version")?.as_str()?)));
+            let conversation = conversation_id(session, task, client);
+            if limit.agent.is_busy(&conversation) {
+                return refusal(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "busy",
+                    "this conversation already has its limit of calls in flight; wait for one to finish",
+                );
+            }
+        }
+    }
+    next.run(Request::from_parts(parts, Body::from(bytes))).await
+}
