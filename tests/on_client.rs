@@ -152,13 +152,7 @@ fn h13_panic_in_on_client_step_gives_internal_and_the_app_keeps_updating() {
 
 #[test]
 fn h13_every_call_ends_with_exactly_one_outcome_even_when_its_caller_and_visit_race() {
-    let gate = Gate::new();
-    let executions = Arc::new(AtomicUsize::new(0));
-    let mut app = app_with(
-        TestGame::default(),
-        vec![bump_tool("slow", ToolScope::World, executions.clone(), Some(gate.clone()))],
-    );
-    app.enter_world("alpha");
+    let (mut app, gate, _) = gated_app("slow", ToolScope::World);
     let conversation = app.agent().conversation("a");
     let calls: Vec<_> = (0..20).map(|_| conversation.call("slow", json!({}))).collect();
     app.run_until("parked", |_| gate.arrived() == 20);

@@ -13,13 +13,7 @@ use serde_json::json;
 
 #[test]
 fn h2_world_scoped_call_survives_travel() {
-    let gate = Gate::new();
-    let executions = Arc::new(AtomicUsize::new(0));
-    let mut app = app_with(
-        TestGame::default(),
-        vec![bump_tool("slow", ToolScope::World, executions.clone(), Some(gate.clone()))],
-    );
-    app.enter_world("alpha");
+    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
     let call = app.agent().conversation("a").call("slow", json!({}));
     app.run_until("handler parked", |_| gate.arrived() == 1);
     app.travel("nether");

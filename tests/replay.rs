@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bevy_agent_tools::prelude::*;
-use bevy_agent_tools::testing::{AgentTestAppExt, Gate};
+use bevy_agent_tools::testing::AgentTestAppExt;
 use bevy_agent_tools::{CallRequest, DestructiveGuard, NoArgs, OPERATION_ID, TASK_ID};
 use common::*;
 use schemars::JsonSchema;
@@ -21,13 +21,7 @@ fn keyed(tool: &str, args: Value, operation: &str) -> CallRequest {
 
 #[test]
 fn h12_hundred_concurrent_identical_calls_run_the_handler_once_and_share_one_outcome() {
-    let gate = Gate::new();
-    let executions = Arc::new(AtomicUsize::new(0));
-    let mut app = app_with(
-        TestGame::default(),
-        vec![bump_tool("slow", ToolScope::World, executions.clone(), Some(gate.clone()))],
-    );
-    app.enter_world("alpha");
+    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
     let agent = app.agent();
     let barrier = Arc::new(std::sync::Barrier::new(4));
     let threads: Vec<_> = (0..4)
@@ -148,13 +142,7 @@ fn h12_different_task_scope_or_tool_with_the_same_operation_id_are_independent()
 
 #[test]
 fn h12_timed_out_operation_replays_as_timeout_with_effect_unknown_and_does_not_rerun() {
-    let gate = Gate::new();
-    let executions = Arc::new(AtomicUsize::new(0));
-    let mut app = app_with(
-        TestGame::default(),
-        vec![bump_tool("slow", ToolScope::World, executions.clone(), Some(gate.clone()))],
-    );
-    app.enter_world("alpha");
+    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
     let conversation = app.agent().conversation("a");
     let request = keyed("slow", json!({}), "op").timeout(Duration::from_millis(30));
     let first = app.run_until_resolved(&conversation.request(request.clone()));
@@ -199,13 +187,7 @@ fn h12_a_new_visit_does_not_see_the_previous_visits_entries() {
 
 #[test]
 fn h12_a_dropped_keyed_call_keeps_running_for_its_retry() {
-    let gate = Gate::new();
-    let executions = Arc::new(AtomicUsize::new(0));
-    let mut app = app_with(
-        TestGame::default(),
-        vec![bump_tool("slow", ToolScope::World, executions.clone(), Some(gate.clone()))],
-    );
-    app.enter_world("alpha");
+    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
     let conversation = app.agent().conversation("a");
     drop(conversation.request(keyed("slow", json!({}), "op")));
     app.run_until("parked", |_| gate.arrived() == 1);

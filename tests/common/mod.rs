@@ -187,3 +187,13 @@ pub fn python_mcp_client() -> std::path::PathBuf {
     );
     std::path::PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
 }
+
+/// A game in world `alpha` with a World- or Location-scoped `name` tool whose handler parks at the returned gate
+/// before its one step, and a count of the steps that ran.
+pub fn gated_app(name: &str, scope: ToolScope) -> (App, Gate, Arc<AtomicUsize>) {
+    let gate = Gate::new();
+    let executions = Arc::new(AtomicUsize::new(0));
+    let mut app = app_with(TestGame::default(), vec![bump_tool(name, scope, executions.clone(), Some(gate.clone()))]);
+    bevy_agent_tools::testing::AgentTestAppExt::enter_world(&mut app, "alpha");
+    (app, gate, executions)
+}
