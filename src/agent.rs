@@ -99,6 +99,12 @@ impl AgentHandle {
         &self.host
     }
 
+    /// Ends conversation `id` (its calls in flight end with `CANCELLED`; the visit is untouched). Ending an ended
+    /// conversation succeeds; an unknown one is `CONVERSATION_NOT_FOUND`.
+    pub fn end_conversation(&self, id: &ConversationId) -> Result<(), ToolError> {
+        self.host.conversations.end(id)
+    }
+
     /// Whether `conversation` has its limit of calls in flight (its next call would get `BUSY`).
     pub fn is_busy(&self, conversation: &ConversationId) -> bool {
         self.host.in_flight(conversation) >= self.host.config.max_in_flight

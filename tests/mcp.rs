@@ -376,3 +376,42 @@ fn h5_a_call_during_exit_gets_world_closed_as_an_error_result() {
         game.stop();
     });
 }
+
+#[test]
+fn deleting_an_mcp_session_ends_its_conversation_and_cancels_its_calls_but_not_the_visit() {
+    let gate = Gate::new();
+    let (game, server) = game(Arc::default(), gate.clone());
+    let mut events = game.agent().subscribe();
+    let visit_before = game.agent().visit().map(|v| v.info.visit);
+    let url = server.url().to_string();
+    let parked = gate.clone();
+    let outcome = runtime().block_on(async move {
+        let (client, _) = connect(&url, false).await;
+        let peer = client.peer().clone();
+        let call = tokio::spawn(async move { peer.call_tool(params("gated", json!({}))).await });
+        parked.arrivals(1).await;
+        client.cancel().await.expect("the client closes its session (DELETE)");
+        let (mut ended, mut cancelled) = (None, false);
+        while ended.is_none() || !cancelled {
+            let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("an event in time");
+            match event.expect("the feed is open") {
+                bevy_agent_tools::ConversationEvent::Status(change)
+                    if change.status == bevy_agent_tools::ConversationStatus::Ended =>
+                {
+                    ended = Some(change.conversation)
+                }
+                bevy_agent_tools::ConversationEvent::CallFinished(finished) => {
+                    cancelled |= finished.code == Some(ErrorCode::Cancelled);
+                }
+                _ => {}
+            }
+        }
+        let _ = call.await;
+        ended
+    });
+    let ended = outcome.expect("the session's conversation ended, and its parked call was cancelled");
+    assert!(ended.as_str().starts_with("mcp-session:"), "{ended}");
+    gate.open();
+    assert_eq!(game.agent().visit().map(|v| v.info.visit), visit_before, "the visit is untouched");
+    game.stop();
+}

@@ -30,6 +30,7 @@ mod naming;
 mod plugin;
 mod security;
 mod server;
+mod sessions;
 
 pub use plugin::{McpPlugin, McpServer};
 pub use security::McpConfigError;

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::limit::{limit_in_flight, InFlightLimit};
 use super::security::{self, McpConfigError};
 use super::server::GameServer;
+use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
 use crate::runtime::AgentRuntime;
 
@@ -128,8 +129,9 @@ impl McpPlugin {
             .with_cancellation_token(shutdown.child_token());
         let limit = InFlightLimit { agent: agent.clone(), max_body_bytes: self.max_body_bytes };
         let handler = GameServer { agent };
-        let service: StreamableHttpService<GameServer, LocalSessionManager> =
-            StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(LocalSessionManager::default()), config);
+        let sessions = ConversationSessions { inner: LocalSessionManager::default(), agent: handler.agent.clone() };
+        let service: StreamableHttpService<GameServer, ConversationSessions> =
+            StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(sessions), config);
         // Outermost last: the token, then the in-flight limit, then rmcp (Host, Origin, body limit).
         let router = Router::new()
             .nest_service(&self.path, service)
