@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use axum::Router;
 use bevy::app::AppExit;
 use bevy::prelude::*;
@@ -143,6 +144,10 @@ impl McpPlugin {
         };
         let stop = shutdown.clone();
         runtime.spawn(async move {
+            // Without TCP_NODELAY a response written in two pieces waits for the client's delayed ACK (~40 ms).
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let served = axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned()).await;
             if let Err(error) = served {
                 tracing::error!(%error, "the MCP server stopped");
