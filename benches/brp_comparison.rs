@@ -19,6 +19,7 @@ use bevy::prelude::*;
 use bevy::reflect::TypePath;
 use bevy_agent_tools::mcp::{McpPlugin, McpServer};
 use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::CounterGame;
 use bevy_agent_tools::testing::{headless_app_with, RunningGame};
 use bevy_agent_tools::NoArgs;
 use bevy_remote::http::RemoteHttpPlugin;
@@ -26,17 +27,6 @@ use bevy_remote::RemotePlugin;
 use serde_json::{json, Value};
 
 const TOKEN: &str = "bench-token-0123456789abcdef";
-
-struct Game;
-impl WorldLifecycle for Game {
-    type Session = u64;
-    fn open(&self, _: &VisitInfo, _: &mut World) -> Result<Opened<u64>, OpenError> {
-        Ok(Opened::ready(0))
-    }
-    fn close(&self, _: u64, _: &mut World) -> Completion {
-        Completion::done()
-    }
-}
 
 /// The component BRP reads.
 #[derive(Component, Reflect)]
@@ -315,7 +305,7 @@ fn phase(label: &str, frame: Duration, quick_ack: bool, pairs: usize) {
         let trivial =
             AgentTool::new("trivial", "Returns at once.", |_: CallContext<u64>, _: NoArgs| async move { Ok(()) });
         let mut app = headless_app_with(
-            AgentToolsPlugin::new(Game).with_tool(trivial),
+            AgentToolsPlugin::new(CounterGame).with_tool(trivial),
             (
                 McpPlugin::new().port(0).token(TOKEN),
                 RemotePlugin::default(),

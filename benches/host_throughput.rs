@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use bevy::prelude::*;
 use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::CounterGame;
 use bevy_agent_tools::testing::{headless_app, AgentTestAppExt, Gate};
 use bevy_agent_tools::{Call, Conversation, NoArgs, PumpStats};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -76,20 +77,6 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-// ---------------------------------------------------------------------------------------------------------------
-
-struct Bench;
-
-impl WorldLifecycle for Bench {
-    type Session = u64;
-    fn open(&self, _: &VisitInfo, _: &mut World) -> Result<Opened<u64>, OpenError> {
-        Ok(Opened::ready(0))
-    }
-    fn close(&self, _: u64, _: &mut World) -> Completion {
-        Completion::done()
-    }
-}
-
 #[derive(Deserialize, JsonSchema)]
 struct Steps {
     steps: usize,
@@ -116,7 +103,7 @@ fn app(gate: SharedGate) -> App {
             Ok(())
         }
     });
-    let plugin = AgentToolsPlugin::new(Bench)
+    let plugin = AgentToolsPlugin::new(CounterGame)
         .max_in_flight_per_conversation(1 << 20)
         .default_timeout(Duration::from_secs(600))
         .with_tool(trivial)

@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use bevy::prelude::World;
 use bevy_agent_tools::mcp::{McpPlugin, McpServer};
 use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::CounterGame;
 use bevy_agent_tools::testing::{headless_app_with, RunningGame};
 use bevy_agent_tools::NoArgs;
 use rmcp::model::CallToolRequestParams;
@@ -16,17 +16,6 @@ use rmcp::ServiceExt;
 
 const TOKEN: &str = "bench-token-0123456789abcdef";
 const CALLS: usize = 2_000;
-
-struct Game;
-impl WorldLifecycle for Game {
-    type Session = u64;
-    fn open(&self, _: &VisitInfo, _: &mut World) -> Result<Opened<u64>, OpenError> {
-        Ok(Opened::ready(0))
-    }
-    fn close(&self, _: u64, _: &mut World) -> Completion {
-        Completion::done()
-    }
-}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
@@ -40,7 +29,7 @@ fn main() {
             ctx.on_client(|_, n| *n += 1).await
         });
         headless_app_with(
-            AgentToolsPlugin::new(Game).with_tool(trivial).with_tool(step),
+            AgentToolsPlugin::new(CounterGame).with_tool(trivial).with_tool(step),
             McpPlugin::new().port(0).token(TOKEN),
         )
     });

@@ -6,24 +6,13 @@ use std::time::{Duration, Instant};
 
 use bevy::prelude::*;
 use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::CounterGame;
 use bevy_agent_tools::testing::{headless_app, AgentTestAppExt};
 use bevy_agent_tools::NoArgs;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
-
-struct Bench;
-
-impl WorldLifecycle for Bench {
-    type Session = u64;
-    fn open(&self, _: &VisitInfo, _: &mut World) -> Result<Opened<u64>, OpenError> {
-        Ok(Opened::ready(0))
-    }
-    fn close(&self, _: u64, _: &mut World) -> Completion {
-        Completion::done()
-    }
-}
 
 #[derive(Deserialize, JsonSchema)]
 struct Steps {
@@ -45,7 +34,7 @@ fn app() -> App {
         }
         Ok(())
     });
-    let plugin = AgentToolsPlugin::new(Bench).pump_budget(Duration::from_secs(1)).with_tool(one).with_tool(many);
+    let plugin = AgentToolsPlugin::new(CounterGame).pump_budget(Duration::from_secs(1)).with_tool(one).with_tool(many);
     let mut app = headless_app(plugin);
     app.enter_world("bench");
     app

@@ -310,3 +310,23 @@ impl Drop for RunningGame {
         }
     }
 }
+
+/// The smallest world lifecycle: a `u64` counter as each visit's session, nothing saved. For benches, transport
+/// tests and examples that need a world but no game.
+pub struct CounterGame;
+
+impl WorldLifecycle for CounterGame {
+    type Session = u64;
+
+    fn open(
+        &self,
+        _visit: &crate::lifecycle::VisitInfo,
+        _world: &mut World,
+    ) -> Result<crate::Opened<u64>, crate::OpenError> {
+        Ok(crate::Opened::ready(0))
+    }
+
+    fn close(&self, _session: u64, _world: &mut World) -> crate::Completion {
+        crate::Completion::done()
+    }
+}
