@@ -279,19 +279,19 @@ pub struct Call {
     ready: Option<CallOutcome>,
     /// A call that waits for its tool to be registered.
     pending: Option<Arc<WaitingCall>>,
+    /// Made on the first poll.
     waiting: Option<Pin<Box<dyn Future<Output = CallOutcome> + Send>>>,
 }
 
 impl Call {
     fn running(life: Arc<CallLife>, owner: bool) -> Self {
-        let waiter = life.clone();
         Self {
             request: Some(life.coords.request),
             cancel_on_drop: owner && life.coords.operation.is_none(),
             life: Some(life),
             ready: None,
             pending: None,
-            waiting: Some(Box::pin(async move { waiter.outcome().wait().await })),
+            waiting: None,
         }
     }
 
@@ -300,15 +300,7 @@ impl Call {
     }
 
     fn waiting(call: Arc<WaitingCall>, cancel_on_drop: bool) -> Self {
-        let waiter = call.clone();
-        Self {
-            request: None,
-            life: None,
-            cancel_on_drop,
-            ready: None,
-            pending: Some(call),
-            waiting: Some(Box::pin(async move { waiter.outcome.wait().await })),
-        }
+        Self { request: None, life: None, cancel_on_drop, ready: None, pending: Some(call), waiting: None }
     }
 
     /// The request id of the execution this call observes (for a duplicate, the first call's). A call waiting
@@ -369,6 +361,20 @@ impl Future for Call {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CallOutcome> {
         if let Some(outcome) = &self.ready {
             return Poll::Ready(outcome.clone());
+        }
+        // The waiting future is made on the first poll: a caller that blocks with `wait_timeout` never needs it.
+        if self.waiting.is_none() {
+            self.waiting = match (&self.pending, &self.life) {
+                (Some(pending), _) => {
+                    let pending = pending.clone();
+                    Some(Box::pin(async move { pending.outcome.wait().await }))
+                }
+                (None, Some(life)) => {
+                    let life = life.clone();
+                    Some(Box::pin(async move { life.outcome().wait().await }))
+                }
+                (None, None) => None,
+            };
         }
         match self.waiting.as_mut() {
             Some(waiting) => waiting.as_mut().poll(cx),

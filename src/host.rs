@@ -45,15 +45,71 @@ pub(crate) struct OpenVisit {
     /// The session's readiness, when it loads asynchronously.
     pub ready: Option<Completion>,
     pub closing: bool,
-    pub calls: HashMap<RequestId, Arc<CallLife>>,
+    pub calls: LiveCalls,
     /// Keyed operations of this visit (rule H12); it ends with the visit.
     pub replay: ReplayTable<Arc<CallLife>, CallOutcome>,
+}
+
+/// The calls of a visit that have not reached their outcome, with a count per conversation kept in step so that
+/// admission checks the in-flight limit in constant time.
+#[derive(Default)]
+pub(crate) struct LiveCalls {
+    by_request: HashMap<RequestId, Arc<CallLife>>,
+    per_conversation: HashMap<ConversationId, usize>,
+}
+
+impl LiveCalls {
+    pub(crate) fn insert(&mut self, life: Arc<CallLife>) {
+        *self.per_conversation.entry(life.coords.conversation.clone()).or_default() += 1;
+        if let Some(replaced) = self.by_request.insert(life.coords.request, life) {
+            // Request ids are unique per host, so this does not happen; keep the counts right regardless.
+            self.uncount(&replaced.coords.conversation);
+        }
+    }
+
+    pub(crate) fn remove(&mut self, request: &RequestId) -> Option<Arc<CallLife>> {
+        let life = self.by_request.remove(request)?;
+        self.uncount(&life.coords.conversation);
+        Some(life)
+    }
+
+    /// Removes and returns the calls `take` selects.
+    pub(crate) fn remove_where(&mut self, mut take: impl FnMut(&CallLife) -> bool) -> Vec<Arc<CallLife>> {
+        let selected: Vec<RequestId> =
+            self.by_request.iter().filter(|(_, life)| take(life)).map(|(request, _)| *request).collect();
+        selected.iter().filter_map(|request| self.remove(request)).collect()
+    }
+
+    /// Removes and returns every call.
+    pub(crate) fn take_all(&mut self) -> Vec<Arc<CallLife>> {
+        self.per_conversation.clear();
+        self.by_request.drain().map(|(_, life)| life).collect()
+    }
+
+    /// The calls, in no particular order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<CallLife>> {
+        self.by_request.values()
+    }
+
+    /// How many calls `conversation` has here.
+    pub(crate) fn in_flight(&self, conversation: &ConversationId) -> usize {
+        self.per_conversation.get(conversation).copied().unwrap_or(0)
+    }
+
+    fn uncount(&mut self, conversation: &ConversationId) {
+        if let Some(count) = self.per_conversation.get_mut(conversation) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_conversation.remove(conversation);
+            }
+        }
+    }
 }
 
 impl OpenVisit {
     /// How many calls `conversation` has in flight in this visit.
     pub(crate) fn in_flight(&self, conversation: &ConversationId) -> usize {
-        self.calls.values().filter(|life| &life.coords.conversation == conversation).count()
+        self.calls.in_flight(conversation)
     }
 
     pub(crate) fn phase(&self) -> VisitPhase {
@@ -187,7 +243,7 @@ impl HostShared {
             let state = self.state.lock();
             let Some(open) = state.visit.as_ref() else { return 0 };
             open.calls
-                .values()
+                .iter()
                 .filter(|life| &life.coords.conversation == conversation && &life.coords.task == task)
                 .cloned()
                 .collect()

@@ -115,3 +115,10 @@ impl LocationRevision {
         Self(self.0 + 1)
     }
 }
+
+impl TaskId {
+    /// The task a call belongs to when it names none: its conversation's, sharing the conversation id's string.
+    pub(crate) fn of_conversation(conversation: &ConversationId) -> Self {
+        Self(conversation.0.clone())
+    }
+}

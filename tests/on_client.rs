@@ -138,6 +138,57 @@ fn h13_panic_in_handler_gives_internal_and_the_app_keeps_updating() {
 }
 
 #[test]
+fn h13_panic_before_the_handlers_first_await_gives_internal_and_the_app_keeps_updating() {
+    // The handler function itself panics while building its future (synchronous code before any `async`).
+    let eager =
+        AgentTool::new("eager_panic", "Panics before returning its future.", |_: CallContext<Session>, _: NoArgs| {
+            if true {
+                panic!("panicked while starting");
+            }
+            async { Ok(()) }
+        });
+    let mut app = app_with(TestGame::default(), vec![eager]);
+    app.enter_world("alpha");
+    let error =
+        app.run_until_resolved(&app.agent().conversation("a").call("eager_panic", json!({}))).expect_err("panics");
+    assert_eq!(error.code, ErrorCode::Internal);
+    assert!(error.message.contains("panicked while starting"), "{}", error.message);
+    let output = app.run_until_resolved(&app.agent().conversation("a").call("bump", json!({}))).expect("still works");
+    assert_eq!(output.value["counter"], 1);
+}
+
+#[test]
+fn h10_a_handler_that_panics_while_cleaning_up_after_its_call_ended_harms_nothing() {
+    let gate = Gate::new();
+    let cleaning = Arc::new(AtomicUsize::new(0));
+    let tool = AgentTool::new("cleanup_panics", "Panics in its cleanup.", {
+        let (gate, cleaning) = (gate.clone(), cleaning.clone());
+        move |ctx: CallContext<Session>, _: NoArgs| {
+            let (gate, cleaning) = (gate.clone(), cleaning.clone());
+            async move {
+                gate.pass().await;
+                ctx.ended().await;
+                cleaning.fetch_add(1, Ordering::SeqCst);
+                if true {
+                    panic!("cleanup exploded");
+                }
+                Ok(())
+            }
+        }
+    });
+    let mut app = app_with(TestGame::default(), vec![tool]);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("cleanup_panics", json!({}));
+    app.run_until("handler started", |_| gate.arrived() == 1);
+    assert!(call.cancel());
+    gate.open();
+    assert_eq!(code(&call.try_outcome().expect("cancelled at once")), Some(ErrorCode::Cancelled));
+    app.run_until("the handler reached its panicking cleanup", |_| cleaning.load(Ordering::SeqCst) == 1);
+    let output = app.run_until_resolved(&app.agent().conversation("a").call("bump", json!({}))).expect("still works");
+    assert_eq!(output.value["counter"], 1);
+}
+
+#[test]
 fn h13_panic_in_on_client_step_gives_internal_and_the_app_keeps_updating() {
     let mut app = app_with(TestGame::default(), vec![]);
     app.enter_world("alpha");

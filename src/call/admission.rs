@@ -7,6 +7,7 @@
 //! (`agent_tool_call`) carrying visit, revision, conversation, request and tool. It waits for a loading session
 //! (`WORLD_LOADING_TIMEOUT`), then its handler runs on the plugin's runtime.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,9 +19,9 @@ use crate::completion::Completion;
 use crate::error::{ErrorCode, ToolError};
 use crate::host::HostShared;
 use crate::ids::{ConversationId, OperationId, TaskId};
-use crate::panic::panic_message;
+use crate::panic::{panic_message, CatchUnwind};
 use crate::replay::{canonical_arguments, Begin, ReplayKey};
-use crate::tool::{require_confirmation, PreparedCall, ToolScope};
+use crate::tool::{require_confirmation, BoxFuture, PreparedCall, ToolScope};
 
 /// One tool invocation, as an agent asks for it.
 #[derive(Clone, Debug)]
@@ -91,14 +92,16 @@ pub(crate) fn admit(
         error
     };
     let tool = host.tools.get(&request.tool).map_err(rejected)?;
-    let prepared = tool.prepare(request.arguments.clone()).map_err(rejected)?;
+    let confirmed = request.arguments.get("confirm") == Some(&Value::Bool(true));
+    let canonical = request.operation.as_ref().map(|_| canonical_arguments(&request.arguments));
+    let prepared = tool.prepare(request.arguments).map_err(rejected)?;
     let info = tool.info();
-    if info.requires_confirmation && request.arguments.get("confirm") != Some(&Value::Bool(true)) {
+    if info.requires_confirmation && !confirmed {
         return Err(rejected(require_confirmation(false).unwrap_err()));
     }
-    let canonical = request.operation.as_ref().map(|_| canonical_arguments(&request.arguments));
     let timeout = request.timeout.or(info.timeout).unwrap_or(host.config.default_timeout);
-    let deadline = Instant::now() + timeout;
+    let admitted_at = Instant::now();
+    let deadline = admitted_at + timeout;
 
     let (life, ready, accepted) = {
         let mut state = host.state.lock();
@@ -127,7 +130,7 @@ pub(crate) fn admit(
                 .with_detail("limit", host.config.max_in_flight),
             ));
         }
-        let task = request.task.clone().unwrap_or_else(|| TaskId::new(conversation.as_str()));
+        let task = request.task.clone().unwrap_or_else(|| TaskId::of_conversation(conversation));
         let replay_key = request.operation.clone().map(|operation| ReplayKey {
             tool: info.name.clone(),
             task: task.clone(),
@@ -135,7 +138,7 @@ pub(crate) fn admit(
             operation,
         });
         if let (Some(key), Some(canonical)) = (&replay_key, &canonical) {
-            match open.replay.begin(key, canonical, Instant::now()) {
+            match open.replay.begin(key, canonical, admitted_at) {
                 Begin::Fresh => {}
                 // An execution that already has its outcome (its table entry is completed a moment later)
                 // answers like a retained one.
@@ -163,8 +166,14 @@ pub(crate) fn admit(
             replay_key: replay_key.clone(),
             visit: open.info.clone(),
         };
-        let life = Arc::new(CallLife::new(coords, deadline, request.progress.clone(), host.conversations.clone()));
-        open.calls.insert(request_id, life.clone());
+        let life = Arc::new(CallLife::new(
+            coords,
+            admitted_at,
+            deadline,
+            request.progress.clone(),
+            host.conversations.clone(),
+        ));
+        open.calls.insert(life.clone());
         if let (Some(key), Some(canonical)) = (replay_key, &canonical) {
             open.replay.start(key, canonical, life.clone());
         }
@@ -209,13 +218,25 @@ async fn drive(
     timeout: Duration,
 ) {
     let mut handler_started = false;
-    let outcome = run(&host, &life, prepared, ready, timeout, &mut handler_started).await;
+    let (outcome, unfinished) = run(&host, &life, prepared, ready, timeout, &mut handler_started).await;
     if !life.finish(outcome) {
         tracing::debug!(request = %life.coords.request, "the call had already ended; its late result was dropped");
     }
     host.release_call(&life, handler_started);
+    // A handler still running after its call ended keeps running to clean up (rule H10); what it returns is
+    // dropped, and a panic in it is caught.
+    if let Some(handler) = unfinished {
+        if let Err(panic) = handler.await {
+            tracing::warn!(request = %life.coords.request, "a tool's handler panicked after its call ended: {}",
+                panic_message(&*panic));
+        }
+    }
 }
 
+type Handler = CatchUnwind<BoxFuture<Result<Value, ToolError>>>;
+
+/// Runs the call to its outcome. The handler runs inline in this task (a trivial handler finishes on its first
+/// poll without touching the timer or the end signal); if the call ends first, the unfinished handler is returned.
 async fn run(
     host: &Arc<HostShared>,
     life: &Arc<CallLife>,
@@ -223,42 +244,46 @@ async fn run(
     ready: Option<Completion>,
     timeout: Duration,
     handler_started: &mut bool,
-) -> CallOutcome {
+) -> (CallOutcome, Option<Handler>) {
     let deadline = tokio::time::Instant::from_std(life.deadline);
     if let Some(ready) = ready {
         tokio::select! {
             biased;
-            _ = life.ended_token().cancelled() => return Err(life.end_error()),
+            _ = life.ended_token().cancelled() => return (Err(life.end_error()), None),
             loaded = ready.finished() => if let Err(error) = loaded {
-                return Err(ToolError::internal(format!("the world failed to load: {error}")));
+                return (Err(ToolError::internal(format!("the world failed to load: {error}"))), None);
             },
-            _ = tokio::time::sleep_until(deadline) => return Err(ToolError::with_code(
+            _ = tokio::time::sleep_until(deadline) => return (Err(ToolError::with_code(
                 ErrorCode::WorldLoadingTimeout,
                 format!("the world was still loading after {timeout:?}; try again when it has loaded"),
-            )),
+            )), None),
         }
     }
-    // The handler runs as its own task: a panic is caught there, and the handler keeps running to clean up
-    // after the call ended (rule H10). It owns what it started.
     if life.is_ended() {
-        return Err(life.end_error());
+        return (Err(life.end_error()), None);
     }
     *handler_started = true;
-    let handler = host.runtime.spawn(prepared(CallCore { life: life.clone(), host: host.clone() }).in_current_span());
-    tokio::select! {
+    // The handler's synchronous part (before its first await) is the game author's code too: catch it as well.
+    let core = CallCore { life: life.clone(), host: host.clone() };
+    let mut handler = match catch_unwind(AssertUnwindSafe(|| prepared(core))) {
+        Ok(future) => CatchUnwind(future),
+        Err(panic) => return (Err(panicked(&*panic)), None),
+    };
+    let outcome = tokio::select! {
         biased;
+        joined = &mut handler => return (match joined {
+            Ok(result) => result.map(|value| CallOutput { value, observed: life.observed() }),
+            Err(panic) => Err(panicked(&*panic)),
+        }, None),
         _ = life.ended_token().cancelled() => Err(life.end_error()),
-        joined = handler => match joined {
-            Ok(Ok(value)) => Ok(CallOutput { value, observed: life.observed() }),
-            Ok(Err(error)) => Err(error),
-            Err(join) if join.is_panic() => Err(ToolError::internal(format!(
-                "the tool's handler panicked: {}", panic_message(&*join.into_panic())
-            ))),
-            Err(_) => Err(ToolError::internal("the tool's handler was aborted")),
-        },
         _ = tokio::time::sleep_until(deadline) => Err(ToolError::with_code(
             ErrorCode::Timeout,
             format!("the call timed out after {timeout:?}; its effect is unknown: inspect the game's state before retrying"),
         )),
-    }
+    };
+    (outcome, Some(handler))
+}
+
+fn panicked(panic: &(dyn std::any::Any + Send)) -> ToolError {
+    ToolError::internal(format!("the tool's handler panicked: {}", panic_message(panic)))
 }

@@ -67,6 +67,7 @@ pub(crate) struct CallLife {
 impl CallLife {
     pub(crate) fn new(
         coords: CallCoordinates,
+        started: Instant,
         deadline: Instant,
         progress: Option<ProgressSink>,
         hub: Arc<ConversationHub>,
@@ -74,7 +75,7 @@ impl CallLife {
         let observed = Mutex::new(coords.visit.location.clone());
         Self {
             coords,
-            started: Instant::now(),
+            started,
             deadline,
             hub,
             progress,

@@ -256,7 +256,7 @@ impl ConversationHub {
         let Some(entry) = conversations.get_mut(id).filter(|entry| !entry.facts.ended) else { return false };
         entry.active.insert(life.coords.request, life.clone());
         entry.facts.calls += 1;
-        entry.last_activity = Instant::now();
+        entry.last_activity = entry.last_activity.max(life.started);
         let started = CallStarted {
             conversation: id.clone(),
             request: life.coords.request,

@@ -108,13 +108,7 @@ impl<L: WorldLifecycle> VisitSlot<L> {
             let mut state = self.host.state.lock();
             let Some(visit) = state.visit.as_mut() else { return };
             visit.info.location = to.clone();
-            let stranded: Vec<_> = visit
-                .calls
-                .iter()
-                .filter(|(_, life)| life.coords.scope == ToolScope::Location)
-                .map(|(request, _)| *request)
-                .collect();
-            stranded.iter().filter_map(|request| visit.calls.remove(request)).collect::<Vec<_>>()
+            visit.calls.remove_where(|life| life.coords.scope == ToolScope::Location)
         };
         for life in stranded {
             life.finish(Err(ToolError::with_code(
@@ -140,13 +134,13 @@ impl<L: WorldLifecycle> VisitSlot<L> {
             match state.visit.as_mut() {
                 Some(visit) => {
                     visit.closing = true;
-                    std::mem::take(&mut visit.calls)
+                    visit.calls.take_all()
                 }
-                None => Default::default(),
+                None => Vec::new(),
             }
         };
         world.write_message(VisitClosing { info: open.info.clone() });
-        for life in calls.into_values() {
+        for life in calls {
             life.finish(Err(ToolError::with_code(
                 ErrorCode::VisitEnded,
                 format!("the player left world `{}` before the call finished", open.info.world),
