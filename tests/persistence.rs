@@ -371,3 +371,37 @@ fn world_names_that_could_escape_the_data_directory_fail_clearly() {
     assert!(outcome.message.contains("invalid world name"), "the loading session fails with the reason: {outcome:?}");
     assert!(std::fs::read_dir(data.path()).unwrap().next().is_none(), "nothing was created");
 }
+
+/// Serializes part of itself, then fails: the serializer's error arrives after bytes were streamed to the file.
+struct FailsHalfway;
+
+impl Serialize for FailsHalfway {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error, SerializeSeq};
+        let mut seq = serializer.serialize_seq(None)?;
+        for i in 0..100_000u32 {
+            seq.serialize_element(&i)?;
+        }
+        Err(S::Error::custom("this snapshot cannot be encoded"))
+    }
+}
+
+#[test]
+fn a_snapshot_that_fails_to_serialize_midway_is_an_encode_error_and_the_previous_save_stays() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let store = WorldStore::new(data.path(), runtime.handle().clone());
+    let world = WorldId::new("halfway");
+    store.save(&world, "progress", Progress { count: 4 }).wait().unwrap();
+
+    let error = runtime.block_on(store.save_async(&world, "progress", FailsHalfway)).unwrap_err();
+    assert!(matches!(error, bevy_agent_tools::StoreError::Encode { .. }), "{error:?}");
+    assert!(error.to_string().contains("this snapshot cannot be encoded"), "{error}");
+    assert_eq!(runtime.block_on(store.load::<Progress>(&world, "progress")).unwrap(), Some(Progress { count: 4 }));
+    let files: Vec<String> = std::fs::read_dir(store.world_dir(&world).unwrap())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with('.'))
+        .collect();
+    assert!(files.is_empty(), "the partly written temporary file was removed: {files:?}");
+}

@@ -12,7 +12,7 @@
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions, TryLockError};
-use std::io::{Read, Seek, Write};
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use atomic_write_file::AtomicWriteFile;
@@ -23,6 +23,80 @@ use super::faults::WriteFaults;
 use crate::ids::WorldId;
 
 const LOCK_FILE: &str = "world.lock";
+
+/// How much of a payload is buffered before it goes to the file.
+const WRITE_BUFFER: usize = 256 * 1024;
+/// How much is written before the kernel is asked to start writing it to disk.
+const WRITEBACK_CHUNK: u64 = 1024 * 1024;
+
+/// Where a document's payload is serialized to: buffered, checksummed, written with early writeback.
+pub(crate) type PayloadSink<'a> = BufWriter<envelope::PayloadWriter<EarlyWriteback<'a>>>;
+
+/// A serializer's own error (not I/O), carried through `std::io::Error` to be reported as `StoreError::Encode`.
+#[derive(Debug)]
+struct EncodeFailed(String);
+
+impl std::fmt::Display for EncodeFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for EncodeFailed {}
+
+/// Writes a file sequentially from `position` and, every [`WRITEBACK_CHUNK`] bytes, asks the kernel to start writing
+/// the chunk to disk without waiting for it (`sync_file_range(SYNC_FILE_RANGE_WRITE)` on Linux; elsewhere the
+/// final fsync does all the work). This only starts I/O early: durability still comes from the commit's fsync.
+pub(crate) struct EarlyWriteback<'a> {
+    file: &'a File,
+    /// The file's offset: where the next write goes.
+    position: u64,
+    /// Where the range not yet handed to the kernel begins.
+    unsynced: u64,
+}
+
+impl<'a> EarlyWriteback<'a> {
+    fn new(file: &'a File, position: u64) -> Self {
+        Self { file, position, unsynced: position }
+    }
+
+    #[cfg(target_os = "linux")]
+    fn start_writeback(&mut self) {
+        use std::os::fd::AsRawFd;
+        let (offset, len) = (self.unsynced, self.position - self.unsynced);
+        // SAFETY: `sync_file_range` only reads its integer arguments; the descriptor is valid for as long as
+        // `self.file` is borrowed. Its result is advisory: a failure here leaves all the work to the fsync.
+        let _ = unsafe {
+            libc::sync_file_range(
+                self.file.as_raw_fd(),
+                offset as libc::off64_t,
+                len as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            )
+        };
+        self.unsynced = self.position;
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn start_writeback(&mut self) {
+        self.unsynced = self.position;
+    }
+}
+
+impl Write for EarlyWriteback<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let written = self.file.write(buf)?;
+        self.position += written as u64;
+        if self.position - self.unsynced >= WRITEBACK_CHUNK {
+            self.start_writeback();
+        }
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 /// Where an intact document was found.
 pub(crate) enum Found {
@@ -106,32 +180,57 @@ impl WorldFiles {
         }
     }
 
-    /// Replaces `document` durably with `header` + `payload`, keeping the current primary as the previous save.
+    /// Replaces `document` durably with what `encode` writes, keeping the current primary as the previous save.
+    ///
+    /// The payload is streamed into a temporary file in the world's directory after a reserved header; the kernel
+    /// is asked to start writing each chunk to disk as soon as it is written ([`EarlyWriteback`]), so
+    /// serialization overlaps the disk and the final fsync waits only for the tail. Then the header is filled in,
+    /// the current primary is kept as `.prev`, and `atomic-write-file` commits: it fsyncs the temporary file,
+    /// renames it over the primary and fsyncs the directory (`tempfile::persist` syncs neither). A failure
+    /// anywhere before the rename leaves the previous save as it was, and the temporary file is removed.
     pub(crate) fn write(
         &mut self,
         document: &str,
-        header: &[u8],
-        payload: &[u8],
+        encode: impl FnOnce(&mut PayloadSink<'_>) -> serde_json::Result<()>,
         faults: Option<&dyn WriteFaults>,
     ) -> Result<(), StoreError> {
         self.ensure_locked()?;
-        self.keep_previous(document)?;
         let path = self.primary(document);
-        // `atomic-write-file` writes a temporary file in the same directory, and on commit fsyncs it, renames it
-        // over the target and fsyncs the directory: exactly the durable replace we need (`tempfile::persist`
-        // syncs neither). Dropping it uncommitted removes the temporary file.
-        let mut file =
-            AtomicWriteFile::open(&path).map_err(|e| self.error("creating a temporary file for", &path, e))?;
-        file.write_all(header).and_then(|()| file.write_all(payload)).map_err(|e| self.error("writing", &path, e))?;
+        let file = AtomicWriteFile::open(&path).map_err(|e| self.error("creating a temporary file for", &path, e))?;
+        let written = (|| {
+            let mut out = file.as_file();
+            out.write_all(&[b' '; envelope::HEADER_LEN])?;
+            let sink = envelope::PayloadWriter::new(EarlyWriteback::new(out, envelope::HEADER_LEN as u64));
+            // Buffered first: the checksum and the file see large chunks, not the serializer's many small writes.
+            let mut payload = BufWriter::with_capacity(WRITE_BUFFER, sink);
+            encode(&mut payload).map_err(|error| match error.io_error_kind() {
+                Some(_) => std::io::Error::from(error),
+                None => std::io::Error::new(std::io::ErrorKind::InvalidData, EncodeFailed(error.to_string())),
+            })?;
+            let header = payload.into_inner().map_err(|error| error.into_error())?.finish()?;
+            out.seek(SeekFrom::Start(0))?;
+            out.write_all(&header)
+        })();
+        if let Err(error) = written {
+            return Err(match error.get_ref().and_then(|inner| inner.downcast_ref::<EncodeFailed>()) {
+                Some(EncodeFailed(message)) => StoreError::Encode {
+                    world: self.world.clone(),
+                    document: document.to_string(),
+                    message: message.clone(),
+                },
+                None => self.error("writing", &path, error),
+            });
+        }
         if let Some(faults) = faults {
             faults.before_commit(&self.world, document).map_err(|e| self.error("writing", &path, e))?;
         }
+        self.keep_previous(document)?;
         file.commit().map_err(|e| self.error("committing", &path, e))?;
         self.intact.insert(document.to_string());
         Ok(())
     }
 
-    /// Makes the current primary the previous save, durably, before it is replaced. A hard link shares the
+    /// Makes the current primary the previous save, before it is replaced. A hard link shares the
     /// bytes instead of copying them; a damaged primary is never rotated in, so `.prev` stays the last good save.
     fn keep_previous(&mut self, document: &str) -> Result<(), StoreError> {
         let primary = self.primary(document);
@@ -156,14 +255,9 @@ impl WorldFiles {
                 .and_then(|_| File::open(&staging)?.sync_all())
                 .map_err(|e| self.error("copying the current save to", &staging, e))?;
         }
-        fs::rename(&staging, &previous).map_err(|e| self.error("keeping the previous save as", &previous, e))?;
-        self.sync_dir()
-    }
-
-    fn sync_dir(&self) -> Result<(), StoreError> {
-        File::open(&self.dir)
-            .and_then(|dir| dir.sync_all())
-            .map_err(|e| self.error("syncing the directory", &self.dir, e))
+        // No directory fsync of its own: the commit that follows fsyncs the directory, which makes this rename
+        // durable too. Until then the old primary is still in place, so nothing depends on `.prev` yet.
+        fs::rename(&staging, &previous).map_err(|e| self.error("keeping the previous save as", &previous, e))
     }
 
     /// The intact content of `document`: the primary, or the previous save (with a warning) if the primary is

@@ -12,7 +12,6 @@ use serde::Serialize;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
-use super::envelope;
 use super::error::{NameKind, StoreError};
 use super::faults::WriteFaults;
 use super::files::{Found, WorldFiles};
@@ -138,21 +137,13 @@ impl WorldStore {
         snapshot: T,
         finish: impl FnOnce(Result<(), StoreError>) -> O + Send + 'static,
     ) -> Queued<O> {
-        let (world, doc) = (queue.world.clone(), document.to_string());
-        let encode = move || {
-            let payload = serde_json::to_vec(&snapshot).map_err(|e| StoreError::Encode {
-                world,
-                document: doc,
-                message: e.to_string(),
-            })?;
-            Ok((envelope::header(&payload), payload))
-        };
         let (doc, shared) = (document.to_string(), self.shared.clone());
-        let work = move |files: &mut WorldFiles, (header, payload): (Vec<u8>, Vec<u8>)| {
+        // Serialized while it is written (streamed into the file in the world's turn), not into memory first.
+        let work = move |files: &mut WorldFiles| {
             let faults = shared.faults.read().clone();
-            files.write(&doc, &header, &payload, faults.as_deref())
+            files.write(&doc, |sink| serde_json::to_writer(sink, &snapshot), faults.as_deref())
         };
-        self.enqueue(queue, encode, work, finish)
+        self.enqueue(queue, work, finish)
     }
 
     /// Loads `document` of `world`: `None` if it was never saved. Waits for every operation on `world` called
@@ -173,7 +164,7 @@ impl WorldStore {
         finish: impl FnOnce(Result<Option<T>, StoreError>) -> O + Send + 'static,
     ) -> Queued<O> {
         let (world, doc) = (queue.world.clone(), document.to_string());
-        let work = move |files: &mut WorldFiles, ()| {
+        let work = move |files: &mut WorldFiles| {
             let (path, payload) = match files.read(&doc)? {
                 None => return Ok(None),
                 Some(Found::Primary(path, payload) | Found::Previous(path, payload)) => (path, payload),
@@ -185,7 +176,7 @@ impl WorldStore {
                 message: e.to_string(),
             })
         };
-        self.enqueue(queue, || Ok(()), work, finish)
+        self.enqueue(queue, work, finish)
     }
 
     /// Starts loading `document` for a session returned by `open`, without blocking: returns the session's
@@ -242,18 +233,15 @@ impl WorldStore {
         Ok(queue.clone())
     }
 
-    /// Takes the world's next place in line now, then on the runtime: runs `prepare` (not ordered: serialization
-    /// overlaps the previous operation's I/O), waits for the previous operation, runs `work` with the files, and
-    /// hands the result to `finish`.
-    fn enqueue<P, R, O>(
+    /// Takes the world's next place in line now, then on the runtime: waits for the previous operation, runs
+    /// `work` with the files on a blocking thread, and hands the result to `finish`.
+    fn enqueue<R, O>(
         &self,
         queue: Arc<WorldQueue>,
-        prepare: impl FnOnce() -> Result<P, StoreError> + Send + 'static,
-        work: impl FnOnce(&mut WorldFiles, P) -> Result<R, StoreError> + Send + 'static,
+        work: impl FnOnce(&mut WorldFiles) -> Result<R, StoreError> + Send + 'static,
         finish: impl FnOnce(Result<R, StoreError>) -> O + Send + 'static,
     ) -> Queued<O>
     where
-        P: Send + 'static,
         R: Send + 'static,
         O: Send + 'static,
     {
@@ -263,15 +251,11 @@ impl WorldStore {
         let world = queue.world.clone();
         let task = self.shared.runtime.spawn(async move {
             let id = queue.world.clone();
-            let prepared = blocking(&runtime, &id, prepare).await;
             if let Some(previous) = previous {
                 // Its outcome belongs to its caller; we only wait for our turn.
                 let _ = previous.finished().await;
             }
-            let result = match prepared {
-                Ok(prepared) => blocking(&runtime, &id, move || work(&mut queue.files.lock(), prepared)).await,
-                Err(error) => Err(error),
-            };
+            let result = blocking(&runtime, &id, move || work(&mut queue.files.lock())).await;
             turn_done.succeed();
             finish(result)
         });
