@@ -59,6 +59,10 @@ fn long_tool(seen: Arc<Seen>) -> AgentTool<Session> {
 }
 
 fn game(seen: Arc<Seen>, gate: Gate) -> (RunningGame, McpServer) {
+    game_with(seen, gate, |mcp| mcp)
+}
+
+fn game_with(seen: Arc<Seen>, gate: Gate, configure: fn(McpPlugin) -> McpPlugin) -> (RunningGame, McpServer) {
     let game = RunningGame::spawn(Duration::from_millis(1), move || {
         let plugin = AgentToolsPlugin::new(TestGame::default())
             .with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None))
@@ -71,7 +75,7 @@ fn game(seen: Arc<Seen>, gate: Gate) -> (RunningGame, McpServer) {
             .with_tool(long_tool(seen))
             .with_tool(bump_tool("gated", ToolScope::World, Arc::default(), Some(gate)))
             .max_in_flight_per_conversation(2);
-        headless_app_with(plugin, McpPlugin::new().port(0).token(TOKEN).max_body_bytes(64 * 1024))
+        headless_app_with(plugin, configure(McpPlugin::new().port(0).token(TOKEN).max_body_bytes(64 * 1024)))
     });
     let server = game.with_app(|app| app.world().resource::<McpServer>().clone());
     game.with_app(|app| {
@@ -413,5 +417,74 @@ fn deleting_an_mcp_session_ends_its_conversation_and_cancels_its_calls_but_not_t
     assert!(ended.as_str().starts_with("mcp-session:"), "{ended}");
     gate.open();
     assert_eq!(game.agent().visit().map(|v| v.info.visit), visit_before, "the visit is untouched");
+    game.stop();
+}
+
+/// Waits for the conversation of an MCP session to end; returns the session id.
+async fn session_ended(events: &mut bevy_agent_tools::Subscription) -> String {
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("an event in time");
+        if let Some(bevy_agent_tools::ConversationEvent::Status(change)) = event {
+            if change.status == bevy_agent_tools::ConversationStatus::Ended {
+                let session = change.conversation.as_str().strip_prefix("mcp-session:").expect("a session's");
+                return session.to_string();
+            }
+        }
+    }
+}
+
+/// Whether the server still knows session `id` (a request in it is not refused with 404).
+fn session_is_open(server: &McpServer, id: &str) -> bool {
+    let bearer = format!("Bearer {TOKEN}");
+    let list = r#"{"jsonrpc":"2.0","id":9,"method":"tools/list","params":{}}"#;
+    let headers = [("Authorization", bearer.as_str()), ("Mcp-Session-Id", id), ("MCP-Protocol-Version", "2025-11-25")];
+    let (status, body) = raw(server, &headers, list);
+    assert!(status == 200 || status == 404, "{status}: {body}");
+    status == 200
+}
+
+#[test]
+fn an_mcp_session_silent_for_its_idle_timeout_expires_and_ends_its_conversation() {
+    let (game, server) =
+        game_with(Arc::default(), Gate::new(), |mcp| mcp.session_idle_timeout(Duration::from_millis(300)));
+    let mut events = game.agent().subscribe();
+    let url = server.url().to_string();
+    let session = runtime().block_on(async move {
+        let (client, _) = connect(&url, false).await;
+        client.call_tool(params("bump", json!({}))).await.expect("call");
+        // The client says nothing more (and keeps its session: no DELETE).
+        let session = session_ended(&mut events).await;
+        drop(client);
+        session
+    });
+    assert!(!session_is_open(&server, &session), "the expired session is gone: its client gets 404");
+    game.stop();
+}
+
+#[test]
+fn a_conversation_the_game_ends_closes_its_mcp_session() {
+    let (game, server) = game(Arc::default(), Gate::new());
+    let agent = game.agent();
+    let mut events = agent.subscribe();
+    let url = server.url().to_string();
+    let (session, client) = runtime().block_on(async move {
+        let (client, _) = connect(&url, false).await;
+        client.call_tool(params("bump", json!({}))).await.expect("call");
+        let conversation = loop {
+            match events.next().await.expect("the feed is open") {
+                bevy_agent_tools::ConversationEvent::CallStarted(started) => break started.conversation,
+                _ => continue,
+            }
+        };
+        agent.end_conversation(&conversation).expect("ended by the game");
+        (session_ended(&mut events).await, client)
+    });
+    // The session closes right after the conversation's Ended event, on the server's runtime.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while session_is_open(&server, &session) {
+        assert!(std::time::Instant::now() < deadline, "the session was not closed");
+        std::thread::yield_now();
+    }
+    drop(client);
     game.stop();
 }

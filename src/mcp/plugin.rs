@@ -9,7 +9,6 @@ use axum::serve::ListenerExt;
 use axum::Router;
 use bevy::app::AppExit;
 use bevy::prelude::*;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
@@ -31,6 +30,7 @@ pub struct McpPlugin {
     token_file: Option<PathBuf>,
     allowed_origins: Vec<String>,
     max_body_bytes: usize,
+    session_idle_timeout: Option<Duration>,
 }
 
 impl Default for McpPlugin {
@@ -51,7 +51,17 @@ impl McpPlugin {
             token_file: None,
             allowed_origins: vec!["http://localhost:*".into(), "http://127.0.0.1:*".into(), "http://[::1]:*".into()],
             max_body_bytes: 1024 * 1024,
+            session_idle_timeout: Some(Duration::from_secs(300)),
         }
+    }
+
+    /// How long an MCP 2025-11-25 session may stay silent (no request from its client, no call in flight)
+    /// before it expires and its conversation ends. Default 5 minutes; `None` keeps sessions until their
+    /// client deletes them or the conversation ends. (2026-07-28 has no sessions: see
+    /// [`AgentToolsPlugin::conversation_idle_timeout`](crate::AgentToolsPlugin::conversation_idle_timeout).)
+    pub fn session_idle_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
+        self.session_idle_timeout = timeout.into();
+        self
     }
 
     /// The port; `0` picks a free one (read it from [`McpServer`]).
@@ -130,9 +140,10 @@ impl McpPlugin {
             .with_cancellation_token(shutdown.child_token());
         let limit = InFlightLimit { agent: agent.clone(), max_body_bytes: self.max_body_bytes };
         let handler = GameServer { agent };
-        let sessions = ConversationSessions { inner: LocalSessionManager::default(), agent: handler.agent.clone() };
+        let sessions = Arc::new(ConversationSessions::new(handler.agent.clone(), self.session_idle_timeout));
+        sessions.spawn_upkeep(runtime, shutdown.child_token());
         let service: StreamableHttpService<GameServer, ConversationSessions> =
-            StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(sessions), config);
+            StreamableHttpService::new(move || Ok(handler.clone()), sessions, config);
         // Outermost last: the token, then the in-flight limit, then rmcp (Host, Origin, body limit).
         let router = Router::new()
             .nest_service(&self.path, service)
