@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::sync::Mutex;
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::Mutex;
 
 use crate::call::{CallLife, CallOutcome, Job};
 use crate::completion::Completion;
@@ -234,6 +234,19 @@ impl HostShared {
                 Some(outcome) if handler_started => open.replay.complete(key, outcome, std::time::Instant::now()),
                 _ => open.replay.forget(key),
             }
+        }
+    }
+
+    /// The first step of an exit: closes admission (`WORLD_CLOSED` from now on) and takes every call of the visit,
+    /// for the caller to end. A call admitted before this is among them; one that finishes meanwhile is not.
+    pub(crate) fn begin_exit(&self) -> Vec<Arc<CallLife>> {
+        let mut state = self.state.lock();
+        match state.visit.as_mut() {
+            Some(visit) => {
+                visit.closing = true;
+                visit.calls.take_all()
+            }
+            None => Vec::new(),
         }
     }
 

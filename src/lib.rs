@@ -14,9 +14,12 @@ pub mod mcp;
 mod panic;
 pub mod persist;
 mod plugin;
+#[cfg(all(test, feature = "shuttle"))]
+mod races;
 mod replay;
 mod runtime;
 mod signal;
+mod sync;
 pub mod testing;
 mod tool;
 mod visit;

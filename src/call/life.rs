@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::{Mutex, MutexGuard};
+use crate::sync::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 

@@ -39,6 +39,7 @@ mod loaded;
 mod name;
 mod plugin;
 mod store;
+pub(crate) mod turns;
 
 pub use error::{NameKind, StoreError};
 pub use faults::WriteFaults;

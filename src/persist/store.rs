@@ -17,6 +17,7 @@ use super::faults::WriteFaults;
 use super::files::{Found, WorldFiles};
 use super::loaded::Loaded;
 use super::name;
+use super::turns::Turns;
 use crate::completion::Completion;
 use crate::ids::WorldId;
 
@@ -60,7 +61,7 @@ struct Shared {
 /// One world's queue: the completion of the last operation called, and the files, used by one operation at a time.
 struct WorldQueue {
     world: WorldId,
-    tail: Mutex<Option<Completion>>,
+    turns: Turns,
     files: Mutex<WorldFiles>,
 }
 
@@ -209,7 +210,7 @@ impl WorldStore {
     /// operation reports its own outcome). Useful in [`WorldLifecycle::shutdown`](crate::WorldLifecycle::shutdown).
     pub fn flush(&self) -> Completion {
         let worlds: Vec<_> = self.shared.worlds.lock().values().cloned().collect();
-        let turns: Vec<_> = worlds.iter().filter_map(|queue| queue.tail.lock().clone()).collect();
+        let turns: Vec<_> = worlds.iter().filter_map(|queue| queue.turns.last()).collect();
         Completion::spawn(&self.shared.runtime, async move {
             for turn in turns {
                 let _ = turn.finished().await;
@@ -226,7 +227,7 @@ impl WorldStore {
         let queue = worlds.entry(world.clone()).or_insert_with(|| {
             Arc::new(WorldQueue {
                 world: world.clone(),
-                tail: Mutex::new(None),
+                turns: Turns::default(),
                 files: Mutex::new(WorldFiles::new(world.clone(), dir)),
             })
         });
@@ -245,18 +246,14 @@ impl WorldStore {
         R: Send + 'static,
         O: Send + 'static,
     {
-        let (turn_done, turn) = Completion::pending();
-        let previous = queue.tail.lock().replace(turn);
+        let mut turn = queue.turns.take();
         let runtime = self.shared.runtime.clone();
         let world = queue.world.clone();
         let task = self.shared.runtime.spawn(async move {
             let id = queue.world.clone();
-            if let Some(previous) = previous {
-                // Its outcome belongs to its caller; we only wait for our turn.
-                let _ = previous.finished().await;
-            }
+            turn.wait().await;
             let result = blocking(&runtime, &id, move || work(&mut queue.files.lock())).await;
-            turn_done.succeed();
+            turn.done.succeed();
             finish(result)
         });
         (world, task)

@@ -129,16 +129,7 @@ impl<L: WorldLifecycle> VisitSlot<L> {
     /// dropped unrun, (3) `close` runs and its completion is kept.
     pub(crate) fn exit(&mut self, world: &mut World) {
         let Some(open) = self.open.take() else { return };
-        let calls = {
-            let mut state = self.host.state.lock();
-            match state.visit.as_mut() {
-                Some(visit) => {
-                    visit.closing = true;
-                    visit.calls.take_all()
-                }
-                None => Vec::new(),
-            }
-        };
+        let calls = self.host.begin_exit();
         world.write_message(VisitClosing { info: open.info.clone() });
         for life in calls {
             life.finish(Err(ToolError::with_code(

@@ -1,0 +1,272 @@
+//! Race tests for the places where threads meet, under shuttle's controlled scheduler: thousands of random (and
+//! PCT) interleavings of the real code, each failing one printed as a schedule that `shuttle::replay` reproduces.
+//!
+//! Run with `cargo test --features shuttle --lib races` (the `shuttle` feature swaps the locks of `crate::sync`
+//! for shuttle's; nothing else may run with it on). `SHUTTLE_ITERATIONS` sets the schedules per test.
+//!
+//! - A main-thread step against an end from another thread (an exit, a cancel): the step's check and its closure
+//!   are one step (H8); the on_client enqueue of a worker against an exit draining the queue never runs a step
+//!   for an ended call, and the worker's `on_client` future resolves (H13).
+//! - A late completion against the exit taking the visit's calls: exactly one outcome per call, one
+//!   `CallFinished`, no call left behind, the in-flight counts back to zero, and a call admitted concurrently is
+//!   either ended by the exit or refused with `WORLD_CLOSED` (H5, H13).
+//! - An old visit's save against the next visit's load of the same world: the load runs after the save,
+//!   whatever order their tasks are scheduled in (H7).
+
+use std::any::TypeId;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crossbeam_channel::Receiver;
+use serde_json::json;
+
+use crate::call::{admit, Admitted, CallCore, CallLife, CallOutput, CallRequest, Job};
+use crate::conversation::ConversationEvent;
+use crate::error::{ErrorCode, ToolError};
+use crate::host::{HostConfig, HostShared, OpenVisit};
+use crate::ids::{ConversationId, DimensionId, LocationRevision, VisitId, WorldId};
+use crate::lifecycle::{Location, VisitInfo};
+use crate::persist::turns::Turns;
+use crate::replay::{ReplayRetention, ReplayTable};
+use crate::tool::AgentTool;
+use crate::{CallContext, NoArgs};
+
+fn iterations() -> usize {
+    std::env::var("SHUTTLE_ITERATIONS").ok().and_then(|n| n.parse().ok()).unwrap_or(2_000)
+}
+
+/// Runs `test` under the random scheduler and under PCT (which finds bugs that need a few unlikely preemptions).
+fn explore(test: impl Fn() + Send + Sync + 'static) {
+    let test = Arc::new(test);
+    let random = test.clone();
+    shuttle::check_random(move || random(), iterations());
+    shuttle::check_pct(move || test(), iterations(), 3);
+}
+
+/// A runtime handle for the host to hold; nothing is ever run on it in these tests.
+fn idle_runtime() -> tokio::runtime::Handle {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime"))
+        .handle()
+        .clone()
+}
+
+struct Fixture {
+    host: Arc<HostShared>,
+    jobs: Receiver<Job>,
+    feed: Receiver<ConversationEvent>,
+    conversation: ConversationId,
+}
+
+/// A host with a visit open and one conversation, and a tool `noop` (its handler never runs here: the runtime is
+/// idle, so every call stays in flight until something ends it).
+fn fixture() -> Fixture {
+    let config = HostConfig {
+        default_timeout: Duration::from_secs(600),
+        pump_budget: Duration::from_millis(1),
+        replay: ReplayRetention::default(),
+        max_in_flight: 32,
+        tool_wait: None,
+        idle_timeout: None,
+    };
+    let (host, jobs, feed) = HostShared::new(idle_runtime(), config, (TypeId::of::<()>(), "()"));
+    let noop = AgentTool::new("noop", "Does nothing.", |_: CallContext<()>, _: NoArgs| async { Ok(()) });
+    host.register_tool(Arc::new(noop)).expect("the session type matches");
+    let info = VisitInfo {
+        visit: VisitId(1),
+        world: WorldId::new("alpha"),
+        location: Location { dimension: DimensionId::new("overworld"), revision: LocationRevision(0) },
+    };
+    host.state.lock().visit = Some(OpenVisit {
+        info,
+        ready: None,
+        closing: false,
+        calls: Default::default(),
+        replay: ReplayTable::new(ReplayRetention::default()),
+    });
+    let conversation = ConversationId::new("agent");
+    host.conversations.open(&conversation);
+    Fixture { host, jobs, feed, conversation }
+}
+
+fn call(fixture: &Fixture) -> Result<Arc<CallLife>, ToolError> {
+    match admit(&fixture.host, &fixture.conversation, CallRequest::new("noop", json!({})))? {
+        Admitted::Running { life, .. } => Ok(life),
+        Admitted::Retained(_) => unreachable!("no operation ids here"),
+    }
+}
+
+/// What the exit does with the visit's calls (`Transitions::exit`): close admission, take them, end them.
+fn exit(host: &HostShared) {
+    for life in host.begin_exit() {
+        life.finish(Err(ToolError::with_code(ErrorCode::VisitEnded, "the player left")));
+    }
+}
+
+fn code(life: &CallLife) -> Option<ErrorCode> {
+    let outcome = life.outcome().get().expect("the call has its outcome");
+    outcome.err().map(|error| error.code)
+}
+
+fn finished_events(feed: &Receiver<ConversationEvent>, life: &CallLife) -> usize {
+    feed.try_iter()
+        .filter(|event| matches!(event, ConversationEvent::CallFinished(f) if f.request == life.coords.request))
+        .count()
+}
+
+#[test]
+fn h8_a_step_and_an_end_from_another_thread_never_interleave() {
+    explore(|| {
+        let fixture = fixture();
+        let life = call(&fixture).expect("admitted");
+        let ran = Arc::new(AtomicBool::new(false));
+        let pump = {
+            let (life, ran) = (life.clone(), ran.clone());
+            shuttle::thread::spawn(move || {
+                // The pump's kernel: lock the call's step, then run the closure while holding it.
+                if let Ok(step) = life.begin_step() {
+                    assert!(!life.outcome().is_set(), "the closure ran after its call ended");
+                    shuttle::thread::yield_now();
+                    assert!(!life.outcome().is_set(), "the call ended in the middle of its step");
+                    ran.store(true, Ordering::SeqCst);
+                    drop(step);
+                }
+            })
+        };
+        let ender = {
+            let host = fixture.host.clone();
+            shuttle::thread::spawn(move || exit(&host))
+        };
+        let canceller = {
+            let life = life.clone();
+            shuttle::thread::spawn(move || life.fail(ErrorCode::Cancelled, "the agent cancelled"))
+        };
+        pump.join().expect("pump");
+        ender.join().expect("exit");
+        let cancelled = canceller.join().expect("cancel");
+        let code = code(&life);
+        assert_eq!(code == Some(ErrorCode::Cancelled), cancelled, "the cancel's outcome is the call's iff it won");
+        assert!(matches!(code, Some(ErrorCode::Cancelled | ErrorCode::VisitEnded)), "{code:?}");
+        assert_eq!(finished_events(&fixture.feed, &life), 1, "one CallFinished");
+    });
+}
+
+#[test]
+fn h8_a_worker_queueing_a_step_while_the_exit_drains_the_queue_never_runs_it_and_never_hangs() {
+    explore(|| {
+        let fixture = fixture();
+        let life = call(&fixture).expect("admitted");
+        let worker = {
+            let core = CallCore { life: life.clone(), host: fixture.host.clone() };
+            shuttle::thread::spawn(move || {
+                let ctx = CallContext::<()>::new(core);
+                // `on_client` queues its step when called; the future then waits for the step or the end.
+                let step = ctx.on_client(|_, _| ());
+                shuttle::future::block_on(step)
+            })
+        };
+        let main = {
+            let (host, jobs) = (fixture.host.clone(), fixture.jobs.clone());
+            shuttle::thread::spawn(move || {
+                exit(&host);
+                while jobs.try_recv().is_ok() {}
+            })
+        };
+        main.join().expect("exit");
+        // The next frames' pump: a step queued after the drain meets a call that already ended.
+        while let Ok(Job::Call { life, .. }) = fixture.jobs.try_recv() {
+            assert!(life.begin_step().is_err(), "a step of an ended call would run");
+        }
+        let result = worker.join().expect("worker");
+        assert_eq!(result.err().map(|e| e.code), Some(ErrorCode::VisitEnded), "on_client resolves with the end");
+    });
+}
+
+#[test]
+fn h13_a_late_completion_racing_the_exit_gives_each_call_exactly_one_outcome() {
+    explore(|| {
+        let fixture = fixture();
+        let early = call(&fixture).expect("admitted");
+        let other = call(&fixture).expect("admitted");
+        let completion = {
+            let (host, life) = (fixture.host.clone(), early.clone());
+            shuttle::thread::spawn(move || {
+                // What `drive` does when a handler returns: finish, then release.
+                let output = CallOutput { value: json!("done"), observed: life.coords.visit.clone() };
+                let won = life.finish(Ok(output));
+                host.release_call(&life, true);
+                won
+            })
+        };
+        let exiting = {
+            let host = fixture.host.clone();
+            shuttle::thread::spawn(move || exit(&host))
+        };
+        let admitting = {
+            let host = fixture.host.clone();
+            let conversation = fixture.conversation.clone();
+            shuttle::thread::spawn(move || match admit(&host, &conversation, CallRequest::new("noop", json!({}))) {
+                Ok(Admitted::Running { life, .. }) => Ok(life),
+                Ok(Admitted::Retained(_)) => unreachable!("no operation ids here"),
+                Err(error) => Err(error.code),
+            })
+        };
+        let completed = completion.join().expect("completion");
+        exiting.join().expect("exit");
+        let late = admitting.join().expect("admission");
+
+        assert_eq!(code(&early).is_none(), completed, "the handler's result stands iff it came first");
+        assert_eq!(code(&other), Some(ErrorCode::VisitEnded));
+        match &late {
+            Ok(life) => assert_eq!(code(life), Some(ErrorCode::VisitEnded), "admitted before the exit: ended by it"),
+            Err(code) => assert_eq!(*code, ErrorCode::WorldClosed, "admitted after: refused"),
+        }
+        let events: Vec<ConversationEvent> = fixture.feed.try_iter().collect();
+        let mut lives = vec![&early, &other];
+        lives.extend(late.as_ref().ok());
+        for life in lives {
+            let finished = events
+                .iter()
+                .filter(|event| matches!(event, ConversationEvent::CallFinished(f) if f.request == life.coords.request))
+                .count();
+            assert_eq!(finished, 1, "one CallFinished for {}", life.coords.request);
+        }
+        assert_eq!(fixture.host.in_flight(&fixture.conversation), 0, "no call left counted in flight");
+        let state = fixture.host.state.lock();
+        assert_eq!(state.visit.as_ref().map(|visit| visit.calls.iter().count()), Some(0), "no call left behind");
+    });
+}
+
+#[test]
+fn h7_the_next_visits_load_runs_after_the_old_visits_save_whatever_the_schedule() {
+    explore(|| {
+        let turns = Arc::new(Turns::default());
+        let saved = Arc::new(AtomicU64::new(0));
+        // Main thread: the old visit's close calls save, then the next visit's open calls load, in that order.
+        let mut save_turn = turns.take();
+        let mut load_turn = turns.take();
+        let save = {
+            let saved = saved.clone();
+            shuttle::thread::spawn(move || {
+                shuttle::future::block_on(save_turn.wait());
+                shuttle::thread::yield_now();
+                saved.store(7, Ordering::SeqCst);
+                save_turn.done.succeed();
+            })
+        };
+        let load = {
+            let saved = saved.clone();
+            shuttle::thread::spawn(move || {
+                shuttle::future::block_on(load_turn.wait());
+                let seen = saved.load(Ordering::SeqCst);
+                load_turn.done.succeed();
+                seen
+            })
+        };
+        save.join().expect("save");
+        assert_eq!(load.join().expect("load"), 7, "the load saw what the previous visit saved");
+        assert!(turns.last().is_some_and(|last| last.is_done()), "the line is empty again");
+    });
+}

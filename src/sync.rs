@@ -1,0 +1,31 @@
+//! The locks at the places where threads meet: a call's step lock (a main-thread step against an end from any
+//! thread), the host's state (admission and release against exit), and a world's turn in the store (a save
+//! against the next load). `parking_lot`'s normally; under the `shuttle` feature, shuttle's, so the race tests
+//! in `races` can explore thread interleavings through them and replay a failing schedule.
+
+#[cfg(not(feature = "shuttle"))]
+pub(crate) use parking_lot::{Mutex, MutexGuard};
+
+#[cfg(feature = "shuttle")]
+pub(crate) use controlled::{Mutex, MutexGuard};
+
+#[cfg(feature = "shuttle")]
+mod controlled {
+    use std::sync::PoisonError;
+
+    /// shuttle's mutex with `parking_lot`'s API (no poisoning: a panic fails the shuttle test anyway).
+    #[derive(Default)]
+    pub(crate) struct Mutex<T>(shuttle::sync::Mutex<T>);
+
+    pub(crate) type MutexGuard<'a, T> = shuttle::sync::MutexGuard<'a, T>;
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(shuttle::sync::Mutex::new(value))
+        }
+
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+    }
+}
