@@ -7,8 +7,10 @@
 //! (`agent_tool_call`) carrying visit, revision, conversation, request and tool. It waits for a loading session
 //! (`WORLD_LOADING_TIMEOUT`), then its handler runs on the plugin's runtime.
 
+use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -192,7 +194,19 @@ pub(crate) fn admit(
         request = %life.coords.request,
         tool = %life.coords.tool,
     );
-    host.runtime.spawn(drive(host.clone(), life.clone(), prepared, ready, timeout).instrument(span));
+    let driver = drive(host.clone(), life.clone(), prepared, ready, timeout).instrument(span);
+    // Admitted from a task of the plugin's own runtime (the MCP server's, or a handler calling a tool): poll the
+    // driver once in place, so a handler that finishes without waiting answers with no hop to another task. What
+    // is still pending then is spawned; its next poll registers the task's own waker.
+    let on_own_runtime = tokio::runtime::Handle::try_current().is_ok_and(|current| current.id() == host.runtime.id());
+    if on_own_runtime {
+        let mut driver = Box::pin(driver);
+        if driver.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending() {
+            host.runtime.spawn(driver);
+        }
+    } else {
+        host.runtime.spawn(driver);
+    }
     Ok(Admitted::Running { life, owner: true })
 }
 
