@@ -85,7 +85,10 @@ impl<'a> EarlyWriteback<'a> {
 
 impl Write for EarlyWriteback<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let written = self.file.write(buf)?;
+        // At most up to the next chunk boundary: a large write (a long string is written in one piece) is split,
+        // so the disk starts on its first chunks while the rest is still being copied.
+        let room = (WRITEBACK_CHUNK - (self.position - self.unsynced)) as usize;
+        let written = self.file.write(&buf[..buf.len().min(room)])?;
         self.position += written as u64;
         if self.position - self.unsynced >= WRITEBACK_CHUNK {
             self.start_writeback();
