@@ -1,10 +1,13 @@
 //! Our MCP transport next to Bevy's remote protocol (BRP), served by ONE headless app and driven by the SAME
 //! client: a minimal HTTP/1.1 client over `std::net::TcpStream` (keep-alive, `TCP_NODELAY`, one connection per
-//! protocol), alternating one request of each (the order flips every pair) so that drift hits both equally.
+//! client), one request of each client per round, in an order that rotates every round, so that drift hits all
+//! alike.
 //!
-//! - MCP: a `tools/call` of a trivial tool (returns without touching the main thread) in a 2025-11-25 session
+//! - MCP 2025-11-25: a `tools/call` of a trivial tool (returns without touching the main thread) in a session
 //!   (`initialize` once; then every request carries `Authorization`, `Mcp-Session-Id`, `MCP-Protocol-Version` and
 //!   `Accept: application/json, text/event-stream`; the answer is an SSE stream, chunked).
+//! - MCP 2026-07-28: the same call, stateless (no session; protocol version, client info and capabilities in the
+//!   request's `_meta`); the answer is plain JSON.
 //! - BRP: a `world.get_components` of one reflected component of one entity (no authentication; a JSON answer).
 //!   BRP answers in the frame after a request arrives (`RemoteLast`), so its latency follows the frame rate.
 //!
@@ -192,12 +195,19 @@ fn json_rpc_answer(body: &[u8], id: u64) -> Value {
 struct Mcp {
     connection: Connection,
     path: String,
-    session: String,
+    /// `None`: MCP 2026-07-28, stateless (no session, protocol version and client in each request's `_meta`).
+    session: Option<String>,
     next_id: u64,
 }
 
 impl Mcp {
     const PROTOCOL: &'static str = "2025-11-25";
+    const STATELESS: &'static str = "2026-07-28";
+
+    fn stateless(url: &str, address: SocketAddr, quick_ack: bool) -> Self {
+        let path = url.trim_start_matches("http://").split_once('/').map(|(_, path)| format!("/{path}")).expect("path");
+        Self { connection: Connection::open(address, quick_ack), path, session: None, next_id: 1 }
+    }
 
     fn connect(url: &str, address: SocketAddr, quick_ack: bool) -> Self {
         let path = url.trim_start_matches("http://").split_once('/').map(|(_, path)| format!("/{path}")).expect("path");
@@ -231,32 +241,41 @@ impl Mcp {
             &|_| true,
         );
         assert_eq!(response.status, 202, "initialized");
-        Self { connection, path, session, next_id: 1 }
+        Self { connection, path, session: Some(session), next_id: 1 }
     }
 
     /// Returns (time to the answer, time to the end of the response).
     fn call_trivial(&mut self) -> (Duration, Duration) {
         let id = self.next_id;
         self.next_id += 1;
-        let body = json!({
+        let mut body = json!({
             "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": { "name": "trivial", "arguments": {} }
-        })
-        .to_string();
+        });
         let bearer = format!("Bearer {TOKEN}");
+        let mut headers = vec![("Authorization", bearer.as_str()), ("Accept", "application/json, text/event-stream")];
+        match &self.session {
+            Some(session) => {
+                headers.extend([("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", Self::PROTOCOL)]);
+            }
+            None => {
+                // 2026-07-28 names the method and the tool in headers too (plain ASCII needs no Base64).
+                headers.extend([
+                    ("MCP-Protocol-Version", Self::STATELESS),
+                    ("Mcp-Method", "tools/call"),
+                    ("Mcp-Name", "trivial"),
+                ]);
+                body["params"]["_meta"] = json!({
+                    "io.modelcontextprotocol/protocolVersion": Self::STATELESS,
+                    "io.modelcontextprotocol/clientInfo": { "name": "brp-comparison", "version": "0" },
+                    "io.modelcontextprotocol/clientCapabilities": {}
+                });
+            }
+        }
+        let body = body.to_string();
         let started = Instant::now();
-        let response = self.connection.post(
-            &self.path,
-            &[
-                ("Authorization", &bearer),
-                ("Accept", "application/json, text/event-stream"),
-                ("Mcp-Session-Id", &self.session),
-                ("MCP-Protocol-Version", Self::PROTOCOL),
-            ],
-            &body,
-            &|body| has_answer(body, id),
-        );
+        let response = self.connection.post(&self.path, &headers, &body, &|body| has_answer(body, id));
         let ended = started.elapsed();
-        assert_eq!(response.status, 200);
+        assert_eq!(response.status, 200, "{}", String::from_utf8_lossy(&response.body));
         let answer = json_rpc_answer(&response.body, id);
         assert_eq!(answer["result"]["isError"], json!(false), "{answer}");
         (response.answered_at.expect("answered") - started, ended)
@@ -299,7 +318,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-fn phase(label: &str, frame: Duration, quick_ack: bool, pairs: usize) {
+fn phase(label: &str, frame: Duration, quick_ack: bool, rounds: usize) {
     let brp_port = free_port();
     let game = RunningGame::spawn(frame, move || {
         let trivial =
@@ -329,50 +348,50 @@ fn phase(label: &str, frame: Duration, quick_ack: bool, pairs: usize) {
         assert!(started.elapsed() < Duration::from_secs(10), "BRP did not start listening");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let mut mcp = Mcp::connect(&url, mcp_address, quick_ack);
+    let mut sessions = Mcp::connect(&url, mcp_address, quick_ack);
+    let mut stateless = Mcp::stateless(&url, mcp_address, quick_ack);
     let mut brp = Brp { connection: Connection::open(brp_address, quick_ack), entity, next_id: 1 };
     for _ in 0..50 {
-        mcp.call_trivial();
+        sessions.call_trivial();
+        stateless.call_trivial();
         brp.get_components();
     }
-    let (mut mcp_answer, mut mcp_end, mut brp_answer, mut brp_end) = (vec![], vec![], vec![], vec![]);
-    for pair in 0..pairs {
-        let mut time_mcp = || {
-            let (answer, end) = mcp.call_trivial();
-            mcp_answer.push(answer);
-            mcp_end.push(end);
-        };
-        let mut time_brp = || {
-            let (answer, end) = brp.get_components();
-            brp_answer.push(answer);
-            brp_end.push(end);
-        };
-        if pair % 2 == 0 {
-            time_mcp();
-            time_brp();
-        } else {
-            time_brp();
-            time_mcp();
+    // Per client: (time to the answer, time to the end of the response) of every request.
+    let mut timings: [(Vec<Duration>, Vec<Duration>); 3] = Default::default();
+    for round in 0..rounds {
+        // One request of each, in an order that rotates every round, so that drift hits all three alike.
+        for turn in 0..3 {
+            let client = (round + turn) % 3;
+            let (answer, end) = match client {
+                0 => sessions.call_trivial(),
+                1 => stateless.call_trivial(),
+                _ => brp.get_components(),
+            };
+            timings[client].0.push(answer);
+            timings[client].1.push(end);
         }
     }
     let client = if quick_ack { "client ACKs at once (TCP_QUICKACK)" } else { "plain client (delayed ACKs)" };
-    println!("brp_comparison/{label}: {pairs} alternating pairs over keep-alive HTTP/1.1 on loopback, {client}");
-    let report = |what: &str, mcp: &mut Vec<Duration>, brp: &mut Vec<Duration>| {
-        mcp.sort();
-        brp.sort();
-        let (mcp_median, mcp_p99) = (percentile(mcp, 0.5), percentile(mcp, 0.99));
-        let (brp_median, brp_p99) = (percentile(brp, 0.5), percentile(brp, 0.99));
+    println!("brp_comparison/{label}: {rounds} rotating rounds over keep-alive HTTP/1.1 on loopback, {client}");
+    let [(mut sessions_answer, mut sessions_end), (mut stateless_answer, mut stateless_end), (mut brp_answer, mut brp_end)] =
+        timings;
+    let report = |what: &str, sessions: &mut Vec<Duration>, stateless: &mut Vec<Duration>, brp: &mut Vec<Duration>| {
         println!("  {what}:");
-        println!("    mcp tools/call trivial (2025-11-25 session): median {mcp_median:?}, p99 {mcp_p99:?}");
+        brp.sort();
+        let (brp_median, brp_p99) = (percentile(brp, 0.5), percentile(brp, 0.99));
+        for (name, mcp) in [("mcp 2025-11-25 session", sessions), ("mcp 2026-07-28 stateless", stateless)] {
+            mcp.sort();
+            let (mcp_median, mcp_p99) = (percentile(mcp, 0.5), percentile(mcp, 0.99));
+            println!(
+                "    {name:<26} tools/call trivial: median {mcp_median:?}, p99 {mcp_p99:?}; ratio to brp: median {:.3}, p99 {:.3}",
+                mcp_median.as_secs_f64() / brp_median.as_secs_f64(),
+                mcp_p99.as_secs_f64() / brp_p99.as_secs_f64()
+            );
+        }
         println!("    brp world.get_components:                    median {brp_median:?}, p99 {brp_p99:?}");
-        println!(
-            "    ratio mcp/brp: median {:.3}, p99 {:.3}",
-            mcp_median.as_secs_f64() / brp_median.as_secs_f64(),
-            mcp_p99.as_secs_f64() / brp_p99.as_secs_f64()
-        );
     };
-    report("request sent -> JSON-RPC answer received", &mut mcp_answer, &mut brp_answer);
-    report("request sent -> end of the HTTP response", &mut mcp_end, &mut brp_end);
+    report("request sent -> JSON-RPC answer received", &mut sessions_answer, &mut stateless_answer, &mut brp_answer);
+    report("request sent -> end of the HTTP response", &mut sessions_end, &mut stateless_end, &mut brp_end);
     game.stop();
 }
 

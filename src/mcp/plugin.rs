@@ -133,6 +133,9 @@ impl McpPlugin {
         hosts.push(address.ip().to_string());
         let config = StreamableHttpServerConfig::default()
             .with_legacy_session_mode(true)
+            // 2026-07-28: a call that only returns its result answers as plain JSON (one write, no SSE framing);
+            // one that reports progress first still streams.
+            .with_json_response(true)
             .with_allowed_hosts(hosts)
             .with_allowed_origins(self.allowed_origins.clone())
             .with_max_request_body_bytes(self.max_body_bytes)
