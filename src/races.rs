@@ -15,7 +15,7 @@
 
 use std::any::TypeId;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::Receiver;
@@ -44,20 +44,14 @@ fn explore(test: impl Fn() + Send + Sync + 'static) {
     shuttle::check_pct(move || test(), iterations(), 3);
 }
 
-/// A runtime handle for the host to hold; nothing is ever run on it in these tests.
-fn idle_runtime() -> tokio::runtime::Handle {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime"))
-        .handle()
-        .clone()
-}
-
 struct Fixture {
     host: Arc<HostShared>,
     jobs: Receiver<Job>,
     feed: Receiver<ConversationEvent>,
     conversation: ConversationId,
+    /// The runtime the host spawns call drivers on. Nothing ever runs on it here; dropping it (last) at the end of
+    /// each schedule drops what was spawned, so schedules do not accumulate tasks.
+    _runtime: tokio::runtime::Runtime,
 }
 
 /// A host with a visit open and one conversation, and a tool `noop` (its handler never runs here: the runtime is
@@ -71,7 +65,8 @@ fn fixture() -> Fixture {
         tool_wait: None,
         idle_timeout: None,
     };
-    let (host, jobs, feed) = HostShared::new(idle_runtime(), config, (TypeId::of::<()>(), "()"));
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+    let (host, jobs, feed) = HostShared::new(runtime.handle().clone(), config, (TypeId::of::<()>(), "()"));
     let noop = AgentTool::new("noop", "Does nothing.", |_: CallContext<()>, _: NoArgs| async { Ok(()) });
     host.register_tool(Arc::new(noop)).expect("the session type matches");
     let info = VisitInfo {
@@ -88,7 +83,7 @@ fn fixture() -> Fixture {
     });
     let conversation = ConversationId::new("agent");
     host.conversations.open(&conversation);
-    Fixture { host, jobs, feed, conversation }
+    Fixture { host, jobs, feed, conversation, _runtime: runtime }
 }
 
 fn call(fixture: &Fixture) -> Result<Arc<CallLife>, ToolError> {
