@@ -2,7 +2,7 @@
 //! rechecked right before it runs (rule H8).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bevy::prelude::*;
 
@@ -22,6 +22,8 @@ pub struct PumpStats {
     pub left_queued: usize,
     /// Steps taken off the queue since the app started.
     pub total: u64,
+    /// How long the pump ran in the last frame (the budget is checked against this after every step).
+    pub last_frame_time: Duration,
 }
 
 /// Runs queued steps until the queue is empty or the budget is spent. At least one step runs per frame, so a
@@ -38,7 +40,9 @@ pub(crate) fn run_jobs<L: WorldLifecycle>(world: &mut World) {
         }
         (taken, slot.jobs.len())
     });
+    let elapsed = started.elapsed();
     let mut stats = world.resource_mut::<PumpStats>();
+    stats.last_frame_time = elapsed;
     stats.last_frame = taken;
     stats.left_queued = left_queued;
     stats.total += taken as u64;
