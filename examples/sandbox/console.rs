@@ -101,6 +101,45 @@ impl Plugin for ConsolePlugin {
     }
 }
 
+/// One console command, decoded from a line: what the player asked for, before the game's state is consulted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// `enter WORLD`
+    Enter(String),
+    /// `travel DIMENSION`
+    Travel(Dimension),
+    /// `exit`
+    Exit,
+    /// `status`
+    Status,
+    /// `quit`
+    Quit,
+}
+
+impl Command {
+    /// Decodes one line of input: `Ok(None)` for a blank line (ignored), `Err` with the text of the `error:` line
+    /// the console prints for it. Pure, so it can be tested and fuzzed away from the game.
+    pub fn parse(line: &str) -> Result<Option<Self>, String> {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let command = match words.as_slice() {
+            [] => return Ok(None),
+            ["enter", world] => {
+                check_world_name(world)?;
+                Self::Enter(world.to_string())
+            }
+            ["travel", dimension] => Self::Travel(Dimension::parse(dimension)?),
+            ["exit"] => Self::Exit,
+            ["status"] => Self::Status,
+            ["quit"] => Self::Quit,
+            [command, ..] if ["enter", "travel", "exit", "status", "quit"].contains(command) => {
+                return Err(format!("wrong arguments for `{command}`; {USAGE}"));
+            }
+            [command, ..] => return Err(format!("unknown command {command:?}; {USAGE}")),
+        };
+        Ok(Some(command))
+    }
+}
+
 /// Runs at most one command per frame, so every command's effects are applied before the next one is read.
 fn read_command(
     input: Res<ConsoleInput>,
@@ -122,24 +161,21 @@ fn read_command(
         }
         Err(TryRecvError::Empty) => return,
     };
-    let words: Vec<&str> = line.split_whitespace().collect();
-    if words.is_empty() {
-        return;
-    }
+    let Some(command) = Command::parse(&line).transpose() else { return };
     if player.quitting.is_some() {
         return say("error: quitting: no more commands");
     }
-    let answer = match words.as_slice() {
-        ["enter", world] => check_world_name(world).map(|()| {
-            enter.write(EnterWorld::new(*world));
-            let left = player.world.replace(world.to_string());
+    let answer = command.and_then(|command| match command {
+        Command::Enter(world) => {
+            enter.write(EnterWorld::new(world.as_str()));
+            let left = player.world.replace(world.clone());
             player.dimension = Some(Dimension::Overworld);
-            match left {
+            Ok(match left {
                 Some(left) => format!("leaving {left}, entering {world}"),
                 None => format!("entering {world}"),
-            }
-        }),
-        ["travel", dimension] => Dimension::parse(dimension).and_then(|dimension| {
+            })
+        }
+        Command::Travel(dimension) => {
             if player.world.is_none() {
                 return Err("no world is open: enter one first".into());
             }
@@ -149,8 +185,8 @@ fn read_command(
             travel.write(TravelTo::new(dimension.as_str()));
             player.dimension = Some(dimension);
             Ok(format!("traveling to the {dimension}"))
-        }),
-        ["exit"] => match player.world.take() {
+        }
+        Command::Exit => match player.world.take() {
             Some(world) => {
                 exit.write(ExitWorld::new());
                 player.dimension = None;
@@ -158,17 +194,12 @@ fn read_command(
             }
             None => Err("no world is open".into()),
         },
-        ["status"] => Ok(status(&player, &binding, &summary)),
-        ["quit"] => {
+        Command::Status => Ok(status(&player, &binding, &summary)),
+        Command::Quit => {
             quit(&mut player, &mut exit);
             Ok("quitting".into())
         }
-        [command, ..] if ["enter", "travel", "exit", "status", "quit"].contains(command) => {
-            Err(format!("wrong arguments for `{command}`; {USAGE}"))
-        }
-        [command, ..] => Err(format!("unknown command {command:?}; {USAGE}")),
-        [] => return,
-    };
+    });
     match answer {
         Ok(answer) => say(format_args!("ok {answer}")),
         Err(error) => say(format_args!("error: {error}")),
