@@ -107,11 +107,6 @@ impl LiveCalls {
 }
 
 impl OpenVisit {
-    /// How many calls `conversation` has in flight in this visit.
-    pub(crate) fn in_flight(&self, conversation: &ConversationId) -> usize {
-        self.calls.in_flight(conversation)
-    }
-
     pub(crate) fn phase(&self) -> VisitPhase {
         if self.closing {
             VisitPhase::Closing
@@ -218,7 +213,7 @@ impl HostShared {
     /// How many calls `conversation` has in flight in the open visit.
     pub(crate) fn in_flight(&self, conversation: &ConversationId) -> usize {
         let state = self.state.lock();
-        state.visit.as_ref().map_or(0, |open| open.in_flight(conversation))
+        state.visit.as_ref().map_or(0, |open| open.calls.in_flight(conversation))
     }
 
     /// Forgets a call that reached its outcome, and retains that outcome for its operation key (if it has one

@@ -122,7 +122,7 @@ pub(crate) fn admit(
             error.details.world = Some(open.info.world.clone());
             return Err(error);
         }
-        let in_flight = open.in_flight(conversation);
+        let in_flight = open.calls.in_flight(conversation);
         if in_flight >= host.config.max_in_flight {
             return Err(rejected(
                 ToolError::with_code(
