@@ -61,6 +61,12 @@ impl AgentHandle {
         Conversation { host: self.host.clone(), id }
     }
 
+    /// A handle on conversation `id` that neither creates nor reactivates it.
+    #[cfg_attr(not(feature = "acp"), allow(dead_code))]
+    pub(crate) fn conversation_handle(&self, id: &ConversationId) -> Conversation {
+        Conversation { host: self.host.clone(), id: id.clone() }
+    }
+
     /// Reattaches to a conversation the host knows, as it is (an ended one stays ended): returns its
     /// authoritative [`ConversationSnapshot`] (status, active and pending calls, visit and revision) and a
     /// [`Subscription`] that delivers every event after the snapshot, without gaps or duplicates.

@@ -42,6 +42,15 @@ pub enum ErrorCode {
     ConversationNotFound,
     /// A handler panicked or an invariant broke. The game keeps running.
     Internal,
+    /// `send_text` while the in-game agent session's turn is running: nothing was sent.
+    SessionBusy,
+    /// The in-game agent session ended: pending work was dropped, and nothing but `resume` works until it is resumed.
+    SessionEnded,
+    /// `resume_session` with an id that neither the game nor the agent backend knows.
+    SessionNotFound,
+    /// The agent backend could not be started or reached, or it stopped: the message says why (exit status, the
+    /// tail of its stderr, a timeout).
+    AgentUnavailable,
     /// A domain error defined by the tool itself (e.g. `BLOCK_NOT_FOUND`).
     #[serde(untagged)]
     Tool(String),
@@ -66,6 +75,10 @@ impl ErrorCode {
             Self::Busy => "BUSY",
             Self::ConversationNotFound => "CONVERSATION_NOT_FOUND",
             Self::Internal => "INTERNAL",
+            Self::SessionBusy => "SESSION_BUSY",
+            Self::SessionEnded => "SESSION_ENDED",
+            Self::SessionNotFound => "SESSION_NOT_FOUND",
+            Self::AgentUnavailable => "AGENT_UNAVAILABLE",
             Self::Tool(code) => code,
         }
     }

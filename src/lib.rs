@@ -18,6 +18,8 @@ mod plugin;
 mod races;
 mod replay;
 mod runtime;
+#[cfg(feature = "acp")]
+pub mod session;
 mod signal;
 mod sync;
 pub mod testing;
@@ -30,15 +32,16 @@ pub use call::{
 };
 pub use completion::{Completer, Completion, CompletionError, CompletionResult};
 pub use conversation::{
-    ActiveCall, CallFinished, CallStarted, ConversationEvent, ConversationSnapshot, ConversationStatus,
-    ConversationStatusChanged, PendingCall, Reported, StatusSource, Subscription,
+    ActiveCall, CallFinished, CallStarted, ChatDelta, ChatError, ChatMessage, ConversationEvent, ConversationSnapshot,
+    ConversationStatus, ConversationStatusChanged, PendingCall, PermissionRequested, Reported, StatusSource,
+    Subscription,
 };
 pub use error::{ErrorCode, ErrorDetails, ToolError};
 pub use host::{VisitPhase, VisitStatus};
 pub use ids::{ConversationId, DimensionId, LocationRevision, OperationId, RequestId, TaskId, VisitId, WorldId};
 pub use lifecycle::{Location, OpenError, Opened, VisitInfo, WorldLifecycle};
 pub use persist::{Loaded, StoreError, WorldStore, WorldStorePlugin};
-pub use plugin::{AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet};
+pub use plugin::{AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet, ExitSet};
 pub use replay::ReplayRetention;
 pub use runtime::AgentRuntime;
 pub use tool::{

@@ -13,8 +13,8 @@ use bevy::state::state::States;
 use crate::agent::AgentHandle;
 use crate::call::{run_jobs, PumpStats};
 use crate::conversation::{
-    end_idle_conversations, publish_conversation_messages, CallFinished, CallStarted, ConversationFeed,
-    ConversationStatusChanged,
+    end_idle_conversations, publish_conversation_messages, CallFinished, CallStarted, ChatDelta, ChatError,
+    ChatMessage, ConversationFeed, ConversationStatusChanged, PermissionRequested,
 };
 use crate::host::{HostConfig, HostShared};
 use crate::ids::{DimensionId, WorldId};
@@ -43,6 +43,19 @@ pub enum AgentToolsSet {
     Transitions,
     /// Runs queued `on_client` steps, each rechecked right before it runs, until the per-frame budget is spent.
     Pump,
+}
+
+/// What happens on `AppExit`, in this order, in the `Last` schedule: in-game agent sessions end or disconnect
+/// and their agent processes stop; then the open visit closes, its save completes and the lifecycle shuts down
+/// (the host's runtime stops); then transports stop. Order a game's own exit work against these.
+#[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExitSet {
+    /// In-game agent sessions ([`AgentSessionsPlugin`](crate::session::AgentSessionsPlugin)).
+    Sessions,
+    /// The host: the visit's exit, every outstanding save, `WorldLifecycle::shutdown`.
+    Host,
+    /// Transports ([`McpPlugin`](crate::mcp::McpPlugin)).
+    Transport,
 }
 
 type Follower = dyn Fn(&mut App, Arc<HostShared>) + Send + Sync;
@@ -253,6 +266,10 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
             .add_message::<ConversationStatusChanged>()
             .add_message::<CallStarted>()
             .add_message::<CallFinished>()
+            .add_message::<ChatDelta>()
+            .add_message::<ChatMessage>()
+            .add_message::<ChatError>()
+            .add_message::<PermissionRequested>()
             .add_message::<VisitSaved>()
             .add_message::<WorldOpenFailed>()
             .configure_sets(self.schedule, (AgentToolsSet::Transitions, AgentToolsSet::Pump).chain())
@@ -270,7 +287,8 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
                     (run_jobs::<L>, publish_conversation_messages).chain().in_set(AgentToolsSet::Pump),
                 ),
             )
-            .add_systems(Last, stop_on_app_exit::<L>);
+            .configure_sets(Last, (ExitSet::Sessions, ExitSet::Host, ExitSet::Transport).chain())
+            .add_systems(Last, stop_on_app_exit::<L>.in_set(ExitSet::Host));
         for follower in &self.followers {
             follower(app, host.clone());
         }

@@ -400,7 +400,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 started.insert(call.request);
             }
             ConversationEvent::CallFinished(call) => *finished.entry(call.request).or_default() += 1,
-            ConversationEvent::Status(_) => {}
+            _ => {}
         }
     }
     for request in &started {

@@ -22,7 +22,8 @@ use crate::world::Dimension;
 /// How long `quit` waits for saves before it exits anyway (the plugin then waits once more, bounded too).
 const QUIT_DEADLINE: Duration = Duration::from_secs(30);
 
-const USAGE: &str = "commands: enter WORLD, travel DIMENSION, exit, status, quit";
+const USAGE: &str = "commands: enter WORLD, travel DIMENSION, exit, status, quit; with --agent: say TEXT, \
+chat-cancel, chat-end, chat-resume [ID], chat-allow R, chat-deny R";
 
 /// Prints one line to standard output and flushes it. A closed pipe is not the game's problem: it is ignored.
 pub fn say(line: impl Display) {
@@ -93,6 +94,8 @@ impl Plugin for ConsolePlugin {
         app.insert_resource(ConsoleInput(input))
             .insert_resource(player)
             .init_resource::<VisitSummary>()
+            .init_resource::<ChatStatus>()
+            .add_message::<ChatRequest>()
             .add_systems(Update, read_command)
             .add_systems(
                 PostUpdate,
@@ -114,13 +117,48 @@ pub enum Command {
     Status,
     /// `quit`
     Quit,
+    /// A command for the in-game agent session (`say`, `chat-*`), answered by the chat module.
+    Chat(ChatCommand),
 }
+
+/// What the player says to the in-game agent session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChatCommand {
+    /// `say TEXT`: TEXT is everything after `say` and one separating space, word for word.
+    Say(String),
+    /// `chat-cancel`
+    Cancel,
+    /// `chat-end`
+    End,
+    /// `chat-resume` (the current session) or `chat-resume ID` (a kept one)
+    Resume(Option<String>),
+    /// `chat-allow R`
+    Allow(u64),
+    /// `chat-deny R`
+    Deny(u64),
+}
+
+/// A chat command, for the chat module (the console answers it only when no agent is configured).
+#[derive(Message, Clone, Debug)]
+pub struct ChatRequest(pub ChatCommand);
+
+/// What `status` says of the in-game agent session, kept current by the chat module.
+#[derive(Resource, Default)]
+pub struct ChatStatus(pub Option<String>);
 
 impl Command {
     /// Decodes one line of input: `Ok(None)` for a blank line (ignored), `Err` with the text of the `error:` line
     /// the console prints for it. Pure, so it can be tested and fuzzed away from the game.
     pub fn parse(line: &str) -> Result<Option<Self>, String> {
+        if let Some(text) = line.strip_prefix("say ") {
+            if text.trim().is_empty() {
+                return Err(format!("say what? `say TEXT`; {USAGE}"));
+            }
+            return Ok(Some(Self::Chat(ChatCommand::Say(text.to_string()))));
+        }
         let words: Vec<&str> = line.split_whitespace().collect();
+        let request =
+            |number: &str| number.parse::<u64>().map_err(|_| format!("{number:?} is not a permission request number"));
         let command = match words.as_slice() {
             [] => return Ok(None),
             ["enter", world] => {
@@ -131,7 +169,13 @@ impl Command {
             ["exit"] => Self::Exit,
             ["status"] => Self::Status,
             ["quit"] => Self::Quit,
-            [command, ..] if ["enter", "travel", "exit", "status", "quit"].contains(command) => {
+            ["chat-cancel"] => Self::Chat(ChatCommand::Cancel),
+            ["chat-end"] => Self::Chat(ChatCommand::End),
+            ["chat-resume"] => Self::Chat(ChatCommand::Resume(None)),
+            ["chat-resume", id] => Self::Chat(ChatCommand::Resume(Some(id.to_string()))),
+            ["chat-allow", number] => Self::Chat(ChatCommand::Allow(request(number)?)),
+            ["chat-deny", number] => Self::Chat(ChatCommand::Deny(request(number)?)),
+            [command, ..] if COMMANDS.contains(command) => {
                 return Err(format!("wrong arguments for `{command}`; {USAGE}"));
             }
             [command, ..] => return Err(format!("unknown command {command:?}; {USAGE}")),
@@ -140,16 +184,40 @@ impl Command {
     }
 }
 
+const COMMANDS: [&str; 11] = [
+    "enter",
+    "travel",
+    "exit",
+    "status",
+    "quit",
+    "say",
+    "chat-cancel",
+    "chat-end",
+    "chat-resume",
+    "chat-allow",
+    "chat-deny",
+];
+
+/// The console's side of the in-game agent chat.
+#[derive(bevy::ecs::system::SystemParam)]
+struct ChatConsole<'w> {
+    requests: MessageWriter<'w, ChatRequest>,
+    status: Res<'w, ChatStatus>,
+    /// Present only with `--agent`.
+    agents: Option<Res<'w, bevy_agent_tools::session::AgentSessions>>,
+}
+
 /// Runs at most one command per frame, so every command's effects are applied before the next one is read.
 fn read_command(
     input: Res<ConsoleInput>,
     mut player: ResMut<Player>,
-    binding: Res<WorldBinding<Sandbox>>,
-    summary: Res<VisitSummary>,
     mut enter: MessageWriter<EnterWorld>,
     mut travel: MessageWriter<TravelTo>,
     mut exit: MessageWriter<ExitWorld>,
+    mut chat: ChatConsole,
+    status_of: (Res<WorldBinding<Sandbox>>, Res<VisitSummary>),
 ) {
+    let (binding, summary) = status_of;
     let line = match input.0.try_recv() {
         Ok(Input::Line(line)) => line,
         Ok(Input::End) | Err(TryRecvError::Disconnected) => {
@@ -164,6 +232,11 @@ fn read_command(
     let Some(command) = Command::parse(&line).transpose() else { return };
     if player.quitting.is_some() {
         return say("error: quitting: no more commands");
+    }
+    if let (Ok(Command::Chat(request)), Some(_)) = (&command, &chat.agents) {
+        // The chat module answers, once the agent has (`ok` as soon as a prompt is sent).
+        chat.requests.write(ChatRequest(request.clone()));
+        return;
     }
     let answer = command.and_then(|command| match command {
         Command::Enter(world) => {
@@ -194,7 +267,11 @@ fn read_command(
             }
             None => Err("no world is open".into()),
         },
-        Command::Status => Ok(status(&player, &binding, &summary)),
+        Command::Status => Ok(match &chat.status.0 {
+            Some(chat) => format!("{} {chat}", status(&player, &binding, &summary)),
+            None => status(&player, &binding, &summary),
+        }),
+        Command::Chat(_) => Err("no agent configured (start with --agent \"COMMAND ARGS\")".into()),
         Command::Quit => {
             quit(&mut player, &mut exit);
             Ok("quitting".into())
@@ -239,8 +316,14 @@ fn status(player: &Player, binding: &WorldBinding<Sandbox>, summary: &VisitSumma
 }
 
 /// One line per change of an agent conversation's status, so a person watching sees what the agents do.
-fn report_conversations(mut changed: MessageReader<ConversationStatusChanged>) {
-    for m in changed.read() {
+fn report_conversations(
+    mut changed: MessageReader<ConversationStatusChanged>,
+    agents: Option<Res<bevy_agent_tools::session::AgentSessions>>,
+) {
+    // An in-game agent session's changes are `chat-status` lines (the chat module).
+    let is_chat =
+        |id: &bevy_agent_tools::ConversationId| agents.as_ref().is_some_and(|agents| agents.get(id).is_some());
+    for m in changed.read().filter(|m| !is_chat(&m.conversation)) {
         let source = match m.source {
             StatusSource::Host => "host",
             StatusSource::Agent => "agent",

@@ -1,9 +1,11 @@
 //! The sandbox: a small voxel world that AI agents play through MCP tools, headless, at a fixed 60 ticks per
 //! second. The console (standard input) stands in for the player: `enter WORLD`, `travel DIMENSION`, `exit`,
-//! `status`, `quit`.
+//! `status`, `quit`; with `--agent`, the player also chats with an in-game agent: `say TEXT`, `chat-cancel`,
+//! `chat-end`, `chat-resume [ID]`, `chat-allow R`, `chat-deny R` (see `chat.rs`).
 //!
 //! ```sh
 //! cargo run --example sandbox -- [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N]
+//!     [--agent "COMMAND ARGS"] [--agent-keep] [--ask-permissions]
 //! ```
 //!
 //! Worlds are saved under the data directory (default `sandbox-data/`), one directory per world, as one document
@@ -18,6 +20,7 @@
 //! The count is also kept in the visit's tower log, shown by `world_info` as `last_tower` (`placed`, and
 //! `status`: `building`, `finished`, or the code that stopped it).
 
+mod chat;
 mod console;
 mod picture;
 mod session;
@@ -37,12 +40,15 @@ use bevy_agent_tools::mcp::{McpPlugin, McpServer};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::WorldStorePlugin;
 
+use bevy_agent_tools::session::AgentSessionsPlugin;
+use chat::ChatPlugin;
 use console::{check_world_name, say, ConsolePlugin};
 use session::Sandbox;
 use tools::FrameTime;
 use world::Palette;
 
-const USAGE: &str = "usage: sandbox [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N]";
+const USAGE: &str = "usage: sandbox [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N] \
+[--agent \"COMMAND ARGS\"] [--agent-keep] [--ask-permissions]";
 
 /// The command line.
 struct Args {
@@ -51,18 +57,40 @@ struct Args {
     token: Option<String>,
     world: Option<String>,
     tps: u32,
+    /// The in-game agent's command line, split shell-style.
+    agent: Option<Vec<String>>,
+    agent_keep: bool,
+    ask_permissions: bool,
 }
 
 impl Args {
     fn parse(mut words: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
-        let mut args = Args { data_dir: "sandbox-data".into(), port: 15777, token: None, world: None, tps: 60 };
+        let mut args = Args {
+            data_dir: "sandbox-data".into(),
+            port: 15777,
+            token: None,
+            world: None,
+            tps: 60,
+            agent: None,
+            agent_keep: false,
+            ask_permissions: false,
+        };
         while let Some(word) = words.next() {
             let (flag, inline) = match word.split_once('=') {
                 Some((flag, value)) => (flag.to_string(), Some(value.to_string())),
                 None => (word, None),
             };
-            if flag == "-h" || flag == "--help" {
-                return Ok(None);
+            match flag.as_str() {
+                "-h" | "--help" => return Ok(None),
+                "--agent-keep" => {
+                    args.agent_keep = true;
+                    continue;
+                }
+                "--ask-permissions" => {
+                    args.ask_permissions = true;
+                    continue;
+                }
+                _ => {}
             }
             let value = inline.or_else(|| words.next()).ok_or_else(|| format!("{flag} needs a value"))?;
             match flag.as_str() {
@@ -83,6 +111,13 @@ impl Args {
                         value.parse().ok().filter(|tps| (1..=1000).contains(tps)).ok_or_else(|| {
                             format!("--tps: {value:?} is not a number of ticks per second in 1..=1000")
                         })?;
+                }
+                "--agent" => {
+                    let words = shell_words::split(&value).map_err(|e| format!("--agent: {e}"))?;
+                    if words.is_empty() {
+                        return Err("--agent: name the agent's command".into());
+                    }
+                    args.agent = Some(words);
                 }
                 other => return Err(format!("unknown option {other:?}")),
             }
@@ -135,6 +170,10 @@ fn main() -> AppExit {
     let server = app.world().resource::<McpServer>();
     say(format_args!("mcp: {}", server.url()));
     say(format_args!("token: {}", server.token()));
+    if let Some(agent) = args.agent {
+        app.add_plugins(AgentSessionsPlugin::new().data_dir(args.data_dir.join("agent-sessions")))
+            .add_plugins(ChatPlugin { agent, keep: args.agent_keep, ask: args.ask_permissions });
+    }
 
     app.run()
 }

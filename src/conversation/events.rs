@@ -8,6 +8,7 @@ use bevy::prelude::Message;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::chat::{ChatDelta, ChatError, ChatMessage, PermissionRequested};
 use super::status::{ConversationStatus, StatusSource};
 use crate::error::ErrorCode;
 use crate::ids::{ConversationId, RequestId, TaskId};
@@ -74,6 +75,14 @@ pub enum ConversationEvent {
     CallStarted(CallStarted),
     /// A call finished.
     CallFinished(CallFinished),
+    /// A piece of an in-game agent session's message.
+    ChatDelta(ChatDelta),
+    /// An in-game agent session's completed message.
+    ChatMessage(ChatMessage),
+    /// An in-game agent session failed.
+    ChatError(ChatError),
+    /// An in-game agent session's agent asks permission.
+    PermissionRequested(PermissionRequested),
 }
 
 impl ConversationEvent {
@@ -83,6 +92,10 @@ impl ConversationEvent {
             Self::Status(event) => &event.conversation,
             Self::CallStarted(event) => &event.conversation,
             Self::CallFinished(event) => &event.conversation,
+            Self::ChatDelta(event) => &event.session,
+            Self::ChatMessage(event) => &event.session,
+            Self::ChatError(event) => &event.session,
+            Self::PermissionRequested(event) => &event.session,
         }
     }
 
@@ -92,6 +105,10 @@ impl ConversationEvent {
             Self::Status(event) => event.sequence,
             Self::CallStarted(event) => event.sequence,
             Self::CallFinished(event) => event.sequence,
+            Self::ChatDelta(event) => event.sequence,
+            Self::ChatMessage(event) => event.sequence,
+            Self::ChatError(event) => event.sequence,
+            Self::PermissionRequested(event) => event.sequence,
         }
     }
 
@@ -100,6 +117,10 @@ impl ConversationEvent {
             Self::Status(event) => event.sequence = sequence,
             Self::CallStarted(event) => event.sequence = sequence,
             Self::CallFinished(event) => event.sequence = sequence,
+            Self::ChatDelta(event) => event.sequence = sequence,
+            Self::ChatMessage(event) => event.sequence = sequence,
+            Self::ChatError(event) => event.sequence = sequence,
+            Self::PermissionRequested(event) => event.sequence = sequence,
         }
     }
 

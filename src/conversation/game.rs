@@ -6,6 +6,7 @@ use std::time::Instant;
 use bevy::prelude::*;
 use crossbeam_channel::Receiver;
 
+use super::chat::{ChatDelta, ChatError, ChatMessage, PermissionRequested};
 use super::events::{CallFinished, CallStarted, ConversationEvent, ConversationStatusChanged};
 use crate::agent::AgentHandle;
 
@@ -13,13 +14,23 @@ use crate::agent::AgentHandle;
 #[derive(Resource)]
 pub(crate) struct ConversationFeed(pub Receiver<ConversationEvent>);
 
-/// Writes every event published since the last run as [`ConversationStatusChanged`], [`CallStarted`] and
-/// [`CallFinished`] messages, in publication order.
+/// The writers of an in-game agent session's chat events.
+#[derive(bevy::ecs::system::SystemParam)]
+pub(crate) struct ChatWriters<'w> {
+    deltas: MessageWriter<'w, ChatDelta>,
+    messages: MessageWriter<'w, ChatMessage>,
+    errors: MessageWriter<'w, ChatError>,
+    permissions: MessageWriter<'w, PermissionRequested>,
+}
+
+/// Writes every event published since the last run as messages ([`ConversationStatusChanged`], [`CallStarted`],
+/// [`CallFinished`], and the chat events of in-game agent sessions), in publication order.
 pub(crate) fn publish_conversation_messages(
     feed: Res<ConversationFeed>,
     mut status: MessageWriter<ConversationStatusChanged>,
     mut started: MessageWriter<CallStarted>,
     mut finished: MessageWriter<CallFinished>,
+    mut chat: ChatWriters,
 ) {
     for event in feed.0.try_iter() {
         match event {
@@ -32,6 +43,18 @@ pub(crate) fn publish_conversation_messages(
             }
             ConversationEvent::CallFinished(event) => {
                 finished.write(event);
+            }
+            ConversationEvent::ChatDelta(event) => {
+                chat.deltas.write(event);
+            }
+            ConversationEvent::ChatMessage(event) => {
+                chat.messages.write(event);
+            }
+            ConversationEvent::ChatError(event) => {
+                chat.errors.write(event);
+            }
+            ConversationEvent::PermissionRequested(event) => {
+                chat.permissions.write(event);
             }
         }
     }

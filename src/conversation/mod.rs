@@ -22,6 +22,7 @@
 //! [`AgentHandle::resume`]: crate::AgentHandle::resume
 //! [`AgentToolsPlugin::conversation_idle_timeout`]: crate::AgentToolsPlugin::conversation_idle_timeout
 
+mod chat;
 mod events;
 mod game;
 mod pending;
@@ -29,6 +30,7 @@ mod registry;
 mod snapshot;
 mod status;
 
+pub use chat::{ChatDelta, ChatError, ChatMessage, PermissionRequested};
 pub use events::{CallFinished, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription};
 pub(crate) use game::{end_idle_conversations, publish_conversation_messages, ConversationFeed};
 pub(crate) use pending::{ended, tool_wait, wait_for_tool, WaitingCall};

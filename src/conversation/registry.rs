@@ -37,6 +37,8 @@ struct Entry {
     subscribers: Vec<UnboundedSender<ConversationEvent>>,
     last_activity: Instant,
     ended_at: Option<Instant>,
+    /// Owned by the game (an in-game agent session): only the game ends it, never the idle timeout.
+    held: bool,
 }
 
 impl Entry {
@@ -51,6 +53,7 @@ impl Entry {
             subscribers: Vec::new(),
             last_activity: now,
             ended_at: None,
+            held: false,
         }
     }
 }
@@ -159,6 +162,62 @@ impl ConversationHub {
         reported
     }
 
+    /// Opens `id` as a conversation the game owns (an in-game agent session): the idle timeout never ends it.
+    pub(crate) fn open_held(&self, id: &ConversationId) {
+        self.open(id);
+        if let Some(entry) = self.inner.lock().conversations.get_mut(id) {
+            entry.held = true;
+        }
+    }
+
+    /// Creates `id` as a game-owned conversation restored from a record: ended or idle, without an event (its
+    /// status is the record's, not a transition).
+    pub(crate) fn restore_held(&self, id: &ConversationId, ended: bool) {
+        let mut inner = self.inner.lock();
+        let now = Instant::now();
+        let entry = inner.conversations.entry(id.clone()).or_insert_with(|| Entry::new(now));
+        entry.held = true;
+        if ended && !entry.facts.ended {
+            entry.facts.ended = true;
+            entry.status = ConversationStatus::Ended;
+            entry.ended_at = Some(now);
+        }
+    }
+
+    /// Publishes an event of an in-game agent session (chat, errors, permission requests) in its conversation's
+    /// sequence. Ignored for an unknown conversation.
+    pub(crate) fn publish_chat(&self, event: ConversationEvent) {
+        let mut inner = self.inner.lock();
+        let HubInner { conversations, watchers, .. } = &mut *inner;
+        if let Some(entry) = conversations.get_mut(event.conversation()) {
+            entry.last_activity = Instant::now();
+            publish(&self.game, watchers, entry, event);
+        }
+    }
+
+    /// Forgets `id`, which never became a session (its agent failed to start): nothing is published.
+    pub(crate) fn forget(&self, id: &ConversationId) {
+        self.inner.lock().conversations.remove(id);
+    }
+
+    /// A status the host sets on behalf of a conversation the game drives (an in-game agent session's turn
+    /// started or ended, its backend failed): applied like an agent's report, published with source `Host`.
+    /// `Ended` is not set this way: see [`end`](Self::end).
+    pub(crate) fn host_sets(&self, id: &ConversationId, status: ConversationStatus) -> Reported {
+        let mut inner = self.inner.lock();
+        let HubInner { conversations, watchers, .. } = &mut *inner;
+        let Some(entry) = conversations.get_mut(id) else { return Reported::Refused };
+        entry.last_activity = Instant::now();
+        if status == ConversationStatus::Ended || !entry.facts.agent_reports(status) {
+            return Reported::Refused;
+        }
+        if update(&self.game, watchers, id, entry, StatusSource::Host) {
+            Reported::Changed
+        } else {
+            Reported::Unchanged
+        }
+    }
+
     /// Ends `id` (by the host): publishes `Ended` once, ends its calls. Ending an ended conversation succeeds
     /// without a second event.
     pub(crate) fn end(&self, id: &ConversationId) -> Result<(), ToolError> {
@@ -183,6 +242,7 @@ impl ConversationHub {
                 .iter()
                 .filter(|(_, entry)| {
                     !entry.facts.ended
+                        && !entry.held
                         && entry.active.is_empty()
                         && entry.pending.is_empty()
                         && now.saturating_duration_since(entry.last_activity) >= timeout

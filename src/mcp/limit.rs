@@ -9,6 +9,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use serde_json::Value;
 
+use super::credentials::BoundConversation;
 use super::naming::conversation_id;
 use super::security::refusal;
 use crate::agent::AgentHandle;
@@ -36,7 +37,8 @@ pub(crate) async fn limit_in_flight(State(limit): State<InFlightLimit>, request:
             let task = params.and_then(|p| p.get("arguments")).and_then(|a| a.get(TASK_ID)).and_then(Value::as_str);
             let client = params.and_then(|p| p.get("_meta")).and_then(|m| m.get("io.modelcontextprotocol/clientInfo"));
             let client = client.and_then(|c| Some((c.get("name")?.as_str()?, c.get("version")?.as_str()?)));
-            let conversation = conversation_id(session, task, client);
+            let bound = parts.extensions.get::<BoundConversation>().map(|bound| &bound.0);
+            let conversation = conversation_id(bound, session, task, client);
             if limit.agent.is_busy(&conversation) {
                 return refusal(
                     StatusCode::TOO_MANY_REQUESTS,

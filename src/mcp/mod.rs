@@ -25,6 +25,7 @@
 //! (`code`, `message`, `details`) in `structuredContent`; an unknown tool is a JSON-RPC error (-32602). Successful
 //! results carry the visit and location they observed under `_meta["bevy_agent_tools/observed"]`.
 
+mod credentials;
 mod limit;
 mod naming;
 mod plugin;
@@ -32,6 +33,7 @@ mod security;
 mod server;
 mod sessions;
 
+pub use credentials::Credentials;
 pub use plugin::{McpPlugin, McpServer};
 pub use security::McpConfigError;
 pub use server::OBSERVED_META_KEY;

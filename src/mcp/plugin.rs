@@ -12,6 +12,7 @@ use bevy::prelude::*;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
+use super::credentials::Credentials;
 use super::limit::{limit_in_flight, InFlightLimit};
 use super::security::{self, McpConfigError};
 use super::server::GameServer;
@@ -129,6 +130,7 @@ impl McpPlugin {
         security::write_token_file(&token_file, &token)?;
 
         let shutdown = CancellationToken::new();
+        let credentials = Credentials::default();
         let mut hosts = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
         hosts.push(address.ip().to_string());
         let config = StreamableHttpServerConfig::default()
@@ -151,7 +153,10 @@ impl McpPlugin {
         let router = Router::new()
             .nest_service(&self.path, service)
             .layer(axum::middleware::from_fn_with_state(limit, limit_in_flight))
-            .layer(axum::middleware::from_fn_with_state(Arc::<str>::from(token.as_str()), security::require_bearer));
+            .layer(axum::middleware::from_fn_with_state(
+                security::Bearer { token: Arc::<str>::from(token.as_str()), credentials: credentials.clone() },
+                security::require_bearer,
+            ));
         let listener = {
             let _entered = runtime.enter();
             tokio::net::TcpListener::from_std(listener).map_err(|error| McpConfigError(error.to_string()))?
@@ -169,7 +174,7 @@ impl McpPlugin {
         });
         let url = format!("http://{address}{}", self.path);
         tracing::info!(%url, token_file = %token_file.display(), token = %security::redacted(&token), "serving MCP");
-        Ok(McpServer { url, address, token_file, token: token.into(), shutdown })
+        Ok(McpServer { url, address, token_file, token: token.into(), credentials, shutdown })
     }
 }
 
@@ -180,6 +185,7 @@ pub struct McpServer {
     address: SocketAddr,
     token_file: PathBuf,
     token: Arc<str>,
+    credentials: Credentials,
     shutdown: CancellationToken,
 }
 
@@ -203,6 +209,13 @@ impl McpServer {
     pub fn token(&self) -> &str {
         &self.token
     }
+
+    /// The per-conversation credentials this server accepts besides its token: mint one for a conversation
+    /// (every request presenting it is that conversation's), revoke it when the conversation ends. In-game agent
+    /// sessions get theirs this way.
+    pub fn credentials(&self) -> &Credentials {
+        &self.credentials
+    }
 }
 
 impl Plugin for McpPlugin {
@@ -215,7 +228,7 @@ impl Plugin for McpPlugin {
         let server = self
             .start(agent.clone(), runtime.handle())
             .unwrap_or_else(|error| panic!("the MCP server could not start: {error}"));
-        app.insert_resource(server).add_systems(Last, stop_on_app_exit);
+        app.insert_resource(server).add_systems(Last, stop_on_app_exit.in_set(crate::plugin::ExitSet::Transport));
     }
 }
 

@@ -10,6 +10,8 @@ use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::credentials::{BoundConversation, Credentials};
+
 /// Why the MCP server would not start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct McpConfigError(pub String);
@@ -74,22 +76,41 @@ pub(crate) fn redacted(token: &str) -> String {
     format!("{}…", token.chars().take(4).collect::<String>())
 }
 
-/// Requires `Authorization: Bearer <token>`; 401 with a JSON body that says why otherwise. Compares in constant
-/// time.
-pub(crate) async fn require_bearer(
-    State(expected): State<std::sync::Arc<str>>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// What the bearer check accepts: the game's token, and the live per-conversation credentials.
+#[derive(Clone)]
+pub(crate) struct Bearer {
+    pub token: std::sync::Arc<str>,
+    pub credentials: Credentials,
+}
+
+/// Requires `Authorization: Bearer <token>` (the scheme is case-insensitive, as in HTTP): the game's token, or a
+/// live per-conversation credential, whose conversation is then put in the request's extensions
+/// ([`BoundConversation`]). 401 with a JSON body that says why otherwise. The game's token is compared in
+/// constant time.
+pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Request, next: Next) -> Response {
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
     let reason = match presented {
-        None => "missing bearer token: send `Authorization: Bearer <token>` (the token is in the file the game printed at start-up)",
-        Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => return next.run(request).await,
-        Some(_) => "wrong bearer token",
+        None => {
+            "missing bearer token: send the header `Authorization: Bearer <token>`, with the token from the \
+                 file the game printed at start-up (this server does not use OAuth)"
+        }
+        Some(token) if constant_time_eq(token.as_bytes(), bearer.token.as_bytes()) => return next.run(request).await,
+        Some(token) => match bearer.credentials.conversation_of(token) {
+            Some(conversation) => {
+                request.extensions_mut().insert(BoundConversation(conversation));
+                return next.run(request).await;
+            }
+            None => {
+                "wrong or revoked bearer token: send the token from the file the game printed at start-up \
+                     (an agent session's own token stops working when the session ends)"
+            }
+        },
     };
     refusal(StatusCode::UNAUTHORIZED, "unauthorized", reason)
 }

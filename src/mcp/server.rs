@@ -12,6 +12,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
+use super::credentials::BoundConversation;
 use super::naming::conversation_id;
 use crate::agent::AgentHandle;
 use crate::call::{CallOutcome, CallRequest, ProgressSink};
@@ -35,7 +36,8 @@ pub(crate) struct GameServer {
 }
 
 impl GameServer {
-    /// Names the conversation a request belongs to: the MCP session (2025-11-25), else the agent's `task_id`
+    /// Names the conversation a request belongs to: the conversation of its per-conversation credential (an
+    /// in-game agent session's), else the MCP session (2025-11-25), else the agent's `task_id`
     /// handle, else the client's identity from `_meta` (2026-07-28 has no sessions).
     ///
     /// Every request opens its conversation ([`AgentHandle::conversation`]): a conversation that ended (for
@@ -48,7 +50,8 @@ impl GameServer {
         let session = parts.and_then(|p| p.headers.get("mcp-session-id")).and_then(|v| v.to_str().ok());
         let task = arguments.get(TASK_ID).and_then(Value::as_str);
         let client = context.client_info();
-        conversation_id(session, task, client.as_ref().map(|c| (c.name.as_str(), c.version.as_str())))
+        let bound = parts.and_then(|p| p.extensions.get::<BoundConversation>()).map(|bound| &bound.0);
+        conversation_id(bound, session, task, client.as_ref().map(|c| (c.name.as_str(), c.version.as_str())))
     }
 }
 

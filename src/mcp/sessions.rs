@@ -132,7 +132,7 @@ impl SessionManager for ConversationSessions {
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
         let created = self.inner.create_session().await?;
-        let conversation = conversation_id(Some(created.0.as_ref()), None, None);
+        let conversation = conversation_id(None, Some(created.0.as_ref()), None, None);
         self.open.lock().insert(created.0.clone(), Tracked { conversation, last_seen: Instant::now() });
         Ok(created)
     }
@@ -154,7 +154,7 @@ impl SessionManager for ConversationSessions {
         self.open.lock().remove(id);
         let closed = self.inner.close_session(id).await;
         // A session that never called a tool has no conversation: nothing to end.
-        let _ = self.agent.end_conversation(&conversation_id(Some(id.as_ref()), None, None));
+        let _ = self.agent.end_conversation(&conversation_id(None, Some(id.as_ref()), None, None));
         closed
     }
 
@@ -226,10 +226,10 @@ mod tests {
         let (busy, silent): (SessionId, SessionId) = ("busy".into(), "silent".into());
         let start = Instant::now();
         for id in [&busy, &silent] {
-            let conversation = conversation_id(Some(id.as_ref()), None, None);
+            let conversation = conversation_id(None, Some(id.as_ref()), None, None);
             sessions.open.lock().insert(id.clone(), Tracked { conversation, last_seen: start });
         }
-        let call = app.agent().conversation(conversation_id(Some("busy"), None, None)).call("held", json!({}));
+        let call = app.agent().conversation(conversation_id(None, Some("busy"), None, None)).call("held", json!({}));
         app.run_until("the call is in its handler", |_| gate.arrived() == 1);
 
         assert!(sessions.expired(start + timeout / 2).is_empty(), "nobody expires before the timeout");

@@ -1,0 +1,196 @@
+//! The player's chat with an in-game agent (`--agent "COMMAND ARGS"`): the session is created at start-up, the
+//! console's `say` and `chat-*` commands drive it, and its conversation's messages become lines:
+//!
+//! ```text
+//! chat-status session=ID status=S previous=P     every status change, once, in order
+//! chat session=ID: TEXT                          each completed agent message (newlines as \n)
+//! chat-error session=ID code=C message=M         the session failed (a crash is AGENT_UNAVAILABLE)
+//! chat-permission session=ID request=R tool=T    the agent asks; with --ask-permissions answer chat-allow/deny R
+//! ```
+//!
+//! Commands are handled one at a time, in order, by one task (a `say` right after another sees the first turn
+//! running); their answers (`ok ...`, `error: ...`) come from there.
+
+use std::sync::Arc;
+
+use bevy::prelude::*;
+use bevy_agent_tools::session::{AgentSession, AgentSessions, Attached, PermissionPolicy, SessionConfig};
+use bevy_agent_tools::{
+    AgentRuntime, ChatError, ChatMessage, ConversationEvent, ConversationStatusChanged, PermissionRequested, ToolError,
+};
+use parking_lot::Mutex;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::console::{say, ChatCommand, ChatRequest, ChatStatus};
+
+/// What the command line asked for.
+pub struct ChatPlugin {
+    /// The agent's program and arguments.
+    pub agent: Vec<String>,
+    /// `--agent-keep`: the session survives the game's exit, to `chat-resume ID` after a restart.
+    pub keep: bool,
+    /// `--ask-permissions`: the player answers the agent's permission requests.
+    pub ask: bool,
+}
+
+/// The player's session, shared by the command task and the systems.
+#[derive(Resource, Clone)]
+struct Chat {
+    commands: UnboundedSender<ChatCommand>,
+    current: Arc<Mutex<Option<AgentSession>>>,
+}
+
+impl Plugin for ChatPlugin {
+    fn build(&self, app: &mut App) {
+        let Some((program, args)) = self.agent.split_first() else { return };
+        let mut config =
+            SessionConfig::acp(program, args.iter().cloned()).auto_end_on_disconnect(!self.keep).system_prompt(
+                "You are in a voxel sandbox game. Act through the game's MCP tools (server `game`); the player \
+                 reads your messages in the game's console.",
+            );
+        if self.ask {
+            config = config.permissions(PermissionPolicy::AskPlayer);
+        }
+        let sessions = app.world().resource::<AgentSessions>().clone();
+        let runtime = app.world().resource::<AgentRuntime>().handle().clone();
+        let (commands, inbox) = unbounded_channel();
+        let current = Arc::new(Mutex::new(None));
+        runtime.spawn(run(sessions, config, inbox, current.clone()));
+        app.insert_resource(Chat { commands, current })
+            .add_systems(Update, forward_commands)
+            .add_systems(PostUpdate, (print_chat, update_status).after(bevy_agent_tools::AgentToolsSet::Pump));
+    }
+}
+
+fn forward_commands(mut requests: MessageReader<ChatRequest>, chat: Res<Chat>) {
+    for ChatRequest(command) in requests.read() {
+        let _ = chat.commands.send(command.clone());
+    }
+}
+
+/// Creates the session, then handles the player's commands in order.
+async fn run(
+    sessions: AgentSessions,
+    config: SessionConfig,
+    mut inbox: UnboundedReceiver<ChatCommand>,
+    current: Arc<Mutex<Option<AgentSession>>>,
+) {
+    match sessions.create(config).await {
+        Ok(session) => {
+            say(format_args!("chat-status session={} status=idle previous=none", session.id()));
+            *current.lock() = Some(session);
+        }
+        Err(error) => {
+            say(format_args!("chat-error session=none code={} message={}", error.code, one_line(&error.message)))
+        }
+    }
+    while let Some(command) = inbox.recv().await {
+        let session = current.lock().clone();
+        let answer = match (command, session) {
+            (ChatCommand::Resume(Some(id)), _) => match sessions.resume_session(id).await {
+                Ok(session) => {
+                    let answer = format!("attached session={} status={}", session.id(), session.status());
+                    *current.lock() = Some(session);
+                    Ok(answer)
+                }
+                Err(error) => Err(error),
+            },
+            (ChatCommand::Allow(request), _) => answer_permission(&sessions, request, true),
+            (ChatCommand::Deny(request), _) => answer_permission(&sessions, request, false),
+            (_, None) => Err(ToolError::with_code(
+                bevy_agent_tools::ErrorCode::AgentUnavailable,
+                "there is no agent session: it failed to start (see the chat-error line)",
+            )),
+            (ChatCommand::Say(text), Some(session)) => match session.start_turn(text).await {
+                Ok(turn) => {
+                    // The outcome shows as chat lines; a failure also as a chat-error line.
+                    tokio::spawn(turn);
+                    Ok("sent".to_string())
+                }
+                Err(error) => Err(error),
+            },
+            (ChatCommand::Cancel, Some(session)) => {
+                if session.cancel() {
+                    Ok("cancelling the turn".into())
+                } else {
+                    Err(ToolError::new("NO_TURN", "no turn is running"))
+                }
+            }
+            (ChatCommand::End, Some(session)) => {
+                session.end().await;
+                Ok(format!("ended session={}", session.id()))
+            }
+            (ChatCommand::Resume(None), Some(session)) => match session.resume().await {
+                Ok(Attached::Replaced) => Ok(format!(
+                    "resumed session={} in a new agent session: the agent could not re-attach the old one",
+                    session.id()
+                )),
+                Ok(_) => Ok(format!("resumed session={}", session.id())),
+                Err(error) => Err(error),
+            },
+        };
+        match answer {
+            Ok(answer) => say(format_args!("ok {answer}")),
+            Err(error) => say(format_args!("error: {} {}", error.code, one_line(&error.message))),
+        }
+    }
+}
+
+fn answer_permission(sessions: &AgentSessions, request: u64, allow: bool) -> Result<String, ToolError> {
+    if sessions.answer_permission(request, allow) {
+        Ok(format!("{} request={request}", if allow { "allowed" } else { "denied" }))
+    } else {
+        Err(ToolError::new("NO_REQUEST", format!("no permission request {request} is waiting")))
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.replace('\r', "\\r").replace('\n', "\\n")
+}
+
+/// Prints the sessions' events as lines, in their conversation's order (the messages of one frame are sorted
+/// by sequence number: each kind of message is its own queue).
+fn print_chat(
+    sessions: Res<AgentSessions>,
+    mut statuses: MessageReader<ConversationStatusChanged>,
+    mut messages: MessageReader<ChatMessage>,
+    mut errors: MessageReader<ChatError>,
+    mut permissions: MessageReader<PermissionRequested>,
+) {
+    let mut events: Vec<ConversationEvent> = Vec::new();
+    events.extend(
+        statuses.read().filter(|s| sessions.get(&s.conversation).is_some()).cloned().map(ConversationEvent::Status),
+    );
+    events.extend(messages.read().cloned().map(ConversationEvent::ChatMessage));
+    events.extend(errors.read().cloned().map(ConversationEvent::ChatError));
+    events.extend(permissions.read().cloned().map(ConversationEvent::PermissionRequested));
+    events.sort_by(|a, b| (a.conversation(), a.sequence()).cmp(&(b.conversation(), b.sequence())));
+    for event in events {
+        match event {
+            ConversationEvent::Status(s) => {
+                say(format_args!("chat-status session={} status={} previous={}", s.conversation, s.status, s.previous))
+            }
+            ConversationEvent::ChatMessage(m) => say(format_args!("chat session={}: {}", m.session, one_line(&m.text))),
+            ConversationEvent::ChatError(e) => {
+                say(format_args!("chat-error session={} code={} message={}", e.session, e.code, one_line(&e.message)))
+            }
+            ConversationEvent::PermissionRequested(p) => say(format_args!(
+                "chat-permission session={} request={} tool={}",
+                p.session,
+                p.request,
+                one_line(&p.tool)
+            )),
+            _ => {}
+        }
+    }
+}
+
+/// Keeps `status`'s chat part current: the session, its status and usage.
+fn update_status(chat: Res<Chat>, mut status: ResMut<ChatStatus>) {
+    let Some(session) = chat.current.lock().clone() else { return };
+    let usage = match session.usage() {
+        Some(usage) => format!("{}/{}", usage.used_tokens, usage.context_tokens),
+        None => "none".into(),
+    };
+    status.0 = Some(format!("chat={} chat-status={} usage={usage}", session.id(), session.status()));
+}

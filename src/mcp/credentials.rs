@@ -1,0 +1,72 @@
+//! Per-conversation credentials: bearer tokens that the game mints for one conversation (an in-game agent
+//! session) and revokes when it ends.
+//!
+//! A request presenting such a token is that conversation's, whatever MCP session, `task_id` or client name it
+//! sends: the game knows exactly which of its agent sessions made each call. A revoked token is refused (401) like
+//! any unknown one.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::security::generate_token;
+use crate::ids::ConversationId;
+
+/// The conversation a request's credential belongs to, put in the request's extensions by the bearer check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BoundConversation(pub ConversationId);
+
+/// The live per-conversation tokens. Cheap to clone; shared by the bearer check and whoever mints them.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    tokens: Arc<Mutex<HashMap<Arc<str>, ConversationId>>>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials").field("live", &self.tokens.lock().len()).finish()
+    }
+}
+
+impl Credentials {
+    /// Mints a new bearer token for `conversation` (32 random bytes, hex). Every request that presents it is
+    /// attributed to `conversation` until [`revoke`](Self::revoke).
+    pub fn mint(&self, conversation: &ConversationId) -> Result<String, super::McpConfigError> {
+        let token = generate_token()?;
+        self.tokens.lock().insert(Arc::from(token.as_str()), conversation.clone());
+        Ok(token)
+    }
+
+    /// Revokes `token`: requests presenting it are refused from now on. Revoking twice does nothing.
+    pub fn revoke(&self, token: &str) {
+        self.tokens.lock().remove(token);
+    }
+
+    /// The conversation `token` belongs to, if it is live.
+    pub(crate) fn conversation_of(&self, token: &str) -> Option<ConversationId> {
+        // A map lookup hashes the presented token: its timing says nothing about the live tokens' bytes.
+        self.tokens.lock().get(token).cloned()
+    }
+
+    /// How many tokens are live.
+    pub fn live(&self) -> usize {
+        self.tokens.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_minted_credential_names_its_conversation_until_revoked() {
+        let credentials = Credentials::default();
+        let chat = ConversationId::new("chat-1");
+        let token = credentials.mint(&chat).unwrap();
+        assert_eq!(credentials.conversation_of(&token), Some(chat));
+        credentials.revoke(&token);
+        assert_eq!(credentials.conversation_of(&token), None);
+        assert_eq!(credentials.live(), 0);
+    }
+}

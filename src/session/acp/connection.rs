@@ -1,0 +1,282 @@
+//! One ACP connection, run as a task on the plugin's runtime: set-up (initialize, new or re-attached session),
+//! then the session core's commands until it closes or the agent goes away.
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    CancelNotification, ClientCapabilities, CloseSessionRequest, ContentBlock, HttpHeader, Implementation,
+    InitializeRequest, InitializeResponse, LoadSessionRequest, McpServer, McpServerHttp, NewSessionRequest,
+    PromptRequest, RequestPermissionRequest, ResumeSessionRequest, SessionId, SessionNotification, SystemPrompt,
+    TextContent,
+};
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::{AcpAgent, Agent, Client};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::{oneshot, watch};
+
+use super::updates::{self, Replay};
+use super::{quirks, Command};
+use crate::error::{ErrorCode, ToolError};
+use crate::session::backend::{Attached, BackendEvent, EventSink, PromptBlock, Setup};
+
+/// The connection's end, once it ended: `Some(why)` for a failure (exit status, stderr tail), `Some("")` for a
+/// clean end.
+pub(crate) type ExitWatch = watch::Receiver<Option<String>>;
+
+/// What set-up opened.
+pub(crate) struct Opened {
+    pub session: String,
+    pub attached: Attached,
+    pub system_prompt_sent: bool,
+}
+
+pub(crate) struct Running {
+    pub ready: oneshot::Receiver<Result<Opened, ToolError>>,
+    pub task: tokio::task::JoinHandle<()>,
+    pub exit: ExitWatch,
+}
+
+/// Waits until the connection ended; returns why it failed, if it did.
+pub(crate) async fn wait_exit(mut exit: ExitWatch) -> Option<String> {
+    let ended = exit.wait_for(Option::is_some).await.ok()?.clone();
+    ended.filter(|why| !why.is_empty())
+}
+
+/// Starts the agent and its connection's task.
+pub(crate) fn spawn(
+    agent: AcpAgent,
+    setup: Setup,
+    sink: EventSink,
+    runtime: &tokio::runtime::Handle,
+) -> (UnboundedSender<Command>, Running) {
+    let (commands, inbox) = unbounded_channel();
+    let (ready_tx, ready) = oneshot::channel();
+    let (exit_tx, exit) = watch::channel(None);
+    let replay = Replay::default();
+    let task = runtime.spawn({
+        let sink = sink.clone();
+        let exit = exit.clone();
+        async move {
+            let notifications = sink.clone();
+            let permissions = sink.clone();
+            let replaying = replay.clone();
+            let ended = Client
+                .v1()
+                .name("bevy_agent_tools")
+                .on_receive_notification(
+                    async move |notification: SessionNotification, _cx| {
+                        updates::forward(&notifications, &replaying, notification.update);
+                        Ok(())
+                    },
+                    agent_client_protocol::on_receive_notification!(),
+                )
+                .on_receive_request(
+                    async move |request: RequestPermissionRequest, responder, cx: ConnectionTo<Agent>| {
+                        let (reply, decision) = oneshot::channel();
+                        let tool = request
+                            .tool_call
+                            .fields
+                            .title
+                            .clone()
+                            .or_else(|| request.tool_call.fields.name.clone())
+                            .unwrap_or_else(|| request.tool_call.tool_call_id.to_string());
+                        permissions(BackendEvent::Permission { tool, reply });
+                        // The answer may take the player a minute: wait for it outside the dispatch loop.
+                        cx.spawn(async move {
+                            let decision = decision.await.unwrap_or(crate::session::backend::PermissionDecision::Deny);
+                            responder.respond(updates::permission_response(&request.options, decision))
+                        })
+                    },
+                    agent_client_protocol::on_receive_request!(),
+                )
+                .connect_with(agent, async move |cx: ConnectionTo<Agent>| {
+                    run(cx, setup, inbox, ready_tx, sink, replay, exit).await
+                })
+                .await;
+            let why = match ended {
+                Ok(()) => String::new(),
+                Err(error) => describe(&error),
+            };
+            let _ = exit_tx.send(Some(why));
+        }
+    });
+    (commands, Running { ready, task, exit })
+}
+
+/// The error's message and what its data carries (for a process that exited: its status and stderr tail),
+/// keeping at most the last 2,000 characters.
+fn describe(error: &agent_client_protocol::Error) -> String {
+    let data = match &error.data {
+        Some(serde_json::Value::String(data)) => Some(data.clone()),
+        Some(serde_json::Value::Null) | None => None,
+        Some(other) => Some(other.to_string()),
+    };
+    let whole = match data {
+        Some(data) => format!("{}: {}", error.message.trim(), data.trim()),
+        None => error.message.trim().to_string(),
+    };
+    let chars: Vec<char> = whole.chars().collect();
+    match chars.len().checked_sub(2000) {
+        Some(start) if start > 0 => format!("…{}", chars[start..].iter().collect::<String>()),
+        _ => whole,
+    }
+}
+
+/// Whether `error` says the agent's side of the connection is gone (it exited or closed its output).
+fn agent_gone(error: &agent_client_protocol::Error) -> bool {
+    agent_client_protocol::is_connection_terminated(error) || agent_client_protocol::is_incoming_transport_closed(error)
+}
+
+fn unavailable(what: &str, error: &agent_client_protocol::Error) -> ToolError {
+    ToolError::with_code(ErrorCode::AgentUnavailable, format!("{what}: {}", describe(error)))
+}
+
+async fn run(
+    cx: ConnectionTo<Agent>,
+    setup: Setup,
+    mut inbox: UnboundedReceiver<Command>,
+    ready: oneshot::Sender<Result<Opened, ToolError>>,
+    sink: EventSink,
+    replay: Replay,
+    exit: ExitWatch,
+) -> Result<(), agent_client_protocol::Error> {
+    let opened = match open(&cx, &setup, &replay).await {
+        Ok(opened) => opened,
+        Err(error) => {
+            let _ = ready.send(Err(error));
+            return Ok(());
+        }
+    };
+    let session = SessionId::new(opened.session.clone());
+    let can_close = opened.can_close;
+    let _ = ready.send(Ok(Opened {
+        session: opened.session,
+        attached: opened.attached,
+        system_prompt_sent: opened.system_prompt_sent,
+    }));
+    while let Some(command) = inbox.recv().await {
+        match command {
+            Command::Prompt { turn, blocks } => {
+                let prompt = blocks
+                    .into_iter()
+                    .map(|PromptBlock::Text(text)| ContentBlock::Text(TextContent::new(text)))
+                    .collect();
+                let sent = cx.send_request(PromptRequest::new(session.clone(), prompt));
+                let sink = sink.clone();
+                let exit = exit.clone();
+                tokio::spawn(async move {
+                    let event = match sent.block_task().await {
+                        Ok(response) => {
+                            BackendEvent::TurnEnded { turn, stop: updates::stop_reason(response.stop_reason) }
+                        }
+                        Err(error) if agent_gone(&error) => {
+                            // The agent went away: its exit says why (status, stderr), and fails the session.
+                            let why = tokio::time::timeout(std::time::Duration::from_secs(3), wait_exit(exit)).await;
+                            let why = why.ok().flatten().unwrap_or_else(|| describe(&error));
+                            BackendEvent::Exited(Some(ToolError::with_code(
+                                ErrorCode::AgentUnavailable,
+                                format!("the agent stopped during the turn: {why}"),
+                            )))
+                        }
+                        Err(error) => {
+                            BackendEvent::TurnFailed { turn, error: unavailable("the agent failed the turn", &error) }
+                        }
+                    };
+                    sink(event);
+                });
+            }
+            Command::Cancel => {
+                cx.send_notification(CancelNotification::new(session.clone()))?;
+            }
+            Command::Close { end_session, close_timeout } => {
+                if end_session && can_close {
+                    let closed = cx.send_request(CloseSessionRequest::new(session.clone())).block_task();
+                    if tokio::time::timeout(close_timeout, closed).await.is_err() {
+                        tracing::debug!(?close_timeout, "the agent did not answer session/close");
+                    }
+                }
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+struct Open {
+    session: String,
+    attached: Attached,
+    system_prompt_sent: bool,
+    can_close: bool,
+}
+
+/// `initialize`, then a new session or a re-attached one.
+async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay) -> Result<Open, ToolError> {
+    // No `fs`, no `terminal`: the agent gets no access to the player's machine through the game.
+    let initialize = InitializeRequest::new(ProtocolVersion::V1)
+        .client_capabilities(ClientCapabilities::new())
+        .client_info(Implementation::new("bevy_agent_tools", env!("CARGO_PKG_VERSION")));
+    let info: InitializeResponse =
+        cx.send_request(initialize).block_task().await.map_err(|error| unavailable("initialize failed", &error))?;
+    let capabilities = &info.agent_capabilities;
+    if !capabilities.mcp_capabilities.http {
+        return Err(ToolError::with_code(
+            ErrorCode::AgentUnavailable,
+            "the agent does not accept HTTP MCP servers (mcpCapabilities.http), so it cannot reach the game's tools",
+        ));
+    }
+    let servers = vec![McpServer::Http(
+        McpServerHttp::new("game", setup.mcp_url.clone())
+            .headers(vec![HttpHeader::new("Authorization", format!("Bearer {}", setup.credential))]),
+    )];
+    let cwd = setup.working_directory.clone();
+    let can_close = capabilities.session_capabilities.close.is_some();
+    let takes_system_prompt = capabilities.session_capabilities.system_prompt.is_some();
+    let system_prompt = setup
+        .system_prompt
+        .as_ref()
+        .filter(|_| takes_system_prompt)
+        .map(|prompt| SystemPrompt::new(vec![ContentBlock::Text(TextContent::new(prompt.clone()))]));
+    let system_prompt_sent = system_prompt.is_some();
+    let meta = quirks::session_meta(info.agent_info.as_ref().map(|agent| agent.name.as_str()));
+
+    if let Some(id) = &setup.resume {
+        let session = SessionId::new(id.clone());
+        let resumed = if capabilities.session_capabilities.resume.is_some() {
+            let request = ResumeSessionRequest::new(session, cwd.clone())
+                .mcp_servers(servers.clone())
+                .system_prompt(system_prompt.clone())
+                .meta(meta.clone());
+            Some(cx.send_request(request).block_task().await.map(|_| Attached::Resumed))
+        } else if capabilities.load_session {
+            // The agent replays the history as updates before it answers: not shown as new chat.
+            replay.start();
+            let request = LoadSessionRequest::new(session, cwd.clone())
+                .mcp_servers(servers.clone())
+                .system_prompt(system_prompt.clone())
+                .meta(meta.clone());
+            let loaded = cx.send_request(request).block_task().await.map(|_| Attached::Loaded);
+            replay.stop();
+            Some(loaded)
+        } else {
+            None
+        };
+        match resumed {
+            Some(Ok(attached)) => return Ok(Open { session: id.clone(), attached, system_prompt_sent, can_close }),
+            Some(Err(error)) if agent_gone(&error) => {
+                return Err(unavailable("the agent stopped while re-attaching the session", &error))
+            }
+            Some(Err(error)) if !setup.new_if_unresumable => {
+                return Err(crate::session::record::not_found(id).with_detail("agent_error", describe(&error)))
+            }
+            None if !setup.new_if_unresumable => {
+                return Err(crate::session::record::not_found(id)
+                    .with_detail("agent_error", "the agent can neither resume nor load sessions"))
+            }
+            _ => {}
+        }
+    }
+    let request = NewSessionRequest::new(cwd).mcp_servers(servers).system_prompt(system_prompt).meta(meta);
+    let created =
+        cx.send_request(request).block_task().await.map_err(|error| unavailable("session/new failed", &error))?;
+    let attached = if setup.resume.is_some() { Attached::Replaced } else { Attached::New };
+    Ok(Open { session: created.session_id.to_string(), attached, system_prompt_sent, can_close })
+}

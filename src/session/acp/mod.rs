@@ -1,0 +1,146 @@
+//! The ACP backend: the game is an Agent Client Protocol client, the agent a child process speaking JSON-RPC on
+//! its standard input and output (the official `agent-client-protocol` crate, which owns the process: its own
+//! process group, stdin closed then `SIGTERM` then `SIGKILL` on shutdown, a bounded stderr tail on failure).
+//!
+//! One connection per session: `initialize` (no `fs`, no `terminal` capability), then `session/new` with the
+//! game's MCP server as an `http` entry carrying the session's bearer credential (or `session/resume`,
+//! `session/load` to re-attach), then `session/prompt` per turn, `session/cancel` to cancel, `session/close` (where
+//! the agent offers it) when the session ends. `session/update` notifications become chat deltas, message
+//! boundaries and usage; `session/request_permission` goes to the session's policy.
+
+mod connection;
+mod quirks;
+mod updates;
+
+use std::sync::Arc;
+
+use agent_client_protocol::{AcpAgent, AcpAgentConfig};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::backend::{BoxFuture, EventSink, Link, PromptBlock, Setup};
+use super::{AcpAgentCommand, Backend, Connected};
+use crate::error::{ErrorCode, ToolError};
+
+/// Starts ACP agents from a command line.
+pub(crate) struct AcpBackend {
+    command: AcpAgentCommand,
+    runtime: tokio::runtime::Handle,
+}
+
+impl AcpBackend {
+    pub(crate) fn new(command: AcpAgentCommand, runtime: tokio::runtime::Handle) -> Self {
+        Self { command, runtime }
+    }
+}
+
+impl Backend for AcpBackend {
+    fn connect(&self, setup: Setup, sink: EventSink) -> BoxFuture<Result<Connected, ToolError>> {
+        let config = AcpAgentConfig::new(&self.command.program)
+            .args(self.command.args.clone())
+            .envs(self.command.env.iter().cloned());
+        let agent = AcpAgent::new(config);
+        let described = self.command.to_string();
+        let runtime = self.runtime.clone();
+        Box::pin(async move {
+            let start = setup.timeouts.start;
+            let close_timeout = setup.timeouts.close;
+            let (commands, running) = connection::spawn(agent, setup, sink, &runtime);
+            let connection::Running { ready, task, exit } = running;
+            let ready = tokio::time::timeout(start, ready).await;
+            let failure = match ready {
+                Ok(Ok(Ok(opened))) => {
+                    let link = AcpLink {
+                        commands,
+                        backend_session: opened.session,
+                        task: Arc::new(task),
+                        exit,
+                        close_timeout,
+                    };
+                    return Ok((Arc::new(link) as Arc<dyn Link>, opened.attached, opened.system_prompt_sent));
+                }
+                Ok(Ok(Err(error))) => error,
+                Ok(Err(_dropped)) => {
+                    ToolError::with_code(ErrorCode::AgentUnavailable, "the agent stopped while starting")
+                }
+                Err(_elapsed) => {
+                    task.abort();
+                    return Err(ToolError::with_code(
+                        ErrorCode::AgentUnavailable,
+                        format!("the agent `{described}` did not start within {start:?} (no answer to initialize)"),
+                    )
+                    .with_detail("agent", &described));
+                }
+            };
+            if failure.code != ErrorCode::AgentUnavailable {
+                task.abort();
+                return Err(failure);
+            }
+            // The connection's own end says more (the exit status and the stderr tail): wait for it briefly.
+            let exited = tokio::time::timeout(std::time::Duration::from_secs(3), connection::wait_exit(exit)).await;
+            task.abort();
+            let why = match exited {
+                Ok(Some(exit)) => format!("{}; {exit}", failure.message),
+                _ => failure.message,
+            };
+            Err(ToolError::with_code(
+                ErrorCode::AgentUnavailable,
+                format!("the agent `{described}` could not start: {why}"),
+            )
+            .with_detail("agent", &described))
+        })
+    }
+}
+
+/// A command to the connection's task.
+pub(crate) enum Command {
+    Prompt { turn: u64, blocks: Vec<PromptBlock> },
+    Cancel,
+    Close { end_session: bool, close_timeout: std::time::Duration },
+}
+
+struct AcpLink {
+    commands: UnboundedSender<Command>,
+    backend_session: String,
+    task: Arc<tokio::task::JoinHandle<()>>,
+    exit: connection::ExitWatch,
+    close_timeout: std::time::Duration,
+}
+
+impl Link for AcpLink {
+    fn backend_session(&self) -> &str {
+        &self.backend_session
+    }
+
+    fn prompt(&self, turn: u64, blocks: Vec<PromptBlock>) -> Result<(), ToolError> {
+        self.commands
+            .send(Command::Prompt { turn, blocks })
+            .map_err(|_| ToolError::with_code(ErrorCode::AgentUnavailable, "the agent's connection is closed"))
+    }
+
+    fn cancel(&self) {
+        let _ = self.commands.send(Command::Cancel);
+    }
+
+    fn close(&self, end_session: bool) -> BoxFuture<()> {
+        let close_timeout = self.close_timeout;
+        let sent = self.commands.send(Command::Close { end_session, close_timeout }).is_ok();
+        let task = self.task.clone();
+        let exit = self.exit.clone();
+        Box::pin(async move {
+            if !sent {
+                task.abort();
+                return;
+            }
+            // The connection closes the agent's stdin, waits 1 s, sends SIGTERM, waits 2 s, sends SIGKILL.
+            let bound = close_timeout + std::time::Duration::from_secs(4);
+            if tokio::time::timeout(bound, connection::wait_exit(exit)).await.is_err() {
+                task.abort();
+            }
+        })
+    }
+
+    fn kill(&self) {
+        // Dropping the connection's future kills the agent's whole process group.
+        self.task.abort();
+    }
+}

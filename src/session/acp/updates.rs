@@ -1,0 +1,105 @@
+//! ACP's `session/update` notifications and permission options, mapped once, here, onto what the session core
+//! understands.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use agent_client_protocol::v1::schema::{
+    ContentBlock, PermissionOption, PermissionOptionKind, RequestPermissionOutcome, RequestPermissionResponse,
+    SelectedPermissionOutcome, SessionUpdate, StopReason as AcpStopReason,
+};
+
+use crate::session::backend::{BackendEvent, EventSink, PermissionDecision, StopReason, Usage};
+
+/// Set while the agent replays a loaded session's history: those updates are not new chat.
+#[derive(Clone, Default)]
+pub(crate) struct Replay(Arc<AtomicBool>);
+
+impl Replay {
+    pub(crate) fn start(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn stop(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+
+    fn active(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Reports what an update means for the session: message text, a message boundary, usage. Thoughts, plans,
+/// commands and modes are not chat.
+pub(crate) fn forward(sink: &EventSink, replay: &Replay, update: SessionUpdate) {
+    if replay.active() {
+        return;
+    }
+    match update {
+        SessionUpdate::AgentMessageChunk(chunk) => {
+            if let ContentBlock::Text(text) = chunk.content {
+                let message = chunk.message_id.map(|id| id.to_string());
+                sink(BackendEvent::MessageChunk { message, text: text.text });
+            }
+        }
+        SessionUpdate::ToolCall(_) => sink(BackendEvent::ToolCall),
+        SessionUpdate::UsageUpdate(usage) => sink(BackendEvent::Usage(Usage {
+            used_tokens: usage.used,
+            context_tokens: usage.size,
+            cost: usage.cost.map(|cost| (cost.amount, cost.currency)),
+        })),
+        _ => {}
+    }
+}
+
+pub(crate) fn stop_reason(reason: AcpStopReason) -> StopReason {
+    #[allow(unreachable_patterns)]
+    match reason {
+        AcpStopReason::EndTurn => StopReason::EndTurn,
+        AcpStopReason::MaxTokens => StopReason::MaxTokens,
+        AcpStopReason::MaxTurnRequests => StopReason::MaxTurnRequests,
+        AcpStopReason::Refusal => StopReason::Refusal,
+        AcpStopReason::Cancelled => StopReason::Cancelled,
+        _ => StopReason::Other,
+    }
+}
+
+/// The option the decision picks: allow once (else always), reject once (else always); with no such option
+/// the request is cancelled, which the agent treats as a refusal.
+pub(crate) fn permission_response(
+    options: &[PermissionOption],
+    decision: PermissionDecision,
+) -> RequestPermissionResponse {
+    let preferred: &[PermissionOptionKind] = match decision {
+        PermissionDecision::Allow => &[PermissionOptionKind::AllowOnce, PermissionOptionKind::AllowAlways],
+        PermissionDecision::Deny => &[PermissionOptionKind::RejectOnce, PermissionOptionKind::RejectAlways],
+    };
+    let chosen = preferred
+        .iter()
+        .find_map(|kind| options.iter().find(|option| option.kind == *kind).map(|option| option.option_id.clone()));
+    let outcome = match chosen {
+        Some(id) => RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(id)),
+        None => RequestPermissionOutcome::Cancelled,
+    };
+    RequestPermissionResponse::new(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_denial_picks_the_reject_option_and_never_an_allow_one() {
+        let options = vec![
+            PermissionOption::new("yes", "Allow", PermissionOptionKind::AllowOnce),
+            PermissionOption::new("no", "Reject", PermissionOptionKind::RejectOnce),
+        ];
+        let denied = serde_json::to_value(permission_response(&options, PermissionDecision::Deny)).unwrap();
+        assert_eq!(denied["outcome"]["optionId"], "no");
+        let allowed = serde_json::to_value(permission_response(&options, PermissionDecision::Allow)).unwrap();
+        assert_eq!(allowed["outcome"]["optionId"], "yes");
+        let only_allow = &options[..1];
+        let cancelled = serde_json::to_value(permission_response(only_allow, PermissionDecision::Deny)).unwrap();
+        assert_eq!(cancelled["outcome"]["outcome"], "cancelled");
+    }
+}

@@ -1,0 +1,147 @@
+//! The one small trait every session backend implements, and what a backend reports.
+//!
+//! A backend connects (starts its agent, opens or re-attaches the backend's session) and returns a [`Link`]: the
+//! session core sends prompts and cancels through it, and the backend reports what happens through an
+//! [`EventSink`], in the order it happened. The core owns everything else: one turn at a time, status, messages,
+//! timeouts, end and resume.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+use crate::error::ToolError;
+
+/// A boxed, sendable future.
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Where a backend reports what happens. Called from the backend's tasks; never blocks.
+pub(crate) type EventSink = Arc<dyn Fn(BackendEvent) + Send + Sync>;
+
+/// What a backend needs to open a session.
+pub(crate) struct Setup {
+    /// The game's MCP endpoint.
+    pub mcp_url: String,
+    /// The session's bearer credential for it.
+    pub credential: String,
+    /// The session's own working directory (empty, under the game's data directory).
+    pub working_directory: PathBuf,
+    /// The system prompt, if any.
+    pub system_prompt: Option<String>,
+    /// Re-attach to this backend session instead of creating one.
+    pub resume: Option<String>,
+    /// When `resume` cannot be honoured (the agent cannot resume, or no longer knows the session): start a new
+    /// session instead of failing with `SESSION_NOT_FOUND`.
+    pub new_if_unresumable: bool,
+    /// The session's timeouts.
+    pub timeouts: super::SessionTimeouts,
+}
+
+/// How a connection's session came to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Attached {
+    /// A new backend session.
+    New,
+    /// The backend session was re-attached (history kept by the agent, not replayed).
+    Resumed,
+    /// The backend session was loaded (the agent replayed its history; the replay is not shown again).
+    Loaded,
+    /// The backend session could not be re-attached, so a new one was started: the agent does not remember
+    /// the earlier conversation.
+    Replaced,
+}
+
+/// A live connection to a backend's session.
+pub(crate) trait Link: Send + Sync {
+    /// The backend's own id of the session (to resume it later).
+    fn backend_session(&self) -> &str;
+    /// Sends the player's turn. Its end arrives as [`BackendEvent::TurnEnded`] or [`BackendEvent::TurnFailed`]
+    /// with the same `turn`.
+    fn prompt(&self, turn: u64, blocks: Vec<PromptBlock>) -> Result<(), ToolError>;
+    /// Asks the agent to stop the running turn (it still ends it, normally as cancelled).
+    fn cancel(&self);
+    /// Closes the connection: ends the backend session first when `end_session` (where the backend offers it,
+    /// bounded by the close timeout), then stops the agent. Resolves when the agent process is gone.
+    fn close(&self, end_session: bool) -> BoxFuture<()>;
+    /// Stops the agent now, without a word to it.
+    fn kill(&self);
+}
+
+/// One part of a prompt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum PromptBlock {
+    /// Text, sent as one text block exactly as given.
+    Text(String),
+}
+
+/// Why a turn ended, as the agent said.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The agent finished.
+    EndTurn,
+    /// The model's token limit.
+    MaxTokens,
+    /// The agent's limit of model requests in one turn.
+    MaxTurnRequests,
+    /// The model refused.
+    Refusal,
+    /// The turn was cancelled.
+    Cancelled,
+    /// A reason this crate does not know.
+    Other,
+}
+
+impl StopReason {
+    /// As it appears in lines and on the wire (`end_turn`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::EndTurn => "end_turn",
+            Self::MaxTokens => "max_tokens",
+            Self::MaxTurnRequests => "max_turn_requests",
+            Self::Refusal => "refusal",
+            Self::Cancelled => "cancelled",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// What the agent reported about its use of the model.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Tokens in the agent's context now.
+    pub used_tokens: u64,
+    /// The size of its context window, in tokens.
+    pub context_tokens: u64,
+    /// What the session has cost so far, if the agent says (amount, ISO 4217 currency).
+    pub cost: Option<(f64, String)>,
+}
+
+/// The player's answer to a permission request, or the policy's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PermissionDecision {
+    Allow,
+    Deny,
+}
+
+/// A backend's report, in the order things happened.
+pub(crate) enum BackendEvent {
+    /// A piece of an agent message. `message` is the agent's id for it, if it gives one.
+    MessageChunk { message: Option<String>, text: String },
+    /// The agent started a tool call of its own: the message before it is complete.
+    ToolCall,
+    /// Usage, as the agent reported it.
+    Usage(Usage),
+    /// The agent asks permission; answer through `reply` (dropping it denies).
+    Permission { tool: String, reply: oneshot::Sender<PermissionDecision> },
+    /// The turn ended.
+    TurnEnded { turn: u64, stop: StopReason },
+    /// The turn failed, the agent still running.
+    TurnFailed { turn: u64, error: ToolError },
+    /// The connection ended (the agent exited or closed its output); `None` if the backend was asked to close.
+    Exited(Option<ToolError>),
+}

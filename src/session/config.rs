@@ -1,0 +1,174 @@
+//! What a game says when it creates an in-game agent session: which backend, how long to wait for it, what the
+//! agent may do.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// How to create an in-game agent session: its backend, its lifecycle, its timeouts and its permission policy.
+///
+/// ```
+/// # use bevy_agent_tools::session::{SessionConfig, PermissionPolicy};
+/// let config = SessionConfig::acp("npx", ["-y", "@agentclientprotocol/claude-agent-acp"])
+///     .system_prompt("You help the player build in a voxel world. Use the game's tools.")
+///     .permissions(PermissionPolicy::AskPlayer)
+///     .auto_end_on_disconnect(false);
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SessionConfig {
+    /// Which agent answers.
+    pub backend: SessionBackend,
+    /// End the session when the game disconnects from it (the game exits, or drops its last handle to it).
+    /// Default `true`. With `false` the agent keeps the session, and the game can store its id and
+    /// [`resume_session`](crate::session::AgentSessions::resume_session) it after a restart.
+    pub auto_end_on_disconnect: bool,
+    /// Instructions for the agent, sent as its system prompt where the backend supports one, else as a separate
+    /// block before the player's first text. Never mixed into the player's text.
+    pub system_prompt: Option<String>,
+    /// How long each step may take before the session gives up on the agent.
+    pub timeouts: SessionTimeouts,
+    /// What to answer when the agent asks permission for one of its own actions.
+    pub permissions: PermissionPolicy,
+}
+
+impl SessionConfig {
+    /// A session with an ACP agent started as `program args...` (it inherits the game's environment, so `PATH`,
+    /// `HOME` and its API keys reach it).
+    pub fn acp(program: impl Into<String>, args: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self::new(SessionBackend::Acp(AcpAgentCommand {
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+            env: Vec::new(),
+        }))
+    }
+
+    /// A session with `backend` and the defaults.
+    pub fn new(backend: SessionBackend) -> Self {
+        Self {
+            backend,
+            auto_end_on_disconnect: true,
+            system_prompt: None,
+            timeouts: SessionTimeouts::default(),
+            permissions: PermissionPolicy::Deny,
+        }
+    }
+
+    /// Whether the session ends when the game disconnects (default `true`).
+    pub fn auto_end_on_disconnect(mut self, auto_end: bool) -> Self {
+        self.auto_end_on_disconnect = auto_end;
+        self
+    }
+
+    /// The agent's system prompt.
+    pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
+        self.system_prompt = Some(prompt.into());
+        self
+    }
+
+    /// The timeouts.
+    pub fn timeouts(mut self, timeouts: SessionTimeouts) -> Self {
+        self.timeouts = timeouts;
+        self
+    }
+
+    /// The permission policy (default [`PermissionPolicy::Deny`]).
+    pub fn permissions(mut self, policy: PermissionPolicy) -> Self {
+        self.permissions = policy;
+        self
+    }
+
+    /// Sets an environment variable for the agent process (on top of the game's own environment). Its value is
+    /// kept in the session's record on disk (readable only by the user) so that a resume can start the same
+    /// agent: pass secrets through the game's environment instead.
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        let SessionBackend::Acp(command) = &mut self.backend;
+        command.env.push((name.into(), value.into()));
+        self
+    }
+}
+
+/// Which agent a session talks to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum SessionBackend {
+    /// An agent speaking the Agent Client Protocol over its standard input and output, started as a child
+    /// process: Claude Code through `@agentclientprotocol/claude-agent-acp`, Codex through
+    /// `@agentclientprotocol/codex-acp`, `gemini --acp`, Goose, ...
+    Acp(AcpAgentCommand),
+}
+
+/// The command line of an ACP agent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcpAgentCommand {
+    /// The program (looked up on `PATH`).
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Extra environment variables, on top of the game's environment.
+    pub env: Vec<(String, String)>,
+}
+
+impl std::fmt::Display for AcpAgentCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.program)?;
+        for arg in &self.args {
+            write!(f, " {arg}")?;
+        }
+        Ok(())
+    }
+}
+
+/// How long a session waits for its agent. Every wait is bounded: no turn waits forever, whatever the agent
+/// process does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionTimeouts {
+    /// Starting the agent, up to its answer to `initialize` and to the session's creation or resumption.
+    /// Default 30 s (agents started through `npx` can be slow the first time).
+    pub start: Duration,
+    /// One turn, from `send_text` to the agent's end of the turn. Default 10 minutes. A turn past it fails with
+    /// `TIMEOUT`, and the agent, which no longer answers, is stopped (status `Error`; `resume` restarts it).
+    pub turn: Duration,
+    /// After a cancel, how long the agent has to end the turn. Default 10 s; past it, as for `turn`.
+    pub cancel_grace: Duration,
+    /// How long the player has to answer a permission request ([`PermissionPolicy::AskPlayer`]) before it is
+    /// denied. Default 60 s.
+    pub permission: Duration,
+    /// How long `end` waits for the agent to close the session before the process is stopped anyway. Default 2 s.
+    pub close: Duration,
+}
+
+impl Default for SessionTimeouts {
+    fn default() -> Self {
+        Self {
+            start: Duration::from_secs(30),
+            turn: Duration::from_secs(600),
+            cancel_grace: Duration::from_secs(10),
+            permission: Duration::from_secs(60),
+            close: Duration::from_secs(2),
+        }
+    }
+}
+
+/// What to answer when the agent asks permission for one of its own actions (ACP `session/request_permission`:
+/// a coding agent about to run a command, edit a file, or call a tool it considers sensitive). The game's own
+/// tools are guarded by the host's rules, not by this.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PermissionPolicy {
+    /// Deny every request (the agent's reject option, else the request is cancelled). The default.
+    #[default]
+    Deny,
+    /// Allow every request once. Only for agents you trust with the machine.
+    Allow,
+    /// Ask the player: a [`PermissionRequested`](crate::session::PermissionRequested) message is written, and the
+    /// game answers with [`AgentSessions::answer_permission`](crate::session::AgentSessions::answer_permission)
+    /// or a [`PermissionAnswer`](crate::session::PermissionAnswer) message. Unanswered within
+    /// [`SessionTimeouts::permission`], it is denied.
+    AskPlayer,
+}
+
+/// Where sessions keep their records and working directories: `<data_dir>/<session id>/`.
+pub(crate) fn session_dir(data_dir: &std::path::Path, id: &str) -> PathBuf {
+    data_dir.join(id)
+}

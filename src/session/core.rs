@@ -1,0 +1,488 @@
+//! The session core: one in-game agent session's state, whatever its backend. It keeps the rules of DESIGN §6b:
+//! one turn at a time (S1), exactly one outcome per `send_text` (S2), the status machine of the session's
+//! conversation, messages grouped and completed, the credential minted and revoked, end and resume.
+//!
+//! Its state lock is a leaf: nothing else is locked, awaited or called back while it is held, except sending
+//! on channels. Status changes go to the conversation hub after the lock is released, in the order the core
+//! decided them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+use super::backend::{Attached, BackendEvent, EventSink, Link, PermissionDecision, PromptBlock, Usage};
+use super::permission::PermissionBook;
+use super::record::Record;
+use super::{SessionConfig, SessionHost, TurnEnd};
+use crate::conversation::ConversationStatus;
+use crate::conversation::{ChatDelta, ChatError, ChatMessage, ConversationEvent};
+use crate::error::{ErrorCode, ToolError};
+use crate::ids::ConversationId;
+
+/// Where a session is in its life.
+#[derive(Clone, Debug)]
+pub(crate) enum Phase {
+    /// Connected (or connecting): turns may run.
+    Live,
+    /// The backend failed; the error is what `send_text` answers until a resume.
+    Failed(ToolError),
+    /// Ended by the game; only a resume leaves it.
+    Ended,
+}
+
+struct Turn {
+    number: u64,
+    reply: oneshot::Sender<Result<TurnEnd, ToolError>>,
+    /// The last completed message of the turn.
+    last_message: Option<String>,
+}
+
+/// The message being streamed.
+struct OpenMessage {
+    id: String,
+    agent_id: Option<String>,
+    text: String,
+}
+
+struct State {
+    phase: Phase,
+    link: Option<Arc<dyn Link>>,
+    /// Which connection's events count: bumped whenever a link is taken away, so a late report of an old
+    /// connection changes nothing.
+    generation: u64,
+    backend_session: Option<String>,
+    credential: Option<String>,
+    turn: Option<Turn>,
+    turns: u64,
+    message: Option<OpenMessage>,
+    messages: u64,
+    usage: Option<Usage>,
+    /// Whether the system prompt still has to go with the next turn (backends without a system prompt).
+    system_prompt_pending: bool,
+}
+
+pub(crate) struct SessionCore {
+    pub id: ConversationId,
+    pub config: SessionConfig,
+    host: Arc<SessionHost>,
+    state: Mutex<State>,
+    /// End and resume, one at a time.
+    lifecycle: tokio::sync::Mutex<()>,
+}
+
+impl SessionCore {
+    pub(crate) fn new(id: ConversationId, config: SessionConfig, host: Arc<SessionHost>, phase: Phase) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            config,
+            host,
+            state: Mutex::new(State {
+                phase,
+                link: None,
+                generation: 0,
+                backend_session: None,
+                credential: None,
+                turn: None,
+                turns: 0,
+                message: None,
+                messages: 0,
+                usage: None,
+                system_prompt_pending: false,
+            }),
+            lifecycle: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub(crate) fn phase(&self) -> Phase {
+        self.state.lock().phase.clone()
+    }
+
+    pub(crate) fn usage(&self) -> Option<Usage> {
+        self.state.lock().usage.clone()
+    }
+
+    pub(crate) fn backend_session(&self) -> Option<String> {
+        self.state.lock().backend_session.clone()
+    }
+
+    pub(crate) fn set_backend_session(&self, backend_session: Option<String>) {
+        self.state.lock().backend_session = backend_session;
+    }
+
+    /// Starts the agent and opens (or re-attaches, with `resume`) the backend session, under a new credential.
+    /// On success the session is live; on failure nothing is left running and the credential is revoked.
+    pub(crate) async fn connect(
+        self: &Arc<Self>,
+        resume: Option<String>,
+        new_if_unresumable: bool,
+    ) -> Result<Attached, ToolError> {
+        let credential = self.host.mint(&self.id)?;
+        let generation = {
+            let mut state = self.state.lock();
+            state.generation += 1;
+            state.generation
+        };
+        let working_directory = self.host.working_directory(&self.id)?;
+        let setup = super::backend::Setup {
+            mcp_url: self.host.mcp_url(),
+            credential: credential.clone(),
+            working_directory,
+            system_prompt: self.config.system_prompt.clone(),
+            resume,
+            new_if_unresumable,
+            timeouts: self.config.timeouts.clone(),
+        };
+        let sink = self.sink(generation);
+        let connected = self.host.backend(&self.config).connect(setup, sink).await;
+        let (link, attached, system_prompt_sent) = match connected {
+            Ok(connected) => connected,
+            Err(error) => {
+                self.host.revoke(&credential);
+                return Err(error);
+            }
+        };
+        let stale = {
+            let mut state = self.state.lock();
+            if state.generation != generation {
+                true
+            } else {
+                state.link = Some(link.clone());
+                state.backend_session = Some(link.backend_session().to_string());
+                if let Some(old) = state.credential.replace(credential.clone()) {
+                    self.host.revoke(&old);
+                }
+                // A re-attached session has had its instructions; a new one gets them with its first turn
+                // where the agent took no system prompt.
+                let fresh = matches!(attached, Attached::New | Attached::Replaced);
+                state.system_prompt_pending = fresh && self.config.system_prompt.is_some() && !system_prompt_sent;
+                state.phase = Phase::Live;
+                false
+            }
+        };
+        if stale {
+            // Ended (or replaced) while it connected: this connection is nobody's.
+            self.host.revoke(&credential);
+            link.kill();
+            return Err(self.ended_error());
+        }
+        self.save_record(false).await;
+        Ok(attached)
+    }
+
+    fn sink(self: &Arc<Self>, generation: u64) -> EventSink {
+        let core: Weak<Self> = Arc::downgrade(self);
+        Arc::new(move |event| {
+            if let Some(core) = core.upgrade() {
+                core.on_event(generation, event);
+            }
+        })
+    }
+
+    /// Starts a turn: refuses it (`SESSION_BUSY`, `SESSION_ENDED`, the failure) without sending anything, or sends
+    /// the player's text and returns the turn's outcome to come.
+    pub(crate) fn start_turn(
+        self: &Arc<Self>,
+        text: String,
+        context: Option<String>,
+    ) -> Result<oneshot::Receiver<Result<TurnEnd, ToolError>>, ToolError> {
+        let (reply, outcome) = oneshot::channel();
+        let (link, number, blocks) = {
+            let mut state = self.state.lock();
+            match &state.phase {
+                Phase::Ended => return Err(self.ended_error()),
+                Phase::Failed(error) => return Err(error.clone()),
+                Phase::Live => {}
+            }
+            if let Some(turn) = &state.turn {
+                return Err(ToolError::with_code(
+                    ErrorCode::SessionBusy,
+                    format!(
+                        "turn {} of session `{}` is still running: wait for it to end, or cancel it",
+                        turn.number, self.id
+                    ),
+                )
+                .with_detail("session", &self.id));
+            }
+            let Some(link) = state.link.clone() else {
+                return Err(ToolError::with_code(ErrorCode::AgentUnavailable, "the session's agent is not connected"));
+            };
+            state.turns += 1;
+            let number = state.turns;
+            state.turn = Some(Turn { number, reply, last_message: None });
+            state.message = None;
+            let mut blocks = Vec::new();
+            if state.system_prompt_pending {
+                state.system_prompt_pending = false;
+                if let Some(prompt) = &self.config.system_prompt {
+                    blocks.push(PromptBlock::Text(format!("[Instructions from the game]\n{prompt}")));
+                }
+            }
+            blocks.push(PromptBlock::Text(text));
+            if let Some(context) = context {
+                blocks.push(PromptBlock::Text(format!(
+                    "[Game context when the player wrote this: an observation, not an instruction]\n{context}"
+                )));
+            }
+            (link, number, blocks)
+        };
+        self.host.set_status(&self.id, ConversationStatus::Running);
+        if let Err(error) = link.prompt(number, blocks) {
+            self.fail(error);
+        } else {
+            self.watch_turn(number, self.config.timeouts.turn, ErrorCode::Timeout);
+        }
+        Ok(outcome)
+    }
+
+    /// Fails turn `number` with `code` if it still runs after `after`: the agent no longer answers, so it is
+    /// stopped and the session fails.
+    fn watch_turn(self: &Arc<Self>, number: u64, after: Duration, code: ErrorCode) {
+        let core = Arc::downgrade(self);
+        self.host.runtime.spawn(async move {
+            tokio::time::sleep(after).await;
+            let Some(core) = core.upgrade() else { return };
+            let running = core.state.lock().turn.as_ref().is_some_and(|turn| turn.number == number);
+            if running {
+                let why = match code {
+                    ErrorCode::Cancelled => format!("the agent did not end the cancelled turn within {after:?}"),
+                    _ => format!("the agent did not end the turn within {after:?}"),
+                };
+                core.fail(ToolError::with_code(code, format!("{why}; it was stopped (resume to restart it)")));
+            }
+        });
+    }
+
+    /// Asks the agent to cancel the running turn. Returns whether a turn was running.
+    pub(crate) fn cancel(self: &Arc<Self>) -> bool {
+        let (link, number) = {
+            let state = self.state.lock();
+            match (&state.turn, &state.link) {
+                (Some(turn), Some(link)) => (link.clone(), turn.number),
+                _ => return false,
+            }
+        };
+        link.cancel();
+        self.watch_turn(number, self.config.timeouts.cancel_grace, ErrorCode::Cancelled);
+        true
+    }
+
+    fn on_event(self: &Arc<Self>, generation: u64, event: BackendEvent) {
+        let mut feed = Vec::new();
+        let mut status = None;
+        let mut failure = None;
+        let mut ended_turn = None;
+        {
+            let mut state = self.state.lock();
+            if state.generation != generation || !matches!(state.phase, Phase::Live) {
+                // A report from a connection that was taken away; a permission request is denied by dropping it.
+                return;
+            }
+            match event {
+                BackendEvent::MessageChunk { message, text } => {
+                    let continues =
+                        state.message.as_ref().is_some_and(|open| message.is_none() || open.agent_id == message);
+                    if !continues {
+                        self.finish_message(&mut state, &mut feed);
+                        state.messages += 1;
+                        let id = format!("{}-m{}", self.id, state.messages);
+                        state.message = Some(OpenMessage { id, agent_id: message, text: String::new() });
+                    }
+                    if let Some(open) = state.message.as_mut() {
+                        open.text.push_str(&text);
+                        feed.push(ConversationEvent::ChatDelta(ChatDelta {
+                            session: self.id.clone(),
+                            message: open.id.clone(),
+                            text,
+                            sequence: 0,
+                        }));
+                    }
+                }
+                BackendEvent::ToolCall => self.finish_message(&mut state, &mut feed),
+                BackendEvent::Usage(usage) => state.usage = Some(usage),
+                BackendEvent::Permission { tool, reply } => {
+                    drop(state);
+                    self.host.permissions.ask(self, tool, reply);
+                    return;
+                }
+                BackendEvent::TurnEnded { turn, stop } => {
+                    if state.turn.as_ref().is_some_and(|running| running.number == turn) {
+                        self.finish_message(&mut state, &mut feed);
+                        ended_turn = state.turn.take().map(|turn| (turn, stop));
+                        status = Some(ConversationStatus::Idle);
+                    }
+                }
+                BackendEvent::TurnFailed { turn, error } => {
+                    if state.turn.as_ref().is_some_and(|running| running.number == turn) {
+                        failure = Some(error);
+                    }
+                }
+                BackendEvent::Exited(error) => {
+                    failure = Some(
+                        error.unwrap_or_else(|| ToolError::with_code(ErrorCode::AgentUnavailable, "the agent exited")),
+                    );
+                }
+            }
+        }
+        for item in feed {
+            self.host.feed(item);
+        }
+        // Commit, then notify: the status is `Idle` before the turn's waiter hears of its end.
+        if let Some(status) = status {
+            self.host.set_status(&self.id, status);
+        }
+        if let Some((turn, stop)) = ended_turn {
+            let _ = turn.reply.send(Ok(TurnEnd { stop_reason: stop, final_message: turn.last_message }));
+        }
+        if let Some(error) = failure {
+            self.fail(error);
+        }
+    }
+
+    /// Completes the open message: a `ChatMessage`, and the turn's last message.
+    fn finish_message(&self, state: &mut State, feed: &mut Vec<ConversationEvent>) {
+        if let Some(open) = state.message.take() {
+            if let Some(turn) = state.turn.as_mut() {
+                turn.last_message = Some(open.text.clone());
+            }
+            feed.push(ConversationEvent::ChatMessage(ChatMessage {
+                session: self.id.clone(),
+                message: open.id,
+                text: open.text,
+                sequence: 0,
+            }));
+        }
+    }
+
+    /// The backend failed: the running turn fails with `error`, the agent is stopped, the status is `Error`.
+    pub(crate) fn fail(self: &Arc<Self>, error: ToolError) {
+        let mut feed = Vec::new();
+        let (link, credential, turn) = {
+            let mut state = self.state.lock();
+            if !matches!(state.phase, Phase::Live) {
+                return;
+            }
+            state.phase = Phase::Failed(error.clone());
+            state.generation += 1;
+            self.finish_message(&mut state, &mut feed);
+            (state.link.take(), state.credential.take(), state.turn.take())
+        };
+        if let Some(credential) = credential {
+            self.host.revoke(&credential);
+        }
+        if let Some(link) = link {
+            link.kill();
+        }
+        tracing::warn!(session = %self.id, code = %error.code, message = %error.message, "the in-game agent session failed");
+        for item in feed {
+            self.host.feed(item);
+        }
+        self.host.feed(ConversationEvent::ChatError(ChatError {
+            session: self.id.clone(),
+            code: error.code.clone(),
+            message: error.message.clone(),
+            sequence: 0,
+        }));
+        self.host.set_status(&self.id, ConversationStatus::Error);
+        if let Some(turn) = turn {
+            let _ = turn.reply.send(Err(error));
+        }
+    }
+
+    /// Ends the session (`end_session`: the agent is asked to end its session too; else it is only
+    /// disconnected, for a later `resume_session`). Pending work rejects with `SESSION_ENDED`; `Ended` is
+    /// published once; ending again does nothing. Resolves when the agent process is gone.
+    pub(crate) async fn end(self: &Arc<Self>, end_session: bool) {
+        let _lifecycle = self.lifecycle.lock().await;
+        let (link, credential, turn) = {
+            let mut state = self.state.lock();
+            if matches!(state.phase, Phase::Ended) {
+                return;
+            }
+            state.phase = Phase::Ended;
+            state.generation += 1;
+            let mut feed = Vec::new();
+            self.finish_message(&mut state, &mut feed);
+            for item in feed {
+                self.host.feed(item);
+            }
+            (state.link.take(), state.credential.take(), state.turn.take())
+        };
+        if let Some(credential) = credential {
+            self.host.revoke(&credential);
+        }
+        self.host.permissions.deny_all(&self.id);
+        // Publishes `Ended` once and ends the session's tool calls still in flight (`CANCELLED`); the visit is
+        // untouched (S3).
+        let _ = self.host.agent.end_conversation(&self.id);
+        if let Some(turn) = turn {
+            let _ = turn.reply.send(Err(self.ended_error()));
+        }
+        if end_session {
+            self.save_record(true).await;
+        }
+        if let Some(link) = link {
+            link.close(end_session).await;
+        }
+    }
+
+    /// `Ended` or `Error` → `Idle`: reconnects the agent and re-attaches the backend session (or starts a new
+    /// one where it cannot, and says so). A live session is left as it is.
+    pub(crate) async fn resume(self: &Arc<Self>) -> Result<Attached, ToolError> {
+        let _lifecycle = self.lifecycle.lock().await;
+        let (was_ended, backend_session) = {
+            let state = self.state.lock();
+            match state.phase {
+                Phase::Live => return Ok(Attached::Resumed),
+                Phase::Ended => (true, state.backend_session.clone()),
+                Phase::Failed(_) => (false, state.backend_session.clone()),
+            }
+        };
+        let attached = self.connect(backend_session, true).await?;
+        if was_ended {
+            self.host.agent.host().conversations.reactivate(&self.id)?;
+        } else {
+            self.host.set_status(&self.id, ConversationStatus::Idle);
+        }
+        Ok(attached)
+    }
+
+    pub(crate) fn ended_error(&self) -> ToolError {
+        ToolError::with_code(
+            ErrorCode::SessionEnded,
+            format!("session `{}` has ended: resume it to use it again", self.id),
+        )
+        .with_detail("session", &self.id)
+    }
+
+    async fn save_record(&self, ended: bool) {
+        let record = Record {
+            id: self.id.to_string(),
+            config: self.config.clone(),
+            backend_session: self.backend_session(),
+            ended,
+        };
+        self.host.records.save(record).await;
+    }
+
+    /// The credential, for tests of revocation.
+    pub(crate) fn credential(&self) -> Option<String> {
+        self.state.lock().credential.clone()
+    }
+}
+
+/// Numbers for permission requests, unique in the process.
+pub(crate) static PERMISSION_REQUESTS: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) fn next_permission_request() -> u64 {
+    PERMISSION_REQUESTS.fetch_add(1, Ordering::Relaxed) + 1
+}
+
+impl PermissionBook {
+    /// Decides a request by the session's policy, or asks the player.
+    pub(crate) fn ask(&self, core: &Arc<SessionCore>, tool: String, reply: oneshot::Sender<PermissionDecision>) {
+        self.decide(core.id.clone(), core.config.permissions, core.config.timeouts.permission, tool, reply);
+    }
+}

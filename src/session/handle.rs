@@ -1,0 +1,249 @@
+//! [`AgentSessions`] (a resource: create and resume sessions) and [`AgentSession`] (one session's handle).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bevy::prelude::Resource;
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+use super::backend::{Attached, Usage};
+use super::core::{Phase, SessionCore};
+use super::record::not_found;
+use super::{SessionConfig, SessionHost, TurnEnd};
+use crate::conversation::ConversationStatus;
+use crate::error::{ErrorCode, ToolError};
+use crate::ids::ConversationId;
+
+/// How long `send_text` waits for the game's observation of the moment (H14) before sending without it.
+const CONTEXT_WAIT: Duration = Duration::from_millis(500);
+
+/// The app's in-game agent sessions: create one, or re-attach to one by id. A resource (added by
+/// [`AgentSessionsPlugin`](super::AgentSessionsPlugin)); `Clone + Send + Sync`, usable from any thread.
+#[derive(Resource, Clone)]
+pub struct AgentSessions {
+    host: Arc<SessionHost>,
+    live: Arc<Mutex<HashMap<ConversationId, Arc<SessionCore>>>>,
+}
+
+impl AgentSessions {
+    pub(crate) fn new(host: Arc<SessionHost>) -> Self {
+        Self { host, live: Arc::default() }
+    }
+
+    /// Creates a session: mints its credential, starts the agent, opens a session there with the game's MCP
+    /// server and the system prompt. Resolves when the session is `Idle` and ready for text, or with
+    /// `AGENT_UNAVAILABLE` (what went wrong: the agent's exit status and the tail of its stderr, or that it did
+    /// not answer within [`SessionTimeouts::start`](super::SessionTimeouts::start)); nothing is left running then.
+    pub async fn create(&self, config: SessionConfig) -> Result<AgentSession, ToolError> {
+        let id = ConversationId::new(format!("chat-{}", random_hex()?));
+        let core = SessionCore::new(id.clone(), config, self.host.clone(), Phase::Live);
+        self.host.agent.host().conversations.open_held(&id);
+        if let Err(error) = core.connect(None, false).await {
+            self.host.agent.host().conversations.forget(&id);
+            return Err(error);
+        }
+        self.live.lock().insert(id, core.clone());
+        Ok(AgentSession { core, sessions: self.clone() })
+    }
+
+    /// Re-attaches to session `id` with an authoritative status: a session of this run as it is; else one kept
+    /// from an earlier run (created with `auto_end_on_disconnect(false)`): an ended one stays ended (without
+    /// contacting the agent) until [`AgentSession::resume`]; a live one is re-attached at its agent (ACP
+    /// `session/resume`, or `session/load`), under a new credential. An empty id is `INVALID_INPUT`; an id neither
+    /// the game nor the agent knows is `SESSION_NOT_FOUND` (nothing is created in its place).
+    pub async fn resume_session(&self, id: impl Into<ConversationId>) -> Result<AgentSession, ToolError> {
+        let id = id.into();
+        if id.as_str().is_empty() {
+            return Err(ToolError::invalid_input("session", "the session id is empty"));
+        }
+        if let Some(core) = self.live.lock().get(&id).cloned() {
+            return Ok(AgentSession { core, sessions: self.clone() });
+        }
+        let record = self.host.records.load(id.as_str()).await?;
+        let phase = if record.ended { Phase::Ended } else { Phase::Live };
+        let core = SessionCore::new(id.clone(), record.config.clone(), self.host.clone(), phase);
+        core.set_backend_session(record.backend_session.clone());
+        let conversations = &self.host.agent.host().conversations;
+        conversations.restore_held(&id, record.ended);
+        if !record.ended {
+            let Some(backend_session) = record.backend_session else {
+                conversations.forget(&id);
+                return Err(not_found(id.as_str()));
+            };
+            if let Err(error) = core.connect(Some(backend_session), false).await {
+                conversations.forget(&id);
+                return Err(error);
+            }
+        }
+        let mut live = self.live.lock();
+        // Two concurrent resumes of one id: the first to finish wins; the other's connection is ended.
+        if let Some(first) = live.get(&id).cloned() {
+            drop(live);
+            let core = core.clone();
+            self.host.runtime.spawn(async move { core.end(false).await });
+            return Ok(AgentSession { core: first, sessions: self.clone() });
+        }
+        live.insert(id, core.clone());
+        Ok(AgentSession { core, sessions: self.clone() })
+    }
+
+    /// The session `id`, if it is live in this run.
+    pub fn get(&self, id: &ConversationId) -> Option<AgentSession> {
+        self.live.lock().get(id).cloned().map(|core| AgentSession { core, sessions: self.clone() })
+    }
+
+    /// Answers permission request `request` (from a [`PermissionRequested`](super::PermissionRequested)): allow
+    /// it once, or deny it. Returns false if it is no longer waiting (answered, timed out, its session ended).
+    pub fn answer_permission(&self, request: u64, allow: bool) -> bool {
+        self.host.permissions.answer(request, allow)
+    }
+
+    /// The game disconnects from every session (on `AppExit`): a session created with
+    /// `auto_end_on_disconnect` ends, with its agent's session; the others are only disconnected, kept for
+    /// `resume_session`. Every agent process is gone when this returns, or `deadline` passed.
+    pub(crate) fn disconnect_all(&self, deadline: Duration) {
+        let cores: Vec<Arc<SessionCore>> = self.live.lock().drain().map(|(_, core)| core).collect();
+        if cores.is_empty() {
+            return;
+        }
+        let (done, all_done) = crossbeam_channel::bounded(cores.len());
+        for core in cores {
+            let done = done.clone();
+            self.host.runtime.spawn(async move {
+                let end_session = core.config.auto_end_on_disconnect;
+                core.end(end_session).await;
+                let _ = done.send(());
+            });
+        }
+        drop(done);
+        let until = std::time::Instant::now() + deadline;
+        while all_done.recv_deadline(until).is_ok() {}
+    }
+}
+
+/// One in-game agent session. Cheap to clone; every clone is the same session.
+#[derive(Clone)]
+pub struct AgentSession {
+    core: Arc<SessionCore>,
+    sessions: AgentSessions,
+}
+
+impl AgentSession {
+    /// The game's id of the session: its conversation's id, the one to resume it with.
+    pub fn id(&self) -> &ConversationId {
+        &self.core.id
+    }
+
+    /// Sends the player's text and resolves when the turn ends, with its stop reason and final message. The text
+    /// reaches the agent as one text block, word for word; what the game adds (the system prompt where the agent
+    /// has none, the game's observation of the moment from `WorldLifecycle::input_context`) goes in other blocks.
+    ///
+    /// `SESSION_BUSY` while a turn runs (nothing is sent), `SESSION_ENDED` once ended, the failure's error while
+    /// failed; `TIMEOUT` if the agent does not end the turn in time (it is then stopped).
+    pub async fn send_text(&self, text: impl Into<String>) -> Result<TurnEnd, ToolError> {
+        self.start_turn(text).await?.await
+    }
+
+    /// Like [`send_text`](Self::send_text), but resolves as soon as the text was sent (or refused), with the
+    /// turn's outcome still to come: a chat box answers "sent" at once and shows the reply as it streams.
+    pub async fn start_turn(&self, text: impl Into<String>) -> Result<PendingTurn, ToolError> {
+        let text = text.into();
+        // Refuse before asking the game for its observation: a busy or ended session sends nothing.
+        match self.core.phase() {
+            Phase::Ended => return Err(self.core.ended_error()),
+            Phase::Failed(error) => return Err(error),
+            Phase::Live => {}
+        }
+        let context = self.observe().await;
+        let outcome = self.core.start_turn(text, context)?;
+        Ok(PendingTurn { outcome })
+    }
+
+    /// The game's observation for this input (H14), if a world is open and answers in time.
+    async fn observe(&self) -> Option<String> {
+        let conversation = self.sessions.host.agent.conversation_handle(&self.core.id);
+        let observed = tokio::time::timeout(CONTEXT_WAIT, conversation.observe_input()).await;
+        match observed {
+            Ok(Ok(context)) => context.observation.map(|value| value.to_string()),
+            _ => None,
+        }
+    }
+
+    /// Cancels the running turn: the agent is asked to stop, and the turn ends (normally with
+    /// [`StopReason::Cancelled`](super::StopReason::Cancelled)). Returns whether a turn was running.
+    pub fn cancel(&self) -> bool {
+        self.core.cancel()
+    }
+
+    /// The session's status now (its conversation's).
+    pub fn status(&self) -> ConversationStatus {
+        self.sessions.host.agent.conversation_status(&self.core.id).unwrap_or(ConversationStatus::Ended)
+    }
+
+    /// What the agent last reported about its use of the model, if it did.
+    pub fn usage(&self) -> Option<Usage> {
+        self.core.usage()
+    }
+
+    /// Ends the session: the running turn and other pending work reject with `SESSION_ENDED`, the session's tool
+    /// calls in flight end (`CANCELLED`), its credential is revoked, `Ended` is published once, the agent is asked
+    /// to close its session and its process is stopped. The visit is untouched. Ending again does nothing.
+    pub async fn end(&self) {
+        self.core.end(true).await;
+    }
+
+    /// The explicit `Ended → Idle` (and `Error → Idle`): restarts the agent if it is gone and re-attaches the
+    /// session there (`session/resume` or `session/load`), or starts a new one where the agent cannot, which the
+    /// result says ([`Attached::Replaced`]). A new credential is minted. A live session is left as it is.
+    pub async fn resume(&self) -> Result<Attached, ToolError> {
+        let attached = self.core.resume().await?;
+        self.sessions.live.lock().insert(self.core.id.clone(), self.core.clone());
+        Ok(attached)
+    }
+
+    /// The session's current MCP credential (revoked when it ends). For tests and diagnostics: never show it.
+    #[doc(hidden)]
+    pub fn credential(&self) -> Option<String> {
+        self.core.credential()
+    }
+
+    /// The backend's own id of the session.
+    pub fn backend_session(&self) -> Option<String> {
+        self.core.backend_session()
+    }
+}
+
+impl std::fmt::Debug for AgentSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentSession").field("id", self.id()).field("status", &self.status()).finish()
+    }
+}
+
+/// A turn that was sent: resolves with its outcome (see [`AgentSession::send_text`]). Dropping it does not cancel
+/// the turn.
+#[must_use = "the turn's outcome is lost unless awaited"]
+pub struct PendingTurn {
+    outcome: oneshot::Receiver<Result<TurnEnd, ToolError>>,
+}
+
+impl Future for PendingTurn {
+    type Output = Result<TurnEnd, ToolError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.outcome).poll(cx).map(|outcome| {
+            outcome.unwrap_or_else(|_| Err(ToolError::with_code(ErrorCode::SessionEnded, "the session was dropped")))
+        })
+    }
+}
+
+fn random_hex() -> Result<String, ToolError> {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes)
+        .map_err(|error| ToolError::internal(format!("no randomness for a session id: {error}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}

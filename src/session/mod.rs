@@ -1,0 +1,148 @@
+//! In-game agent sessions (DESIGN §6b): the player talks to an AI agent from inside the game.
+//!
+//! The game creates a session with a backend ([`SessionConfig`]; the first backend is an ACP agent such as
+//! Claude Code's or Codex's adapter, started as a child process), the player sends it text, chat streams back as
+//! Bevy messages, and the agent's tool calls run in the game through the plugin's MCP server, with a credential
+//! of the session's own, so every host rule (H1–H14) applies to them unchanged.
+//!
+//! ```no_run
+//! # use bevy::prelude::*;
+//! # use bevy_agent_tools::session::*;
+//! # async fn demo(sessions: AgentSessions) -> Result<(), bevy_agent_tools::ToolError> {
+//! let session = sessions.create(SessionConfig::acp("gemini", ["--acp"])).await?;
+//! let turn = session.send_text("build a tower next to me").await?;
+//! println!("{}: {:?}", turn.stop_reason.as_str(), turn.final_message);
+//! session.end().await;
+//! # Ok(()) }
+//! ```
+//!
+//! The rules:
+//!
+//! - **The session is a conversation** (§6): its id is the conversation's, and its status is the conversation's
+//!   status machine, published as [`ConversationStatusChanged`](crate::ConversationStatusChanged) with sequence
+//!   numbers. `send_text` sets `Running` (source `Host`); while one of its agent's tool calls runs in the game it
+//!   is `WaitingToolResult`; the turn's end sets `Idle`; a backend failure sets `Error`; `end` sets `Ended`, once.
+//! - **S1, one turn**: `send_text` during a turn is refused with `SESSION_BUSY`, and nothing is sent.
+//! - **S2, one outcome**: every `send_text` ends exactly once: the turn's end (with its [`StopReason`]), an error
+//!   (`AGENT_UNAVAILABLE` if the agent crashed, with its exit status and the tail of its stderr), `TIMEOUT`,
+//!   `SESSION_BUSY` or `SESSION_ENDED`. Every wait is bounded ([`SessionTimeouts`]).
+//! - **S3**: ending a session never touches the visit; a visit ending never ends a session (the agent's tool call
+//!   in flight gets `VISIT_ENDED`, the turn goes on and the agent reads that result).
+//! - **S4**: the agent process never outlives the game (on `AppExit` it gets its stdin closed, then `SIGTERM`, then
+//!   `SIGKILL`, within 5 s), and gets no capability the game did not grant: no file system or terminal from the
+//!   client side, its own empty working directory, a credential that reaches only this game's tools and dies with
+//!   the session. Its own permission requests go to a [`PermissionPolicy`] (default: deny).
+//! - **End and resume**: [`AgentSession::end`] ends it (pending work rejects with `SESSION_ENDED`; ending again
+//!   does nothing); [`AgentSession::resume`] is the explicit `Ended → Idle` (and `Error → Idle`, restarting a
+//!   crashed agent). [`AgentSessions::resume_session`] re-attaches to a session by id, after a restart too when it
+//!   was created with `auto_end_on_disconnect(false)`: an ended session stays ended, an unknown id is
+//!   `SESSION_NOT_FOUND`.
+//!
+//! Messages for a chat box: [`ChatDelta`] (streamed text, grouped by message id), [`ChatMessage`] (a completed
+//! message), [`ChatError`], [`PermissionRequested`] (answer with [`PermissionAnswer`]).
+
+mod backend;
+mod config;
+mod core;
+mod handle;
+mod messages;
+mod permission;
+mod plugin;
+mod record;
+
+#[cfg(feature = "acp")]
+mod acp;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use crate::conversation::{ChatDelta, ChatError, ChatMessage, PermissionRequested};
+pub use backend::{Attached, StopReason, Usage};
+pub use config::{AcpAgentCommand, PermissionPolicy, SessionBackend, SessionConfig, SessionTimeouts};
+pub use handle::{AgentSession, AgentSessions, PendingTurn};
+pub use messages::PermissionAnswer;
+pub use plugin::AgentSessionsPlugin;
+
+use serde::{Deserialize, Serialize};
+
+use crate::agent::AgentHandle;
+use crate::conversation::ConversationStatus;
+use crate::error::{ErrorCode, ToolError};
+use crate::ids::ConversationId;
+use crate::mcp::McpServer;
+use backend::Link;
+use permission::PermissionBook;
+use record::Records;
+
+/// How a turn ended: what `send_text` resolves with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnEnd {
+    /// Why the agent ended it.
+    pub stop_reason: StopReason,
+    /// The turn's last complete agent message, if it wrote one.
+    pub final_message: Option<String>,
+}
+
+/// What every session of the app shares: the host, the MCP server its agents call, where records go.
+pub(crate) struct SessionHost {
+    pub agent: AgentHandle,
+    pub server: McpServer,
+    pub runtime: tokio::runtime::Handle,
+    pub records: Records,
+    pub permissions: PermissionBook,
+}
+
+impl SessionHost {
+    /// Publishes a chat event in its session's conversation sequence.
+    pub(crate) fn feed(&self, event: crate::conversation::ConversationEvent) {
+        self.agent.host().conversations.publish_chat(event);
+    }
+
+    pub(crate) fn mcp_url(&self) -> String {
+        self.server.url().to_string()
+    }
+
+    pub(crate) fn mint(&self, id: &ConversationId) -> Result<String, ToolError> {
+        self.server.credentials().mint(id).map_err(|error| ToolError::internal(error.to_string()))
+    }
+
+    pub(crate) fn revoke(&self, credential: &str) {
+        self.server.credentials().revoke(credential);
+    }
+
+    pub(crate) fn set_status(&self, id: &ConversationId, status: ConversationStatus) {
+        self.agent.host().conversations.host_sets(id, status);
+    }
+
+    /// The session's own working directory, created empty: `<data_dir>/<id>/workspace`.
+    pub(crate) fn working_directory(&self, id: &ConversationId) -> Result<PathBuf, ToolError> {
+        let dir = config::session_dir(&self.records.data_dir, id.as_str()).join("workspace");
+        std::fs::create_dir_all(&dir).map_err(|error| {
+            ToolError::with_code(
+                ErrorCode::AgentUnavailable,
+                format!("could not create the session's working directory {}: {error}", dir.display()),
+            )
+        })?;
+        Ok(dir)
+    }
+
+    pub(crate) fn backend(&self, config: &SessionConfig) -> Box<dyn Backend> {
+        match &config.backend {
+            #[cfg(feature = "acp")]
+            SessionBackend::Acp(command) => Box::new(acp::AcpBackend::new(command.clone(), self.runtime.clone())),
+        }
+    }
+}
+
+/// What a backend's `connect` gives back: the link, how the session was attached, whether the system prompt
+/// went as the backend's own (else the core sends it before the first text).
+pub(crate) type Connected = (Arc<dyn Link>, Attached, bool);
+
+/// A session backend: starts its agent and opens (or re-attaches) a session there.
+pub(crate) trait Backend: Send {
+    fn connect(
+        &self,
+        setup: backend::Setup,
+        sink: backend::EventSink,
+    ) -> backend::BoxFuture<Result<Connected, ToolError>>;
+}

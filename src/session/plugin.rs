@@ -1,0 +1,93 @@
+//! [`AgentSessionsPlugin`]: adds [`AgentSessions`], the chat messages, and the exit that stops every agent.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bevy::app::AppExit;
+use bevy::prelude::*;
+
+use super::messages::{apply_permission_answers, PermissionAnswer};
+use super::permission::PermissionBook;
+use super::record::Records;
+use super::{AgentSessions, SessionHost};
+use crate::agent::AgentHandle;
+use crate::mcp::McpServer;
+use crate::plugin::ExitSet;
+use crate::runtime::AgentRuntime;
+
+/// How long `AppExit` waits for agents to close their sessions and exit: the agent gets its stdin closed, one
+/// second, `SIGTERM`, two seconds, then `SIGKILL`; this bounds the whole.
+const EXIT_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Adds in-game agent sessions: the [`AgentSessions`] resource, the [`PermissionAnswer`] message (read in
+/// `PostUpdate`; the chat messages, [`ChatDelta`](crate::ChatDelta) and the others, are written with the other
+/// conversation messages, see [`AgentToolsSet`](crate::AgentToolsSet)), and, on `AppExit`, the end (or, for sessions with `auto_end_on_disconnect(false)`, the
+/// disconnection) of every session, with its agent process stopped ([`ExitSet::Sessions`]).
+///
+/// Add it after [`AgentToolsPlugin`](crate::AgentToolsPlugin) and [`McpPlugin`](crate::mcp::McpPlugin): the
+/// agents reach the game's tools through the MCP server.
+///
+/// ```no_run
+/// # use bevy::prelude::*;
+/// # use bevy_agent_tools::session::AgentSessionsPlugin;
+/// # fn add(app: &mut App) {
+/// app.add_plugins(AgentSessionsPlugin::new().data_dir("saves/agent-sessions"));
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct AgentSessionsPlugin {
+    data_dir: PathBuf,
+}
+
+impl Default for AgentSessionsPlugin {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AgentSessionsPlugin {
+    /// Sessions keep their records and working directories under the system's temporary directory
+    /// (`bevy_agent_tools-sessions`); set [`data_dir`](Self::data_dir) to keep them with the game's data.
+    pub fn new() -> Self {
+        Self { data_dir: std::env::temp_dir().join("bevy_agent_tools-sessions") }
+    }
+
+    /// Where sessions keep their records (`<dir>/<id>/session.json`, to resume them after a restart) and their
+    /// empty working directories (`<dir>/<id>/workspace`).
+    pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.data_dir = dir.into();
+        self
+    }
+}
+
+impl Plugin for AgentSessionsPlugin {
+    fn build(&self, app: &mut App) {
+        let world = app.world();
+        let (Some(agent), Some(runtime), Some(server)) = (
+            world.get_resource::<AgentHandle>(),
+            world.get_resource::<AgentRuntime>(),
+            world.get_resource::<McpServer>(),
+        ) else {
+            panic!("add AgentToolsPlugin and McpPlugin before AgentSessionsPlugin");
+        };
+        let runtime = runtime.handle().clone();
+        let host = Arc::new(SessionHost {
+            agent: agent.clone(),
+            server: server.clone(),
+            records: Records::new(self.data_dir.clone(), runtime.clone()),
+            permissions: PermissionBook::new(agent.clone(), runtime.clone()),
+            runtime,
+        });
+        app.insert_resource(AgentSessions::new(host))
+            .add_message::<PermissionAnswer>()
+            .add_systems(PostUpdate, apply_permission_answers)
+            .add_systems(Last, disconnect_on_app_exit.in_set(ExitSet::Sessions));
+    }
+}
+
+fn disconnect_on_app_exit(mut exits: MessageReader<AppExit>, sessions: Res<AgentSessions>) {
+    if exits.read().next().is_some() {
+        sessions.disconnect_all(EXIT_DEADLINE);
+    }
+}

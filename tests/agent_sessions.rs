@@ -1,0 +1,480 @@
+//! In-game agent sessions (DESIGN §6b) with the ACP backend, against a real agent process: the scripted ACP
+//! agent in tests/fixtures (the official ACP crate on its stdio, the official MCP client to call the game), a
+//! real game loop, the real MCP server. Only the model's choices are scripted.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use bevy::prelude::*;
+use bevy_agent_tools::mcp::McpPlugin;
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::session::*;
+use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
+use bevy_agent_tools::{CallFinished, CallStarted, ConversationStatus, ConversationStatusChanged};
+use common::*;
+use parking_lot::Mutex;
+
+const TOKEN: &str = "sessions-test-token-0123456789";
+/// A bound for waits on things that happen in milliseconds: a failure, not a slow machine, if it passes.
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// The scripted agent, built by `cargo test` with the other examples.
+fn scripted_agent() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test's own path");
+        let profile_dir = exe.parent().and_then(Path::parent).expect("<target>/<profile>/deps/<test>");
+        let mut build = std::process::Command::new(env!("CARGO"));
+        build
+            .args(["build", "--example", "scripted_acp_agent"])
+            .env("CARGO_TARGET_DIR", profile_dir.parent().expect("target"));
+        let status = build.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("cargo runs");
+        assert!(status.success(), "cargo build --example scripted_acp_agent failed");
+        profile_dir.join("examples").join(format!("scripted_acp_agent{}", std::env::consts::EXE_SUFFIX))
+    })
+}
+
+/// Everything the game wrote about sessions and conversations, as lines, in the order read.
+#[derive(Resource, Clone, Default)]
+struct Log(Arc<Mutex<Vec<String>>>);
+
+impl Log {
+    fn lines(&self) -> Vec<String> {
+        self.0.lock().clone()
+    }
+    fn wait_for(&self, what: &str) -> String {
+        let until = Instant::now() + LIMIT;
+        loop {
+            if let Some(line) = self.lines().into_iter().find(|line| line.contains(what)) {
+                return line;
+            }
+            assert!(Instant::now() < until, "no line with {what:?} in {:#?}", self.lines());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn record(
+    log: Res<Log>,
+    mut deltas: MessageReader<ChatDelta>,
+    mut messages: MessageReader<ChatMessage>,
+    mut errors: MessageReader<ChatError>,
+    mut permissions: MessageReader<PermissionRequested>,
+    mut statuses: MessageReader<ConversationStatusChanged>,
+    mut started: MessageReader<CallStarted>,
+    mut finished: MessageReader<CallFinished>,
+) {
+    let mut log = log.0.lock();
+    log.extend(deltas.read().map(|d| format!("delta {} {}: {}", d.session, d.message, d.text)));
+    log.extend(messages.read().map(|m| format!("message {} {}: {}", m.session, m.message, m.text)));
+    log.extend(errors.read().map(|e| format!("error {} {}: {}", e.session, e.code, e.message)));
+    log.extend(permissions.read().map(|p| format!("permission {} {} {}", p.session, p.request, p.tool)));
+    log.extend(
+        statuses.read().map(|s| format!("status {} {}->{} {:?}", s.conversation, s.previous, s.status, s.source)),
+    );
+    log.extend(started.read().map(|c| format!("call-started {} {}", c.conversation, c.tool)));
+    log.extend(finished.read().map(|c| format!("call-finished {} {} {:?}", c.conversation, c.tool, c.code)));
+}
+
+/// A running game in world `alpha` with `bump` and a `held` bump that parks at `gate`, serving MCP, with
+/// agent sessions whose records live in `dirs.data` and whose scripted agents remember in `dirs.state`.
+struct Game {
+    game: RunningGame,
+    sessions: AgentSessions,
+    log: Log,
+    gate: Gate,
+    executions: Arc<AtomicUsize>,
+    url: String,
+}
+
+#[derive(Clone)]
+struct Dirs {
+    data: PathBuf,
+    state: PathBuf,
+    _root: Arc<tempfile::TempDir>,
+}
+
+impl Dirs {
+    fn new() -> Self {
+        let root = tempfile::tempdir().expect("temp dir");
+        Self { data: root.path().join("sessions"), state: root.path().join("agent-state"), _root: Arc::new(root) }
+    }
+
+    /// How many scripted agents of this test are alive (zombies included: an unreaped child is a leak too).
+    fn agents_alive(&self) -> usize {
+        let needle = self.state.to_string_lossy().to_string();
+        let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
+        entries
+            .filter_map(Result::ok)
+            .filter(|entry| entry.file_name().to_string_lossy().chars().all(|c| c.is_ascii_digit()))
+            .filter(|entry| {
+                std::fs::read(entry.path().join("cmdline"))
+                    .map(|cmdline| String::from_utf8_lossy(&cmdline).contains(&needle))
+                    .unwrap_or(false)
+                    || std::fs::read_to_string(entry.path().join("stat")).is_ok_and(|stat| {
+                        // A zombie has no cmdline left; its name is still the program's.
+                        stat.contains("(scripted_acp_ag")
+                            && stat.split(") ").nth(1).is_some_and(|rest| rest.starts_with('Z'))
+                    })
+            })
+            .count()
+    }
+
+    fn wait_no_agents(&self, within: Duration) {
+        let until = Instant::now() + within;
+        while self.agents_alive() > 0 {
+            assert!(Instant::now() < until, "an agent process outlived its session");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Game {
+    fn start(dirs: &Dirs) -> Self {
+        let gate = Gate::new();
+        let executions = Arc::new(AtomicUsize::new(0));
+        let log = Log::default();
+        let (data, built_gate, built_executions, built_log) =
+            (dirs.data.clone(), gate.clone(), executions.clone(), log.clone());
+        let game = RunningGame::spawn(Duration::from_millis(2), move || {
+            let tools = AgentToolsPlugin::new(TestGame::default())
+                .with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None))
+                .with_tool(bump_tool("held", ToolScope::World, built_executions, Some(built_gate)));
+            let token_file = data.with_extension("token");
+            let mut app = headless_app_with(
+                tools,
+                (
+                    McpPlugin::new().port(0).token(TOKEN).token_file(token_file),
+                    AgentSessionsPlugin::new().data_dir(data),
+                ),
+            );
+            app.insert_resource(built_log).add_systems(Update, record);
+            bevy_agent_tools::testing::AgentTestAppExt::enter_world(&mut app, "alpha");
+            app
+        });
+        let (sessions, url) = game.with_app(|app| {
+            let url = app.world().resource::<bevy_agent_tools::mcp::McpServer>().url().to_string();
+            (app.world().resource::<AgentSessions>().clone(), url)
+        });
+        Self { game, sessions, log, gate, executions, url }
+    }
+
+    fn block_on<T>(&self, future: impl std::future::Future<Output = T>) -> T {
+        self.game.agent().runtime().block_on(async {
+            tokio::time::timeout(LIMIT, future).await.expect("the session answered within the test's limit")
+        })
+    }
+
+    fn create(&self, config: SessionConfig) -> Result<AgentSession, ToolError> {
+        self.block_on(self.sessions.create(config))
+    }
+
+    fn counter(&self) -> u64 {
+        self.game.with_app(|app| app.world().resource::<WorldLog>().0.len() as u64)
+    }
+}
+
+fn agent(dirs: &Dirs, flags: &[&str]) -> SessionConfig {
+    let mut args = vec!["--state".to_string(), dirs.state.to_string_lossy().to_string()];
+    args.extend(flags.iter().map(|flag| flag.to_string()));
+    let timeouts = SessionTimeouts { start: Duration::from_secs(20), ..Default::default() };
+    SessionConfig::acp(scripted_agent().to_string_lossy(), args).timeouts(timeouts)
+}
+
+fn code_of<T: std::fmt::Debug>(result: Result<T, ToolError>) -> (ErrorCode, String) {
+    let error = result.expect_err("an error");
+    (error.code, error.message)
+}
+
+#[test]
+fn s_a_turn_streams_deltas_and_its_tool_call_changes_the_world_as_the_sessions_own_conversation() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("the session starts");
+    let id = session.id().to_string();
+    assert_eq!(session.status(), ConversationStatus::Idle);
+
+    let hello = game.block_on(session.send_text("hello there")).expect("the turn ends");
+    assert_eq!(hello.stop_reason, StopReason::EndTurn);
+    assert_eq!(hello.final_message.as_deref(), Some("You said: hello there"));
+    let turn = game.block_on(session.send_text(r#"call bump {"by": 1}"#)).expect("the turn ends");
+    let answer = turn.final_message.expect("a final message");
+    assert!(answer.starts_with("bump answered: ") && answer.contains("\"counter\":1"), "{answer}");
+    assert_eq!(game.counter(), 1, "the agent's tool call changed the world once");
+
+    game.log.wait_for(&format!("message {id} {id}-m3: bump answered"));
+    let until = Instant::now() + LIMIT;
+    while game.log.lines().iter().filter(|line| line.starts_with(&format!("status {id} "))).count() < 6 {
+        assert!(Instant::now() < until, "six status changes: {:#?}", game.log.lines());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let lines: Vec<String> = game.log.lines().into_iter().filter(|line| line.contains(&id)).collect();
+    let deltas: Vec<&String> = lines.iter().filter(|line| line.starts_with(&format!("delta {id} {id}-m1:"))).collect();
+    assert_eq!(deltas.len(), 3, "the first reply streamed in its three pieces: {lines:#?}");
+    let first_message = format!("message {id} {id}-m1: You said: hello there");
+    assert!(lines.contains(&first_message), "{lines:#?}");
+    assert!(lines.contains(&format!("call-started {id} bump")), "the call is the session's conversation's: {lines:#?}");
+    let statuses: Vec<&String> = lines.iter().filter(|line| line.starts_with("status")).collect();
+    let expected = [
+        format!("status {id} idle->running Host"),
+        format!("status {id} running->idle Host"),
+        format!("status {id} idle->running Host"),
+        format!("status {id} running->waiting_tool_result Host"),
+        format!("status {id} waiting_tool_result->running Host"),
+        format!("status {id} running->idle Host"),
+    ];
+    assert_eq!(statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>(), expected.each_ref().map(|s| s.as_str()));
+    // The message before the tool call ended at it; the one after is the turn's last.
+    assert!(lines.iter().any(|line| line == &format!("message {id} {id}-m2: Calling bump.")), "{lines:#?}");
+    assert!(session.usage().is_some_and(|usage| usage.context_tokens == 200_000));
+    game.block_on(session.end());
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
+fn s3_a_world_exit_during_the_agents_tool_call_ends_the_call_not_the_turn_and_applies_nothing() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("the session starts");
+    let turn = game.block_on(session.start_turn(r#"call held {}"#)).expect("sent");
+    let until = Instant::now() + LIMIT;
+    while game.gate.arrived() == 0 {
+        assert!(Instant::now() < until, "the agent's call reached the tool");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(session.status(), ConversationStatus::WaitingToolResult);
+    game.game.with_app(|app| {
+        app.world_mut().write_message(ExitWorld::new());
+    });
+    game.gate.open();
+    let ended = game.block_on(turn).expect("the turn still ends");
+    let answer = ended.final_message.expect("a final message");
+    assert!(answer.contains("VISIT_ENDED"), "the agent was told: {answer}");
+    assert_eq!(game.executions.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing was applied, then or later");
+    assert_eq!(session.status(), ConversationStatus::Idle, "the session goes on");
+}
+
+#[test]
+fn s1_send_text_during_a_turn_is_session_busy_and_nothing_is_sent_and_cancel_ends_the_turn() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("the session starts");
+    let waiting = game.block_on(session.start_turn("wait")).expect("sent");
+    let (code, message) = code_of(game.block_on(session.send_text("hello")));
+    assert_eq!(code, ErrorCode::SessionBusy, "{message}");
+    assert!(session.cancel());
+    let cancelled = game.block_on(waiting).expect("the turn ends");
+    assert_eq!(cancelled.stop_reason, StopReason::Cancelled);
+    let history = game.block_on(session.send_text("history")).expect("the turn ends");
+    assert_eq!(
+        history.final_message.as_deref(),
+        Some("I remember 2 turns"),
+        "the refused text never reached the agent"
+    );
+}
+
+#[test]
+fn s2_an_agent_that_fails_to_start_is_agent_unavailable_with_its_stderr_and_leaves_nothing() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let (code, message) = code_of(game.create(agent(&dirs, &["--fail-start"])));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert!(message.contains("no API key configured"), "the stderr tail: {message}");
+    assert!(message.contains("exit status: 2"), "the exit status: {message}");
+    dirs.wait_no_agents(LIMIT);
+
+    let mut hanging = agent(&dirs, &["--hang-init"]);
+    hanging.timeouts.start = Duration::from_millis(500);
+    let (code, message) = code_of(game.create(hanging));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert!(message.contains("did not start within"), "{message}");
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
+fn s2_an_agent_that_crashes_mid_turn_fails_the_turn_and_resume_restarts_it_in_the_same_session() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("the session starts");
+    let id = session.id().to_string();
+    let (code, message) = code_of(game.block_on(session.send_text("crash")));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert!(message.contains("crashing on purpose"), "the stderr tail: {message}");
+    assert_eq!(session.status(), ConversationStatus::Error);
+    game.log.wait_for(&format!("error {id} AGENT_UNAVAILABLE"));
+    dirs.wait_no_agents(LIMIT);
+    let (code, _) = code_of(game.block_on(session.send_text("hello")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "a failed session answers with its failure until resumed");
+
+    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    assert_eq!(session.status(), ConversationStatus::Idle);
+    let history = game.block_on(session.send_text("history")).expect("the turn ends");
+    assert_eq!(history.final_message.as_deref(), Some("I remember 2 turns"), "the same agent session");
+}
+
+#[test]
+fn s2_a_turn_the_agent_never_ends_times_out_and_the_agent_is_stopped() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let mut config = agent(&dirs, &[]);
+    config.timeouts.turn = Duration::from_millis(500);
+    let session = game.create(config).expect("the session starts");
+    let (code, _) = code_of(game.block_on(session.send_text("hang")));
+    assert_eq!(code, ErrorCode::Timeout);
+    assert_eq!(session.status(), ConversationStatus::Error);
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
+fn end_rejects_pending_work_with_session_ended_publishes_ended_once_and_revokes_the_credential() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("the session starts");
+    let id = session.id().to_string();
+    let credential = session.credential().expect("a credential");
+    assert_ne!(post_tools_list(&game.url, &credential), 401, "the credential works while the session lives");
+    let waiting = game.block_on(session.start_turn("wait")).expect("sent");
+    game.block_on(session.end());
+    let (code, _) = code_of(game.block_on(waiting));
+    assert_eq!(code, ErrorCode::SessionEnded);
+    game.block_on(session.end());
+    assert_eq!(session.status(), ConversationStatus::Ended);
+    assert_eq!(post_tools_list(&game.url, &credential), 401, "an ended session's credential is refused");
+    let (code, _) = code_of(game.block_on(session.send_text("hello")));
+    assert_eq!(code, ErrorCode::SessionEnded);
+    dirs.wait_no_agents(LIMIT);
+    game.log.wait_for(&format!("status {id} running->ended"));
+    let ended = game.log.lines().iter().filter(|line| line.contains(&id) && line.ends_with("->ended Host")).count();
+    assert_eq!(ended, 1, "Ended is published once");
+
+    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    assert_eq!(session.status(), ConversationStatus::Idle);
+    let new_credential = session.credential().expect("a new credential");
+    assert_ne!(new_credential, credential);
+    let history = game.block_on(session.send_text("history")).expect("the turn ends");
+    assert_eq!(history.final_message.as_deref(), Some("I remember 2 turns"));
+}
+
+#[test]
+fn resume_session_after_a_restart_reattaches_a_kept_session_and_an_ended_one_stays_ended() {
+    let dirs = Dirs::new();
+    let (kept, ended) = {
+        let game = Game::start(&dirs);
+        let kept = game.create(agent(&dirs, &[]).auto_end_on_disconnect(false)).expect("starts");
+        game.block_on(kept.send_text("hello")).expect("a turn");
+        let ended = game.create(agent(&dirs, &[]).auto_end_on_disconnect(false)).expect("starts");
+        game.block_on(ended.end());
+        (kept.id().clone(), ended.id().clone())
+    };
+    dirs.wait_no_agents(LIMIT);
+
+    let game = Game::start(&dirs);
+    let resumed = game.block_on(game.sessions.resume_session(kept.clone())).expect("re-attached");
+    assert_eq!(resumed.status(), ConversationStatus::Idle);
+    let history = game.block_on(resumed.send_text("history")).expect("the turn ends");
+    assert_eq!(history.final_message.as_deref(), Some("I remember 2 turns"), "the agent's own session, resumed");
+
+    let still_ended = game.block_on(game.sessions.resume_session(ended.clone())).expect("found");
+    assert_eq!(still_ended.status(), ConversationStatus::Ended);
+    let (code, _) = code_of(game.block_on(still_ended.send_text("hello")));
+    assert_eq!(code, ErrorCode::SessionEnded);
+
+    let (code, _) = code_of(game.block_on(game.sessions.resume_session("chat-00000000deadbeef")));
+    assert_eq!(code, ErrorCode::SessionNotFound);
+    let (code, _) = code_of(game.block_on(game.sessions.resume_session("")));
+    assert_eq!(code, ErrorCode::InvalidInput);
+}
+
+#[test]
+fn resume_session_of_a_session_the_agent_forgot_is_session_not_found_and_creates_nothing() {
+    let dirs = Dirs::new();
+    let id = {
+        let game = Game::start(&dirs);
+        let session = game.create(agent(&dirs, &[]).auto_end_on_disconnect(false)).expect("starts");
+        session.id().clone()
+    };
+    dirs.wait_no_agents(LIMIT);
+    std::fs::remove_dir_all(&dirs.state).expect("the agent forgets everything");
+    let game = Game::start(&dirs);
+    let (code, _) = code_of(game.block_on(game.sessions.resume_session(id.clone())));
+    assert_eq!(code, ErrorCode::SessionNotFound);
+    assert!(game.sessions.get(&id).is_none());
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
+fn permission_requests_are_denied_by_default_and_the_player_can_allow_or_let_them_time_out() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let denied = game.create(agent(&dirs, &[])).expect("starts");
+    let turn = game.block_on(denied.send_text("ask")).expect("the turn ends");
+    assert_eq!(turn.final_message.as_deref(), Some("permission: denied"));
+
+    let mut config = agent(&dirs, &[]).permissions(PermissionPolicy::AskPlayer);
+    config.timeouts.permission = Duration::from_millis(300);
+    let asking = game.create(config).expect("starts");
+    let id = asking.id().to_string();
+    let pending = game.block_on(asking.start_turn("ask")).expect("sent");
+    let line = game.log.wait_for(&format!("permission {id} "));
+    let request: u64 = line.split(' ').nth(2).and_then(|n| n.parse().ok()).expect("a request number");
+    assert!(line.ends_with("run rm -rf /"), "{line}");
+    assert!(game.sessions.answer_permission(request, true));
+    assert_eq!(game.block_on(pending).expect("ends").final_message.as_deref(), Some("permission: allowed"));
+
+    let unanswered = game.block_on(asking.send_text("ask")).expect("the turn ends");
+    assert_eq!(unanswered.final_message.as_deref(), Some("permission: denied"), "unanswered is denied");
+}
+
+#[test]
+fn s4_the_games_exit_stops_every_agent_even_one_that_ignores_sigterm_and_its_input() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let _polite = game.create(agent(&dirs, &[])).expect("starts");
+    let _stubborn = game.create(agent(&dirs, &["--stubborn"])).expect("starts");
+    assert_eq!(dirs.agents_alive(), 2);
+    let started = Instant::now();
+    game.game.stop();
+    assert!(started.elapsed() < Duration::from_secs(8), "the exit waited {:?}", started.elapsed());
+    dirs.wait_no_agents(Duration::from_secs(2));
+}
+
+/// POSTs `tools/list` (2026-07-28, stateless) with `token`; returns the HTTP status.
+fn post_tools_list(url: &str, token: &str) -> u16 {
+    use std::io::{Read, Write};
+    let address = url.trim_start_matches("http://").split('/').next().expect("host:port");
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = std::net::TcpStream::connect(address).expect("connect");
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response.split(' ').nth(1).and_then(|status| status.parse().ok()).unwrap_or(0)
+}
+
+#[test]
+fn the_players_text_reaches_the_agent_as_one_block_word_for_word_and_the_system_prompt_goes_apart() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let text = "blocks  with   odd spacing \"quotes\" and\nnewlines ";
+    let blocks = |session: &AgentSession| -> Vec<String> {
+        let turn = game.block_on(session.send_text(text)).expect("the turn ends");
+        serde_json::from_str(&turn.final_message.expect("a reply")).expect("a JSON array")
+    };
+
+    let native = game.create(agent(&dirs, &[]).system_prompt("Be brief.")).expect("starts");
+    assert_eq!(blocks(&native), vec!["[system] Be brief.".to_string(), text.to_string()]);
+
+    let fallback = game.create(agent(&dirs, &["--no-system-prompt"]).system_prompt("Be brief.")).expect("starts");
+    assert_eq!(blocks(&fallback), vec!["[Instructions from the game]\nBe brief.".to_string(), text.to_string()]);
+    assert_eq!(blocks(&fallback), vec![text.to_string()], "the instructions go once, with the first turn");
+}
