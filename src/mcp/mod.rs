@@ -27,6 +27,7 @@
 
 mod limit;
 mod naming;
+mod parse;
 mod plugin;
 mod security;
 mod server;
@@ -34,4 +35,4 @@ mod sessions;
 
 pub use plugin::{McpPlugin, McpServer};
 pub use security::McpConfigError;
-pub use server::OBSERVED_META_KEY;
+pub use server::{ERROR_META_KEY, OBSERVED_META_KEY};

@@ -150,6 +150,7 @@ impl McpPlugin {
         // Outermost last: the token, then the in-flight limit, then rmcp (Host, Origin, body limit).
         let router = Router::new()
             .nest_service(&self.path, service)
+            .layer(axum::middleware::from_fn_with_state(self.max_body_bytes, super::parse::refuse_unparsable))
             .layer(axum::middleware::from_fn_with_state(limit, limit_in_flight))
             .layer(axum::middleware::from_fn_with_state(Arc::<str>::from(token.as_str()), security::require_bearer));
         let listener = {
