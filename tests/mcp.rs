@@ -295,10 +295,21 @@ fn security_refusals_have_the_right_status_and_say_why() {
 
     let (status, _) = raw(&server, &[("Authorization", &bearer), ("Origin", "http://localhost:3000")], INITIALIZE);
     assert_eq!(status, 200, "a local browser origin with the token is served");
-    let (status, _) = raw(&server, &[("Authorization", &bearer)], "{not json");
-    assert!((400..500).contains(&status), "malformed JSON is a client error, got {status}");
-    let (status, _) = raw(&server, &[("Authorization", &bearer)], r#"{"jsonrpc":"2.0","id":[1,2],"method":7}"#);
-    assert!((400..500).contains(&status) || status == 200, "a wrong JSON-RPC shape is refused, got {status}");
+    // Bodies that are not one JSON-RPC message: 400 with a JSON-RPC parse error, as JSON.
+    let batch = format!("[{INITIALIZE}, {INITIALIZE}]");
+    for (body, what) in [
+        ("{not json", "malformed JSON"),
+        (batch.as_str(), "a batch"),
+        (r#"{"jsonrpc":"2.0","id":[1,2],"method":7}"#, "a wrong JSON-RPC shape"),
+    ] {
+        let (status, response) = raw(&server, &[("Authorization", &bearer)], body);
+        assert_eq!(status, 400, "{what} is a bad request: {response}");
+        let json = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let error: Value =
+            serde_json::from_str(json).unwrap_or_else(|e| panic!("{what}: a JSON body ({e}): {response}"));
+        assert_eq!(error["error"]["code"], -32700, "{what}: {error}");
+        assert_eq!(error["id"], Value::Null, "{what}: {error}");
+    }
 
     // The game kept running through all of it.
     let alive = game.with_app(|app| app.world().resource::<bevy_agent_tools::AgentHandle>().visit().is_some());

@@ -108,3 +108,45 @@ fn kind_of(value: &Value) -> &'static str {
         Value::Object(_) => "an object",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use schemars::JsonSchema;
+    use serde::Deserialize;
+    use serde_json::json;
+
+    use super::*;
+    use crate::DestructiveGuard;
+
+    /// Rust docs here must not reach a model.
+    #[derive(Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Args {
+        /// West–east.
+        x: i32,
+        count: u64,
+        small: u8,
+        ratio: f32,
+        #[serde(flatten)]
+        guard: DestructiveGuard,
+    }
+
+    #[test]
+    fn published_schemas_carry_no_rust_docs_of_the_type_and_no_schemars_formats() {
+        let schema = schema_of::<Args>();
+        let text = schema.to_string();
+        assert!(schema.get("description").is_none() && schema.get("title").is_none(), "{schema}");
+        assert!(!text.contains("serde(flatten)") && !text.contains("Rust docs"), "{schema}");
+        assert!(!text.contains("\"format\""), "no int32/uint64/uint8/float formats: {schema}");
+        assert_eq!(schema["properties"]["x"]["description"], "West–east.", "fields keep their docs");
+        assert_eq!(schema["properties"]["count"]["minimum"], 0, "bounds stay");
+    }
+
+    #[test]
+    fn a_missing_required_argument_names_the_field() {
+        let error = parse::<Args>("t", json!({ "count": 1, "small": 1, "ratio": 1.0 })).err().expect("refused");
+        assert_eq!(error.code, ErrorCode::InvalidInput);
+        assert_eq!(error.details.extra["field"], "x", "{error:?}");
+        assert!(error.message.contains("`x`"), "{}", error.message);
+    }
+}
