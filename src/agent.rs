@@ -160,7 +160,7 @@ impl Conversation {
         }
         match admit(&self.host, &self.id, request) {
             Ok(Admitted::Running { life, owner }) => Call::running(life, owner),
-            Ok(Admitted::Retained(outcome)) => Call::ready(None, outcome),
+            Ok(Admitted::Retained(first, outcome)) => Call::ready(Some(first), outcome),
             Err(error) => Call::ready(error.details.request, Err(error)),
         }
     }

@@ -47,7 +47,7 @@ pub(crate) struct OpenVisit {
     pub closing: bool,
     pub calls: LiveCalls,
     /// Keyed operations of this visit (rule H12); it ends with the visit.
-    pub replay: ReplayTable<Arc<CallLife>, CallOutcome>,
+    pub replay: ReplayTable<Arc<CallLife>, (RequestId, CallOutcome)>,
 }
 
 /// The calls of a visit that have not reached their outcome, with a count per conversation kept in step so that
@@ -226,7 +226,9 @@ impl HostShared {
         open.calls.remove(&life.coords.request);
         if let Some(key) = &life.coords.replay_key {
             match life.outcome().get() {
-                Some(outcome) if handler_started => open.replay.complete(key, outcome, std::time::Instant::now()),
+                Some(outcome) if handler_started => {
+                    open.replay.complete(key, (life.coords.request, outcome), std::time::Instant::now())
+                }
                 _ => open.replay.forget(key),
             }
         }

@@ -89,7 +89,7 @@ fn fixture() -> Fixture {
 fn call(fixture: &Fixture) -> Result<Arc<CallLife>, ToolError> {
     match admit(&fixture.host, &fixture.conversation, CallRequest::new("noop", json!({})))? {
         Admitted::Running { life, .. } => Ok(life),
-        Admitted::Retained(_) => unreachable!("no operation ids here"),
+        Admitted::Retained(..) => unreachable!("no operation ids here"),
     }
 }
 
@@ -204,7 +204,7 @@ fn h13_a_late_completion_racing_the_exit_gives_each_call_exactly_one_outcome() {
             let conversation = fixture.conversation.clone();
             shuttle::thread::spawn(move || match admit(&host, &conversation, CallRequest::new("noop", json!({}))) {
                 Ok(Admitted::Running { life, .. }) => Ok(life),
-                Ok(Admitted::Retained(_)) => unreachable!("no operation ids here"),
+                Ok(Admitted::Retained(..)) => unreachable!("no operation ids here"),
                 Err(error) => Err(error.code),
             })
         };

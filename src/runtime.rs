@@ -5,6 +5,12 @@ use std::time::Duration;
 
 use bevy::prelude::Resource;
 
+/// Each worker thread starts with rmcp's log lines quiet (see [`crate::mcp`]: `BEVY_AGENT_TOOLS_RMCP_LOG`).
+fn on_worker_start() {
+    #[cfg(feature = "mcp")]
+    crate::mcp::quiet::on_this_thread();
+}
+
 /// The plugin's tokio runtime (named worker threads `agent-tools-worker`). Use its handle to run I/O from
 /// `close` and return a [`Completion`](crate::Completion) with [`Completion::spawn`](crate::Completion::spawn).
 #[derive(Resource)]
@@ -18,6 +24,7 @@ impl AgentRuntime {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(worker_threads.max(1))
             .thread_name("agent-tools-worker")
+            .on_thread_start(on_worker_start)
             .enable_all()
             .build()?;
         let handle = runtime.handle().clone();

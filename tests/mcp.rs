@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bevy_agent_tools::mcp::{McpPlugin, McpServer, OBSERVED_META_KEY};
+use bevy_agent_tools::mcp::{McpPlugin, McpServer, ERROR_META_KEY, OBSERVED_META_KEY};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
 use bevy_agent_tools::NoArgs;
@@ -114,6 +114,18 @@ fn params(tool: &str, arguments: Value) -> CallToolRequestParams {
     CallToolRequestParams::new(tool.to_string()).with_arguments(arguments.as_object().cloned().unwrap_or_default())
 }
 
+/// The error of an error result as every client shows it: the JSON in its text block. It is also under
+/// `_meta["bevy_agent_tools/error"]`, and never in `structuredContent` (which would not match the output schema).
+fn domain_error(result: &rmcp::model::CallToolResult) -> Value {
+    assert_eq!(result.is_error, Some(true), "an error result: {result:?}");
+    assert!(result.structured_content.is_none(), "no structuredContent on an error: {result:?}");
+    let text = result.content.iter().find_map(|block| block.as_text()).expect("a text block").text.clone();
+    let error: Value = serde_json::from_str(&text).expect("the text block is the error as JSON");
+    let meta = &result.meta.as_ref().expect("meta").0[ERROR_META_KEY];
+    assert_eq!(meta, &error, "the same error in _meta");
+    error
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
 }
@@ -142,10 +154,10 @@ async fn story(url: String, modern: bool, seen: Arc<Seen>) {
     assert_eq!(observed["world"], "alpha", "results say which visit they observed");
 
     let error = client.call_tool(params("bump", json!({"by": "many"}))).await.expect("a result, not a protocol error");
-    assert_eq!(error.is_error, Some(true));
-    let structured = error.structured_content.expect("structured error");
-    assert_eq!(structured["code"], "INVALID_INPUT");
-    assert_eq!(structured["details"]["field"], "by");
+    let error = domain_error(&error);
+    assert_eq!(error["code"], "INVALID_INPUT");
+    assert_eq!(error["details"]["field"], "by");
+    assert!(error["message"].as_str().is_some_and(|m| m.contains("by")), "{error}");
 
     let unknown = client.call_tool(params("bumb", json!({}))).await.expect_err("JSON-RPC error");
     let text = unknown.to_string();
@@ -283,10 +295,21 @@ fn security_refusals_have_the_right_status_and_say_why() {
 
     let (status, _) = raw(&server, &[("Authorization", &bearer), ("Origin", "http://localhost:3000")], INITIALIZE);
     assert_eq!(status, 200, "a local browser origin with the token is served");
-    let (status, _) = raw(&server, &[("Authorization", &bearer)], "{not json");
-    assert!((400..500).contains(&status), "malformed JSON is a client error, got {status}");
-    let (status, _) = raw(&server, &[("Authorization", &bearer)], r#"{"jsonrpc":"2.0","id":[1,2],"method":7}"#);
-    assert!((400..500).contains(&status) || status == 200, "a wrong JSON-RPC shape is refused, got {status}");
+    // Bodies that are not one JSON-RPC message: 400 with a JSON-RPC parse error, as JSON.
+    let batch = format!("[{INITIALIZE}, {INITIALIZE}]");
+    for (body, what) in [
+        ("{not json", "malformed JSON"),
+        (batch.as_str(), "a batch"),
+        (r#"{"jsonrpc":"2.0","id":[1,2],"method":7}"#, "a wrong JSON-RPC shape"),
+    ] {
+        let (status, response) = raw(&server, &[("Authorization", &bearer)], body);
+        assert_eq!(status, 400, "{what} is a bad request: {response}");
+        let json = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let error: Value =
+            serde_json::from_str(json).unwrap_or_else(|e| panic!("{what}: a JSON body ({e}): {response}"));
+        assert_eq!(error["error"]["code"], -32700, "{what}: {error}");
+        assert_eq!(error["id"], Value::Null, "{what}: {error}");
+    }
 
     // The game kept running through all of it.
     let alive = game.with_app(|app| app.world().resource::<bevy_agent_tools::AgentHandle>().visit().is_some());
@@ -305,8 +328,7 @@ fn deeply_nested_and_huge_arguments_get_a_clear_error_and_the_game_keeps_running
             nested = json!({ "n": nested });
         }
         let result = client.call_tool(params("bump", json!({ "by": nested }))).await.expect("a result");
-        assert_eq!(result.is_error, Some(true));
-        assert_eq!(result.structured_content.expect("structured")["code"], "INVALID_INPUT");
+        assert_eq!(domain_error(&result)["code"], "INVALID_INPUT");
         let wide = json!({ "by": 1, "junk": vec![0; 5_000] });
         let result = client.call_tool(params("bump", wide)).await.expect("a result");
         assert_eq!(result.is_error, Some(false), "unknown fields are ignored");
@@ -372,8 +394,7 @@ fn h5_a_call_during_exit_gets_world_closed_as_an_error_result() {
         closing.recv_timeout(Duration::from_secs(10)).expect("close began");
         let refused = client.call_tool(params("noop", json!({}))).await.expect("a result");
         release.send(()).expect("release close");
-        assert_eq!(refused.is_error, Some(true));
-        let error = refused.structured_content.expect("structured");
+        let error = domain_error(&refused);
         assert_eq!(error["code"], "WORLD_CLOSED");
         assert_eq!(error["details"]["world"], "alpha");
         client.cancel().await.expect("close");

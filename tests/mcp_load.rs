@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bevy_agent_tools::mcp::{McpPlugin, McpServer};
+use bevy_agent_tools::mcp::{McpPlugin, McpServer, ERROR_META_KEY};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{headless_app_with, RunningGame};
 use bevy_agent_tools::NoArgs;
@@ -128,8 +128,8 @@ fn run_agents(url: &str) -> (usize, Vec<String>) {
                     let tool = if (call + conversation) % 2 == 0 { "touch" } else { "touch_here" };
                     let result = client.call_tool(CallToolRequestParams::new(tool)).await.expect("a response");
                     if result.is_error == Some(true) {
-                        let code = result.structured_content.as_ref().and_then(|c| c["code"].as_str()).unwrap_or("?");
-                        errors.push(code.to_string());
+                        let error = result.meta.as_ref().map(|meta| meta.0[ERROR_META_KEY].clone());
+                        errors.push(error.and_then(|e| e["code"].as_str().map(String::from)).unwrap_or("?".into()));
                     } else {
                         ok += 1;
                     }

@@ -115,7 +115,7 @@ fn a_cell_version_increases_on_every_change_and_survives_a_save() {
 #[test]
 fn observe_returns_a_png_of_the_asked_size() {
     let state = WorldState::generate("alpha", palette());
-    let drawn = picture::top_down(&state, Dimension::Overworld, state.player(Dimension::Overworld), 4);
+    let drawn = picture::top_down(&state, Dimension::Overworld, state.player(Dimension::Overworld), 4).expect("drawn");
     assert_eq!(&drawn.png[..8], b"\x89PNG\r\n\x1a\n");
     assert_eq!(&drawn.png[12..16], b"IHDR");
     assert_eq!(u32::from_be_bytes(drawn.png[16..20].try_into().expect("4 bytes")), drawn.width);

@@ -189,7 +189,7 @@ struct ObserveArgs {
 struct ObserveOutput {
     /// One line describing the picture.
     summary: String,
-    /// The picture (a PNG); over MCP it is also sent as image content.
+    /// The picture (a PNG). Over MCP it travels as image content only.
     picture: ImageContent,
     width: u32,
     height: u32,
@@ -207,7 +207,7 @@ fn observe() -> AgentTool<Visit> {
             let dimension = called_in(&ctx)?;
             let drawn = step(&ctx, move |_, visit| {
                 let state = visit.state()?;
-                Ok(picture::top_down(state, dimension, state.player(dimension), args.radius))
+                picture::top_down(state, dimension, state.player(dimension), args.radius).map_err(ToolError::internal)
             })
             .await?;
             Ok(ObserveOutput {
@@ -273,7 +273,7 @@ fn get_block() -> AgentTool<Visit> {
 struct PlaceArgs {
     #[serde(flatten)]
     at: At,
-    /// A block name from the palette, e.g. `stone`, `planks`, `glass`.
+    /// The block to place (one of the palette's names).
     block: String,
     /// The cell's version you last read: the block is placed only if the cell has not changed since.
     #[serde(default)]
@@ -289,6 +289,7 @@ struct PlaceOutput {
 }
 
 fn place_block(palette: Arc<Palette>) -> AgentTool<Visit> {
+    let blocks: Vec<String> = palette.placeable().map(String::from).collect();
     AgentTool::new(
         "place_block",
         format!(
@@ -326,6 +327,7 @@ fn place_block(palette: Arc<Palette>) -> AgentTool<Visit> {
             }
         },
     )
+    .argument_enum("block", blocks)
     .scope(ToolScope::Location)
     .destructive(false)
     .idempotent(true)

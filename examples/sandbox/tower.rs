@@ -48,6 +48,7 @@ enum Laid {
 }
 
 pub fn build_tower(palette: Arc<Palette>) -> AgentTool<Visit> {
+    let blocks: Vec<String> = palette.placeable().map(String::from).collect();
     AgentTool::new(
         "build_tower",
         "Stacks `height` blocks on the ground at x, z, one block per frame, reporting progress. Stops when the \
@@ -58,6 +59,7 @@ pub fn build_tower(palette: Arc<Palette>) -> AgentTool<Visit> {
             async move { tower(ctx, args, palette).await }
         },
     )
+    .argument_enum("block", blocks)
     .scope(ToolScope::Location)
     .destructive(false)
     .idempotent(false)

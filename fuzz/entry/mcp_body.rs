@@ -313,13 +313,18 @@ fn check_response(response: &Response, mode: Mode) {
         let parsed = serde_json::from_slice::<Value>(&response.body);
         assert!(parsed.is_ok(), "{mode:?} request: a JSON response that is not JSON: {}", describe(response));
     }
-    // A tool's error result carries one of the host's codes (an `INTERNAL` would be a caught panic).
+    // A tool's error result carries one of the host's codes (an `INTERNAL` would be a caught panic), as JSON in
+    // its text block and under `_meta`, and no `structuredContent` (it would not match the output schema).
     for message in messages(response) {
         let result = &message["result"];
         if result["isError"] == true {
-            let code = serde_json::from_value::<ErrorCode>(result["structuredContent"]["code"].clone());
+            let error = &result["_meta"]["bevy_agent_tools/error"];
+            let code = serde_json::from_value::<ErrorCode>(error["code"].clone());
+            let text = result["content"][0]["text"].as_str().and_then(|text| serde_json::from_str::<Value>(text).ok());
             assert!(
-                code.as_ref().is_ok_and(is_allowed_code),
+                code.as_ref().is_ok_and(is_allowed_code)
+                    && text.as_ref() == Some(error)
+                    && result.get("structuredContent").is_none(),
                 "{mode:?} request: an error result without an allowed code: {}",
                 describe(response)
             );

@@ -20,7 +20,7 @@ use super::{CallCoordinates, CallCore, CallLife, CallOutcome, CallOutput, Progre
 use crate::completion::Completion;
 use crate::error::{ErrorCode, ToolError};
 use crate::host::HostShared;
-use crate::ids::{ConversationId, OperationId, TaskId};
+use crate::ids::{ConversationId, OperationId, RequestId, TaskId};
 use crate::panic::{panic_message, CatchUnwind};
 use crate::replay::{canonical_arguments, Begin, ReplayKey};
 use crate::tool::{require_confirmation, BoxFuture, PreparedCall, ToolScope};
@@ -77,8 +77,8 @@ impl CallRequest {
 pub(crate) enum Admitted {
     /// A live execution. `owner` is false for a duplicate that joined another call's execution.
     Running { life: Arc<CallLife>, owner: bool },
-    /// A duplicate of a finished operation: its retained outcome.
-    Retained(CallOutcome),
+    /// A duplicate of a finished operation: the request id of the call that ran it, and its retained outcome.
+    Retained(RequestId, CallOutcome),
 }
 
 /// Admits `request` for `conversation`, or says why not. Never blocks on the main thread.
@@ -145,10 +145,10 @@ pub(crate) fn admit(
                 // An execution that already has its outcome (its table entry is completed a moment later)
                 // answers like a retained one.
                 Begin::Join(life) => match life.outcome().get() {
-                    Some(outcome) => return Ok(Admitted::Retained(outcome)),
+                    Some(outcome) => return Ok(Admitted::Retained(life.coords.request, outcome)),
                     None => return Ok(Admitted::Running { life, owner: false }),
                 },
-                Begin::Retained(outcome) => return Ok(Admitted::Retained(outcome)),
+                Begin::Retained((first, outcome)) => return Ok(Admitted::Retained(first, outcome)),
                 Begin::Conflict => return Err(rejected(conflict(key))),
                 Begin::Full => {
                     return Err(rejected(ToolError::with_code(

@@ -100,6 +100,11 @@ impl<S: Send + Sync + 'static> CallContext<S> {
         !self.core.life.is_ended()
     }
 
+    /// Why the call ended, as its next `on_client` would answer (`CANCELLED` while it has recorded none).
+    pub(crate) fn end_error(&self) -> ToolError {
+        self.core.life.end_error()
+    }
+
     /// Resolves with the reason when the call ends: cancelled, timed out, its visit ended, (`Location` scope) the
     /// player relocated, or it finished. Cancel-safe.
     ///

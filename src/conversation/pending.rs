@@ -118,7 +118,7 @@ async fn run(
                         }
                     }
                 }
-                Ok(Admitted::Retained(outcome)) => outcome,
+                Ok(Admitted::Retained(_, outcome)) => outcome,
                 Err(error) => Err(error),
             }
         }

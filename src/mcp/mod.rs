@@ -21,19 +21,57 @@
 //! the host (429 at the HTTP layer, `BUSY` as an error result for a call that races past it). Refusals: 401
 //! (token), 403 (Origin, Host), 413 (body), 429 (in-flight limit).
 //!
-//! A tool call travels as `tools/call`; domain errors come back as results with `isError: true` and the error
-//! (`code`, `message`, `details`) in `structuredContent`; an unknown tool is a JSON-RPC error (-32602). Successful
-//! results carry the visit and location they observed under `_meta["bevy_agent_tools/observed"]`.
+//! A tool call travels as `tools/call`. A successful result carries the output as `structuredContent` (matching
+//! the tool's published `outputSchema`) and as JSON text; an [`ImageContent`](crate::ImageContent) field of the
+//! output travels once, as image content, and is in neither (nor in the published output schema). The visit and
+//! location it observed are under `_meta["bevy_agent_tools/observed"]` ([`OBSERVED_META_KEY`]).
+//!
+//! A domain error (`NO_WORLD`, `INVALID_INPUT`, `LOCATION_CHANGED`, ...) is a result with `isError: true` whose one
+//! text block is the error as JSON, the same object also under `_meta["bevy_agent_tools/error"]`
+//! ([`ERROR_META_KEY`]):
+//!
+//! ```json
+//! {"content": [{"type": "text", "text": "{\"code\":\"INVALID_INPUT\",\"details\":{\"field\":\"x\",\"reason\":\"must be in -256..=255, got 9999\",\"tool\":\"place_block\",...},\"message\":\"argument `x` is invalid: must be in -256..=255, got 9999\"}"}],
+//!  "_meta": {"bevy_agent_tools/error": {"code": "INVALID_INPUT", "message": "...", "details": {"field": "x", ...}}},
+//!  "isError": true}
+//! ```
+//!
+//! An error result has no `structuredContent`: the TypeScript SDK's `callTool()` and the MCP Inspector check
+//! `structuredContent` against the tool's output schema even on errors, and would throw away an error shaped
+//! otherwise. The text block is what every client shows (and a model reads); programs read the `_meta` entry. An
+//! unknown tool is a JSON-RPC error (-32602); a body that is not one JSON-RPC message (malformed JSON, a batch) is
+//! refused with HTTP 400 and a JSON-RPC parse error (-32700).
+//!
+//! Progress: every report a handler makes before its result reaches the client (as `notifications/progress`, when
+//! the request carried a progress token) before the result.
+//!
+//! Resumption (2025-11-25 sessions): a response stream starts with a priming event and `retry: 3000`. A client
+//! whose connection dropped comes back with `GET` and `Last-Event-ID` and gets the events it missed, the result
+//! included, even when the call finished while it was away. The server keeps, per session, the events of the 16
+//! most recent finished requests (each its last 64 events) plus those of requests still running, and drops them
+//! when the session ends.
+//!
+//! Logs: rmcp's own lines (several INFO lines per connection, an ERROR when a client goes away before its
+//! response) are quiet by default on the plugin's threads; set `BEVY_AGENT_TOOLS_RMCP_LOG=info` (or `debug`,
+//! `trace`) to see them, subject to the game's own log filter ([`RMCP_LOG_ENV`]).
+//!
+//! Schemas are published for models: the Rust doc comment of an arguments or output type (and of a flattened
+//! helper such as [`DestructiveGuard`](crate::DestructiveGuard)) is left out, fields keep theirs; schemars'
+//! non-standard `format`s (`uint64`, `int32`, ...) are removed; choices known only at run time can be listed with
+//! [`AgentTool::argument_enum`](crate::AgentTool::argument_enum).
 
 mod credentials;
 mod limit;
 mod naming;
+mod parse;
 mod plugin;
+pub(crate) mod quiet;
 mod security;
 mod server;
 mod sessions;
 
 pub use credentials::Credentials;
 pub use plugin::{McpPlugin, McpServer};
+pub use quiet::RMCP_LOG_ENV;
 pub use security::McpConfigError;
-pub use server::OBSERVED_META_KEY;
+pub use server::{ERROR_META_KEY, OBSERVED_META_KEY};

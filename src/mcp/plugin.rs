@@ -152,6 +152,7 @@ impl McpPlugin {
         // Outermost last: the token, then the in-flight limit, then rmcp (Host, Origin, body limit).
         let router = Router::new()
             .nest_service(&self.path, service)
+            .layer(axum::middleware::from_fn_with_state(self.max_body_bytes, super::parse::refuse_unparsable))
             .layer(axum::middleware::from_fn_with_state(limit, limit_in_flight))
             .layer(axum::middleware::from_fn_with_state(
                 security::Bearer { token: Arc::<str>::from(token.as_str()), credentials: credentials.clone() },

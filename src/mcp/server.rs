@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject, ListToolsResult,
-    MetaObject, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
-    ToolAnnotations,
+    MetaObject, PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ServerCapabilities, ServerConfig,
+    Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -15,18 +15,22 @@ use serde_json::{json, Value};
 use super::credentials::BoundConversation;
 use super::naming::conversation_id;
 use crate::agent::AgentHandle;
-use crate::call::{CallOutcome, CallRequest, ProgressSink};
+use crate::call::{CallOutcome, CallRequest, Progress, ProgressSink};
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
-use crate::tool::{ImageContent, ToolInfo, TASK_ID};
+use crate::tool::{take_images, ToolInfo, TASK_ID};
 
 /// The `_meta` key under which results carry the visit and location they observed (rule H11).
 pub const OBSERVED_META_KEY: &str = "bevy_agent_tools/observed";
 
+/// The `_meta` key under which an error result carries its error (`{"code", "message", "details"}`), the same
+/// object its text block holds as JSON.
+pub const ERROR_META_KEY: &str = "bevy_agent_tools/error";
+
 const INSTRUCTIONS: &str = "Tools act inside a running game. Each call is bound to the world visit (and, for \
 location-scoped tools, the exact location) it was made in: if the player leaves or travels first, the call is \
-refused (VISIT_ENDED, LOCATION_CHANGED) and nothing is applied elsewhere. Errors carry a stable `code` in \
-structuredContent. For non-read-only tools, pass an `operation_id` when you may retry: retries run once. After \
+refused (VISIT_ENDED, LOCATION_CHANGED) and nothing is applied elsewhere. An error result's text is JSON with a \
+stable `code`, a `message` and `details`. For non-read-only tools, pass an `operation_id` when you may retry: retries run once. After \
 TIMEOUT the effect is unknown: look before you retry.";
 
 /// One `ServerHandler` per MCP session (or per request, for 2026-07-28): cheap clones of the agent handle.
@@ -67,7 +71,7 @@ pub(crate) fn to_mcp_tool(info: &ToolInfo) -> Tool {
         .open_world(false);
     let mut tool =
         Tool::new(info.name.clone(), info.description.clone(), Arc::new(input)).with_annotations(annotations);
-    if let Value::Object(output) = &info.output_schema {
+    if let Value::Object(output) = &info.client_output_schema() {
         if output.get("type").and_then(Value::as_str) == Some("object") {
             tool = tool.with_raw_output_schema(Arc::new(output.clone()));
         }
@@ -114,49 +118,60 @@ impl ServerHandler for GameServer {
         }
         let mut call = conversation.request(call_request);
         let mut cancelled = false;
+        // Progress is forwarded as it comes; when the outcome is ready, the reports still queued (the handler
+        // makes them synchronously, so every report made before the result is queued by then) go out first, in
+        // order: a client always sees all of a call's progress before its result.
         let outcome = loop {
             tokio::select! {
                 biased;
+                Some(progress) = progress_rx.recv() => notify_progress(&context, progress_token.as_ref(), progress).await,
                 outcome = &mut call => break outcome,
                 _ = context.ct.cancelled(), if !cancelled => {
                     cancelled = true;
                     call.cancel();
                 }
-                Some(progress) = progress_rx.recv() => {
-                    if let Some(token) = progress_token.clone() {
-                        let mut param = ProgressNotificationParam::new(token, progress.progress);
-                        if let Some(total) = progress.total {
-                            param = param.with_total(total);
-                        }
-                        if let Some(message) = progress.message {
-                            param = param.with_message(message);
-                        }
-                        let _ = context.peer.notify_progress(param).await;
-                    }
-                }
             }
         };
+        while let Ok(progress) = progress_rx.try_recv() {
+            notify_progress(&context, progress_token.as_ref(), progress).await;
+        }
         outcome_to_result(outcome).map(Into::into)
     }
 }
 
-/// Maps a call's outcome onto MCP: success and domain errors are tool results (errors with `isError: true` and
-/// the code in `structuredContent`); an unknown tool is a JSON-RPC error (-32602), as the specification asks.
+/// Sends one progress report as `notifications/progress` (nothing without a token; a client that went away is not
+/// an error here: the call's own cancellation handles it).
+async fn notify_progress(context: &RequestContext<RoleServer>, token: Option<&ProgressToken>, progress: Progress) {
+    let Some(token) = token else { return };
+    let mut param = ProgressNotificationParam::new(token.clone(), progress.progress);
+    if let Some(total) = progress.total {
+        param = param.with_total(total);
+    }
+    if let Some(message) = progress.message {
+        param = param.with_message(message);
+    }
+    let _ = context.peer.notify_progress(param).await;
+}
+
+/// Maps a call's outcome onto MCP.
+///
+/// - Success: `structuredContent` is the output (conforming to the published output schema), a text block
+///   carries the same JSON, and each [`ImageContent`](crate::ImageContent) field of the output travels once, as image content (it is
+///   in neither of the other two). `_meta["bevy_agent_tools/observed"]` says which visit and location it saw.
+/// - A domain error: `isError: true`, one text block holding the error as JSON (`{"code", "message",
+///   "details"}`), the same object under `_meta["bevy_agent_tools/error"]`, and no `structuredContent`: clients
+///   that check `structuredContent` against the tool's output schema even on errors (the TypeScript SDK, the
+///   MCP Inspector) would otherwise throw away the error for not matching it.
+/// - An unknown tool: a JSON-RPC error (-32602), as the specification asks.
 pub(crate) fn outcome_to_result(outcome: CallOutcome) -> Result<CallToolResult, ErrorData> {
     match outcome {
         Ok(output) => {
-            let mut content = vec![ContentBlock::text(output.value.to_string())];
-            let structured = output.value.as_object().map(|object| {
-                content.extend(
-                    object
-                        .values()
-                        .filter_map(ImageContent::from_value)
-                        .map(|image| ContentBlock::image(image.data, image.mime_type)),
-                );
-                Value::Object(object.clone())
-            });
+            let mut value = output.value;
+            let images = value.as_object_mut().map(take_images).unwrap_or_default();
+            let mut content = vec![ContentBlock::text(value.to_string())];
+            content.extend(images.into_iter().map(|image| ContentBlock::image(image.data, image.mime_type)));
             let mut result = CallToolResult::success(content);
-            result.structured_content = structured;
+            result.structured_content = value.is_object().then_some(value);
             let mut meta = JsonObject::new();
             meta.insert(OBSERVED_META_KEY.into(), json!(output.observed));
             Ok(result.with_meta(Some(MetaObject(meta))))
@@ -168,8 +183,11 @@ pub(crate) fn outcome_to_result(outcome: CallOutcome) -> Result<CallToolResult, 
     }
 }
 
+/// A domain error as a tool result: see [`outcome_to_result`].
 fn error_result(error: &ToolError) -> CallToolResult {
-    let mut result = CallToolResult::error(vec![ContentBlock::text(format!("{}: {}", error.code, error.message))]);
-    result.structured_content = Some(json!(error));
-    result
+    let error = json!(error);
+    let result = CallToolResult::error(vec![ContentBlock::text(error.to_string())]);
+    let mut meta = JsonObject::new();
+    meta.insert(ERROR_META_KEY.into(), error);
+    result.with_meta(Some(MetaObject(meta)))
 }

@@ -1,10 +1,12 @@
-//! Pictures in tool output: a field of this type becomes an image the client can show (over MCP, an image
-//! content block next to the structured result).
+//! Pictures in tool output: a field of this type becomes an image the client can show. Over MCP the picture
+//! travels once, as an image content block: the field is left out of the JSON text, of `structuredContent` and of
+//! the published output schema, so no model ever reads base64 as text.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// An image in a tool's output, shaped like MCP image content: put it in a field of your output struct.
+/// An image in a tool's output, shaped like MCP image content: put it in a top-level field of your output struct
+/// (over MCP it becomes image content, and the field is not part of the structured result).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ImageContent {
     /// Always `"image"`.
@@ -28,4 +30,23 @@ impl ImageContent {
         let object = value.as_object()?;
         (object.get("type")?.as_str()? == "image").then(|| serde_json::from_value(value.clone()).ok())?
     }
+}
+
+/// Whether a property of an output schema is an [`ImageContent`] (directly, or as an `Option`).
+pub(crate) fn is_image_schema(property: &serde_json::Value) -> bool {
+    let refers = |schema: &serde_json::Value| {
+        schema.get("$ref").and_then(serde_json::Value::as_str).is_some_and(|r| r.ends_with("/ImageContent"))
+    };
+    refers(property)
+        || ["anyOf", "oneOf", "allOf"].iter().any(|key| {
+            property.get(*key).and_then(serde_json::Value::as_array).is_some_and(|options| options.iter().any(refers))
+        })
+}
+
+/// Takes the image fields out of a tool's output object: what is left is the structured result; the images go
+/// to image content.
+pub(crate) fn take_images(object: &mut serde_json::Map<String, serde_json::Value>) -> Vec<ImageContent> {
+    let names: Vec<String> =
+        object.iter().filter(|(_, value)| ImageContent::from_value(value).is_some()).map(|(k, _)| k.clone()).collect();
+    names.iter().filter_map(|name| object.remove(name)).filter_map(|value| ImageContent::from_value(&value)).collect()
 }

@@ -6,8 +6,46 @@ use serde_json::Value;
 
 use crate::error::{ErrorCode, ToolError};
 
+/// The JSON schema of `T` as clients get it: schemars' output, made to speak to a model rather than to a Rust
+/// developer (see [`publishable`]).
 pub(crate) fn schema_of<T: JsonSchema>() -> Value {
-    schemars::SchemaGenerator::default().into_root_schema_for::<T>().to_value()
+    let mut schema = schemars::SchemaGenerator::default().into_root_schema_for::<T>().to_value();
+    publishable(&mut schema);
+    schema
+}
+
+/// The `format`s schemars writes for Rust's integer and float types. JSON Schema 2020-12 defines none of them, so
+/// validators warn about each ("unknown format ignored"); the bounds they stand for are already in
+/// `minimum`/`maximum` where they matter.
+const RUST_FORMATS: &[&str] =
+    &["int8", "int16", "int32", "int64", "int", "uint8", "uint16", "uint32", "uint64", "uint", "float", "double"];
+
+/// Cleans a derived schema for publication:
+///
+/// - the root's `title` and `description` go: they are the Rust name and doc comment of the arguments (or
+///   output) type, and with `#[serde(flatten)]` the doc of a flattened helper such as
+///   [`DestructiveGuard`](crate::DestructiveGuard). What a tool does is its own description's job; fields keep
+///   their docs;
+/// - schemars' non-standard numeric `format`s go, everywhere.
+pub(crate) fn publishable(schema: &mut Value) {
+    if let Value::Object(root) = schema {
+        root.remove("title");
+        root.remove("description");
+    }
+    strip_rust_formats(schema);
+}
+
+fn strip_rust_formats(schema: &mut Value) {
+    match schema {
+        Value::Object(object) => {
+            if object.get("format").and_then(Value::as_str).is_some_and(|format| RUST_FORMATS.contains(&format)) {
+                object.remove("format");
+            }
+            object.values_mut().for_each(strip_rust_formats);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_rust_formats),
+        _ => {}
+    }
 }
 
 /// Writes integral floating-point numbers (`3.0`, `1e2`) as integers, so that how a client spells a number never
@@ -42,8 +80,15 @@ pub(crate) fn parse<A: DeserializeOwned>(tool: &str, mut args: Value) -> Result<
     };
     serde_path_to_error::deserialize(args).map_err(|error| {
         let path = error.path().to_string();
-        let field = if path == "." { String::new() } else { path };
         let reason = error.into_inner().to_string();
+        // serde reports a missing field at the object that lacks it ("missing field `x`"): name the field.
+        let missing = reason.strip_prefix("missing field `").and_then(|rest| rest.split('`').next());
+        let field = match (path.as_str(), missing) {
+            (".", Some(name)) => name.to_string(),
+            (".", None) => String::new(),
+            (path, Some(name)) => format!("{path}.{name}"),
+            (path, None) => path.to_string(),
+        };
         let message = if field.is_empty() {
             format!("the arguments of `{tool}` are invalid: {reason}")
         } else {
@@ -61,5 +106,47 @@ fn kind_of(value: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use schemars::JsonSchema;
+    use serde::Deserialize;
+    use serde_json::json;
+
+    use super::*;
+    use crate::DestructiveGuard;
+
+    /// Rust docs here must not reach a model.
+    #[derive(Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Args {
+        /// West–east.
+        x: i32,
+        count: u64,
+        small: u8,
+        ratio: f32,
+        #[serde(flatten)]
+        guard: DestructiveGuard,
+    }
+
+    #[test]
+    fn published_schemas_carry_no_rust_docs_of_the_type_and_no_schemars_formats() {
+        let schema = schema_of::<Args>();
+        let text = schema.to_string();
+        assert!(schema.get("description").is_none() && schema.get("title").is_none(), "{schema}");
+        assert!(!text.contains("serde(flatten)") && !text.contains("Rust docs"), "{schema}");
+        assert!(!text.contains("\"format\""), "no int32/uint64/uint8/float formats: {schema}");
+        assert_eq!(schema["properties"]["x"]["description"], "West–east.", "fields keep their docs");
+        assert_eq!(schema["properties"]["count"]["minimum"], 0, "bounds stay");
+    }
+
+    #[test]
+    fn a_missing_required_argument_names_the_field() {
+        let error = parse::<Args>("t", json!({ "count": 1, "small": 1, "ratio": 1.0 })).err().expect("refused");
+        assert_eq!(error.code, ErrorCode::InvalidInput);
+        assert_eq!(error.details.extra["field"], "x", "{error:?}");
+        assert!(error.message.contains("`x`"), "{}", error.message);
     }
 }

@@ -23,6 +23,7 @@ use crate::call::{CallContext, CallCore};
 use crate::error::ToolError;
 
 pub use guard::{check_version, require_confirmation, DestructiveGuard};
+pub(crate) use image::take_images;
 pub use image::ImageContent;
 pub(crate) use registry::ToolRegistry;
 pub use reserved::{OPERATION_ID, TASK_ID};
@@ -209,6 +210,29 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
                 "type": "boolean",
                 "description": "Must be true: this action cannot be undone."
             }));
+        }
+        self
+    }
+
+    /// Lists the values argument `field` accepts, as a JSON schema `enum` a model can read: for choices known only
+    /// at run time (a palette loaded from a file), where the argument's Rust type is a plain `String`. It only
+    /// describes: the handler still checks the value (an agent may send anything).
+    ///
+    /// ```
+    /// # use bevy_agent_tools::prelude::*;
+    /// # #[derive(serde::Deserialize, schemars::JsonSchema)] struct Paint { colour: String }
+    /// let tool = AgentTool::new("paint", "Paints the wall.", |_: CallContext<()>, _: Paint| async move { Ok(()) })
+    ///     .argument_enum("colour", ["red", "green"]);
+    /// assert_eq!(tool.info().input_schema["properties"]["colour"]["enum"], serde_json::json!(["red", "green"]));
+    /// ```
+    pub fn argument_enum(mut self, field: &str, values: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        let values: Vec<Value> = values.into_iter().map(|value| Value::String(value.into())).collect();
+        if let Some(property) = self.info.input_schema.get_mut("properties").and_then(|p| p.get_mut(field)) {
+            if let Some(property) = property.as_object_mut() {
+                property.insert("enum".into(), Value::Array(values));
+            }
+        } else {
+            tracing::warn!(tool = %self.info.name, field, "argument_enum: the tool has no such argument");
         }
         self
     }

@@ -38,6 +38,41 @@ impl ToolInfo {
     }
 }
 
+impl ToolInfo {
+    /// The output schema a client sees: the tool's own without its [`ImageContent`](super::ImageContent) fields,
+    /// which travel as image content rather than in the structured result.
+    pub fn client_output_schema(&self) -> Value {
+        let mut schema = self.output_schema.clone();
+        let Some(object) = schema.as_object_mut() else { return schema };
+        let images: Vec<String> = object
+            .get("properties")
+            .and_then(Value::as_object)
+            .map(|properties| {
+                properties.iter().filter(|(_, p)| super::image::is_image_schema(p)).map(|(k, _)| k.clone()).collect()
+            })
+            .unwrap_or_default();
+        if images.is_empty() {
+            return schema;
+        }
+        if let Some(properties) = object.get_mut("properties").and_then(Value::as_object_mut) {
+            images.iter().for_each(|name| drop(properties.remove(name)));
+        }
+        if let Some(required) = object.get_mut("required").and_then(Value::as_array_mut) {
+            required.retain(|name| name.as_str().is_none_or(|name| !images.iter().any(|image| image == name)));
+        }
+        // The definition goes too unless something nested still refers to it.
+        let still_used =
+            object.iter().any(|(key, value)| key != "$defs" && value.to_string().contains("/ImageContent\""));
+        if let (false, Some(defs)) = (still_used, object.get_mut("$defs").and_then(Value::as_object_mut)) {
+            defs.remove("ImageContent");
+            if defs.is_empty() {
+                object.remove("$defs");
+            }
+        }
+        schema
+    }
+}
+
 impl CallRequest {
     /// A request from arguments as a transport receives them: `operation_id` and `task_id` are taken out of the
     /// object (they must be non-empty strings) and the rest are the tool's arguments.

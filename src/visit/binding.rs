@@ -41,7 +41,9 @@ impl<L: WorldLifecycle> WorldBinding<L> {
     pub fn resolve(&self, call: &CallContext<L::Session>) -> Result<VisitInfo, ToolError> {
         let captured = call.visit();
         if !call.is_active() {
-            return Err(ToolError::with_code(ErrorCode::Cancelled, "the call already ended"));
+            // Exactly what its next `on_client` answers: VISIT_ENDED after an exit, LOCATION_CHANGED after a
+            // travel (`Location` scope), CANCELLED, TIMEOUT, or the handler's own outcome.
+            return Err(call.end_error());
         }
         let state = self.host.state.lock();
         match state.visit.as_ref() {

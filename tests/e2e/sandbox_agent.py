@@ -20,10 +20,12 @@ def emit(event: str, **fields: object) -> None:
 
 
 def outcome(result) -> dict:
-    content = result.structured_content or {}
     if result.is_error:
-        return {"error": content.get("code"), "details": content.get("details", {})}
-    return {"ok": content}
+        # An error result's text block is the error as JSON: {code, message, details}.
+        text = next((block.text for block in result.content if getattr(block, "type", "") == "text"), "{}")
+        error = json.loads(text)
+        return {"error": error.get("code"), "details": error.get("details", {})}
+    return {"ok": result.structured_content or {}}
 
 
 async def main() -> None:

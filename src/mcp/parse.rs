@@ -1,0 +1,53 @@
+//! Bodies that are not one JSON-RPC message: HTTP 400 with a JSON-RPC parse error (-32700), as JSON, so a client
+//! sees the same shape as for every other error. (rmcp answers these with 415 and plain text.) A batch (a JSON
+//! array) is refused the same way: MCP removed batching in 2025-06-18, and neither protocol generation this server
+//! speaks has it.
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rmcp::model::ClientJsonRpcMessage;
+use serde_json::json;
+
+/// The JSON-RPC code of a parse error.
+pub(crate) const PARSE_ERROR: i32 = -32700;
+
+/// Refuses a `POST` whose JSON body is not one JSON-RPC message; everything else goes on to rmcp (which also
+/// checks `Content-Type` and `Accept`: a body that is not JSON at all is only ours to refuse when it says it is).
+pub(crate) async fn refuse_unparsable(State(max_body_bytes): State<usize>, request: Request, next: Next) -> Response {
+    let says_json =
+        request.headers().get(header::CONTENT_TYPE).and_then(|value| value.to_str().ok()).is_some_and(|value| {
+            value.split(';').next().is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+        });
+    if request.method() != Method::POST || !says_json {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let Ok(bytes) = to_bytes(body, max_body_bytes).await else {
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("Payload Too Large: request body exceeds {max_body_bytes} bytes"),
+        )
+            .into_response();
+    };
+    let why = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Err(error) => Some(format!("Parse error: the body is not valid JSON ({error})")),
+        Ok(serde_json::Value::Array(_)) => {
+            Some("Parse error: JSON-RPC batches are not supported; send one message per request".to_string())
+        }
+        Ok(value) => serde_json::from_value::<ClientJsonRpcMessage>(value)
+            .err()
+            .map(|error| format!("Parse error: the body is not a JSON-RPC message MCP knows ({error})")),
+    };
+    match why {
+        Some(message) => parse_error(message),
+        None => next.run(Request::from_parts(parts, Body::from(bytes))).await,
+    }
+}
+
+fn parse_error(message: String) -> Response {
+    let body = json!({ "jsonrpc": "2.0", "id": null, "error": { "code": PARSE_ERROR, "message": message } });
+    (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}

@@ -1,0 +1,122 @@
+//! The game's console stays readable: rmcp's per-connection INFO lines are quiet by default, and an ordinary
+//! client disconnect is not an ERROR. (A test binary of its own: it installs the process's global subscriber.)
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bevy_agent_tools::mcp::{McpPlugin, McpServer};
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
+use bevy_agent_tools::{ConversationEvent, ConversationStatus};
+use common::*;
+use parking_lot::Mutex;
+use rmcp::model::{CallToolRequestParams, ProtocolVersion};
+use rmcp::service::ClientLifecycleMode;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{ClientServiceExt, ServiceExt};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+const TOKEN: &str = "log-token-0123456789abcdef";
+
+/// Every event that reached the game's subscriber: (level, target, message), the message marked when it did not
+/// come from the plugin's worker threads (where the MCP server runs).
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<(Level, String, String)>>>);
+
+impl<S: Subscriber> Layer<S> for Captured {
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        // The test's own client logs from the test's threads; the MCP server runs on the plugin's workers.
+        let thread = std::thread::current();
+        let server = thread.name() == Some("agent-tools-worker");
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        let metadata = event.metadata();
+        let message = if server { message.0 } else { format!("[not the server] {}", message.0) };
+        self.0.lock().push((*metadata.level(), metadata.target().to_string(), message));
+    }
+}
+
+#[test]
+fn rmcp_connection_lines_are_quiet_and_a_stateless_client_disconnect_is_not_an_error() {
+    let captured = Captured::default();
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(captured.clone()))
+        .expect("the only subscriber of this test binary");
+    let gate = Gate::new();
+    let tool_gate = gate.clone();
+    let game = RunningGame::spawn(Duration::from_millis(1), move || {
+        let plugin = AgentToolsPlugin::new(TestGame::default())
+            .with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None))
+            .with_tool(bump_tool("gated", ToolScope::World, Arc::default(), Some(tool_gate)));
+        headless_app_with(plugin, McpPlugin::new().port(0).token(TOKEN))
+    });
+    let url = game.with_app(|app| {
+        app.world_mut().write_message(EnterWorld::new("alpha"));
+        app.update();
+        app.world().resource::<McpServer>().url().to_string()
+    });
+    let mut events = game.agent().subscribe();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+    runtime.block_on(async {
+        let transport = |url: &str| {
+            StreamableHttpClientTransport::from_config(
+                StreamableHttpClientTransportConfig::with_uri(url).auth_header(TOKEN),
+            )
+        };
+        // A session (2025-11-25): connect, call, leave.
+        let client = ().serve(transport(&url)).await.expect("connect");
+        client.call_tool(CallToolRequestParams::new("bump")).await.expect("a call");
+        client.cancel().await.expect("close");
+
+        // Stateless (2026-07-28): a call whose client goes away while it runs.
+        let mode = ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
+        let client = ().serve_with_lifecycle(transport(&url), mode).await.expect("connect (2026-07-28)");
+        let peer = client.peer().clone();
+        let call = tokio::spawn(async move { peer.call_tool(CallToolRequestParams::new("gated")).await });
+        gate.arrivals(1).await;
+        call.abort();
+        let _ = call.await;
+        drop(client);
+        loop {
+            let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("an event in time");
+            if let Some(ConversationEvent::Status(change)) = event {
+                if change.status == ConversationStatus::Idle && change.previous == ConversationStatus::WaitingToolResult
+                {
+                    break;
+                }
+            }
+        }
+        // One more full exchange after the disconnect was handled (rmcp answers the cancelled call's stream as it
+        // winds down; this runs behind it on the same runtime).
+        let client = ().serve(transport(&url)).await.expect("connect again");
+        client.call_tool(CallToolRequestParams::new("bump")).await.expect("a call");
+        client.cancel().await.expect("close");
+    });
+    gate.open();
+    game.stop();
+
+    let captured = captured.0.lock().clone();
+    assert!(
+        captured
+            .iter()
+            .any(|(_, target, message)| target.starts_with("bevy_agent_tools") && message.contains("serving MCP")),
+        "the game's subscriber got the plugin's own lines: {captured:#?}"
+    );
+    let server: Vec<_> = captured.iter().filter(|(_, _, message)| !message.starts_with("[not the server]")).collect();
+    let errors: Vec<_> = server.iter().filter(|(level, _, _)| *level == Level::ERROR).collect();
+    assert!(errors.is_empty(), "a client going away is not an error: {errors:#?}");
+    let rmcp_chatter: Vec<_> =
+        server.iter().filter(|(level, target, _)| target.starts_with("rmcp") && *level > Level::WARN).collect();
+    assert!(rmcp_chatter.is_empty(), "rmcp's INFO lines are quiet by default: {rmcp_chatter:#?}");
+}
