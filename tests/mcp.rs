@@ -278,9 +278,17 @@ fn security_refusals_have_the_right_status_and_say_why() {
     let (status, body) = raw(&server, &[], INITIALIZE);
     assert_eq!(status, 401, "no token: {body}");
     assert!(body.contains("missing bearer token"));
+    assert!(
+        body.contains("file the game printed") && body.contains("not use OAuth"),
+        "says where the token is: {body}"
+    );
     let (status, body) = raw(&server, &[("Authorization", "Bearer wrong-token-wrong-token")], INITIALIZE);
     assert_eq!(status, 401, "wrong token: {body}");
-    assert!(body.contains("wrong bearer token"));
+    assert!(body.contains("wrong or revoked bearer token"));
+    // HTTP authentication schemes are case-insensitive.
+    let lower = format!("bearer {TOKEN}");
+    let (status, body) = raw(&server, &[("Authorization", &lower)], INITIALIZE);
+    assert_eq!(status, 200, "a lower-case scheme is the same scheme: {body}");
 
     let (status, _) = raw(&server, &[("Authorization", &bearer), ("Origin", "http://evil.example")], INITIALIZE);
     assert_eq!(status, 403, "a foreign Origin is refused");

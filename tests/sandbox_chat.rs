@@ -1,0 +1,249 @@
+//! The sandbox's in-game agent chat end to end: the compiled sandbox with `--agent` running the scripted ACP agent
+//! (tests/fixtures), driven through its console as a player would, its lines read as another program would.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(30);
+const TOKEN: &str = "chat-test-token-0123456789";
+
+/// An example next to this test's own binary, built by `cargo test` (a no-op build when it already is).
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("<target>/<profile>/deps/<test>");
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--example", name])
+        .env("CARGO_TARGET_DIR", profile_dir.parent().expect("<target>"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "cargo build --example {name} failed");
+    profile_dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
+}
+
+struct Sandbox {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Sandbox {
+    fn start(data_dir: &Path, extra: &[String]) -> Self {
+        let mut child = Command::new(example("sandbox"))
+            .args(["--data-dir".as_ref(), data_dir.as_os_str()])
+            .args(["--tps", "120", "--port", "0", "--token", TOKEN, "--world", "alpha"])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the sandbox starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        Self { child, stdin, lines, seen: Vec::new() }
+    }
+
+    fn send(&mut self, command: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin is open");
+        writeln!(stdin, "{command}").and_then(|()| stdin.flush()).expect("the sandbox reads its input");
+    }
+
+    /// Reads lines until one satisfies `wanted`; returns it.
+    fn until(&mut self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
+        let until = Instant::now() + WAIT;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if wanted(&line) {
+                        return line;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => panic!("no {what} within {WAIT:?}; so far: {:#?}", self.seen),
+                Err(RecvTimeoutError::Disconnected) => panic!("the sandbox stopped before {what}: {:#?}", self.seen),
+            }
+        }
+    }
+
+    /// A line seen already, or the next one, starting with `prefix` (for lines whose order with others is free).
+    fn seen_or_next(&mut self, prefix: &str) -> String {
+        match self.seen.iter().find(|line| line.starts_with(prefix)) {
+            Some(line) => line.clone(),
+            None => self.line_starting(prefix),
+        }
+    }
+
+    fn line_starting(&mut self, prefix: &str) -> String {
+        self.until(prefix, |line| line.starts_with(prefix))
+    }
+
+    /// The chat-status lines seen so far for `session`, as `previous->status`.
+    fn statuses(&self, session: &str) -> Vec<String> {
+        let prefix = format!("chat-status session={session} ");
+        self.seen
+            .iter()
+            .filter_map(|line| line.strip_prefix(&prefix))
+            .map(|rest| {
+                let status = rest.split(' ').find_map(|w| w.strip_prefix("status=")).unwrap_or_default();
+                let previous = rest.split(' ').find_map(|w| w.strip_prefix("previous=")).unwrap_or_default();
+                format!("{previous}->{status}")
+            })
+            .collect()
+    }
+
+    fn quit(mut self) -> std::process::ExitStatus {
+        self.send("quit");
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting works") {
+                return status;
+            }
+            assert!(started.elapsed() < WAIT, "the sandbox did not exit: {:#?}", self.seen);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `--agent` for the scripted agent remembering in `state` (a path with a space: quotes are honoured).
+fn agent_flag(state: &Path, more: &str) -> Vec<String> {
+    let agent = example("scripted_acp_agent");
+    vec!["--agent".into(), format!("{} --state '{}' {more}", agent.display(), state.display())]
+}
+
+fn agents_alive(state: &Path) -> usize {
+    let needle = state.to_string_lossy().to_string();
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter(|entry| {
+                    std::fs::read(entry.path().join("cmdline")).is_ok_and(|cmdline| {
+                        let cmdline = String::from_utf8_lossy(&cmdline);
+                        // The agent itself, not the sandbox whose `--agent` names the same path.
+                        cmdline.split('\0').next().is_some_and(|program| program.ends_with("scripted_acp_agent"))
+                            && cmdline.contains(&needle)
+                    })
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn session_of(line: &str) -> String {
+    line.split(' ').find_map(|w| w.strip_prefix("session=")).expect("a session id").to_string()
+}
+
+#[test]
+fn the_player_chats_with_an_agent_that_builds_through_the_game_and_quit_leaves_no_agent_behind() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let state = root.path().join("agent state");
+    let mut game = Sandbox::start(&root.path().join("data"), &agent_flag(&state, "--no-system-prompt"));
+    let created = game.line_starting("chat-status ");
+    let id = session_of(&created);
+    assert!(created.ends_with("status=idle previous=none"), "{created}");
+    game.seen_or_next("visit-opened world=alpha");
+
+    game.send(r#"say call place_block {"x": 3, "y": 60, "z": 3, "block": "gold"}"#);
+    assert_eq!(game.line_starting("ok ").as_str(), "ok sent");
+    let answered = game.line_starting(&format!("chat session={id}: place_block answered:"));
+    assert!(answered.contains(r#""changed":true"#), "{answered}");
+    game.until("the turn's end", |line| line.ends_with("status=idle previous=running"));
+    let expected = [
+        "none->idle",
+        "idle->running",
+        "running->waiting_tool_result",
+        "waiting_tool_result->running",
+        "running->idle",
+    ];
+    assert_eq!(game.statuses(&id), expected, "every transition once, in order");
+
+    game.send("say wait");
+    assert_eq!(game.line_starting("ok ").as_str(), "ok sent");
+    game.send("say are you there");
+    let busy = game.line_starting("error: ");
+    assert!(busy.starts_with("error: SESSION_BUSY "), "{busy}");
+    game.send("chat-cancel");
+    assert_eq!(game.line_starting("ok ").as_str(), "ok cancelling the turn");
+    game.until("the cancelled turn's end", |line| line.ends_with("status=idle previous=running"));
+
+    game.send("say crash");
+    let failed = game.line_starting(&format!("chat-error session={id} "));
+    assert!(failed.contains("code=AGENT_UNAVAILABLE") && failed.contains("crashing on purpose"), "{failed}");
+    game.until("the error status", |line| line.ends_with("status=error previous=running"));
+    game.send("say hello");
+    assert!(game.line_starting("error: ").starts_with("error: AGENT_UNAVAILABLE "));
+    game.send("chat-resume");
+    assert_eq!(game.line_starting("ok "), format!("ok resumed session={id}"));
+    game.send("say history");
+    game.line_starting("ok sent");
+    // place, wait, crash, history: the refused texts never reached the agent.
+    game.line_starting(&format!("chat session={id}: I remember 4 turns"));
+
+    game.send("status");
+    let status = game.line_starting("ok world=");
+    assert!(status.contains(&format!("chat={id} chat-status=")) && status.contains("usage=400/200000"), "{status}");
+    assert_eq!(agents_alive(&state), 1);
+    assert!(game.quit().success());
+    assert_eq!(agents_alive(&state), 0, "quit stopped the agent");
+}
+
+#[test]
+fn a_kept_session_is_resumed_by_id_after_a_restart_and_permissions_go_to_the_player() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let (data, state) = (root.path().join("data"), root.path().join("state"));
+    let keep = |more: &str| {
+        let mut flags = agent_flag(&state, more);
+        flags.extend(["--agent-keep".to_string(), "--ask-permissions".to_string()]);
+        flags
+    };
+    let mut first = Sandbox::start(&data, &keep(""));
+    let kept = session_of(&first.line_starting("chat-status "));
+    first.send("say ask");
+    let asked = first.line_starting(&format!("chat-permission session={kept} "));
+    assert!(asked.ends_with("tool=run rm -rf /"), "{asked}");
+    let request = asked.split(' ').find_map(|w| w.strip_prefix("request=")).expect("a request number").to_string();
+    first.send(&format!("chat-allow {request}"));
+    assert_eq!(first.line_starting("ok allowed"), format!("ok allowed request={request}"));
+    first.line_starting(&format!("chat session={kept}: permission: allowed"));
+    assert!(first.quit().success());
+    assert_eq!(agents_alive(&state), 0, "quit stopped the agent, keeping its session");
+
+    let mut second = Sandbox::start(&data, &keep(""));
+    let fresh = session_of(&second.line_starting("chat-status "));
+    assert_ne!(fresh, kept);
+    second.send("chat-resume chat-00000000deadbeef");
+    assert!(second.line_starting("error: ").starts_with("error: SESSION_NOT_FOUND "));
+    second.send(&format!("chat-resume {kept}"));
+    assert_eq!(second.line_starting("ok attached"), format!("ok attached session={kept} status=idle"));
+    second.send("say history");
+    second.line_starting(&format!("chat session={kept}: I remember 2 turns"));
+    assert!(second.quit().success());
+
+    let mut plain = Sandbox::start(&data, &[]);
+    plain.seen_or_next("visit-opened");
+    plain.send("say hello");
+    assert_eq!(plain.line_starting("error: "), "error: no agent configured (start with --agent \"COMMAND ARGS\")");
+    assert!(plain.quit().success());
+}
