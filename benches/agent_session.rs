@@ -79,7 +79,8 @@ fn main() {
         (url, app.world().resource::<AgentSessions>().clone())
     });
     let state = dir.path().join("agent-state");
-    let config = SessionConfig::acp(agent.to_string_lossy(), ["--state".to_string(), state.to_string_lossy().to_string()]);
+    let config =
+        SessionConfig::acp(agent.to_string_lossy(), ["--state".to_string(), state.to_string_lossy().to_string()]);
     let handle = game.agent();
     let runtime = handle.runtime().clone();
     runtime.block_on(async move {

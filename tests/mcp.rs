@@ -218,6 +218,44 @@ fn h1_reconnecting_mcp_clients_keep_talking_to_the_same_visit() {
 }
 
 #[test]
+fn h12_sessionless_clients_with_the_same_name_never_share_replays_and_a_minted_handle_keeps_them_one_conversation() {
+    let (game, server) = game(Arc::default(), Gate::new());
+    let url = server.url().to_string();
+    runtime().block_on(async move {
+        // Two separate 2026-07-28 clients: rmcp's client sends the same clientInfo for both.
+        let (a, _) = connect(&url, true).await;
+        let (b, _) = connect(&url, true).await;
+        let counter =
+            |result: rmcp::model::CallToolResult| result.structured_content.expect("structured")["counter"].clone();
+        let keyed = json!({ "by": 1, "operation_id": "op-1" });
+        let first = counter(a.call_tool(params("bump", keyed.clone())).await.expect("call"));
+        let second = counter(b.call_tool(params("bump", keyed.clone())).await.expect("call"));
+        assert_ne!(first, second, "the other client's call ran: it did not get the first one's retained result");
+
+        let begun = a.call_tool(params("begin_conversation", json!({}))).await.expect("call");
+        let handle =
+            begun.structured_content.expect("structured")["conversation"].as_str().expect("a handle").to_string();
+        let mine = json!({ "by": 1, "operation_id": "op-2", "conversation": handle });
+        let once = counter(a.call_tool(params("bump", mine.clone())).await.expect("call"));
+        let retried = counter(a.call_tool(params("bump", mine.clone())).await.expect("call"));
+        assert_eq!(once, retried, "a retry in the same conversation runs once");
+        let theirs =
+            counter(b.call_tool(params("bump", json!({ "by": 1, "operation_id": "op-2" }))).await.expect("call"));
+        assert_ne!(theirs, once, "without the handle it is another conversation's operation");
+
+        let forged = b.call_tool(params("bump", json!({ "conversation": "cv-guessed" }))).await.expect("call");
+        assert_eq!(domain_error(&forged)["code"], "CONVERSATION_NOT_FOUND");
+        let tools = a.list_all_tools().await.expect("tools");
+        let bump = tools.iter().find(|tool| tool.name == "bump").expect("bump");
+        assert!(bump.input_schema["properties"].get("conversation").is_some(), "every tool takes the handle");
+        assert!(tools.iter().any(|tool| tool.name == "begin_conversation"));
+        a.cancel().await.expect("close");
+        b.cancel().await.expect("close");
+    });
+    game.stop();
+}
+
+#[test]
 fn busy_over_the_in_flight_limit_is_refused_with_429() {
     let gate = Gate::new();
     let (game, server) = game(Arc::default(), gate.clone());

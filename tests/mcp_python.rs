@@ -64,7 +64,7 @@ fn python_mcp_client_lists_calls_sees_errors_replays_and_cancels_in_both_protoco
         String::from_utf8_lossy(&output.stderr)
     );
     let checks = stdout.lines().filter(|line| line.contains("\"ok\": true")).count();
-    assert_eq!(checks, 16, "every check passed in both generations:\n{stdout}");
+    assert_eq!(checks, 20, "every check passed in both generations:\n{stdout}");
     for generation in ["auto", "legacy"] {
         ended.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| panic!("{generation}: the handler saw ended()"));
     }

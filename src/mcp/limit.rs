@@ -10,10 +10,10 @@ use axum::response::Response;
 use serde_json::Value;
 
 use super::credentials::BoundConversation;
+use super::handles::CONVERSATION;
 use super::naming::conversation_id;
 use super::security::refusal;
 use crate::agent::AgentHandle;
-use crate::tool::TASK_ID;
 
 /// What the limit layer needs: the host, and the body limit it must respect while it reads a request.
 #[derive(Clone)]
@@ -34,12 +34,13 @@ pub(crate) async fn limit_in_flight(State(limit): State<InFlightLimit>, request:
         if message.get("method").and_then(Value::as_str) == Some("tools/call") {
             let session = parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok());
             let params = message.get("params");
-            let task = params.and_then(|p| p.get("arguments")).and_then(|a| a.get(TASK_ID)).and_then(Value::as_str);
-            let client = params.and_then(|p| p.get("_meta")).and_then(|m| m.get("io.modelcontextprotocol/clientInfo"));
-            let client = client.and_then(|c| Some((c.get("name")?.as_str()?, c.get("version")?.as_str()?)));
+            let handle =
+                params.and_then(|p| p.get("arguments")).and_then(|a| a.get(CONVERSATION)).and_then(Value::as_str);
             let bound = parts.extensions.get::<BoundConversation>().map(|bound| &bound.0);
-            let conversation = conversation_id(bound, session, task, client);
-            if limit.agent.is_busy(&conversation) {
+            // A request of no conversation (sessionless, no handle) is one of its own: nothing to limit yet.
+            // An unknown handle names nobody's conversation: the server refuses it.
+            let conversation = conversation_id(bound, handle, session);
+            if conversation.is_some_and(|conversation| limit.agent.is_busy(&conversation)) {
                 return refusal(
                     StatusCode::TOO_MANY_REQUESTS,
                     "busy",

@@ -42,6 +42,14 @@
 //! unknown tool is a JSON-RPC error (-32602); a body that is not one JSON-RPC message (malformed JSON, a batch) is
 //! refused with HTTP 400 and a JSON-RPC parse error (-32700).
 //!
+//! Conversations: a 2025-11-25 client's MCP session is its conversation. A sessionless (2026-07-28) client gets
+//! one through a server-minted handle (SEP-2567): the built-in tool `begin_conversation` returns
+//! `{"conversation": "cv-..."}`, and the client passes it as the `conversation` argument (in every tool's schema)
+//! of its later calls. Only minted handles pass (`CONVERSATION_NOT_FOUND`); a sessionless request without one is a
+//! conversation of its own, ended with the request, so operation-id replays and the in-flight limit are never
+//! shared between clients by a name they chose. A request presenting an in-game agent session's credential
+//! ([`Credentials`]) is that session's conversation.
+//!
 //! Progress: every report a handler makes before its result reaches the client (as `notifications/progress`, when
 //! the request carried a progress token) before the result.
 //!
@@ -61,6 +69,7 @@
 //! [`AgentTool::argument_enum`](crate::AgentTool::argument_enum).
 
 mod credentials;
+mod handles;
 mod limit;
 mod naming;
 mod parse;

@@ -144,7 +144,7 @@ impl McpPlugin {
             .with_sse_keep_alive(Some(Duration::from_secs(2)))
             .with_cancellation_token(shutdown.child_token());
         let limit = InFlightLimit { agent: agent.clone(), max_body_bytes: self.max_body_bytes };
-        let handler = GameServer { agent };
+        let handler = GameServer { agent, handles: Default::default() };
         let sessions = Arc::new(ConversationSessions::new(handler.agent.clone(), self.session_idle_timeout));
         sessions.spawn_upkeep(runtime, shutdown.child_token());
         let service: StreamableHttpService<GameServer, ConversationSessions> =

@@ -1,6 +1,7 @@
 //! The MCP face of the host: `tools/list` from the registry, `tools/call` through [`AgentHandle`], with
 //! conversations, cancellation and progress mapped onto the host's.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rmcp::model::{
@@ -13,12 +14,13 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
 use super::credentials::BoundConversation;
+use super::handles::{begin_conversation_tool, Handles, BEGIN_CONVERSATION, CONVERSATION, CONVERSATION_HELP};
 use super::naming::conversation_id;
 use crate::agent::AgentHandle;
 use crate::call::{CallOutcome, CallRequest, Progress, ProgressSink};
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
-use crate::tool::{take_images, ToolInfo, TASK_ID};
+use crate::tool::{take_images, ToolInfo};
 
 /// The `_meta` key under which results carry the visit and location they observed (rule H11).
 pub const OBSERVED_META_KEY: &str = "bevy_agent_tools/observed";
@@ -31,31 +33,48 @@ const INSTRUCTIONS: &str = "Tools act inside a running game. Each call is bound 
 location-scoped tools, the exact location) it was made in: if the player leaves or travels first, the call is \
 refused (VISIT_ENDED, LOCATION_CHANGED) and nothing is applied elsewhere. An error result's text is JSON with a \
 stable `code`, a `message` and `details`. For non-read-only tools, pass an `operation_id` when you may retry: retries run once. After \
-TIMEOUT the effect is unknown: look before you retry.";
+TIMEOUT the effect is unknown: look before you retry. Without an MCP session, call `begin_conversation` once and \
+pass its handle as `conversation` in every call: retries are only recognised within a conversation.";
+
+/// Numbers the conversations of sessionless requests without a handle.
+static NEXT_REQUEST: AtomicU64 = AtomicU64::new(1);
 
 /// One `ServerHandler` per MCP session (or per request, for 2026-07-28): cheap clones of the agent handle.
 #[derive(Clone)]
 pub(crate) struct GameServer {
     pub agent: AgentHandle,
+    /// The conversation handles minted for sessionless clients.
+    pub handles: Handles,
 }
 
 impl GameServer {
-    /// Names the conversation a request belongs to: the conversation of its per-conversation credential (an
-    /// in-game agent session's), else the MCP session (2025-11-25), else the agent's `task_id`
-    /// handle, else the client's identity from `_meta` (2026-07-28 has no sessions).
+    /// Names the conversation a request belongs to ([`conversation_id`]): its credential's (an in-game agent
+    /// session), else its `conversation` handle (checked: only minted handles pass), else its MCP session
+    /// (2025-11-25), else none: a sessionless request without a handle is a conversation of its own, ended with
+    /// the request.
     ///
     /// Every request opens its conversation ([`AgentHandle::conversation`]): a conversation that ended (for
-    /// example by the plugin's `conversation_idle_timeout`, which is how 2026-07-28 conversations end) is
-    /// reactivated, so a client that comes back simply continues in the same visit. The end of a 2025-11-25
-    /// session (DELETE or expiry) is not detected here: rmcp's `LocalSessionManager` offers no hook for it short of
-    /// wrapping the whole `SessionManager`; the idle timeout ends such conversations too.
-    fn conversation(&self, arguments: &JsonObject, context: &RequestContext<RoleServer>) -> ConversationId {
+    /// example by the plugin's `conversation_idle_timeout`) is reactivated, so a client that comes back with its
+    /// handle simply continues in the same visit.
+    fn conversation(
+        &self,
+        arguments: &mut JsonObject,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Option<ConversationId>, ToolError> {
+        let handle = match arguments.remove(CONVERSATION) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(handle)) => {
+                self.handles.check(&handle)?;
+                Some(handle)
+            }
+            Some(_) => {
+                return Err(ToolError::invalid_input(CONVERSATION, "must be the string `begin_conversation` returned"))
+            }
+        };
         let parts = context.extensions.get::<axum::http::request::Parts>();
         let session = parts.and_then(|p| p.headers.get("mcp-session-id")).and_then(|v| v.to_str().ok());
-        let task = arguments.get(TASK_ID).and_then(Value::as_str);
-        let client = context.client_info();
         let bound = parts.and_then(|p| p.extensions.get::<BoundConversation>()).map(|bound| &bound.0);
-        conversation_id(bound, session, task, client.as_ref().map(|c| (c.name.as_str(), c.version.as_str())))
+        Ok(conversation_id(bound, handle.as_deref(), session))
     }
 }
 
@@ -69,6 +88,10 @@ pub(crate) fn to_mcp_tool(info: &ToolInfo) -> Tool {
         .destructive(info.annotations.destructive)
         .idempotent(info.annotations.idempotent)
         .open_world(false);
+    let mut input = input;
+    if let Some(properties) = input.get_mut("properties").and_then(Value::as_object_mut) {
+        properties.entry(CONVERSATION).or_insert(json!({ "type": "string", "description": CONVERSATION_HELP }));
+    }
     let mut tool =
         Tool::new(info.name.clone(), info.description.clone(), Arc::new(input)).with_annotations(annotations);
     if let Value::Object(output) = &info.client_output_schema() {
@@ -91,10 +114,15 @@ impl ServerHandler for GameServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.agent.tools().iter().map(to_mcp_tool).collect()))
+        let registered = self.agent.tools();
+        let tools = std::iter::once(begin_conversation_tool()).chain(registered.iter().map(to_mcp_tool));
+        Ok(ListToolsResult::with_all_items(tools.collect()))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
+        if name == BEGIN_CONVERSATION {
+            return Some(begin_conversation_tool());
+        }
         self.agent.tools().iter().find(|tool| tool.name == name).map(to_mcp_tool)
     }
 
@@ -103,9 +131,45 @@ impl ServerHandler for GameServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let arguments = request.arguments.unwrap_or_default();
-        let conversation = self.agent.conversation(self.conversation(&arguments, &context));
-        let mut call_request = match CallRequest::from_wire(request.name.to_string(), Value::Object(arguments)) {
+        let mut arguments = request.arguments.unwrap_or_default();
+        let named = match self.conversation(&mut arguments, &context) {
+            Ok(named) => named,
+            Err(error) => return Ok(error_result(&error).into()),
+        };
+        if request.name == BEGIN_CONVERSATION {
+            return Ok(match self.handles.mint() {
+                Ok(handle) => {
+                    let value = json!({ "conversation": handle });
+                    let mut result = CallToolResult::success(vec![ContentBlock::text(value.to_string())]);
+                    result.structured_content = Some(value);
+                    result.into()
+                }
+                Err(error) => error_result(&error).into(),
+            });
+        }
+        // A sessionless request without a handle: a conversation of its own, ended with the request.
+        let anonymous = named.is_none();
+        let id = named.unwrap_or_else(|| {
+            ConversationId::new(format!("mcp-request:{}", NEXT_REQUEST.fetch_add(1, Ordering::Relaxed)))
+        });
+        let conversation = self.agent.conversation(id.clone());
+        let outcome = self.run(conversation, request.name.to_string(), arguments, &context).await;
+        if anonymous {
+            let _ = self.agent.end_conversation(&id);
+        }
+        outcome
+    }
+}
+
+impl GameServer {
+    async fn run(
+        &self,
+        conversation: crate::agent::Conversation,
+        tool: String,
+        arguments: JsonObject,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let mut call_request = match CallRequest::from_wire(tool, Value::Object(arguments)) {
             Ok(call_request) => call_request,
             Err(error) => return Ok(error_result(&error).into()),
         };
@@ -124,7 +188,7 @@ impl ServerHandler for GameServer {
         let outcome = loop {
             tokio::select! {
                 biased;
-                Some(progress) = progress_rx.recv() => notify_progress(&context, progress_token.as_ref(), progress).await,
+                Some(progress) = progress_rx.recv() => notify_progress(context, progress_token.as_ref(), progress).await,
                 outcome = &mut call => break outcome,
                 _ = context.ct.cancelled(), if !cancelled => {
                     cancelled = true;
@@ -133,7 +197,7 @@ impl ServerHandler for GameServer {
             }
         };
         while let Ok(progress) = progress_rx.try_recv() {
-            notify_progress(&context, progress_token.as_ref(), progress).await;
+            notify_progress(context, progress_token.as_ref(), progress).await;
         }
         outcome_to_result(outcome).map(Into::into)
     }

@@ -34,7 +34,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::session::{ServerSseMessage, SessionId, SessionManager};
 use tokio_util::sync::CancellationToken;
 
-use super::naming::conversation_id;
+use super::naming::session_conversation;
 use crate::agent::AgentHandle;
 use crate::conversation::{ConversationEvent, ConversationStatus};
 use crate::ids::ConversationId;
@@ -290,7 +290,7 @@ impl SessionManager for ConversationSessions {
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
         let created = self.inner.create_session().await?;
-        let conversation = conversation_id(None, Some(created.0.as_ref()), None, None);
+        let conversation = session_conversation(created.0.as_ref());
         self.open.lock().insert(created.0.clone(), Tracked { conversation, last_seen: Instant::now() });
         Ok(created)
     }
@@ -313,7 +313,7 @@ impl SessionManager for ConversationSessions {
         self.logs.lock().remove(id);
         let closed = self.inner.close_session(id).await;
         // A session that never called a tool has no conversation: nothing to end.
-        let _ = self.agent.end_conversation(&conversation_id(None, Some(id.as_ref()), None, None));
+        let _ = self.agent.end_conversation(&session_conversation(id.as_ref()));
         closed
     }
 
@@ -391,10 +391,10 @@ mod tests {
         let (busy, silent): (SessionId, SessionId) = ("busy".into(), "silent".into());
         let start = Instant::now();
         for id in [&busy, &silent] {
-            let conversation = conversation_id(None, Some(id.as_ref()), None, None);
+            let conversation = session_conversation(id.as_ref());
             sessions.open.lock().insert(id.clone(), Tracked { conversation, last_seen: start });
         }
-        let call = app.agent().conversation(conversation_id(None, Some("busy"), None, None)).call("held", json!({}));
+        let call = app.agent().conversation(session_conversation("busy")).call("held", json!({}));
         app.run_until("the call is in its handler", |_| gate.arrived() == 1);
 
         assert!(sessions.expired(start + timeout / 2).is_empty(), "nobody expires before the timeout");

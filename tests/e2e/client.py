@@ -52,9 +52,20 @@ async def run(mode: str) -> None:
         ok = error.is_error and read.get("code") == "INVALID_INPUT" and read["details"]["field"] == "by"
         check(f"{mode}: domain error", ok and error.structured_content is None, read)
 
-        replay = [await client.call_tool("bump", {"by": 5, "operation_id": f"op-{mode}"}) for _ in range(2)]
+        # Without an MCP session (2026-07-28), a client's calls are one conversation only through a handle the
+        # server minted; with a session the handle changes nothing.
+        begun = await client.call_tool("begin_conversation", {})
+        handle = begun.structured_content["conversation"]
+        mine = {"conversation": handle}
+        replay = [await client.call_tool("bump", {"by": 5, "operation_id": f"op-{mode}", **mine}) for _ in range(2)]
         same = replay[0].structured_content == replay[1].structured_content
         check(f"{mode}: replay runs once", same, [r.structured_content for r in replay])
+        # Another client (no handle, or another handle) with the same operation id runs its own operation.
+        other = await client.call_tool("bump", {"by": 5, "operation_id": f"op-{mode}"})
+        theirs = other.structured_content["counter"] != replay[0].structured_content["counter"]
+        check(f"{mode}: another conversation never gets this one's replay", theirs, other.structured_content)
+        forged = await client.call_tool("bump", {"by": 1, "conversation": "cv-made-up"})
+        check(f"{mode}: a handle the game did not mint is refused", domain_error(forged).get("code") == "CONVERSATION_NOT_FOUND")
 
         progress = []
 

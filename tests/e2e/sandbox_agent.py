@@ -32,9 +32,12 @@ async def main() -> None:
     http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=httpx2.Timeout(30.0, read=300.0))
     async with Client(streamable_http_client(URL, http_client=http)) as client:
         if STEP == "place":
-            first = await client.call_tool("place_block", {**GOLD, "operation_id": "op-gold"})
-            again = await client.call_tool("place_block", {**GOLD, "operation_id": "op-gold"})
-            conflict = await client.call_tool("place_block", {**GOLD, "block": "stone", "operation_id": "op-gold"})
+            # Sessionless (2026-07-28): the retries are one conversation's through the handle the game minted.
+            begun = await client.call_tool("begin_conversation", {})
+            mine = {"conversation": begun.structured_content["conversation"], "operation_id": "op-gold"}
+            first = await client.call_tool("place_block", {**GOLD, **mine})
+            again = await client.call_tool("place_block", {**GOLD, **mine})
+            conflict = await client.call_tool("place_block", {**GOLD, "block": "stone", **mine})
             after = await client.call_tool("get_block", {"x": 3, "y": 60, "z": 3})
             emit("placed", first=outcome(first), again=outcome(again), conflict=outcome(conflict), after=outcome(after))
         elif STEP == "tower":

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs (once) the pinned TypeScript MCP client used by the end-to-end tests (tests/e2e/ts/package-lock.json).
-# Usage: tests/e2e/setup-node.sh DIR   — prints DIR when ready (DIR/node_modules holds the SDK).
+# Installs (once) the pinned npm packages of the end-to-end tests: the TypeScript MCP client (tests/e2e/ts, the
+# default) or the MCP conformance suite with its Node 22 (tests/e2e/conformance).
+# Usage: tests/e2e/setup-node.sh DIR [ts|conformance]   — prints DIR when ready (DIR/node_modules holds them).
 set -euo pipefail
 dir="$1"
-here="$(cd "$(dirname "$0")" && pwd)/ts"
+here="$(cd "$(dirname "$0")" && pwd)/${2:-ts}"
 stamp="$dir/.installed-$(cat "$here/package.json" "$here/package-lock.json" | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   mkdir -p "$dir"
