@@ -478,3 +478,26 @@ fn the_players_text_reaches_the_agent_as_one_block_word_for_word_and_the_system_
     assert_eq!(blocks(&fallback), vec!["[Instructions from the game]\nBe brief.".to_string(), text.to_string()]);
     assert_eq!(blocks(&fallback), vec![text.to_string()], "the instructions go once, with the first turn");
 }
+
+#[test]
+fn resume_reattaches_with_session_load_where_that_is_all_the_agent_offers_and_says_so_when_it_cannot() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let loading = game.create(agent(&dirs, &["--load-only"])).expect("starts");
+    let id = loading.id().to_string();
+    assert!(game.block_on(loading.send_text("crash")).is_err());
+    assert_eq!(game.block_on(loading.resume()).expect("resumed"), Attached::Loaded);
+    let history = game.block_on(loading.send_text("history")).expect("the turn ends");
+    assert_eq!(history.final_message.as_deref(), Some("I remember 2 turns"), "the same agent session, loaded");
+    assert!(
+        !game.log.lines().iter().any(|line| line.contains(&id) && line.contains("(replayed history)")),
+        "the agent's replay of the history is not shown as new chat"
+    );
+
+    let forgetful = game.create(agent(&dirs, &["--no-resume"])).expect("starts");
+    let before = forgetful.backend_session();
+    assert!(game.block_on(forgetful.send_text("crash")).is_err());
+    assert_eq!(game.block_on(forgetful.resume()).expect("resumed"), Attached::Replaced, "says it is a new session");
+    assert_ne!(forgetful.backend_session(), before);
+    assert_eq!(forgetful.status(), ConversationStatus::Idle);
+}

@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 pub struct SessionConfig {
     /// Which agent answers.
     pub backend: SessionBackend,
-    /// End the session when the game disconnects from it (the game exits, or drops its last handle to it).
-    /// Default `true`. With `false` the agent keeps the session, and the game can store its id and
+    /// End the session (and the agent's session with it) when the game disconnects from it, which is when the
+    /// game exits. Default `true`. With `false` the agent keeps the session, and the game can store its id and
     /// [`resume_session`](crate::session::AgentSessions::resume_session) it after a restart.
     pub auto_end_on_disconnect: bool,
     /// Instructions for the agent, sent as its system prompt where the backend supports one, else as a separate
