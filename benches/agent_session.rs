@@ -1,7 +1,8 @@
 //! In-game agent sessions with the ACP backend and the scripted agent (tests/fixtures) answering at once, the game
 //! loop at 60 frames per second, a world open:
 //!
-//! - `turn`: `send_text` to the first streamed delta, and to the turn's end (a reply of three chunks, no tool);
+//! - `turn`: `send_text` to the first streamed delta, and to the turn's end (a reply of three chunks, no tool),
+//!   without the world's observation (`input_context(false)`), and with it (it waits for the next frame);
 //! - `tool turn`: the same with one tool call by the agent (`trivial`, which never waits for a frame) through the
 //!   game's MCP server with the session's credential;
 //! - `direct`: the same call made directly over MCP by a client of the same SDK (rmcp), session kept;
@@ -85,12 +86,14 @@ fn main() {
     let runtime = handle.runtime().clone();
     runtime.block_on(async move {
         let session = sessions.create(config).await.expect("the scripted agent starts");
+        let observed_session = sessions.create(observing).await.expect("the scripted agent starts");
         let mut events = handle.subscribe();
         let transport = StreamableHttpClientTransport::from_config(
             StreamableHttpClientTransportConfig::with_uri(url).auth_header(TOKEN),
         );
         let client = ().serve(transport).await.expect("connect");
         let (mut first_delta, mut turn, mut tool_turn, mut direct) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut observed = Vec::new();
         for round in 0..ROUNDS + 2 {
             let warm_up = round < 2;
             for _ in 0..PER_ROUND {
@@ -120,6 +123,13 @@ fn main() {
             }
             for _ in 0..PER_ROUND {
                 let started = Instant::now();
+                observed_session.send_text("hello").await.expect("the turn ends");
+                if !warm_up {
+                    observed.push(started.elapsed());
+                }
+            }
+            for _ in 0..PER_ROUND {
+                let started = Instant::now();
                 let result = client.call_tool(CallToolRequestParams::new("trivial")).await.expect("call");
                 if !warm_up {
                     direct.push(started.elapsed());
@@ -131,12 +141,14 @@ fn main() {
         let plain = report("send_text to turn end (no tool)", &mut turn);
         let with_tool = report("send_text to turn end (one tool call)", &mut tool_turn);
         let direct = report("the same call directly over MCP", &mut direct);
+        report("send_text to turn end, with the world's observation (waits for a frame at 60 fps)", &mut observed);
         let round_trip = with_tool.saturating_sub(plain);
         println!(
             "agent_session/agent tool round trip (median difference): {round_trip:?} = {:.2}x the direct call",
             round_trip.as_secs_f64() / direct.as_secs_f64()
         );
         session.end().await;
+        observed_session.end().await;
         let _ = client.cancel().await;
     });
     game.stop();

@@ -22,20 +22,10 @@ const TOKEN: &str = "sessions-test-token-0123456789";
 /// A bound for waits on things that happen in milliseconds: a failure, not a slow machine, if it passes.
 const LIMIT: Duration = Duration::from_secs(30);
 
-/// The scripted agent, built by `cargo test` with the other examples.
+/// The scripted agent, built once per run.
 fn scripted_agent() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        let exe = std::env::current_exe().expect("the test's own path");
-        let profile_dir = exe.parent().and_then(Path::parent).expect("<target>/<profile>/deps/<test>");
-        let mut build = std::process::Command::new(env!("CARGO"));
-        build
-            .args(["build", "--example", "scripted_acp_agent"])
-            .env("CARGO_TARGET_DIR", profile_dir.parent().expect("target"));
-        let status = build.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("cargo runs");
-        assert!(status.success(), "cargo build --example scripted_acp_agent failed");
-        profile_dir.join("examples").join(format!("scripted_acp_agent{}", std::env::consts::EXE_SUFFIX))
-    })
+    BINARY.get_or_init(|| example("scripted_acp_agent"))
 }
 
 /// Everything the game wrote about sessions and conversations, as lines, in the order read.
@@ -90,6 +80,8 @@ struct Game {
     gate: Gate,
     executions: Arc<AtomicUsize>,
     url: String,
+    /// What the world's `input_context` answers next, one per ask.
+    observations: Arc<Mutex<Vec<Option<serde_json::Value>>>>,
 }
 
 #[derive(Clone)]
@@ -139,10 +131,13 @@ impl Game {
         let gate = Gate::new();
         let executions = Arc::new(AtomicUsize::new(0));
         let log = Log::default();
+        let observations: Arc<Mutex<Vec<Option<serde_json::Value>>>> = Arc::default();
+        let built_observations = observations.clone();
         let (data, built_gate, built_executions, built_log) =
             (dirs.data.clone(), gate.clone(), executions.clone(), log.clone());
         let game = RunningGame::spawn(Duration::from_millis(2), move || {
-            let tools = AgentToolsPlugin::new(TestGame::default())
+            let lifecycle = TestGame { observations: built_observations, ..TestGame::default() };
+            let tools = AgentToolsPlugin::new(lifecycle)
                 .with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None))
                 .with_tool(bump_tool("held", ToolScope::World, built_executions, Some(built_gate)));
             let token_file = data.with_extension("token");
@@ -161,7 +156,7 @@ impl Game {
             let url = app.world().resource::<bevy_agent_tools::mcp::McpServer>().url().to_string();
             (app.world().resource::<AgentSessions>().clone(), url)
         });
-        Self { game, sessions, log, gate, executions, url }
+        Self { game, sessions, log, gate, executions, url, observations }
     }
 
     fn block_on<T>(&self, future: impl std::future::Future<Output = T>) -> T {
@@ -473,6 +468,16 @@ fn the_players_text_reaches_the_agent_as_one_block_word_for_word_and_the_system_
 
     let native = game.create(agent(&dirs, &[]).system_prompt("Be brief.")).expect("starts");
     assert_eq!(blocks(&native), vec!["[system] Be brief.".to_string(), text.to_string()]);
+
+    // H14: the world's observation of the moment goes in a block of its own.
+    game.observations.lock().push(Some(serde_json::json!({ "standing_on": "grass" })));
+    let observed = blocks(&native);
+    assert_eq!(observed[..2], ["[system] Be brief.".to_string(), text.to_string()]);
+    assert!(
+        observed[2].starts_with("[Game context") && observed[2].contains(r#""standing_on":"grass""#),
+        "{observed:?}"
+    );
+    assert_eq!(blocks(&native).len(), 2, "each text asks anew; no earlier observation is reused");
 
     let fallback = game.create(agent(&dirs, &["--no-system-prompt"]).system_prompt("Be brief.")).expect("starts");
     assert_eq!(blocks(&fallback), vec!["[Instructions from the game]\nBe brief.".to_string(), text.to_string()]);

@@ -1,28 +1,16 @@
 //! The sandbox's in-game agent chat end to end: the compiled sandbox with `--agent` running the scripted ACP agent
 //! (tests/fixtures), driven through its console as a player would, its lines read as another program would.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(30);
 const TOKEN: &str = "chat-test-token-0123456789";
-
-/// An example next to this test's own binary, built by `cargo test` (a no-op build when it already is).
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's own path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("<target>/<profile>/deps/<test>");
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "--example", name])
-        .env("CARGO_TARGET_DIR", profile_dir.parent().expect("<target>"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("cargo runs");
-    assert!(status.success(), "cargo build --example {name} failed");
-    profile_dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
-}
 
 struct Sandbox {
     child: Child,
@@ -33,7 +21,7 @@ struct Sandbox {
 
 impl Sandbox {
     fn start(data_dir: &Path, extra: &[String]) -> Self {
-        let mut child = Command::new(example("sandbox"))
+        let mut child = Command::new(common::example("sandbox"))
             .args(["--data-dir".as_ref(), data_dir.as_os_str()])
             .args(["--tps", "120", "--port", "0", "--token", TOKEN, "--world", "alpha"])
             .args(extra)
@@ -128,7 +116,7 @@ impl Drop for Sandbox {
 
 /// `--agent` for the scripted agent remembering in `state` (a path with a space: quotes are honoured).
 fn agent_flag(state: &Path, more: &str) -> Vec<String> {
-    let agent = example("scripted_acp_agent");
+    let agent = common::example("scripted_acp_agent");
     vec!["--agent".into(), format!("{} --state '{}' {more}", agent.display(), state.display())]
 }
 

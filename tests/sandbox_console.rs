@@ -14,22 +14,10 @@ use std::time::{Duration, Instant};
 const WAIT: Duration = Duration::from_secs(30);
 const TOKEN: &str = "test-token-0123456789";
 
-/// The example binary next to this test's own: `<target>/<profile>/examples/sandbox`, built once per run.
+/// The sandbox, built once per run.
 fn sandbox_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        let exe = std::env::current_exe().expect("the test's own path");
-        let profile_dir = exe.parent().and_then(Path::parent).expect("<target>/<profile>/deps/<test>");
-        let target_dir = profile_dir.parent().expect("<target>/<profile>");
-        let mut build = Command::new(env!("CARGO"));
-        build.args(["build", "--example", "sandbox"]).env("CARGO_TARGET_DIR", target_dir);
-        if profile_dir.file_name().is_some_and(|name| name == "release") {
-            build.arg("--release");
-        }
-        let status = build.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("cargo runs");
-        assert!(status.success(), "cargo build --example sandbox failed");
-        profile_dir.join("examples").join(format!("sandbox{}", std::env::consts::EXE_SUFFIX))
-    })
+    BINARY.get_or_init(|| common::example("sandbox"))
 }
 
 /// A running sandbox and the lines it printed.

@@ -30,6 +30,15 @@ pub struct SessionConfig {
     pub timeouts: SessionTimeouts,
     /// What to answer when the agent asks permission for one of its own actions.
     pub permissions: PermissionPolicy,
+    /// Whether each text the player sends asks the open world's `WorldLifecycle::input_context` for an
+    /// observation of the moment (rule H14), sent to the agent in a block of its own. Default `true`. It waits for
+    /// the next frame (at most 500 ms); games without an `input_context` can turn it off.
+    #[serde(default = "yes")]
+    pub input_context: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl SessionConfig {
@@ -51,7 +60,15 @@ impl SessionConfig {
             system_prompt: None,
             timeouts: SessionTimeouts::default(),
             permissions: PermissionPolicy::Deny,
+            input_context: true,
         }
+    }
+
+    /// Whether to send the world's observation with each text (default `true`): see
+    /// [`input_context`](Self::input_context).
+    pub fn input_context(mut self, ask: bool) -> Self {
+        self.input_context = ask;
+        self
     }
 
     /// Whether the session ends when the game disconnects (default `true`).

@@ -159,7 +159,7 @@ impl AgentSession {
             Phase::Failed(error) => return Err(error),
             Phase::Live => {}
         }
-        let context = self.observe().await;
+        let context = if self.core.config.input_context { self.observe().await } else { None };
         let outcome = self.core.start_turn(text, context)?;
         Ok(PendingTurn { outcome })
     }

@@ -197,3 +197,19 @@ pub fn gated_app(name: &str, scope: ToolScope) -> (App, Gate, Arc<AtomicUsize>) 
     bevy_agent_tools::testing::AgentTestAppExt::enter_world(&mut app, "alpha");
     (app, gate, executions)
 }
+
+/// An example of this package (the sandbox, the scripted ACP agent) next to the test's own binary:
+/// `<target>/<profile>/examples/NAME`, built with cargo first (a no-op when `cargo test` already built it).
+pub fn example(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let profile_dir = exe.parent().and_then(std::path::Path::parent).expect("<target>/<profile>/deps/<test>");
+    let target_dir = profile_dir.parent().expect("<target>/<profile>");
+    let mut build = std::process::Command::new(env!("CARGO"));
+    build.args(["build", "--example", name]).env("CARGO_TARGET_DIR", target_dir);
+    if profile_dir.file_name().is_some_and(|profile| profile == "release") {
+        build.arg("--release");
+    }
+    let status = build.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("cargo runs");
+    assert!(status.success(), "cargo build --example {name} failed");
+    profile_dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
+}
