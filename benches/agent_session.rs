@@ -80,8 +80,11 @@ fn main() {
         (url, app.world().resource::<AgentSessions>().clone())
     });
     let state = dir.path().join("agent-state");
-    let config =
+    // The world's observation (H14) waits for the next frame: measured apart, so that the other figures are the
+    // host's own overhead rather than where in a frame a turn starts.
+    let observing =
         SessionConfig::acp(agent.to_string_lossy(), ["--state".to_string(), state.to_string_lossy().to_string()]);
+    let config = observing.clone().input_context(false);
     let handle = game.agent();
     let runtime = handle.runtime().clone();
     runtime.block_on(async move {
