@@ -70,7 +70,8 @@ fn bench(c: &mut Criterion) {
     let data = tempfile::tempdir().unwrap();
     let dir = data.path().to_path_buf();
     let game = RunningGame::spawn(Duration::from_millis(1), move || {
-        let trivial = AgentTool::new("trivial", "Returns at once.", |_: CallContext<u64>, _: NoArgs| async move { Ok(()) });
+        let trivial =
+            AgentTool::new("trivial", "Returns at once.", |_: CallContext<u64>, _: NoArgs| async move { Ok(()) });
         let mut app = headless_app_with(
             AgentToolsPlugin::new(CounterGame).with_tool(trivial),
             (McpPlugin::new().port(0).token("openai-bench-token-0123456789"), AgentSessionsPlugin::new().data_dir(dir)),
@@ -80,9 +81,12 @@ fn bench(c: &mut Criterion) {
     });
     let sessions = game.with_app(|app| app.world().resource::<AgentSessions>().clone());
     let runtime = game.agent().runtime().clone();
-    let session: AgentSession = runtime
-        .block_on(sessions.create(SessionConfig::openai_endpoint(OpenAiEndpoint::new(&url, "bench").max_history_bytes(64 * 1024))))
-        .unwrap();
+    let session: AgentSession =
+        runtime
+            .block_on(sessions.create(SessionConfig::openai_endpoint(
+                OpenAiEndpoint::new(&url, "bench").max_history_bytes(64 * 1024),
+            )))
+            .unwrap();
 
     let mut group = c.benchmark_group("openai");
     group.bench_function("openai_turn_text_only", |b| {

@@ -196,10 +196,7 @@ async fn completions(
                 };
                 Some((Ok::<_, std::io::Error>(bytes), (pieces, watch)))
             });
-            Response::builder()
-                .header("content-type", "text/event-stream")
-                .body(Body::from_stream(stream))
-                .unwrap()
+            Response::builder().header("content-type", "text/event-stream").body(Body::from_stream(stream)).unwrap()
         }
     }
 }
@@ -355,10 +352,16 @@ fn a_turn_streams_text_and_a_tool_call_split_across_chunks_changes_the_world_und
     assert_eq!(game.counter(), 1, "the model's one call changed the world once");
 
     let statuses = game.wait_statuses(&id, 4);
-    assert_eq!(statuses, ["idle->running", "running->waiting_tool_result", "waiting_tool_result->running", "running->idle"]);
+    assert_eq!(
+        statuses,
+        ["idle->running", "running->waiting_tool_result", "waiting_tool_result->running", "running->idle"]
+    );
     game.log.wait_for(&format!("message {id} {id}-m2: Done: counter is 2"));
     let lines = game.log.lines();
-    assert!(lines.contains(&format!("message {id} {id}-m1: Calling bump.")), "the message before the call ended at it: {lines:#?}");
+    assert!(
+        lines.contains(&format!("message {id} {id}-m1: Calling bump.")),
+        "the message before the call ended at it: {lines:#?}"
+    );
     assert_eq!(lines.iter().filter(|l| l.starts_with(&format!("delta {id} {id}-m1:"))).count(), 2, "{lines:#?}");
     assert!(lines.contains(&format!("call-started {id} bump")), "the call is the session's conversation's: {lines:#?}");
 
@@ -461,9 +464,12 @@ fn max_tool_rounds_ends_the_turn_with_max_turn_requests_and_the_extra_calls_neve
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();
     let game = Game::start(data.path());
-    server
-        .reply(calls(vec![call(0, "1", "bump", "{\"by\":1}")]))
-        .reply(calls(vec![call(0, "2", "bump", "{\"by\":1}")]));
+    server.reply(calls(vec![call(0, "1", "bump", "{\"by\":1}")])).reply(calls(vec![call(
+        0,
+        "2",
+        "bump",
+        "{\"by\":1}",
+    )]));
     let session = game.create(endpoint(&server).max_tool_rounds(1)).expect("starts");
     let turn = game.block_on(session.send_text("loop")).expect("ends");
     assert_eq!(turn.stop_reason, StopReason::MaxTurnRequests);
@@ -553,7 +559,10 @@ fn a_refused_api_key_names_its_environment_variable_and_the_key_is_sent_as_a_bea
     let session = game.create(endpoint(&server).api_key_env("BAT_TEST_RIGHT_KEY")).expect("the right key works");
     game.block_on(session.send_text("hello")).expect("a turn");
     let record = std::fs::read_to_string(data.path().join(session.id().as_str()).join("session.json")).unwrap();
-    assert!(record.contains("BAT_TEST_RIGHT_KEY") && !record.contains("right-key"), "the record names the variable only");
+    assert!(
+        record.contains("BAT_TEST_RIGHT_KEY") && !record.contains("right-key"),
+        "the record names the variable only"
+    );
 }
 
 #[test]
@@ -656,9 +665,11 @@ fn the_sandbox_chats_with_an_openai_compatible_endpoint_with_the_same_commands_a
     use std::io::{BufRead, BufReader, Write};
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();
-    server
-        .reply(calls(vec![text("Looking."), call(0, "w", "world_info", "{}")]))
-        .reply(Reply::Stream(vec![text("All "), text("fine."), finish("stop")]));
+    server.reply(calls(vec![text("Looking."), call(0, "w", "world_info", "{}")])).reply(Reply::Stream(vec![
+        text("All "),
+        text("fine."),
+        finish("stop"),
+    ]));
     let mut child = std::process::Command::new(sandbox_binary())
         .args(["--data-dir".as_ref(), data.path().as_os_str()])
         .args(["--tps", "120", "--port", "0", "--world", "alpha"])

@@ -76,7 +76,10 @@ pub(crate) fn api_key(endpoint: &OpenAiEndpoint) -> Result<Option<String>, ToolE
         Ok(key) if !key.trim().is_empty() => Ok(Some(key.trim().to_string())),
         _ => Err(ToolError::with_code(
             ErrorCode::AgentUnavailable,
-            format!("the API key for {} is read from the environment variable {var}, which is not set", endpoint.base_url),
+            format!(
+                "the API key for {} is read from the environment variable {var}, which is not set",
+                endpoint.base_url
+            ),
         )
         .with_detail("api_key_env", var)),
     }
@@ -98,11 +101,12 @@ pub(crate) fn build(endpoint: &OpenAiEndpoint, connect_timeout: Duration) -> Res
     for (name, value) in &endpoint.headers {
         let header = reqwest::header::HeaderName::from_bytes(name.as_bytes())
             .map_err(|error| invalid(format!("header name {name:?}: {error}")))?;
-        config = config.with_header(header, value.as_str()).map_err(|error| invalid(format!("header {name}: {error}")))?;
+        config =
+            config.with_header(header, value.as_str()).map_err(|error| invalid(format!("header {name}: {error}")))?;
     }
+    // No read timeout here: the turn bounds every wait itself (`stall_timeout`), and says `TIMEOUT` when it passes.
     let http = reqwest::Client::builder()
         .connect_timeout(connect_timeout)
-        .read_timeout(endpoint.stall_timeout)
         .build()
         .map_err(|error| ToolError::internal(format!("could not build the HTTP client: {error}")))?;
     let retry = Retry { http, max_retries: endpoint.max_retries, max_wait: endpoint.max_retry_wait };
@@ -152,16 +156,16 @@ impl Retry {
 /// What a failed request means, in words naming what to fix.
 pub(crate) fn describe(endpoint: &OpenAiEndpoint, error: OpenAIError) -> ToolError {
     let url = endpoint.completions_url();
-    let unavailable = |message: String| ToolError::with_code(ErrorCode::AgentUnavailable, message).with_detail("url", &url);
+    let unavailable =
+        |message: String| ToolError::with_code(ErrorCode::AgentUnavailable, message).with_detail("url", &url);
     match error {
         OpenAIError::Reqwest(error) if error.is_connect() => {
             unavailable(format!("could not connect to {url}: {}", source_chain(&error)))
         }
-        OpenAIError::Reqwest(error) if error.is_timeout() => ToolError::with_code(
-            ErrorCode::Timeout,
-            format!("{url} sent nothing within {:?}", endpoint.stall_timeout),
-        )
-        .with_detail("url", &url),
+        OpenAIError::Reqwest(error) if error.is_timeout() => {
+            ToolError::with_code(ErrorCode::Timeout, format!("{url} sent nothing within {:?}", endpoint.stall_timeout))
+                .with_detail("url", &url)
+        }
         OpenAIError::Reqwest(error) => unavailable(format!("the request to {url} failed: {}", source_chain(&error))),
         OpenAIError::ApiError(api) => {
             let status = api.status_code.as_u16();
@@ -176,11 +180,11 @@ pub(crate) fn describe(endpoint: &OpenAiEndpoint, error: OpenAIError) -> ToolErr
                          (OpenAiEndpoint::api_key_env, the sandbox's --api-key-env)"
                     ),
                 },
-                404 => format!("{url} answered 404 ({said}): check the base URL and that model `{}` exists there", endpoint.model),
-                429 => format!(
-                    "{url} is rate limiting (429: {said}), still after {} retries",
-                    endpoint.max_retries
+                404 => format!(
+                    "{url} answered 404 ({said}): check the base URL and that model `{}` exists there",
+                    endpoint.model
                 ),
+                429 => format!("{url} is rate limiting (429: {said}), still after {} retries", endpoint.max_retries),
                 500..=599 => format!("{url} failed ({status}: {said}), still after {} retries", endpoint.max_retries),
                 _ => format!("{url} refused the request ({status}: {said})"),
             };

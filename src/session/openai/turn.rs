@@ -33,7 +33,12 @@ enum RoundEnd {
 
 /// Runs turn `turn` to its end and says how it ended. The history gets the turn once it ended (or was cancelled:
 /// what was said and done so far, every tool call with its result); a failed turn leaves it as it was.
-pub(crate) async fn run(shared: Arc<Shared>, turn: u64, blocks: Vec<PromptBlock>, cancel: CancellationToken) -> BackendEvent {
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    turn: u64,
+    blocks: Vec<PromptBlock>,
+    cancel: CancellationToken,
+) -> BackendEvent {
     match drive(&shared, turn, blocks, &cancel).await {
         Ok((stop, messages)) => {
             shared.commit(messages).await;
@@ -155,7 +160,8 @@ async fn stream_round(
             ));
         }
         if let Some(usage) = chunk.usage {
-            let used = if usage.total_tokens > 0 { usage.total_tokens } else { usage.prompt_tokens + usage.completion_tokens };
+            let used =
+                if usage.total_tokens > 0 { usage.total_tokens } else { usage.prompt_tokens + usage.completion_tokens };
             (shared.sink)(BackendEvent::Usage(Usage {
                 used_tokens: used,
                 context_tokens: endpoint.context_window.unwrap_or(0),
@@ -230,14 +236,17 @@ async fn execute(shared: &Shared, call: &PendingCall) -> String {
             .with_detail("tool", &call.name),
         );
     }
-    let arguments = if call.arguments.trim().is_empty() { Ok(json!({})) } else { serde_json::from_str(&call.arguments) };
+    let arguments =
+        if call.arguments.trim().is_empty() { Ok(json!({})) } else { serde_json::from_str(&call.arguments) };
     let arguments = match arguments {
         Ok(arguments @ Value::Object(_)) => arguments,
         Ok(_) => return error_content(&ToolError::invalid_input("arguments", "the arguments must be a JSON object")),
         Err(error) => {
             return error_content(&ToolError::invalid_input(
                 "arguments",
-                format!("the arguments are not valid JSON ({error}): send one JSON object matching the tool's parameters"),
+                format!(
+                    "the arguments are not valid JSON ({error}): send one JSON object matching the tool's parameters"
+                ),
             ))
         }
     };
