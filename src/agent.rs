@@ -62,7 +62,7 @@ impl AgentHandle {
     }
 
     /// A handle on conversation `id` that neither creates nor reactivates it.
-    #[cfg_attr(not(feature = "acp"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "acp", feature = "openai")), allow(dead_code))]
     pub(crate) fn conversation_handle(&self, id: &ConversationId) -> Conversation {
         Conversation { host: self.host.clone(), id: id.clone() }
     }

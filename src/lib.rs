@@ -18,7 +18,7 @@ mod plugin;
 mod races;
 mod replay;
 mod runtime;
-#[cfg(feature = "acp")]
+#[cfg(any(feature = "acp", feature = "openai"))]
 pub mod session;
 mod signal;
 mod sync;

@@ -1,4 +1,5 @@
-//! The player's chat with an in-game agent (`--agent "COMMAND ARGS"`): the session is created at start-up, the
+//! The player's chat with an in-game agent (`--agent "COMMAND ARGS"`, or `--agent-openai URL --model NAME`; the
+//! backend makes no difference here): the session is created at start-up, the
 //! console's `say` and `chat-*` commands drive it, and its conversation's messages become lines:
 //!
 //! ```text
@@ -25,12 +26,28 @@ use crate::console::{say, ChatCommand, ChatRequest, ChatStatus};
 
 /// What the command line asked for.
 pub struct ChatPlugin {
-    /// The agent's program and arguments.
-    pub agent: Vec<String>,
-    /// `--agent-keep`: the session survives the game's exit, to `chat-resume ID` after a restart.
-    pub keep: bool,
-    /// `--ask-permissions`: the player answers the agent's permission requests.
-    pub ask: bool,
+    /// The session to create: its backend, and the flags (`--agent-keep`, `--ask-permissions`) already applied.
+    pub config: SessionConfig,
+}
+
+/// The session's configuration for an ACP agent's command line.
+pub fn acp_config(agent: &[String]) -> Option<SessionConfig> {
+    let (program, args) = agent.split_first()?;
+    Some(SessionConfig::acp(program, args.iter().cloned()).system_prompt(
+        "You are in a voxel sandbox game. Act through the game's MCP tools (server `game`); the player reads your \
+         messages in the game's console.",
+    ))
+}
+
+/// Applies `--agent-keep` (the session survives the game's exit, to `chat-resume ID` after a restart) and
+/// `--ask-permissions` (the player answers the agent's permission requests).
+pub fn with_flags(config: SessionConfig, keep: bool, ask: bool) -> SessionConfig {
+    let config = config.auto_end_on_disconnect(!keep);
+    if ask {
+        config.permissions(PermissionPolicy::AskPlayer)
+    } else {
+        config
+    }
 }
 
 /// The player's session, shared by the command task and the systems.
@@ -42,15 +59,7 @@ struct Chat {
 
 impl Plugin for ChatPlugin {
     fn build(&self, app: &mut App) {
-        let Some((program, args)) = self.agent.split_first() else { return };
-        let mut config =
-            SessionConfig::acp(program, args.iter().cloned()).auto_end_on_disconnect(!self.keep).system_prompt(
-                "You are in a voxel sandbox game. Act through the game's MCP tools (server `game`); the player \
-                 reads your messages in the game's console.",
-            );
-        if self.ask {
-            config = config.permissions(PermissionPolicy::AskPlayer);
-        }
+        let config = self.config.clone();
         let sessions = app.world().resource::<AgentSessions>().clone();
         let runtime = app.world().resource::<AgentRuntime>().handle().clone();
         let (commands, inbox) = unbounded_channel();

@@ -5,8 +5,13 @@
 //!
 //! ```sh
 //! cargo run --example sandbox -- [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N]
-//!     [--agent "COMMAND ARGS"] [--agent-keep] [--ask-permissions]
+//!     [--agent "COMMAND ARGS" | --agent-openai URL --model NAME [--api-key-env VAR]] [--agent-keep]
+//!     [--ask-permissions]
 //! ```
+//!
+//! `--agent-openai` (build with `--features openai`) runs the agent loop in the game against an OpenAI-compatible
+//! endpoint (e.g. `http://127.0.0.1:11434/v1` for Ollama), with the API key from `OPENAI_API_KEY` if it is set,
+//! or from the variable `--api-key-env` names.
 //!
 //! Worlds are saved under the data directory (default `sandbox-data/`), one directory per world, as one document
 //! (`sandbox.json`: changed blocks with their versions, notes, the player's position in each dimension) written
@@ -40,7 +45,7 @@ use bevy_agent_tools::mcp::{McpPlugin, McpServer};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::WorldStorePlugin;
 
-use bevy_agent_tools::session::AgentSessionsPlugin;
+use bevy_agent_tools::session::{AgentSessionsPlugin, SessionConfig};
 use chat::ChatPlugin;
 use console::{check_world_name, say, ConsolePlugin};
 use session::Sandbox;
@@ -48,7 +53,7 @@ use tools::FrameTime;
 use world::Palette;
 
 const USAGE: &str = "usage: sandbox [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N] \
-[--agent \"COMMAND ARGS\"] [--agent-keep] [--ask-permissions]";
+[--agent \"COMMAND ARGS\" | --agent-openai URL --model NAME [--api-key-env VAR]] [--agent-keep] [--ask-permissions]";
 
 /// The command line.
 struct Args {
@@ -59,6 +64,10 @@ struct Args {
     tps: u32,
     /// The in-game agent's command line, split shell-style.
     agent: Option<Vec<String>>,
+    /// `--agent-openai URL`, `--model NAME`, `--api-key-env VAR`: an OpenAI-compatible endpoint instead.
+    agent_openai: Option<String>,
+    model: Option<String>,
+    api_key_env: Option<String>,
     agent_keep: bool,
     ask_permissions: bool,
 }
@@ -72,6 +81,9 @@ impl Args {
             world: None,
             tps: 60,
             agent: None,
+            agent_openai: None,
+            model: None,
+            api_key_env: None,
             agent_keep: false,
             ask_permissions: false,
         };
@@ -119,11 +131,53 @@ impl Args {
                     }
                     args.agent = Some(words);
                 }
+                "--agent-openai" => args.agent_openai = Some(value),
+                "--model" => args.model = Some(value),
+                "--api-key-env" => args.api_key_env = Some(value),
                 other => return Err(format!("unknown option {other:?}")),
             }
         }
+        if args.agent.is_some() && args.agent_openai.is_some() {
+            return Err("--agent and --agent-openai: choose one".into());
+        }
+        if args.agent_openai.is_some() != args.model.is_some() {
+            return Err("--agent-openai URL needs --model NAME (and --model needs --agent-openai)".into());
+        }
         Ok(Some(args))
     }
+
+    /// The in-game agent session the command line asks for, if any.
+    fn session_config(&self) -> Result<Option<SessionConfig>, String> {
+        let config = match (&self.agent, &self.agent_openai, &self.model) {
+            (Some(agent), _, _) => chat::acp_config(agent),
+            (None, Some(url), Some(model)) => Some(openai_config(url, model, self.api_key_env.as_deref())?),
+            _ => None,
+        };
+        Ok(config.map(|config| chat::with_flags(config, self.agent_keep, self.ask_permissions)))
+    }
+}
+
+#[cfg(feature = "openai")]
+fn openai_config(url: &str, model: &str, api_key_env: Option<&str>) -> Result<SessionConfig, String> {
+    use bevy_agent_tools::session::OpenAiEndpoint;
+    let mut endpoint = OpenAiEndpoint::new(url, model);
+    // The key: from the variable named, else from OPENAI_API_KEY when it is set (local servers need none).
+    match api_key_env {
+        Some(var) => endpoint = endpoint.api_key_env(var),
+        None if std::env::var_os("OPENAI_API_KEY").is_some() => endpoint = endpoint.api_key_env("OPENAI_API_KEY"),
+        None => {}
+    }
+    Ok(SessionConfig::openai_endpoint(endpoint).system_prompt(
+        "You are in a voxel sandbox game. Act through the game's tools; the player reads your messages in the \
+         game's console.",
+    ))
+}
+
+#[cfg(not(feature = "openai"))]
+fn openai_config(_: &str, _: &str, _: Option<&str>) -> Result<SessionConfig, String> {
+    Err("--agent-openai: this sandbox was built without the `openai` feature (cargo run --example sandbox \
+         --features openai)"
+        .into())
 }
 
 fn main() -> AppExit {
@@ -142,6 +196,13 @@ fn main() -> AppExit {
         Ok(palette) => Arc::new(palette),
         Err(error) => {
             eprintln!("sandbox: assets/palette.json: {error}");
+            return AppExit::from_code(2);
+        }
+    };
+    let session = match args.session_config() {
+        Ok(session) => session,
+        Err(error) => {
+            eprintln!("sandbox: {error}\n{USAGE}");
             return AppExit::from_code(2);
         }
     };
@@ -170,9 +231,9 @@ fn main() -> AppExit {
     let server = app.world().resource::<McpServer>();
     say(format_args!("mcp: {}", server.url()));
     say(format_args!("token: {}", server.token()));
-    if let Some(agent) = args.agent {
+    if let Some(config) = session {
         app.add_plugins(AgentSessionsPlugin::new().data_dir(args.data_dir.join("agent-sessions")))
-            .add_plugins(ChatPlugin { agent, keep: args.agent_keep, ask: args.ask_permissions });
+            .add_plugins(ChatPlugin { config });
     }
 
     app.run()

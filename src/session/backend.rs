@@ -38,6 +38,15 @@ pub(crate) struct Setup {
     pub new_if_unresumable: bool,
     /// The session's timeouts.
     pub timeouts: super::SessionTimeouts,
+    /// The in-process agent side of the host: a backend that runs the agent loop in the game calls tools with it.
+    #[cfg_attr(not(feature = "openai"), allow(dead_code))]
+    pub agent: crate::agent::AgentHandle,
+    /// The session's conversation, under which those calls run.
+    #[cfg_attr(not(feature = "openai"), allow(dead_code))]
+    pub conversation: crate::ids::ConversationId,
+    /// The session's own directory under the game's data directory (`<data_dir>/<id>`), for what the backend keeps.
+    #[cfg_attr(not(feature = "openai"), allow(dead_code))]
+    pub session_dir: PathBuf,
 }
 
 /// How a connection's session came to be.

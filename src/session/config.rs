@@ -97,10 +97,12 @@ impl SessionConfig {
 
     /// Sets an environment variable for the agent process (on top of the game's own environment). Its value is
     /// kept in the session's record on disk (readable only by the user) so that a resume can start the same
-    /// agent: pass secrets through the game's environment instead.
+    /// agent: pass secrets through the game's environment instead. Only for ACP agents; other backends ignore it.
     pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        let SessionBackend::Acp(command) = &mut self.backend;
-        command.env.push((name.into(), value.into()));
+        #[allow(irrefutable_let_patterns)]
+        if let SessionBackend::Acp(command) = &mut self.backend {
+            command.env.push((name.into(), value.into()));
+        }
         self
     }
 }
@@ -113,6 +115,10 @@ pub enum SessionBackend {
     /// process: Claude Code through `@agentclientprotocol/claude-agent-acp`, Codex through
     /// `@agentclientprotocol/codex-acp`, `gemini --acp`, Goose, ...
     Acp(AcpAgentCommand),
+    /// An OpenAI-compatible chat completions endpoint (Ollama, llama.cpp, LM Studio, vLLM, Player2, OpenAI): the
+    /// game runs the agent loop itself (feature `openai`).
+    #[cfg(feature = "openai")]
+    OpenAi(crate::session::OpenAiEndpoint),
 }
 
 /// The command line of an ACP agent.

@@ -134,6 +134,9 @@ impl SessionCore {
             resume,
             new_if_unresumable,
             timeouts: self.config.timeouts.clone(),
+            agent: self.host.agent.clone(),
+            conversation: self.id.clone(),
+            session_dir: super::config::session_dir(&self.host.records.data_dir, self.id.as_str()),
         };
         let sink = self.sink(generation);
         let connected = self.host.backend(&self.config).connect(setup, sink).await;

@@ -52,6 +52,8 @@ mod record;
 
 #[cfg(feature = "acp")]
 mod acp;
+#[cfg(feature = "openai")]
+mod openai;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -61,6 +63,8 @@ pub use backend::{Attached, StopReason, Usage};
 pub use config::{AcpAgentCommand, PermissionPolicy, SessionBackend, SessionConfig, SessionTimeouts};
 pub use handle::{AgentSession, AgentSessions, PendingTurn};
 pub use messages::PermissionAnswer;
+#[cfg(feature = "openai")]
+pub use openai::{OpenAiEndpoint, Sampling};
 pub use plugin::AgentSessionsPlugin;
 
 use serde::{Deserialize, Serialize};
@@ -130,6 +134,12 @@ impl SessionHost {
         match &config.backend {
             #[cfg(feature = "acp")]
             SessionBackend::Acp(command) => Box::new(acp::AcpBackend::new(command.clone(), self.runtime.clone())),
+            #[cfg(not(feature = "acp"))]
+            SessionBackend::Acp(_) => Box::new(Unavailable("ACP agents need the crate's `acp` feature")),
+            #[cfg(feature = "openai")]
+            SessionBackend::OpenAi(endpoint) => {
+                Box::new(openai::OpenAiBackend::new(endpoint.clone(), self.runtime.clone()))
+            }
         }
     }
 }
@@ -145,4 +155,16 @@ pub(crate) trait Backend: Send {
         setup: backend::Setup,
         sink: backend::EventSink,
     ) -> backend::BoxFuture<Result<Connected, ToolError>>;
+}
+
+/// A backend this build of the crate does not have (its cargo feature is off).
+#[cfg(not(feature = "acp"))]
+struct Unavailable(&'static str);
+
+#[cfg(not(feature = "acp"))]
+impl Backend for Unavailable {
+    fn connect(&self, _: backend::Setup, _: backend::EventSink) -> backend::BoxFuture<Result<Connected, ToolError>> {
+        let why = self.0;
+        Box::pin(async move { Err(ToolError::with_code(ErrorCode::AgentUnavailable, why)) })
+    }
 }

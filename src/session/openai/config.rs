@@ -1,0 +1,152 @@
+//! What a game says about an OpenAI-compatible endpoint: where it is, which model, where the API key is, and how
+//! the agent loop runs against it.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::session::{SessionBackend, SessionConfig};
+
+/// An OpenAI-compatible chat completions endpoint (`POST {base_url}/chat/completions`, streamed): Ollama
+/// (`http://127.0.0.1:11434/v1`), llama.cpp's `llama-server --jinja`, LM Studio, vLLM, the Player2 app
+/// (`http://127.0.0.1:4315/v1`, header `player2-game-key`), OpenAI (`https://api.openai.com/v1`, needs the
+/// `openai-tls` feature).
+///
+/// Kept in the session's record (to resume it after a restart): the API key never is, only the name of the
+/// environment variable it is read from, at each connection.
+///
+/// ```
+/// # use bevy_agent_tools::session::{OpenAiEndpoint, SessionConfig};
+/// let local = SessionConfig::openai("http://127.0.0.1:11434/v1", "qwen3:4b");
+/// let cloud = SessionConfig::openai_endpoint(
+///     OpenAiEndpoint::new("https://api.openai.com/v1", "gpt-5-mini").api_key_env("OPENAI_API_KEY").max_tool_rounds(12),
+/// );
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenAiEndpoint {
+    /// The API's base URL, up to and including `/v1`.
+    pub base_url: String,
+    /// The model's name, as the endpoint knows it.
+    pub model: String,
+    /// The environment variable holding the API key (sent as `Authorization: Bearer`), read at each connection.
+    /// `None`: no key (local servers).
+    pub api_key_env: Option<String>,
+    /// Extra headers on every request (Player2's `player2-game-key`). Stored in the session's record: put no
+    /// secret here.
+    pub headers: Vec<(String, String)>,
+    /// Sampling parameters; unset ones are the endpoint's defaults.
+    pub sampling: Sampling,
+    /// At most this many rounds of tool calls per turn; the model asking for more ends the turn with
+    /// [`StopReason::MaxTurnRequests`](crate::session::StopReason::MaxTurnRequests), the calls not run. Default 8.
+    pub max_tool_rounds: u32,
+    /// How long the endpoint may stay silent (before its answer starts, or between two chunks of it) before the
+    /// turn fails with `TIMEOUT`. Default 60 s (a local model loading into memory can take that long).
+    pub stall_timeout: Duration,
+    /// Retries of a request answered `429` or `5xx`, each after the `Retry-After` the endpoint asked for (at most
+    /// [`max_retry_wait`](Self::max_retry_wait)), else after 250 ms, 500 ms, 1 s... Default 3.
+    pub max_retries: u32,
+    /// The longest wait before one retry, whatever `Retry-After` says. Default 20 s.
+    pub max_retry_wait: Duration,
+    /// The history's bound, in bytes of JSON: past it the oldest turns are dropped (whole turns, never the
+    /// current one; the model is told how many). Default 512 KiB.
+    pub max_history_bytes: usize,
+    /// The model's context window in tokens, if known: reported in [`Usage::context_tokens`](crate::session::Usage).
+    pub context_window: Option<u64>,
+}
+
+/// Sampling parameters sent with each request (`None`: the endpoint's default).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    /// `temperature`.
+    pub temperature: Option<f32>,
+    /// `top_p`.
+    pub top_p: Option<f32>,
+    /// `max_tokens`: the most tokens one answer may have.
+    pub max_tokens: Option<u32>,
+    /// `seed`, for endpoints that honour it.
+    pub seed: Option<i64>,
+}
+
+// `SessionBackend` is `Eq`; a NaN sampling parameter is meaningless to every endpoint, so equality is total here.
+impl Eq for Sampling {}
+
+impl OpenAiEndpoint {
+    /// An endpoint with no API key and the defaults.
+    pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
+        Self {
+            base_url: base_url.into().trim_end_matches('/').to_string(),
+            model: model.into(),
+            api_key_env: None,
+            headers: Vec::new(),
+            sampling: Sampling::default(),
+            max_tool_rounds: 8,
+            stall_timeout: Duration::from_secs(60),
+            max_retries: 3,
+            max_retry_wait: Duration::from_secs(20),
+            max_history_bytes: 512 * 1024,
+            context_window: None,
+        }
+    }
+
+    /// Reads the API key from environment variable `name`.
+    pub fn api_key_env(mut self, name: impl Into<String>) -> Self {
+        self.api_key_env = Some(name.into());
+        self
+    }
+
+    /// Adds a header to every request (stored in the session's record: no secrets).
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// The sampling parameters.
+    pub fn sampling(mut self, sampling: Sampling) -> Self {
+        self.sampling = sampling;
+        self
+    }
+
+    /// The most rounds of tool calls in one turn.
+    pub fn max_tool_rounds(mut self, rounds: u32) -> Self {
+        self.max_tool_rounds = rounds;
+        self
+    }
+
+    /// How long the endpoint may stay silent.
+    pub fn stall_timeout(mut self, timeout: Duration) -> Self {
+        self.stall_timeout = timeout;
+        self
+    }
+
+    /// Retries after `429` and `5xx`, and the longest wait before one.
+    pub fn retries(mut self, max_retries: u32, max_wait: Duration) -> Self {
+        self.max_retries = max_retries;
+        self.max_retry_wait = max_wait;
+        self
+    }
+
+    /// The history's bound in bytes.
+    pub fn max_history_bytes(mut self, bytes: usize) -> Self {
+        self.max_history_bytes = bytes;
+        self
+    }
+
+    /// `{base_url}/chat/completions`, as errors name it.
+    pub(crate) fn completions_url(&self) -> String {
+        format!("{}/chat/completions", self.base_url)
+    }
+}
+
+impl SessionConfig {
+    /// A session whose agent loop the game runs against the OpenAI-compatible endpoint at `base_url` (e.g.
+    /// `http://127.0.0.1:11434/v1` for Ollama) with `model`, without an API key. See [`OpenAiEndpoint`] for the
+    /// rest.
+    pub fn openai(base_url: impl Into<String>, model: impl Into<String>) -> Self {
+        Self::openai_endpoint(OpenAiEndpoint::new(base_url, model))
+    }
+
+    /// A session with the OpenAI-compatible `endpoint`.
+    pub fn openai_endpoint(endpoint: OpenAiEndpoint) -> Self {
+        Self::new(SessionBackend::OpenAi(endpoint))
+    }
+}

@@ -1,0 +1,99 @@
+//! The conversation's history, owned by the game: the messages of every turn in the endpoint's own JSON, kept in
+//! `<data_dir>/<session id>/history.json`, replaced atomically and durably (file and directory synced) after each
+//! turn, readable only by the user. Bounded: past `max_history_bytes` the oldest whole turns are dropped (never
+//! summarized: a summary would need another model request the player did not ask for), and the count of dropped
+//! turns is kept so the model can be told.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+const FILE: &str = "history.json";
+
+/// The turns so far, oldest first; each turn is its messages (the player's, the model's, the tools' results).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct History {
+    pub turns: Vec<Vec<Value>>,
+    /// How many of the oldest turns were dropped to keep the bound.
+    pub dropped_turns: u64,
+}
+
+impl History {
+    /// Every kept message, in order.
+    pub(crate) fn messages(&self) -> impl Iterator<Item = &Value> {
+        self.turns.iter().flatten()
+    }
+
+    /// Adds a finished turn, then drops the oldest turns (never this one) while over `max_bytes`.
+    pub(crate) fn push(&mut self, turn: Vec<Value>, max_bytes: usize) {
+        self.turns.push(turn);
+        let size = |turn: &Vec<Value>| turn.iter().map(|message| message.to_string().len()).sum::<usize>();
+        let mut total: usize = self.turns.iter().map(size).sum();
+        while total > max_bytes && self.turns.len() > 1 {
+            total -= size(&self.turns.remove(0));
+            self.dropped_turns += 1;
+        }
+    }
+}
+
+pub(crate) fn path(session_dir: &Path) -> PathBuf {
+    session_dir.join(FILE)
+}
+
+/// Reads the history; `Ok(None)` if there is none.
+pub(crate) fn load(path: &Path) -> std::io::Result<Option<History>> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(std::io::Error::other),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// Replaces the history on disk atomically and durably.
+pub(crate) fn save(path: &Path, history: &History) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let bytes = serde_json::to_vec(history).map_err(std::io::Error::other)?;
+    let mut file = atomic_write_file::AtomicWriteFile::open(path)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        file.as_file().set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    file.write_all(&bytes)?;
+    file.commit()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_history_bound_drops_the_oldest_whole_turns_and_never_the_newest() {
+        let mut history = History::default();
+        let turn = |n: u32| vec![json!({"role": "user", "content": format!("turn {n} {}", "x".repeat(100))})];
+        for n in 0..5 {
+            history.push(turn(n), 350);
+        }
+        assert_eq!(history.turns.len(), 2, "{history:?}");
+        assert_eq!(history.dropped_turns, 3);
+        assert!(history.turns[1][0]["content"].as_str().is_some_and(|text| text.starts_with("turn 4")));
+        history.push(vec![json!({"content": "y".repeat(1000)})], 350);
+        assert_eq!(history.turns.len(), 1, "the newest turn stays even alone over the bound");
+    }
+
+    #[test]
+    fn a_saved_history_loads_back_and_a_missing_one_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = path(dir.path());
+        assert_eq!(load(&file).unwrap(), None);
+        let mut history = History::default();
+        history.push(vec![json!({"role": "user", "content": "hello"})], 1 << 20);
+        save(&file, &history).unwrap();
+        assert_eq!(load(&file).unwrap(), Some(history));
+    }
+}

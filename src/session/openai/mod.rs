@@ -1,0 +1,297 @@
+//! The OpenAI-compatible backend: the game runs the agent loop itself, in process, against any chat completions
+//! endpoint (Ollama, llama.cpp's server, LM Studio, vLLM, the Player2 app, OpenAI), through `async-openai`.
+//!
+//! - **A turn** ([`turn`]): the session's history, the system prompt and the player's text go to
+//!   `POST {base_url}/chat/completions` (streamed, `stream_options.include_usage`) with the game's registered
+//!   tools as function tools (the schemas the MCP server publishes, reserved arguments included). Streamed text
+//!   becomes chat deltas, one message per request; streamed tool calls are assembled from their fragments and run
+//!   one after the other in the game through [`AgentHandle`] under the session's conversation (so H1–H14 apply
+//!   and the status is `WaitingToolResult` while one runs; no MCP credential is used); their results go back as
+//!   `tool` messages (errors as `{"error": {"code", "message", "details"}}`, which the model can act on: an
+//!   unknown tool or arguments that are not JSON included), and the model is asked again, until it answers
+//!   without tool calls or [`OpenAiEndpoint::max_tool_rounds`] is reached
+//!   ([`StopReason::MaxTurnRequests`](crate::session::StopReason::MaxTurnRequests)).
+//! - **Cancel** drops the request in flight (the connection closes, the endpoint stops generating) or the tool
+//!   call running (cancelled in the game), and the turn ends as cancelled.
+//! - **History** is the game's ([`history`]): kept under the game's data directory, written atomically after each
+//!   turn, bounded (oldest turns dropped), reloaded by `resume` and by `resume_session` after a restart.
+//! - **Faults**: connection refused and other HTTP failures are `AGENT_UNAVAILABLE` naming the URL; `401`/`403`
+//!   names the key's environment variable; `429` and `5xx` are retried a bounded number of times honouring
+//!   `Retry-After`; an endpoint silent for [`OpenAiEndpoint::stall_timeout`] is `TIMEOUT`; a malformed chunk is
+//!   `AGENT_UNAVAILABLE` quoting it. A failed turn fails the session (status `Error`; `resume` reconnects, with
+//!   the history as it was before that turn).
+
+mod client;
+mod config;
+mod history;
+mod turn;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_openai::config::OpenAIConfig;
+use async_openai::Client;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+pub use config::{OpenAiEndpoint, Sampling};
+
+use super::backend::{Attached, BoxFuture, EventSink, Link, PromptBlock, Setup};
+use super::{Backend, Connected};
+use crate::agent::AgentHandle;
+use crate::error::{ErrorCode, ToolError};
+use crate::ids::ConversationId;
+use history::History;
+
+/// Opens sessions against one endpoint.
+pub(crate) struct OpenAiBackend {
+    endpoint: OpenAiEndpoint,
+    runtime: tokio::runtime::Handle,
+}
+
+impl OpenAiBackend {
+    pub(crate) fn new(endpoint: OpenAiEndpoint, runtime: tokio::runtime::Handle) -> Self {
+        Self { endpoint, runtime }
+    }
+}
+
+impl Backend for OpenAiBackend {
+    fn connect(&self, setup: Setup, sink: EventSink) -> BoxFuture<Result<Connected, ToolError>> {
+        let endpoint = self.endpoint.clone();
+        let runtime = self.runtime.clone();
+        Box::pin(async move {
+            let client = client::build(&endpoint, setup.timeouts.start)?;
+            tokio::time::timeout(setup.timeouts.start, probe(&endpoint)).await.unwrap_or_else(|_| {
+                Err(ToolError::with_code(
+                    ErrorCode::AgentUnavailable,
+                    format!("{} did not answer within {:?}", endpoint.base_url, setup.timeouts.start),
+                ))
+            })?;
+            let history_path = history::path(&setup.session_dir);
+            let (history, attached) = open_history(&history_path, &setup, &runtime).await?;
+            let shared = Arc::new(Shared {
+                endpoint,
+                client,
+                agent: setup.agent,
+                conversation: setup.conversation.clone(),
+                system_prompt: setup.system_prompt,
+                history: Mutex::new(history),
+                history_path,
+                sink,
+                runtime: runtime.clone(),
+            });
+            let link = OpenAiLink {
+                shared,
+                backend_session: setup.conversation.to_string(),
+                running: Mutex::new(None),
+                runtime,
+            };
+            // The system prompt goes as the `system` message of every request.
+            Ok((Arc::new(link) as Arc<dyn Link>, attached, true))
+        })
+    }
+}
+
+/// Asks `GET {base_url}/models` once, so that an endpoint that is not there, or refuses the key, fails `create`
+/// rather than the first turn. Other answers (some servers have no such route) are fine.
+async fn probe(endpoint: &OpenAiEndpoint) -> Result<(), ToolError> {
+    let http = reqwest::Client::builder()
+        .build()
+        .map_err(|error| ToolError::internal(format!("could not build the HTTP client: {error}")))?;
+    let mut request = http.get(format!("{}/models", endpoint.base_url));
+    if let Some(key) = client::api_key(endpoint)? {
+        request = request.bearer_auth(key);
+    }
+    for (name, value) in &endpoint.headers {
+        request = request.header(name.as_str(), value.as_str());
+    }
+    match request.send().await {
+        Ok(response) if matches!(response.status().as_u16(), 401 | 403) => {
+            let status = response.status();
+            let api = async_openai::error::ApiError { message: "unauthorized".into(), ..Default::default() };
+            Err(client::describe(
+                endpoint,
+                async_openai::error::OpenAIError::ApiError(async_openai::error::ApiErrorResponse {
+                    status_code: status,
+                    api_error: api,
+                }),
+            ))
+        }
+        Ok(_) => Ok(()),
+        Err(error) => Err(client::describe(endpoint, async_openai::error::OpenAIError::Reqwest(error))),
+    }
+}
+
+/// The history to start from: a new session's empty one (written at once, so that `resume_session` finds it),
+/// or the stored one of a session being re-attached.
+async fn open_history(
+    path: &std::path::Path,
+    setup: &Setup,
+    runtime: &tokio::runtime::Handle,
+) -> Result<(History, Attached), ToolError> {
+    let io = |error: String| ToolError::with_code(ErrorCode::AgentUnavailable, error);
+    if let Some(id) = &setup.resume {
+        let file = path.to_path_buf();
+        let loaded = runtime.spawn_blocking(move || history::load(&file)).await.map_err(|e| io(e.to_string()))?;
+        match loaded {
+            Ok(Some(history)) => return Ok((history, Attached::Resumed)),
+            Ok(None) if !setup.new_if_unresumable => {
+                return Err(crate::session::record::not_found(id).with_detail("agent_error", "no stored history"))
+            }
+            Err(error) if !setup.new_if_unresumable => {
+                return Err(crate::session::record::not_found(id)
+                    .with_detail("agent_error", format!("the stored history is unreadable: {error}")))
+            }
+            _ => {}
+        }
+    }
+    let attached = if setup.resume.is_some() { Attached::Replaced } else { Attached::New };
+    let history = History::default();
+    let (file, empty) = (path.to_path_buf(), history.clone());
+    runtime
+        .spawn_blocking(move || history::save(&file, &empty))
+        .await
+        .map_err(|e| io(e.to_string()))?
+        .map_err(|error| io(format!("could not write the session's history at {}: {error}", path.display())))?;
+    Ok((history, attached))
+}
+
+/// What the turns of one connection share.
+pub(crate) struct Shared {
+    endpoint: OpenAiEndpoint,
+    client: Client<OpenAIConfig>,
+    agent: AgentHandle,
+    conversation: ConversationId,
+    system_prompt: Option<String>,
+    history: Mutex<History>,
+    history_path: PathBuf,
+    sink: EventSink,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Shared {
+    /// The game's tools as function tools: the schemas the MCP server publishes, reserved arguments included.
+    fn tools(&self) -> Vec<Value> {
+        self.agent
+            .tools()
+            .iter()
+            .map(|tool| {
+                json!({"type": "function", "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.client_input_schema(),
+                }})
+            })
+            .collect()
+    }
+
+    /// The request for the turn's `messages` so far: system prompt, history, then them.
+    fn request(&self, messages: &[Value], tools: &[Value]) -> Value {
+        let mut all = Vec::new();
+        if let Some(prompt) = &self.system_prompt {
+            all.push(json!({"role": "system", "content": prompt}));
+        }
+        {
+            let history = self.history.lock();
+            if history.dropped_turns > 0 {
+                all.push(json!({"role": "system", "content": format!(
+                    "[{} earlier turns of this conversation were dropped to keep the history bounded]",
+                    history.dropped_turns
+                )}));
+            }
+            all.extend(history.messages().cloned());
+        }
+        all.extend(messages.iter().cloned());
+        let mut request = json!({
+            "model": self.endpoint.model,
+            "messages": all,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        if let Value::Object(object) = &mut request {
+            if !tools.is_empty() {
+                object.insert("tools".into(), Value::Array(tools.to_vec()));
+            }
+            let sampling = &self.endpoint.sampling;
+            let fields = [
+                ("temperature", sampling.temperature.map(|v| json!(v))),
+                ("top_p", sampling.top_p.map(|v| json!(v))),
+                ("max_tokens", sampling.max_tokens.map(|v| json!(v))),
+                ("seed", sampling.seed.map(|v| json!(v))),
+            ];
+            for (name, value) in fields {
+                if let Some(value) = value {
+                    object.insert(name.into(), value);
+                }
+            }
+        }
+        request
+    }
+
+    /// Adds the turn's messages to the history and writes it (durably, before the turn's end is reported).
+    async fn commit(&self, messages: Vec<Value>) {
+        let snapshot = {
+            let mut history = self.history.lock();
+            history.push(messages, self.endpoint.max_history_bytes);
+            history.clone()
+        };
+        let path = self.history_path.clone();
+        let conversation = self.conversation.clone();
+        let written = self.runtime.spawn_blocking(move || {
+            if let Err(error) = history::save(&path, &snapshot) {
+                tracing::error!(session = %conversation, path = %path.display(), %error, "could not save the session's history");
+            }
+        });
+        let _ = written.await;
+    }
+}
+
+struct Running {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct OpenAiLink {
+    shared: Arc<Shared>,
+    backend_session: String,
+    running: Mutex<Option<Running>>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Link for OpenAiLink {
+    fn backend_session(&self) -> &str {
+        &self.backend_session
+    }
+
+    fn prompt(&self, turn: u64, blocks: Vec<PromptBlock>) -> Result<(), ToolError> {
+        let cancel = CancellationToken::new();
+        let shared = self.shared.clone();
+        let token = cancel.clone();
+        let task = self.runtime.spawn(async move {
+            let event = turn::run(shared.clone(), turn, blocks, token).await;
+            (shared.sink)(event);
+        });
+        *self.running.lock() = Some(Running { cancel, task });
+        Ok(())
+    }
+
+    fn cancel(&self) {
+        if let Some(running) = self.running.lock().as_ref() {
+            running.cancel.cancel();
+        }
+    }
+
+    fn close(&self, _end_session: bool) -> BoxFuture<()> {
+        // The history stays on disk: `resume` continues the conversation. A turn still running is stopped.
+        self.kill();
+        Box::pin(std::future::ready(()))
+    }
+
+    fn kill(&self) {
+        if let Some(running) = self.running.lock().take() {
+            running.cancel.cancel();
+            running.task.abort();
+        }
+    }
+}

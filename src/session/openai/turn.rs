@@ -1,0 +1,312 @@
+//! One turn of the agent loop the game runs: the history and the player's text go to the endpoint with the game's
+//! tools; streamed text becomes chat; streamed tool calls (assembled from their fragments) run in the game
+//! through [`AgentHandle`](crate::AgentHandle) under the session's conversation, so the host's rules apply and the
+//! status is `WaitingToolResult` while they run; their results go back; until the model stops, or the round limit.
+
+use std::sync::Arc;
+
+use async_openai::types::stream::StreamResponse;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::client::{describe, Chunk};
+use super::Shared;
+use crate::call::CallRequest;
+use crate::error::{ErrorCode, ToolError};
+use crate::session::backend::{BackendEvent, PromptBlock, StopReason, Usage};
+
+/// A tool call as its fragments arrive.
+#[derive(Debug, Default)]
+struct PendingCall {
+    index: usize,
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// How one request's answer ended.
+enum RoundEnd {
+    Done { text: String, calls: Vec<PendingCall>, finish: Option<String> },
+    Cancelled { text: String },
+}
+
+/// Runs turn `turn` to its end and says how it ended. The history gets the turn once it ended (or was cancelled:
+/// what was said and done so far, every tool call with its result); a failed turn leaves it as it was.
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    turn: u64,
+    blocks: Vec<PromptBlock>,
+    cancel: CancellationToken,
+) -> BackendEvent {
+    match drive(&shared, turn, blocks, &cancel).await {
+        Ok((stop, messages)) => {
+            shared.commit(messages).await;
+            BackendEvent::TurnEnded { turn, stop }
+        }
+        Err(error) => BackendEvent::TurnFailed { turn, error },
+    }
+}
+
+async fn drive(
+    shared: &Arc<Shared>,
+    turn: u64,
+    blocks: Vec<PromptBlock>,
+    cancel: &CancellationToken,
+) -> Result<(StopReason, Vec<Value>), ToolError> {
+    // Each block is its own user message: the player's text word for word, the game's additions apart.
+    let mut messages: Vec<Value> =
+        blocks.into_iter().map(|PromptBlock::Text(text)| json!({"role": "user", "content": text})).collect();
+    let tools = shared.tools();
+    for round in 0.. {
+        let request = shared.request(&messages, &tools);
+        let (text, calls, finish) = match stream_round(shared, turn, round, request, cancel).await? {
+            RoundEnd::Cancelled { text } => {
+                if !text.is_empty() {
+                    messages.push(json!({"role": "assistant", "content": text}));
+                }
+                return Ok((StopReason::Cancelled, messages));
+            }
+            RoundEnd::Done { text, calls, finish } => (text, calls, finish),
+        };
+        if calls.is_empty() {
+            messages.push(json!({"role": "assistant", "content": text}));
+            return Ok((stop_reason(finish.as_deref()), messages));
+        }
+        if round >= shared.endpoint.max_tool_rounds {
+            // The calls are not run; the history keeps what the model said, without them.
+            if !text.is_empty() {
+                messages.push(json!({"role": "assistant", "content": text}));
+            }
+            return Ok((StopReason::MaxTurnRequests, messages));
+        }
+        (shared.sink)(BackendEvent::ToolCall);
+        let wire_calls: Vec<Value> = calls
+            .iter()
+            .map(|call| {
+                json!({"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}})
+            })
+            .collect();
+        let content = if text.is_empty() { Value::Null } else { Value::String(text) };
+        messages.push(json!({"role": "assistant", "content": content, "tool_calls": wire_calls}));
+        let mut cancelled = false;
+        for call in &calls {
+            let result = if cancelled {
+                error_content(&ToolError::with_code(ErrorCode::Cancelled, "the player cancelled the turn"))
+            } else {
+                tokio::select! {
+                    biased;
+                    result = execute(shared, call) => result,
+                    _ = cancel.cancelled() => {
+                        cancelled = true;
+                        error_content(&ToolError::with_code(ErrorCode::Cancelled, "the player cancelled the turn"))
+                    }
+                }
+            };
+            messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": result}));
+        }
+        if cancelled {
+            return Ok((StopReason::Cancelled, messages));
+        }
+    }
+    Err(ToolError::internal("the turn's rounds ran out"))
+}
+
+/// Sends one request and streams its answer: text as chat deltas (one message per round), tool calls assembled.
+async fn stream_round(
+    shared: &Arc<Shared>,
+    turn: u64,
+    round: u32,
+    request: Value,
+    cancel: &CancellationToken,
+) -> Result<RoundEnd, ToolError> {
+    let endpoint = &shared.endpoint;
+    let stall = endpoint.stall_timeout;
+    // Opening may include the bounded retries' waits.
+    let open_bound = stall + endpoint.max_retry_wait.saturating_mul(endpoint.max_retries);
+    let chat = shared.client.chat();
+    let opening = tokio::time::timeout(open_bound, chat.create_stream_byot::<Value, Chunk>(request));
+    let opened = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => return Ok(RoundEnd::Cancelled { text: String::new() }),
+        opened = opening => opened,
+    };
+    let mut stream: StreamResponse<Chunk> = match opened {
+        Err(_elapsed) => return Err(stalled(shared)),
+        Ok(Err(error)) => return Err(describe(endpoint, error)),
+        Ok(Ok(stream)) => stream,
+    };
+    let message = format!("t{turn}-r{round}");
+    let mut text = String::new();
+    let mut calls: Vec<PendingCall> = Vec::new();
+    let mut finish = None;
+    loop {
+        let next = tokio::select! {
+            biased;
+            // Dropping the stream closes the request: the endpoint stops generating.
+            _ = cancel.cancelled() => return Ok(RoundEnd::Cancelled { text }),
+            next = tokio::time::timeout(stall, stream.next()) => next,
+        };
+        let chunk = match next {
+            Err(_elapsed) => return Err(stalled(shared)),
+            Ok(None) => break,
+            Ok(Some(Err(error))) => return Err(describe(endpoint, error)),
+            Ok(Some(Ok(chunk))) => chunk,
+        };
+        if let Some(error) = chunk.error {
+            return Err(ToolError::with_code(
+                ErrorCode::AgentUnavailable,
+                format!("{} reported an error in its stream: {error}", endpoint.completions_url()),
+            ));
+        }
+        if let Some(usage) = chunk.usage {
+            let used =
+                if usage.total_tokens > 0 { usage.total_tokens } else { usage.prompt_tokens + usage.completion_tokens };
+            (shared.sink)(BackendEvent::Usage(Usage {
+                used_tokens: used,
+                context_tokens: endpoint.context_window.unwrap_or(0),
+                cost: None,
+            }));
+        }
+        for choice in chunk.choices {
+            if let Some(piece) = choice.delta.content.filter(|piece| !piece.is_empty()) {
+                text.push_str(&piece);
+                (shared.sink)(BackendEvent::MessageChunk { message: Some(message.clone()), text: piece });
+            }
+            for fragment in choice.delta.tool_calls.unwrap_or_default() {
+                let index = fragment.index.unwrap_or_else(|| match (&fragment.id, calls.last()) {
+                    // No index: a fragment with a new id starts a call, one without continues the last.
+                    (Some(_), _) | (None, None) => calls.len(),
+                    (None, Some(last)) => last.index,
+                });
+                let slot = match calls.iter().position(|call| call.index == index) {
+                    Some(slot) => slot,
+                    None => {
+                        calls.push(PendingCall { index, ..Default::default() });
+                        calls.len() - 1
+                    }
+                };
+                let call = &mut calls[slot];
+                if let Some(id) = fragment.id.filter(|id| !id.is_empty()) {
+                    call.id = id;
+                }
+                if let Some(function) = fragment.function {
+                    if let Some(name) = function.name {
+                        call.name.push_str(&name);
+                    }
+                    if let Some(arguments) = function.arguments {
+                        call.arguments.push_str(&arguments);
+                    }
+                }
+            }
+            if choice.finish_reason.is_some() {
+                finish = choice.finish_reason;
+            }
+        }
+    }
+    for (n, call) in calls.iter_mut().enumerate() {
+        if call.id.is_empty() {
+            call.id = format!("call_{turn}_{round}_{n}");
+        }
+    }
+    Ok(RoundEnd::Done { text, calls, finish })
+}
+
+fn stalled(shared: &Shared) -> ToolError {
+    let url = shared.endpoint.completions_url();
+    ToolError::with_code(
+        ErrorCode::Timeout,
+        format!("{url} sent nothing for {:?}: the request was abandoned", shared.endpoint.stall_timeout),
+    )
+    .with_detail("url", &url)
+}
+
+/// Runs one tool call in the game and returns what the model reads: the tool's output as JSON, or
+/// `{"error": {"code", "message", "details"}}` it can act on (an unknown tool, arguments that are not JSON,
+/// and every host rejection included).
+async fn execute(shared: &Shared, call: &PendingCall) -> String {
+    let tools = shared.agent.tools();
+    if !tools.iter().any(|tool| tool.name == call.name) {
+        let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_str()).collect();
+        return error_content(
+            &ToolError::with_code(
+                ErrorCode::ToolNotFound,
+                format!("there is no tool `{}`; the tools are: {}", call.name, names.join(", ")),
+            )
+            .with_detail("tool", &call.name),
+        );
+    }
+    let arguments =
+        if call.arguments.trim().is_empty() { Ok(json!({})) } else { serde_json::from_str(&call.arguments) };
+    let arguments = match arguments {
+        Ok(arguments @ Value::Object(_)) => arguments,
+        Ok(_) => return error_content(&ToolError::invalid_input("arguments", "the arguments must be a JSON object")),
+        Err(error) => {
+            return error_content(&ToolError::invalid_input(
+                "arguments",
+                format!(
+                    "the arguments are not valid JSON ({error}): send one JSON object matching the tool's parameters"
+                ),
+            ))
+        }
+    };
+    let request = match CallRequest::from_wire(call.name.clone(), arguments) {
+        Ok(request) => request,
+        Err(error) => return error_content(&error),
+    };
+    // Dropping the call (a cancel) cancels it in the game.
+    match shared.agent.conversation_handle(&shared.conversation).request(request).await {
+        Ok(output) => {
+            let mut value = output.value;
+            summarize_images(&mut value);
+            value.to_string()
+        }
+        Err(error) => error_content(&error),
+    }
+}
+
+fn error_content(error: &ToolError) -> String {
+    json!({ "error": error }).to_string()
+}
+
+/// Image fields (`{"type": "image", "mimeType", "data"}`) are summarized: chat completions take images only in
+/// user messages, and not every model reads them.
+fn summarize_images(value: &mut Value) {
+    match value {
+        Value::Object(object) => {
+            let image = object.get("type").and_then(Value::as_str) == Some("image")
+                && object.get("data").is_some_and(Value::is_string);
+            if image {
+                let mime = object.get("mimeType").and_then(Value::as_str).unwrap_or("image").to_string();
+                let bytes = object.get("data").and_then(Value::as_str).map_or(0, |data| data.len() * 3 / 4);
+                *value = Value::String(format!("[{mime} image of about {bytes} bytes, not shown to this model]"));
+            } else {
+                object.values_mut().for_each(summarize_images);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(summarize_images),
+        _ => {}
+    }
+}
+
+fn stop_reason(finish: Option<&str>) -> StopReason {
+    match finish {
+        Some("stop") | Some("end_turn") | None => StopReason::EndTurn,
+        Some("length") => StopReason::MaxTokens,
+        Some("content_filter") => StopReason::Refusal,
+        Some(_) => StopReason::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_in_a_tool_output_are_summarized_and_the_rest_kept() {
+        let mut value = json!({"picture": {"type": "image", "mimeType": "image/png", "data": "AAAA"}, "n": 1});
+        summarize_images(&mut value);
+        assert_eq!(value["n"], 1);
+        assert_eq!(value["picture"], "[image/png image of about 3 bytes, not shown to this model]");
+    }
+}

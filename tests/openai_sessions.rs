@@ -1,0 +1,724 @@
+//! In-game agent sessions (DESIGN §6b) with the OpenAI-compatible backend (feature `openai`): a real game loop,
+//! a real HTTP server speaking chat completions with SSE (axum), replaying scripted streamed answers. Only the
+//! model's choices are scripted; the loop, the HTTP, the tool calls and the history are the real ones.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::routing::{get, post};
+use bevy::prelude::*;
+use bevy_agent_tools::mcp::McpPlugin;
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::session::*;
+use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
+use bevy_agent_tools::{CallStarted, ConversationStatus, ConversationStatusChanged};
+use common::*;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+/// A bound for waits on things that happen in milliseconds: a failure, not a slow machine, if it passes.
+const LIMIT: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------------------------------------------------------
+// The scripted OpenAI-compatible server.
+
+/// One scripted answer to `POST /v1/chat/completions`.
+enum Reply {
+    /// `200`, an SSE stream of these pieces, then `data: [DONE]` (unless a piece stalls).
+    Stream(Vec<Piece>),
+    /// An HTTP error with a JSON error body and an optional `Retry-After`.
+    Status(u16, Option<&'static str>),
+}
+
+enum Piece {
+    /// `data: JSON`.
+    Data(Value),
+    /// Bytes sent as they are.
+    Raw(&'static str),
+    /// Sends nothing more, ever (until the client goes away).
+    Stall,
+}
+
+fn text(piece: &str) -> Piece {
+    Piece::Data(json!({"id": "x", "choices": [{"index": 0, "delta": {"content": piece}}]}))
+}
+fn call(index: u32, id: &str, name: &str, arguments: &str) -> Piece {
+    Piece::Data(json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    ]}}]}))
+}
+fn more_arguments(index: u32, arguments: &str) -> Piece {
+    Piece::Data(json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": index, "function": {"arguments": arguments}}
+    ]}}]}))
+}
+fn finish(reason: &str) -> Piece {
+    Piece::Data(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}))
+}
+fn usage(prompt: u64, completion: u64) -> Piece {
+    Piece::Data(json!({"choices": [], "usage": {
+        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion
+    }}))
+}
+fn says(answer: &str) -> Reply {
+    Reply::Stream(vec![text(answer), finish("stop")])
+}
+fn calls(pieces: Vec<Piece>) -> Reply {
+    let mut pieces = pieces;
+    pieces.push(finish("tool_calls"));
+    Reply::Stream(pieces)
+}
+
+#[derive(Clone, Default)]
+struct Script {
+    replies: Arc<Mutex<VecDeque<Reply>>>,
+    requests: Arc<Mutex<Vec<Value>>>,
+    /// Streams the client went away from before their end.
+    abandoned: Arc<AtomicUsize>,
+    /// The bearer key every route wants, if any.
+    key: Option<String>,
+}
+
+struct Server {
+    url: String,
+    script: Script,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl Server {
+    fn start() -> Self {
+        Self::with_key(None)
+    }
+
+    fn with_key(key: Option<&str>) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let script = Script { key: key.map(str::to_string), ..Default::default() };
+        let app = axum::Router::new()
+            .route("/v1/models", get(models))
+            .route("/v1/chat/completions", post(completions))
+            .with_state(script.clone());
+        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let url = format!("http://{}/v1", listener.local_addr().unwrap());
+        runtime.spawn(async move { axum::serve(listener, app).await });
+        Self { url, script, _runtime: runtime }
+    }
+
+    fn reply(&self, reply: Reply) -> &Self {
+        self.script.replies.lock().push_back(reply);
+        self
+    }
+
+    fn requests(&self) -> Vec<Value> {
+        self.script.requests.lock().clone()
+    }
+
+    /// The request's messages as (role, content) text.
+    fn messages(&self, request: usize) -> Vec<(String, String)> {
+        let requests = self.requests();
+        requests[request]["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                let content = match &m["content"] {
+                    Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                };
+                (m["role"].as_str().unwrap().to_string(), content)
+            })
+            .collect()
+    }
+}
+
+fn unauthorized(script: &Script, headers: &HeaderMap) -> Option<Response> {
+    let key = script.key.as_ref()?;
+    let sent = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
+    (sent != format!("Bearer {key}")).then(|| {
+        let body = json!({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}});
+        Response::builder().status(401).body(Body::from(body.to_string())).unwrap()
+    })
+}
+
+async fn models(axum::extract::State(script): axum::extract::State<Script>, headers: HeaderMap) -> Response {
+    unauthorized(&script, &headers)
+        .unwrap_or_else(|| Response::new(Body::from(json!({"object": "list", "data": []}).to_string())))
+}
+
+async fn completions(
+    axum::extract::State(script): axum::extract::State<Script>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    if let Some(refused) = unauthorized(&script, &headers) {
+        return refused;
+    }
+    script.requests.lock().push(serde_json::from_str(&body).unwrap_or(Value::Null));
+    let reply = script.replies.lock().pop_front();
+    match reply {
+        None => Response::builder().status(500).body(Body::from("no scripted reply left")).unwrap(),
+        Some(Reply::Status(code, retry_after)) => {
+            let body = json!({"error": {"message": format!("scripted {code}"), "type": "scripted"}});
+            let mut response = Response::builder().status(StatusCode::from_u16(code).unwrap());
+            if let Some(seconds) = retry_after {
+                response = response.header("retry-after", seconds);
+            }
+            response.body(Body::from(body.to_string())).unwrap()
+        }
+        Some(Reply::Stream(pieces)) => {
+            struct Watch(Arc<AtomicUsize>, bool);
+            impl Drop for Watch {
+                fn drop(&mut self) {
+                    if !self.1 {
+                        self.0.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+            let watch = Watch(script.abandoned.clone(), false);
+            let pieces: VecDeque<Piece> = pieces.into();
+            let stream = futures_util::stream::unfold((pieces, watch), |(mut pieces, mut watch)| async move {
+                let bytes = match pieces.pop_front() {
+                    Some(Piece::Data(value)) => format!("data: {value}\n\n"),
+                    Some(Piece::Raw(raw)) => raw.to_string(),
+                    Some(Piece::Stall) => std::future::pending().await,
+                    None if !watch.1 => {
+                        watch.1 = true;
+                        "data: [DONE]\n\n".to_string()
+                    }
+                    None => return None,
+                };
+                Some((Ok::<_, std::io::Error>(bytes), (pieces, watch)))
+            });
+            Response::builder().header("content-type", "text/event-stream").body(Body::from_stream(stream)).unwrap()
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The game.
+
+#[derive(Resource, Clone, Default)]
+struct Log(Arc<Mutex<Vec<String>>>);
+
+impl Log {
+    fn lines(&self) -> Vec<String> {
+        self.0.lock().clone()
+    }
+    fn wait_for(&self, what: &str) -> String {
+        let until = Instant::now() + LIMIT;
+        loop {
+            if let Some(line) = self.lines().into_iter().find(|line| line.contains(what)) {
+                return line;
+            }
+            assert!(Instant::now() < until, "no line with {what:?} in {:#?}", self.lines());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn record(
+    log: Res<Log>,
+    mut deltas: MessageReader<ChatDelta>,
+    mut messages: MessageReader<ChatMessage>,
+    mut errors: MessageReader<ChatError>,
+    mut statuses: MessageReader<ConversationStatusChanged>,
+    mut started: MessageReader<CallStarted>,
+) {
+    let mut log = log.0.lock();
+    log.extend(deltas.read().map(|d| format!("delta {} {}: {}", d.session, d.message, d.text)));
+    log.extend(messages.read().map(|m| format!("message {} {}: {}", m.session, m.message, m.text)));
+    log.extend(errors.read().map(|e| format!("error {} {}: {}", e.session, e.code, e.message)));
+    log.extend(statuses.read().map(|s| format!("status {} {}->{}", s.conversation, s.previous, s.status)));
+    log.extend(started.read().map(|c| format!("call-started {} {}", c.conversation, c.tool)));
+}
+
+/// A running game in world `alpha` with `bump` and a `held` bump that parks at `gate`, with agent sessions whose
+/// records and histories live in `data`.
+struct Game {
+    game: RunningGame,
+    sessions: AgentSessions,
+    log: Log,
+    gate: Gate,
+    executions: Arc<AtomicUsize>,
+}
+
+impl Game {
+    fn start(data: &Path) -> Self {
+        let gate = Gate::new();
+        let executions = Arc::new(AtomicUsize::new(0));
+        let log = Log::default();
+        let (data, built_gate, built_executions, built_log) =
+            (data.to_path_buf(), gate.clone(), executions.clone(), log.clone());
+        let game = RunningGame::spawn(Duration::from_millis(2), move || {
+            let tools = AgentToolsPlugin::new(TestGame::default())
+                .with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None))
+                .with_tool(bump_tool("held", ToolScope::World, built_executions, Some(built_gate)));
+            let mut app = headless_app_with(
+                tools,
+                (
+                    McpPlugin::new().port(0).token("openai-sessions-token-0123456789"),
+                    AgentSessionsPlugin::new().data_dir(data),
+                ),
+            );
+            app.insert_resource(built_log).add_systems(Update, record);
+            bevy_agent_tools::testing::AgentTestAppExt::enter_world(&mut app, "alpha");
+            app
+        });
+        let sessions = game.with_app(|app| app.world().resource::<AgentSessions>().clone());
+        Self { game, sessions, log, gate, executions }
+    }
+
+    fn block_on<T>(&self, future: impl std::future::Future<Output = T>) -> T {
+        self.game.agent().runtime().block_on(async {
+            tokio::time::timeout(LIMIT, future).await.expect("the session answered within the test's limit")
+        })
+    }
+
+    fn create(&self, endpoint: OpenAiEndpoint) -> Result<AgentSession, ToolError> {
+        self.block_on(self.sessions.create(SessionConfig::openai_endpoint(endpoint)))
+    }
+
+    fn counter(&self) -> u64 {
+        self.game.with_app(|app| app.world().resource::<WorldLog>().0.len() as u64)
+    }
+
+    /// The session's status changes so far, as `previous->status`.
+    fn statuses(&self, id: &str) -> Vec<String> {
+        let prefix = format!("status {id} ");
+        self.log.lines().iter().filter_map(|line| line.strip_prefix(&prefix).map(str::to_string)).collect()
+    }
+
+    fn wait_statuses(&self, id: &str, count: usize) -> Vec<String> {
+        let until = Instant::now() + LIMIT;
+        while self.statuses(id).len() < count {
+            assert!(Instant::now() < until, "{count} status changes: {:#?}", self.log.lines());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.statuses(id)
+    }
+}
+
+fn endpoint(server: &Server) -> OpenAiEndpoint {
+    OpenAiEndpoint::new(&server.url, "scripted-model")
+        .stall_timeout(Duration::from_secs(10))
+        .retries(2, Duration::from_secs(2))
+}
+
+fn code_of<T: std::fmt::Debug>(result: Result<T, ToolError>) -> (ErrorCode, String) {
+    let error = result.expect_err("an error");
+    (error.code, error.message)
+}
+
+fn tool_results(server: &Server, request: usize) -> Vec<String> {
+    server.messages(request).into_iter().filter(|(role, _)| role == "tool").map(|(_, content)| content).collect()
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The loop.
+
+#[test]
+fn a_turn_streams_text_and_a_tool_call_split_across_chunks_changes_the_world_under_the_sessions_conversation() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server
+        .reply(calls(vec![
+            text("Calling "),
+            text("bump."),
+            call(0, "call-1", "bump", "{\"by\""),
+            more_arguments(0, ": 2"),
+            more_arguments(0, "}"),
+            usage(40, 8),
+        ]))
+        .reply(Reply::Stream(vec![text("Done: "), text("counter is 2"), finish("stop"), usage(70, 5)]));
+    let config = endpoint(&server).max_tool_rounds(3);
+    let session =
+        game.block_on(game.sessions.create(SessionConfig::openai_endpoint(config).system_prompt("Be brief.")));
+    let session = session.expect("the session starts");
+    let id = session.id().to_string();
+    assert_eq!(session.status(), ConversationStatus::Idle);
+
+    let player = "bump  it \"twice\"\nplease";
+    let turn = game.block_on(session.send_text(player)).expect("the turn ends");
+    assert_eq!(turn.stop_reason, StopReason::EndTurn);
+    assert_eq!(turn.final_message.as_deref(), Some("Done: counter is 2"));
+    assert_eq!(game.counter(), 1, "the model's one call changed the world once");
+
+    let statuses = game.wait_statuses(&id, 4);
+    assert_eq!(
+        statuses,
+        ["idle->running", "running->waiting_tool_result", "waiting_tool_result->running", "running->idle"]
+    );
+    game.log.wait_for(&format!("message {id} {id}-m2: Done: counter is 2"));
+    let lines = game.log.lines();
+    assert!(
+        lines.contains(&format!("message {id} {id}-m1: Calling bump.")),
+        "the message before the call ended at it: {lines:#?}"
+    );
+    assert_eq!(lines.iter().filter(|l| l.starts_with(&format!("delta {id} {id}-m1:"))).count(), 2, "{lines:#?}");
+    assert!(lines.contains(&format!("call-started {id} bump")), "the call is the session's conversation's: {lines:#?}");
+
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0]["model"], "scripted-model");
+    assert_eq!(requests[0]["stream"], true);
+    let bump = requests[0]["tools"].as_array().unwrap().iter().find(|t| t["function"]["name"] == "bump").unwrap();
+    assert!(bump["function"]["parameters"]["properties"]["operation_id"].is_object(), "reserved arguments included");
+    assert_eq!(server.messages(0)[0], ("system".to_string(), "Be brief.".to_string()));
+    assert_eq!(server.messages(0)[1], ("user".to_string(), player.to_string()), "the player's text, word for word");
+    let results = tool_results(&server, 1);
+    assert_eq!(results.len(), 1);
+    assert!(results[0].contains("\"counter\":2"), "{results:?}");
+    assert_eq!(session.usage().map(|u| u.used_tokens), Some(75), "the endpoint's last usage report");
+}
+
+#[test]
+fn two_tool_calls_in_one_answer_run_in_order_and_both_results_go_back() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server
+        .reply(calls(vec![
+            call(0, "a", "bump", "{\"by\":"),
+            call(1, "b", "bump", "{\"by\":"),
+            more_arguments(1, "10}"),
+            more_arguments(0, "1}"),
+        ]))
+        .reply(says("both done"));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let turn = game.block_on(session.send_text("two")).expect("ends");
+    assert_eq!(turn.final_message.as_deref(), Some("both done"));
+    assert_eq!(game.counter(), 2);
+    let second = &server.requests()[1]["messages"];
+    let tools: Vec<&Value> = second.as_array().unwrap().iter().filter(|m| m["role"] == "tool").collect();
+    assert_eq!(tools.iter().map(|m| m["tool_call_id"].as_str().unwrap()).collect::<Vec<_>>(), ["a", "b"]);
+    assert!(tools[0]["content"].as_str().unwrap().contains("\"counter\":1"));
+    assert!(tools[1]["content"].as_str().unwrap().contains("\"counter\":11"));
+}
+
+#[test]
+fn s3_a_world_exit_during_the_models_tool_call_gives_it_visit_ended_and_applies_nothing() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server.reply(calls(vec![call(0, "h", "held", "{}")])).reply(says("the world closed"));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let turn = game.block_on(session.start_turn("hold")).expect("sent");
+    let until = Instant::now() + LIMIT;
+    while game.gate.arrived() == 0 {
+        assert!(Instant::now() < until, "the model's call reached the tool");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(session.status(), ConversationStatus::WaitingToolResult);
+    game.game.with_app(|app| {
+        app.world_mut().write_message(ExitWorld::new());
+    });
+    game.gate.open();
+    let ended = game.block_on(turn).expect("the turn still ends");
+    assert_eq!(ended.final_message.as_deref(), Some("the world closed"));
+    let results = tool_results(&server, 1);
+    assert!(results[0].contains("VISIT_ENDED"), "the model was told: {results:?}");
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(game.executions.load(Ordering::SeqCst), 0, "nothing was applied, then or later");
+    assert_eq!(session.status(), ConversationStatus::Idle, "the session goes on");
+}
+
+#[test]
+fn s1_send_text_during_a_turn_is_session_busy_and_cancel_mid_stream_aborts_the_request_and_ends_it_cancelled() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server.reply(Reply::Stream(vec![text("thinking"), Piece::Stall]));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let id = session.id().to_string();
+    let waiting = game.block_on(session.start_turn("wait")).expect("sent");
+    game.log.wait_for(&format!("delta {id} {id}-m1: thinking"));
+    let (code, message) = code_of(game.block_on(session.send_text("hello")));
+    assert_eq!(code, ErrorCode::SessionBusy, "{message}");
+    assert_eq!(server.requests().len(), 1, "nothing was sent");
+    assert!(session.cancel());
+    let cancelled = game.block_on(waiting).expect("the turn ends");
+    assert_eq!(cancelled.stop_reason, StopReason::Cancelled);
+    let until = Instant::now() + LIMIT;
+    while server.script.abandoned.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < until, "the request in flight was closed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(session.status(), ConversationStatus::Idle);
+
+    server.reply(says("yes"));
+    game.block_on(session.send_text("still there?")).expect("the next turn works");
+    let history: Vec<String> = server.messages(1).into_iter().map(|(role, text)| format!("{role}: {text}")).collect();
+    assert_eq!(history, ["user: wait", "assistant: thinking", "user: still there?"], "the refused text never went");
+}
+
+#[test]
+fn max_tool_rounds_ends_the_turn_with_max_turn_requests_and_the_extra_calls_never_run() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server.reply(calls(vec![call(0, "1", "bump", "{\"by\":1}")])).reply(calls(vec![call(
+        0,
+        "2",
+        "bump",
+        "{\"by\":1}",
+    )]));
+    let session = game.create(endpoint(&server).max_tool_rounds(1)).expect("starts");
+    let turn = game.block_on(session.send_text("loop")).expect("ends");
+    assert_eq!(turn.stop_reason, StopReason::MaxTurnRequests);
+    assert_eq!(game.counter(), 1, "the call past the limit did not run");
+    assert_eq!(server.requests().len(), 2);
+    assert_eq!(session.status(), ConversationStatus::Idle);
+}
+
+#[test]
+fn an_unknown_tool_and_arguments_that_are_not_json_go_back_to_the_model_which_retries() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server
+        .reply(calls(vec![call(0, "1", "fly", "{}")]))
+        .reply(calls(vec![call(0, "2", "bump", "{by: 1")]))
+        .reply(calls(vec![call(0, "3", "bump", "{\"by\": 1}")]))
+        .reply(says("got there"));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let turn = game.block_on(session.send_text("go")).expect("ends");
+    assert_eq!(turn.final_message.as_deref(), Some("got there"));
+    let unknown: Value = serde_json::from_str(&tool_results(&server, 1)[0]).unwrap();
+    assert_eq!(unknown["error"]["code"], "TOOL_NOT_FOUND", "{unknown}");
+    assert!(unknown["error"]["message"].as_str().unwrap().contains("bump"), "it lists the tools: {unknown}");
+    let invalid: Value = serde_json::from_str(&tool_results(&server, 2)[1]).unwrap();
+    assert_eq!(invalid["error"]["code"], "INVALID_INPUT", "{invalid}");
+    assert_eq!(game.counter(), 1, "only the valid call ran");
+}
+
+#[test]
+fn resume_session_after_a_restart_reloads_the_games_history() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let id = {
+        let game = Game::start(data.path());
+        server.reply(says("noted"));
+        let config = SessionConfig::openai_endpoint(endpoint(&server)).auto_end_on_disconnect(false);
+        let session = game.block_on(game.sessions.create(config)).expect("starts");
+        game.block_on(session.send_text("remember 42")).expect("a turn");
+        let id = session.id().clone();
+        game.game.stop();
+        id
+    };
+    let game = Game::start(data.path());
+    let resumed = game.block_on(game.sessions.resume_session(id.clone())).expect("re-attached");
+    assert_eq!(resumed.status(), ConversationStatus::Idle);
+    server.reply(says("42"));
+    game.block_on(resumed.send_text("what was it?")).expect("a turn");
+    let history: Vec<String> = server.messages(1).into_iter().map(|(role, text)| format!("{role}: {text}")).collect();
+    assert_eq!(history, ["user: remember 42", "assistant: noted", "user: what was it?"]);
+    let stored = std::fs::read_to_string(data.path().join(id.as_str()).join("history.json")).unwrap();
+    assert!(stored.contains("what was it?"), "written after the turn");
+
+    let (code, _) = code_of(game.block_on(game.sessions.resume_session("chat-00000000deadbeef")));
+    assert_eq!(code, ErrorCode::SessionNotFound);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Faults: each ends in one outcome, none waits forever.
+
+#[test]
+fn a_refused_connection_is_agent_unavailable_and_names_the_url() {
+    let data = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let game = Game::start(data.path());
+    let url = format!("http://127.0.0.1:{port}/v1");
+    let (code, message) = code_of(game.create(OpenAiEndpoint::new(&url, "m")));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert!(message.contains(&url) && message.contains("connect"), "{message}");
+}
+
+#[test]
+fn a_refused_api_key_names_its_environment_variable_and_the_key_is_sent_as_a_bearer() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::with_key(Some("right-key"));
+    let game = Game::start(data.path());
+    std::env::set_var("BAT_TEST_WRONG_KEY", "wrong-key");
+    let (code, message) = code_of(game.create(endpoint(&server).api_key_env("BAT_TEST_WRONG_KEY")));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert!(message.contains("BAT_TEST_WRONG_KEY") && message.contains("401"), "{message}");
+    assert!(!message.contains("wrong-key"), "the key itself is never shown");
+    let (_, message) = code_of(game.create(endpoint(&server).api_key_env("BAT_TEST_UNSET_KEY")));
+    assert!(message.contains("BAT_TEST_UNSET_KEY") && message.contains("not set"), "{message}");
+
+    std::env::set_var("BAT_TEST_RIGHT_KEY", "right-key");
+    server.reply(says("hi"));
+    let session = game.create(endpoint(&server).api_key_env("BAT_TEST_RIGHT_KEY")).expect("the right key works");
+    game.block_on(session.send_text("hello")).expect("a turn");
+    let record = std::fs::read_to_string(data.path().join(session.id().as_str()).join("session.json")).unwrap();
+    assert!(
+        record.contains("BAT_TEST_RIGHT_KEY") && !record.contains("right-key"),
+        "the record names the variable only"
+    );
+}
+
+#[test]
+fn a_rate_limit_is_retried_after_its_retry_after_and_gives_up_after_the_bounded_retries() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server.reply(Reply::Status(429, Some("1"))).reply(says("after the wait"));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let started = Instant::now();
+    let turn = game.block_on(session.send_text("hi")).expect("retried");
+    assert_eq!(turn.final_message.as_deref(), Some("after the wait"));
+    assert!(started.elapsed() >= Duration::from_millis(950), "Retry-After honoured: {:?}", started.elapsed());
+
+    for _ in 0..3 {
+        server.reply(Reply::Status(429, Some("0")));
+    }
+    server.reply(says("never asked"));
+    let (code, message) = code_of(game.block_on(session.send_text("again")));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert!(message.contains("429") && message.contains("rate limiting"), "{message}");
+    assert_eq!(server.requests().len(), 2 + 3, "one request and two retries, no more");
+    assert_eq!(session.status(), ConversationStatus::Error);
+}
+
+#[test]
+fn a_server_error_is_retried_then_fails_the_turn_and_resume_recovers_with_the_history() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server.reply(says("first"));
+    let session = game.create(endpoint(&server)).expect("starts");
+    game.block_on(session.send_text("one")).expect("a turn");
+    for _ in 0..3 {
+        server.reply(Reply::Status(503, None));
+    }
+    let (code, message) = code_of(game.block_on(session.send_text("two")));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert!(message.contains("503") && message.contains(&server.url), "{message}");
+    assert_eq!(server.requests().len(), 4);
+    assert_eq!(session.status(), ConversationStatus::Error);
+    game.log.wait_for(&format!("error {} AGENT_UNAVAILABLE", session.id()));
+
+    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    server.reply(says("back"));
+    game.block_on(session.send_text("three")).expect("a turn");
+    let history: Vec<String> = server.messages(4).into_iter().map(|(role, text)| format!("{role}: {text}")).collect();
+    assert_eq!(history, ["user: one", "assistant: first", "user: three"], "the failed turn left no trace");
+}
+
+#[test]
+fn a_stream_that_stalls_times_out() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server.reply(Reply::Stream(vec![text("hm"), Piece::Stall]));
+    let session = game.create(endpoint(&server).stall_timeout(Duration::from_millis(300))).expect("starts");
+    let started = Instant::now();
+    let (code, message) = code_of(game.block_on(session.send_text("hi")));
+    assert_eq!(code, ErrorCode::Timeout, "{message}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(session.status(), ConversationStatus::Error);
+}
+
+#[test]
+fn a_malformed_chunk_is_agent_unavailable_quoting_it() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server.reply(Reply::Stream(vec![text("ok "), Piece::Raw("data: {\"choices\": [{\"delta\": \n\n")]));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let (code, message) = code_of(game.block_on(session.send_text("hi")));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert!(message.contains("malformed chunk") && message.contains("choices"), "{message}");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The sandbox, end to end.
+
+fn sandbox_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test's own path");
+        let profile_dir = exe.parent().and_then(Path::parent).expect("<target>/<profile>/deps/<test>");
+        let mut build = std::process::Command::new(env!("CARGO"));
+        build
+            .args(["build", "--example", "sandbox", "--features", "openai"])
+            .env("CARGO_TARGET_DIR", profile_dir.parent().expect("target"));
+        if profile_dir.file_name().is_some_and(|name| name == "release") {
+            build.arg("--release");
+        }
+        let status = build.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("cargo runs");
+        assert!(status.success(), "cargo build --example sandbox --features openai failed");
+        profile_dir.join("examples").join(format!("sandbox{}", std::env::consts::EXE_SUFFIX))
+    })
+}
+
+#[test]
+fn the_sandbox_chats_with_an_openai_compatible_endpoint_with_the_same_commands_and_lines() {
+    use std::io::{BufRead, BufReader, Write};
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    server.reply(calls(vec![text("Looking."), call(0, "w", "world_info", "{}")])).reply(Reply::Stream(vec![
+        text("All "),
+        text("fine."),
+        finish("stop"),
+    ]));
+    let mut child = std::process::Command::new(sandbox_binary())
+        .args(["--data-dir".as_ref(), data.path().as_os_str()])
+        .args(["--tps", "120", "--port", "0", "--world", "alpha"])
+        .args(["--agent-openai", &server.url, "--model", "scripted-model"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the sandbox starts");
+    let (send, lines) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = send.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    let mut until = |wanted: &dyn Fn(&str) -> bool| -> String {
+        loop {
+            let line = lines.recv_timeout(LIMIT).unwrap_or_else(|_| panic!("no such line; so far {seen:#?}"));
+            seen.push(line.clone());
+            if wanted(&line) {
+                return line;
+            }
+        }
+    };
+    let ready = until(&|line| line.starts_with("chat-status ") || line.starts_with("chat-error"));
+    assert!(ready.ends_with("status=idle previous=none"), "{ready}");
+    let id = ready.split(' ').nth(1).and_then(|s| s.strip_prefix("session=")).unwrap().to_string();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "say how is the world?").unwrap();
+    assert_eq!(until(&|line| line.starts_with("ok") || line.starts_with("error")), "ok sent");
+    let expected = [
+        format!("chat-status session={id} status=running previous=idle"),
+        format!("chat session={id}: Looking."),
+        format!("chat-status session={id} status=waiting_tool_result previous=running"),
+        format!("chat-status session={id} status=running previous=waiting_tool_result"),
+        format!("chat session={id}: All fine."),
+        format!("chat-status session={id} status=idle previous=running"),
+    ];
+    for line in &expected {
+        assert_eq!(&until(&|l| l.starts_with("chat")), line);
+    }
+    let results = tool_results(&server, 1);
+    assert!(results[0].contains("alpha"), "the tool ran in the game: {results:?}");
+    writeln!(stdin, "chat-end").unwrap();
+    assert_eq!(until(&|line| line.starts_with("ok") || line.starts_with("error")), format!("ok ended session={id}"));
+    writeln!(stdin, "quit").unwrap();
+    drop(stdin);
+    let status = child.wait().unwrap();
+    assert!(status.success());
+}
