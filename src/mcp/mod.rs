@@ -61,6 +61,7 @@
 //! [`AgentTool::argument_enum`](crate::AgentTool::argument_enum).
 
 mod credentials;
+mod exchanges;
 mod limit;
 mod naming;
 mod parse;
@@ -71,6 +72,7 @@ mod server;
 mod sessions;
 
 pub use credentials::Credentials;
+pub(crate) use exchanges::RunningProbe;
 pub use plugin::{McpPlugin, McpServer};
 pub use quiet::RMCP_LOG_ENV;
 pub use security::McpConfigError;
