@@ -40,8 +40,13 @@ fn iterations() -> usize {
 fn explore(test: impl Fn() + Send + Sync + 'static) {
     let test = Arc::new(test);
     let random = test.clone();
-    shuttle::check_random(move || random(), iterations());
-    shuttle::check_pct(move || test(), iterations(), 3);
+    // Admission validates arguments against the tool's schema, compiling it at the first call: deeper than
+    // shuttle's default 32 KiB thread stacks.
+    let mut config = shuttle::Config::new();
+    config.stack_size = 1 << 20;
+    let scheduler = shuttle::scheduler::RandomScheduler::new(iterations());
+    shuttle::Runner::new(scheduler, config.clone()).run(move || random());
+    shuttle::Runner::new(shuttle::scheduler::PctScheduler::new(3, iterations()), config).run(move || test());
 }
 
 struct Fixture {

@@ -119,9 +119,19 @@ pub(crate) fn validate(tool: &str, validator: &jsonschema::Validator, args: &Val
         }
         _ => {}
     }
-    let mut reason = error.to_string();
-    if reason.len() > 300 {
-        let cut = (0..=300).rev().find(|at| reason.is_char_boundary(*at)).unwrap_or(0);
+    let mut reason = match error.kind() {
+        // The validator names a few choices and counts the rest: a model needs them all to pick one.
+        jsonschema::error::ValidationErrorKind::Enum { options } => match options.as_array() {
+            Some(choices) => {
+                let choices: Vec<String> = choices.iter().map(Value::to_string).collect();
+                format!("{} is not one of {}", error.instance(), choices.join(", "))
+            }
+            None => error.to_string(),
+        },
+        _ => error.to_string(),
+    };
+    if reason.len() > 2000 {
+        let cut = (0..=2000).rev().find(|at| reason.is_char_boundary(*at)).unwrap_or(0);
         reason.truncate(cut);
         reason.push('…');
     }
