@@ -290,6 +290,23 @@ pub struct Call {
 }
 
 impl Call {
+    /// Whether the call still runs (has no outcome yet), as a probe another thread can keep: the MCP transport
+    /// waits at exit for the responses of calls that ended, not for those still running.
+    #[cfg(feature = "mcp")]
+    pub(crate) fn running_probe(&self) -> crate::mcp::RunningProbe {
+        match (&self.pending, &self.life) {
+            (Some(pending), _) => {
+                let pending = pending.clone();
+                Arc::new(move || !pending.outcome.is_set())
+            }
+            (None, Some(life)) => {
+                let life = life.clone();
+                Arc::new(move || !life.outcome().is_set())
+            }
+            (None, None) => Arc::new(|| false),
+        }
+    }
+
     fn running(life: Arc<CallLife>, owner: bool) -> Self {
         Self {
             request: Some(life.coords.request),

@@ -158,6 +158,8 @@ pub(crate) struct HostShared {
     pub tool_registered: tokio::sync::Notify,
     /// The lifecycle's session type: registered tools must be for it.
     pub session_type: (std::any::TypeId, &'static str),
+    /// Counts frames (pump runs): `CallContext::next_frame` waits for it to move.
+    pub frames: tokio::sync::watch::Sender<u64>,
     next_request: AtomicU64,
 }
 
@@ -180,6 +182,7 @@ impl HostShared {
             conversations: Arc::new(conversations),
             tool_registered: tokio::sync::Notify::new(),
             session_type,
+            frames: tokio::sync::watch::Sender::new(0),
             next_request: AtomicU64::new(1),
         };
         (Arc::new(host), queue, feed)

@@ -63,7 +63,7 @@ pub mod internals {
 pub mod prelude {
     pub use crate::{
         AgentHandle, AgentTool, AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet, CallContext, Completion, EnterWorld,
-        ErrorCode, ExitWorld, Location, OpenError, Opened, ToolError, ToolScope, TravelTo, VisitInfo, WorldBinding,
-        WorldLifecycle,
+        ErrorCode, ExitWorld, Location, NoArgs, OpenError, Opened, ToolError, ToolScope, TravelTo, VisitInfo,
+        WorldBinding, WorldLifecycle,
     };
 }

@@ -125,8 +125,13 @@ pub trait WorldLifecycle: Send + Sync + 'static {
         let _ = (session, from, to, world);
     }
 
-    /// Called once when the visit ends, after admission closed and every call of the visit ended. Take what must
-    /// be saved, start the I/O off the main thread, and return a [`Completion`] that resolves when it is durable.
+    /// Called once when the visit ends, after admission closed, every call of the visit ended and their
+    /// [`on_end`](crate::CallContext::on_end) cleanups ran. Take what must be saved, start the I/O off the main
+    /// thread, and return a [`Completion`] that resolves when it is durable.
+    ///
+    /// The visit ends on [`ExitWorld`](crate::ExitWorld), on entering another world, and on `AppExit` (the window
+    /// closed, Ctrl+C): then too `close` runs, and the plugin waits for its completion (bounded by
+    /// [`exit_deadline`](crate::AgentToolsPlugin::exit_deadline)) before the process goes on to exit.
     fn close(&self, session: Self::Session, world: &mut World) -> Completion;
 
     /// A small observation for one input (rule H14). `None` means there is none; the host never reuses an older

@@ -46,8 +46,10 @@ pub enum AgentToolsSet {
 }
 
 /// What happens on `AppExit`, in this order, in the `Last` schedule: in-game agent sessions end or disconnect
-/// and their agent processes stop; then the open visit closes, its save completes and the lifecycle shuts down
-/// (the host's runtime stops); then transports stop. Order a game's own exit work against these.
+/// and their agent processes stop; then the open visit closes (its calls end, `VISIT_ENDED`), its save completes
+/// and the lifecycle shuts down; then transports send the outcomes of the calls that ended and stop; after
+/// `Transport`, the host's runtime stops. All of it is bounded by
+/// [`AgentToolsPlugin::exit_deadline`]. Order a game's own exit work against these.
 #[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ExitSet {
     /// In-game agent sessions ([`AgentSessionsPlugin`](crate::session::AgentSessionsPlugin)).
@@ -248,6 +250,7 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
                 host: host.clone(),
                 open: None,
                 jobs,
+                next_frame: Default::default(),
                 default_dimension: self.default_dimension.clone(),
                 closing: Vec::new(),
                 shut_down: false,
@@ -288,7 +291,9 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
                 ),
             )
             .configure_sets(Last, (ExitSet::Sessions, ExitSet::Host, ExitSet::Transport).chain())
-            .add_systems(Last, stop_on_app_exit::<L>.in_set(ExitSet::Host));
+            .add_systems(Last, stop_on_app_exit::<L>.in_set(ExitSet::Host))
+            // The runtime serves the transports too: it stops once they sent what they owed.
+            .add_systems(Last, stop_runtime.after(ExitSet::Transport));
         for follower in &self.followers {
             follower(app, host.clone());
         }
@@ -298,16 +303,23 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
 #[derive(Resource, Clone, Copy)]
 struct ExitDeadline(Duration);
 
+/// Inserted when the exit begins: when it must be over. Transports bound their own stop by it.
+#[derive(Resource, Clone, Copy, Debug)]
+pub(crate) struct ExitStarted {
+    pub deadline: Instant,
+}
+
 /// On `AppExit`: exits the open visit, waits for every outstanding close completion (bounded, each miss logged
-/// with its world), calls `shutdown` exactly once, then stops the runtime.
+/// with its world), calls `shutdown` exactly once. The runtime stops later, in [`stop_runtime`].
 fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
-    if world.resource::<Messages<AppExit>>().is_empty() {
+    if world.resource::<Messages<AppExit>>().is_empty() || world.contains_resource::<ExitStarted>() {
         return;
     }
     let deadline = Instant::now() + world.resource::<ExitDeadline>().0;
-    let stopped = world.resource_scope(|world, mut slot: Mut<VisitSlot<L>>| {
+    world.insert_resource(ExitStarted { deadline });
+    world.resource_scope(|world, mut slot: Mut<VisitSlot<L>>| {
         if slot.shut_down {
-            return false;
+            return;
         }
         slot.shut_down = true;
         slot.exit(world);
@@ -323,9 +335,12 @@ fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
             Some(Err(error)) => tracing::error!(%error, "the world lifecycle's shutdown failed"),
             None => tracing::error!("the world lifecycle's shutdown did not finish before the exit deadline"),
         }
-        true
     });
-    if stopped {
+}
+
+/// After the transports stopped ([`ExitSet::Transport`]): stops the runtime, giving its tasks a second.
+fn stop_runtime(world: &mut World) {
+    if world.contains_resource::<ExitStarted>() && !world.resource::<AgentRuntime>().is_stopped() {
         world.resource_mut::<AgentRuntime>().stop(Duration::from_secs(1));
     }
 }

@@ -40,8 +40,13 @@ fn iterations() -> usize {
 fn explore(test: impl Fn() + Send + Sync + 'static) {
     let test = Arc::new(test);
     let random = test.clone();
-    shuttle::check_random(move || random(), iterations());
-    shuttle::check_pct(move || test(), iterations(), 3);
+    // Admission validates arguments against the tool's schema, compiling it at the first call: deeper than
+    // shuttle's default 32 KiB thread stacks.
+    let mut config = shuttle::Config::new();
+    config.stack_size = 1 << 20;
+    let scheduler = shuttle::scheduler::RandomScheduler::new(iterations());
+    shuttle::Runner::new(scheduler, config.clone()).run(move || random());
+    shuttle::Runner::new(shuttle::scheduler::PctScheduler::new(3, iterations()), config).run(move || test());
 }
 
 struct Fixture {
@@ -145,8 +150,19 @@ fn h8_a_step_and_an_end_from_another_thread_never_interleave() {
         assert_eq!(code == Some(ErrorCode::Cancelled), cancelled, "the cancel's outcome is the call's iff it won");
         assert!(matches!(code, Some(ErrorCode::Cancelled | ErrorCode::VisitEnded)), "{code:?}");
         assert_eq!(finished_events(&fixture.feed, &life), 1, "one CallFinished");
+        // The step ran iff it locked the call before either end: then the end waited for it.
+        STEP_RAN[usize::from(ran.load(Ordering::SeqCst))].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     });
+    // Across the schedules explored, the step both won (ran whole, the end after it) and lost (never ran): the
+    // test saw both sides of the race, not just one.
+    let [lost, won] = [&STEP_RAN[0], &STEP_RAN[1]].map(|count| count.load(std::sync::atomic::Ordering::Relaxed));
+    assert!(lost > 0 && won > 0, "schedules where the step lost: {lost}, won: {won}");
 }
+
+/// Schedules of `h8_a_step_and_an_end_from_another_thread_never_interleave` where the step did not run / ran.
+/// (std's atomics, outside shuttle: they count across schedules.)
+static STEP_RAN: [std::sync::atomic::AtomicUsize; 2] =
+    [std::sync::atomic::AtomicUsize::new(0), std::sync::atomic::AtomicUsize::new(0)];
 
 #[test]
 fn h8_a_worker_queueing_a_step_while_the_exit_drains_the_queue_never_runs_it_and_never_hangs() {

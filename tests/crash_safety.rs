@@ -92,8 +92,14 @@ fn acknowledgements(child: &mut Child) -> mpsc::Receiver<u64> {
 #[test]
 fn crash_sigkill_during_saves_never_leaves_a_mixed_or_unloadable_world() {
     let kills: u32 = std::env::var("CRASH_KILLS").ok().and_then(|n| n.parse().ok()).unwrap_or(50);
-    let mut seed = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
-    println!("crash test: {kills} kills, seed {seed}");
+    // Replayable: CRASH_SEED=N runs the same kill moments again (each failure names the seed it started from).
+    let first_seed = std::env::var("CRASH_SEED")
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |since| since.as_nanos() as u64))
+        | 1;
+    let mut seed = first_seed;
+    println!("crash test: {kills} kills, CRASH_SEED={first_seed}");
     let data = tempfile::tempdir().unwrap();
     let runtime = child_runtime();
     let world = WorldId::new(WORLD);
@@ -121,12 +127,18 @@ fn crash_sigkill_during_saves_never_leaves_a_mixed_or_unloadable_world() {
         // A fresh store per round: the dead child's lock is gone, as after a real crash.
         let store = WorldStore::new(data.path(), runtime.handle().clone());
         let loaded = runtime.block_on(store.load::<Generation>(&world, "state"));
-        let loaded = loaded.unwrap_or_else(|e| panic!("kill {kill}: the world does not load: {e}"));
+        let loaded = loaded.unwrap_or_else(|e| {
+            panic!("kill {kill}: the world does not load: {e} (replay with CRASH_SEED={first_seed})")
+        });
         let state = loaded.unwrap_or_else(|| Generation::new(0));
-        assert!(state.is_consistent(), "kill {kill}: generation {} is a mix of saves", state.generation);
+        assert!(
+            state.is_consistent(),
+            "kill {kill}: generation {} is a mix of saves (replay with CRASH_SEED={first_seed})",
+            state.generation
+        );
         assert!(
             state.generation == last || state.generation == last + 1,
-            "kill {kill}: loaded generation {} after the child acknowledged {last} (seed {seed})",
+            "kill {kill}: loaded generation {} after the child acknowledged {last} (replay with CRASH_SEED={first_seed})",
             state.generation
         );
         unacknowledged += u32::from(state.generation == last + 1);

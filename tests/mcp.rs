@@ -555,3 +555,33 @@ fn a_conversation_the_game_ends_closes_its_mcp_session() {
     drop(client);
     game.stop();
 }
+
+/// DESIGN §5 and H13 over `AppExit` (window closed, Ctrl+C): a call in flight when the game quits reaches its MCP
+/// client with its outcome (`VISIT_ENDED`), not a dropped connection, in both protocol generations, and the game
+/// still exits promptly (well within the exit deadline).
+#[test]
+fn app_exit_sends_every_call_in_flight_its_outcome_before_the_server_stops() {
+    for modern in [false, true] {
+        let gate = Gate::new();
+        let (game, server) = game(Arc::default(), gate.clone());
+        let url = server.url().to_string();
+        let runtime = runtime();
+        let (client, _) = runtime.block_on(connect(&url, modern));
+        let peer = client.peer().clone();
+        let call = runtime.spawn(async move { peer.call_tool(params("gated", json!({}))).await });
+        runtime.block_on(gate.arrivals(1));
+
+        let exiting = std::time::Instant::now();
+        game.stop(); // AppExit, then the game's thread ends
+        let exit_took = exiting.elapsed();
+
+        let result = runtime
+            .block_on(async { tokio::time::timeout(Duration::from_secs(10), call).await })
+            .expect("the call answered in time")
+            .expect("joined")
+            .unwrap_or_else(|error| panic!("modern={modern}: a result, not a dropped connection: {error}"));
+        assert_eq!(domain_error(&result)["code"], "VISIT_ENDED", "modern={modern}: {result:?}");
+        assert!(exit_took < Duration::from_secs(5), "modern={modern}: the exit took {exit_took:?}");
+        drop(client);
+    }
+}

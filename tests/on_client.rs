@@ -17,8 +17,10 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
+/// The exit ends the call (H5) and drains the queue of its dead steps before the pump runs; the pump's own
+/// recheck of the visit (defence in depth behind this) is tested on its own in `src/call/pump.rs`.
 #[test]
-fn h8_step_queued_then_exit_in_the_same_frame_before_the_pump_never_runs() {
+fn h5_exit_ends_the_call_and_drains_its_queued_step_before_the_pump_of_that_frame() {
     let executions = Arc::new(AtomicUsize::new(0));
     let mut app = app_with(TestGame::default(), vec![bump_tool("count", ToolScope::World, executions.clone(), None)]);
     app.enter_world("alpha");
@@ -27,9 +29,49 @@ fn h8_step_queued_then_exit_in_the_same_frame_before_the_pump_never_runs() {
     // The exit is applied in AgentToolsSet::Transitions, before AgentToolsSet::Pump of the same frame.
     app.exit_world();
     assert_eq!(code(&call.try_outcome().expect("resolved by the exit")), Some(ErrorCode::VisitEnded));
+    assert_eq!(app.agent().queued_steps(), 0, "the dead step was dropped, not left queued");
+    assert_eq!(app.world().resource::<PumpStats>().last_frame, 0, "the exit drained it: the pump found nothing");
     app.step(3);
     assert_eq!(executions.load(Ordering::SeqCst), 0, "the queued step never ran");
-    assert_eq!(app.agent().queued_steps(), 0, "the dead step was dropped, not left queued");
+}
+
+/// A call's `is_active()` turns false, and its `report_progress` reaches nobody, once the call ended.
+#[test]
+fn is_active_and_progress_stop_when_the_call_ends() {
+    let gate = Gate::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let reports = Arc::new(AtomicUsize::new(0));
+    let tool = {
+        let (gate, seen) = (gate.clone(), seen.clone());
+        AgentTool::new("watch", "Reports progress around an end.", move |ctx: CallContext<Session>, _: NoArgs| {
+            let (gate, seen) = (gate.clone(), seen.clone());
+            async move {
+                seen.lock().push(ctx.is_active());
+                ctx.report_progress(1.0, None, None);
+                gate.pass().await;
+                ctx.ended().await;
+                seen.lock().push(ctx.is_active());
+                ctx.report_progress(2.0, None, None);
+                seen.lock().push(true); // the handler got past its late report
+                Ok(())
+            }
+        })
+    };
+    let mut app = app_with(TestGame::default(), vec![tool]);
+    app.enter_world("alpha");
+    let counter = reports.clone();
+    let sink = bevy_agent_tools::ProgressSink::new(move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    let call =
+        app.agent().conversation("a").request(bevy_agent_tools::CallRequest::new("watch", json!({})).progress(sink));
+    app.run_until("handler parked", |_| gate.arrived() == 1);
+    assert_eq!(reports.load(Ordering::SeqCst), 1, "the report of a live call arrives");
+    assert!(call.cancel());
+    gate.open();
+    app.run_until("the handler went on after the end", |_| seen.lock().len() == 3);
+    assert_eq!(*seen.lock(), [true, false, true], "is_active() before and after the end");
+    assert_eq!(reports.load(Ordering::SeqCst), 1, "no report after the end");
 }
 
 #[test]

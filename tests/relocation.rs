@@ -46,8 +46,10 @@ fn h2_location_scoped_call_admitted_before_travel_gets_location_changed_and_neve
     assert_eq!(record.opens.load(Ordering::SeqCst), 1, "travel keeps the session");
 }
 
+/// The travel ends the call (H2) before the pump of its frame, so the queued step is refused by the call's end;
+/// the pump's own revision recheck (defence in depth behind this) is tested on its own in `src/call/pump.rs`.
 #[test]
-fn h2_location_scoped_step_queued_before_travel_in_the_same_frame_never_runs() {
+fn h2_travel_ends_a_location_call_so_its_step_queued_in_the_same_frame_never_runs() {
     let executions = Arc::new(AtomicUsize::new(0));
     let mut app = app_with(TestGame::default(), vec![bump_tool("here", ToolScope::Location, executions.clone(), None)]);
     app.enter_world("alpha");

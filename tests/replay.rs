@@ -267,3 +267,34 @@ fn reserved_arguments_are_in_schemas_of_mutating_tools_and_taken_off_the_wire() 
     let bad = CallRequest::from_wire("bump", json!({"operation_id": 5})).expect_err("not a string");
     assert_eq!(bad.code, ErrorCode::InvalidInput);
 }
+
+#[derive(Deserialize, JsonSchema)]
+struct Route {
+    path: Vec<Vec<i64>>,
+}
+
+/// The canonical form that keys replays keeps every array element apart: `[1, 2]` and `[12]`, `[[1], [2]]` and
+/// `[[1, 2]]`, and a reordered array are different arguments.
+#[test]
+fn h12_same_operation_id_with_arguments_differing_only_inside_an_array_is_operation_conflict() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let counted = executions.clone();
+    let walk = AgentTool::new("walk", "Walks a path.", move |_: CallContext<Session>, route: Route| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move { Ok(json!({ "steps": route.path.len() })) }
+    });
+    let mut app = app_with(TestGame::default(), vec![walk]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("a");
+    let first = conversation.request(keyed("walk", json!({ "path": [[1, 2], [3]] }), "op"));
+    assert!(app.run_until_resolved(&first).is_ok());
+    for other in
+        [json!([[12], [3]]), json!([[1], [2], [3]]), json!([[1, 2, 3]]), json!([[2, 1], [3]]), json!([[3], [1, 2]])]
+    {
+        let call = conversation.request(keyed("walk", json!({ "path": other.clone() }), "op"));
+        assert_eq!(code(&app.run_until_resolved(&call)), Some(ErrorCode::OperationConflict), "{other}");
+    }
+    let again = conversation.request(keyed("walk", json!({ "path": [[1.0, 2], [3]] }), "op"));
+    assert!(app.run_until_resolved(&again).is_ok(), "the same arguments replay");
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "conflicts ran nothing");
+}

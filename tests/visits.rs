@@ -168,3 +168,19 @@ fn a_followed_states_type_drives_enter_travel_and_exit() {
         record.events().iter().map(|e| e.split_whitespace().take(2).collect::<Vec<_>>().join(" ")).collect();
     assert_eq!(events, ["open alpha", "relocated visit#1", "close alpha", "open beta", "close beta"]);
 }
+
+/// `WorldLifecycle::tick` runs once per frame on the open visit's session, and never without one.
+#[test]
+fn tick_runs_once_per_frame_on_the_open_session_and_never_between_visits() {
+    let record = Arc::new(Record::default());
+    let mut app = app_with(TestGame { record: record.clone(), ..Default::default() }, vec![]);
+    app.step(3);
+    assert_eq!(record.ticks.load(Ordering::SeqCst), 0, "no visit, no tick");
+    app.enter_world("alpha"); // one frame: open, then tick
+    app.step(4);
+    assert_eq!(record.ticks.load(Ordering::SeqCst), 5, "one tick per frame");
+    app.exit_world();
+    let after_exit = record.ticks.load(Ordering::SeqCst);
+    app.step(3);
+    assert_eq!(record.ticks.load(Ordering::SeqCst), after_exit, "no tick after the exit");
+}

@@ -49,7 +49,6 @@ use bevy_agent_tools::session::{AgentSessionsPlugin, SessionConfig};
 use chat::ChatPlugin;
 use console::{check_world_name, say, ConsolePlugin};
 use session::Sandbox;
-use tools::FrameTime;
 use world::Palette;
 
 const USAGE: &str = "usage: sandbox [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N] \
@@ -215,7 +214,6 @@ fn main() -> AppExit {
         .fold(AgentToolsPlugin::new(Sandbox::new(palette)), |host, tool| host.with_tool(tool));
     app.add_plugins(host)
         .add_plugins(WorldStorePlugin::new(&args.data_dir))
-        .insert_resource(FrameTime(frame))
         .add_plugins(ConsolePlugin { enter_at_start: args.world.clone() });
     info!(data_dir = %args.data_dir.display(), tps = args.tps, "sandbox started");
 

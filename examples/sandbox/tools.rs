@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bevy::prelude::*;
 use bevy_agent_tools::prelude::*;
@@ -14,10 +13,6 @@ use serde::{Deserialize, Serialize};
 use crate::picture;
 use crate::session::{TowerReport, Visit};
 use crate::world::{BlockId, Dimension, Palette, Pos, AIR, XZ_BOUNDS, Y_BOUNDS};
-
-/// How long a frame lasts, so `build_tower` waits one frame between blocks. Inserted by `main` from `--tps`.
-#[derive(Resource, Clone, Copy)]
-pub struct FrameTime(pub Duration);
 
 /// Every tool of the sandbox.
 pub fn all(palette: Arc<Palette>) -> Vec<AgentTool<Visit>> {
@@ -46,10 +41,6 @@ pub(crate) async fn step<R: Send + 'static>(
 /// The dimension a `Location` call was admitted in.
 pub(crate) fn called_in(ctx: &CallContext<Visit>) -> Result<Dimension, ToolError> {
     Dimension::parse(ctx.visit().location.dimension.as_str()).map_err(ToolError::internal)
-}
-
-pub(crate) fn invalid((field, why): (&'static str, String)) -> ToolError {
-    ToolError::invalid_input(field, why)
 }
 
 pub(crate) fn block_id(palette: &Palette, name: &str) -> Result<BlockId, ToolError> {
@@ -142,9 +133,6 @@ fn look() -> AgentTool<Visit> {
         "A text map of the columns around the player, seen from above: each character is the highest block of one \
          column (see the legend); `@` is the player. Rows go north to south (z increasing), columns west to east.",
         |ctx: CallContext<Visit>, args: LookArgs| async move {
-            if !(1..=16).contains(&args.radius) {
-                return Err(ToolError::invalid_input("radius", format!("must be in 1..=16, got {}", args.radius)));
-            }
             let dimension = called_in(&ctx)?;
             step(&ctx, move |_, visit| {
                 let state = visit.state()?;
@@ -201,9 +189,6 @@ fn observe() -> AgentTool<Visit> {
         "A top-down picture (PNG) of the columns around the player, each in its highest block's colour, lighter \
          above the player and darker below; the player is red. Also a one-line summary.",
         |ctx: CallContext<Visit>, args: ObserveArgs| async move {
-            if !(1..=32).contains(&args.radius) {
-                return Err(ToolError::invalid_input("radius", format!("must be in 1..=32, got {}", args.radius)));
-            }
             let dimension = called_in(&ctx)?;
             let drawn = step(&ctx, move |_, visit| {
                 let state = visit.state()?;
@@ -238,8 +223,9 @@ struct At {
 }
 
 impl At {
+    /// The host already checked the bounds against the published schema: no argument outside it reaches here.
     fn pos(&self) -> Result<Pos, ToolError> {
-        Pos { x: self.x, y: self.y, z: self.z }.check().map_err(invalid)
+        Ok(Pos { x: self.x, y: self.y, z: self.z })
     }
 }
 
@@ -440,9 +426,6 @@ fn travel() -> AgentTool<Visit> {
 
 // ---- notes ------------------------------------------------------------------------------------------------------
 
-/// The longest note, in characters.
-const NOTE_MAX: usize = 500;
-
 #[derive(Deserialize, JsonSchema)]
 struct NoteArgs {
     /// What to remember about this world (1 to 500 characters).
@@ -461,10 +444,9 @@ fn note() -> AgentTool<Visit> {
         "note",
         "Writes a note into this world (kept with its save; up to 500 characters). Returns how many notes it has.",
         |ctx: CallContext<Visit>, args: NoteArgs| async move {
-            let length = args.text.chars().count();
-            if args.text.trim().is_empty() || length > NOTE_MAX {
-                let why = format!("must have 1 to {NOTE_MAX} characters (not only spaces), got {length}");
-                return Err(ToolError::invalid_input("text", why));
+            // The schema bounds the length (checked by the host); it cannot say "not only spaces".
+            if args.text.trim().is_empty() {
+                return Err(ToolError::invalid_input("text", "must not be only spaces"));
             }
             step(&ctx, move |_, visit| {
                 let notes = visit.state()?.add_note(args.text).ok_or_else(|| {

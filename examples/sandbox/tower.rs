@@ -1,18 +1,19 @@
-//! `build_tower`: a long-running `Location` tool that places one block per frame through one `on_client` step
-//! each, reports progress, and stops cleanly when its call ends (travel, exit, cancel).
+//! `build_tower`: a long-running `Location` tool that places one block per frame through
+//! [`CallContext::every_frame`], reports progress, and stops cleanly when its call ends (travel, exit, cancel).
 
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bevy::diagnostic::FrameCount;
 use bevy::prelude::*;
 use bevy_agent_tools::prelude::*;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::session::{TowerReport, Visit};
-use crate::tools::{block_id, called_in, invalid, step, FrameTime};
-use crate::world::{check_xz, Palette, Pos, Y_BOUNDS};
+use crate::tools::{block_id, called_in, step};
+use crate::world::{Palette, Pos, Y_BOUNDS};
 
 #[derive(Deserialize, JsonSchema)]
 struct TowerArgs {
@@ -41,12 +42,6 @@ struct TowerOutput {
     block: String,
 }
 
-enum Laid {
-    Placed,
-    /// The frame of the previous block is still running: wait for the next one.
-    SameFrame,
-}
-
 pub fn build_tower(palette: Arc<Palette>) -> AgentTool<Visit> {
     let blocks: Vec<String> = palette.placeable().map(String::from).collect();
     AgentTool::new(
@@ -68,12 +63,10 @@ pub fn build_tower(palette: Arc<Palette>) -> AgentTool<Visit> {
 
 async fn tower(ctx: CallContext<Visit>, args: TowerArgs, palette: Arc<Palette>) -> Result<TowerOutput, ToolError> {
     let dimension = called_in(&ctx)?;
-    let (x, z) = (check_xz("x", args.x).map_err(invalid)?, check_xz("z", args.z).map_err(invalid)?);
-    if !(1..=64).contains(&args.height) {
-        return Err(ToolError::invalid_input("height", format!("must be in 1..=64, got {}", args.height)));
-    }
+    // x, z and height are within the published schema's bounds: the host checked them before this ran.
+    let (x, z, height) = (args.x, args.z, args.height);
     let block = block_id(&palette, &args.block)?;
-    let (height, request) = (args.height, ctx.request_id().0);
+    let request = ctx.request_id().0;
     let report = TowerReport {
         request,
         dimension,
@@ -84,7 +77,7 @@ async fn tower(ctx: CallContext<Visit>, args: TowerArgs, palette: Arc<Palette>) 
         placed: 0,
         status: "building".into(),
     };
-    let (base, log, frame) = step(&ctx, move |world, visit| {
+    let (base, log) = step(&ctx, move |_world, visit| {
         let ground = visit.state()?.surface(dimension, x, z).unwrap_or(0);
         let base = ground + 1;
         let room = Y_BOUNDS.end() - ground;
@@ -95,8 +88,7 @@ async fn tower(ctx: CallContext<Visit>, args: TowerArgs, palette: Arc<Palette>) 
             ));
         }
         visit.towers.start(report);
-        let frame = world.get_resource::<FrameTime>().map_or(Duration::from_secs(1) / 60, |f| f.0);
-        Ok((base, visit.towers.clone(), frame))
+        Ok((base, visit.towers.clone()))
     })
     .await?;
     let stopped = |reason: ToolError, placed: u32| {
@@ -108,46 +100,45 @@ async fn tower(ctx: CallContext<Visit>, args: TowerArgs, palette: Arc<Palette>) 
         }
         .with_detail("placed", placed)
     };
-    let mut placed = 0;
-    let mut last_frame = None;
-    while placed < height {
-        tokio::select! {
-            biased;
-            reason = ctx.ended() => return Err(stopped(reason, placed)),
-            () = tokio::time::sleep(frame) => {}
-        }
-        let pos = Pos { x, y: base + placed as i32, z };
-        let log = log.clone();
-        let laid = step(&ctx, move |world, visit| {
-            let now = world.get_resource::<FrameCount>().map(|f| f.0);
-            if now.is_some() && now == last_frame {
-                return Ok((Laid::SameFrame, now));
-            }
-            let state = visit.state()?;
+    // One block per frame: the host runs the step once each frame, rechecking the call (a travel, an exit or a
+    // cancel stops it before the next block) as it does every main-thread step.
+    let placed = Arc::new(AtomicU32::new(0));
+    let (progress, counted, step_log) = (ctx.clone(), placed.clone(), log.clone());
+    let built = ctx
+        .every_frame(move |_world, visit| {
+            let done = counted.load(Ordering::Relaxed);
+            let pos = Pos { x, y: base + done as i32, z };
+            let state = match visit.state() {
+                Ok(state) => state,
+                Err(error) => return ControlFlow::Break(Err(error)),
+            };
             let cell = state.block(dimension, pos);
             if state.palette().is_solid(cell.block) && cell.block != block {
                 let there = state.palette().name(cell.block).to_string();
-                return Err(ToolError::new("BLOCKED", format!("{there} at {pos} is in the way")));
+                return ControlFlow::Break(Err(ToolError::new("BLOCKED", format!("{there} at {pos} is in the way"))));
             }
             state.set(dimension, pos, block);
-            log.update(request, |r| r.placed += 1);
-            Ok((Laid::Placed, now))
+            step_log.update(request, |r| r.placed += 1);
+            let done = done + 1;
+            counted.store(done, Ordering::Relaxed);
+            // Whoever ends the call (a travel, an exit, a cancel), its error says how far the tower got.
+            progress.set_detail("placed", done);
+            let message = format!("placed {done} of {height} blocks");
+            progress.report_progress(f64::from(done), Some(f64::from(height)), Some(message));
+            if done == height {
+                ControlFlow::Break(Ok(()))
+            } else {
+                ControlFlow::Continue(())
+            }
         })
         .await;
-        match laid {
-            Ok((Laid::SameFrame, _)) => {}
-            Ok((Laid::Placed, now)) => {
-                placed += 1;
-                last_frame = now;
-                // Whoever ends the call (a travel, an exit, a cancel), its error says how far the tower got.
-                ctx.set_detail("placed", placed);
-                let message = format!("placed {placed} of {height} blocks");
-                ctx.report_progress(f64::from(placed), Some(f64::from(height)), Some(message));
-            }
-            Err(reason) => return Err(stopped(reason, placed)),
+    let placed = placed.load(Ordering::Relaxed);
+    match built.and_then(|built| built) {
+        Ok(()) => {
+            log.update(request, |r| r.status = "finished".into());
+            let top = base + placed as i32 - 1;
+            Ok(TowerOutput { placed, x, z, from_y: base, to_y: top, block: args.block })
         }
+        Err(reason) => Err(stopped(reason, placed)),
     }
-    log.update(request, |r| r.status = "finished".into());
-    let top = base + placed as i32 - 1;
-    Ok(TowerOutput { placed, x, z, from_y: base, to_y: top, block: args.block })
 }

@@ -145,7 +145,8 @@ pub struct Pos {
 }
 
 impl Pos {
-    /// The first coordinate out of bounds, as (field, why).
+    /// The first coordinate out of bounds, as (field, why). For positions read from a save; a tool's arguments are
+    /// bounded by its published schema, which the host checks.
     pub fn check(self) -> Result<Self, (&'static str, String)> {
         check_xz("x", self.x)?;
         check_y("y", self.y)?;
@@ -160,11 +161,11 @@ impl fmt::Display for Pos {
     }
 }
 
-pub fn check_xz(field: &'static str, value: i32) -> Result<i32, (&'static str, String)> {
+fn check_xz(field: &'static str, value: i32) -> Result<i32, (&'static str, String)> {
     bounded(field, value, &XZ_BOUNDS)
 }
 
-pub fn check_y(field: &'static str, value: i32) -> Result<i32, (&'static str, String)> {
+fn check_y(field: &'static str, value: i32) -> Result<i32, (&'static str, String)> {
     bounded(field, value, &Y_BOUNDS)
 }
 

@@ -174,6 +174,7 @@ pub(crate) fn admit(
             deadline,
             request.progress.clone(),
             host.conversations.clone(),
+            host.jobs.clone(),
         ));
         open.calls.insert(life.clone());
         if let (Some(key), Some(canonical)) = (replay_key, &canonical) {

@@ -3,6 +3,7 @@
 use std::any::Any;
 use std::future::Future;
 use std::marker::PhantomData;
+use std::ops::ControlFlow;
 use std::time::Instant;
 
 use bevy::prelude::World;
@@ -163,6 +164,132 @@ impl<S: Send + Sync + 'static> CallContext<S> {
             }
         }
     }
+}
+
+impl<S: Send + Sync + 'static> CallContext<S> {
+    /// Runs `step` on the main thread once per frame, until it returns [`ControlFlow::Break`] with the result:
+    /// for actions that take several frames (slide a paddle, walk a path, play an animation), with no timer or
+    /// async runtime of the author's.
+    ///
+    /// Every frame's run is rechecked first, exactly as an [`on_client`](Self::on_client) step is (call live,
+    /// deadline not passed, same visit, and for `Location` scope the same location revision), so the steps stop
+    /// when the call ends: the future then resolves with why (`CANCELLED`, `TIMEOUT`, `VISIT_ENDED`,
+    /// `LOCATION_CHANGED`), and the step never runs again. It runs at most once per frame, in
+    /// [`AgentToolsSet::Pump`](crate::AgentToolsSet::Pump); a panic in it ends the call with `INTERNAL`. To
+    /// report progress or record details from inside it, move a clone of the context into it.
+    ///
+    /// ```
+    /// # use std::ops::ControlFlow;
+    /// # use bevy_agent_tools::prelude::*;
+    /// struct Paddle { x: f32 }
+    /// # #[derive(serde::Deserialize, schemars::JsonSchema)] struct Move { to: f32 }
+    /// let slide = AgentTool::new("slide", "Slides the paddle to `to`.", |ctx: CallContext<Paddle>, args: Move| async move {
+    ///     let x = ctx.every_frame(move |_world, paddle| {
+    ///         paddle.x += (args.to - paddle.x).clamp(-4.0, 4.0); // at most 4 units a frame
+    ///         if paddle.x == args.to { ControlFlow::Break(paddle.x) } else { ControlFlow::Continue(()) }
+    ///     })
+    ///     .await?;
+    ///     Ok(serde_json::json!({ "x": x }))
+    /// });
+    /// ```
+    pub fn every_frame<R, F>(&self, mut step: F) -> impl Future<Output = Result<R, ToolError>> + Send + 'static
+    where
+        R: Send + 'static,
+        F: FnMut(&mut World, &mut S) -> ControlFlow<R> + Send + 'static,
+    {
+        let life = self.core.life.clone();
+        let queued = if life.is_ended() {
+            None
+        } else {
+            let (reply, result) = tokio::sync::oneshot::channel();
+            let mut reply = Some(reply);
+            let run = Box::new(move |world: &mut World, session: &mut dyn Any| {
+                let session = session.downcast_mut::<S>().ok_or_else(|| wrong_session::<S>())?;
+                match step(world, session) {
+                    ControlFlow::Continue(()) => Ok(false),
+                    ControlFlow::Break(done) => {
+                        if let Some(reply) = reply.take() {
+                            let _ = reply.send(done);
+                        }
+                        Ok(true)
+                    }
+                }
+            });
+            if self.core.host.jobs.send(Job::EveryFrame { life: life.clone(), run }).is_err() {
+                life.fail(ErrorCode::VisitEnded, "the game stopped before this step could run");
+            }
+            Some(result)
+        };
+        async move {
+            let Some(result) = queued else { return Err(life.end_error()) };
+            tokio::select! {
+                biased;
+                result = result => result.map_err(|_| life.end_error()),
+                _ = life.ended_token().cancelled() => Err(life.end_error()),
+            }
+        }
+    }
+
+    /// Resolves at the start of the next frame's [`AgentToolsSet::Pump`](crate::AgentToolsSet::Pump), or with why
+    /// the call ended, if it ends first. A step queued with [`on_client`](Self::on_client) right after it runs in
+    /// that frame or the next, so a loop of `next_frame` then `on_client` takes at most one step per frame.
+    /// Cancel-safe.
+    pub fn next_frame(&self) -> impl Future<Output = Result<(), ToolError>> + Send + 'static {
+        let life = self.core.life.clone();
+        let mut frames = self.core.host.frames.subscribe();
+        frames.borrow_and_update();
+        async move {
+            if life.is_ended() {
+                return Err(life.end_error());
+            }
+            tokio::select! {
+                biased;
+                _ = life.ended_token().cancelled() => Err(life.end_error()),
+                changed = frames.changed() => changed.map_err(|_| life.end_error()),
+            }
+        }
+    }
+
+    /// Runs `cleanup` on the main thread when the call ends, however it ends: success, an error of its own, a
+    /// cancel, a timeout, a travel (`LOCATION_CHANGED`) or the visit's exit. It gets the world, the call's
+    /// session and why the call ended (`None` when it succeeded). For what a handler set going in the game and
+    /// must stop: the paddle still sliding, a lock on an entity (rule H10: the producer owns its cleanup).
+    ///
+    /// It runs while the call's visit is still open: in the [`Pump`](crate::AgentToolsSet::Pump) of the frame
+    /// the call ended in (or the next one, when it ended after that frame's pump ran), in order with other steps;
+    /// when the visit exits (by [`ExitWorld`](crate::ExitWorld), entering another world, or `AppExit`), right
+    /// after the visit's calls end and before `close` gets the session. After a travel it runs in the new
+    /// location, unlike a step. Registered after the call ended, it runs at the next pump all the same if the
+    /// visit is still open. It never runs once its visit has closed: it is then dropped unrun (after `AppExit` no
+    /// further frame runs either). A panic in it is caught and logged.
+    ///
+    /// ```
+    /// # use bevy_agent_tools::prelude::*;
+    /// struct Paddle { velocity: f32 }
+    /// let push = AgentTool::new("push", "Sets the paddle moving.", |ctx: CallContext<Paddle>, _: NoArgs| async move {
+    ///     ctx.on_end(|_world, paddle, _why| paddle.velocity = 0.0); // whatever happens, it stops
+    ///     ctx.on_client(|_world, paddle| paddle.velocity = 3.0).await?;
+    ///     Ok(())
+    /// });
+    /// ```
+    pub fn on_end<F>(&self, cleanup: F)
+    where
+        F: FnOnce(&mut World, &mut S, Option<&ToolError>) + Send + 'static,
+    {
+        self.core.life.on_end(Box::new(move |world: &mut World, session: &mut dyn Any, reason| {
+            match session.downcast_mut::<S>() {
+                Some(session) => cleanup(world, session, reason),
+                None => tracing::error!("{}", wrong_session::<S>().message),
+            }
+        }));
+    }
+}
+
+fn wrong_session<S>() -> ToolError {
+    ToolError::internal(format!(
+        "the open world's session is not a {}: register tools for the lifecycle's session type",
+        std::any::type_name::<S>()
+    ))
 }
 
 /// The future returned by [`CallContext::ended`]: resolves with why the call ended.

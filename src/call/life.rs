@@ -8,7 +8,7 @@ use crate::sync::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::ProgressSink;
+use super::{Cleanup, Job, ProgressSink};
 use crate::conversation::ConversationHub;
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::{ConversationId, OperationId, RequestId, TaskId};
@@ -62,6 +62,15 @@ pub(crate) struct CallLife {
     /// Details the handler recorded, merged into whatever error ends the call.
     details: Mutex<serde_json::Map<String, serde_json::Value>>,
     outcome: OnceSignal<CallOutcome>,
+    /// `on_end` cleanups, sent to the main thread when the call ends.
+    cleanups: Mutex<Cleanups>,
+}
+
+struct Cleanups {
+    /// Set when the call ended: why (`None`: it succeeded). A cleanup registered after that is sent at once.
+    ended: Option<Option<ToolError>>,
+    waiting: Vec<Cleanup>,
+    jobs: crossbeam_channel::Sender<Job>,
 }
 
 impl CallLife {
@@ -71,6 +80,7 @@ impl CallLife {
         deadline: Instant,
         progress: Option<ProgressSink>,
         hub: Arc<ConversationHub>,
+        jobs: crossbeam_channel::Sender<Job>,
     ) -> Self {
         let observed = Mutex::new(coords.visit.location.clone());
         Self {
@@ -84,6 +94,20 @@ impl CallLife {
             observed,
             details: Mutex::new(serde_json::Map::new()),
             outcome: OnceSignal::new(),
+            cleanups: Mutex::new(Cleanups { ended: None, waiting: Vec::new(), jobs }),
+        }
+    }
+
+    /// Keeps `cleanup` for the main thread, to run when the call ends (at once if it already ended).
+    pub(crate) fn on_end(&self, cleanup: Cleanup) {
+        let mut cleanups = self.cleanups.lock();
+        match &cleanups.ended {
+            None => cleanups.waiting.push(cleanup),
+            Some(reason) => {
+                let job = self.cleanup_job(vec![cleanup], reason.clone());
+                // Only fails once the game stopped: nothing is left to clean up in.
+                let _ = cleanups.jobs.send(job);
+            }
         }
     }
 
@@ -111,11 +135,26 @@ impl CallLife {
             ),
             Err(error) => error.clone(),
         });
+        let reason = outcome.as_ref().err().cloned();
         // Commit, then notify: the conversation learns of the outcome before the caller does.
         self.hub.call_finished(self, &outcome);
         self.outcome.set(outcome);
         self.ended.cancel();
+        self.send_cleanups(reason);
         true
+    }
+
+    fn send_cleanups(&self, reason: Option<ToolError>) {
+        let mut cleanups = self.cleanups.lock();
+        cleanups.ended = Some(reason.clone());
+        let waiting = std::mem::take(&mut cleanups.waiting);
+        if !waiting.is_empty() {
+            let _ = cleanups.jobs.send(self.cleanup_job(waiting, reason));
+        }
+    }
+
+    fn cleanup_job(&self, cleanups: Vec<Cleanup>, reason: Option<ToolError>) -> Job {
+        Job::Cleanup { visit: self.coords.visit.visit, request: self.coords.request, cleanups, reason }
     }
 
     /// Ends the call with an error built from its coordinates.

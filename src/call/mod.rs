@@ -18,12 +18,12 @@ pub use context::{CallContext, Ended};
 pub(crate) use life::{CallCoordinates, CallLife};
 pub use life::{CallOutcome, CallOutput};
 pub use progress::{Progress, ProgressSink};
-pub(crate) use pump::run_jobs;
 pub use pump::PumpStats;
+pub(crate) use pump::{run_cleanups, run_jobs};
 
 use crate::error::ToolError;
 use crate::host::HostShared;
-use crate::ids::VisitId;
+use crate::ids::{RequestId, VisitId};
 use crate::lifecycle::VisitInfo;
 
 /// What a handler's context is made of, before it is given its session type.
@@ -36,10 +36,20 @@ pub(crate) struct CallCore {
 /// A closure bound for the main thread, with what the pump rechecks before running it.
 pub(crate) type ClientStep = Box<dyn FnOnce(&mut World, &mut dyn Any) -> Result<(), ToolError> + Send>;
 
+/// A step run once per frame until it says it is done (`Ok(true)`).
+pub(crate) type FrameStep = Box<dyn FnMut(&mut World, &mut dyn Any) -> Result<bool, ToolError> + Send>;
+
+/// A main-thread cleanup of a call that ended: the world, the session, and why it ended (`None`: it succeeded).
+pub(crate) type Cleanup = Box<dyn FnOnce(&mut World, &mut dyn Any, Option<&ToolError>) + Send>;
+
 /// Work for the main-thread pump.
 pub(crate) enum Job {
     /// One `on_client` step of a call.
     Call { life: Arc<CallLife>, run: ClientStep },
+    /// An `every_frame` step of a call: after a frame in which it was not done, it runs again next frame.
+    EveryFrame { life: Arc<CallLife>, run: FrameStep },
+    /// The `on_end` cleanups of a call that ended: they run if its visit is still open, whatever else changed.
+    Cleanup { visit: VisitId, request: RequestId, cleanups: Vec<Cleanup>, reason: Option<ToolError> },
     /// Ask the session for an input context (rule H14).
     InputContext { visit: VisitId, reply: tokio::sync::oneshot::Sender<Result<InputContext, ToolError>> },
 }

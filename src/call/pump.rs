@@ -28,17 +28,35 @@ pub struct PumpStats {
 
 /// Runs queued steps until the queue is empty or the budget is spent. At least one step runs per frame, so a
 /// zero budget still makes progress; steps that do not fit wait for the next frame, in order.
+///
+/// The `every_frame` steps of the previous frame run first, each once; one that is not done waits for the next
+/// frame, so none runs twice in a frame. The frame count `next_frame` waits on moves before any step runs.
 pub(crate) fn run_jobs<L: WorldLifecycle>(world: &mut World) {
     let started = Instant::now();
     let (taken, left_queued) = world.resource_scope(|world, mut slot: Mut<VisitSlot<L>>| {
+        slot.host.frames.send_modify(|frame| *frame += 1);
         let budget = slot.host.config.pump_budget;
         let mut taken = 0;
+        let mut again = std::mem::take(slot.next_frame.get_mut()).into_iter();
+        for job in again.by_ref() {
+            taken += 1;
+            slot.run(world, job);
+            if started.elapsed() >= budget {
+                break;
+            }
+        }
+        // Those the budget left out keep their turn, ahead of the steps that were due next frame anyway.
+        let late: Vec<Job> = again.collect();
+        if !late.is_empty() {
+            let due = std::mem::replace(slot.next_frame.get_mut(), late);
+            slot.next_frame.get_mut().extend(due);
+        }
         while taken == 0 || started.elapsed() < budget {
             let Ok(job) = slot.jobs.try_recv() else { break };
             taken += 1;
             slot.run(world, job);
         }
-        (taken, slot.jobs.len())
+        (taken, slot.jobs.len() + slot.next_frame.get_mut().len())
     });
     let elapsed = started.elapsed();
     let mut stats = world.resource_mut::<PumpStats>();
@@ -69,6 +87,33 @@ impl<L: WorldLifecycle> VisitSlot<L> {
                     }
                 }
             }
+            Job::EveryFrame { life, mut run } => {
+                let Ok(step) = life.begin_step() else { return };
+                let open = match recheck(&life, self.open.as_mut()) {
+                    Ok(open) => open,
+                    Err(error) => return step.finish(error),
+                };
+                step.observe(&open.info.location);
+                match catch_unwind(AssertUnwindSafe(|| run(world, &mut open.session))) {
+                    Ok(Ok(true)) => {}
+                    Ok(Ok(false)) => {
+                        drop(step);
+                        self.next_frame.get_mut().push(Job::EveryFrame { life, run });
+                    }
+                    Ok(Err(error)) => step.finish(error),
+                    Err(panic) => {
+                        let message = panic_message(&*panic);
+                        tracing::error!(request = %life.coords.request, tool = %life.coords.tool, %message, "an every_frame step panicked");
+                        step.finish(ToolError::internal(format!("the tool's main-thread step panicked: {message}")));
+                    }
+                }
+            }
+            Job::Cleanup { visit, request, cleanups, reason } => match self.open.as_mut() {
+                Some(open) if open.info.visit == visit => {
+                    run_cleanups(world, &mut open.session, request, cleanups, reason)
+                }
+                _ => tracing::debug!(%request, "a call's on_end cleanup was dropped: its visit had closed"),
+            },
             Job::InputContext { visit, reply } => {
                 let answer = match self.open.as_ref().filter(|open| open.info.visit == visit) {
                     Some(open) => {
@@ -86,6 +131,21 @@ impl<L: WorldLifecycle> VisitSlot<L> {
                 };
                 let _ = reply.send(answer);
             }
+        }
+    }
+}
+
+/// Runs a call's `on_end` cleanups, each caught if it panics.
+pub(crate) fn run_cleanups(
+    world: &mut World,
+    session: &mut dyn std::any::Any,
+    request: crate::ids::RequestId,
+    cleanups: Vec<super::Cleanup>,
+    reason: Option<ToolError>,
+) {
+    for cleanup in cleanups {
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| cleanup(world, &mut *session, reason.as_ref()))) {
+            tracing::error!(%request, message = %panic_message(&*panic), "a call's on_end cleanup panicked");
         }
     }
 }
@@ -113,4 +173,76 @@ fn recheck<'a, S>(life: &CallLife, open: Option<&'a mut OpenSession<S>>) -> Resu
         .with_detail("current_revision", open.info.location.revision));
     }
     Ok(open)
+}
+
+/// The pump's recheck on its own. Over the host's API it sits behind the call's end: exit and travel end the
+/// calls they strand before the pump runs, and the driver's timer ends a call at its deadline. These tests keep
+/// the recheck itself honest, so that it still refuses when one of those paths misses a call.
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::recheck;
+    use crate::call::{CallCoordinates, CallLife};
+    use crate::conversation::ConversationHub;
+    use crate::error::ErrorCode;
+    use crate::ids::{ConversationId, DimensionId, LocationRevision, RequestId, TaskId, VisitId, WorldId};
+    use crate::lifecycle::{Location, VisitInfo};
+    use crate::tool::ToolScope;
+    use crate::visit::OpenSession;
+
+    fn visit(id: u64, revision: u64) -> VisitInfo {
+        VisitInfo {
+            visit: VisitId(id),
+            world: WorldId::new("alpha"),
+            location: Location { dimension: DimensionId::new("overworld"), revision: LocationRevision(revision) },
+        }
+    }
+
+    fn life(scope: ToolScope, deadline: Instant) -> CallLife {
+        let conversation = ConversationId::new("a");
+        let coords = CallCoordinates {
+            request: RequestId(1),
+            tool: "t".into(),
+            scope,
+            task: TaskId::of_conversation(&conversation),
+            conversation,
+            operation: None,
+            replay_key: None,
+            visit: visit(1, 0),
+        };
+        let (hub, _feed) = ConversationHub::new(None);
+        let (jobs, _queue) = crossbeam_channel::unbounded();
+        CallLife::new(coords, Instant::now(), deadline, None, Arc::new(hub), jobs)
+    }
+
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
+    #[test]
+    fn pump_recheck_refuses_a_step_whose_deadline_passed_with_timeout() {
+        let mut open = OpenSession { info: visit(1, 0), session: () };
+        let error = recheck(&life(ToolScope::World, Instant::now()), Some(&mut open)).err().expect("refused");
+        assert_eq!(error.code, ErrorCode::Timeout);
+        assert!(recheck(&life(ToolScope::World, later()), Some(&mut open)).is_ok(), "in time it passes");
+    }
+
+    #[test]
+    fn pump_recheck_refuses_a_step_of_another_visit_or_of_none_with_visit_ended() {
+        let mut other = OpenSession { info: visit(2, 0), session: () };
+        let error = recheck(&life(ToolScope::World, later()), Some(&mut other)).err().expect("refused");
+        assert_eq!(error.code, ErrorCode::VisitEnded);
+        let error = recheck::<()>(&life(ToolScope::World, later()), None).err().expect("refused");
+        assert_eq!(error.code, ErrorCode::VisitEnded);
+    }
+
+    #[test]
+    fn pump_recheck_refuses_a_location_step_after_a_relocation_but_not_a_world_step() {
+        let mut moved = OpenSession { info: visit(1, 1), session: () };
+        let error = recheck(&life(ToolScope::Location, later()), Some(&mut moved)).err().expect("refused");
+        assert_eq!(error.code, ErrorCode::LocationChanged);
+        assert!(recheck(&life(ToolScope::World, later()), Some(&mut moved)).is_ok(), "World scope survives travel");
+    }
 }

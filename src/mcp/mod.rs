@@ -69,6 +69,7 @@
 //! [`AgentTool::argument_enum`](crate::AgentTool::argument_enum).
 
 mod credentials;
+mod exchanges;
 mod handles;
 mod limit;
 mod naming;
@@ -80,6 +81,7 @@ mod server;
 mod sessions;
 
 pub use credentials::Credentials;
+pub(crate) use exchanges::RunningProbe;
 pub use plugin::{McpPlugin, McpServer};
 pub use quiet::RMCP_LOG_ENV;
 pub use security::McpConfigError;

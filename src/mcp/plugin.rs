@@ -13,11 +13,14 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use tokio_util::sync::CancellationToken;
 
 use super::credentials::Credentials;
+use super::exchanges::{track_exchanges, Exchanges};
 use super::limit::{limit_in_flight, InFlightLimit};
 use super::security::{self, McpConfigError};
 use super::server::GameServer;
 use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
+use crate::completion::Completion;
+use crate::plugin::ExitStarted;
 use crate::runtime::AgentRuntime;
 
 /// Serves the host's tools over MCP (Streamable HTTP). See the [module docs](crate::mcp).
@@ -149,9 +152,12 @@ impl McpPlugin {
         sessions.spawn_upkeep(runtime, shutdown.child_token());
         let service: StreamableHttpService<GameServer, ConversationSessions> =
             StreamableHttpService::new(move || Ok(handler.clone()), sessions, config);
-        // Outermost last: the token, then the in-flight limit, then rmcp (Host, Origin, body limit).
+        let exchanges = Arc::new(Exchanges::default());
+        // Outermost last: the token, then the in-flight limit, then rmcp (Host, Origin, body limit); every POST
+        // that reaches rmcp is tracked until its response is sent, for the exit.
         let router = Router::new()
             .nest_service(&self.path, service)
+            .layer(axum::middleware::from_fn_with_state(exchanges.clone(), track_exchanges))
             .layer(axum::middleware::from_fn_with_state(self.max_body_bytes, super::parse::refuse_unparsable))
             .layer(axum::middleware::from_fn_with_state(limit, limit_in_flight))
             .layer(axum::middleware::from_fn_with_state(
@@ -163,6 +169,7 @@ impl McpPlugin {
             tokio::net::TcpListener::from_std(listener).map_err(|error| McpConfigError(error.to_string()))?
         };
         let stop = shutdown.clone();
+        let (served_tx, served) = Completion::pending();
         runtime.spawn(async move {
             // Without TCP_NODELAY a response written in two pieces waits for the client's delayed ACK (~40 ms).
             let listener = listener.tap_io(|tcp| {
@@ -172,10 +179,12 @@ impl McpPlugin {
             if let Err(error) = served {
                 tracing::error!(%error, "the MCP server stopped");
             }
+            served_tx.succeed();
         });
         let url = format!("http://{address}{}", self.path);
         tracing::info!(%url, token_file = %token_file.display(), token = %security::redacted(&token), "serving MCP");
-        Ok(McpServer { url, address, token_file, token: token.into(), credentials, shutdown })
+        let stopping = Stopping { exchanges, served };
+        Ok(McpServer { url, address, token_file, token: token.into(), credentials, shutdown, stopping })
     }
 }
 
@@ -188,6 +197,21 @@ pub struct McpServer {
     token: Arc<str>,
     credentials: Credentials,
     shutdown: CancellationToken,
+    stopping: Stopping,
+}
+
+/// What the exit waits for: the responses of calls that ended, then the server's own end.
+#[derive(Clone)]
+struct Stopping {
+    exchanges: Arc<Exchanges>,
+    /// Resolves when the server stopped serving (its connections closed, gracefully).
+    served: Completion,
+}
+
+impl std::fmt::Debug for Stopping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Stopping")
+    }
 }
 
 impl McpServer {
@@ -233,8 +257,30 @@ impl Plugin for McpPlugin {
     }
 }
 
-fn stop_on_app_exit(mut exits: MessageReader<AppExit>, server: Res<McpServer>) {
-    if exits.read().next().is_some() {
-        server.shutdown.cancel();
+/// The least time the exit gives the responses of ended calls, even when saves used up the exit deadline.
+const RESPONSE_GRACE: Duration = Duration::from_millis(500);
+
+/// How long the exit waits for the server's connections to close once it stopped (their responses are sent).
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// On `AppExit`, after the host ended the visit's calls ([`ExitSet::Host`](crate::ExitSet::Host)): waits until
+/// every call that ended has had its response sent (bounded by what is left of the exit deadline, and at least
+/// [`RESPONSE_GRACE`]), then stops the server and waits (up to [`CLOSE_GRACE`]) for its connections to close.
+/// Calls still running then (a call waiting for a tool that was never registered) are not waited for: their
+/// clients see the connection close.
+fn stop_on_app_exit(mut exits: MessageReader<AppExit>, server: Res<McpServer>, started: Option<Res<ExitStarted>>) {
+    if exits.read().count() == 0 || server.shutdown.is_cancelled() {
+        return;
+    }
+    let now = std::time::Instant::now();
+    let deadline = started.map_or(now, |started| started.deadline).max(now + RESPONSE_GRACE);
+    let owed = server.stopping.exchanges.wait_for_ended_calls(deadline);
+    if owed > 0 {
+        tracing::warn!(owed, "the MCP server stops with responses still unsent: the exit deadline passed");
+    }
+    server.shutdown.cancel();
+    let closing = deadline.min(std::time::Instant::now() + CLOSE_GRACE);
+    if server.stopping.served.wait_timeout(closing.saturating_duration_since(std::time::Instant::now())).is_none() {
+        tracing::warn!("the MCP server's connections did not all close in time; the runtime's stop ends them");
     }
 }

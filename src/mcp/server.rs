@@ -181,6 +181,13 @@ impl GameServer {
             }));
         }
         let mut call = conversation.request(call_request);
+        if let Some(exchange) = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Arc<super::exchanges::Exchange>>())
+        {
+            exchange.answers(call.running_probe());
+        }
         let mut cancelled = false;
         // Progress is forwarded as it comes; when the outcome is ready, the reports still queued (the handler
         // makes them synchronously, so every report made before the result is queued by then) go out first, in

@@ -17,7 +17,14 @@ use crate::error::{ErrorCode, ToolError};
 /// Flatten this into a destructive tool's arguments (`#[serde(flatten)] guard: DestructiveGuard`), then check it
 /// in one line each: `args.guard.confirmed()?` before acting, `args.guard.check_version(..)?` inside the
 /// `on_client` step that reads the current version.
+///
+/// Which guard to use: [`AgentTool::requires_confirmation`](crate::AgentTool::requires_confirmation) when every
+/// call of the tool must be confirmed (the host refuses unconfirmed calls before the handler runs, and `confirm`
+/// is added to the schema, even for [`NoArgs`](crate::NoArgs)); this struct when the handler decides (only some
+/// targets are dangerous) or also wants `expected_version`. Its schema carries only its two fields' docs: this
+/// comment never reaches a client, whether or not the arguments struct has a doc comment of its own.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = no_type_docs)]
 pub struct DestructiveGuard {
     /// Must be `true`: this action cannot be undone.
     #[serde(default)]
@@ -25,6 +32,15 @@ pub struct DestructiveGuard {
     /// The version of the resource you last read. The action is refused if it changed since.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_version: Option<u64>,
+}
+
+/// Drops the type's own title and description from its schema, so they never merge into the schema of the
+/// arguments it is flattened into.
+fn no_type_docs(schema: &mut schemars::Schema) {
+    if let Some(object) = schema.as_object_mut() {
+        object.remove("title");
+        object.remove("description");
+    }
 }
 
 impl DestructiveGuard {

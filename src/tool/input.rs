@@ -63,21 +63,104 @@ pub(crate) fn normalize_numbers(value: &mut Value) {
     }
 }
 
-/// Parses `args` (a JSON object; `null` counts as `{}`) into `A`.
-pub(crate) fn parse<A: DeserializeOwned>(tool: &str, mut args: Value) -> Result<A, ToolError> {
+/// Checks the shape of `args` before anything else: numbers normalized, `null` read as `{}`, anything but an
+/// object refused.
+pub(crate) fn object_arguments(tool: &str, mut args: Value) -> Result<Value, ToolError> {
     normalize_numbers(&mut args);
-    let args = match args {
-        Value::Null => Value::Object(Default::default()),
-        Value::Object(map) => Value::Object(map),
-        other => {
-            return Err(ToolError::with_code(
-                ErrorCode::InvalidInput,
-                format!("the arguments of `{tool}` must be a JSON object, not {}", kind_of(&other)),
-            )
-            .with_detail("field", "")
-            .with_detail("reason", "not an object"));
+    match args {
+        Value::Null => Ok(Value::Object(Default::default())),
+        Value::Object(map) => Ok(Value::Object(map)),
+        other => Err(ToolError::with_code(
+            ErrorCode::InvalidInput,
+            format!("the arguments of `{tool}` must be a JSON object, not {}", kind_of(&other)),
+        )
+        .with_detail("field", "")
+        .with_detail("reason", "not an object")),
+    }
+}
+
+/// The schema a tool publishes, compiled once: calls are checked against exactly what clients were shown
+/// (`minimum`/`maximum`, `enum`, lengths, `pattern`, `required`, types), before the handler runs.
+///
+/// `None` when the schema cannot be compiled (a hand-written schema with a remote `$ref`, say: the validator is
+/// built without network or file access). Such a tool's arguments are still parsed into their Rust type; the
+/// tool's registration logs why.
+pub(crate) fn compile_schema(tool: &str, schema: &Value) -> Option<jsonschema::Validator> {
+    match jsonschema::validator_for(schema) {
+        Ok(validator) => Some(validator),
+        Err(error) => {
+            tracing::warn!(tool, %error, "the tool's input schema cannot be compiled: its arguments are only parsed, not validated against it");
+            None
         }
+    }
+}
+
+/// `INVALID_INPUT` naming the first argument that breaks the published schema (`details.field`, in the form
+/// `pos.x` or `blocks[2]`) and why (`details.reason`, the validator's words, e.g. "1 is less than the minimum of
+/// 10").
+pub(crate) fn validate(tool: &str, validator: &jsonschema::Validator, args: &Value) -> Result<(), ToolError> {
+    let Err(error) = validator.validate(args) else { return Ok(()) };
+    let mut field = String::new();
+    for segment in error.instance_path().iter() {
+        match segment {
+            jsonschema::paths::LocationSegment::Property(name) => push_property(&mut field, &name),
+            jsonschema::paths::LocationSegment::Index(index) => field.push_str(&format!("[{index}]")),
+        }
+    }
+    // `required` and `additionalProperties` are reported at the object that lacks or has the property: name it.
+    match error.kind() {
+        jsonschema::error::ValidationErrorKind::Required { property } => {
+            push_property(&mut field, property.as_str().unwrap_or_default())
+        }
+        jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected } => {
+            if let Some(name) = unexpected.first() {
+                push_property(&mut field, name)
+            }
+        }
+        _ => {}
+    }
+    let mut reason = match error.kind() {
+        // The validator names a few choices and counts the rest: a model needs them all to pick one.
+        jsonschema::error::ValidationErrorKind::Enum { options } => match options.as_array() {
+            Some(choices) => {
+                let choices: Vec<String> = choices.iter().map(Value::to_string).collect();
+                format!("{} is not one of {}", error.instance(), choices.join(", "))
+            }
+            None => error.to_string(),
+        },
+        _ => error.to_string(),
     };
+    if reason.len() > 2000 {
+        let cut = (0..=2000).rev().find(|at| reason.is_char_boundary(*at)).unwrap_or(0);
+        reason.truncate(cut);
+        reason.push('…');
+    }
+    let message = if field.is_empty() {
+        format!("the arguments of `{tool}` are invalid: {reason}")
+    } else {
+        format!("argument `{field}` of `{tool}` is invalid: {reason}")
+    };
+    Err(ToolError::with_code(ErrorCode::InvalidInput, message)
+        .with_detail("field", field)
+        .with_detail("reason", reason)
+        .with_detail("schema_keyword", error.kind().keyword()))
+}
+
+fn push_property(field: &mut String, name: &str) {
+    if !field.is_empty() {
+        field.push('.');
+    }
+    field.push_str(name);
+}
+
+/// Parses `args` (a JSON object; `null` counts as `{}`) into `A`.
+#[cfg(test)]
+pub(crate) fn parse<A: DeserializeOwned>(tool: &str, args: Value) -> Result<A, ToolError> {
+    deserialize(tool, object_arguments(tool, args)?)
+}
+
+/// Deserializes arguments that [`object_arguments`] accepted into `A`.
+pub(crate) fn deserialize<A: DeserializeOwned>(tool: &str, args: Value) -> Result<A, ToolError> {
     serde_path_to_error::deserialize(args).map_err(|error| {
         let path = error.path().to_string();
         let reason = error.into_inner().to_string();

@@ -11,7 +11,7 @@ use std::any::TypeId;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use schemars::JsonSchema;
@@ -124,6 +124,8 @@ type Handler<S, A> = dyn Fn(CallContext<S>, A) -> BoxFuture<Result<Value, ToolEr
 /// ```
 pub struct AgentTool<S> {
     info: ToolInfo,
+    /// The published input schema, compiled at the first call (builder methods may still change it until then).
+    validator: OnceLock<Option<jsonschema::Validator>>,
     start: Arc<dyn Fn(Value) -> Result<PreparedCall, ToolError> + Send + Sync>,
     _session: PhantomData<fn(S)>,
 }
@@ -151,7 +153,7 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
         let name = name.into();
         let tool_name = name.clone();
         let start = Arc::new(move |args: Value| -> Result<PreparedCall, ToolError> {
-            let args: A = input::parse(&tool_name, args)?;
+            let args: A = input::deserialize(&tool_name, args)?;
             let handler = handler.clone();
             Ok(Box::new(move |core: CallCore| handler(CallContext::new(core), args)))
         });
@@ -166,6 +168,7 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
                 timeout: None,
                 requires_confirmation: false,
             },
+            validator: OnceLock::new(),
             start,
             _session: PhantomData,
         }
@@ -202,14 +205,29 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
     }
 
     /// Refuses calls without `confirm: true` (`CONFIRMATION_REQUIRED`) before anything runs, and adds `confirm`
-    /// to the input schema. For destructive tools.
+    /// to the input schema clients see (also for a tool whose arguments are [`NoArgs`]). For destructive tools.
+    ///
+    /// The handler never sees `confirm`: the host checks it. Use this when the whole tool is dangerous; flatten a
+    /// [`DestructiveGuard`] into the arguments instead when the handler decides (for example only some targets
+    /// need confirming) or also needs `expected_version`.
+    ///
+    /// ```
+    /// # use bevy_agent_tools::prelude::*;
+    /// let reset = AgentTool::new("reset", "Resets the level.", |_: CallContext<()>, _: NoArgs| async move { Ok(()) })
+    ///     .requires_confirmation();
+    /// assert_eq!(reset.info().input_schema["properties"]["confirm"]["type"], "boolean");
+    /// ```
     pub fn requires_confirmation(mut self) -> Self {
         self.info.requires_confirmation = true;
-        if let Some(properties) = self.info.input_schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
-            properties.entry("confirm").or_insert(serde_json::json!({
-                "type": "boolean",
-                "description": "Must be true: this action cannot be undone."
-            }));
+        if let Some(schema) = self.info.input_schema.as_object_mut() {
+            schema.entry("type").or_insert_with(|| Value::String("object".into()));
+            let properties = schema.entry("properties").or_insert_with(|| Value::Object(Default::default()));
+            if let Some(properties) = properties.as_object_mut() {
+                properties.entry("confirm").or_insert(serde_json::json!({
+                    "type": "boolean",
+                    "description": "Must be true: this action cannot be undone."
+                }));
+            }
         }
         self
     }
@@ -253,6 +271,12 @@ impl<S: Send + Sync + 'static> ErasedTool for AgentTool<S> {
     }
 
     fn prepare(&self, args: Value) -> Result<PreparedCall, ToolError> {
+        let args = input::object_arguments(&self.info.name, args)?;
+        let validator =
+            self.validator.get_or_init(|| input::compile_schema(&self.info.name, &self.info.client_input_schema()));
+        if let Some(validator) = validator {
+            input::validate(&self.info.name, validator, &args)?;
+        }
         (self.start)(args)
     }
 }

@@ -38,6 +38,9 @@ pub(crate) struct VisitSlot<L: WorldLifecycle> {
     pub host: Arc<HostShared>,
     pub open: Option<OpenSession<L::Session>>,
     pub jobs: Receiver<Job>,
+    /// `every_frame` steps that were not done: they run again at the start of the next frame's pump.
+    /// (In a mutex only so that the resource is `Sync`; the main thread alone touches it, through `get_mut`.)
+    pub next_frame: parking_lot::Mutex<Vec<Job>>,
     pub default_dimension: DimensionId,
     /// Close completions not yet resolved, waited for on `AppExit`.
     pub closing: Vec<(VisitInfo, Completion)>,

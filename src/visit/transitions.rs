@@ -12,6 +12,7 @@ use super::messages::{
     WorldOpenFailed,
 };
 use super::{OpenSession, VisitSlot};
+use crate::call::{run_cleanups, Job};
 use crate::completion::Completion;
 use crate::error::{ErrorCode, ToolError};
 use crate::host::OpenVisit;
@@ -137,8 +138,19 @@ impl<L: WorldLifecycle> VisitSlot<L> {
                 format!("the player left world `{}` before the call finished", open.info.world),
             )));
         }
-        // Steps still queued belong to calls that just ended: drop them unrun.
-        while self.jobs.try_recv().is_ok() {}
+        // Steps still queued belong to calls that just ended: drop them unrun. Their `on_end` cleanups run now,
+        // while the session is still there; a cleanup registered after this finds its visit closed and is dropped.
+        let mut open = open;
+        self.next_frame.get_mut().clear();
+        while let Ok(job) = self.jobs.try_recv() {
+            match job {
+                Job::Cleanup { visit, request, cleanups, reason } if visit == open.info.visit => {
+                    run_cleanups(world, &mut open.session, request, cleanups, reason)
+                }
+                // Steps, and input observations (their asker gets `VISIT_ENDED`), are dropped.
+                _ => {}
+            }
+        }
         let info = open.info.clone();
         let lifecycle = self.lifecycle.clone();
         let completion = catch_unwind(AssertUnwindSafe(|| lifecycle.close(open.session, world)))

@@ -21,6 +21,8 @@ pub struct Record {
     pub opens: AtomicUsize,
     pub closes: AtomicUsize,
     pub input_asks: AtomicUsize,
+    /// How many times `tick` ran.
+    pub ticks: AtomicUsize,
     /// What a call made from inside `close` got: it must be rejected, admission being closed.
     pub call_during_close: Mutex<Vec<Option<ErrorCode>>>,
 }
@@ -41,6 +43,8 @@ pub struct Session {
     pub counter: u64,
     /// The location revision, as `relocated` last said.
     pub revision: u64,
+    /// How many frames ticked this session.
+    pub ticks: u64,
 }
 
 /// Everything tools did to the world, tagged with the visit of the session they ran against.
@@ -69,13 +73,18 @@ impl WorldLifecycle for TestGame {
             return Err(OpenError::new(format!("save `{}` is corrupt", visit.world)));
         }
         world.get_resource_or_insert_with(WorldLog::default);
-        let session = Session { visit: visit.visit, world: visit.world.clone(), counter: 0, revision: 0 };
+        let session = Session { visit: visit.visit, world: visit.world.clone(), counter: 0, revision: 0, ticks: 0 };
         if self.load_async {
             let (completer, ready) = Completion::pending();
             *self.loading.lock() = Some(completer);
             return Ok(Opened::loading(session, ready));
         }
         Ok(Opened::ready(session))
+    }
+
+    fn tick(&self, session: &mut Session, _world: &mut World) {
+        self.record.ticks.fetch_add(1, Ordering::SeqCst);
+        session.ticks += 1;
     }
 
     fn relocated(&self, session: &mut Session, from: &Location, to: &Location, _world: &mut World) {

@@ -1,0 +1,89 @@
+//! A panic in the game's own lifecycle callbacks never takes the game down: `open` (H4: reported as
+//! `WorldOpenFailed`, no session held), `close` (its completion fails and says so), `input_context` (`INTERNAL`).
+
+use bevy::ecs::message::Messages;
+use bevy::prelude::*;
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::{headless_app, AgentTestAppExt};
+use bevy_agent_tools::{VisitSaved, WorldOpenFailed};
+use serde_json::json;
+
+/// Panics in whichever callback its world's name says.
+struct Panicky;
+
+impl WorldLifecycle for Panicky {
+    type Session = String;
+
+    fn open(&self, visit: &VisitInfo, _: &mut World) -> Result<Opened<String>, OpenError> {
+        if visit.world.as_str() == "panics_in_open" {
+            panic!("the save is on fire");
+        }
+        Ok(Opened::ready(visit.world.to_string()))
+    }
+
+    fn close(&self, world_name: String, _: &mut World) -> Completion {
+        if world_name == "panics_in_close" {
+            panic!("the disk is on fire");
+        }
+        Completion::done()
+    }
+
+    fn input_context(&self, world_name: &String, _: &World) -> Option<serde_json::Value> {
+        if world_name == "panics_in_input" {
+            panic!("the eyes are on fire");
+        }
+        Some(json!({ "world": world_name }))
+    }
+}
+
+fn app() -> App {
+    let peek = AgentTool::new("peek", "Reads the world's name.", |ctx: CallContext<String>, _: NoArgs| async move {
+        ctx.on_client(|_, name| name.clone()).await
+    })
+    .read_only();
+    headless_app(AgentToolsPlugin::new(Panicky).with_tool(peek))
+}
+
+#[test]
+fn h4_a_panic_in_open_is_world_open_failed_no_visit_is_held_and_the_next_enter_works() {
+    let mut app = app();
+    app.enter_world("panics_in_open");
+    let failed: Vec<WorldOpenFailed> = app.world_mut().resource_mut::<Messages<WorldOpenFailed>>().drain().collect();
+    assert_eq!(failed.len(), 1, "one WorldOpenFailed");
+    assert_eq!(failed[0].world.as_str(), "panics_in_open");
+    assert!(failed[0].error.message().contains("the save is on fire"), "{}", failed[0].error.message());
+    assert!(app.agent().visit().is_none(), "no visit is held");
+    let call = app.agent().conversation("a").call("peek", json!({}));
+    assert_eq!(call.try_outcome().expect("at once").expect_err("no world").code, ErrorCode::NoWorld);
+
+    app.enter_world("meadow");
+    let call = app.agent().conversation("a").call("peek", json!({}));
+    assert_eq!(app.run_until_resolved(&call).expect("the next enter works").value, json!("meadow"));
+}
+
+#[test]
+fn a_panic_in_close_fails_its_completion_and_the_game_runs_on() {
+    let mut app = app();
+    app.enter_world("panics_in_close");
+    app.exit_world();
+    let saved: Vec<VisitSaved> = app.world_mut().resource_mut::<Messages<VisitSaved>>().drain().collect();
+    assert_eq!(saved.len(), 1, "the close's outcome is reported");
+    let error = saved[0].result.clone().expect_err("the completion failed");
+    assert!(error.to_string().contains("the disk is on fire"), "{error}");
+    assert!(app.agent().visit().is_none());
+
+    app.enter_world("meadow");
+    let call = app.agent().conversation("a").call("peek", json!({}));
+    assert_eq!(app.run_until_resolved(&call).expect("the next visit works").value, json!("meadow"));
+}
+
+#[test]
+fn h14_a_panic_in_input_context_is_internal_and_the_game_runs_on() {
+    let mut app = app();
+    app.enter_world("panics_in_input");
+    let error = app.run_future(app.agent().conversation("a").observe_input()).expect_err("panicked");
+    assert_eq!(error.code, ErrorCode::Internal);
+    assert!(error.message.contains("the eyes are on fire"), "{}", error.message);
+    let call = app.agent().conversation("a").call("peek", json!({}));
+    assert!(app.run_until_resolved(&call).is_ok(), "the game runs on");
+}

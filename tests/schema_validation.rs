@@ -1,0 +1,169 @@
+//! Arguments are checked against the very schema a tool publishes (ranges, enums, lengths, patterns, required,
+//! types) before its handler runs, and `INVALID_INPUT` says which field failed and why (DESIGN §5).
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::AgentTestAppExt;
+use bevy_agent_tools::DestructiveGuard;
+use common::*;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+enum Direction {
+    Left,
+    Right,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[allow(dead_code)]
+struct Waypoint {
+    #[schemars(range(min = 0, max = 9))]
+    x: i32,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[allow(dead_code)]
+struct PaddleArgs {
+    /// Units per second.
+    #[schemars(range(min = 10.0, max = 5000.0))]
+    speed: f64,
+    #[schemars(length(min = 1, max = 8))]
+    name: String,
+    #[schemars(pattern(r"^[a-z]+$"))]
+    tag: String,
+    direction: Direction,
+    #[schemars(length(max = 3))]
+    #[serde(default)]
+    path: Vec<Waypoint>,
+}
+
+fn paddle(ran: Arc<AtomicUsize>) -> AgentTool<Session> {
+    AgentTool::new("move_paddle", "Moves the paddle.", move |_: CallContext<Session>, _: PaddleArgs| {
+        ran.fetch_add(1, Ordering::SeqCst);
+        async move { Ok(()) }
+    })
+}
+
+fn valid() -> Value {
+    json!({ "speed": 100, "name": "left", "tag": "abc", "direction": "left", "path": [{ "x": 1 }] })
+}
+
+fn with(field: &str, value: Value) -> Value {
+    let mut args = valid();
+    args[field] = value;
+    args
+}
+
+#[test]
+fn arguments_that_break_the_published_schema_are_invalid_input_naming_the_field_and_the_handler_never_runs() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut app = app_with(TestGame::default(), vec![paddle(ran.clone())]);
+    app.enter_world("alpha");
+    let mut missing = valid();
+    missing.as_object_mut().expect("object").remove("direction");
+    let cases = [
+        (with("speed", json!(1)), "speed", "minimum"),
+        (with("speed", json!(9000.5)), "speed", "maximum"),
+        (with("speed", json!("fast")), "speed", "type"),
+        (with("name", json!("")), "name", "minLength"),
+        (with("name", json!("a-long-name")), "name", "maxLength"),
+        (with("tag", json!("ABC")), "tag", "pattern"),
+        (with("direction", json!("up")), "direction", "enum"),
+        (missing, "direction", "required"),
+        (with("path", json!([{ "x": 1 }, { "x": 1 }, { "x": 1 }, { "x": 1 }])), "path", "maxItems"),
+        (with("path", json!([{ "x": 1 }, { "x": 12 }])), "path[1].x", "maximum"),
+    ];
+    for (args, field, keyword) in cases {
+        let outcome = app.agent().conversation("a").call("move_paddle", args.clone()).try_outcome();
+        let error = outcome.expect("refused at once").expect_err("invalid");
+        assert_eq!(error.code, ErrorCode::InvalidInput, "{args}");
+        assert_eq!(error.details.extra["field"], json!(field), "{args}: {error:?}");
+        assert_eq!(error.details.extra["schema_keyword"], json!(keyword), "{args}: {error:?}");
+        let reason = error.details.extra["reason"].as_str().expect("a reason");
+        assert!(!reason.is_empty() && error.message.contains(reason), "the message says why: {}", error.message);
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "no invalid call reached the handler");
+
+    let ok = app.agent().conversation("a").call("move_paddle", valid());
+    assert!(app.run_until_resolved(&ok).is_ok(), "valid arguments pass");
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn schema_reasons_are_readable_for_a_range() {
+    let mut app = app_with(TestGame::default(), vec![paddle(Arc::default())]);
+    app.enter_world("alpha");
+    let error = app.agent().conversation("a").call("move_paddle", with("speed", json!(1))).try_outcome();
+    let error = error.expect("at once").expect_err("too slow");
+    assert!(error.message.contains("`speed`") && error.message.contains("10"), "{}", error.message);
+}
+
+#[test]
+fn argument_enum_choices_are_enforced_as_published() {
+    #[derive(Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Paint {
+        colour: String,
+    }
+    let paint = AgentTool::new("paint", "Paints.", |_: CallContext<Session>, _: Paint| async move { Ok(()) })
+        .argument_enum("colour", ["red", "green"]);
+    let mut app = app_with(TestGame::default(), vec![paint]);
+    app.enter_world("alpha");
+    let error = app.agent().conversation("a").call("paint", json!({ "colour": "blue" })).try_outcome();
+    let error = error.expect("at once").expect_err("not a choice");
+    assert_eq!(error.code, ErrorCode::InvalidInput);
+    assert_eq!(error.details.extra["field"], "colour");
+    let ok = app.agent().conversation("a").call("paint", json!({ "colour": "red" }));
+    assert!(app.run_until_resolved(&ok).is_ok());
+}
+
+#[test]
+fn requires_confirmation_on_a_tool_without_arguments_publishes_confirm_and_enforces_it() {
+    let reset =
+        AgentTool::new("reset", "Resets the bricks.", |_: CallContext<Session>, _: NoArgs| async move { Ok(()) })
+            .requires_confirmation();
+    let mut app = app_with(TestGame::default(), vec![reset]);
+    app.enter_world("alpha");
+    let info = app.agent().tools().into_iter().find(|tool| tool.name == "reset").expect("listed");
+    let published = info.client_input_schema();
+    assert_eq!(published["type"], "object");
+    assert_eq!(published["properties"]["confirm"]["type"], "boolean", "clients see `confirm`: {published}");
+
+    let refused = app.agent().conversation("a").call("reset", json!({})).try_outcome().expect("at once");
+    assert_eq!(code(&refused), Some(ErrorCode::ConfirmationRequired));
+    let mistyped = app.agent().conversation("a").call("reset", json!({ "confirm": "yes" })).try_outcome();
+    let mistyped = mistyped.expect("at once").expect_err("not a boolean");
+    assert_eq!((mistyped.code, mistyped.details.extra["field"].clone()), (ErrorCode::InvalidInput, json!("confirm")));
+    let confirmed = app.agent().conversation("a").call("reset", json!({ "confirm": true }));
+    assert!(app.run_until_resolved(&confirmed).is_ok());
+}
+
+#[test]
+fn a_flattened_destructive_guard_adds_its_fields_but_never_its_own_doc() {
+    #[derive(Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Nested {
+        #[serde(flatten)]
+        guard: DestructiveGuard,
+    }
+    #[derive(Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Smash {
+        target: String,
+        inner: Option<Nested>,
+        #[serde(flatten)]
+        guard: DestructiveGuard,
+    }
+    let smash = AgentTool::new("smash", "Smashes.", |_: CallContext<Session>, _: Smash| async move { Ok(()) });
+    let schema = smash.info().client_input_schema();
+    let text = schema.to_string();
+    assert!(schema["properties"]["confirm"].is_object() && schema["properties"]["expected_version"].is_object());
+    assert!(!text.contains("Flatten this") && !text.contains("serde(flatten)"), "no Rust docs leak: {schema}");
+}
