@@ -19,7 +19,7 @@ use bevy_agent_tools::mcp::McpPlugin;
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::session::*;
 use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
-use bevy_agent_tools::{CallStarted, ConversationStatus, ConversationStatusChanged};
+use bevy_agent_tools::{CallStarted, ConversationStatus, ConversationStatusChanged, ImageContent};
 use common::*;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -259,7 +259,17 @@ impl Game {
         let game = RunningGame::spawn(Duration::from_millis(2), move || {
             let tools = AgentToolsPlugin::new(TestGame::default())
                 .with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None))
-                .with_tool(bump_tool("held", ToolScope::World, built_executions, Some(built_gate)));
+                .with_tool(bump_tool("held", ToolScope::World, built_executions, Some(built_gate)))
+                .with_tool(
+                    AgentTool::new(
+                        "look",
+                        "A picture of the world.",
+                        |_: CallContext<Session>, _: NoArgs| async move {
+                            Ok(serde_json::json!({ "picture": ImageContent::png("iVBORw0KGgo="), "seen": 3 }))
+                        },
+                    )
+                    .read_only(),
+                );
             let mut app = headless_app_with(
                 tools,
                 (
@@ -377,6 +387,35 @@ fn a_turn_streams_text_and_a_tool_call_split_across_chunks_changes_the_world_und
     assert_eq!(results.len(), 1);
     assert!(results[0].contains("\"counter\":2"), "{results:?}");
     assert_eq!(session.usage().map(|u| u.used_tokens), Some(75), "the endpoint's last usage report");
+}
+
+#[test]
+fn a_tools_image_goes_to_a_model_that_reads_images_as_an_image_part_and_is_summarized_for_one_that_does_not() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let look = || calls(vec![call(0, "l1", "look", "{}")]);
+    server.reply(look()).reply(says("a grassy field")).reply(look()).reply(says("I cannot see it"));
+    let seeing = game.create(endpoint(&server).images(true)).expect("starts");
+    assert_eq!(game.block_on(seeing.send_text("look")).expect("ends").final_message.as_deref(), Some("a grassy field"));
+    let blind = game.create(endpoint(&server)).expect("starts");
+    game.block_on(blind.send_text("look")).expect("ends");
+
+    let requests = server.requests();
+    let messages = |request: usize| requests[request]["messages"].as_array().cloned().unwrap_or_default();
+    let after_tool = messages(1).last().cloned().expect("a message after the tool result");
+    assert_eq!(after_tool["role"], "user");
+    assert_eq!(after_tool["content"][1]["image_url"]["url"], "data:image/png;base64,iVBORw0KGgo=");
+    let result = &tool_results(&server, 1)[0];
+    assert!(result.contains("image 1 of the images that follow") && result.contains("\"seen\":3"), "{result}");
+    assert!(!result.contains("iVBORw0KGgo="), "the image travels once, as an image part");
+
+    let blind_result = &tool_results(&server, 3)[0];
+    assert!(
+        blind_result.contains("not shown to this model") && !blind_result.contains("iVBORw0KGgo="),
+        "{blind_result}"
+    );
+    assert!(messages(3).iter().all(|m| !m["content"].to_string().contains("image_url")));
 }
 
 #[test]

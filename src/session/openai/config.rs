@@ -52,6 +52,11 @@ pub struct OpenAiEndpoint {
     pub max_history_bytes: usize,
     /// The model's context window in tokens, if known: reported in [`Usage::context_tokens`](crate::session::Usage).
     pub context_window: Option<u64>,
+    /// Whether the model reads images: then an image a tool returns (e.g. the sandbox's `observe`) is sent as an
+    /// image part (a `data:` URL in a user message right after the tool results, the only place chat completions
+    /// take images); otherwise it is summarized in the tool's result as a line saying what it was. Default false.
+    #[serde(default)]
+    pub images: bool,
 }
 
 /// Sampling parameters sent with each request (`None`: the endpoint's default).
@@ -85,7 +90,14 @@ impl OpenAiEndpoint {
             max_retry_wait: Duration::from_secs(20),
             max_history_bytes: 512 * 1024,
             context_window: None,
+            images: false,
         }
+    }
+
+    /// Sends tools' images to the model as image parts (for vision models); see [`images`](Self::images).
+    pub fn images(mut self, send: bool) -> Self {
+        self.images = send;
+        self
     }
 
     /// Reads the API key from environment variable `name`.

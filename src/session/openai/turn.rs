@@ -90,13 +90,14 @@ async fn drive(
         let content = if text.is_empty() { Value::Null } else { Value::String(text) };
         messages.push(json!({"role": "assistant", "content": content, "tool_calls": wire_calls}));
         let mut cancelled = false;
+        let mut images = Vec::new();
         for call in &calls {
             let result = if cancelled {
                 error_content(&ToolError::with_code(ErrorCode::Cancelled, "the player cancelled the turn"))
             } else {
                 tokio::select! {
                     biased;
-                    result = execute(shared, call) => result,
+                    result = execute(shared, call, &mut images) => result,
                     _ = cancel.cancelled() => {
                         cancelled = true;
                         error_content(&ToolError::with_code(ErrorCode::Cancelled, "the player cancelled the turn"))
@@ -104,6 +105,12 @@ async fn drive(
                 }
             };
             messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": result}));
+        }
+        if !images.is_empty() {
+            // Chat completions take images in user messages only: the tools' images follow their results.
+            let mut parts = vec![json!({"type": "text", "text": "[The images the game's tools returned, in order]"})];
+            parts.extend(images.into_iter().map(|url| json!({"type": "image_url", "image_url": {"url": url}})));
+            messages.push(json!({"role": "user", "content": parts}));
         }
         if cancelled {
             return Ok((StopReason::Cancelled, messages));
@@ -224,7 +231,7 @@ fn stalled(shared: &Shared) -> ToolError {
 /// Runs one tool call in the game and returns what the model reads: the tool's output as JSON, or
 /// `{"error": {"code", "message", "details"}}` it can act on (an unknown tool, arguments that are not JSON,
 /// and every host rejection included).
-async fn execute(shared: &Shared, call: &PendingCall) -> String {
+async fn execute(shared: &Shared, call: &PendingCall, images: &mut Vec<String>) -> String {
     let tools = shared.agent.tools();
     if !tools.iter().any(|tool| tool.name == call.name) {
         let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_str()).collect();
@@ -258,7 +265,8 @@ async fn execute(shared: &Shared, call: &PendingCall) -> String {
     match shared.agent.conversation_handle(&shared.conversation).request(request).await {
         Ok(output) => {
             let mut value = output.value;
-            summarize_images(&mut value);
+            let sent = shared.endpoint.images.then_some(images);
+            summarize_images(&mut value, sent);
             value.to_string()
         }
         Err(error) => error_content(&error),
@@ -269,22 +277,30 @@ fn error_content(error: &ToolError) -> String {
     json!({ "error": error }).to_string()
 }
 
-/// Image fields (`{"type": "image", "mimeType", "data"}`) are summarized: chat completions take images only in
-/// user messages, and not every model reads them.
-fn summarize_images(value: &mut Value) {
+/// Image fields (`{"type": "image", "mimeType", "data"}`) become a line saying what they were. With `sent`, the
+/// image goes there as a `data:` URL (to be sent as an image part) and the line says it follows; else the line says
+/// the model does not see it.
+fn summarize_images(value: &mut Value, mut sent: Option<&mut Vec<String>>) {
     match value {
         Value::Object(object) => {
             let image = object.get("type").and_then(Value::as_str) == Some("image")
                 && object.get("data").is_some_and(Value::is_string);
             if image {
-                let mime = object.get("mimeType").and_then(Value::as_str).unwrap_or("image").to_string();
-                let bytes = object.get("data").and_then(Value::as_str).map_or(0, |data| data.len() * 3 / 4);
-                *value = Value::String(format!("[{mime} image of about {bytes} bytes, not shown to this model]"));
+                let mime = object.get("mimeType").and_then(Value::as_str).unwrap_or("image/png").to_string();
+                let data = object.get("data").and_then(Value::as_str).unwrap_or_default();
+                let bytes = data.len() * 3 / 4;
+                *value = Value::String(match sent {
+                    Some(sent) => {
+                        sent.push(format!("data:{mime};base64,{data}"));
+                        format!("[{mime} image of about {bytes} bytes: image {} of the images that follow]", sent.len())
+                    }
+                    None => format!("[{mime} image of about {bytes} bytes, not shown to this model]"),
+                });
             } else {
-                object.values_mut().for_each(summarize_images);
+                object.values_mut().for_each(|value| summarize_images(value, sent.as_deref_mut()));
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(summarize_images),
+        Value::Array(items) => items.iter_mut().for_each(|value| summarize_images(value, sent.as_deref_mut())),
         _ => {}
     }
 }
@@ -305,8 +321,19 @@ mod tests {
     #[test]
     fn images_in_a_tool_output_are_summarized_and_the_rest_kept() {
         let mut value = json!({"picture": {"type": "image", "mimeType": "image/png", "data": "AAAA"}, "n": 1});
-        summarize_images(&mut value);
+        summarize_images(&mut value, None);
         assert_eq!(value["n"], 1);
         assert_eq!(value["picture"], "[image/png image of about 3 bytes, not shown to this model]");
+    }
+
+    #[test]
+    fn for_a_model_that_reads_images_each_image_is_kept_as_a_data_url_and_its_place_says_which() {
+        let picture = json!({"type": "image", "mimeType": "image/png", "data": "AAAA"});
+        let mut value = json!({"views": [picture.clone(), picture], "n": 1});
+        let mut sent = Vec::new();
+        summarize_images(&mut value, Some(&mut sent));
+        assert_eq!(sent, vec!["data:image/png;base64,AAAA".to_string(); 2]);
+        assert_eq!(value["views"][1], "[image/png image of about 3 bytes: image 2 of the images that follow]");
+        assert_eq!(value["n"], 1);
     }
 }
