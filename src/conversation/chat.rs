@@ -49,9 +49,9 @@ pub struct ChatError {
     pub sequence: u64,
 }
 
-/// The agent asks permission for one of its own actions, and the session's policy is
-/// `AskPlayer` policy (`session::PermissionPolicy`): show it, and answer with a [`PermissionAnswer`] message or
-/// `AgentSessions::answer_permission`. Unanswered requests are denied after the session's permission timeout.
+/// The agent asks permission for one of its own actions, and the session's policy is `PermissionPolicy::AskPlayer`:
+/// show it, and answer with a `PermissionAnswer` message or `AgentSessions::answer_permission` (both in
+/// `session`). Unanswered requests are denied after the session's permission timeout.
 #[derive(Message, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PermissionRequested {
     /// The session.
