@@ -90,17 +90,22 @@ fn check_id(id: &str) -> Result<(), ToolError> {
 }
 
 fn write(path: &Path, record: &Record) -> std::io::Result<()> {
+    write_private(path, &serde_json::to_vec_pretty(record).map_err(std::io::Error::other)?)
+}
+
+/// Replaces the file at `path` with `bytes` atomically and durably (file and directory synced), readable only by
+/// the user: what sessions keep on disk (records, histories) may say what the player typed.
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let bytes = serde_json::to_vec_pretty(record).map_err(std::io::Error::other)?;
     let mut file = atomic_write_file::AtomicWriteFile::open(path)?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         file.as_file().set_permissions(std::fs::Permissions::from_mode(0o600))?;
     }
-    file.write_all(&bytes)?;
+    file.write_all(bytes)?;
     file.commit()
 }
 

@@ -4,7 +4,6 @@
 //! summarized: a summary would need another model request the player did not ask for), and the count of dropped
 //! turns is kept so the model can be told.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -53,18 +52,7 @@ pub(crate) fn load(path: &Path) -> std::io::Result<Option<History>> {
 
 /// Replaces the history on disk atomically and durably.
 pub(crate) fn save(path: &Path, history: &History) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let bytes = serde_json::to_vec(history).map_err(std::io::Error::other)?;
-    let mut file = atomic_write_file::AtomicWriteFile::open(path)?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        file.as_file().set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    }
-    file.write_all(&bytes)?;
-    file.commit()
+    crate::session::record::write_private(path, &serde_json::to_vec(history).map_err(std::io::Error::other)?)
 }
 
 #[cfg(test)]
