@@ -135,34 +135,13 @@ impl<S: Send + Sync + 'static> CallContext<S> {
         R: Send + 'static,
         F: FnOnce(&mut World, &mut S) -> R + Send + 'static,
     {
-        let life = self.core.life.clone();
-        let queued = if life.is_ended() {
-            None
-        } else {
-            let (reply, result) = tokio::sync::oneshot::channel();
-            let run = Box::new(move |world: &mut World, session: &mut dyn Any| {
-                let session = session.downcast_mut::<S>().ok_or_else(|| {
-                    ToolError::internal(format!(
-                        "the open world's session is not a {}: register tools for the lifecycle's session type",
-                        std::any::type_name::<S>()
-                    ))
-                })?;
-                let _ = reply.send(step(world, session));
-                Ok(())
-            });
-            if self.core.host.jobs.send(Job::Call { life: life.clone(), run }).is_err() {
-                life.fail(ErrorCode::VisitEnded, "the game stopped before this step could run");
-            }
-            Some(result)
-        };
-        async move {
-            let Some(result) = queued else { return Err(life.end_error()) };
-            tokio::select! {
-                biased;
-                result = result => result.map_err(|_| life.end_error()),
-                _ = life.ended_token().cancelled() => Err(life.end_error()),
-            }
-        }
+        let (reply, result) = tokio::sync::oneshot::channel();
+        let run = Box::new(move |world: &mut World, session: &mut dyn Any| {
+            let session = session.downcast_mut::<S>().ok_or_else(|| wrong_session::<S>())?;
+            let _ = reply.send(step(world, session));
+            Ok(())
+        });
+        queue_and_wait(&self.core, |life| Job::Call { life, run }, result)
     }
 }
 
@@ -197,37 +176,21 @@ impl<S: Send + Sync + 'static> CallContext<S> {
         R: Send + 'static,
         F: FnMut(&mut World, &mut S) -> ControlFlow<R> + Send + 'static,
     {
-        let life = self.core.life.clone();
-        let queued = if life.is_ended() {
-            None
-        } else {
-            let (reply, result) = tokio::sync::oneshot::channel();
-            let mut reply = Some(reply);
-            let run = Box::new(move |world: &mut World, session: &mut dyn Any| {
-                let session = session.downcast_mut::<S>().ok_or_else(|| wrong_session::<S>())?;
-                match step(world, session) {
-                    ControlFlow::Continue(()) => Ok(false),
-                    ControlFlow::Break(done) => {
-                        if let Some(reply) = reply.take() {
-                            let _ = reply.send(done);
-                        }
-                        Ok(true)
+        let (reply, result) = tokio::sync::oneshot::channel();
+        let mut reply = Some(reply);
+        let run = Box::new(move |world: &mut World, session: &mut dyn Any| {
+            let session = session.downcast_mut::<S>().ok_or_else(|| wrong_session::<S>())?;
+            match step(world, session) {
+                ControlFlow::Continue(()) => Ok(false),
+                ControlFlow::Break(done) => {
+                    if let Some(reply) = reply.take() {
+                        let _ = reply.send(done);
                     }
+                    Ok(true)
                 }
-            });
-            if self.core.host.jobs.send(Job::EveryFrame { life: life.clone(), run }).is_err() {
-                life.fail(ErrorCode::VisitEnded, "the game stopped before this step could run");
             }
-            Some(result)
-        };
-        async move {
-            let Some(result) = queued else { return Err(life.end_error()) };
-            tokio::select! {
-                biased;
-                result = result => result.map_err(|_| life.end_error()),
-                _ = life.ended_token().cancelled() => Err(life.end_error()),
-            }
-        }
+        });
+        queue_and_wait(&self.core, |life| Job::EveryFrame { life, run }, result)
     }
 
     /// Resolves at the start of the next frame's [`AgentToolsSet::Pump`](crate::AgentToolsSet::Pump), or with why
@@ -282,6 +245,29 @@ impl<S: Send + Sync + 'static> CallContext<S> {
                 None => tracing::error!("{}", wrong_session::<S>().message),
             }
         }));
+    }
+}
+
+/// Queues a main-thread job of the call (none once it ended) and waits for its reply or the call's end.
+fn queue_and_wait<R: Send + 'static>(
+    core: &CallCore,
+    job: impl FnOnce(std::sync::Arc<super::CallLife>) -> Job,
+    result: tokio::sync::oneshot::Receiver<R>,
+) -> impl Future<Output = Result<R, ToolError>> + Send + 'static {
+    let life = core.life.clone();
+    let queued = !life.is_ended();
+    if queued && core.host.jobs.send(job(life.clone())).is_err() {
+        life.fail(ErrorCode::VisitEnded, "the game stopped before this step could run");
+    }
+    async move {
+        if !queued {
+            return Err(life.end_error());
+        }
+        tokio::select! {
+            biased;
+            result = result => result.map_err(|_| life.end_error()),
+            _ = life.ended_token().cancelled() => Err(life.end_error()),
+        }
     }
 }
 
