@@ -32,9 +32,9 @@ pub use call::{
 };
 pub use completion::{Completer, Completion, CompletionError, CompletionResult};
 pub use conversation::{
-    ActiveCall, CallFinished, CallStarted, ChatDelta, ChatError, ChatMessage, ConversationEvent, ConversationSnapshot,
-    ConversationStatus, ConversationStatusChanged, PendingCall, PermissionRequested, Reported, StatusSource,
-    Subscription,
+    ActiveCall, CallFinished, CallProgress, CallStarted, ChatDelta, ChatError, ChatMessage, ConversationEvent,
+    ConversationSnapshot, ConversationStatus, ConversationStatusChanged, PendingCall, PermissionRequested, Reported,
+    StatusSource, Subscription,
 };
 pub use error::{ErrorCode, ErrorDetails, ToolError};
 pub use host::{VisitPhase, VisitStatus};

@@ -13,8 +13,8 @@ use bevy::state::state::States;
 use crate::agent::AgentHandle;
 use crate::call::{run_jobs, PumpStats};
 use crate::conversation::{
-    end_idle_conversations, publish_conversation_messages, CallFinished, CallStarted, ChatDelta, ChatError,
-    ChatMessage, ConversationFeed, ConversationStatusChanged, PermissionRequested,
+    end_idle_conversations, publish_conversation_messages, CallFinished, CallProgress, CallStarted, ChatDelta,
+    ChatError, ChatMessage, ConversationFeed, ConversationStatusChanged, PermissionRequested,
 };
 use crate::host::{HostConfig, HostShared};
 use crate::ids::{DimensionId, WorldId};
@@ -32,7 +32,7 @@ use crate::visit::{
 /// [`AgentToolsPlugin::in_schedule`] says otherwise), in this order.
 ///
 /// Conversation events that happened on other threads ([`ConversationStatusChanged`], [`CallStarted`],
-/// [`CallFinished`]) are written as messages twice a frame: at the start of `Transitions` (what happened since
+/// [`CallProgress`], [`CallFinished`], chat events) are written as messages twice a frame: at the start of `Transitions` (what happened since
 /// the last frame, before this frame's transitions) and at the end of `Pump` (what this frame's transitions and
 /// steps caused). The idle timeout of conversations is checked at the start of `Transitions`.
 #[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -268,6 +268,7 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
             .add_message::<VisitClosed>()
             .add_message::<ConversationStatusChanged>()
             .add_message::<CallStarted>()
+            .add_message::<CallProgress>()
             .add_message::<CallFinished>()
             .add_message::<ChatDelta>()
             .add_message::<ChatMessage>()

@@ -11,8 +11,8 @@ use bevy::prelude::*;
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{headless_app, AgentTestAppExt, Gate};
 use bevy_agent_tools::{
-    CallFinished, CallStarted, ConversationEvent, ConversationStatus as S, ConversationStatusChanged, NoArgs, Reported,
-    StatusSource, Subscription, VisitClosed, VisitClosing, VisitOpened, VisitRelocated, VisitSaved,
+    CallFinished, CallProgress, CallStarted, ConversationEvent, ConversationStatus as S, ConversationStatusChanged,
+    NoArgs, Reported, StatusSource, Subscription, VisitClosed, VisitClosing, VisitOpened, VisitRelocated, VisitSaved,
 };
 use common::*;
 use serde_json::json;
@@ -387,6 +387,75 @@ fn a_bevy_system_sees_the_exact_sequence_of_a_scripted_session() {
             "saved alpha true",
         ]
     );
+}
+
+/// A tool that reports progress twice, then hands its context out so the test can report once more after the end.
+fn progress_tool(kept: Arc<parking_lot::Mutex<Option<CallContext<Session>>>>) -> AgentTool<Session> {
+    AgentTool::new("progress", "Reports progress.", move |ctx: CallContext<Session>, _: NoArgs| {
+        let kept = kept.clone();
+        async move {
+            ctx.report_progress(1.0, Some(2.0), Some("half".into()));
+            ctx.report_progress(2.0, Some(2.0), None);
+            *kept.lock() = Some(ctx);
+            Ok(json!({}))
+        }
+    })
+}
+
+#[derive(Resource, Default)]
+struct ProgressSeen(Vec<(u64, f64)>);
+
+#[test]
+fn progress_is_a_conversation_event_between_start_and_finish_and_never_after() {
+    let kept = Arc::new(parking_lot::Mutex::new(None));
+    let mut app = app_with(TestGame::default(), vec![progress_tool(kept.clone())]);
+    app.init_resource::<ProgressSeen>().add_systems(
+        Last,
+        |mut read: MessageReader<CallProgress>, mut seen: ResMut<ProgressSeen>| {
+            seen.0.extend(read.read().map(|m| (m.sequence, m.progress)));
+        },
+    );
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("hud");
+    let (_, mut events) = conversation.subscribe().expect("known");
+    let call = conversation.call("progress", json!({}));
+    app.run_until_resolved(&call).expect("succeeds");
+    let late = kept.lock().take().expect("the handler kept its context");
+    late.report_progress(3.0, Some(2.0), Some("after the end".into()));
+    app.step(1);
+
+    let events = drain(&mut events);
+    let kinds: Vec<String> = events
+        .iter()
+        .map(|event| match event {
+            ConversationEvent::CallStarted(e) => format!("started {}", e.tool),
+            ConversationEvent::CallProgress(e) => {
+                format!("progress {} {}/{:?} {:?}", e.tool, e.progress, e.total, e.message)
+            }
+            ConversationEvent::CallFinished(e) => format!("finished {} {:?}", e.tool, e.code),
+            ConversationEvent::Status(e) => format!("status {}", e.status),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "started progress",
+            "status waiting_tool_result",
+            "progress progress 1/Some(2.0) Some(\"half\")",
+            "progress progress 2/Some(2.0) None",
+            "finished progress None",
+            "status idle",
+        ]
+    );
+    let published: Vec<(u64, f64)> = events
+        .iter()
+        .filter_map(|event| match event {
+            ConversationEvent::CallProgress(e) => Some((e.sequence, e.progress)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(app.world().resource::<ProgressSeen>().0, published, "the game reads the same reports as messages");
 }
 
 /// Records, for each event logged inside a span, the span's name and fields.

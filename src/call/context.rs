@@ -81,10 +81,17 @@ impl<S: Send + Sync + 'static> CallContext<S> {
     }
 
     /// Reports progress to whoever made the call (over MCP, a `notifications/progress` when the client asked
-    /// for it). Does nothing after the call ended, or when nobody listens.
+    /// for it) and to the game, as a [`CallProgress`](crate::CallProgress) event of the call's conversation.
+    /// Does nothing after the call ended.
     pub fn report_progress(&self, progress: f64, total: Option<f64>, message: Option<String>) {
-        if let Some(sink) = self.core.life.progress.as_ref().filter(|_| !self.core.life.is_ended()) {
-            sink.send(Progress { progress, total, message });
+        let life = &self.core.life;
+        if life.is_ended() {
+            return;
+        }
+        let progress = Progress { progress, total, message };
+        self.core.host.conversations.call_progress(life, &progress);
+        if let Some(sink) = life.progress.as_ref() {
+            sink.send(progress);
         }
     }
 

@@ -1,4 +1,4 @@
-//! What a conversation publishes: status changes and the start and finish of its calls. Each event carries the
+//! What a conversation publishes: status changes and the start, progress and finish of its calls. Each event carries the
 //! conversation's next sequence number, so a subscriber can tell it missed nothing and saw nothing twice. The
 //! same values are Bevy messages for the game (a HUD) and items of a [`Subscription`] for Rust code.
 
@@ -65,14 +65,37 @@ pub struct CallFinished {
     pub sequence: u64,
 }
 
+/// A running call reported progress (its handler called
+/// [`CallContext::report_progress`](crate::CallContext::report_progress)): what a HUD shows for a long tool.
+/// Published whether or not the caller asked for progress notifications; never after the call finished.
+#[derive(Message, Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CallProgress {
+    /// The conversation that made the call.
+    pub conversation: ConversationId,
+    /// The call.
+    pub request: RequestId,
+    /// The tool.
+    pub tool: String,
+    /// How far along (increases with each report).
+    pub progress: f64,
+    /// The total, when known.
+    pub total: Option<f64>,
+    /// What is happening, in words.
+    pub message: Option<String>,
+    /// The conversation's event sequence number.
+    pub sequence: u64,
+}
+
 /// One event of a conversation, in the order it was published.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ConversationEvent {
     /// The status changed.
     Status(ConversationStatusChanged),
     /// A call started.
     CallStarted(CallStarted),
+    /// A running call reported progress.
+    CallProgress(CallProgress),
     /// A call finished.
     CallFinished(CallFinished),
     /// A piece of an in-game agent session's message.
@@ -91,6 +114,7 @@ impl ConversationEvent {
         match self {
             Self::Status(event) => &event.conversation,
             Self::CallStarted(event) => &event.conversation,
+            Self::CallProgress(event) => &event.conversation,
             Self::CallFinished(event) => &event.conversation,
             Self::ChatDelta(event) => &event.session,
             Self::ChatMessage(event) => &event.session,
@@ -104,6 +128,7 @@ impl ConversationEvent {
         match self {
             Self::Status(event) => event.sequence,
             Self::CallStarted(event) => event.sequence,
+            Self::CallProgress(event) => event.sequence,
             Self::CallFinished(event) => event.sequence,
             Self::ChatDelta(event) => event.sequence,
             Self::ChatMessage(event) => event.sequence,
@@ -116,6 +141,7 @@ impl ConversationEvent {
         match self {
             Self::Status(event) => event.sequence = sequence,
             Self::CallStarted(event) => event.sequence = sequence,
+            Self::CallProgress(event) => event.sequence = sequence,
             Self::CallFinished(event) => event.sequence = sequence,
             Self::ChatDelta(event) => event.sequence = sequence,
             Self::ChatMessage(event) => event.sequence = sequence,

@@ -7,7 +7,7 @@ use bevy::prelude::*;
 use crossbeam_channel::Receiver;
 
 use super::chat::{ChatDelta, ChatError, ChatMessage, PermissionRequested};
-use super::events::{CallFinished, CallStarted, ConversationEvent, ConversationStatusChanged};
+use super::events::{CallFinished, CallProgress, CallStarted, ConversationEvent, ConversationStatusChanged};
 use crate::agent::AgentHandle;
 
 /// Events published on any thread, waiting to be written as messages.
@@ -24,12 +24,13 @@ pub(crate) struct ChatWriters<'w> {
 }
 
 /// Writes every event published since the last run as messages ([`ConversationStatusChanged`], [`CallStarted`],
-/// [`CallFinished`], and the chat events of in-game agent sessions), in publication order.
+/// [`CallProgress`], [`CallFinished`], and the chat events of in-game agent sessions), in publication order.
 pub(crate) fn publish_conversation_messages(
     feed: Res<ConversationFeed>,
     mut status: MessageWriter<ConversationStatusChanged>,
     mut started: MessageWriter<CallStarted>,
     mut finished: MessageWriter<CallFinished>,
+    mut progress: MessageWriter<CallProgress>,
     mut chat: ChatWriters,
 ) {
     for event in feed.0.try_iter() {
@@ -40,6 +41,9 @@ pub(crate) fn publish_conversation_messages(
             }
             ConversationEvent::CallStarted(event) => {
                 started.write(event);
+            }
+            ConversationEvent::CallProgress(event) => {
+                progress.write(event);
             }
             ConversationEvent::CallFinished(event) => {
                 finished.write(event);

@@ -31,7 +31,7 @@ mod snapshot;
 mod status;
 
 pub use chat::{ChatDelta, ChatError, ChatMessage, PermissionRequested};
-pub use events::{CallFinished, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription};
+pub use events::{CallFinished, CallProgress, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription};
 pub(crate) use game::{end_idle_conversations, publish_conversation_messages, ConversationFeed};
 pub(crate) use pending::{ended, tool_wait, wait_for_tool, WaitingCall};
 pub(crate) use registry::ConversationHub;

@@ -14,10 +14,12 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
-use super::events::{CallFinished, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription};
+use super::events::{
+    CallFinished, CallProgress, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription,
+};
 use super::snapshot::{ActiveCall, ConversationSnapshot, PendingCall};
 use super::status::{ConversationStatus, Reported, StatusFacts, StatusSource};
-use crate::call::{CallLife, CallOutcome};
+use crate::call::{CallLife, CallOutcome, Progress};
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::{ConversationId, TaskId};
 use crate::lifecycle::VisitInfo;
@@ -328,6 +330,26 @@ impl ConversationHub {
         publish(&self.game, watchers, entry, ConversationEvent::CallStarted(started));
         update(&self.game, watchers, id, entry, StatusSource::Host);
         true
+    }
+
+    /// Publishes a running call's progress report (nothing once the call finished).
+    pub(crate) fn call_progress(&self, life: &CallLife, progress: &Progress) {
+        let mut inner = self.inner.lock();
+        let HubInner { conversations, watchers, .. } = &mut *inner;
+        let Some(entry) = conversations.get_mut(&life.coords.conversation) else { return };
+        if !entry.active.contains_key(&life.coords.request) {
+            return;
+        }
+        let event = CallProgress {
+            conversation: life.coords.conversation.clone(),
+            request: life.coords.request,
+            tool: life.coords.tool.clone(),
+            progress: progress.progress,
+            total: progress.total,
+            message: progress.message.clone(),
+            sequence: 0,
+        };
+        publish(&self.game, watchers, entry, ConversationEvent::CallProgress(event));
     }
 
     /// Records a call's outcome, before anyone waiting for it can see it (so the status has already returned
