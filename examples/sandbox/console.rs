@@ -23,7 +23,7 @@ use crate::world::Dimension;
 const QUIT_DEADLINE: Duration = Duration::from_secs(30);
 
 const USAGE: &str = "commands: enter WORLD, travel DIMENSION, exit, status, quit; with --agent: say TEXT, \
-chat-cancel, chat-end, chat-resume [ID], chat-allow R, chat-deny R";
+chat-cancel, chat-end, chat-resume [ID], chat-allow R, chat-deny R; with --window: screenshot PATH, hud, frames";
 
 /// Prints one line to standard output and flushes it. A closed pipe is not the game's problem: it is ignored.
 pub fn say(line: impl Display) {
@@ -57,6 +57,18 @@ enum Input {
 #[derive(Resource)]
 struct ConsoleInput(Receiver<Input>);
 
+/// Another way to type into the console: the window's keys send the commands a player would type, so they go
+/// through the same checks and print the same lines.
+#[derive(Resource, Clone)]
+pub struct ConsoleLines(crossbeam_channel::Sender<Input>);
+
+impl ConsoleLines {
+    /// Queues `line` as if it had been typed.
+    pub fn send(&self, line: impl Into<String>) {
+        let _ = self.0.send(Input::Line(line.into()));
+    }
+}
+
 /// What the player asked for, ahead of what the host has applied yet.
 #[derive(Resource, Default)]
 struct Player {
@@ -73,6 +85,7 @@ struct Player {
 impl Plugin for ConsolePlugin {
     fn build(&self, app: &mut App) {
         let (lines, input) = crossbeam_channel::unbounded();
+        app.insert_resource(ConsoleLines(lines.clone()));
         let reader = std::thread::Builder::new().name("console".into()).spawn(move || {
             for line in std::io::stdin().lock().lines() {
                 let Ok(line) = line else { break };
@@ -96,6 +109,7 @@ impl Plugin for ConsolePlugin {
             .init_resource::<VisitSummary>()
             .init_resource::<ChatStatus>()
             .add_message::<ChatRequest>()
+            .add_message::<WindowRequest>()
             .add_systems(Update, read_command)
             .add_systems(
                 PostUpdate,
@@ -119,6 +133,19 @@ pub enum Command {
     Quit,
     /// A command for the in-game agent session (`say`, `chat-*`), answered by the chat module.
     Chat(ChatCommand),
+    /// A command for the window (`screenshot`, `hud`, `frames`), answered by the window module.
+    Window(WindowCommand),
+}
+
+/// What the player (or a test) asks of the window.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WindowCommand {
+    /// `screenshot PATH`: the window as a PNG at PATH (written through Bevy's screenshot).
+    Screenshot(String),
+    /// `hud`: the text the HUD and the chat panel show now, on one line.
+    Hud,
+    /// `frames`: frame times and chunk re-mesh times since the last `frames`.
+    Frames,
 }
 
 /// What the player says to the in-game agent session.
@@ -142,6 +169,10 @@ pub enum ChatCommand {
 #[derive(Message, Clone, Debug)]
 pub struct ChatRequest(pub ChatCommand);
 
+/// A window command, for the window module (the console answers it only when there is no window).
+#[derive(Message, Clone, Debug)]
+pub struct WindowRequest(pub WindowCommand);
+
 /// What `status` says of the in-game agent session, kept current by the chat module.
 #[derive(Resource, Default)]
 pub struct ChatStatus(pub Option<String>);
@@ -150,6 +181,12 @@ impl Command {
     /// Decodes one line of input: `Ok(None)` for a blank line (ignored), `Err` with the text of the `error:` line
     /// the console prints for it. Pure, so it can be tested and fuzzed away from the game.
     pub fn parse(line: &str) -> Result<Option<Self>, String> {
+        if let Some(path) = line.strip_prefix("screenshot ") {
+            if path.trim().is_empty() {
+                return Err(format!("screenshot where? `screenshot PATH`; {USAGE}"));
+            }
+            return Ok(Some(Self::Window(WindowCommand::Screenshot(path.trim().to_string()))));
+        }
         if let Some(text) = line.strip_prefix("say ") {
             if text.trim().is_empty() {
                 return Err(format!("say what? `say TEXT`; {USAGE}"));
@@ -175,6 +212,8 @@ impl Command {
             ["chat-resume", id] => Self::Chat(ChatCommand::Resume(Some(id.to_string()))),
             ["chat-allow", number] => Self::Chat(ChatCommand::Allow(request(number)?)),
             ["chat-deny", number] => Self::Chat(ChatCommand::Deny(request(number)?)),
+            ["hud"] => Self::Window(WindowCommand::Hud),
+            ["frames"] => Self::Window(WindowCommand::Frames),
             [command, ..] if COMMANDS.contains(command) => {
                 return Err(format!("wrong arguments for `{command}`; {USAGE}"));
             }
@@ -184,7 +223,7 @@ impl Command {
     }
 }
 
-const COMMANDS: [&str; 11] = [
+const COMMANDS: [&str; 14] = [
     "enter",
     "travel",
     "exit",
@@ -196,15 +235,22 @@ const COMMANDS: [&str; 11] = [
     "chat-resume",
     "chat-allow",
     "chat-deny",
+    "screenshot",
+    "hud",
+    "frames",
 ];
 
-/// The console's side of the in-game agent chat.
+/// What the console hands on: chat commands to the chat module (with `--agent`), window commands to the window
+/// (with `--window`).
 #[derive(bevy::ecs::system::SystemParam)]
-struct ChatConsole<'w> {
+struct Forwarded<'w> {
     requests: MessageWriter<'w, ChatRequest>,
     status: Res<'w, ChatStatus>,
     /// Present only with `--agent`.
     agents: Option<Res<'w, bevy_agent_tools::session::AgentSessions>>,
+    /// Present only with `--window`.
+    window: Option<Res<'w, crate::view::WorldView>>,
+    window_requests: MessageWriter<'w, WindowRequest>,
 }
 
 /// Runs at most one command per frame, so every command's effects are applied before the next one is read.
@@ -214,7 +260,7 @@ fn read_command(
     mut enter: MessageWriter<EnterWorld>,
     mut travel: MessageWriter<TravelTo>,
     mut exit: MessageWriter<ExitWorld>,
-    mut chat: ChatConsole,
+    mut chat: Forwarded,
     status_of: (Res<WorldBinding<Sandbox>>, Res<VisitSummary>),
 ) {
     let (binding, summary) = status_of;
@@ -236,6 +282,10 @@ fn read_command(
     if let (Ok(Command::Chat(request)), Some(_)) = (&command, &chat.agents) {
         // The chat module answers, once the agent has (`ok` as soon as a prompt is sent).
         chat.requests.write(ChatRequest(request.clone()));
+        return;
+    }
+    if let (Ok(Command::Window(request)), Some(_)) = (&command, &chat.window) {
+        chat.window_requests.write(WindowRequest(request.clone()));
         return;
     }
     let answer = command.and_then(|command| match command {
@@ -272,6 +322,7 @@ fn read_command(
             None => status(&player, &binding, &summary),
         }),
         Command::Chat(_) => Err("no agent configured (start with --agent \"COMMAND ARGS\")".into()),
+        Command::Window(_) => Err("no window (start with --window)".into()),
         Command::Quit => {
             quit(&mut player, &mut exit);
             Ok("quitting".into())

@@ -6,8 +6,13 @@
 //! ```sh
 //! cargo run --example sandbox -- [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N]
 //!     [--agent "COMMAND ARGS" | --agent-openai URL --model NAME [--api-key-env VAR]] [--agent-keep]
-//!     [--ask-permissions]
+//!     [--ask-permissions] [--window]
 //! ```
+//!
+//! `--window` (build with `--features window`) shows the world in a window: 3D blocks, the player, a HUD of the
+//! agents' calls and conversations, and a chat panel (T) for the in-game agent; WASD walks, the mouse orbits and
+//! zooms, L lists worlds, P travels between dimensions, Esc leaves the world; closing the window is `quit`.
+//! The frame rate is then the display's, not `--tps`.
 //!
 //! `--agent-openai` (build with `--features openai`) runs the agent loop in the game against an OpenAI-compatible
 //! endpoint (e.g. `http://127.0.0.1:11434/v1` for Ollama), with the API key from `OPENAI_API_KEY` if it is set,
@@ -32,6 +37,9 @@ mod session;
 mod terrain;
 mod tools;
 mod tower;
+mod view;
+#[cfg(feature = "window")]
+mod window;
 mod world;
 
 use std::path::PathBuf;
@@ -52,7 +60,8 @@ use session::Sandbox;
 use world::Palette;
 
 const USAGE: &str = "usage: sandbox [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N] \
-[--agent \"COMMAND ARGS\" | --agent-openai URL --model NAME [--api-key-env VAR]] [--agent-keep] [--ask-permissions]";
+[--agent \"COMMAND ARGS\" | --agent-openai URL --model NAME [--api-key-env VAR]] [--agent-keep] [--ask-permissions] \
+[--window]";
 
 /// The command line.
 struct Args {
@@ -69,6 +78,8 @@ struct Args {
     api_key_env: Option<String>,
     agent_keep: bool,
     ask_permissions: bool,
+    /// `--window`: a real window (feature `window`).
+    window: bool,
 }
 
 impl Args {
@@ -85,6 +96,7 @@ impl Args {
             api_key_env: None,
             agent_keep: false,
             ask_permissions: false,
+            window: false,
         };
         while let Some(word) = words.next() {
             let (flag, inline) = match word.split_once('=') {
@@ -100,6 +112,15 @@ impl Args {
                 "--ask-permissions" => {
                     args.ask_permissions = true;
                     continue;
+                }
+                "--window" if cfg!(feature = "window") => {
+                    args.window = true;
+                    continue;
+                }
+                "--window" => {
+                    return Err("--window: this sandbox was built without the `window` feature (cargo run --example \
+                                sandbox --features window -- --window)"
+                        .into())
                 }
                 _ => {}
             }
@@ -179,6 +200,15 @@ fn openai_config(_: &str, _: &str, _: Option<&str>) -> Result<SessionConfig, Str
         .into())
 }
 
+#[cfg(feature = "window")]
+fn add_window(app: &mut App, palette: &Arc<Palette>, args: &Args) {
+    app.add_plugins(window::default_plugins())
+        .add_plugins(window::SandboxWindow { palette: palette.clone(), data_dir: args.data_dir.clone() });
+}
+
+#[cfg(not(feature = "window"))]
+fn add_window(_: &mut App, _: &Arc<Palette>, _: &Args) {}
+
 fn main() -> AppExit {
     let args = match Args::parse(std::env::args().skip(1)) {
         Ok(Some(args)) => args,
@@ -208,7 +238,11 @@ fn main() -> AppExit {
     let frame = Duration::from_secs(1) / args.tps;
 
     let mut app = App::new();
-    app.add_plugins((MinimalPlugins.set(ScheduleRunnerPlugin::run_loop(frame)), LogPlugin::default()));
+    if args.window {
+        add_window(&mut app, &palette, &args);
+    } else {
+        app.add_plugins((MinimalPlugins.set(ScheduleRunnerPlugin::run_loop(frame)), LogPlugin::default()));
+    }
     let host = tools::all(palette.clone())
         .into_iter()
         .fold(AgentToolsPlugin::new(Sandbox::new(palette)), |host, tool| host.with_tool(tool));

@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use crate::view::WorldView;
 use crate::world::{Dimension, Palette, Pos, SaveDoc, WorldState};
 
 /// The one document a world's save is kept in.
@@ -162,7 +163,17 @@ impl WorldLifecycle for Sandbox {
             Err(error) => Err(error.to_string()),
             Ok(()) => session.summary().map_err(|error| error.message),
         });
+        let ready = matches!(loaded, Some(Ok(_)));
         world.insert_resource(VisitSummary(Some(Summary { visit: session.visit, loaded })));
+        // With `--window`: the player and the chunks the window needs (the headless sandbox has no view).
+        if let (true, Some(mut view), Ok(dimension)) =
+            (ready, world.get_resource_mut::<WorldView>(), session.dimension())
+        {
+            let visit = session.visit;
+            if let Ok(state) = session.state() {
+                view.feed(visit, dimension, state);
+            }
+        }
     }
 
     fn relocated(&self, session: &mut Visit, _from: &Location, to: &Location, _world: &mut World) {
@@ -172,6 +183,9 @@ impl WorldLifecycle for Sandbox {
 
     fn close(&self, session: Visit, world: &mut World) -> Completion {
         world.insert_resource(VisitSummary(None));
+        if let Some(mut view) = world.get_resource_mut::<WorldView>() {
+            view.clear();
+        }
         let Some(state) = session.state else {
             // No tool ran and no frame saw the save loaded: nothing changed, and the files stay as they are.
             return Completion::done();

@@ -2,7 +2,7 @@
 //! their versions, notes, where the player stands in each dimension). Terrain comes from [`crate::terrain`]; only
 //! changed cells are stored, so a world costs memory for what agents did to it, not for its volume.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::ops::RangeInclusive;
 use std::sync::Arc;
@@ -176,6 +176,62 @@ fn bounded(field: &'static str, value: i32, range: &RangeInclusive<i32>) -> Resu
     Err((field, format!("must be in {}..={}, got {value}", range.start(), range.end())))
 }
 
+/// Cells per chunk side (x and z); a chunk spans the whole height. The window meshes one chunk at a time.
+pub const CHUNK: i32 = 16;
+
+/// A chunk of one dimension: the cells with `x.div_euclid(CHUNK) == cx` and `z.div_euclid(CHUNK) == cz`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChunkKey {
+    pub dimension: Dimension,
+    pub cx: i32,
+    pub cz: i32,
+}
+
+impl ChunkKey {
+    /// The chunk holding column (x, z).
+    pub fn of(dimension: Dimension, x: i32, z: i32) -> Self {
+        Self { dimension, cx: x.div_euclid(CHUNK), cz: z.div_euclid(CHUNK) }
+    }
+
+    /// Whether any of its cells is inside the world's bounds.
+    pub fn in_bounds(self) -> bool {
+        let cells = |c: i32| c * CHUNK..(c + 1) * CHUNK;
+        let overlaps = |range: std::ops::Range<i32>| range.start <= *XZ_BOUNDS.end() && range.end > *XZ_BOUNDS.start();
+        overlaps(cells(self.cx)) && overlaps(cells(self.cz))
+    }
+}
+
+/// The blocks of one chunk as the window draws them, with a ring of one column of each neighbour (so faces at
+/// the chunk's edges are culled like inner ones). Cells above a column's view ceiling (the nether's roof) and
+/// out of the world's bounds are air.
+#[derive(Clone, Debug)]
+pub struct ChunkBlocks {
+    pub key: ChunkKey,
+    /// `(CHUNK + 2)² × height` blocks, indexed by [`ChunkBlocks::index`].
+    pub blocks: Vec<BlockId>,
+}
+
+impl ChunkBlocks {
+    /// Columns per side, with the ring.
+    pub const SIDE: i32 = CHUNK + 2;
+    /// Cells per column.
+    pub const HEIGHT: i32 = *Y_BOUNDS.end() + 1;
+
+    /// The index of local cell (x, y, z), x and z in `-1..=CHUNK` (the ring included), y in the world's bounds.
+    pub fn index(x: i32, y: i32, z: i32) -> usize {
+        (((z + 1) * Self::SIDE + (x + 1)) * Self::HEIGHT + y) as usize
+    }
+
+    /// The block at local (x, y, z); air outside the snapshot.
+    pub fn get(&self, x: i32, y: i32, z: i32) -> BlockId {
+        let inside = (-1..=CHUNK).contains(&x) && (-1..=CHUNK).contains(&z) && Y_BOUNDS.contains(&y);
+        if !inside {
+            return AIR;
+        }
+        self.blocks.get(Self::index(x, y, z)).copied().unwrap_or(AIR)
+    }
+}
+
 /// A changed cell: its block and how many times it changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cell {
@@ -196,13 +252,15 @@ pub struct WorldState {
     terrain: [Terrain; 2],
     layers: [Layer; 2],
     notes: Vec<String>,
+    /// Chunks whose blocks changed since [`WorldState::take_dirty`] was last called (at most every chunk).
+    dirty: HashSet<ChunkKey>,
 }
 
 impl WorldState {
     /// A world as generated from its name, nothing changed yet.
     pub fn generate(name: &str, palette: Arc<Palette>) -> Self {
         let terrain = Dimension::ALL.map(|d| Terrain::new(name, d, &palette));
-        Self { palette, terrain, layers: Default::default(), notes: Vec::new() }
+        Self { palette, terrain, layers: Default::default(), notes: Vec::new(), dirty: HashSet::new() }
     }
 
     pub fn palette(&self) -> &Arc<Palette> {
@@ -225,6 +283,10 @@ impl WorldState {
         let version = self.block(dimension, pos).version + 1;
         let layer = &mut self.layers[dimension.index()];
         layer.edits.entry((pos.x, pos.z)).or_default().insert(pos.y, Cell { block, version });
+        // The cell's chunk, and a neighbour whose edge ring shows it.
+        for (dx, dz) in [(0, 0), (-1, 0), (1, 0), (0, -1), (0, 1)] {
+            self.dirty.insert(ChunkKey::of(dimension, pos.x + dx, pos.z + dz));
+        }
         if layer.player.is_some_and(|p| p.x == pos.x && p.z == pos.z) {
             let player = self.player(dimension);
             let settled = self.settle(dimension, player);
@@ -236,6 +298,50 @@ impl WorldState {
     /// Where the player stands in `dimension`: on the ground at (0, 0) until they have been there.
     pub fn player(&self, dimension: Dimension) -> Pos {
         self.layers[dimension.index()].player.unwrap_or_else(|| self.spawn(dimension))
+    }
+
+    /// Moves the player one step across the ground (dx and dz in -1..=1), climbing or falling to the ground of
+    /// the column they step into; they stay inside the world's bounds.
+    pub fn walk(&mut self, dimension: Dimension, dx: i32, dz: i32) -> Pos {
+        let from = self.player(dimension);
+        let x = (from.x + dx.clamp(-1, 1)).clamp(*XZ_BOUNDS.start(), *XZ_BOUNDS.end());
+        let z = (from.z + dz.clamp(-1, 1)).clamp(*XZ_BOUNDS.start(), *XZ_BOUNDS.end());
+        let to = self.settle(dimension, Pos { x, y: from.y, z });
+        self.layers[dimension.index()].player = Some(to);
+        to
+    }
+
+    /// The chunks changed since the last call, forgetting them.
+    pub fn take_dirty(&mut self) -> Vec<ChunkKey> {
+        self.dirty.drain().collect()
+    }
+
+    /// A chunk's blocks, for drawing it.
+    pub fn chunk_blocks(&self, key: ChunkKey) -> ChunkBlocks {
+        let height = ChunkBlocks::HEIGHT;
+        let mut blocks = vec![AIR; (ChunkBlocks::SIDE * ChunkBlocks::SIDE * height) as usize];
+        let layer = &self.layers[key.dimension.index()];
+        for lz in -1..=CHUNK {
+            for lx in -1..=CHUNK {
+                let (x, z) = (key.cx * CHUNK + lx, key.cz * CHUNK + lz);
+                if !XZ_BOUNDS.contains(&x) || !XZ_BOUNDS.contains(&z) {
+                    continue;
+                }
+                let column = self.terrain[key.dimension.index()].column(x, z);
+                let edits = layer.edits.get(&(x, z));
+                let start = ChunkBlocks::index(lx, 0, lz);
+                let cells = &mut blocks[start..start + height as usize];
+                for (y, cell) in (0..=column.view_ceiling()).zip(cells.iter_mut()) {
+                    *cell = column.block(y);
+                }
+                for (&y, edit) in edits.into_iter().flatten().filter(|(y, _)| **y <= column.view_ceiling()) {
+                    if let Some(cell) = usize::try_from(y).ok().and_then(|y| cells.get_mut(y)) {
+                        *cell = edit.block;
+                    }
+                }
+            }
+        }
+        ChunkBlocks { key, blocks }
     }
 
     /// Records that the player is in `dimension` (placing them at its spawn on their first visit).

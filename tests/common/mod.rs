@@ -2,6 +2,8 @@
 //! they did to the world.
 #![allow(dead_code)]
 
+pub mod window;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -210,15 +212,27 @@ pub fn gated_app(name: &str, scope: ToolScope) -> (App, Gate, Arc<AtomicUsize>) 
 /// An example of this package (the sandbox, the scripted ACP agent) next to the test's own binary:
 /// `<target>/<profile>/examples/NAME`, built with cargo first (a no-op when `cargo test` already built it).
 pub fn example(name: &str) -> std::path::PathBuf {
+    example_with(name, &[])
+}
+
+/// [`example`], built with extra cargo features (e.g. `window`).
+pub fn example_with(name: &str, features: &[&str]) -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("the test's own path");
     let profile_dir = exe.parent().and_then(std::path::Path::parent).expect("<target>/<profile>/deps/<test>");
     let target_dir = profile_dir.parent().expect("<target>/<profile>");
     let mut build = std::process::Command::new(env!("CARGO"));
     build.args(["build", "--example", name]).env("CARGO_TARGET_DIR", target_dir);
-    if profile_dir.file_name().is_some_and(|profile| profile == "release") {
-        build.arg("--release");
+    if !features.is_empty() {
+        build.args(["--features", &features.join(",")]);
+    }
+    // The test's own profile (`debug` is the folder of `dev`): `release`, or a custom one.
+    match profile_dir.file_name().and_then(|profile| profile.to_str()) {
+        Some("debug") | None => {}
+        Some(profile) => {
+            build.args(["--profile", profile]);
+        }
     }
     let status = build.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("cargo runs");
-    assert!(status.success(), "cargo build --example {name} failed");
+    assert!(status.success(), "cargo build --example {name} --features {features:?} failed");
     profile_dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
 }

@@ -1,0 +1,194 @@
+//! Frame time of the windowed sandbox (full `DefaultPlugins`, winit, Bevy's renderer on software Vulkan under
+//! Xvfb) idle, with an agent placing 100 blocks per second over MCP, and with an agent reading the world 200
+//! times per second (`get_block`, an `on_client` step each), in rotating phases of one run; and what re-meshing a
+//! chunk costs the frame (its snapshot in `tick` and its mesh).
+//!
+//! ```sh
+//! cargo bench --features window --bench window_frames
+//! ```
+//!
+//! Needs xvfb and mesa-vulkan-drivers (tests/e2e/setup-window.sh). Prints a Markdown table.
+
+#[path = "../tests/common/window.rs"]
+mod window;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::RunningService;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{json, Value};
+use window::{field, WindowedSandbox};
+
+const TOKEN: &str = "window-bench-token-0123456789";
+const ROUNDS: usize = 3;
+const PHASE: Duration = Duration::from_secs(12);
+const WARM_UP_FRAMES: usize = 300;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Phase {
+    Idle,
+    /// `place_block` 100 times a second, each changing a drawn chunk (so each is re-meshed).
+    Place100,
+    /// `get_block` 200 times a second.
+    Read200,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Idle => "idle",
+            Phase::Place100 => "100 place_block/s",
+            Phase::Read200 => "200 get_block/s",
+        }
+    }
+}
+
+/// One phase's figures, from the sandbox's `frames` line.
+struct Figures {
+    phase: Phase,
+    frames: usize,
+    median: f64,
+    p99: f64,
+    calls: u64,
+    failed: u64,
+    snapshot: (usize, f64, f64),
+    mesh: (usize, f64, f64),
+}
+
+type Client = RunningService<RoleClient, ()>;
+
+fn build_sandbox() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the bench's own path");
+    let profile_dir = exe.parent().and_then(std::path::Path::parent).expect("<target>/<profile>/deps/<bench>");
+    let status = std::process::Command::new(env!("CARGO"))
+        .args(["build", "--release", "--example", "sandbox", "--features", "window"])
+        .env("CARGO_TARGET_DIR", profile_dir.parent().expect("<target>"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "cargo build --release --example sandbox --features window failed");
+    profile_dir.join("examples").join("sandbox")
+}
+
+fn params(tool: &str, arguments: Value) -> CallToolRequestParams {
+    CallToolRequestParams::new(tool.to_string()).with_arguments(arguments.as_object().cloned().unwrap_or_default())
+}
+
+/// Calls at `per_second` for `phase`'s length, each in its own task (a slow call does not slow the rate).
+async fn load(client: Arc<Client>, phase: Phase, at: (i32, i32, i32), counts: Arc<(AtomicU64, AtomicU64)>) {
+    let per_second = match phase {
+        Phase::Idle => return,
+        Phase::Place100 => 100,
+        Phase::Read200 => 200,
+    };
+    let (px, py, pz) = at;
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / per_second);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let end = tokio::time::Instant::now() + PHASE;
+    let mut calls = Vec::new();
+    for i in 0i32.. {
+        tick.tick().await;
+        if tokio::time::Instant::now() >= end {
+            break;
+        }
+        let request = match phase {
+            Phase::Place100 => {
+                // Cells over 3×3 chunks around the player, alternating gold and brick: every call changes a block.
+                let (x, z) = (px - 24 + (i * 7) % 48, pz - 24 + (i * 13) % 48);
+                let block = if (i / 48) % 2 == 0 { "gold" } else { "brick" };
+                params("place_block", json!({"x": x, "y": py + 8 + (i / 2304) % 4, "z": z, "block": block}))
+            }
+            _ => params("get_block", json!({"x": px, "y": py - 1, "z": pz})),
+        };
+        let (client, counts) = (client.clone(), counts.clone());
+        calls.push(tokio::spawn(async move {
+            let failed = !matches!(client.call_tool(request).await, Ok(result) if result.is_error != Some(true));
+            counts.0.fetch_add(1, Ordering::Relaxed);
+            if failed {
+                counts.1.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for call in calls {
+        let _ = call.await;
+    }
+}
+
+/// `n=N median_ms=M p99_ms=P` after `label` in a `frames` line.
+fn stats(line: &str, label: &str) -> (usize, f64, f64) {
+    let part = line.split(label).nth(1).unwrap_or("");
+    let number = |name: &str| field(part, name).parse::<f64>().unwrap_or(f64::NAN);
+    (number("n") as usize, number("median_ms"), number("p99_ms"))
+}
+
+fn main() {
+    if std::env::args().any(|arg| arg == "--list") {
+        return;
+    }
+    let binary = build_sandbox();
+    let dir = tempfile::tempdir().expect("a data directory");
+    let mut sandbox = WindowedSandbox::start(&binary, dir.path(), TOKEN, "bench", &[]);
+    sandbox.render_frames(WARM_UP_FRAMES);
+    let at = sandbox.player();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("tokio");
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(sandbox.url.clone()).auth_header(TOKEN),
+    );
+    let client = Arc::new(runtime.block_on(().serve(transport)).expect("an MCP session"));
+
+    let mut figures = Vec::new();
+    for round in 0..ROUNDS {
+        for phase in [Phase::Idle, Phase::Place100, Phase::Read200] {
+            sandbox.command("frames");
+            let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+            match phase {
+                Phase::Idle => std::thread::sleep(PHASE),
+                _ => runtime.block_on(load(client.clone(), phase, at, counts.clone())),
+            }
+            let line = sandbox.command("frames");
+            let (frames, median, p99) = stats(&line, "ok frames");
+            let figure = Figures {
+                phase,
+                frames,
+                median,
+                p99,
+                calls: counts.0.load(Ordering::Relaxed),
+                failed: counts.1.load(Ordering::Relaxed),
+                snapshot: stats(&line, " snapshot "),
+                mesh: stats(&line, " mesh "),
+            };
+            eprintln!("round {round} {}: {line}", phase.name());
+            figures.push(figure);
+        }
+    }
+    sandbox.command("quit");
+    sandbox.wait_exit();
+
+    println!("| round | phase | frames | frame median | frame p99 | p99 / idle p99 (same round) | calls (failed) | chunk snapshots: n, median, p99 | meshes: n, median, p99 |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (i, f) in figures.iter().enumerate() {
+        let idle = &figures[i - i % 3];
+        println!(
+            "| {} | {} | {} | {:.2} ms | {:.2} ms | {:.3} | {} ({}) | {}, {:.2} ms, {:.2} ms | {}, {:.2} ms, {:.2} ms |",
+            i / 3 + 1,
+            f.phase.name(),
+            f.frames,
+            f.median,
+            f.p99,
+            f.p99 / idle.p99,
+            f.calls,
+            f.failed,
+            f.snapshot.0,
+            f.snapshot.1,
+            f.snapshot.2,
+            f.mesh.0,
+            f.mesh.1,
+            f.mesh.2,
+        );
+    }
+}

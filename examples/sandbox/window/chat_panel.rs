@@ -1,0 +1,212 @@
+//! The chat panel: T opens it, typing fills the input line, Enter sends it to the in-game agent (the same
+//! `say` the console has), Esc closes it. The agent's replies stream in as they arrive; its status shows on top;
+//! a permission request becomes a prompt that Y allows and N denies.
+
+use std::collections::VecDeque;
+
+use bevy::input::keyboard::{Key, KeyboardInput};
+use bevy::prelude::*;
+use bevy_agent_tools::session::AgentSessions;
+use bevy_agent_tools::{ChatDelta, ChatError, ChatMessage, ConversationStatusChanged, PermissionRequested};
+
+use super::Focus;
+use crate::console::{ChatCommand, ChatRequest};
+
+/// How many lines of conversation the panel keeps.
+const LINES: usize = 14;
+/// The longest message the input line takes.
+const MAX_INPUT: usize = 2000;
+
+/// What the panel shows.
+#[derive(Resource, Default)]
+pub struct ChatPanel {
+    input: String,
+    transcript: VecDeque<String>,
+    /// The agent message being streamed: its id and the text so far.
+    streaming: Option<(String, String)>,
+    status: Option<String>,
+    /// A permission request waiting for the player: its number and tool.
+    asking: Option<(u64, String)>,
+}
+
+/// The panel's node and text.
+#[derive(Component)]
+pub struct ChatPanelNode;
+#[derive(Component)]
+pub struct ChatPanelText;
+
+pub fn setup(mut commands: Commands) {
+    commands
+        .spawn((
+            ChatPanelNode,
+            Node {
+                position_type: PositionType::Absolute,
+                bottom: px(8),
+                right: px(8),
+                width: px(520),
+                padding: UiRect::all(px(8)),
+                ..default()
+            },
+            BackgroundColor(Color::srgba(0.02, 0.02, 0.08, 0.75)),
+            Visibility::Hidden,
+        ))
+        .with_children(|panel| {
+            panel.spawn((ChatPanelText, Text::new(""), TextFont { font_size: FontSize::Px(15.0), ..default() }));
+        });
+}
+
+/// Keys: T opens the panel; while it is open, typing, Backspace, Enter (send) and Esc (close); Y and N answer a
+/// permission prompt.
+pub fn type_keys(
+    mut keys: MessageReader<KeyboardInput>,
+    mut focus: ResMut<Focus>,
+    mut panel: ResMut<ChatPanel>,
+    mut requests: MessageWriter<ChatRequest>,
+    agents: Option<Res<AgentSessions>>,
+) {
+    for key in keys.read().filter(|key| key.state.is_pressed()) {
+        if let Some((request, tool)) = panel.asking.clone() {
+            let answer = match &key.logical_key {
+                Key::Character(c) if c.eq_ignore_ascii_case("y") => Some(true),
+                Key::Character(c) if c.eq_ignore_ascii_case("n") => Some(false),
+                _ => None,
+            };
+            if let Some(allow) = answer {
+                requests.write(ChatRequest(if allow {
+                    ChatCommand::Allow(request)
+                } else {
+                    ChatCommand::Deny(request)
+                }));
+                let verdict = if allow { "allowed" } else { "denied" };
+                panel.push(format!("[{verdict} {tool}]"));
+                panel.asking = None;
+                continue;
+            }
+        }
+        match *focus {
+            Focus::World if key.key_code == KeyCode::KeyT => {
+                *focus = Focus::Chat;
+                if agents.is_none() {
+                    panel.status = Some("no agent: start the sandbox with --agent \"COMMAND ARGS\"".into());
+                }
+            }
+            Focus::Chat => match &key.logical_key {
+                Key::Escape => *focus = Focus::World,
+                Key::Enter => {
+                    let text = std::mem::take(&mut panel.input);
+                    if !text.trim().is_empty() && agents.is_some() {
+                        panel.push(format!("you: {text}"));
+                        requests.write(ChatRequest(ChatCommand::Say(text)));
+                    }
+                }
+                Key::Backspace => {
+                    panel.input.pop();
+                }
+                Key::Space if panel.input.len() < MAX_INPUT => panel.input.push(' '),
+                Key::Character(c) if panel.input.len() + c.len() <= MAX_INPUT => {
+                    panel.input.extend(c.chars().filter(|c| !c.is_control()));
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+}
+
+/// The in-game sessions' events, in their conversation's order.
+pub fn read_messages(
+    mut panel: ResMut<ChatPanel>,
+    mut focus: ResMut<Focus>,
+    agents: Option<Res<AgentSessions>>,
+    mut deltas: MessageReader<ChatDelta>,
+    mut messages: MessageReader<ChatMessage>,
+    mut errors: MessageReader<ChatError>,
+    mut permissions: MessageReader<PermissionRequested>,
+    mut statuses: MessageReader<ConversationStatusChanged>,
+) {
+    let Some(agents) = agents else { return };
+    enum Event {
+        Delta(ChatDelta),
+        Message(ChatMessage),
+        Error(ChatError),
+        Permission(PermissionRequested),
+        Status(ConversationStatusChanged),
+    }
+    let mut events: Vec<(u64, Event)> = Vec::new();
+    events.extend(deltas.read().map(|m| (m.sequence, Event::Delta(m.clone()))));
+    events.extend(messages.read().map(|m| (m.sequence, Event::Message(m.clone()))));
+    events.extend(errors.read().map(|m| (m.sequence, Event::Error(m.clone()))));
+    events.extend(permissions.read().map(|m| (m.sequence, Event::Permission(m.clone()))));
+    events.extend(
+        statuses
+            .read()
+            .filter(|m| agents.get(&m.conversation).is_some())
+            .map(|m| (m.sequence, Event::Status(m.clone()))),
+    );
+    events.sort_by_key(|(sequence, _)| *sequence);
+    for (_, event) in events {
+        match event {
+            Event::Delta(d) => match &mut panel.streaming {
+                Some((id, text)) if *id == d.message => text.push_str(&d.text),
+                _ => panel.streaming = Some((d.message, d.text)),
+            },
+            Event::Message(m) => {
+                panel.streaming = None;
+                panel.push(format!("agent: {}", m.text));
+            }
+            Event::Error(e) => {
+                panel.streaming = None;
+                panel.push(format!("error {}: {}", e.code, e.message));
+            }
+            Event::Permission(p) => {
+                panel.asking = Some((p.request, p.tool.clone()));
+                *focus = Focus::Chat;
+            }
+            Event::Status(s) => panel.status = Some(format!("{} {}", s.conversation, s.status)),
+        }
+    }
+}
+
+/// Shows the panel while it is open (or asking), with its text.
+pub fn draw(
+    panel: Res<ChatPanel>,
+    focus: Res<Focus>,
+    mut node: Query<&mut Visibility, With<ChatPanelNode>>,
+    mut text: Query<&mut Text, With<ChatPanelText>>,
+) {
+    if !panel.is_changed() && !focus.is_changed() {
+        return;
+    }
+    if let Ok(mut visibility) = node.single_mut() {
+        let open = *focus == Focus::Chat || panel.asking.is_some();
+        *visibility = if open { Visibility::Visible } else { Visibility::Hidden };
+    }
+    if let Ok(mut text) = text.single_mut() {
+        text.0 = panel.render();
+    }
+}
+
+impl ChatPanel {
+    fn push(&mut self, line: String) {
+        self.transcript.push_back(line);
+        while self.transcript.len() > LINES {
+            self.transcript.pop_front();
+        }
+    }
+
+    /// The panel's text: status, transcript, the reply streaming in, the prompt or the input line.
+    pub fn render(&self) -> String {
+        let mut lines = vec![format!("chat  {}", self.status.as_deref().unwrap_or("(no session yet)"))];
+        lines.extend(self.transcript.iter().cloned());
+        if let Some((_, text)) = &self.streaming {
+            lines.push(format!("agent: {text}…"));
+        }
+        match &self.asking {
+            Some((request, tool)) => {
+                lines.push(format!("the agent asks to use {tool} (request {request}): Y allow, N deny"))
+            }
+            None => lines.push(format!("> {}_   (Enter: send, Esc: close)", self.input)),
+        }
+        lines.join("\n")
+    }
+}

@@ -1,0 +1,155 @@
+//! The HUD: where the player is (world, visit, dimension, revision), the agents' calls in flight with their
+//! progress, the last calls to finish with their outcome codes, and each conversation's status. Fed only by the
+//! crate's messages (and the player's position from the world view), never by asking the host.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use bevy::prelude::*;
+use bevy_agent_tools::{
+    CallFinished, CallProgress, CallStarted, ConversationId, ConversationStatus, ConversationStatusChanged, RequestId,
+    VisitClosed, VisitInfo, VisitOpened, VisitRelocated,
+};
+
+use crate::view::WorldView;
+
+/// How many finished calls and conversations the HUD lists.
+const LAST_CALLS: usize = 6;
+const CONVERSATIONS: usize = 6;
+
+/// What the HUD shows.
+#[derive(Resource, Default)]
+pub struct Hud {
+    visit: Option<VisitInfo>,
+    in_flight: BTreeMap<RequestId, InFlight>,
+    finished: VecDeque<String>,
+    conversations: BTreeMap<ConversationId, ConversationStatus>,
+}
+
+struct InFlight {
+    tool: String,
+    conversation: ConversationId,
+    progress: Option<(f64, Option<f64>)>,
+}
+
+/// The HUD's text node.
+#[derive(Component)]
+pub struct HudText;
+
+pub fn setup(mut commands: Commands) {
+    commands
+        .spawn((
+            Node {
+                position_type: PositionType::Absolute,
+                top: px(8),
+                left: px(8),
+                padding: UiRect::all(px(8)),
+                max_width: px(560),
+                ..default()
+            },
+            BackgroundColor(Color::srgba(0.0, 0.0, 0.0, 0.6)),
+        ))
+        .with_children(|panel| {
+            panel.spawn((HudText, Text::new("no world open"), TextFont { font_size: FontSize::Px(15.0), ..default() }));
+        });
+}
+
+/// Applies this frame's messages to what the HUD shows.
+#[allow(clippy::too_many_arguments)]
+pub fn read_messages(
+    mut hud: ResMut<Hud>,
+    mut opened: MessageReader<VisitOpened>,
+    mut relocated: MessageReader<VisitRelocated>,
+    mut closed: MessageReader<VisitClosed>,
+    mut started: MessageReader<CallStarted>,
+    mut progress: MessageReader<CallProgress>,
+    mut finished: MessageReader<CallFinished>,
+    mut statuses: MessageReader<ConversationStatusChanged>,
+) {
+    for m in closed.read() {
+        if hud.visit.as_ref().is_some_and(|open| open.visit == m.info.visit) {
+            hud.visit = None;
+        }
+    }
+    for m in opened.read() {
+        hud.visit = Some(m.info.clone());
+    }
+    for m in relocated.read() {
+        if let Some(open) = hud.visit.as_mut().filter(|open| open.visit == m.visit) {
+            open.location = m.to.clone();
+        }
+    }
+    for m in started.read() {
+        let call = InFlight { tool: m.tool.clone(), conversation: m.conversation.clone(), progress: None };
+        hud.in_flight.insert(m.request, call);
+    }
+    for m in progress.read() {
+        if let Some(call) = hud.in_flight.get_mut(&m.request) {
+            call.progress = Some((m.progress, m.total));
+        }
+    }
+    for m in finished.read() {
+        hud.in_flight.remove(&m.request);
+        let outcome = m.code.as_ref().map_or("ok".to_string(), ToString::to_string);
+        let line =
+            format!("{} {} {outcome} {:.1} ms ({})", m.request, m.tool, m.duration.as_secs_f64() * 1e3, m.conversation);
+        hud.finished.push_front(line);
+        hud.finished.truncate(LAST_CALLS);
+    }
+    for m in statuses.read() {
+        hud.conversations.insert(m.conversation.clone(), m.status);
+        // Ended conversations go first when the list is full.
+        while hud.conversations.len() > CONVERSATIONS {
+            let ended =
+                hud.conversations.iter().find(|(_, s)| **s == ConversationStatus::Ended).map(|(id, _)| id.clone());
+            let Some(drop) = ended.or_else(|| hud.conversations.keys().next().cloned()) else { break };
+            hud.conversations.remove(&drop);
+        }
+    }
+}
+
+/// The HUD's text, rewritten when what it shows changed.
+pub fn draw(hud: Res<Hud>, view: Res<WorldView>, mut text: Query<&mut Text, With<HudText>>) {
+    if !hud.is_changed() && !view.is_changed() {
+        return;
+    }
+    let Ok(mut text) = text.single_mut() else { return };
+    let rendered = hud.render(&view);
+    if text.0 != rendered {
+        text.0 = rendered;
+    }
+}
+
+impl Hud {
+    /// The visit open now, as the messages said.
+    pub fn visit(&self) -> Option<&VisitInfo> {
+        self.visit.as_ref()
+    }
+
+    fn render(&self, view: &WorldView) -> String {
+        let mut lines = Vec::new();
+        match &self.visit {
+            Some(open) => lines.push(format!(
+                "world {}  {}  {}  {}",
+                open.world, open.visit, open.location.dimension, open.location.revision
+            )),
+            None => lines.push("no world open (L: worlds)".into()),
+        }
+        if let (Some(pos), Some(_)) = (view.player, &self.visit) {
+            lines.push(format!("player {}, {}, {}", pos.x, pos.y, pos.z));
+        }
+        lines.push(format!("calls in flight: {}", self.in_flight.len()));
+        for (request, call) in self.in_flight.iter().take(LAST_CALLS) {
+            let progress = match call.progress {
+                Some((done, Some(total))) => format!(" {done}/{total}"),
+                Some((done, None)) => format!(" {done}"),
+                None => String::new(),
+            };
+            lines.push(format!("  {request} {}{progress} ({})", call.tool, call.conversation));
+        }
+        lines.push("last calls:".into());
+        lines.extend(self.finished.iter().map(|line| format!("  {line}")));
+        lines.push("conversations:".into());
+        lines.extend(self.conversations.iter().map(|(id, status)| format!("  {id} {status}")));
+        lines.join("\n")
+    }
+}

@@ -1,0 +1,127 @@
+//! The player's world transitions from the keyboard, sent as the console commands a player would type (so they
+//! print the same lines and follow the same rules): L lists the worlds in the data directory and a digit enters
+//! one (0: a new world); P travels between the overworld and the nether; Esc leaves the world.
+
+use std::path::PathBuf;
+
+use super::hud::Hud;
+use super::Focus;
+use crate::console::{check_world_name, ConsoleLines};
+use bevy::prelude::*;
+
+/// The data directory, where each world is a directory.
+#[derive(Resource)]
+pub struct DataDir(pub PathBuf);
+
+/// The world list, while it is open.
+#[derive(Resource, Default)]
+pub struct WorldList(pub Vec<String>);
+
+#[derive(Component)]
+pub struct WorldListText;
+
+pub fn setup(mut commands: Commands) {
+    commands.spawn((
+        WorldListText,
+        Text::new(""),
+        TextFont { font_size: FontSize::Px(18.0), ..default() },
+        Node {
+            position_type: PositionType::Absolute,
+            top: px(120),
+            left: percent(38),
+            padding: UiRect::all(px(12)),
+            ..default()
+        },
+        BackgroundColor(Color::srgba(0.0, 0.0, 0.0, 0.8)),
+        Visibility::Hidden,
+    ));
+}
+
+/// The worlds saved under `dir`, sorted (at most nine: one per digit).
+fn worlds(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .filter(|name| check_world_name(name).is_ok())
+        .collect();
+    names.sort();
+    names.truncate(9);
+    names
+}
+
+pub fn transitions(
+    keys: Res<ButtonInput<KeyCode>>,
+    mut focus: ResMut<Focus>,
+    mut list: ResMut<WorldList>,
+    data_dir: Res<DataDir>,
+    hud: Res<Hud>,
+    console: Res<ConsoleLines>,
+) {
+    match *focus {
+        Focus::World => {
+            if keys.just_pressed(KeyCode::KeyL) {
+                list.0 = worlds(&data_dir.0);
+                *focus = Focus::WorldList;
+            } else if keys.just_pressed(KeyCode::KeyP) {
+                if let Some(open) = hud.visit() {
+                    let to = if open.location.dimension.as_str() == "nether" { "overworld" } else { "nether" };
+                    console.send(format!("travel {to}"));
+                }
+            } else if keys.just_pressed(KeyCode::Escape) && hud.visit().is_some() && !focus.is_changed() {
+                // (An Esc that just closed the chat panel or the list is not also a request to leave.)
+                console.send("exit");
+            }
+        }
+        Focus::WorldList => {
+            if keys.just_pressed(KeyCode::Escape) || keys.just_pressed(KeyCode::KeyL) {
+                *focus = Focus::World;
+                return;
+            }
+            let digits = [
+                KeyCode::Digit0,
+                KeyCode::Digit1,
+                KeyCode::Digit2,
+                KeyCode::Digit3,
+                KeyCode::Digit4,
+                KeyCode::Digit5,
+                KeyCode::Digit6,
+                KeyCode::Digit7,
+                KeyCode::Digit8,
+                KeyCode::Digit9,
+            ];
+            let Some(digit) = digits.iter().position(|key| keys.just_pressed(*key)) else { return };
+            let world = match digit {
+                0 => (1..).map(|n| format!("world-{n}")).find(|name| !list.0.contains(name)),
+                n => list.0.get(n - 1).cloned(),
+            };
+            if let Some(world) = world {
+                console.send(format!("enter {world}"));
+                *focus = Focus::World;
+            }
+        }
+        Focus::Chat => {}
+    }
+}
+
+pub fn draw_list(
+    list: Res<WorldList>,
+    focus: Res<Focus>,
+    mut text: Query<(&mut Text, &mut Visibility), With<WorldListText>>,
+) {
+    if !list.is_changed() && !focus.is_changed() {
+        return;
+    }
+    let Ok((mut text, mut visibility)) = text.single_mut() else { return };
+    if *focus != Focus::WorldList {
+        *visibility = Visibility::Hidden;
+        return;
+    }
+    let mut lines = vec!["worlds (a digit enters, Esc closes)".to_string()];
+    lines.extend(list.0.iter().enumerate().map(|(i, name)| format!("{}  {name}", i + 1)));
+    lines.push("0  a new world".into());
+    text.0 = lines.join("\n");
+    *visibility = Visibility::Visible;
+}

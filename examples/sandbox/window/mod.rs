@@ -1,0 +1,108 @@
+//! `--window` (feature `window`): the sandbox in a real Bevy window, with full `DefaultPlugins`. Everything the
+//! headless sandbox does stays (console, lines, tools, saves, MCP); the window adds the world in 3D (`chunks`,
+//! `mesh`, `camera`), a HUD fed by the crate's messages (`hud`), the chat panel (`chat_panel`), keys for the
+//! player's world transitions (`keys`), and the console commands `screenshot`, `hud` and `frames` (`requests`).
+//! Closing the window is `quit`: the visit closes, its save completes, and the process exits 0.
+
+mod camera;
+mod chat_panel;
+mod chunks;
+mod hud;
+mod keys;
+mod mesh;
+mod requests;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bevy::app::PluginGroupBuilder;
+use bevy::prelude::*;
+use bevy::window::{ExitCondition, WindowCloseRequested, WindowResolution};
+use bevy_agent_tools::AgentToolsSet;
+
+use crate::console::ConsoleLines;
+use crate::view::WorldView;
+use crate::world::Palette;
+
+/// Where the keyboard goes.
+#[derive(Resource, Default, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Focus {
+    /// WASD walks, L lists worlds, P travels, Esc leaves the world, T opens the chat.
+    #[default]
+    World,
+    /// The chat panel's input line.
+    Chat,
+    /// The world list: a digit enters a world.
+    WorldList,
+}
+
+/// Bevy's default plugins for the window: closing it asks the sandbox to quit instead of closing at once, so
+/// the visit's save completes first.
+pub fn default_plugins() -> PluginGroupBuilder {
+    DefaultPlugins.set(bevy::window::WindowPlugin {
+        primary_window: Some(Window {
+            title: "bevy_agent_tools sandbox".into(),
+            resolution: WindowResolution::new(1280, 720),
+            ..default()
+        }),
+        exit_condition: ExitCondition::DontExit,
+        close_when_requested: false,
+        ..default()
+    })
+}
+
+/// The window's systems and resources.
+pub struct SandboxWindow {
+    pub palette: Arc<Palette>,
+    pub data_dir: PathBuf,
+}
+
+impl Plugin for SandboxWindow {
+    fn build(&self, app: &mut App) {
+        let air = self.palette.kind(crate::world::AIR).rgb;
+        app.insert_resource(ClearColor(Color::srgb_u8(air[0], air[1], air[2])))
+            .insert_resource(chunks::MeshPalette(self.palette.clone()))
+            .insert_resource(keys::DataDir(self.data_dir.clone()))
+            .init_resource::<WorldView>()
+            .init_resource::<Focus>()
+            .init_resource::<chunks::ChunkMeshes>()
+            .init_resource::<hud::Hud>()
+            .init_resource::<chat_panel::ChatPanel>()
+            .init_resource::<keys::WorldList>()
+            .init_resource::<camera::Stride>()
+            .init_resource::<requests::FrameTimes>()
+            .add_systems(Startup, (chunks::setup, camera::setup, hud::setup, chat_panel::setup, keys::setup))
+            .add_systems(First, requests::record_frame)
+            .add_systems(Update, (chat_panel::type_keys, keys::transitions, camera::walk, close_is_quit).chain())
+            .add_systems(
+                PostUpdate,
+                (chunks::sync_chunks, camera::orbit)
+                    .chain()
+                    .after(AgentToolsSet::Transitions)
+                    .before(bevy::transform::TransformSystems::Propagate),
+            )
+            .add_systems(
+                PostUpdate,
+                (
+                    (hud::read_messages, hud::draw).chain(),
+                    (chat_panel::read_messages, chat_panel::draw).chain(),
+                    keys::draw_list,
+                    requests::answer,
+                )
+                    .after(AgentToolsSet::Pump)
+                    .before(bevy::ui::UiSystems::Prepare),
+            );
+    }
+}
+
+/// Closing the window is the console's `quit`.
+fn close_is_quit(
+    mut requests: MessageReader<WindowCloseRequested>,
+    console: Res<ConsoleLines>,
+    mut asked: Local<bool>,
+) {
+    if requests.read().count() > 0 && !*asked {
+        *asked = true;
+        console.send("quit");
+    }
+}

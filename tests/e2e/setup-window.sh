@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs (once) what the windowed sandbox needs on Debian or Ubuntu: the -dev packages Bevy's default features
+# build against (Wayland, udev, ALSA, xkbcommon), and for its test an X server (Xvfb) and software Vulkan (Mesa's
+# lavapipe). Uses apt-get as root, or through sudo; does nothing when everything is there.
+set -euo pipefail
+packages=(pkg-config libwayland-dev libudev-dev libasound2-dev libxkbcommon-dev xvfb mesa-vulkan-drivers libvulkan1)
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+as_root=()
+[ "$(id -u)" -eq 0 ] || as_root=(sudo -n)
+export DEBIAN_FRONTEND=noninteractive
+"${as_root[@]}" apt-get update -q >&2
+"${as_root[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
