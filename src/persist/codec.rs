@@ -19,8 +19,8 @@ use serde::Serialize;
 ///
 /// | | [`Json`](Codec::Json) (default) | [`Postcard`](Codec::Postcard) |
 /// | --- | --- | --- |
-/// | saves | readable, diffable, editable by hand | binary, about a third of JSON's size for typical records |
-/// | speed | ~32 ms to encode 190,000 small records (see BENCHMARKS.md) | ~4× faster to encode, and fewer bytes to write |
+/// | saves | readable, diffable, editable by hand | binary: a quarter of JSON's size for the bench's records |
+/// | speed | ~36 ms to encode 190,000 small records (BENCHMARKS.md) | 4–8 ms for the same, and fewer bytes to write |
 /// | serde | everything `serde_json` supports | no self-describing features (below) |
 /// | schema changes | fields can be added with `#[serde(default)]` | any change to the field list or order breaks old saves |
 ///
