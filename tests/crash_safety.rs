@@ -4,7 +4,8 @@
 //! - A child saves a world in a loop and is killed with SIGKILL at random moments; after every kill the world
 //!   loads, with the last acknowledged state or the one after it, never a mix, never an error. `CRASH_KILLS`
 //!   sets the number of kills (default 50); the longer run is
-//!   `CRASH_KILLS=250 cargo test --test crash_safety -- --nocapture`.
+//!   `CRASH_KILLS=250 cargo test --test crash_safety -- --nocapture`. Odd kills save with postcard, even ones
+//!   with JSON, so a world's primary and previous save are often in different codecs when it loads.
 //! - A second process opening a world this process holds gets a clear `Locked` error.
 
 use std::io::{BufRead, BufReader};
@@ -13,11 +14,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bevy_agent_tools::persist::WorldStore;
+use bevy_agent_tools::persist::{Codec, WorldStore};
 use bevy_agent_tools::WorldId;
 use serde::{Deserialize, Serialize};
 
 const CHILD_DIR: &str = "BEVY_AGENT_TOOLS_CHILD_DIR";
+/// Set (to anything) for a child that saves with postcard.
+const CHILD_POSTCARD: &str = "BEVY_AGENT_TOOLS_CHILD_POSTCARD";
 const WORLD: &str = "crashy";
 
 /// A save whose every part says which generation wrote it, so a mix of two saves cannot go unnoticed.
@@ -46,13 +49,16 @@ fn child_runtime() -> tokio::runtime::Runtime {
 }
 
 fn spawn_child(test: &str, dir: &Path) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--ignored", "--test-threads=1"])
-        .env(CHILD_DIR, dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+    spawn_child_saving(test, dir, Codec::Json)
+}
+
+fn spawn_child_saving(test: &str, dir: &Path, codec: Codec) -> Child {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.args(["--exact", test, "--nocapture", "--ignored", "--test-threads=1"]).env(CHILD_DIR, dir);
+    if codec == Codec::Postcard {
+        command.env(CHILD_POSTCARD, "1");
+    }
+    command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap()
 }
 
 /// The child: loads the world, then saves generation after generation, printing each one once it is durable.
@@ -61,7 +67,8 @@ fn spawn_child(test: &str, dir: &Path) -> Child {
 fn crash_child_saves_in_a_loop() {
     let Some(dir) = std::env::var_os(CHILD_DIR) else { return };
     let runtime = child_runtime();
-    let store = WorldStore::new(dir, runtime.handle().clone());
+    let codec = if std::env::var_os(CHILD_POSTCARD).is_some() { Codec::Postcard } else { Codec::Json };
+    let store = WorldStore::new(dir, runtime.handle().clone()).with_codec(codec);
     let world = WorldId::new(WORLD);
     let loaded = runtime.block_on(store.load::<Generation>(&world, "state")).unwrap();
     let mut generation = loaded.map_or(0, |g| g.generation);
@@ -107,7 +114,8 @@ fn crash_sigkill_during_saves_never_leaves_a_mixed_or_unloadable_world() {
     let (mut saves_seen, mut unacknowledged) = (0, 0);
 
     for kill in 0..kills {
-        let mut child = spawn_child("crash_child_saves_in_a_loop", data.path());
+        let codec = if kill % 2 == 1 { Codec::Postcard } else { Codec::Json };
+        let mut child = spawn_child_saving("crash_child_saves_in_a_loop", data.path(), codec);
         let acks = acknowledgements(&mut child);
         let mut last = acks.recv_timeout(Duration::from_secs(20)).expect("the child loaded the world");
         // Kill at a random moment 0-60 ms into the saving loop (a save takes ~10-40 ms here): during the first

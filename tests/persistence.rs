@@ -1,5 +1,6 @@
 //! The world store through the host: completion without a tick (H6), overlapping visits (H7), a clean shutdown,
-//! failing saves, and damaged saves falling back to the previous one.
+//! failing saves, damaged saves falling back to the previous one, and the codecs: postcard under the same
+//! envelope rules as JSON, switching codecs, and saves written before codecs existed.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 use bevy::app::AppExit;
 use bevy::ecs::message::Messages;
 use bevy::prelude::*;
-use bevy_agent_tools::persist::{Loaded, WorldStore, WorldStorePlugin};
+use bevy_agent_tools::persist::{Codec, Loaded, WorldStore, WorldStorePlugin};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::AgentTestAppExt;
 use bevy_agent_tools::{NoArgs, VisitClosed, VisitSaved, WorldId};
@@ -82,6 +83,10 @@ impl Serialize for SlowToSerialize {
 }
 
 fn game(saves: Saves, data: &Path) -> App {
+    game_with(saves, WorldStorePlugin::new(data))
+}
+
+fn game_with(saves: Saves, store: WorldStorePlugin) -> App {
     let bump = AgentTool::new("bump", "Adds one to the progress.", |ctx: CallContext<Session>, _: NoArgs| async move {
         ctx.on_client(|_, session| {
             let progress = session.progress.get_mut().expect("a tool step runs only once the session loaded");
@@ -96,7 +101,7 @@ fn game(saves: Saves, data: &Path) -> App {
     let mut app = App::new();
     app.add_plugins(MinimalPlugins)
         .add_plugins(AgentToolsPlugin::new(saves).with_tool(bump).with_tool(read))
-        .add_plugins(WorldStorePlugin::new(data));
+        .add_plugins(store);
     app.finish();
     app.cleanup();
     app
@@ -404,4 +409,248 @@ fn a_snapshot_that_fails_to_serialize_midway_is_an_encode_error_and_the_previous
         .filter(|name| name.starts_with('.'))
         .collect();
     assert!(files.is_empty(), "the partly written temporary file was removed: {files:?}");
+}
+
+// Codecs.
+
+/// A document with the shapes game state has: many small records, strings, options, nested sequences.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+struct Terrain {
+    generation: u32,
+    cells: Vec<Cell>,
+    name: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+struct Cell {
+    x: i32,
+    y: i32,
+    block: String,
+    tags: Vec<u16>,
+}
+
+fn terrain(generation: u32) -> Terrain {
+    let cells = (0..500)
+        .map(|i| Cell {
+            x: i - 250,
+            y: (i * 7 + generation as i32) % 64,
+            block: ["stone", "grass", "water"][i as usize % 3].to_string(),
+            tags: vec![generation as u16; (i % 4) as usize],
+        })
+        .collect();
+    Terrain { generation, cells, name: Some(format!("generation {generation}")) }
+}
+
+/// The header line of a document's primary file.
+fn header(store: &WorldStore, world: &WorldId, document: &str) -> String {
+    let bytes = std::fs::read(store.document_path(world, document).expect("valid names")).unwrap_or_default();
+    let end = bytes.iter().position(|&b| b == b'\n').unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+fn runtime_and_store(data: &Path) -> (tokio::runtime::Runtime, WorldStore) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let store = WorldStore::new(data, runtime.handle().clone());
+    (runtime, store)
+}
+
+#[test]
+fn postcard_save_round_trips_and_survives_crc_corruption_via_prev() {
+    let warnings = warnings();
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    let store = store.with_codec(Codec::Postcard);
+    let load = |world: &WorldId| runtime.block_on(store.load::<Terrain>(world, "terrain"));
+
+    for (world, how) in [("pc-torn", "torn"), ("pc-flipped", "flip")] {
+        let world = WorldId::new(world);
+        let path = store.document_path(&world, "terrain").unwrap();
+        store.save(&world, "terrain", terrain(1)).wait().unwrap();
+        store.save(&world, "terrain", terrain(2)).wait().unwrap();
+        assert!(header(&store, &world, "terrain").ends_with(" codec=postcard"), "the envelope names its codec");
+        let size = std::fs::metadata(&path).unwrap().len();
+        let json_size = serde_json::to_vec(&terrain(2)).unwrap().len() as u64;
+        assert!(size < json_size / 2, "binary: {size} bytes on disk, {json_size} as JSON");
+        assert_eq!(load(&world).unwrap(), Some(terrain(2)), "round trip");
+
+        damage(&path, how);
+        assert_eq!(load(&world).unwrap(), Some(terrain(1)), "{how}: falls back to the previous save");
+        assert!(
+            warnings.lock().iter().any(|w| w.contains(&format!("world={world}")) && w.contains("previous save")),
+            "{how}: a warning names the world: {:?}",
+            warnings.lock()
+        );
+
+        // The damaged primary is never rotated in as the previous save.
+        store.save(&world, "terrain", terrain(3)).wait().unwrap();
+        assert_eq!(load(&world).unwrap(), Some(terrain(3)));
+        damage(&path, how);
+        assert_eq!(load(&world).unwrap(), Some(terrain(1)), "{how}: the last good save survives");
+    }
+}
+
+#[test]
+fn postcard_save_and_damaged_previous_is_a_clear_error_not_a_default() {
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    let store = store.with_codec(Codec::Postcard);
+    let world = WorldId::new("ruined");
+    store.save(&world, "terrain", terrain(1)).wait().unwrap();
+    store.save(&world, "terrain", terrain(2)).wait().unwrap();
+    let path = store.document_path(&world, "terrain").unwrap();
+    damage(&path, "torn");
+    damage(&path.with_extension("json.prev"), "flip");
+    let error = runtime.block_on(store.load::<Terrain>(&world, "terrain")).unwrap_err();
+    assert!(matches!(error, bevy_agent_tools::StoreError::Damaged { .. }), "{error:?}");
+    let message = error.to_string();
+    assert!(message.contains("`ruined`") && message.contains("torn"), "names the world and the damage: {message}");
+    assert!(message.contains("and so is its previous save (checksum mismatch)"), "says what is wrong: {message}");
+}
+
+/// The fixture was written by the store as it was before codecs (commit a9ae0c4, `WorldStore::save` of
+/// `Progress { count: 1 }` then `Progress { count: 2 }`): its header has no `codec=`.
+fn saves_before_codecs(into: &Path) -> WorldId {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/saves_before_codecs/alpha");
+    let world = into.join("alpha");
+    std::fs::create_dir_all(&world).unwrap();
+    for file in ["progress.json", "progress.json.prev"] {
+        std::fs::copy(fixture.join(file), world.join(file)).unwrap();
+    }
+    WorldId::new("alpha")
+}
+
+#[test]
+fn json_save_written_before_codecs_still_loads() {
+    for codec in [Codec::Json, Codec::Postcard] {
+        let data = tempfile::tempdir().unwrap();
+        let world = saves_before_codecs(data.path());
+        let (runtime, store) = runtime_and_store(data.path());
+        let store = store.with_codec(codec);
+        assert!(!header(&store, &world, "progress").contains("codec="), "the fixture predates codecs");
+        let load = || runtime.block_on(store.load::<Progress>(&world, "progress"));
+        assert_eq!(load().unwrap(), Some(Progress { count: 2 }), "a store saving {codec} loads the old JSON save");
+
+        // Its previous save is still a fallback.
+        damage(&store.document_path(&world, "progress").unwrap(), "torn");
+        assert_eq!(load().unwrap(), Some(Progress { count: 1 }), "{codec}: falls back to the old previous save");
+    }
+}
+
+#[test]
+fn store_switched_from_json_to_postcard_loads_the_json_save_and_falls_back_to_it() {
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, json) = runtime_and_store(data.path());
+    let world = WorldId::new("switched");
+    json.save(&world, "terrain", terrain(1)).wait().unwrap();
+    assert!(header(&json, &world, "terrain").ends_with(" codec=json"), "the envelope names JSON too");
+
+    // The game now saves postcard (a handle on the same store: same queue and lock).
+    let postcard = json.clone().with_codec(Codec::Postcard);
+    let load = || runtime.block_on(postcard.load::<Terrain>(&world, "terrain"));
+    assert_eq!(load().unwrap(), Some(terrain(1)), "the JSON save loads under postcard");
+    postcard.save(&world, "terrain", terrain(2)).wait().unwrap();
+    assert!(header(&postcard, &world, "terrain").ends_with(" codec=postcard"));
+    assert_eq!(load().unwrap(), Some(terrain(2)));
+
+    // The previous save is the JSON one: a damaged postcard primary falls back to it.
+    damage(&postcard.document_path(&world, "terrain").unwrap(), "flip");
+    assert_eq!(load().unwrap(), Some(terrain(1)), "falls back across codecs");
+}
+
+#[test]
+fn store_switched_back_from_postcard_to_json_still_loads_postcard_saves() {
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    let world = WorldId::new("back");
+    store.clone().with_codec(Codec::Postcard).save(&world, "terrain", terrain(1)).wait().unwrap();
+
+    // A new store over the same data, JSON (the default), as after the game changed back and restarted.
+    drop(store);
+    let json = WorldStore::new(data.path(), runtime.handle().clone());
+    assert_eq!(json.codec(), Codec::Json);
+    let load = || runtime.block_on(json.load::<Terrain>(&world, "terrain"));
+    assert_eq!(load().unwrap(), Some(terrain(1)), "postcard saves load under JSON: the file names its codec");
+    json.save(&world, "terrain", terrain(2)).wait().unwrap();
+    assert!(header(&json, &world, "terrain").ends_with(" codec=json"));
+    damage(&json.document_path(&world, "terrain").unwrap(), "torn");
+    assert_eq!(load().unwrap(), Some(terrain(1)), "and the postcard previous save is the fallback");
+}
+
+#[test]
+fn a_save_in_a_codec_this_build_does_not_know_is_an_error_not_a_fallback() {
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    let world = WorldId::new("future");
+    store.save(&world, "progress", Progress { count: 1 }).wait().unwrap();
+    store.save(&world, "progress", Progress { count: 2 }).wait().unwrap();
+    // An intact file from a newer build, in a codec this one has never heard of.
+    let payload = b"\xa1ecount\x03";
+    let mut file = format!(
+        "bevy-agent-tools-document v1 len={} crc32={:08x} codec=cbor\n",
+        payload.len(),
+        crc32fast::hash(payload)
+    )
+    .into_bytes();
+    file.extend_from_slice(payload);
+    std::fs::write(store.document_path(&world, "progress").unwrap(), file).unwrap();
+
+    let error = runtime.block_on(store.load::<Progress>(&world, "progress")).unwrap_err();
+    assert!(matches!(error, bevy_agent_tools::StoreError::UnknownCodec { .. }), "not the previous save: {error:?}");
+    assert!(error.to_string().contains("codec `cbor`"), "{error}");
+}
+
+/// Needs `deserialize_any`, which postcard cannot do.
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+#[serde(untagged)]
+enum Loose {
+    Count(u64),
+    Name(String),
+}
+
+#[test]
+fn postcard_refuses_self_describing_serde_features_with_a_decode_error() {
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    let world = WorldId::new("loose");
+    for (codec, loads) in [(Codec::Json, true), (Codec::Postcard, false)] {
+        let store = store.clone().with_codec(codec);
+        store.save(&world, codec.name(), Loose::Name("oak".into())).wait().unwrap();
+        match runtime.block_on(store.load::<Loose>(&world, codec.name())) {
+            Ok(loaded) => assert!(loads && loaded == Some(Loose::Name("oak".into())), "{codec}: {loaded:?}"),
+            Err(error) => {
+                assert!(!loads, "{codec}: {error}");
+                assert!(matches!(error, bevy_agent_tools::StoreError::Decode { .. }), "{error:?}");
+                assert!(error.to_string().contains("postcard"), "says which codec failed: {error}");
+            }
+        }
+    }
+}
+
+#[test]
+fn postcard_encode_failure_is_an_encode_error_and_the_previous_save_stays() {
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    let store = store.with_codec(Codec::Postcard);
+    let world = WorldId::new("halfway");
+    store.save(&world, "progress", Progress { count: 4 }).wait().unwrap();
+    // `FailsHalfway` is a sequence of unknown length: postcard refuses it before writing anything of it.
+    let error = runtime.block_on(store.save_async(&world, "progress", FailsHalfway)).unwrap_err();
+    assert!(matches!(error, bevy_agent_tools::StoreError::Encode { .. }), "{error:?}");
+    assert!(error.to_string().contains("postcard"), "{error}");
+    assert_eq!(runtime.block_on(store.load::<Progress>(&world, "progress")).unwrap(), Some(Progress { count: 4 }));
+}
+
+#[test]
+fn the_plugins_codec_choice_reaches_the_lifecycles_saves() {
+    let data = tempfile::tempdir().unwrap();
+    let mut app = game_with(Saves::default(), WorldStorePlugin::new(data.path()).codec(Codec::Postcard));
+    assert_eq!(store(&app).codec(), Codec::Postcard);
+    app.enter_world("alpha");
+    assert_eq!(call(&mut app, "bump"), json!(1));
+    app.exit_world();
+    last_close(&mut app).wait_timeout(DEADLINE).expect("the save resolves").expect("the save succeeds");
+    assert!(header(&store(&app), &WorldId::new("alpha"), "progress").ends_with(" codec=postcard"));
+
+    app.enter_world("alpha");
+    assert_eq!(call(&mut app, "bump"), json!(2), "the next visit loads the postcard save");
 }

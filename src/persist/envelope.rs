@@ -1,42 +1,51 @@
-//! The envelope around every document: one header line with the payload's length and CRC-32, then the payload
-//! (JSON). A torn or corrupted file fails the check instead of loading half a world. The numbers are zero-padded
-//! to a fixed width, so the payload can be streamed to the file before its header is known.
+//! The envelope around every document: one header line with the payload's length, CRC-32 and [codec](Codec),
+//! then the payload. A torn or corrupted file fails the check instead of loading half a world. The numbers are
+//! zero-padded to a fixed width, so the payload can be streamed to the file before its header is known.
 //!
 //! ```text
-//! bevy-agent-tools-document v1 len=00000000000000001234 crc32=89abcdef
+//! bevy-agent-tools-document v1 len=00000000000000001234 crc32=89abcdef codec=json
 //! {"...": "..."}
 //! ```
+//!
+//! The checksum covers the payload only. A header without `codec=` was written before codecs existed: JSON. Older
+//! readers skip fields they do not know, so a JSON save written now still loads in a build from before codecs.
 
 use std::io::{self, Write};
 
+use super::codec::Codec;
+
 const MAGIC: &str = "bevy-agent-tools-document v1";
 
-/// The header's size in bytes. Fixed (zero-padded numbers) so a writer can reserve it, stream the payload after
-/// it, then fill it in; the reader accepts any width.
-pub(crate) const HEADER_LEN: usize = MAGIC.len() + " len=".len() + 20 + " crc32=".len() + 8 + 1;
+/// The header's size in bytes for a payload in `codec`. Fixed (zero-padded numbers) so a writer can reserve it,
+/// stream the payload after it, then fill it in; the reader accepts any width.
+pub(crate) fn header_len(codec: Codec) -> usize {
+    MAGIC.len() + " len=".len() + 20 + " crc32=".len() + 8 + " codec=".len() + codec.name().len() + 1
+}
 
-/// The header line for a payload of `len` bytes with CRC-32 `crc`, newline included: [`HEADER_LEN`] bytes.
-pub(crate) fn header(len: u64, crc: u32) -> Vec<u8> {
-    format!("{MAGIC} len={len:020} crc32={crc:08x}\n").into_bytes()
+/// The header line for a payload of `len` bytes with CRC-32 `crc` in `codec`, newline included:
+/// [`header_len`] bytes.
+pub(crate) fn header(len: u64, crc: u32, codec: Codec) -> Vec<u8> {
+    format!("{MAGIC} len={len:020} crc32={crc:08x} codec={codec}\n").into_bytes()
 }
 
 /// Passes a payload through to `W`, counting it and computing its CRC-32 on the way: the header of a streamed
 /// payload, without a second pass over it.
 pub(crate) struct PayloadWriter<W> {
     inner: W,
+    codec: Codec,
     len: u64,
     crc: crc32fast::Hasher,
 }
 
 impl<W: Write> PayloadWriter<W> {
-    pub(crate) fn new(inner: W) -> Self {
-        Self { inner, len: 0, crc: crc32fast::Hasher::new() }
+    pub(crate) fn new(inner: W, codec: Codec) -> Self {
+        Self { inner, codec, len: 0, crc: crc32fast::Hasher::new() }
     }
 
     /// Flushes what is buffered and returns the payload's header.
     pub(crate) fn finish(mut self) -> io::Result<Vec<u8>> {
         self.inner.flush()?;
-        Ok(header(self.len, self.crc.finalize()))
+        Ok(header(self.len, self.crc.finalize(), self.codec))
     }
 }
 
@@ -53,8 +62,17 @@ impl<W: Write> Write for PayloadWriter<W> {
     }
 }
 
-/// The payload of an intact file, or what is wrong with it.
-pub(crate) fn open(file: &[u8]) -> Result<&[u8], String> {
+/// An intact file's content.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Opened<'a> {
+    /// The codec the header names (`json` if it names none); checked by the reader, not here: a codec this build
+    /// does not know is not damage.
+    pub codec: &'a str,
+    pub payload: &'a [u8],
+}
+
+/// The content of an intact file, or what is wrong with it.
+pub(crate) fn open(file: &[u8]) -> Result<Opened<'_>, String> {
     let Some(newline) = file.iter().position(|&b| b == b'\n') else {
         return Err(if file.is_empty() { "the file is empty".into() } else { "the header is incomplete".into() });
     };
@@ -63,11 +81,14 @@ pub(crate) fn open(file: &[u8]) -> Result<&[u8], String> {
     let fields = header.strip_prefix(MAGIC).ok_or_else(|| format!("unknown header {header:?}"))?;
     let mut len = None;
     let mut crc = None;
+    let mut codec = Codec::Json.name();
     for field in fields.split_whitespace() {
         if let Some(value) = field.strip_prefix("len=") {
             len = value.parse::<usize>().ok();
         } else if let Some(value) = field.strip_prefix("crc32=") {
             crc = u32::from_str_radix(value, 16).ok();
+        } else if let Some(value) = field.strip_prefix("codec=") {
+            codec = value;
         }
     }
     let (Some(len), Some(crc)) = (len, crc) else { return Err(format!("malformed header {header:?}")) };
@@ -77,40 +98,67 @@ pub(crate) fn open(file: &[u8]) -> Result<&[u8], String> {
     if crc32fast::hash(payload) != crc {
         return Err("checksum mismatch".into());
     }
-    Ok(payload)
+    Ok(Opened { codec, payload })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn wrap(payload: &[u8]) -> Vec<u8> {
-        let mut writer = PayloadWriter::new(Vec::new());
+    fn wrap(payload: &[u8], codec: Codec) -> Vec<u8> {
+        let mut writer = PayloadWriter::new(Vec::new(), codec);
         writer.write_all(payload).expect("writing to a Vec");
         let mut file = writer.finish().expect("flushing a Vec");
-        assert_eq!(file.len(), HEADER_LEN);
+        assert_eq!(file.len(), header_len(codec));
         file.extend_from_slice(payload);
         file
     }
 
+    fn json(payload: &[u8]) -> Result<Opened<'_>, String> {
+        Ok(Opened { codec: "json", payload })
+    }
+
     #[test]
-    fn headers_written_before_the_fixed_width_still_open() {
+    fn headers_written_before_the_fixed_width_still_open_as_json() {
         let payload = br#"{"counter":7}"#;
         let mut file = format!("{MAGIC} len={} crc32={:08x}\n", payload.len(), crc32fast::hash(payload)).into_bytes();
         file.extend_from_slice(payload);
-        assert_eq!(open(&file), Ok(&payload[..]));
+        assert_eq!(open(&file), json(payload));
+    }
+
+    #[test]
+    fn headers_written_before_codecs_still_open_as_json() {
+        // Byte for byte what the store wrote before codecs existed (fixed width, no `codec=`).
+        let file = b"bevy-agent-tools-document v1 len=00000000000000000013 crc32=6eb4282d\n{\"counter\":7}";
+        assert_eq!(crc32fast::hash(br#"{"counter":7}"#), 0x6eb4282d);
+        assert_eq!(open(file), json(br#"{"counter":7}"#));
+    }
+
+    #[test]
+    fn the_header_names_the_codec_and_an_unknown_one_is_not_damage() {
+        let file = wrap(&[1, 2, 0xff, b'\n'], Codec::Postcard);
+        assert!(file.starts_with(b"bevy-agent-tools-document v1 len=00000000000000000004 crc32="));
+        assert!(std::str::from_utf8(&file[..header_len(Codec::Postcard)]).unwrap().ends_with(" codec=postcard\n"));
+        assert_eq!(open(&file), Ok(Opened { codec: "postcard", payload: &[1, 2, 0xff, b'\n'] }));
+
+        let payload = b"future";
+        let mut file = format!("{MAGIC} len=6 crc32={:08x} codec=cbor\n", crc32fast::hash(payload)).into_bytes();
+        file.extend_from_slice(payload);
+        assert_eq!(open(&file), Ok(Opened { codec: "cbor", payload }));
     }
 
     #[test]
     fn an_intact_file_opens_and_any_damage_is_detected() {
-        let file = wrap(br#"{"counter":7}"#);
-        assert_eq!(open(&file), Ok(&br#"{"counter":7}"#[..]));
-        assert!(open(&file[..file.len() - 1]).unwrap_err().starts_with("torn"));
-        let mut flipped = file.clone();
-        let last = flipped.len() - 2;
-        flipped[last] ^= 1;
-        assert_eq!(open(&flipped), Err("checksum mismatch".to_string()));
-        assert!(open(b"").is_err());
-        assert!(open(&file[..10]).is_err());
+        for codec in [Codec::Json, Codec::Postcard] {
+            let file = wrap(br#"{"counter":7}"#, codec);
+            assert_eq!(open(&file), Ok(Opened { codec: codec.name(), payload: &br#"{"counter":7}"#[..] }));
+            assert!(open(&file[..file.len() - 1]).unwrap_err().starts_with("torn"));
+            let mut flipped = file.clone();
+            let last = flipped.len() - 2;
+            flipped[last] ^= 1;
+            assert_eq!(open(&flipped), Err("checksum mismatch".to_string()));
+            assert!(open(b"").is_err());
+            assert!(open(&file[..10]).is_err());
+        }
     }
 }

@@ -79,6 +79,18 @@ pub enum StoreError {
         /// The deserializer's message.
         message: String,
     },
+    /// The file is intact but names a codec this build does not know (it was written by a newer version of the
+    /// game or of this crate). Not treated as damage: the previous save is not loaded in its place.
+    UnknownCodec {
+        /// The world.
+        world: WorldId,
+        /// The document.
+        document: String,
+        /// The file that was read.
+        path: PathBuf,
+        /// The codec its header names.
+        codec: String,
+    },
     /// Neither the document nor its previous save could be read intact.
     Damaged {
         /// The world.
@@ -134,6 +146,12 @@ impl fmt::Display for StoreError {
             StoreError::Decode { world, document, path, message } => write!(
                 f,
                 "world `{world}`: document `{document}` ({}) is intact but does not match the expected type: {message}",
+                path.display()
+            ),
+            StoreError::UnknownCodec { world, document, path, codec } => write!(
+                f,
+                "world `{world}`: document `{document}` ({}) was saved with codec `{codec}`, which this build cannot \
+                 read (it reads json and postcard); load it with the version of the game that saved it",
                 path.display()
             ),
             StoreError::Damaged { world, document, primary, previous } => write!(

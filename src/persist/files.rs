@@ -6,7 +6,7 @@
 //! | file | what |
 //! | --- | --- |
 //! | `world.lock` | held (`flock`) while this process uses the world; holds its pid |
-//! | `<doc>.json` | the primary save, in an [envelope](super::envelope) |
+//! | `<doc>.json` | the primary save, in an [envelope](super::envelope) (named `.json` whatever its codec: the header says which) |
 //! | `<doc>.json.prev` | the save before it, loaded if the primary is damaged |
 //! | `.<doc>.json.*` | temporary files; a crash can leave them, the next lock holder removes them |
 
@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use atomic_write_file::AtomicWriteFile;
 
+use super::codec::{Codec, EncodeError};
 use super::envelope;
 use super::error::StoreError;
 use super::faults::WriteFaults;
@@ -31,18 +32,6 @@ const WRITEBACK_CHUNK: u64 = 1024 * 1024;
 
 /// Where a document's payload is serialized to: buffered, checksummed, written with early writeback.
 pub(crate) type PayloadSink<'a> = BufWriter<envelope::PayloadWriter<EarlyWriteback<'a>>>;
-
-/// A serializer's own error (not I/O), carried through `std::io::Error` to be reported as `StoreError::Encode`.
-#[derive(Debug)]
-struct EncodeFailed(String);
-
-impl std::fmt::Display for EncodeFailed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for EncodeFailed {}
 
 /// Writes a file sequentially from `position` and, every [`WRITEBACK_CHUNK`] bytes, asks the kernel to start writing
 /// the chunk to disk without waiting for it (`sync_file_range(SYNC_FILE_RANGE_WRITE)` on Linux; elsewhere the
@@ -101,12 +90,18 @@ impl Write for EarlyWriteback<'_> {
     }
 }
 
-/// Where an intact document was found.
-pub(crate) enum Found {
-    /// The primary file.
-    Primary(PathBuf, Vec<u8>),
-    /// The previous save, because the primary was damaged or missing.
-    Previous(PathBuf, Vec<u8>),
+/// An intact document: where it was found, the codec its envelope names, its payload.
+pub(crate) struct Found {
+    pub path: PathBuf,
+    /// As the header says (`json` when it names none); the store decides whether it knows it.
+    pub codec: String,
+    pub payload: Vec<u8>,
+}
+
+impl Found {
+    fn new(path: PathBuf, opened: envelope::Opened<'_>) -> Self {
+        Self { path, codec: opened.codec.to_string(), payload: opened.payload.to_vec() }
+    }
 }
 
 pub(crate) struct WorldFiles {
@@ -183,7 +178,8 @@ impl WorldFiles {
         }
     }
 
-    /// Replaces `document` durably with what `encode` writes, keeping the current primary as the previous save.
+    /// Replaces `document` durably with what `encode` writes in `codec`, keeping the current primary as the
+    /// previous save.
     ///
     /// The payload is streamed into a temporary file in the world's directory after a reserved header; the kernel
     /// is asked to start writing each chunk to disk as soon as it is written ([`EarlyWriteback`]), so
@@ -194,35 +190,32 @@ impl WorldFiles {
     pub(crate) fn write(
         &mut self,
         document: &str,
-        encode: impl FnOnce(&mut PayloadSink<'_>) -> serde_json::Result<()>,
+        codec: Codec,
+        encode: impl FnOnce(&mut PayloadSink<'_>) -> Result<(), EncodeError>,
         faults: Option<&dyn WriteFaults>,
     ) -> Result<(), StoreError> {
         self.ensure_locked()?;
         let path = self.primary(document);
         let file = AtomicWriteFile::open(&path).map_err(|e| self.error("creating a temporary file for", &path, e))?;
+        let header_len = envelope::header_len(codec);
         let written = (|| {
             let mut out = file.as_file();
-            out.write_all(&[b' '; envelope::HEADER_LEN])?;
-            let sink = envelope::PayloadWriter::new(EarlyWriteback::new(out, envelope::HEADER_LEN as u64));
+            out.write_all(&vec![b' '; header_len]).map_err(EncodeError::Io)?;
+            let sink = envelope::PayloadWriter::new(EarlyWriteback::new(out, header_len as u64), codec);
             // Buffered first: the checksum and the file see large chunks, not the serializer's many small writes.
             let mut payload = BufWriter::with_capacity(WRITE_BUFFER, sink);
-            encode(&mut payload).map_err(|error| match error.io_error_kind() {
-                Some(_) => std::io::Error::from(error),
-                None => std::io::Error::new(std::io::ErrorKind::InvalidData, EncodeFailed(error.to_string())),
-            })?;
-            let header = payload.into_inner().map_err(|error| error.into_error())?.finish()?;
-            out.seek(SeekFrom::Start(0))?;
-            out.write_all(&header)
+            encode(&mut payload)?;
+            let header = payload.into_inner().map_err(|error| error.into_error()).and_then(|sink| sink.finish());
+            header
+                .and_then(|header| out.seek(SeekFrom::Start(0)).and_then(|_| out.write_all(&header)))
+                .map_err(EncodeError::Io)
         })();
-        if let Err(error) = written {
-            return Err(match error.get_ref().and_then(|inner| inner.downcast_ref::<EncodeFailed>()) {
-                Some(EncodeFailed(message)) => StoreError::Encode {
-                    world: self.world.clone(),
-                    document: document.to_string(),
-                    message: message.clone(),
-                },
-                None => self.error("writing", &path, error),
-            });
+        match written {
+            Ok(()) => {}
+            Err(EncodeError::Io(error)) => return Err(self.error("writing", &path, error)),
+            Err(EncodeError::Codec(message)) => {
+                return Err(StoreError::Encode { world: self.world.clone(), document: document.to_string(), message })
+            }
         }
         if let Some(faults) = faults {
             faults.before_commit(&self.world, document).map_err(|e| self.error("writing", &path, e))?;
@@ -270,10 +263,10 @@ impl WorldFiles {
         let primary = self.primary(document);
         let damage = match fs::read(&primary) {
             Ok(bytes) => match envelope::open(&bytes) {
-                Ok(payload) => {
-                    let payload = payload.to_vec();
+                Ok(opened) => {
+                    let found = Found::new(primary, opened);
                     self.intact.insert(document.to_string());
-                    return Ok(Some(Found::Primary(primary, payload)));
+                    return Ok(Some(found));
                 }
                 Err(damage) => damage,
             },
@@ -284,12 +277,12 @@ impl WorldFiles {
         let previous = self.previous(document);
         let previous_damage = match fs::read(&previous) {
             Ok(bytes) => match envelope::open(&bytes) {
-                Ok(payload) => {
+                Ok(opened) => {
                     tracing::warn!(
                         world = %self.world, document, %damage, fallback = %previous.display(),
                         "the save is damaged; loading the previous save"
                     );
-                    return Ok(Some(Found::Previous(previous.clone(), payload.to_vec())));
+                    return Ok(Some(Found::new(previous.clone(), opened)));
                 }
                 Err(previous_damage) => previous_damage,
             },

@@ -29,8 +29,11 @@
 //! }
 //! ```
 //!
-//! What is on disk, and why it survives a crash at any moment: see [`WorldStore`].
+//! What is on disk, and why it survives a crash at any moment: see [`WorldStore`]. JSON by default; a game whose
+//! saves are large collections of small records can choose the faster, smaller binary [`Codec::Postcard`] (with
+//! [`WorldStorePlugin::codec`] or [`WorldStore::with_codec`]), and older JSON saves keep loading.
 
+mod codec;
 mod envelope;
 mod error;
 mod faults;
@@ -41,6 +44,7 @@ mod plugin;
 mod store;
 pub(crate) mod turns;
 
+pub use codec::Codec;
 pub use error::{NameKind, StoreError};
 pub use faults::WriteFaults;
 pub use loaded::Loaded;

@@ -12,9 +12,10 @@ use serde::Serialize;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
+use super::codec::Codec;
 use super::error::{NameKind, StoreError};
 use super::faults::WriteFaults;
-use super::files::{Found, WorldFiles};
+use super::files::WorldFiles;
 use super::loaded::Loaded;
 use super::name;
 use super::turns::Turns;
@@ -23,7 +24,9 @@ use crate::ids::WorldId;
 
 /// A cheap-to-clone handle over a data directory holding one subdirectory per world.
 ///
-/// - **Typed documents**: any `serde` type, stored as JSON in a checksummed envelope.
+/// - **Typed documents**: any `serde` type, stored in a checksummed envelope, encoded as JSON unless the store is
+///   set to another [`Codec`] with [`with_codec`](Self::with_codec). A load decodes with the codec the file names,
+///   so saves written in another codec (or before codecs existed) keep loading.
 /// - **Off the main thread**: [`save`](Self::save) takes an owned snapshot and returns at once; serialization and
 ///   I/O run on the tokio runtime given to [`new`](Self::new) (the plugin's [`AgentRuntime`](crate::AgentRuntime)).
 ///   The returned [`Completion`] resolves when the data is durable, and never waits for a frame (rule H6).
@@ -49,6 +52,8 @@ use crate::ids::WorldId;
 #[derive(Resource, Clone)]
 pub struct WorldStore {
     shared: Arc<Shared>,
+    /// How this handle (and its clones) encodes what it saves.
+    codec: Codec,
 }
 
 struct Shared {
@@ -75,7 +80,28 @@ impl WorldStore {
                 faults: RwLock::new(None),
                 worlds: Mutex::new(HashMap::new()),
             }),
+            codec: Codec::default(),
         }
+    }
+
+    /// This store, saving in `codec` from now on. Loading is unaffected: a document is always decoded with the
+    /// codec its file names, so switching never strands an existing save (see [`Codec`] for what postcard
+    /// cannot encode). The codec belongs to this handle and the clones made from it; other clones of the same
+    /// store share its worlds, order and locks but keep their own codec.
+    ///
+    /// ```no_run
+    /// # use bevy_agent_tools::persist::{Codec, WorldStore};
+    /// # let runtime = tokio::runtime::Runtime::new().unwrap();
+    /// let store = WorldStore::new("saves", runtime.handle().clone()).with_codec(Codec::Postcard);
+    /// ```
+    pub fn with_codec(mut self, codec: Codec) -> Self {
+        self.codec = codec;
+        self
+    }
+
+    /// The codec this handle saves in.
+    pub fn codec(&self) -> Codec {
+        self.codec
     }
 
     /// The data directory.
@@ -99,7 +125,7 @@ impl WorldStore {
         Ok(self.shared.root.join(world.as_str()))
     }
 
-    /// The primary file of `document` in `world`.
+    /// The primary file of `document` in `world` (`<document>.json`, whatever the codec).
     pub fn document_path(&self, world: &WorldId, document: &str) -> Result<PathBuf, StoreError> {
         name::check(NameKind::Document, document)?;
         Ok(self.world_dir(world)?.join(format!("{document}.json")))
@@ -138,11 +164,11 @@ impl WorldStore {
         snapshot: T,
         finish: impl FnOnce(Result<(), StoreError>) -> O + Send + 'static,
     ) -> Queued<O> {
-        let (doc, shared) = (document.to_string(), self.shared.clone());
+        let (doc, shared, codec) = (document.to_string(), self.shared.clone(), self.codec);
         // Serialized while it is written (streamed into the file in the world's turn), not into memory first.
         let work = move |files: &mut WorldFiles| {
             let faults = shared.faults.read().clone();
-            files.write(&doc, |sink| serde_json::to_writer(sink, &snapshot), faults.as_deref())
+            files.write(&doc, codec, |sink| codec.encode(&snapshot, sink), faults.as_deref())
         };
         self.enqueue(queue, work, finish)
     }
@@ -166,15 +192,16 @@ impl WorldStore {
     ) -> Queued<O> {
         let (world, doc) = (queue.world.clone(), document.to_string());
         let work = move |files: &mut WorldFiles| {
-            let (path, payload) = match files.read(&doc)? {
-                None => return Ok(None),
-                Some(Found::Primary(path, payload) | Found::Previous(path, payload)) => (path, payload),
+            let Some(found) = files.read(&doc)? else { return Ok(None) };
+            // The file's codec, not this handle's: a store switched to another codec still loads older saves.
+            let Some(codec) = Codec::from_name(&found.codec) else {
+                return Err(StoreError::UnknownCodec { world, document: doc, path: found.path, codec: found.codec });
             };
-            serde_json::from_slice(&payload).map(Some).map_err(|e| StoreError::Decode {
+            codec.decode(&found.payload).map(Some).map_err(|message| StoreError::Decode {
                 world,
                 document: doc,
-                path,
-                message: e.to_string(),
+                path: found.path,
+                message,
             })
         };
         self.enqueue(queue, work, finish)
