@@ -265,7 +265,7 @@ fn window_keys_chat_with_the_agent_travel_and_closing_the_window_quits_after_the
     let agent = agent.display().to_string();
     let flags = ["--agent".to_string(), agent, "--ask-permissions".to_string()];
     let mut sandbox = Sandbox::start(dir.path(), "keys", &flags);
-    sandbox.run.until("the session", |line| line.starts_with("chat-status") && line.contains("status=idle"));
+    sandbox.run.seen_or_until("the session", |line| line.starts_with("chat-status") && line.contains("status=idle"));
     sandbox.run.render_frames(WARM_UP_FRAMES);
     let x = X::connect(&sandbox.run.xvfb.display.clone());
     x.focus();

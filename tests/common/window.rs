@@ -110,6 +110,14 @@ impl WindowedSandbox {
         }
     }
 
+    /// A line already read that satisfies `wanted`, else the next one that does.
+    pub fn seen_or_until(&mut self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
+        match self.seen.iter().find(|line| wanted(line)) {
+            Some(line) => line.clone(),
+            None => self.until(what, wanted),
+        }
+    }
+
     /// Sends a command and returns its answer: the next `ok`/`error:` line.
     pub fn command(&mut self, command: &str) -> String {
         self.send(command);
