@@ -357,7 +357,7 @@ fn pump_starts(mut timeline: ResMut<FrameTimeline>) {
 
 /// The component, as the `read` tool returns it.
 #[derive(Serialize, JsonSchema)]
-struct Read {
+struct ReadPosition {
     x: f32,
     y: f32,
     z: f32,
@@ -390,7 +390,7 @@ fn phase(label: &str, frame: Duration, points: StepPoints, quick_ack: bool, roun
                     ctx.on_client(|world, _| {
                         let mut query = world.query::<&Position>();
                         let position = query.iter(world).next().expect("one entity");
-                        Read { x: position.x, y: position.y, z: position.z }
+                        ReadPosition { x: position.x, y: position.y, z: position.z }
                     })
                     .await
                 },
