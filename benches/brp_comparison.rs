@@ -3,15 +3,19 @@
 //! client), one request of each client per round, in an order that rotates every round, so that drift hits all
 //! alike.
 //!
-//! - MCP 2025-11-25: a `tools/call` of a trivial tool (returns without touching the main thread) in a session
-//!   (`initialize` once; then every request carries `Authorization`, `Mcp-Session-Id`, `MCP-Protocol-Version` and
-//!   `Accept: application/json, text/event-stream`; the answer is an SSE stream, chunked).
-//! - MCP 2026-07-28: the same call, stateless (no session; protocol version, client info and capabilities in the
+//! - MCP 2025-11-25: `tools/call`s in a session (`initialize` once; then every request carries `Authorization`,
+//!   `Mcp-Session-Id`, `MCP-Protocol-Version` and `Accept: application/json, text/event-stream`; the answer is an
+//!   SSE stream, chunked) of two tools: `read`, which reads the same component of the same entity as BRP below in
+//!   one `on_client` step (like for like: it needs the main thread), and `trivial`, which returns without
+//!   touching the main thread.
+//! - MCP 2026-07-28: the same calls, stateless (no session; protocol version, client info and capabilities in the
 //!   request's `_meta`); the answer is plain JSON.
 //! - BRP: a `world.get_components` of one reflected component of one entity (no authentication; a JSON answer).
 //!   BRP answers in the frame after a request arrives (`RemoteLast`), so its latency follows the frame rate.
 //!
-//! Two phases, each with its own app: the game loop at 60 frames per second, then at 1,000 (a frame every ms).
+//! Each phase has its own app, run by `AgentToolsRunnerPlugin::run_loop` (a frame every 16.7 ms or every 1 ms;
+//! between frames it serves queued steps): with the default `StepPoints::AlsoBetweenFrames`, and at 60 fps also
+//! with `StepPoints::OncePerFrame` (steps only in the frame's pump, where BRP's requests run too).
 //! Needs the `brp-bench` feature: `cargo bench --features brp-bench --bench brp_comparison`.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -22,11 +26,13 @@ use bevy::prelude::*;
 use bevy::reflect::TypePath;
 use bevy_agent_tools::mcp::{McpPlugin, McpServer};
 use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::headless_app_with;
 use bevy_agent_tools::testing::CounterGame;
-use bevy_agent_tools::testing::{headless_app_with, RunningGame};
-use bevy_agent_tools::NoArgs;
+use bevy_agent_tools::{AgentToolsRunnerPlugin, NoArgs, StepPoints};
 use bevy_remote::http::RemoteHttpPlugin;
 use bevy_remote::RemotePlugin;
+use schemars::JsonSchema;
+use serde::Serialize;
 use serde_json::{json, Value};
 
 const TOKEN: &str = "bench-token-0123456789abcdef";
@@ -244,12 +250,12 @@ impl Mcp {
         Self { connection, path, session: Some(session), next_id: 1 }
     }
 
-    /// Returns (time to the answer, time to the end of the response).
-    fn call_trivial(&mut self) -> (Duration, Duration) {
+    /// Calls `tool` (no arguments). Returns (time to the answer, time to the end of the response).
+    fn call(&mut self, tool: &str) -> (Duration, Duration) {
         let id = self.next_id;
         self.next_id += 1;
         let mut body = json!({
-            "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": { "name": "trivial", "arguments": {} }
+            "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": { "name": tool, "arguments": {} }
         });
         let bearer = format!("Bearer {TOKEN}");
         let mut headers = vec![("Authorization", bearer.as_str()), ("Accept", "application/json, text/event-stream")];
@@ -262,7 +268,7 @@ impl Mcp {
                 headers.extend([
                     ("MCP-Protocol-Version", Self::STATELESS),
                     ("Mcp-Method", "tools/call"),
-                    ("Mcp-Name", "trivial"),
+                    ("Mcp-Name", tool),
                 ]);
                 body["params"]["_meta"] = json!({
                     "io.modelcontextprotocol/protocolVersion": Self::STATELESS,
@@ -278,6 +284,9 @@ impl Mcp {
         assert_eq!(response.status, 200, "{}", String::from_utf8_lossy(&response.body));
         let answer = json_rpc_answer(&response.body, id);
         assert_eq!(answer["result"]["isError"], json!(false), "{answer}");
+        if tool == "read" {
+            assert_eq!(answer["result"]["structuredContent"]["y"], json!(64.0), "{answer}");
+        }
         (response.answered_at.expect("answered") - started, ended)
     }
 }
@@ -318,30 +327,99 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-fn phase(label: &str, frame: Duration, quick_ack: bool, rounds: usize) {
+/// Ends the app from the bench's thread: a message on this channel writes `AppExit` in the next frame.
+#[derive(Resource)]
+struct Stop(crossbeam_channel::Receiver<()>);
+
+fn stop_when_asked(stop: Res<Stop>, mut exits: MessageWriter<AppExit>) {
+    if stop.0.try_recv().is_ok() {
+        exits.write(AppExit::Success);
+    }
+}
+
+/// How long each frame takes from the start of `First` to the start of the host's `Pump` (after `Update`): the
+/// most a step point early in the frame could save a step that waited for the frame.
+#[derive(Resource, Default)]
+struct FrameTimeline {
+    first: Option<Instant>,
+    gaps: std::sync::Arc<std::sync::Mutex<Vec<Duration>>>,
+}
+
+fn frame_starts(mut timeline: ResMut<FrameTimeline>) {
+    timeline.first = Some(Instant::now());
+}
+
+fn pump_starts(mut timeline: ResMut<FrameTimeline>) {
+    if let Some(first) = timeline.first.take() {
+        timeline.gaps.lock().expect("gaps").push(first.elapsed());
+    }
+}
+
+/// The component, as the `read` tool returns it.
+#[derive(Serialize, JsonSchema)]
+struct ReadPosition {
+    x: f32,
+    y: f32,
+    z: f32,
+}
+
+/// The request kinds, in the order they are reported.
+const CLIENTS: [&str; 5] = [
+    "mcp 2025-11-25 session   tools/call read",
+    "mcp 2026-07-28 stateless tools/call read",
+    "mcp 2025-11-25 session   tools/call trivial",
+    "mcp 2026-07-28 stateless tools/call trivial",
+    "brp world.get_components",
+];
+
+fn phase(label: &str, frame: Duration, points: StepPoints, quick_ack: bool, rounds: usize) {
     let brp_port = free_port();
-    let game = RunningGame::spawn(frame, move || {
-        let trivial =
-            AgentTool::new("trivial", "Returns at once.", |_: CallContext<u64>, _: NoArgs| async move { Ok(()) });
-        let mut app = headless_app_with(
-            AgentToolsPlugin::new(CounterGame).with_tool(trivial),
-            (
-                McpPlugin::new().port(0).token(TOKEN),
-                RemotePlugin::default(),
-                RemoteHttpPlugin::default().with_port(brp_port),
-            ),
-        );
-        app.register_type::<Position>();
-        app.world_mut().spawn(Position { x: 1.0, y: 64.0, z: -3.0 });
-        app
-    });
-    let (url, mcp_address, entity) = game.with_app(|app| {
-        app.world_mut().write_message(EnterWorld::new("bench"));
-        app.update(); // Startup (BRP's server starts) and the world is open before anyone calls
-        let entity = app.world_mut().query_filtered::<Entity, With<Position>>().single(app.world()).expect("one");
-        let server = app.world().resource::<McpServer>();
-        (server.url().to_string(), server.address(), entity.to_bits())
-    });
+    let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+    let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+    let gaps = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let timeline = FrameTimeline { first: None, gaps: gaps.clone() };
+    let game = std::thread::Builder::new()
+        .name("game".into())
+        .spawn(move || {
+            let trivial =
+                AgentTool::new("trivial", "Returns at once.", |_: CallContext<u64>, _: NoArgs| async move { Ok(()) });
+            let read = AgentTool::new(
+                "read",
+                "Reads the entity's Position on the main thread.",
+                |ctx: CallContext<u64>, _: NoArgs| async move {
+                    ctx.on_client(|world, _| {
+                        let mut query = world.query::<&Position>();
+                        let position = query.iter(world).next().expect("one entity");
+                        ReadPosition { x: position.x, y: position.y, z: position.z }
+                    })
+                    .await
+                },
+            )
+            .read_only();
+            let mut app = headless_app_with(
+                AgentToolsPlugin::new(CounterGame).step_points(points).with_tool(trivial).with_tool(read),
+                (
+                    McpPlugin::new().port(0).token(TOKEN),
+                    RemotePlugin::default(),
+                    RemoteHttpPlugin::default().with_port(brp_port),
+                    AgentToolsRunnerPlugin::run_loop(frame),
+                ),
+            );
+            app.register_type::<Position>();
+            app.insert_resource(Stop(stop_rx))
+                .insert_resource(timeline)
+                .add_systems(First, (stop_when_asked, frame_starts))
+                .add_systems(PostUpdate, pump_starts.before(AgentToolsSet::Pump));
+            app.world_mut().spawn(Position { x: 1.0, y: 64.0, z: -3.0 });
+            app.world_mut().write_message(EnterWorld::new("bench"));
+            app.update(); // Startup (BRP's server starts) and the world is open before anyone calls
+            let entity = app.world_mut().query_filtered::<Entity, With<Position>>().single(app.world()).expect("one");
+            let server = app.world().resource::<McpServer>();
+            let _ = ready_tx.send((server.url().to_string(), server.address(), entity.to_bits()));
+            app.run()
+        })
+        .expect("spawn the game thread");
+    let (url, mcp_address, entity) = ready_rx.recv_timeout(Duration::from_secs(30)).expect("the game started");
     let brp_address: SocketAddr = ([127, 0, 0, 1], brp_port).into();
     let started = Instant::now();
     while TcpStream::connect(brp_address).is_err() {
@@ -351,55 +429,76 @@ fn phase(label: &str, frame: Duration, quick_ack: bool, rounds: usize) {
     let mut sessions = Mcp::connect(&url, mcp_address, quick_ack);
     let mut stateless = Mcp::stateless(&url, mcp_address, quick_ack);
     let mut brp = Brp { connection: Connection::open(brp_address, quick_ack), entity, next_id: 1 };
+    let mut request = |client: usize| match client {
+        0 => sessions.call("read"),
+        1 => stateless.call("read"),
+        2 => sessions.call("trivial"),
+        3 => stateless.call("trivial"),
+        _ => brp.get_components(),
+    };
     for _ in 0..50 {
-        sessions.call_trivial();
-        stateless.call_trivial();
-        brp.get_components();
+        for client in 0..CLIENTS.len() {
+            request(client);
+        }
     }
     // Per client: (time to the answer, time to the end of the response) of every request.
-    let mut timings: [(Vec<Duration>, Vec<Duration>); 3] = Default::default();
+    let mut timings: Vec<(Vec<Duration>, Vec<Duration>)> = vec![Default::default(); CLIENTS.len()];
     for round in 0..rounds {
-        // One request of each, in an order that rotates every round, so that drift hits all three alike.
-        for turn in 0..3 {
-            let client = (round + turn) % 3;
-            let (answer, end) = match client {
-                0 => sessions.call_trivial(),
-                1 => stateless.call_trivial(),
-                _ => brp.get_components(),
-            };
+        // One request of each, in an order that rotates every round, so that drift hits all alike.
+        for turn in 0..CLIENTS.len() {
+            let client = (round + turn) % CLIENTS.len();
+            let (answer, end) = request(client);
             timings[client].0.push(answer);
             timings[client].1.push(end);
         }
     }
     let client = if quick_ack { "client ACKs at once (TCP_QUICKACK)" } else { "plain client (delayed ACKs)" };
-    println!("brp_comparison/{label}: {rounds} rotating rounds over keep-alive HTTP/1.1 on loopback, {client}");
-    let [(mut sessions_answer, mut sessions_end), (mut stateless_answer, mut stateless_end), (mut brp_answer, mut brp_end)] =
-        timings;
-    let report = |what: &str, sessions: &mut Vec<Duration>, stateless: &mut Vec<Duration>, brp: &mut Vec<Duration>| {
+    println!(
+        "brp_comparison/{label} ({points:?}): {rounds} rotating rounds over keep-alive HTTP/1.1 on loopback, {client}"
+    );
+    for (what, series) in
+        [("request sent -> JSON-RPC answer received", 0), ("request sent -> end of the HTTP response", 1)]
+    {
         println!("  {what}:");
-        brp.sort();
-        let (brp_median, brp_p99) = (percentile(brp, 0.5), percentile(brp, 0.99));
-        for (name, mcp) in [("mcp 2025-11-25 session", sessions), ("mcp 2026-07-28 stateless", stateless)] {
-            mcp.sort();
+        let mut sorted: Vec<Vec<Duration>> = timings
+            .iter()
+            .map(|times| {
+                let mut times = if series == 0 { times.0.clone() } else { times.1.clone() };
+                times.sort();
+                times
+            })
+            .collect();
+        let brp = sorted.pop().expect("brp");
+        let (brp_median, brp_p99) = (percentile(&brp, 0.5), percentile(&brp, 0.99));
+        for (name, mcp) in CLIENTS.iter().zip(&sorted) {
             let (mcp_median, mcp_p99) = (percentile(mcp, 0.5), percentile(mcp, 0.99));
             println!(
-                "    {name:<26} tools/call trivial: median {mcp_median:?}, p99 {mcp_p99:?}; ratio to brp: median {:.3}, p99 {:.3}",
+                "    {name:<44} median {mcp_median:>10.2?}, p99 {mcp_p99:>10.2?}; ratio to brp: median {:.3}, p99 {:.3}",
                 mcp_median.as_secs_f64() / brp_median.as_secs_f64(),
                 mcp_p99.as_secs_f64() / brp_p99.as_secs_f64()
             );
         }
-        println!("    brp world.get_components:                    median {brp_median:?}, p99 {brp_p99:?}");
-    };
-    report("request sent -> JSON-RPC answer received", &mut sessions_answer, &mut stateless_answer, &mut brp_answer);
-    report("request sent -> end of the HTTP response", &mut sessions_end, &mut stateless_end, &mut brp_end);
-    game.stop();
+        println!("    {:<44} median {brp_median:>10.2?}, p99 {brp_p99:>10.2?}", CLIENTS[4]);
+    }
+    let _ = stop_tx.send(());
+    let _ = game.join();
+    let mut gaps = gaps.lock().expect("gaps").clone();
+    gaps.sort();
+    println!(
+        "  frames: {}, start of First -> start of the Pump: median {:.1?}, p99 {:.1?}",
+        gaps.len(),
+        percentile(&gaps, 0.5),
+        percentile(&gaps, 0.99)
+    );
 }
 
 fn main() {
     // `cargo bench` passes `--bench`; nothing else to parse.
     let frame_60 = Duration::from_micros(16_667);
-    phase("60fps", frame_60, false, 300);
-    phase("60fps", frame_60, true, 300);
-    phase("1000fps", Duration::from_millis(1), false, 600);
-    phase("1000fps", Duration::from_millis(1), true, 2_000);
+    let between = StepPoints::AlsoBetweenFrames;
+    phase("60fps", frame_60, between, false, 300);
+    phase("60fps", frame_60, between, true, 300);
+    phase("60fps", frame_60, StepPoints::OncePerFrame, false, 300);
+    phase("1000fps", Duration::from_millis(1), between, false, 600);
+    phase("1000fps", Duration::from_millis(1), between, true, 2_000);
 }

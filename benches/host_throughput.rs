@@ -165,8 +165,9 @@ fn calls_per_second(c: &mut Criterion) {
     let mut app = app(SharedGate::default());
     // Warm-up: runtime threads, conversations, maps.
     run_calls(&mut app, CALLS, WINDOW);
-    // Admission counts the conversation's calls in flight by scanning every call of the visit, so the rate
-    // depends on how many are in flight: also measured with a small window.
+    // Admission checks the conversation's in-flight limit against a count the visit's `LiveCalls` keeps per
+    // conversation (no scan of the calls in flight). The rate still depends on the window (how many calls each
+    // client thread keeps in flight, so how much work each thread wake-up finds): also measured with a small one.
     for window in [WINDOW, 16] {
         let mut rates = Vec::new();
         for _ in 0..5 {

@@ -17,6 +17,7 @@ mod plugin;
 #[cfg(all(test, feature = "shuttle"))]
 mod races;
 mod replay;
+mod runner;
 mod runtime;
 #[cfg(any(feature = "acp", feature = "openai"))]
 pub mod session;
@@ -41,8 +42,9 @@ pub use host::{VisitPhase, VisitStatus};
 pub use ids::{ConversationId, DimensionId, LocationRevision, OperationId, RequestId, TaskId, VisitId, WorldId};
 pub use lifecycle::{Location, OpenError, Opened, VisitInfo, WorldLifecycle};
 pub use persist::{Loaded, StoreError, WorldStore, WorldStorePlugin};
-pub use plugin::{AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet, ExitSet};
+pub use plugin::{AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet, ExitSet, StepPoints};
 pub use replay::ReplayRetention;
+pub use runner::AgentToolsRunnerPlugin;
 pub use runtime::AgentRuntime;
 pub use tool::{
     check_version, require_confirmation, AgentTool, DestructiveGuard, ImageContent, NoArgs, ToolAnnotations, ToolInfo,

@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 
 use bevy::app::AppExit;
 use bevy::ecs::message::Messages;
-use bevy::ecs::schedule::{InternedScheduleLabel, ScheduleLabel};
+use bevy::ecs::schedule::{InternedScheduleLabel, ScheduleLabel, SingleThreadedExecutor};
 use bevy::prelude::*;
 use bevy::state::state::States;
 
 use crate::agent::AgentHandle;
-use crate::call::{run_jobs, PumpStats};
+use crate::call::{run_jobs, run_jobs_between_frames, BetweenFrames, PumpStats, PumpWindow};
 use crate::conversation::{
     end_idle_conversations, publish_conversation_messages, CallFinished, CallProgress, CallStarted, ChatDelta,
     ChatError, ChatMessage, ConversationFeed, ConversationStatusChanged, PermissionRequested,
@@ -42,7 +42,38 @@ pub enum AgentToolsSet {
     /// open session.
     Transitions,
     /// Runs queued `on_client` steps, each rechecked right before it runs, until the per-frame budget is spent.
+    /// This is the frame's step point; under [`AgentToolsRunnerPlugin`](crate::AgentToolsRunnerPlugin) steps also
+    /// run in the wait after the frame, sharing its budget (see [`StepPoints`]).
     Pump,
+}
+
+/// Where in the game's loop queued main-thread steps (`on_client` steps, `on_end` cleanups, input observations)
+/// run. `every_frame` steps always run in the frame's [`AgentToolsSet::Pump`], once per frame; a step queued
+/// after one waits for that pump too, to keep the queue's order. Set with [`AgentToolsPlugin::step_points`].
+///
+/// Every point takes steps from the one queue in the order they were queued, rechecks each right before it runs
+/// (call live, deadline, visit, location revision: rule H8), and counts against one budget per frame
+/// ([`AgentToolsPlugin::pump_budget`]): what the frame's [`AgentToolsSet::Pump`] spent, the wait after it may
+/// only spend the rest of. No point runs during a transition: transitions are applied inside a frame, in
+/// [`AgentToolsSet::Transitions`], and the wait between frames is outside every schedule.
+///
+/// Why between frames: a headless game at 60 frames per second works well under a millisecond per frame and then
+/// waits ~16 ms for the next one. A call arriving in that wait (as a client's next call does, right after the
+/// previous answer) waits for the next frame's pump: about a frame per main-thread step. Served in the wait, the
+/// step runs within tens of microseconds of arriving. The cost: a step may run at a moment no system of the
+/// game runs, between one frame's `Last` and the next frame's `First` (the world is as the last frame left it;
+/// messages a step writes are read in the next frame, as with a step in the pump), and a frame may start up to
+/// the rest of the budget late when steps keep arriving at its end.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StepPoints {
+    /// One point per frame: [`AgentToolsSet::Pump`] only. Steps wait for the next frame, whatever the runner.
+    OncePerFrame,
+    /// [`AgentToolsSet::Pump`], and between frames while the app's runner waits for the next frame, if the runner
+    /// serves steps there: [`AgentToolsRunnerPlugin`](crate::AgentToolsRunnerPlugin), or a loop of the game's own
+    /// that waits with [`AgentToolsAppExt::serve_steps_until`]. Under any other runner (`ScheduleRunnerPlugin`,
+    /// winit) this is the same as `OncePerFrame`. The default.
+    #[default]
+    AlsoBetweenFrames,
 }
 
 /// What happens on `AppExit`, in this order, in the `Last` schedule: in-game agent sessions end or disconnect
@@ -87,11 +118,13 @@ pub struct AgentToolsPlugin<L: WorldLifecycle> {
     schedule: InternedScheduleLabel,
     exit_deadline: Duration,
     followers: Vec<Arc<Follower>>,
+    step_points: StepPoints,
 }
 
 impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// A host for `lifecycle`, with the defaults: 30 s call timeout, 1 ms pump budget per frame, dimension
-    /// `"overworld"`, 2 worker threads, `PostUpdate`, 30 s exit deadline.
+    /// `"overworld"`, 2 worker threads, `PostUpdate`, 30 s exit deadline, steps also between frames where the
+    /// runner serves them ([`StepPoints::AlsoBetweenFrames`]).
     pub fn new(lifecycle: L) -> Self {
         Self {
             lifecycle: Arc::new(lifecycle),
@@ -109,6 +142,7 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
             schedule: PostUpdate.intern(),
             exit_deadline: Duration::from_secs(30),
             followers: Vec::new(),
+            step_points: StepPoints::default(),
         }
     }
 
@@ -124,9 +158,32 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
         self
     }
 
-    /// How long the pump may run `on_client` steps per frame. At least one step runs per frame.
+    /// How long the pump may run `on_client` steps per frame, all step points together (the frame's
+    /// [`AgentToolsSet::Pump`] and the wait after it, see [`StepPoints`]). At least one step runs per frame, in
+    /// the frame's `Pump`.
     pub fn pump_budget(mut self, budget: Duration) -> Self {
         self.config.pump_budget = budget;
+        self
+    }
+
+    /// Where queued steps run: in the frame's [`AgentToolsSet::Pump`] only ([`StepPoints::OncePerFrame`]), or
+    /// also between frames where the app's runner serves them ([`StepPoints::AlsoBetweenFrames`], the default).
+    ///
+    /// ```no_run
+    /// # use bevy::prelude::*;
+    /// # use bevy_agent_tools::prelude::*;
+    /// # use bevy_agent_tools::StepPoints;
+    /// # struct MyLifecycle;
+    /// # impl WorldLifecycle for MyLifecycle {
+    /// #     type Session = ();
+    /// #     fn open(&self, _: &VisitInfo, _: &mut World) -> Result<Opened<()>, OpenError> { Ok(Opened::ready(())) }
+    /// #     fn close(&self, _: (), _: &mut World) -> Completion { Completion::done() }
+    /// # }
+    /// // Steps touch the world only inside the frame, after `Update`, even under `AgentToolsRunnerPlugin`.
+    /// let plugin = AgentToolsPlugin::new(MyLifecycle).step_points(StepPoints::OncePerFrame);
+    /// ```
+    pub fn step_points(mut self, points: StepPoints) -> Self {
+        self.step_points = points;
         self
     }
 
@@ -249,11 +306,18 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
                 lifecycle: self.lifecycle.clone(),
                 host: host.clone(),
                 open: None,
-                jobs,
+                jobs: jobs.clone(),
                 next_frame: Default::default(),
                 default_dimension: self.default_dimension.clone(),
                 closing: Vec::new(),
                 shut_down: false,
+            })
+            .insert_resource(PumpWindow {
+                spent: Duration::ZERO,
+                budget: self.config.pump_budget,
+                between_frames: self.step_points == StepPoints::AlsoBetweenFrames,
+                held: false,
+                queue: jobs.clone(),
             })
             .insert_resource(ExitDeadline(self.exit_deadline))
             .insert_resource(ConversationFeed(feed))
@@ -291,6 +355,10 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
                     (run_jobs::<L>, publish_conversation_messages).chain().in_set(AgentToolsSet::Pump),
                 ),
             )
+            .add_systems(BetweenFrames, run_jobs_between_frames::<L>)
+            .edit_schedule(BetweenFrames, |schedule| {
+                schedule.set_executor(SingleThreadedExecutor::new());
+            })
             .configure_sets(Last, (ExitSet::Sessions, ExitSet::Host, ExitSet::Transport).chain())
             .add_systems(Last, stop_on_app_exit::<L>.in_set(ExitSet::Host))
             // The runtime serves the transports too: it stops once they sent what they owed.
@@ -351,6 +419,16 @@ pub trait AgentToolsAppExt {
     /// Registers `tool`. Panics if no `AgentToolsPlugin` was added before, or if the tool is for another session
     /// type than the lifecycle's: both are mistakes in the game's set-up, found at start-up.
     fn add_agent_tool<S: Send + Sync + 'static>(&mut self, tool: AgentTool<S>) -> &mut Self;
+
+    /// Waits until `until` (returns at once if it passed), running queued main-thread steps as they arrive: the
+    /// between-frames step point of [`StepPoints::AlsoBetweenFrames`], for a game loop of its own, between one
+    /// `app.update()` and the next ([`AgentToolsRunnerPlugin`](crate::AgentToolsRunnerPlugin) is such a loop).
+    ///
+    /// Steps already queued run first. Every step is rechecked right before it runs, as in the pump, and the steps
+    /// run here spend the budget of the frame that came before ([`AgentToolsPlugin::pump_budget`]); once it is
+    /// spent, or with [`StepPoints::OncePerFrame`], or without an `AgentToolsPlugin`, this only sleeps until
+    /// `until`. Returns early when a step writes `AppExit`. Call it between frames only, never from a system.
+    fn serve_steps_until(&mut self, until: Instant) -> &mut Self;
 }
 
 impl AgentToolsAppExt for App {
@@ -359,6 +437,11 @@ impl AgentToolsAppExt for App {
             panic!("add AgentToolsPlugin before registering agent tool `{}`", tool.info().name);
         };
         host.register(Arc::new(tool));
+        self
+    }
+
+    fn serve_steps_until(&mut self, until: Instant) -> &mut Self {
+        crate::runner::serve_steps_until(self.world_mut(), until);
         self
     }
 }

@@ -61,6 +61,37 @@ fn every_frame_runs_its_step_once_per_frame_until_it_says_it_is_done() {
     assert_eq!(frames.lock().len(), 5, "a step that said it was done never runs again");
 }
 
+/// Between frames (the step point of `serve_steps_until`) an `every_frame` step does not run: a game counting
+/// frames would see two runs in one. It runs in the next frame's pump, and a step queued after it waits with it.
+#[test]
+fn every_frame_steps_run_only_in_the_frames_pump_and_steps_queued_after_them_keep_their_order() {
+    let frames = Frames::default();
+    let executions = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tools = vec![
+        slide(ToolScope::World, 3, frames.clone()),
+        bump_tool("count", ToolScope::World, executions.clone(), None),
+    ];
+    let mut app = app_with(TestGame::default(), tools);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("slide", json!({}));
+    app.wait_for_queued_steps(1);
+    let after = app.agent().conversation("b").call("count", json!({}));
+    app.wait_for_queued_steps(2);
+    app.serve_steps_until(std::time::Instant::now());
+    assert!(frames.lock().is_empty(), "no run between frames");
+    assert_eq!(executions.load(std::sync::atomic::Ordering::SeqCst), 0, "the step behind it waits with it");
+    app.update();
+    assert_eq!(frames.lock().len(), 1, "its first run, in the frame's pump");
+    assert_eq!(executions.load(std::sync::atomic::Ordering::SeqCst), 1, "then the step queued after it");
+    assert!(after.wait_timeout(bevy_agent_tools::testing::HARNESS_LIMIT).expect("resolved").is_ok());
+    app.serve_steps_until(std::time::Instant::now());
+    assert_eq!(frames.lock().len(), 1, "not again before the next frame");
+    let output = app.run_until_resolved(&call).expect("success");
+    assert_eq!(output.value["ran"], 3);
+    let seen = frames.lock().clone();
+    assert!(seen.windows(2).all(|pair| pair[1] == pair[0] + 1), "one run per frame: {seen:?}");
+}
+
 #[test]
 fn every_frame_steps_stop_when_a_travel_ends_a_location_call_and_never_run_again() {
     let frames = Frames::default();

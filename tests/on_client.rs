@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bevy::diagnostic::FrameCount;
 use bevy::prelude::*;
 use bevy_agent_tools::prelude::*;
-use bevy_agent_tools::testing::{headless_app, AgentTestAppExt, Gate};
-use bevy_agent_tools::{NoArgs, PumpStats};
+use bevy_agent_tools::testing::{headless_app, headless_app_with, AgentTestAppExt, Gate, HARNESS_LIMIT};
+use bevy_agent_tools::{AgentToolsRunnerPlugin, NoArgs, PumpStats, StepPoints};
 use common::*;
 use parking_lot::Mutex;
 use schemars::JsonSchema;
@@ -271,6 +272,10 @@ struct Burst {
 }
 
 fn burst_app(budget: Duration, order: Arc<Mutex<Vec<usize>>>) -> App {
+    burst_app_at(budget, StepPoints::default(), order)
+}
+
+fn burst_app_at(budget: Duration, points: StepPoints, order: Arc<Mutex<Vec<usize>>>) -> App {
     let tool = AgentTool::new("burst", "Queues many steps.", move |ctx: CallContext<Session>, args: Burst| {
         let order = order.clone();
         async move {
@@ -293,7 +298,8 @@ fn burst_app(budget: Duration, order: Arc<Mutex<Vec<usize>>>) -> App {
             Ok(())
         }
     });
-    let mut app = headless_app(AgentToolsPlugin::new(TestGame::default()).pump_budget(budget).with_tool(tool));
+    let plugin = AgentToolsPlugin::new(TestGame::default()).pump_budget(budget).step_points(points).with_tool(tool);
+    let mut app = headless_app(plugin);
     app.enter_world("alpha");
     app
 }
@@ -359,4 +365,145 @@ fn details_the_handler_recorded_reach_the_error_that_ended_the_call() {
     let error = app.run_until_resolved(&call).expect_err("ended by the travel");
     assert_eq!(error.code, ErrorCode::LocationChanged);
     assert_eq!(error.details.extra["placed"], 2, "the agent learns what was already done");
+}
+
+// Step points: the frame's pump, and the wait between frames (`serve_steps_until`, `AgentToolsRunnerPlugin`).
+
+fn frame_count(app: &App) -> u32 {
+    app.world().resource::<FrameCount>().0
+}
+
+#[test]
+fn points_steps_between_frames_run_in_queue_order_without_a_frame() {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut app = burst_app(Duration::from_secs(10), order.clone());
+    let frame = frame_count(&app);
+    let call = app.agent().conversation("a").call("burst", json!({ "steps": 100 }));
+    app.wait_for_queued_steps(100);
+    app.serve_steps_until(Instant::now());
+    assert_eq!(*order.lock(), (0..100).collect::<Vec<_>>(), "all ran between frames, in FIFO order");
+    assert_eq!(frame_count(&app), frame, "no frame ran");
+    assert_eq!(app.world().resource::<PumpStats>().last_frame, 100, "counted in the frame before");
+    assert!(call.wait_timeout(HARNESS_LIMIT).expect("resolved without a frame").is_ok());
+}
+
+#[test]
+fn points_steps_between_frames_spend_only_what_the_frames_pump_left_of_its_budget() {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    // A zero budget: the frame's pump runs its one step, nothing is left for between frames.
+    let mut app = burst_app(Duration::ZERO, order.clone());
+    let call = app.agent().conversation("a").call("burst", json!({ "steps": 3 }));
+    app.wait_for_queued_steps(3);
+    app.serve_steps_until(Instant::now());
+    assert!(order.lock().is_empty(), "the frame's empty pump already spent a zero budget");
+    app.update();
+    assert_eq!(order.lock().len(), 1, "one step per frame");
+    app.serve_steps_until(Instant::now());
+    assert_eq!(order.lock().len(), 1, "none between frames");
+    app.step(2);
+    assert!(app.run_until_resolved(&call).is_ok());
+    assert_eq!(*order.lock(), vec![0, 1, 2]);
+
+    // 1 ms: steps of at least 250 µs each, queued after the frame's pump found nothing, run between frames until
+    // the budget is spent (at most four), and no more until the next frame opens a new budget.
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut app = burst_app(Duration::from_millis(1), order.clone());
+    let call = app.agent().conversation("a").call("burst", json!({ "steps": 40, "spin_micros": 250 }));
+    app.wait_for_queued_steps(40);
+    app.serve_steps_until(Instant::now());
+    let between = order.lock().len();
+    assert!((1..=4).contains(&between), "{between} steps ran between frames");
+    app.serve_steps_until(Instant::now());
+    assert_eq!(order.lock().len(), between, "the frame's budget is spent: nothing more until the next frame");
+    let mut frames = 0;
+    while order.lock().len() < 40 {
+        let before = order.lock().len();
+        app.update();
+        app.serve_steps_until(Instant::now());
+        frames += 1;
+        let ran = order.lock().len() - before;
+        assert!((1..=4).contains(&ran), "frame {frames} and the wait after it ran {ran} steps");
+        assert_eq!(app.world().resource::<PumpStats>().last_frame, ran, "both points counted in one frame");
+    }
+    assert!(app.run_until_resolved(&call).is_ok());
+    assert_eq!(*order.lock(), (0..40).collect::<Vec<_>>());
+}
+
+#[test]
+fn points_a_step_is_rechecked_right_before_it_runs_between_frames() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let quick = bump_tool("quick", ToolScope::World, executions.clone(), None).timeout(Duration::from_millis(50));
+    let tools = vec![bump_tool("count", ToolScope::World, executions.clone(), None), quick];
+    let mut app = app_with(TestGame::default(), tools);
+    app.enter_world("alpha");
+
+    let cancelled = app.agent().conversation("a").call("count", json!({}));
+    app.wait_for_queued_steps(1);
+    assert!(cancelled.cancel());
+    app.serve_steps_until(Instant::now());
+    assert_eq!(app.agent().queued_steps(), 0, "taken off the queue");
+    assert_eq!(executions.load(Ordering::SeqCst), 0, "a cancelled call's step never runs");
+    assert_eq!(code(&cancelled.try_outcome().expect("ended")), Some(ErrorCode::Cancelled));
+
+    let late = app.agent().conversation("a").call("quick", json!({}));
+    app.wait_for_queued_steps(1);
+    let outcome = late.wait_timeout(HARNESS_LIMIT).expect("the deadline ends the call without a frame");
+    assert_eq!(code(&outcome), Some(ErrorCode::Timeout));
+    app.serve_steps_until(Instant::now());
+    assert_eq!(executions.load(Ordering::SeqCst), 0, "a timed-out call's step never runs");
+
+    let live = app.agent().conversation("a").call("count", json!({}));
+    app.wait_for_queued_steps(1);
+    app.serve_steps_until(Instant::now());
+    assert!(live.wait_timeout(HARNESS_LIMIT).expect("resolved").is_ok());
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "a live call's step runs");
+}
+
+#[test]
+fn points_a_game_configured_for_one_point_runs_steps_only_in_the_frames_pump() {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut app = burst_app_at(Duration::from_secs(10), StepPoints::OncePerFrame, order.clone());
+    let call = app.agent().conversation("a").call("burst", json!({ "steps": 3 }));
+    app.wait_for_queued_steps(3);
+    app.serve_steps_until(Instant::now());
+    assert!(order.lock().is_empty(), "nothing runs between frames");
+    assert_eq!(app.agent().queued_steps(), 3);
+    app.update();
+    assert_eq!(*order.lock(), vec![0, 1, 2], "the frame's pump runs them");
+    assert!(app.run_until_resolved(&call).is_ok());
+}
+
+/// The runner's frames are an hour apart: only a step served between frames lets these calls finish.
+#[test]
+fn points_the_runner_serves_steps_between_frames_and_a_step_that_exits_ends_the_wait() {
+    let frame_of_step =
+        AgentTool::new("frame", "The frame count.", |ctx: CallContext<Session>, _: NoArgs| async move {
+            ctx.on_client(|world, _| world.resource::<FrameCount>().0).await
+        });
+    let quit = AgentTool::new("quit", "Quits the game.", |ctx: CallContext<Session>, _: NoArgs| async move {
+        ctx.on_client(|world, _| {
+            world.write_message(AppExit::Success);
+        })
+        .await
+    });
+    let (agent_tx, agent_rx) = crossbeam_channel::bounded(1);
+    let (exit_tx, exit_rx) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        let plugin = AgentToolsPlugin::new(TestGame::default()).with_tool(frame_of_step).with_tool(quit);
+        let mut app = headless_app_with(plugin, AgentToolsRunnerPlugin::run_loop(Duration::from_secs(3600)));
+        app.enter_world("alpha");
+        let _ = agent_tx.send(app.agent());
+        let _ = exit_tx.send(app.run());
+    });
+    let agent = agent_rx.recv_timeout(HARNESS_LIMIT).expect("the game started");
+    let conversation = agent.conversation("a");
+    // Once this one ran, the runner is past its first frame: the next frame is an hour away.
+    conversation.call("frame", json!({})).wait_timeout(HARNESS_LIMIT).expect("served").expect("ok");
+    let first = conversation.call("frame", json!({})).wait_timeout(HARNESS_LIMIT).expect("served between frames");
+    let second = conversation.call("frame", json!({})).wait_timeout(HARNESS_LIMIT).expect("served between frames");
+    let (first, second) = (first.expect("ok").value, second.expect("ok").value);
+    assert_eq!(first, second, "both in the same wait between two frames");
+    let quit = conversation.call("quit", json!({}));
+    assert_eq!(exit_rx.recv_timeout(HARNESS_LIMIT).expect("the game exited at once"), AppExit::Success);
+    assert!(quit.wait_timeout(HARNESS_LIMIT).is_some(), "the quit call ended too");
 }

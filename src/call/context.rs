@@ -226,7 +226,8 @@ impl<S: Send + Sync + 'static> CallContext<S> {
     /// must stop: the paddle still sliding, a lock on an entity (rule H10: the producer owns its cleanup).
     ///
     /// It runs while the call's visit is still open: in the [`Pump`](crate::AgentToolsSet::Pump) of the frame
-    /// the call ended in (or the next one, when it ended after that frame's pump ran), in order with other steps;
+    /// the call ended in (or the next one, when it ended after that frame's pump ran; or between the two under a
+    /// runner that serves steps there, see [`StepPoints`](crate::StepPoints)), in order with other steps;
     /// when the visit exits (by [`ExitWorld`](crate::ExitWorld), entering another world, or `AppExit`), right
     /// after the visit's calls end and before `close` gets the session. After a travel it runs in the new
     /// location, unlike a step. Registered after the call ended, it runs at the next pump all the same if the

@@ -19,7 +19,7 @@ pub(crate) use life::{CallCoordinates, CallLife};
 pub use life::{CallOutcome, CallOutput};
 pub use progress::{Progress, ProgressSink};
 pub use pump::PumpStats;
-pub(crate) use pump::{run_cleanups, run_jobs};
+pub(crate) use pump::{run_cleanups, run_jobs, run_jobs_between_frames, BetweenFrames, PumpWindow};
 
 use crate::error::ToolError;
 use crate::host::HostShared;

@@ -1,10 +1,17 @@
 //! The main-thread pump: runs queued `on_client` steps in FIFO order within a per-frame time budget, each
-//! rechecked right before it runs (rule H8).
+//! rechecked right before it runs (rule H8). A frame has one step point, [`AgentToolsSet::Pump`], and, when the
+//! app's runner waits between frames ([`AgentToolsRunnerPlugin`]), a second one in that wait; both take from the
+//! same queue and share the frame's budget.
+//!
+//! [`AgentToolsSet::Pump`]: crate::AgentToolsSet::Pump
+//! [`AgentToolsRunnerPlugin`]: crate::AgentToolsRunnerPlugin
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
+use bevy::ecs::schedule::ScheduleLabel;
 use bevy::prelude::*;
+use crossbeam_channel::Receiver;
 
 use super::{CallLife, InputContext, Job};
 use crate::error::{ErrorCode, ToolError};
@@ -13,7 +20,9 @@ use crate::panic::panic_message;
 use crate::tool::ToolScope;
 use crate::visit::{OpenSession, VisitSlot};
 
-/// What the pump did in the last frame. Read it for a HUD or a test.
+/// What the pump did in the last frame, at all of the frame's step points (the frame's
+/// [`Pump`](crate::AgentToolsSet::Pump) and, under a runner that serves steps between frames, the wait after it).
+/// Read it for a HUD or a test.
 #[derive(Resource, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PumpStats {
     /// Steps taken off the queue in the last frame (run or rejected).
@@ -22,13 +31,41 @@ pub struct PumpStats {
     pub left_queued: usize,
     /// Steps taken off the queue since the app started.
     pub total: u64,
-    /// How long the pump ran in the last frame (the budget is checked against this after every step).
+    /// How long the pump ran in the last frame, all its points together (the budget is checked against this
+    /// after every step).
     pub last_frame_time: Duration,
 }
 
-/// Runs queued steps until the queue is empty or the budget is spent. At least one step runs per frame, so a
-/// zero budget still makes progress; steps that do not fit wait for the next frame, in order.
+/// The pump-only schedule the between-frames step point runs: [`run_jobs_between_frames`], nothing else.
+#[derive(ScheduleLabel, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct BetweenFrames;
+
+/// The frame's step budget, shared by its step points, and what the between-frames wait watches.
+#[derive(Resource)]
+pub(crate) struct PumpWindow {
+    /// Time spent on steps since this frame's `Pump` opened the window.
+    pub spent: Duration,
+    pub budget: Duration,
+    /// Whether steps may run between frames at all ([`StepPoints`](crate::StepPoints)).
+    pub between_frames: bool,
+    /// An `every_frame` step was met between frames: it waits for the frame's pump, and so does every step
+    /// queued after it (FIFO), until the next frame opens a new window.
+    pub held: bool,
+    /// The step queue (a second receiver: waiting on it takes nothing).
+    pub queue: Receiver<Job>,
+}
+
+impl PumpWindow {
+    /// Whether the between-frames point may run a step now: it is on, and the frame's budget is not spent.
+    pub fn may_run(&self) -> bool {
+        self.between_frames && !self.held && self.spent < self.budget
+    }
+}
+
+/// The frame's step point: runs queued steps until the queue is empty or the budget is spent. At least one step
+/// runs per frame, so a zero budget still makes progress; steps that do not fit wait, in order.
 ///
+/// It opens the frame's budget window: time spent between the previous frame and this one does not count here.
 /// The `every_frame` steps of the previous frame run first, each once; one that is not done waits for the next
 /// frame, so none runs twice in a frame. The frame count `next_frame` waits on moves before any step runs.
 pub(crate) fn run_jobs<L: WorldLifecycle>(world: &mut World) {
@@ -59,9 +96,52 @@ pub(crate) fn run_jobs<L: WorldLifecycle>(world: &mut World) {
         (taken, slot.jobs.len() + slot.next_frame.get_mut().len())
     });
     let elapsed = started.elapsed();
+    let mut window = world.resource_mut::<PumpWindow>();
+    window.spent = elapsed;
+    window.held = false;
     let mut stats = world.resource_mut::<PumpStats>();
     stats.last_frame_time = elapsed;
     stats.last_frame = taken;
+    stats.left_queued = left_queued;
+    stats.total += taken as u64;
+}
+
+/// The between-frames step point: runs queued steps, in order, while the frame's budget has time left (no step
+/// is guaranteed here: the frame's own point guarantees one).
+///
+/// `every_frame` steps run only in the frame's pump, so that a game counting frames (`FrameCount`, which moves in
+/// `Last`) never sees two runs in one: the first one met here is moved, unrun, to the front of the next frame's
+/// pump, and the steps queued after it wait for that pump too, keeping their order.
+pub(crate) fn run_jobs_between_frames<L: WorldLifecycle>(world: &mut World) {
+    let started = Instant::now();
+    let (spent, budget) = {
+        let window = world.resource::<PumpWindow>();
+        if !window.may_run() {
+            return;
+        }
+        (window.spent, window.budget)
+    };
+    let (taken, left_queued, held) = world.resource_scope(|world, mut slot: Mut<VisitSlot<L>>| {
+        let (mut taken, mut held) = (0, false);
+        while spent + started.elapsed() < budget {
+            let Ok(job) = slot.jobs.try_recv() else { break };
+            if matches!(job, Job::EveryFrame { .. }) {
+                slot.next_frame.get_mut().push(job);
+                held = true;
+                break;
+            }
+            taken += 1;
+            slot.run(world, job);
+        }
+        (taken, slot.jobs.len() + slot.next_frame.get_mut().len(), held)
+    });
+    let elapsed = started.elapsed();
+    let mut window = world.resource_mut::<PumpWindow>();
+    window.spent = spent + elapsed;
+    window.held |= held;
+    let mut stats = world.resource_mut::<PumpStats>();
+    stats.last_frame_time += elapsed;
+    stats.last_frame += taken;
     stats.left_queued = left_queued;
     stats.total += taken as u64;
 }
