@@ -27,7 +27,7 @@ use window::{field, WindowedSandbox};
 const TOKEN: &str = "window-bench-token-0123456789";
 const ROUNDS: usize = 3;
 const PHASE: Duration = Duration::from_secs(12);
-const WARM_UP_FRAMES: usize = 300;
+const WARM_UP_FRAMES: usize = 150;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Phase {
@@ -56,6 +56,7 @@ struct Figures {
     p99: f64,
     calls: u64,
     failed: u64,
+    host: (usize, f64, f64),
     snapshot: (usize, f64, f64),
     mesh: (usize, f64, f64),
 }
@@ -91,7 +92,10 @@ async fn load(client: Arc<Client>, phase: Phase, at: (i32, i32, i32), counts: Ar
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let end = tokio::time::Instant::now() + PHASE;
     let mut calls = Vec::new();
-    for i in 0i32.. {
+    // Numbered across phases and rounds, so every placement changes its cell (gold and brick alternate).
+    static NEXT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    loop {
+        let i = NEXT.fetch_add(1, Ordering::Relaxed);
         tick.tick().await;
         if tokio::time::Instant::now() >= end {
             break;
@@ -136,10 +140,9 @@ fn main() {
     sandbox.render_frames(WARM_UP_FRAMES);
     let at = sandbox.player();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("tokio");
-    let transport = StreamableHttpClientTransport::from_config(
-        StreamableHttpClientTransportConfig::with_uri(sandbox.url.clone()).auth_header(TOKEN),
-    );
-    let client = Arc::new(runtime.block_on(().serve(transport)).expect("an MCP session"));
+    let config = StreamableHttpClientTransportConfig::with_uri(sandbox.url.clone()).auth_header(TOKEN);
+    let connected = runtime.block_on(async { ().serve(StreamableHttpClientTransport::from_config(config)).await });
+    let client = Arc::new(connected.expect("an MCP session"));
 
     let mut figures = Vec::new();
     for round in 0..ROUNDS {
@@ -159,6 +162,7 @@ fn main() {
                 p99,
                 calls: counts.0.load(Ordering::Relaxed),
                 failed: counts.1.load(Ordering::Relaxed),
+                host: stats(&line, " host "),
                 snapshot: stats(&line, " snapshot "),
                 mesh: stats(&line, " mesh "),
             };
@@ -169,12 +173,12 @@ fn main() {
     sandbox.command("quit");
     sandbox.wait_exit();
 
-    println!("| round | phase | frames | frame median | frame p99 | p99 / idle p99 (same round) | calls (failed) | chunk snapshots: n, median, p99 | meshes: n, median, p99 |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| round | phase | frames | frame median | frame p99 | p99 / idle p99 (same round) | calls (failed) | host sets per frame: median, p99 | chunk snapshots: n, median, p99 | meshes: n, median, p99 |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for (i, f) in figures.iter().enumerate() {
         let idle = &figures[i - i % 3];
         println!(
-            "| {} | {} | {} | {:.2} ms | {:.2} ms | {:.3} | {} ({}) | {}, {:.2} ms, {:.2} ms | {}, {:.2} ms, {:.2} ms |",
+            "| {} | {} | {} | {:.2} ms | {:.2} ms | {:.3} | {} ({}) | {:.3} ms, {:.3} ms | {}, {:.2} ms, {:.2} ms | {}, {:.2} ms, {:.2} ms |",
             i / 3 + 1,
             f.phase.name(),
             f.frames,
@@ -183,6 +187,8 @@ fn main() {
             f.p99 / idle.p99,
             f.calls,
             f.failed,
+            f.host.1,
+            f.host.2,
             f.snapshot.0,
             f.snapshot.1,
             f.snapshot.2,

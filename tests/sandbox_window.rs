@@ -32,19 +32,24 @@ const GOLD: [u8; 3] = [249, 212, 62];
 /// Frames the window renders before screenshots are trusted (the first ~100 can come out black).
 const WARM_UP_FRAMES: usize = 120;
 
+/// One software-rendered window at a time: two would share two cores and each take twice as long.
+static ONE_WINDOW: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The windowed sandbox, and where its screenshots go.
 struct Sandbox {
     run: WindowedSandbox,
     shots: PathBuf,
+    _turn: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Sandbox {
     fn start(data_dir: &Path, shots: &str, extra: &[String]) -> Self {
+        let turn = ONE_WINDOW.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let binary = common::example_with("sandbox", &["window"]);
         let run = WindowedSandbox::start(&binary, data_dir, TOKEN, "alpha", extra);
         let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sandbox_window").join(shots);
         std::fs::create_dir_all(&shots).expect("a folder for the screenshots");
-        Self { run, shots }
+        Self { run, shots, _turn: turn }
     }
 
     /// A screenshot of the window, through Bevy, decoded.

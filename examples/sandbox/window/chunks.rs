@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bevy::prelude::*;
+use bevy::render::render_resource::AsBindGroup;
+use bevy::shader::ShaderRef;
 
 use super::mesh::chunk_mesh;
 use crate::view::WorldView;
@@ -26,9 +28,22 @@ pub struct ChunkMeshes {
     pub mesh_times: Vec<Duration>,
 }
 
-/// The one material every chunk uses: white, unlit, so vertex colours are what shows.
+/// The chunks' shader (`blocks.wgsl`), registered by the window plugin.
+pub const BLOCKS_SHADER: Handle<Shader> = bevy::asset::uuid_handle!("6b0f3c52-2d7e-4e0a-9a47-51c3d2f0b8a1");
+
+/// The chunks' material: the vertex colours and nothing else (see `blocks.wgsl`).
+#[derive(Asset, TypePath, AsBindGroup, Debug, Clone, Default)]
+pub struct BlockMaterial {}
+
+impl Material for BlockMaterial {
+    fn fragment_shader() -> ShaderRef {
+        ShaderRef::Handle(BLOCKS_SHADER)
+    }
+}
+
+/// The one material every chunk uses.
 #[derive(Resource)]
-pub struct ChunkMaterial(Handle<StandardMaterial>);
+pub struct ChunkMaterial(Handle<BlockMaterial>);
 
 /// The palette the meshes are coloured from.
 #[derive(Resource)]
@@ -41,9 +56,9 @@ pub fn setup(
     mut commands: Commands,
     mut meshes: ResMut<Assets<Mesh>>,
     mut materials: ResMut<Assets<StandardMaterial>>,
+    mut blocks: ResMut<Assets<BlockMaterial>>,
 ) {
-    let material = materials.add(StandardMaterial { base_color: Color::WHITE, unlit: true, ..default() });
-    commands.insert_resource(ChunkMaterial(material));
+    commands.insert_resource(ChunkMaterial(blocks.add(BlockMaterial::default())));
     let [r, g, b] = PLAYER_RGB;
     commands.spawn((
         PlayerMarker,

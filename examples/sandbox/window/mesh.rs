@@ -1,6 +1,6 @@
 //! A chunk's mesh: one quad per block face that touches air, coloured with the block's palette colour. The
-//! material is unlit: the light is baked into the colours (tops full, sides and bottoms darker), so a top face
-//! shows exactly the palette's colour on screen.
+//! material shows the vertex colours as they are: the light is baked into them (tops full, sides and bottoms
+//! darker), so a top face shows exactly the palette's colour on screen.
 
 use bevy::asset::RenderAssetUsages;
 use bevy::mesh::{Indices, PrimitiveTopology};

@@ -60,6 +60,8 @@ pub struct SandboxWindow {
 impl Plugin for SandboxWindow {
     fn build(&self, app: &mut App) {
         let air = self.palette.kind(crate::world::AIR).rgb;
+        bevy::asset::load_internal_asset!(app, chunks::BLOCKS_SHADER, "blocks.wgsl", Shader::from_wgsl);
+        app.add_plugins(MaterialPlugin::<chunks::BlockMaterial>::default());
         app.insert_resource(ClearColor(Color::srgb_u8(air[0], air[1], air[2])))
             .insert_resource(chunks::MeshPalette(self.palette.clone()))
             .insert_resource(keys::DataDir(self.data_dir.clone()))
@@ -73,6 +75,8 @@ impl Plugin for SandboxWindow {
             .init_resource::<requests::FrameTimes>()
             .add_systems(Startup, (chunks::setup, camera::setup, hud::setup, chat_panel::setup, keys::setup))
             .add_systems(First, requests::record_frame)
+            .add_systems(PostUpdate, requests::host_started.before(AgentToolsSet::Transitions))
+            .add_systems(PostUpdate, requests::host_finished.after(AgentToolsSet::Pump))
             .add_systems(Update, (chat_panel::type_keys, keys::transitions, camera::walk, close_is_quit).chain())
             .add_systems(
                 PostUpdate,

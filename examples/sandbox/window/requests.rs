@@ -1,9 +1,9 @@
 //! The window's console commands: `screenshot PATH` (the window as a PNG, through Bevy's screenshot), `hud` (the
-//! text the HUD and the chat panel show), `frames` (frame times, and the chunk snapshot and mesh times of
-//! re-meshing, since the last `frames`).
+//! text the HUD and the chat panel show), `frames` (frame times, the host's time per frame, and the chunk
+//! snapshot and mesh times of re-meshing, since the last `frames`).
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bevy::prelude::*;
 use bevy::render::view::screenshot::{Screenshot, ScreenshotCaptured};
@@ -14,13 +14,30 @@ use super::hud::HudText;
 use crate::console::{say, WindowCommand, WindowRequest};
 use crate::view::WorldView;
 
-/// Every frame's length since the last `frames`.
+/// Every frame's length since the last `frames`, and the time the host's systems took in each.
 #[derive(Resource, Default)]
-pub struct FrameTimes(Vec<Duration>);
+pub struct FrameTimes {
+    frames: Vec<Duration>,
+    host: Vec<Duration>,
+    host_started: Option<Instant>,
+}
 
 pub fn record_frame(time: Res<Time<Real>>, mut frames: ResMut<FrameTimes>) {
     if time.delta() > Duration::ZERO {
-        frames.0.push(time.delta());
+        frames.frames.push(time.delta());
+    }
+}
+
+/// Runs right before the host's sets (`AgentToolsSet::Transitions`, then `Pump`).
+pub fn host_started(mut frames: ResMut<FrameTimes>) {
+    frames.host_started = Some(Instant::now());
+}
+
+/// Runs right after them: the host's main-thread time this frame (with whatever ran in between on the same
+/// schedule; an upper bound).
+pub fn host_finished(mut frames: ResMut<FrameTimes>) {
+    if let Some(started) = frames.host_started.take() {
+        frames.host.push(started.elapsed());
     }
 }
 
@@ -46,10 +63,11 @@ pub fn answer(
                 say(format_args!("ok hud {} | chat {}", text(hud.single()), text(chat.single())));
             }
             WindowCommand::Frames => {
-                let frame = stats(&mut frames.0);
+                let frame = stats(&mut frames.frames);
+                let host = stats(&mut frames.host);
                 let mesh = stats(&mut meshes.mesh_times);
                 let snapshot = stats(&mut view.snapshot_times);
-                say(format_args!("ok frames {frame} snapshot {snapshot} mesh {mesh}"));
+                say(format_args!("ok frames {frame} host {host} snapshot {snapshot} mesh {mesh}"));
             }
         }
     }
