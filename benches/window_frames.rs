@@ -92,7 +92,7 @@ async fn load(client: Arc<Client>, phase: Phase, at: (i32, i32, i32), counts: Ar
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let end = tokio::time::Instant::now() + PHASE;
     let mut calls = Vec::new();
-    // Numbered across phases and rounds, so every placement changes its cell (gold and brick alternate).
+    // Numbered across phases and rounds, so every placement is into a new cell.
     static NEXT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
     loop {
         let i = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -102,10 +102,10 @@ async fn load(client: Arc<Client>, phase: Phase, at: (i32, i32, i32), counts: Ar
         }
         let request = match phase {
             Phase::Place100 => {
-                // Cells over 3×3 chunks around the player, alternating gold and brick: every call changes a block.
-                let (x, z) = (px - 24 + (i * 7) % 48, pz - 24 + (i * 13) % 48);
-                let block = if (i / 48) % 2 == 0 { "gold" } else { "brick" };
-                params("place_block", json!({"x": x, "y": py + 8 + (i / 2304) % 4, "z": z, "block": block}))
+                // A new cell each time, in the air over the 3×3 chunks around the player: every call places a block
+                // (and so changes a drawn chunk). 2,304 cells per layer; a run of three rounds uses two layers.
+                let (x, z, y) = (px - 24 + i % 48, pz - 24 + (i / 48) % 48, py + 8 + i / 2304);
+                params("place_block", json!({"x": x, "y": y.min(127), "z": z, "block": "gold"}))
             }
             _ => params("get_block", json!({"x": px, "y": py - 1, "z": pz})),
         };
