@@ -26,6 +26,9 @@ mod session;
 #[path = "../examples/sandbox/terrain.rs"]
 mod terrain;
 #[allow(dead_code)]
+#[path = "../examples/sandbox/view.rs"]
+mod view;
+#[allow(dead_code)]
 #[path = "../examples/sandbox/world.rs"]
 mod world;
 

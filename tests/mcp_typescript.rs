@@ -22,6 +22,9 @@ mod tools;
 #[path = "../examples/sandbox/tower.rs"]
 mod tower;
 #[allow(dead_code)]
+#[path = "../examples/sandbox/view.rs"]
+mod view;
+#[allow(dead_code)]
 #[path = "../examples/sandbox/world.rs"]
 mod world;
 

@@ -60,10 +60,12 @@ struct ConsoleInput(Receiver<Input>);
 /// Another way to type into the console: the window's keys send the commands a player would type, so they go
 /// through the same checks and print the same lines.
 #[derive(Resource, Clone)]
+#[cfg_attr(not(feature = "window"), allow(dead_code))] // Read by the window only.
 pub struct ConsoleLines(crossbeam_channel::Sender<Input>);
 
 impl ConsoleLines {
     /// Queues `line` as if it had been typed.
+    #[cfg_attr(not(feature = "window"), allow(dead_code))]
     pub fn send(&self, line: impl Into<String>) {
         let _ = self.0.send(Input::Line(line.into()));
     }
@@ -171,6 +173,7 @@ pub struct ChatRequest(pub ChatCommand);
 
 /// A window command, for the window module (the console answers it only when there is no window).
 #[derive(Message, Clone, Debug)]
+#[cfg_attr(not(feature = "window"), allow(dead_code))] // Read by the window only.
 pub struct WindowRequest(pub WindowCommand);
 
 /// What `status` says of the in-game agent session, kept current by the chat module.

@@ -194,6 +194,7 @@ impl ChunkKey {
     }
 
     /// Whether any of its cells is inside the world's bounds.
+    #[cfg_attr(not(feature = "window"), allow(dead_code))]
     pub fn in_bounds(self) -> bool {
         let cells = |c: i32| c * CHUNK..(c + 1) * CHUNK;
         let overlaps = |range: std::ops::Range<i32>| range.start <= *XZ_BOUNDS.end() && range.end > *XZ_BOUNDS.start();
@@ -205,6 +206,7 @@ impl ChunkKey {
 /// the chunk's edges are culled like inner ones). Cells above a column's view ceiling (the nether's roof) and
 /// out of the world's bounds are air.
 #[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "window"), allow(dead_code))] // Read by the window only.
 pub struct ChunkBlocks {
     pub key: ChunkKey,
     /// `(CHUNK + 2)² × height` blocks, indexed by [`ChunkBlocks::index`].
@@ -223,6 +225,7 @@ impl ChunkBlocks {
     }
 
     /// The block at local (x, y, z); air outside the snapshot.
+    #[cfg_attr(not(feature = "window"), allow(dead_code))]
     pub fn get(&self, x: i32, y: i32, z: i32) -> BlockId {
         let inside = (-1..=CHUNK).contains(&x) && (-1..=CHUNK).contains(&z) && Y_BOUNDS.contains(&y);
         if !inside {
