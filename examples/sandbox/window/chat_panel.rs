@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 
+use bevy::ecs::system::SystemParam;
 use bevy::input::keyboard::{Key, KeyboardInput};
 use bevy::prelude::*;
 use bevy_agent_tools::session::AgentSessions;
@@ -113,17 +114,24 @@ pub fn type_keys(
     }
 }
 
+/// The messages the panel shows.
+#[derive(SystemParam)]
+pub struct ChatReaders<'w, 's> {
+    deltas: MessageReader<'w, 's, ChatDelta>,
+    messages: MessageReader<'w, 's, ChatMessage>,
+    errors: MessageReader<'w, 's, ChatError>,
+    permissions: MessageReader<'w, 's, PermissionRequested>,
+    statuses: MessageReader<'w, 's, ConversationStatusChanged>,
+}
+
 /// The in-game sessions' events, in their conversation's order.
 pub fn read_messages(
     mut panel: ResMut<ChatPanel>,
     mut focus: ResMut<Focus>,
     agents: Option<Res<AgentSessions>>,
-    mut deltas: MessageReader<ChatDelta>,
-    mut messages: MessageReader<ChatMessage>,
-    mut errors: MessageReader<ChatError>,
-    mut permissions: MessageReader<PermissionRequested>,
-    mut statuses: MessageReader<ConversationStatusChanged>,
+    mut read: ChatReaders,
 ) {
+    let ChatReaders { deltas, messages, errors, permissions, statuses } = &mut read;
     let Some(agents) = agents else { return };
     enum Event {
         Delta(ChatDelta),
