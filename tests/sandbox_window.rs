@@ -263,7 +263,7 @@ fn window_shows_an_agents_blocks_the_frame_after_its_step_and_the_hud_shows_its_
 }
 
 #[test]
-fn window_keys_chat_with_the_agent_travel_and_closing_the_window_quits_after_the_save() {
+fn window_keys_chat_with_the_agent_walk_travel_and_closing_the_window_quits_after_the_save() {
     let dir = tempfile::tempdir().expect("a data directory");
     // Built with the same features as the sandbox, so the crate is built once for both.
     let agent = common::example_with("scripted_acp_agent", &["window"]);
@@ -296,8 +296,19 @@ fn window_keys_chat_with_the_agent_travel_and_closing_the_window_quits_after_the
     let verdict = sandbox.run.until("the agent's verdict", |line| line.contains("permission: "));
     assert!(verdict.ends_with("permission: denied"), "{verdict}");
 
-    // Esc closes the panel; P travels (the same `travel` a console player types).
+    // Esc closes the panel; a tap of W walks the player one cell (through the world state, like everything).
     x.key(0xff1b);
+    let before = sandbox.run.player();
+    x.type_text("w");
+    let until = Instant::now() + WAIT;
+    while sandbox.run.player() == before {
+        assert!(Instant::now() < until, "W did not move the player from {before:?}");
+    }
+    let after = sandbox.run.player();
+    let step = ((after.0 - before.0).abs(), (after.2 - before.2).abs());
+    assert!(step.0 <= 1 && step.1 <= 1, "one step, to a neighbouring column: {before:?} -> {after:?}");
+
+    // P travels (the same `travel` a console player types).
     x.type_text("p");
     sandbox.run.until("the relocation", |line| line.starts_with("relocated") && line.contains("dimension=nether"));
 

@@ -81,7 +81,8 @@ pub fn walk(
     for (key, direction) in
         [(KeyCode::KeyW, Vec2::Y), (KeyCode::KeyS, -Vec2::Y), (KeyCode::KeyA, -Vec2::X), (KeyCode::KeyD, Vec2::X)]
     {
-        if keys.pressed(key) {
+        // A tap shorter than a frame is still a step: it is pressed and released before this system runs.
+        if keys.pressed(key) || keys.just_pressed(key) {
             wish += direction;
         }
     }
