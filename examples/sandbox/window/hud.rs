@@ -11,6 +11,7 @@ use bevy_agent_tools::{
 };
 
 use crate::view::WorldView;
+use crate::world::Pos;
 
 /// How many finished calls and conversations the HUD lists.
 const LAST_CALLS: usize = 6;
@@ -107,11 +108,18 @@ pub fn read_messages(
     }
 }
 
-/// The HUD's text, rewritten when what it shows changed.
-pub fn draw(hud: Res<Hud>, view: Res<WorldView>, mut text: Query<&mut Text, With<HudText>>) {
-    if !hud.is_changed() && !view.is_changed() {
+/// The HUD's text, rewritten when what it shows changed (the world view changes every frame; of it the HUD
+/// shows only the player's position).
+pub fn draw(
+    hud: Res<Hud>,
+    view: Res<WorldView>,
+    mut shown_player: Local<Option<Pos>>,
+    mut text: Query<&mut Text, With<HudText>>,
+) {
+    if !hud.is_changed() && *shown_player == view.player {
         return;
     }
+    *shown_player = view.player;
     let Ok(mut text) = text.single_mut() else { return };
     let rendered = hud.render(&view);
     if text.0 != rendered {
