@@ -26,13 +26,15 @@ use window::{field, WindowedSandbox};
 
 const TOKEN: &str = "window-bench-token-0123456789";
 const ROUNDS: usize = 3;
-const PHASE: Duration = Duration::from_secs(12);
+const PHASE: Duration = Duration::from_secs(20);
 const WARM_UP_FRAMES: usize = 150;
+const WARM_UP_LOAD: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Phase {
     Idle,
-    /// `place_block` 100 times a second, each changing a drawn chunk (so each is re-meshed).
+    /// `place_block` 100 times a second, each changing a drawn chunk (so each is re-meshed), and each placed block
+    /// broken half a second later (another 100 calls a second, each changing the chunk again).
     Place100,
     /// `get_block` 200 times a second.
     Read200,
@@ -42,7 +44,7 @@ impl Phase {
     fn name(self) -> &'static str {
         match self {
             Phase::Idle => "idle",
-            Phase::Place100 => "100 place_block/s",
+            Phase::Place100 => "100 place_block/s (+ 100 break_block/s)",
             Phase::Read200 => "200 get_block/s",
         }
     }
@@ -80,8 +82,21 @@ fn params(tool: &str, arguments: Value) -> CallToolRequestParams {
     CallToolRequestParams::new(tool.to_string()).with_arguments(arguments.as_object().cloned().unwrap_or_default())
 }
 
-/// Calls at `per_second` for `phase`'s length, each in its own task (a slow call does not slow the rate).
-async fn load(client: Arc<Client>, phase: Phase, at: (i32, i32, i32), counts: Arc<(AtomicU64, AtomicU64)>) {
+/// How long a placed block stays before the bench breaks it again: the scene every phase draws stays the same size
+/// (at most this many seconds' worth of placed blocks), so a loaded phase is not compared with a lighter idle one.
+const PLACED_FOR: Duration = Duration::from_millis(500);
+
+/// Calls at `per_second` for `phase`'s length, each in its own task (a slow call does not slow the rate). In
+/// `Place100`, every placed block is broken again `PLACED_FOR` later (those `break_block` calls come on top of the
+/// 100 `place_block`/s), and the phase ends only when the last one is broken: the world after the phase is the
+/// world before it.
+async fn load(
+    client: Arc<Client>,
+    phase: Phase,
+    length: Duration,
+    at: (i32, i32, i32),
+    counts: Arc<(AtomicU64, AtomicU64)>,
+) {
     let per_second = match phase {
         Phase::Idle => return,
         Phase::Place100 => 100,
@@ -90,33 +105,45 @@ async fn load(client: Arc<Client>, phase: Phase, at: (i32, i32, i32), counts: Ar
     let (px, py, pz) = at;
     let mut tick = tokio::time::interval(Duration::from_secs(1) / per_second);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let end = tokio::time::Instant::now() + PHASE;
+    let end = tokio::time::Instant::now() + length;
     let mut calls = Vec::new();
-    // Numbered across phases and rounds, so every placement is into a new cell.
+    // Numbered across phases and rounds, so every placement is into a cell of its own.
     static NEXT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    let call = move |request: CallToolRequestParams| {
+        let (client, counts) = (client.clone(), counts.clone());
+        tokio::spawn(async move {
+            let failed = !matches!(client.call_tool(request).await, Ok(result) if result.is_error != Some(true));
+            counts.0.fetch_add(1, Ordering::Relaxed);
+            if failed {
+                counts.1.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
     loop {
         let i = NEXT.fetch_add(1, Ordering::Relaxed);
         tick.tick().await;
         if tokio::time::Instant::now() >= end {
             break;
         }
-        let request = match phase {
+        match phase {
             Phase::Place100 => {
                 // A new cell each time, in the air over the 3×3 chunks around the player: every call places a block
-                // (and so changes a drawn chunk). 2,304 cells per layer; a run of three rounds uses two layers.
-                let (x, z, y) = (px - 24 + i % 48, pz - 24 + (i / 48) % 48, py + 8 + i / 2304);
-                params("place_block", json!({"x": x, "y": y.min(127), "z": z, "block": "gold"}))
+                // (and so changes a drawn chunk), and half a second later breaks it (changing it again).
+                let (x, z, y) = (px - 24 + i % 48, pz - 24 + (i / 48) % 48, (py + 8 + i / 2304).min(127));
+                let placed = tokio::spawn({
+                    let place = call(params("place_block", json!({"x": x, "y": y, "z": z, "block": "gold"})));
+                    let break_it = params("break_block", json!({"x": x, "y": y, "z": z, "confirm": true}));
+                    let call = call.clone();
+                    async move {
+                        let _ = place.await;
+                        tokio::time::sleep(PLACED_FOR).await;
+                        let _ = call(break_it).await;
+                    }
+                });
+                calls.push(placed);
             }
-            _ => params("get_block", json!({"x": px, "y": py - 1, "z": pz})),
-        };
-        let (client, counts) = (client.clone(), counts.clone());
-        calls.push(tokio::spawn(async move {
-            let failed = !matches!(client.call_tool(request).await, Ok(result) if result.is_error != Some(true));
-            counts.0.fetch_add(1, Ordering::Relaxed);
-            if failed {
-                counts.1.fetch_add(1, Ordering::Relaxed);
-            }
-        }));
+            _ => calls.push(call(params("get_block", json!({"x": px, "y": py - 1, "z": pz})))),
+        }
     }
     for call in calls {
         let _ = call.await;
@@ -143,6 +170,12 @@ fn main() {
     let config = StreamableHttpClientTransportConfig::with_uri(sandbox.url.clone()).auth_header(TOKEN);
     let connected = runtime.block_on(async { ().serve(StreamableHttpClientTransport::from_config(config)).await });
     let client = Arc::new(connected.expect("an MCP session"));
+    // One unmeasured pass of each load first: the first calls' one-time costs (connections, allocations, the
+    // renderer's first gold faces) are not any phase's.
+    for phase in [Phase::Place100, Phase::Read200] {
+        let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        runtime.block_on(load(client.clone(), phase, WARM_UP_LOAD, at, counts));
+    }
 
     let mut figures = Vec::new();
     for round in 0..ROUNDS {
@@ -151,7 +184,7 @@ fn main() {
             let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
             match phase {
                 Phase::Idle => std::thread::sleep(PHASE),
-                _ => runtime.block_on(load(client.clone(), phase, at, counts.clone())),
+                _ => runtime.block_on(load(client.clone(), phase, PHASE, at, counts.clone())),
             }
             let line = sandbox.command("frames");
             let (frames, median, p99) = stats(&line, "ok frames");

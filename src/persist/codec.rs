@@ -42,6 +42,15 @@ use serde::Serialize;
 ///
 /// Round-trip a document type through the store in a test before you switch it.
 ///
+/// # Bulk state: hand the codec bytes
+///
+/// With either codec, a save's time on a fast disk is mostly the encoder walking every field of every record
+/// (postcard ~40 ns per small record: 190,000 records take ~8 ms, where writing their 3 MB takes ~3.5 ms). A game
+/// whose state is mostly bulk records (chunks of blocks, tiles, particles) can keep or write them in its own
+/// fixed-size layout and serialize that as one byte string (`serialize_bytes`, e.g. with `#[serde(serialize_with)]`
+/// or `serde_bytes`): postcard then copies the bytes behind a length, and the save costs about the write
+/// (BENCHMARKS.md, `packed`). The envelope, checksum and fallback are the same; the layout is the game's to version.
+///
 /// Why postcard: it is maintained, serde-based (the same `Serialize`/`Deserialize` derives as JSON, so switching
 /// is one line), compact (varints, no names) and has a stable, documented wire format (1.0 spec). MessagePack
 /// with field names (`rmp-serde`) keeps some schema tolerance but measured ~2.6× postcard's encoding time here;
