@@ -64,8 +64,8 @@ pub mod internals {
 /// Everything you need to get started: the trait to implement, the plugin, tools, contexts and errors.
 pub mod prelude {
     pub use crate::{
-        AgentHandle, AgentTool, AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet, CallContext, Completion, EnterWorld,
-        ErrorCode, ExitWorld, Location, NoArgs, OpenError, Opened, ToolError, ToolScope, TravelTo, VisitInfo,
-        WorldBinding, WorldLifecycle,
+        AgentHandle, AgentTool, AgentToolsAppExt, AgentToolsPlugin, AgentToolsRunnerPlugin, AgentToolsSet, CallContext,
+        Completion, EnterWorld, ErrorCode, ExitWorld, Location, NoArgs, OpenError, Opened, ToolError, ToolScope,
+        TravelTo, VisitInfo, WorldBinding, WorldLifecycle,
     };
 }

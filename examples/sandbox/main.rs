@@ -1,5 +1,5 @@
 //! The sandbox: a small voxel world that AI agents play through MCP tools, headless, at a fixed 60 ticks per
-//! second. The console (standard input) stands in for the player: `enter WORLD`, `travel DIMENSION`, `exit`,
+//! second (run by [`AgentToolsRunnerPlugin`], which also serves agents' steps between ticks). The console (standard input) stands in for the player: `enter WORLD`, `travel DIMENSION`, `exit`,
 //! `status`, `quit`; with `--agent`, the player also chats with an in-game agent: `say TEXT`, `chat-cancel`,
 //! `chat-end`, `chat-resume [ID]`, `chat-allow R`, `chat-deny R` (see `chat.rs`).
 //!
@@ -241,7 +241,14 @@ fn main() -> AppExit {
     if args.window {
         add_window(&mut app, &palette, &args);
     } else {
-        app.add_plugins((MinimalPlugins.set(ScheduleRunnerPlugin::run_loop(frame)), LogPlugin::default()));
+        // The crate's runner instead of `ScheduleRunnerPlugin`: the same fixed frame rate, and an agent's steps are
+        // also served while the loop waits for the next frame, so a call that reads or changes the world returns
+        // in well under a frame (BENCHMARKS.md, MCP vs BRP).
+        app.add_plugins((
+            MinimalPlugins.build().disable::<ScheduleRunnerPlugin>(),
+            AgentToolsRunnerPlugin::run_loop(frame),
+            LogPlugin::default(),
+        ));
     }
     let host = tools::all(palette.clone())
         .into_iter()
