@@ -195,7 +195,11 @@ impl GameServer {
         let outcome = loop {
             tokio::select! {
                 biased;
-                Some(progress) = progress_rx.recv() => notify_progress(context, progress_token.as_ref(), progress).await,
+                // After the client's cancel, its reports are dropped: it has forgotten the token (MCP: the
+                // receiver of a cancel stops; the TypeScript SDK reports progress for a forgotten token as an error).
+                Some(progress) = progress_rx.recv() => if !context.ct.is_cancelled() {
+                    notify_progress(context, progress_token.as_ref(), progress).await
+                },
                 outcome = &mut call => break outcome,
                 _ = context.ct.cancelled(), if !cancelled => {
                     cancelled = true;
@@ -204,7 +208,9 @@ impl GameServer {
             }
         };
         while let Ok(progress) = progress_rx.try_recv() {
-            notify_progress(context, progress_token.as_ref(), progress).await;
+            if !context.ct.is_cancelled() {
+                notify_progress(context, progress_token.as_ref(), progress).await;
+            }
         }
         outcome_to_result(outcome).map(Into::into)
     }

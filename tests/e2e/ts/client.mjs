@@ -187,7 +187,12 @@ async function main() {
     check('usable after cancel', !after.isError, after);
 
     check('no validator warnings', warnings.length === 0, warnings);
-    check('no transport errors', errors.length === 0, errors);
+    // A report the game sent before the cancel reached it can still arrive after the SDK forgot the token: MCP
+    // allows that race (both sides handle it) and the SDK reports it as an error. At most that one; the server sends
+    // none once it has the cancel (src/mcp/server.rs).
+    const late = errors.filter((error) => error.includes('progress notification for an unknown token'));
+    check('no progress after the cancel but the one in flight', late.length <= 1, late);
+    check('no transport errors', errors.length === late.length, errors);
     await client.close();
 
     // A stream cut while a call runs: the client resumes with Last-Event-ID after the server's retry interval
