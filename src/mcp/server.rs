@@ -195,11 +195,7 @@ impl GameServer {
         let outcome = loop {
             tokio::select! {
                 biased;
-                // After the client's cancel, its reports are dropped: it has forgotten the token (MCP: the
-                // receiver of a cancel stops; the TypeScript SDK reports progress for a forgotten token as an error).
-                Some(progress) = progress_rx.recv() => if !context.ct.is_cancelled() {
-                    notify_progress(context, progress_token.as_ref(), progress).await
-                },
+                Some(progress) = progress_rx.recv() => notify_progress(context, progress_token.as_ref(), progress).await,
                 outcome = &mut call => break outcome,
                 _ = context.ct.cancelled(), if !cancelled => {
                     cancelled = true;
@@ -208,18 +204,17 @@ impl GameServer {
             }
         };
         while let Ok(progress) = progress_rx.try_recv() {
-            if !context.ct.is_cancelled() {
-                notify_progress(context, progress_token.as_ref(), progress).await;
-            }
+            notify_progress(context, progress_token.as_ref(), progress).await;
         }
         outcome_to_result(outcome).map(Into::into)
     }
 }
 
 /// Sends one progress report as `notifications/progress` (nothing without a token; a client that went away is not
-/// an error here: the call's own cancellation handles it).
+/// an error here: the call's own cancellation handles it). Nothing once the client cancelled the request: it has
+/// forgotten the token (the TypeScript SDK reports progress for a forgotten token as an error).
 async fn notify_progress(context: &RequestContext<RoleServer>, token: Option<&ProgressToken>, progress: Progress) {
-    let Some(token) = token else { return };
+    let Some(token) = token.filter(|_| !context.ct.is_cancelled()) else { return };
     let mut param = ProgressNotificationParam::new(token.clone(), progress.progress);
     if let Some(total) = progress.total {
         param = param.with_total(total);
