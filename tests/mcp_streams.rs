@@ -1,0 +1,202 @@
+//! A call's response stream (MCP 2025-11-25) over raw HTTP, read to its end: a client whose stream was cut comes
+//! back with `Last-Event-ID` after its call finished and still gets the result; a client that cancels a call gets
+//! none of the call's later progress on it.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bevy_agent_tools::mcp::{McpPlugin, McpServer};
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
+use bevy_agent_tools::{ConversationEvent, NoArgs};
+use common::*;
+
+const TOKEN: &str = "resume-token-0123456789abcdef";
+
+/// Sends one request and returns the connection, positioned after the response's headers, and those headers.
+fn send(server: &McpServer, method: &str, headers: &[(&str, &str)], body: &str) -> (BufReader<TcpStream>, String) {
+    let mut stream = TcpStream::connect(server.address()).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let mut request = format!(
+        "{method} /mcp HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        server.address(),
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).expect("write");
+    let mut reader = BufReader::new(stream);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("a header line");
+        if line == "\r\n" || line.is_empty() {
+            return (reader, head);
+        }
+        head.push_str(&line);
+    }
+}
+
+/// Initializes an MCP 2025-11-25 session over raw HTTP; returns its id.
+fn open_session(server: &McpServer) -> String {
+    let initialize = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    let (_, head) = send(server, "POST", &[], initialize);
+    let session = head
+        .lines()
+        .find_map(|line| {
+            line.to_ascii_lowercase().starts_with("mcp-session-id:").then(|| line[15..].trim().to_string())
+        })
+        .expect("a session id");
+    let in_session = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
+    send(server, "POST", &in_session, r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    session
+}
+
+/// Reads server-sent event lines until one satisfies `wanted`; returns it.
+fn read_until(reader: &mut BufReader<TcpStream>, mut wanted: impl FnMut(&str) -> bool) -> Option<String> {
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return None,
+            Ok(_) if wanted(&line) => return Some(line),
+            Ok(_) => {}
+        }
+    }
+}
+
+#[test]
+fn a_client_that_resumes_after_its_call_finished_gets_the_result_it_missed() {
+    let gate = Gate::new();
+    let tool_gate = gate.clone();
+    let game = RunningGame::spawn(Duration::from_millis(1), move || {
+        let plugin = AgentToolsPlugin::new(TestGame::default()).with_tool(bump_tool(
+            "gated",
+            ToolScope::World,
+            Arc::default(),
+            Some(tool_gate),
+        ));
+        headless_app_with(plugin, McpPlugin::new().port(0).token(TOKEN))
+    });
+    let server = game.with_app(|app| {
+        app.world_mut().write_message(EnterWorld::new("alpha"));
+        app.update();
+        app.world().resource::<McpServer>().clone()
+    });
+    let mut events = game.agent().subscribe();
+
+    let session = open_session(&server);
+    let in_session = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
+
+    // The call's stream: read its priming event, then the connection drops while the call waits at the gate.
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"gated","arguments":{"by":3}}}"#;
+    let (mut stream, _) = send(&server, "POST", &in_session, call);
+    let priming = read_until(&mut stream, |line| line.starts_with("id:")).expect("a priming event");
+    let last_event_id = priming.trim_start_matches("id:").trim().to_string();
+    drop(stream);
+
+    // The call finishes while nobody listens.
+    gate.open();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        loop {
+            let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("in time");
+            if let Some(ConversationEvent::CallFinished(finished)) = event {
+                assert_eq!(finished.code, None, "the call succeeded");
+                break;
+            }
+        }
+    });
+
+    // The session answers a ping after the call's response went through it: the response was produced, so rmcp's
+    // own manager has forgotten the stream by now.
+    let (mut pong, _) = send(&server, "POST", &in_session, r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#);
+    read_until(&mut pong, |line| line.contains(r#""id":8"#)).expect("a pong");
+
+    // The client comes back with the last event id it saw and gets the result.
+    let resume = [in_session[0], in_session[1], ("Last-Event-ID", last_event_id.as_str())];
+    let (mut resumed, head) = send(&server, "GET", &resume, "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let result = read_until(&mut resumed, |line| line.starts_with("data:") && line.contains(r#""id":7"#));
+    let result = result.expect("the result of the call, replayed");
+    assert!(result.contains(r#""counter":3"#), "{result}");
+    game.stop();
+}
+
+/// How many reports the `burst` tool makes at once: far more than the server sends before the client's cancel
+/// arrives (the test fails as inconclusive if not).
+const BURST: u32 = 5_000;
+
+/// Makes [`BURST`] progress reports at once, then waits for the call to end.
+fn burst() -> AgentTool<Session> {
+    AgentTool::new(
+        "burst",
+        "Reports progress many times at once, then waits.",
+        |ctx: CallContext<Session>, _: NoArgs| async move {
+            for step in 1..=BURST {
+                ctx.report_progress(f64::from(step), Some(f64::from(BURST)), None);
+            }
+            Err::<(), _>(ctx.ended().await)
+        },
+    )
+}
+
+#[test]
+fn once_a_call_is_cancelled_its_queued_progress_is_dropped_not_sent() {
+    let game = RunningGame::spawn(Duration::from_millis(1), || {
+        let plugin = AgentToolsPlugin::new(TestGame::default()).with_tool(burst());
+        headless_app_with(plugin, McpPlugin::new().port(0).token(TOKEN))
+    });
+    let server = game.with_app(|app| {
+        app.world_mut().write_message(EnterWorld::new("alpha"));
+        app.update();
+        app.world().resource::<McpServer>().clone()
+    });
+    let mut events = game.agent().subscribe();
+    let session = open_session(&server);
+    let in_session = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
+    // The session's standalone stream: where rmcp sends a call's progress once the call's own stream is closed,
+    // as it is the moment the client cancels (the client has forgotten the token by then).
+    let (mut standalone, head) = send(&server, "GET", &in_session, "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"burst","arguments":{},"_meta":{"progressToken":"p7"}}}"#;
+    let (mut stream, _) = send(&server, "POST", &in_session, call);
+    read_until(&mut stream, |line| line.contains("notifications/progress")).expect("a first report");
+    let cancel = r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"test"}}"#;
+    send(&server, "POST", &in_session, cancel);
+    let mut on_call_stream = 1;
+    read_until(&mut stream, |line| {
+        on_call_stream += u32::from(line.contains("notifications/progress"));
+        false
+    });
+    assert!(on_call_stream < BURST, "inconclusive: every report was sent before the cancel arrived");
+
+    // The call ends, then the session is deleted, which ends the standalone stream.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        loop {
+            let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("in time");
+            if let Some(ConversationEvent::CallFinished(finished)) = event {
+                assert_eq!(finished.code, Some(ErrorCode::Cancelled), "the call was cancelled");
+                break;
+            }
+        }
+    });
+    send(&server, "DELETE", &in_session, "");
+    let mut late = 0;
+    read_until(&mut standalone, |line| {
+        late += u32::from(line.contains("notifications/progress"));
+        false
+    });
+    // One report can cross the cancel: it was on its way through rmcp when rmcp closed the call's stream (MCP's
+    // race clause; a client ignores it). Every report still queued then is dropped.
+    assert!(late <= 1, "{late} reports followed the cancel ({on_call_stream} went out before it)");
+    game.stop();
+}
