@@ -45,7 +45,7 @@ pub use persist::{Loaded, StoreError, WorldStore, WorldStorePlugin};
 pub use plugin::{AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet, ExitSet, StepPoints};
 pub use replay::ReplayRetention;
 pub use runner::AgentToolsRunnerPlugin;
-pub use runtime::AgentRuntime;
+pub use runtime::{AgentRuntime, WorkerPriority};
 pub use tool::{
     check_version, require_confirmation, AgentTool, DestructiveGuard, ImageContent, NoArgs, ToolAnnotations, ToolInfo,
     ToolScope, DEFAULT_TOOL_TIMEOUT, OPERATION_ID, TASK_ID,

@@ -20,7 +20,7 @@ use crate::host::{HostConfig, HostShared};
 use crate::ids::{DimensionId, WorldId};
 use crate::lifecycle::WorldLifecycle;
 use crate::replay::ReplayRetention;
-use crate::runtime::AgentRuntime;
+use crate::runtime::{AgentRuntime, WorkerPriority};
 use crate::tool::{AgentTool, ErasedTool, DEFAULT_TOOL_TIMEOUT};
 use crate::visit::{
     apply_transitions, collect_transitions, follow_state, EnterWorld, ExitWorld, PendingTransitions, StateTarget,
@@ -115,6 +115,7 @@ pub struct AgentToolsPlugin<L: WorldLifecycle> {
     config: HostConfig,
     default_dimension: DimensionId,
     worker_threads: usize,
+    worker_priority: WorkerPriority,
     schedule: InternedScheduleLabel,
     exit_deadline: Duration,
     followers: Vec<Arc<Follower>>,
@@ -123,7 +124,7 @@ pub struct AgentToolsPlugin<L: WorldLifecycle> {
 
 impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// A host for `lifecycle`, with the defaults: 30 s call timeout, 1 ms pump budget per frame, dimension
-    /// `"overworld"`, 2 worker threads, `PostUpdate`, 30 s exit deadline, steps also between frames where the
+    /// `"overworld"`, 2 worker threads below the game's threads ([`WorkerPriority::Background`]), `PostUpdate`, 30 s exit deadline, steps also between frames where the
     /// runner serves them ([`StepPoints::AlsoBetweenFrames`]).
     pub fn new(lifecycle: L) -> Self {
         Self {
@@ -139,6 +140,7 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
             },
             default_dimension: DimensionId::new("overworld"),
             worker_threads: 2,
+            worker_priority: WorkerPriority::default(),
             schedule: PostUpdate.intern(),
             exit_deadline: Duration::from_secs(30),
             followers: Vec::new(),
@@ -230,6 +232,14 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
         self
     }
 
+    /// How the operating system schedules the worker threads against the game's own: below them by default
+    /// ([`WorkerPriority::Background`]), so that when the cores are busy (a renderer, a physics step) agent work
+    /// waits instead of lengthening frames.
+    pub fn worker_priority(mut self, priority: WorkerPriority) -> Self {
+        self.worker_priority = priority;
+        self
+    }
+
     /// Runs the host's [`AgentToolsSet`]s in `schedule` instead of `PostUpdate`.
     pub fn in_schedule(mut self, schedule: impl ScheduleLabel) -> Self {
         self.schedule = schedule.intern();
@@ -289,7 +299,7 @@ impl AgentHost {
 
 impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
     fn build(&self, app: &mut App) {
-        let runtime = AgentRuntime::start(self.worker_threads)
+        let runtime = AgentRuntime::start(self.worker_threads, self.worker_priority)
             .unwrap_or_else(|error| panic!("agent tools could not start their tokio runtime: {error}"));
         let session_type = (TypeId::of::<L::Session>(), std::any::type_name::<L::Session>());
         let (host, jobs, feed) = HostShared::new(runtime.handle().clone(), self.config.clone(), session_type);

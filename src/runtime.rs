@@ -1,17 +1,23 @@
 //! [`AgentRuntime`]: the tokio runtime the plugin owns. Handlers, drivers and close work run on it; it starts
 //! with the plugin and stops on `AppExit`, after every close completion and `WorldLifecycle::shutdown`.
 
+mod priority;
+
 use std::time::Duration;
 
 use bevy::prelude::Resource;
 
-/// Each worker thread starts with rmcp's log lines quiet (see [`crate::mcp`]: `BEVY_AGENT_TOOLS_RMCP_LOG`).
-fn on_worker_start() {
+pub use priority::WorkerPriority;
+
+/// Each worker thread starts at its priority, with rmcp's log lines quiet (see [`crate::mcp`]:
+/// `BEVY_AGENT_TOOLS_RMCP_LOG`).
+fn on_worker_start(priority: WorkerPriority) {
+    priority.apply_to_this_thread();
     #[cfg(feature = "mcp")]
     crate::mcp::quiet::on_this_thread();
 }
 
-/// The plugin's tokio runtime (named worker threads `agent-tools-worker`). Use its handle to run I/O from
+/// The plugin's tokio runtime (named worker threads `agent-tools-worker`, at the plugin's [`WorkerPriority`]). Use its handle to run I/O from
 /// `close` and return a [`Completion`](crate::Completion) with [`Completion::spawn`](crate::Completion::spawn).
 #[derive(Resource)]
 pub struct AgentRuntime {
@@ -20,11 +26,11 @@ pub struct AgentRuntime {
 }
 
 impl AgentRuntime {
-    pub(crate) fn start(worker_threads: usize) -> std::io::Result<Self> {
+    pub(crate) fn start(worker_threads: usize, priority: WorkerPriority) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(worker_threads.max(1))
             .thread_name("agent-tools-worker")
-            .on_thread_start(on_worker_start)
+            .on_thread_start(move || on_worker_start(priority))
             .enable_all()
             .build()?;
         let handle = runtime.handle().clone();
