@@ -1,14 +1,16 @@
 //! Frame time of the windowed sandbox (full `DefaultPlugins`, winit, Bevy's renderer on software Vulkan under
 //! Xvfb) idle, with an agent placing 100 blocks per second over MCP, and with an agent reading the world 200
-//! times per second (`get_block`, an `on_client` step each), in rotating phases of one run; and what re-meshing a
-//! chunk costs the frame (its snapshot in `tick` and its mesh).
+//! times per second (`get_block`, an `on_client` step each), in short rotating phases of one run, each figure
+//! pooled over the rounds; and what re-meshing a chunk costs the frame (its snapshot in `tick` and its mesh).
 //!
 //! ```sh
 //! cargo bench --features window --bench window_frames
 //! ```
 //!
-//! Needs xvfb and mesa-vulkan-drivers (tests/e2e/setup-window.sh). Prints a Markdown table.
+//! Needs xvfb and mesa-vulkan-drivers (tests/e2e/setup-window.sh). Prints two Markdown tables: pooled, then per phase.
 
+#[path = "../tests/common/lines.rs"]
+mod lines;
 #[path = "../tests/common/window.rs"]
 mod window;
 
@@ -25,8 +27,10 @@ use serde_json::{json, Value};
 use window::{field, WindowedSandbox};
 
 const TOKEN: &str = "window-bench-token-0123456789";
-const ROUNDS: usize = 3;
-const PHASE: Duration = Duration::from_secs(20);
+/// Short phases, many rounds: the machine's own state drifts over minutes (idle p99 moved 40% between runs minutes
+/// apart), so each load is compared with idle frames from the same few seconds, and figures are pooled over rounds.
+const ROUNDS: usize = 10;
+const PHASE: Duration = Duration::from_secs(6);
 const WARM_UP_FRAMES: usize = 150;
 const WARM_UP_LOAD: Duration = Duration::from_secs(5);
 
@@ -53,6 +57,8 @@ impl Phase {
 /// One phase's figures, from the sandbox's `frames` line.
 struct Figures {
     phase: Phase,
+    /// Every frame's time, ms.
+    each: Vec<f64>,
     frames: usize,
     median: f64,
     p99: f64,
@@ -87,7 +93,7 @@ fn params(tool: &str, arguments: Value) -> CallToolRequestParams {
 const PLACED_FOR: Duration = Duration::from_millis(500);
 
 /// Calls at `per_second` for `phase`'s length, each in its own task (a slow call does not slow the rate). In
-/// `Place100`, every placed block is broken again `PLACED_FOR` later (those `break_block` calls come on top of the
+/// `Place100`, every block placed is broken again `PLACED_FOR` later (those `break_block` calls come on top of the
 /// 100 `place_block`/s), and the phase ends only when the last one is broken: the world after the phase is the
 /// world before it.
 async fn load(
@@ -117,6 +123,7 @@ async fn load(
             if failed {
                 counts.1.fetch_add(1, Ordering::Relaxed);
             }
+            !failed
         })
     };
     loop {
@@ -135,9 +142,14 @@ async fn load(
                     let break_it = params("break_block", json!({"x": x, "y": y, "z": z, "confirm": true}));
                     let call = call.clone();
                     async move {
-                        let _ = place.await;
-                        tokio::time::sleep(PLACED_FOR).await;
-                        let _ = call(break_it).await;
+                        // A place that failed (refused by the in-flight limit when slow frames keep more than
+                        // 32 calls waiting) left nothing to break.
+                        let placed = matches!(place.await, Ok(true));
+                        if placed {
+                            tokio::time::sleep(PLACED_FOR).await;
+                            let _ = call(break_it).await;
+                        }
+                        placed
                     }
                 });
                 calls.push(placed);
@@ -155,6 +167,23 @@ fn stats(line: &str, label: &str) -> (usize, f64, f64) {
     let part = line.split(label).nth(1).unwrap_or("");
     let number = |name: &str| field(part, name).parse::<f64>().unwrap_or(f64::NAN);
     (number("n") as usize, number("median_ms"), number("p99_ms"))
+}
+
+/// The `q` quantile of `sorted` (nearest rank).
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    sorted.get(((sorted.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(f64::NAN)
+}
+
+/// Every frame of `phase` in `rounds`, sorted.
+fn pooled(figures: &[Figures], phase: Phase, rounds: std::ops::Range<usize>) -> Vec<f64> {
+    let mut frames: Vec<f64> = figures
+        .chunks(3)
+        .enumerate()
+        .filter(|(round, _)| rounds.contains(round))
+        .flat_map(|(_, round)| round.iter().filter(|f| f.phase == phase).flat_map(|f| f.each.iter().copied()))
+        .collect();
+    frames.sort_by(f64::total_cmp);
+    frames
 }
 
 fn main() {
@@ -186,10 +215,12 @@ fn main() {
                 Phase::Idle => std::thread::sleep(PHASE),
                 _ => runtime.block_on(load(client.clone(), phase, PHASE, at, counts.clone())),
             }
-            let line = sandbox.command("frames");
+            let line = sandbox.command("frames each");
             let (frames, median, p99) = stats(&line, "ok frames");
+            let each = field(&line, "each_ms").split(',').filter_map(|t| t.parse().ok()).collect();
             let figure = Figures {
                 phase,
+                each,
                 frames,
                 median,
                 p99,
@@ -199,13 +230,34 @@ fn main() {
                 snapshot: stats(&line, " snapshot "),
                 mesh: stats(&line, " mesh "),
             };
-            eprintln!("round {round} {}: {line}", phase.name());
+            eprintln!("round {round} {}: {}", phase.name(), line.split(" each_ms=").next().unwrap_or(""));
             figures.push(figure);
         }
     }
     sandbox.command("quit");
     sandbox.wait_exit();
 
+    // Pooled over all rounds, and over each half of them (how stable the figure is).
+    let halves = [(0..ROUNDS, "all"), (0..ROUNDS / 2, "first half"), (ROUNDS / 2..ROUNDS, "second half")];
+    println!("| rounds | phase | frames | median | p95 | p99 | median / idle | p99 / idle p99 |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (rounds, label) in halves {
+        let idle = pooled(&figures, Phase::Idle, rounds.clone());
+        for phase in [Phase::Idle, Phase::Place100, Phase::Read200] {
+            let frames = pooled(&figures, phase, rounds.clone());
+            println!(
+                "| {label} | {} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.3} | {:.3} |",
+                phase.name(),
+                frames.len(),
+                quantile(&frames, 0.5),
+                quantile(&frames, 0.95),
+                quantile(&frames, 0.99),
+                quantile(&frames, 0.5) / quantile(&idle, 0.5),
+                quantile(&frames, 0.99) / quantile(&idle, 0.99),
+            );
+        }
+    }
+    println!();
     println!("| round | phase | frames | frame median | frame p99 | p99 / idle p99 (same round) | calls (failed) | host sets per frame: median, p99 | chunk snapshots: n, median, p99 | meshes: n, median, p99 |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for (i, f) in figures.iter().enumerate() {

@@ -3,11 +3,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::lines::Lines;
 
 const WAIT: Duration = Duration::from_secs(30);
 const TOKEN: &str = "chat-test-token-0123456789";
@@ -15,8 +16,7 @@ const TOKEN: &str = "chat-test-token-0123456789";
 struct Sandbox {
     child: Child,
     stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
-    seen: Vec<String>,
+    out: Lines,
 }
 
 impl Sandbox {
@@ -30,17 +30,9 @@ impl Sandbox {
             .stderr(Stdio::null())
             .spawn()
             .expect("the sandbox starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+        let out = Lines::of(child.stdout.take().expect("stdout"), WAIT);
         let stdin = child.stdin.take();
-        Self { child, stdin, lines, seen: Vec::new() }
+        Self { child, stdin, out }
     }
 
     fn send(&mut self, command: &str) {
@@ -50,28 +42,12 @@ impl Sandbox {
 
     /// Reads lines until one satisfies `wanted`; returns it.
     fn until(&mut self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
-        let until = Instant::now() + WAIT;
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if wanted(&line) {
-                        return line;
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => panic!("no {what} within {WAIT:?}; so far: {:#?}", self.seen),
-                Err(RecvTimeoutError::Disconnected) => panic!("the sandbox stopped before {what}: {:#?}", self.seen),
-            }
-        }
+        self.out.until(what, wanted)
     }
 
     /// A line seen already, or the next one, starting with `prefix` (for lines whose order with others is free).
     fn seen_or_next(&mut self, prefix: &str) -> String {
-        match self.seen.iter().find(|line| line.starts_with(prefix)) {
-            Some(line) => line.clone(),
-            None => self.line_starting(prefix),
-        }
+        self.out.seen_or_until(prefix, |line| line.starts_with(prefix))
     }
 
     fn line_starting(&mut self, prefix: &str) -> String {
@@ -81,7 +57,8 @@ impl Sandbox {
     /// The chat-status lines seen so far for `session`, as `previous->status`.
     fn statuses(&self, session: &str) -> Vec<String> {
         let prefix = format!("chat-status session={session} ");
-        self.seen
+        self.out
+            .seen
             .iter()
             .filter_map(|line| line.strip_prefix(&prefix))
             .map(|rest| {
@@ -94,14 +71,8 @@ impl Sandbox {
 
     fn quit(mut self) -> std::process::ExitStatus {
         self.send("quit");
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("waiting works") {
-                return status;
-            }
-            assert!(started.elapsed() < WAIT, "the sandbox did not exit: {:#?}", self.seen);
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.out.until_closed();
+        self.child.wait().expect("waiting works")
     }
 }
 

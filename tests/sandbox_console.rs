@@ -4,12 +4,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use common::lines::Lines;
 
 const WAIT: Duration = Duration::from_secs(30);
 const TOKEN: &str = "test-token-0123456789";
@@ -24,8 +25,7 @@ fn sandbox_binary() -> &'static Path {
 struct Sandbox {
     child: Child,
     stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
-    seen: Vec<String>,
+    out: Lines,
     /// The MCP endpoint it printed.
     url: String,
 }
@@ -40,9 +40,9 @@ impl Sandbox {
             .stderr(Stdio::null())
             .spawn()
             .expect("the sandbox starts");
-        let lines = lines_of(child.stdout.take().expect("stdout"));
+        let out = Lines::of(child.stdout.take().expect("stdout"), WAIT);
         let stdin = child.stdin.take();
-        let mut sandbox = Self { child, stdin, lines, seen: Vec::new(), url: String::new() };
+        let mut sandbox = Self { child, stdin, out, url: String::new() };
         let mcp = sandbox.next_line();
         assert!(mcp.starts_with("mcp: http://127.0.0.1:") && mcp.ends_with("/mcp"), "{mcp}");
         sandbox.url = mcp.trim_start_matches("mcp: ").to_string();
@@ -53,17 +53,7 @@ impl Sandbox {
     /// The next line, skipping the `conversation ...` status lines agents cause (they interleave with the
     /// player's; `conversation_lines` checks them).
     fn next_line(&mut self) -> String {
-        match self.lines.recv_timeout(WAIT) {
-            Ok(line) => {
-                self.seen.push(line.clone());
-                if line.starts_with("conversation ") {
-                    return self.next_line();
-                }
-                line
-            }
-            Err(RecvTimeoutError::Timeout) => panic!("no line within {WAIT:?}; so far: {:#?}", self.seen),
-            Err(RecvTimeoutError::Disconnected) => panic!("the sandbox closed its output; so far: {:#?}", self.seen),
-        }
+        self.out.until("line but a conversation's", |line| !line.starts_with("conversation "))
     }
 
     /// Sends a command and returns its answer (the next line).
@@ -92,17 +82,8 @@ impl Sandbox {
     }
 
     fn wait_exit(mut self) -> ExitStatus {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("waiting works") {
-                return status;
-            }
-            if started.elapsed() > WAIT {
-                let _ = self.child.kill();
-                panic!("the sandbox did not exit; it printed {:#?}", self.seen);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.out.until_closed();
+        self.child.wait().expect("waiting works")
     }
 }
 
@@ -118,7 +99,7 @@ impl Drop for Sandbox {
 /// One run of tests/e2e/sandbox_agent.py, read line by line.
 struct Agent {
     child: Child,
-    lines: Receiver<String>,
+    out: Lines,
 }
 
 impl Agent {
@@ -129,13 +110,13 @@ impl Agent {
             .stdout(Stdio::piped())
             .spawn()
             .expect("the Python agent starts");
-        let lines = lines_of(child.stdout.take().expect("stdout"));
-        Self { child, lines }
+        let out = Lines::of(child.stdout.take().expect("stdout"), WAIT);
+        Self { child, out }
     }
 
     /// The next event the agent printed, as JSON.
     fn event(&mut self) -> serde_json::Value {
-        let line = self.lines.recv_timeout(WAIT).expect("the agent printed an event");
+        let line = self.out.until("event from the agent", |_| true);
         serde_json::from_str(&line).unwrap_or_else(|_| panic!("not JSON: {line}"))
     }
 
@@ -143,19 +124,6 @@ impl Agent {
         let status = self.child.wait().expect("the agent exits");
         assert!(status.success(), "the Python agent failed");
     }
-}
-
-/// The lines a child prints on `stdout`, as they come.
-fn lines_of(stdout: std::process::ChildStdout) -> Receiver<String> {
-    let (send, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if send.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    lines
 }
 
 /// The value of `key=` in a status line.
@@ -296,7 +264,7 @@ fn an_mcp_agent_places_replays_conflicts_survives_travel_and_exit_and_finds_its_
     agent.finish();
     assert_eq!(block["ok"]["block"], "gold", "{block}");
     assert_eq!(game.command("quit"), "ok quitting");
-    let conversation_lines: Vec<&String> = game.seen.iter().filter(|l| l.starts_with("conversation ")).collect();
+    let conversation_lines: Vec<&String> = game.out.seen.iter().filter(|l| l.starts_with("conversation ")).collect();
     assert!(
         conversation_lines.iter().any(|l| l.contains("status=waiting_tool_result")),
         "the console shows what the agent is doing: {conversation_lines:#?}"

@@ -316,6 +316,6 @@ fn window_keys_chat_with_the_agent_walk_travel_and_closing_the_window_quits_afte
     x.close();
     sandbox.run.until("the save", |line| line.starts_with("saved world=alpha"));
     let status = sandbox.run.wait_exit();
-    assert!(status.success(), "exit status {status}; lines: {:#?}", sandbox.run.seen);
+    assert!(status.success(), "exit status {status}; lines: {:#?}", sandbox.run.out.seen);
     assert!(dir.path().join("alpha").exists(), "the world was saved");
 }

@@ -23,7 +23,7 @@ use crate::world::Dimension;
 const QUIT_DEADLINE: Duration = Duration::from_secs(30);
 
 const USAGE: &str = "commands: enter WORLD, travel DIMENSION, exit, status, quit; with --agent: say TEXT, \
-chat-cancel, chat-end, chat-resume [ID], chat-allow R, chat-deny R; with --window: screenshot PATH, hud, frames";
+chat-cancel, chat-end, chat-resume [ID], chat-allow R, chat-deny R; with --window: screenshot PATH, hud, frames [each]";
 
 /// Prints one line to standard output and flushes it. A closed pipe is not the game's problem: it is ignored.
 pub fn say(line: impl Display) {
@@ -146,8 +146,9 @@ pub enum WindowCommand {
     Screenshot(String),
     /// `hud`: the text the HUD and the chat panel show now, on one line.
     Hud,
-    /// `frames`: frame times and chunk re-mesh times since the last `frames`.
-    Frames,
+    /// `frames`: frame times and chunk re-mesh times since the last `frames`; `frames each` adds every frame's
+    /// time (`each_ms=`), for figures pooled over several periods.
+    Frames { each: bool },
 }
 
 /// What the player says to the in-game agent session.
@@ -216,7 +217,8 @@ impl Command {
             ["chat-allow", number] => Self::Chat(ChatCommand::Allow(request(number)?)),
             ["chat-deny", number] => Self::Chat(ChatCommand::Deny(request(number)?)),
             ["hud"] => Self::Window(WindowCommand::Hud),
-            ["frames"] => Self::Window(WindowCommand::Frames),
+            ["frames"] => Self::Window(WindowCommand::Frames { each: false }),
+            ["frames", "each"] => Self::Window(WindowCommand::Frames { each: true }),
             [command, ..] if COMMANDS.contains(command) => {
                 return Err(format!("wrong arguments for `{command}`; {USAGE}"));
             }

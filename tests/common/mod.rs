@@ -2,6 +2,7 @@
 //! they did to the world.
 #![allow(dead_code)]
 
+pub mod lines;
 pub mod window;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -6,8 +6,9 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use super::lines::Lines;
 
 /// Software rendering on two busy cores is slow: generous, but bounded.
 pub const WAIT: Duration = Duration::from_secs(120);
@@ -47,8 +48,8 @@ impl Drop for Xvfb {
 pub struct WindowedSandbox {
     child: Child,
     stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
-    pub seen: Vec<String>,
+    /// What it printed.
+    pub out: Lines,
     /// The MCP endpoint it printed.
     pub url: String,
     pub xvfb: Xvfb,
@@ -69,17 +70,9 @@ impl WindowedSandbox {
             .stderr(Stdio::null())
             .spawn()
             .expect("the sandbox starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+        let out = Lines::of(child.stdout.take().expect("stdout"), WAIT);
         let stdin = child.stdin.take();
-        let mut sandbox = Self { child, stdin, lines, seen: Vec::new(), url: String::new(), xvfb };
+        let mut sandbox = Self { child, stdin, out, url: String::new(), xvfb };
         let mcp = sandbox.until("the MCP address", |line| line.starts_with("mcp: "));
         sandbox.url = mcp.trim_start_matches("mcp: ").to_string();
         sandbox.until("the world open", |line| line.starts_with(&format!("visit-opened world={world}")));
@@ -93,29 +86,12 @@ impl WindowedSandbox {
 
     /// Reads lines until one satisfies `wanted`; returns it.
     pub fn until(&mut self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
-        let until = Instant::now() + WAIT;
-        loop {
-            match self.lines.recv_timeout(until.saturating_duration_since(Instant::now())) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if wanted(&line) {
-                        return line;
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => panic!("no {what} within {WAIT:?}; lines: {:#?}", self.seen),
-                Err(RecvTimeoutError::Disconnected) => {
-                    panic!("the sandbox ended before {what}; lines: {:#?}", self.seen)
-                }
-            }
-        }
+        self.out.until(what, wanted)
     }
 
     /// A line already read that satisfies `wanted`, else the next one that does.
     pub fn seen_or_until(&mut self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
-        match self.seen.iter().find(|line| wanted(line)) {
-            Some(line) => line.clone(),
-            None => self.until(what, wanted),
-        }
+        self.out.seen_or_until(what, wanted)
     }
 
     /// Sends a command and returns its answer: the next `ok`/`error:` line.
@@ -145,16 +121,8 @@ impl WindowedSandbox {
 
     /// Waits for the process to exit, reading its lines meanwhile.
     pub fn wait_exit(&mut self) -> ExitStatus {
-        let until = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("waiting works") {
-                return status;
-            }
-            assert!(Instant::now() < until, "the sandbox did not exit; lines: {:#?}", self.seen);
-            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(50)) {
-                self.seen.push(line);
-            }
-        }
+        self.out.until_closed();
+        self.child.wait().expect("waiting works")
     }
 }
 

@@ -62,12 +62,18 @@ pub fn answer(
                 let text = |text: Result<&Text, _>| text.map(|t| one_line(&t.0)).unwrap_or_default();
                 say(format_args!("ok hud {} | chat {}", text(hud.single()), text(chat.single())));
             }
-            WindowCommand::Frames => {
+            WindowCommand::Frames { each } => {
+                let every = if *each {
+                    let times = frames.frames.iter().map(|t| format!("{:.2}", t.as_secs_f64() * 1e3));
+                    format!(" each_ms={}", times.collect::<Vec<_>>().join(","))
+                } else {
+                    String::new()
+                };
                 let frame = stats(&mut frames.frames);
                 let host = stats(&mut frames.host);
                 let mesh = stats(&mut meshes.mesh_times);
                 let snapshot = stats(&mut view.snapshot_times);
-                say(format_args!("ok frames {frame} host {host} snapshot {snapshot} mesh {mesh}"));
+                say(format_args!("ok frames {frame} host {host} snapshot {snapshot} mesh {mesh}{every}"));
             }
         }
     }
