@@ -267,7 +267,7 @@ fn window_keys_chat_with_the_agent_walk_travel_and_closing_the_window_quits_afte
     let dir = tempfile::tempdir().expect("a data directory");
     // Built with the same features as the sandbox, so the crate is built once for both.
     let agent = common::example_with("scripted_acp_agent", &["window"]);
-    let agent = agent.display().to_string();
+    let agent = format!("{} --state '{}'", agent.display(), dir.path().join("agent-state").display());
     let flags = ["--agent".to_string(), agent, "--ask-permissions".to_string()];
     let mut sandbox = Sandbox::start(dir.path(), "keys", &flags);
     sandbox.run.seen_or_until("the session", |line| line.starts_with("chat-status") && line.contains("status=idle"));
