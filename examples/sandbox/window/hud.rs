@@ -3,6 +3,7 @@
 //! crate's messages (and the player's position from the world view), never by asking the host.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
 
 use bevy::prelude::*;
 use bevy_agent_tools::{
@@ -12,6 +13,12 @@ use bevy_agent_tools::{
 
 use crate::view::WorldView;
 use crate::world::Pos;
+
+/// How often the HUD's text may change: four times a second, as fast as a person reads it. Each change lays the
+/// text out again and rebuilds its glyphs, and with an agent calling 200 times a second the call list changes
+/// every frame (Bevy's FPS overlay refreshes on an interval for the same reason). A change of visit (entering,
+/// leaving, travelling) shows at once.
+const REFRESH: Duration = Duration::from_millis(250);
 
 /// How many finished calls and conversations the HUD lists.
 const LAST_CALLS: usize = 6;
@@ -108,19 +115,32 @@ pub fn read_messages(
     }
 }
 
+/// What the HUD's text shows now, and whether something changed since.
+#[derive(Default)]
+pub struct Shown {
+    player: Option<Pos>,
+    visit: Option<VisitInfo>,
+    at: Option<Duration>,
+    stale: bool,
+}
+
 /// The HUD's text, rewritten when what it shows changed (the world view changes every frame; of it the HUD
-/// shows only the player's position).
+/// shows only the player's position), at most every [`REFRESH`] unless the visit changed.
 pub fn draw(
     hud: Res<Hud>,
     view: Res<WorldView>,
-    mut shown_player: Local<Option<Pos>>,
+    time: Res<Time<Real>>,
+    mut shown: Local<Shown>,
     mut text: Query<&mut Text, With<HudText>>,
 ) {
-    if !hud.is_changed() && *shown_player == view.player {
+    shown.stale |= hud.is_changed() || shown.player != view.player;
+    let now = time.elapsed();
+    let due = shown.at.is_none_or(|at| now.saturating_sub(at) >= REFRESH) || shown.visit != hud.visit;
+    if !shown.stale || !due {
         return;
     }
-    *shown_player = view.player;
     let Ok(mut text) = text.single_mut() else { return };
+    *shown = Shown { player: view.player, visit: hud.visit.clone(), at: Some(now), stale: false };
     let rendered = hud.render(&view);
     if text.0 != rendered {
         text.0 = rendered;
