@@ -36,6 +36,22 @@ pub struct PumpStats {
     pub last_frame_time: Duration,
 }
 
+impl PumpStats {
+    /// Starts a frame's figures (the frame's own step point runs first).
+    fn new_frame(&mut self) {
+        self.last_frame = 0;
+        self.last_frame_time = Duration::ZERO;
+    }
+
+    /// Adds one step point's work to the frame's figures.
+    fn add(&mut self, elapsed: Duration, taken: usize, left_queued: usize) {
+        self.last_frame_time += elapsed;
+        self.last_frame += taken;
+        self.left_queued = left_queued;
+        self.total += taken as u64;
+    }
+}
+
 /// The pump-only schedule the between-frames step point runs: [`run_jobs_between_frames`], nothing else.
 #[derive(ScheduleLabel, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct BetweenFrames;
@@ -100,10 +116,8 @@ pub(crate) fn run_jobs<L: WorldLifecycle>(world: &mut World) {
     window.spent = elapsed;
     window.held = false;
     let mut stats = world.resource_mut::<PumpStats>();
-    stats.last_frame_time = elapsed;
-    stats.last_frame = taken;
-    stats.left_queued = left_queued;
-    stats.total += taken as u64;
+    stats.new_frame();
+    stats.add(elapsed, taken, left_queued);
 }
 
 /// The between-frames step point: runs queued steps, in order, while the frame's budget has time left (no step
@@ -139,53 +153,19 @@ pub(crate) fn run_jobs_between_frames<L: WorldLifecycle>(world: &mut World) {
     let mut window = world.resource_mut::<PumpWindow>();
     window.spent = spent + elapsed;
     window.held |= held;
-    let mut stats = world.resource_mut::<PumpStats>();
-    stats.last_frame_time += elapsed;
-    stats.last_frame += taken;
-    stats.left_queued = left_queued;
-    stats.total += taken as u64;
+    world.resource_mut::<PumpStats>().add(elapsed, taken, left_queued);
 }
 
 impl<L: WorldLifecycle> VisitSlot<L> {
     fn run(&mut self, world: &mut World, job: Job) {
         match job {
             Job::Call { life, run } => {
-                // The call cannot end while `step` is held: check and run are one step.
-                let Ok(step) = life.begin_step() else { return };
-                let open = match recheck(&life, self.open.as_mut()) {
-                    Ok(open) => open,
-                    Err(error) => return step.finish(error),
-                };
-                step.observe(&open.info.location);
-                match catch_unwind(AssertUnwindSafe(|| run(world, &mut open.session))) {
-                    Ok(Ok(())) => {}
-                    Ok(Err(error)) => step.finish(error),
-                    Err(panic) => {
-                        let message = panic_message(&*panic);
-                        tracing::error!(request = %life.coords.request, tool = %life.coords.tool, %message, "an on_client step panicked");
-                        step.finish(ToolError::internal(format!("the tool's main-thread step panicked: {message}")));
-                    }
-                }
+                step(&life, self.open.as_mut(), "on_client", |open| run(world, &mut open.session));
             }
             Job::EveryFrame { life, mut run } => {
-                let Ok(step) = life.begin_step() else { return };
-                let open = match recheck(&life, self.open.as_mut()) {
-                    Ok(open) => open,
-                    Err(error) => return step.finish(error),
-                };
-                step.observe(&open.info.location);
-                match catch_unwind(AssertUnwindSafe(|| run(world, &mut open.session))) {
-                    Ok(Ok(true)) => {}
-                    Ok(Ok(false)) => {
-                        drop(step);
-                        self.next_frame.get_mut().push(Job::EveryFrame { life, run });
-                    }
-                    Ok(Err(error)) => step.finish(error),
-                    Err(panic) => {
-                        let message = panic_message(&*panic);
-                        tracing::error!(request = %life.coords.request, tool = %life.coords.tool, %message, "an every_frame step panicked");
-                        step.finish(ToolError::internal(format!("the tool's main-thread step panicked: {message}")));
-                    }
+                let done = step(&life, self.open.as_mut(), "every_frame", |open| run(world, &mut open.session));
+                if done == Some(false) {
+                    self.next_frame.get_mut().push(Job::EveryFrame { life, run });
                 }
             }
             Job::Cleanup { visit, request, cleanups, reason } => match self.open.as_mut() {
@@ -211,6 +191,40 @@ impl<L: WorldLifecycle> VisitSlot<L> {
                 };
                 let _ = reply.send(answer);
             }
+        }
+    }
+}
+
+/// One main-thread step of a call (rule H8): begun, so that the call cannot end while it runs; rechecked;
+/// the location it observes recorded; then run, a panic caught. `Some` with what the step returned when it ran
+/// and succeeded (the step is over by then); `None` when the call has its outcome (a refusal, the step's error or
+/// its panic) or had ended already.
+fn step<S, T>(
+    life: &CallLife,
+    open: Option<&mut OpenSession<S>>,
+    kind: &str,
+    run: impl FnOnce(&mut OpenSession<S>) -> Result<T, ToolError>,
+) -> Option<T> {
+    let step = life.begin_step().ok()?;
+    let open = match recheck(life, open) {
+        Ok(open) => open,
+        Err(error) => {
+            step.finish(error);
+            return None;
+        }
+    };
+    step.observe(&open.info.location);
+    match catch_unwind(AssertUnwindSafe(|| run(open))) {
+        Ok(Ok(value)) => Some(value),
+        Ok(Err(error)) => {
+            step.finish(error);
+            None
+        }
+        Err(panic) => {
+            let message = panic_message(&*panic);
+            tracing::error!(request = %life.coords.request, tool = %life.coords.tool, %message, "an {kind} step panicked");
+            step.finish(ToolError::internal(format!("the tool's main-thread step panicked: {message}")));
+            None
         }
     }
 }
