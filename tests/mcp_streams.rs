@@ -59,6 +59,36 @@ fn open_session(server: &McpServer) -> String {
     session
 }
 
+/// A game serving MCP with `tool`, world `alpha` open, and a subscription to its conversation events.
+fn serve(tool: AgentTool<Session>) -> (RunningGame, McpServer, bevy_agent_tools::Subscription) {
+    let game = RunningGame::spawn(Duration::from_millis(1), move || {
+        headless_app_with(
+            AgentToolsPlugin::new(TestGame::default()).with_tool(tool),
+            McpPlugin::new().port(0).token(TOKEN),
+        )
+    });
+    let server = game.with_app(|app| {
+        app.world_mut().write_message(EnterWorld::new("alpha"));
+        app.update();
+        app.world().resource::<McpServer>().clone()
+    });
+    let events = game.agent().subscribe();
+    (game, server, events)
+}
+
+/// Waits for the next call to finish; returns its error code (`None`: it succeeded).
+fn next_call_finished(events: &mut bevy_agent_tools::Subscription) -> Option<ErrorCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        loop {
+            let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("in time");
+            if let Some(ConversationEvent::CallFinished(finished)) = event {
+                return finished.code;
+            }
+        }
+    })
+}
+
 /// Reads server-sent event lines until one satisfies `wanted`; returns it.
 fn read_until(reader: &mut BufReader<TcpStream>, mut wanted: impl FnMut(&str) -> bool) -> Option<String> {
     loop {
@@ -74,22 +104,8 @@ fn read_until(reader: &mut BufReader<TcpStream>, mut wanted: impl FnMut(&str) ->
 #[test]
 fn a_client_that_resumes_after_its_call_finished_gets_the_result_it_missed() {
     let gate = Gate::new();
-    let tool_gate = gate.clone();
-    let game = RunningGame::spawn(Duration::from_millis(1), move || {
-        let plugin = AgentToolsPlugin::new(TestGame::default()).with_tool(bump_tool(
-            "gated",
-            ToolScope::World,
-            Arc::default(),
-            Some(tool_gate),
-        ));
-        headless_app_with(plugin, McpPlugin::new().port(0).token(TOKEN))
-    });
-    let server = game.with_app(|app| {
-        app.world_mut().write_message(EnterWorld::new("alpha"));
-        app.update();
-        app.world().resource::<McpServer>().clone()
-    });
-    let mut events = game.agent().subscribe();
+    let tool = bump_tool("gated", ToolScope::World, Arc::default(), Some(gate.clone()));
+    let (game, server, mut events) = serve(tool);
 
     let session = open_session(&server);
     let in_session = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
@@ -103,16 +119,7 @@ fn a_client_that_resumes_after_its_call_finished_gets_the_result_it_missed() {
 
     // The call finishes while nobody listens.
     gate.open();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    runtime.block_on(async {
-        loop {
-            let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("in time");
-            if let Some(ConversationEvent::CallFinished(finished)) = event {
-                assert_eq!(finished.code, None, "the call succeeded");
-                break;
-            }
-        }
-    });
+    assert_eq!(next_call_finished(&mut events), None, "the call succeeded");
 
     // The session answers a ping after the call's response went through it: the response was produced, so rmcp's
     // own manager has forgotten the stream by now.
@@ -149,16 +156,7 @@ fn burst() -> AgentTool<Session> {
 
 #[test]
 fn once_a_call_is_cancelled_its_queued_progress_is_dropped_not_sent() {
-    let game = RunningGame::spawn(Duration::from_millis(1), || {
-        let plugin = AgentToolsPlugin::new(TestGame::default()).with_tool(burst());
-        headless_app_with(plugin, McpPlugin::new().port(0).token(TOKEN))
-    });
-    let server = game.with_app(|app| {
-        app.world_mut().write_message(EnterWorld::new("alpha"));
-        app.update();
-        app.world().resource::<McpServer>().clone()
-    });
-    let mut events = game.agent().subscribe();
+    let (game, server, mut events) = serve(burst());
     let session = open_session(&server);
     let in_session = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
     // The session's standalone stream: where rmcp sends a call's progress once the call's own stream is closed,
@@ -179,16 +177,7 @@ fn once_a_call_is_cancelled_its_queued_progress_is_dropped_not_sent() {
     assert!(on_call_stream < BURST, "inconclusive: every report was sent before the cancel arrived");
 
     // The call ends, then the session is deleted, which ends the standalone stream.
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    runtime.block_on(async {
-        loop {
-            let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("in time");
-            if let Some(ConversationEvent::CallFinished(finished)) = event {
-                assert_eq!(finished.code, Some(ErrorCode::Cancelled), "the call was cancelled");
-                break;
-            }
-        }
-    });
+    assert_eq!(next_call_finished(&mut events), Some(ErrorCode::Cancelled), "the call was cancelled");
     send(&server, "DELETE", &in_session, "");
     let mut late = 0;
     read_until(&mut standalone, |line| {
