@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::sync::Mutex;
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 
-use crate::call::{CallLife, CallOutcome, Job};
+use crate::call::{CallLife, CallOutcome, Job, JobSender};
 use crate::completion::Completion;
 use crate::conversation::{ConversationEvent, ConversationHub};
 use crate::ids::{ConversationId, RequestId, TaskId, VisitId};
@@ -149,7 +149,7 @@ pub(crate) struct HostConfig {
 pub(crate) struct HostShared {
     pub state: Mutex<HostState>,
     pub tools: ToolRegistry,
-    pub jobs: Sender<Job>,
+    pub jobs: JobSender,
     pub runtime: tokio::runtime::Handle,
     pub config: HostConfig,
     /// The conversations, their status and events.
@@ -176,7 +176,7 @@ impl HostShared {
         let host = Self {
             state: Mutex::new(HostState::default()),
             tools: ToolRegistry::default(),
-            jobs,
+            jobs: JobSender::new(jobs),
             runtime,
             config,
             conversations: Arc::new(conversations),

@@ -377,6 +377,16 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
             follower(app, host.clone());
         }
     }
+
+    /// In a windowed app (feature `winit`), queueing a step also wakes winit's loop, so a game with reactive
+    /// updates (`WinitSettings::desktop_app()`) runs the frame that serves it instead of sleeping until the next
+    /// window event. Plugins are all built by now, so the order in which the game added them does not matter.
+    #[cfg(feature = "winit")]
+    fn finish(&self, app: &mut App) {
+        if let Some(wake) = crate::call::winit_wake(app.world()) {
+            app.world().resource::<AgentHandle>().set_wake(wake);
+        }
+    }
 }
 
 #[derive(Resource, Clone, Copy)]

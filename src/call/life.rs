@@ -70,7 +70,7 @@ struct Cleanups {
     /// Set when the call ended: why (`None`: it succeeded). A cleanup registered after that is sent at once.
     ended: Option<Option<ToolError>>,
     waiting: Vec<Cleanup>,
-    jobs: crossbeam_channel::Sender<Job>,
+    jobs: super::JobSender,
 }
 
 impl CallLife {
@@ -80,7 +80,7 @@ impl CallLife {
         deadline: Instant,
         progress: Option<ProgressSink>,
         hub: Arc<ConversationHub>,
-        jobs: crossbeam_channel::Sender<Job>,
+        jobs: super::JobSender,
     ) -> Self {
         let observed = Mutex::new(coords.visit.location.clone());
         Self {

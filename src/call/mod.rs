@@ -6,6 +6,7 @@ mod context;
 mod life;
 mod progress;
 mod pump;
+mod queue;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -20,6 +21,9 @@ pub use life::{CallOutcome, CallOutput};
 pub use progress::{Progress, ProgressSink};
 pub use pump::PumpStats;
 pub(crate) use pump::{run_cleanups, run_jobs, run_jobs_between_frames, BetweenFrames, PumpWindow};
+#[cfg(feature = "winit")]
+pub(crate) use queue::winit_wake;
+pub(crate) use queue::JobSender;
 
 use crate::error::ToolError;
 use crate::host::HostShared;

@@ -308,7 +308,7 @@ mod tests {
         };
         let (hub, _feed) = ConversationHub::new(None);
         let (jobs, _queue) = crossbeam_channel::unbounded();
-        CallLife::new(coords, Instant::now(), deadline, None, Arc::new(hub), jobs)
+        CallLife::new(coords, Instant::now(), deadline, None, Arc::new(hub), super::super::JobSender::new(jobs))
     }
 
     fn later() -> Instant {

@@ -1,0 +1,56 @@
+//! [`JobSender`]: the sending end of the main thread's job queue. Whoever queues a job also wakes the game's loop,
+//! when the game has one that sleeps (a windowed app with reactive updates): without that, a step would wait for
+//! the next window event.
+
+use std::sync::{Arc, OnceLock};
+
+use crossbeam_channel::{SendError, Sender};
+
+use super::Job;
+
+/// Wakes the game's loop so that it runs a frame soon.
+pub(crate) type Wake = Box<dyn Fn() + Send + Sync>;
+
+/// Queues jobs for the main thread and wakes its loop.
+#[derive(Clone)]
+pub(crate) struct JobSender {
+    jobs: Sender<Job>,
+    wake: Arc<OnceLock<Wake>>,
+}
+
+impl JobSender {
+    pub(crate) fn new(jobs: Sender<Job>) -> Self {
+        Self { jobs, wake: Arc::default() }
+    }
+
+    /// Queues `job`, then wakes the loop (if a wake was set).
+    pub(crate) fn send(&self, job: Job) -> Result<(), SendError<Job>> {
+        self.jobs.send(job)?;
+        if let Some(wake) = self.wake.get() {
+            wake();
+        }
+        Ok(())
+    }
+
+    /// Jobs queued and not taken yet.
+    pub(crate) fn len(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Sets how to wake the game's loop; the first one set stays (`false` if one was set already).
+    pub(crate) fn set_wake(&self, wake: Wake) -> bool {
+        self.wake.set(wake).is_ok()
+    }
+}
+
+/// A wake for a windowed app (Bevy's `WinitPlugin`): `WinitUserEvent::WakeUp` through the event loop's proxy,
+/// which makes a loop with reactive updates run a frame. `None` without a winit event loop.
+#[cfg(feature = "winit")]
+pub(crate) fn winit_wake(world: &bevy::prelude::World) -> Option<Wake> {
+    use bevy::winit::{EventLoopProxyWrapper, WinitUserEvent};
+    let proxy = (**world.get_resource::<EventLoopProxyWrapper>()?).clone();
+    Some(Box::new(move || {
+        // Fails only once the event loop is gone: the app is exiting, and its exit answers every call.
+        let _ = proxy.send_event(WinitUserEvent::WakeUp);
+    }))
+}

@@ -1,0 +1,97 @@
+//! A windowed game whose loop sleeps (winit with reactive updates, as `WinitSettings::desktop_app()` sets: a frame
+//! on a window event, else after a long wait) serves an agent's step at once: queueing the step wakes winit's
+//! event loop (feature `winit`). Under Xvfb; no rendering.
+
+#![cfg(feature = "window")]
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use bevy::prelude::*;
+use bevy::winit::{UpdateMode, WinitPlugin, WinitSettings};
+use bevy_agent_tools::prelude::*;
+use bevy_agent_tools::NoArgs;
+use common::window::Xvfb;
+use common::*;
+use serde_json::json;
+
+/// How long the loop sleeps without a window event: longer than a call's deadline (30 s), so a step that waited
+/// for the loop's own timer would time out; short enough that a broken wake still ends the test soon (the frame
+/// the timer brings sees that the agent's thread gave up and exits).
+const SLEEP: Duration = Duration::from_secs(40);
+/// How long the test waits for each call before it fails.
+const SERVED_WITHIN: Duration = Duration::from_secs(10);
+
+fn tools() -> (AgentTool<Session>, AgentTool<Session>) {
+    let peek = AgentTool::new("peek", "Reads the counter.", |ctx: CallContext<Session>, _: NoArgs| async move {
+        Ok(json!({ "counter": ctx.on_client(|_, session| session.counter).await? }))
+    });
+    let quit = AgentTool::new("quit", "Ends the app.", |ctx: CallContext<Session>, _: NoArgs| async move {
+        ctx.on_client(|world, _| world.write_message(AppExit::Success)).await?;
+        Ok(json!({}))
+    });
+    (peek, quit)
+}
+
+#[test]
+fn a_step_wakes_a_windowed_game_whose_loop_sleeps_and_is_served_at_once() {
+    let xvfb = Xvfb::start();
+    // The event loop connects to this X server; nothing else in this test binary reads the environment.
+    std::env::set_var("DISPLAY", &xvfb.display);
+    std::env::remove_var("WAYLAND_DISPLAY");
+
+    let (peek, quit) = tools();
+    let mut app = App::new();
+    // Bevy's default plugins as a windowed game has them (the renderer on software Vulkan here).
+    app.add_plugins(DefaultPlugins.set(WinitPlugin { run_on_any_thread: true }))
+        .insert_resource(WinitSettings {
+            focused_mode: UpdateMode::reactive_low_power(SLEEP),
+            unfocused_mode: UpdateMode::reactive_low_power(SLEEP),
+        })
+        .add_plugins(AgentToolsPlugin::new(TestGame::default()).with_tool(peek).with_tool(quit));
+    let agent = app.world().resource::<AgentHandle>().clone();
+
+    // The world opens in the first frame; then the loop sleeps until a window event or a wake.
+    let (opened_tx, opened) = mpsc::channel();
+    app.add_systems(Startup, |mut enter: MessageWriter<EnterWorld>| {
+        enter.write(EnterWorld::new("alpha"));
+    });
+    app.add_systems(Last, move |agent: Res<AgentHandle>| {
+        if agent.visit().is_some() {
+            let _ = opened_tx.send(());
+        }
+    });
+
+    // If the wake is broken the `quit` step is never served in time: the agent's thread says it gave up, and
+    // the next frame the loop's own timer brings ends the app.
+    let gave_up = Arc::new(AtomicBool::new(false));
+    let exit_if_given_up = gave_up.clone();
+    app.add_systems(Last, move |mut exit: MessageWriter<AppExit>| {
+        if exit_if_given_up.load(Ordering::Acquire) {
+            exit.write(AppExit::error());
+        }
+    });
+
+    let calls = std::thread::spawn(move || {
+        let served = opened.recv_timeout(SERVED_WITHIN).is_ok().then(|| {
+            let conversation = agent.conversation("agent");
+            let peek = conversation.call("peek", json!({})).wait_timeout(SERVED_WITHIN);
+            let quit = conversation.call("quit", json!({})).wait_timeout(SERVED_WITHIN);
+            (peek, quit)
+        });
+        if !matches!(served, Some((_, Some(Ok(_))))) {
+            gave_up.store(true, Ordering::Release);
+        }
+        served
+    });
+    let exit = app.run();
+    let (peek, quit) = calls.join().expect("the agent's thread").expect("the world opened in the first frames");
+    // (The first call can also be served by the window's first events; the second comes once they are over.)
+    let served = "served while the loop slept: queueing its step woke the loop";
+    assert_eq!(peek.expect(served).expect("peek succeeds").value["counter"], 0);
+    assert!(matches!(quit, Some(Ok(_))), "quit {served}: {quit:?}");
+    assert_eq!(exit, AppExit::Success);
+}
