@@ -1,11 +1,13 @@
 //! A windowed game whose loop sleeps (winit with reactive updates, as `WinitSettings::desktop_app()` sets: a frame
-//! on a window event, else after a long wait) serves an agent's step at once: queueing the step wakes winit's
-//! event loop (feature `winit`). Under Xvfb; no rendering.
+//! on a window event, else after a long wait) serves an agent's step at once: queueing the step, an `every_frame`
+//! step that is not done, or a handler awaiting the next frame wakes winit's event loop (feature `winit`). Under
+//! Xvfb, rendering on software Vulkan.
 
 #![cfg(feature = "window")]
 
 mod common;
 
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -25,15 +27,40 @@ const SLEEP: Duration = Duration::from_secs(40);
 /// How long the test waits for each call before it fails.
 const SERVED_WITHIN: Duration = Duration::from_secs(10);
 
-fn tools() -> (AgentTool<Session>, AgentTool<Session>) {
+fn tools() -> [AgentTool<Session>; 4] {
     let peek = AgentTool::new("peek", "Reads the counter.", |ctx: CallContext<Session>, _: NoArgs| async move {
         Ok(json!({ "counter": ctx.on_client(|_, session| session.counter).await? }))
+    });
+    // Needs three frames in a row: each step that is not done asks for the next frame.
+    let slide = AgentTool::new(
+        "slide",
+        "Counts up once a frame, three times.",
+        |ctx: CallContext<Session>, _: NoArgs| async move {
+            let mut runs = 0;
+            ctx.every_frame(move |_, session| {
+                session.counter += 1;
+                runs += 1;
+                if runs == 3 {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .await?;
+            Ok(json!({}))
+        },
+    );
+    // Waits for two frames without queueing a step.
+    let wait = AgentTool::new("wait_frames", "Waits two frames.", |ctx: CallContext<Session>, _: NoArgs| async move {
+        ctx.next_frame().await?;
+        ctx.next_frame().await?;
+        Ok(json!({}))
     });
     let quit = AgentTool::new("quit", "Ends the app.", |ctx: CallContext<Session>, _: NoArgs| async move {
         ctx.on_client(|world, _| world.write_message(AppExit::Success)).await?;
         Ok(json!({}))
     });
-    (peek, quit)
+    [peek, slide, wait, quit]
 }
 
 #[test]
@@ -43,7 +70,10 @@ fn a_step_wakes_a_windowed_game_whose_loop_sleeps_and_is_served_at_once() {
     std::env::set_var("DISPLAY", &xvfb.display);
     std::env::remove_var("WAYLAND_DISPLAY");
 
-    let (peek, quit) = tools();
+    let mut plugin = AgentToolsPlugin::new(TestGame::default());
+    for tool in tools() {
+        plugin = plugin.with_tool(tool);
+    }
     let mut app = App::new();
     // Bevy's default plugins as a windowed game has them (the renderer on software Vulkan here).
     app.add_plugins(DefaultPlugins.set(WinitPlugin { run_on_any_thread: true }))
@@ -51,7 +81,7 @@ fn a_step_wakes_a_windowed_game_whose_loop_sleeps_and_is_served_at_once() {
             focused_mode: UpdateMode::reactive_low_power(SLEEP),
             unfocused_mode: UpdateMode::reactive_low_power(SLEEP),
         })
-        .add_plugins(AgentToolsPlugin::new(TestGame::default()).with_tool(peek).with_tool(quit));
+        .add_plugins(plugin);
     let agent = app.world().resource::<AgentHandle>().clone();
 
     // The world opens in the first frame; then the loop sleeps until a window event or a wake.
@@ -78,20 +108,22 @@ fn a_step_wakes_a_windowed_game_whose_loop_sleeps_and_is_served_at_once() {
     let calls = std::thread::spawn(move || {
         let served = opened.recv_timeout(SERVED_WITHIN).is_ok().then(|| {
             let conversation = agent.conversation("agent");
-            let peek = conversation.call("peek", json!({})).wait_timeout(SERVED_WITHIN);
-            let quit = conversation.call("quit", json!({})).wait_timeout(SERVED_WITHIN);
-            (peek, quit)
+            let call = |tool: &str| conversation.call(tool, json!({})).wait_timeout(SERVED_WITHIN);
+            [call("peek"), call("slide"), call("wait_frames"), call("quit")]
         });
-        if !matches!(served, Some((_, Some(Ok(_))))) {
+        if !matches!(served.as_ref().map(|calls| &calls[3]), Some(Some(Ok(_)))) {
             gave_up.store(true, Ordering::Release);
         }
         served
     });
     let exit = app.run();
-    let (peek, quit) = calls.join().expect("the agent's thread").expect("the world opened in the first frames");
-    // (The first call can also be served by the window's first events; the second comes once they are over.)
-    let served = "served while the loop slept: queueing its step woke the loop";
+    let [peek, slide, wait, quit] =
+        calls.join().expect("the agent's thread").expect("the world opened in the first frames");
+    // (The first call can also be served by the window's first events; the others come once they are over.)
+    let served = "served while the loop slept: queueing its step (or asking for a frame) woke the loop";
     assert_eq!(peek.expect(served).expect("peek succeeds").value["counter"], 0);
+    assert!(matches!(slide, Some(Ok(_))), "slide, three frames in a row, {served}: {slide:?}");
+    assert!(matches!(wait, Some(Ok(_))), "wait_frames, two frames with no step, {served}: {wait:?}");
     assert!(matches!(quit, Some(Ok(_))), "quit {served}: {quit:?}");
     assert_eq!(exit, AppExit::Success);
 }

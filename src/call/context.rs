@@ -208,6 +208,8 @@ impl<S: Send + Sync + 'static> CallContext<S> {
         let life = self.core.life.clone();
         let mut frames = self.core.host.frames.subscribe();
         frames.borrow_and_update();
+        // A loop that sleeps between events would not run that frame otherwise.
+        self.core.host.jobs.wake();
         async move {
             if life.is_ended() {
                 return Err(life.end_error());

@@ -109,6 +109,10 @@ pub(crate) fn run_jobs<L: WorldLifecycle>(world: &mut World) {
             taken += 1;
             slot.run(world, job);
         }
+        // `every_frame` steps that are not done need the next frame: a loop that sleeps between events must run it.
+        if !slot.next_frame.get_mut().is_empty() {
+            slot.host.jobs.wake();
+        }
         (taken, slot.jobs.len() + slot.next_frame.get_mut().len())
     });
     let elapsed = started.elapsed();

@@ -26,10 +26,16 @@ impl JobSender {
     /// Queues `job`, then wakes the loop (if a wake was set).
     pub(crate) fn send(&self, job: Job) -> Result<(), SendError<Job>> {
         self.jobs.send(job)?;
+        self.wake();
+        Ok(())
+    }
+
+    /// Wakes the loop (if a wake was set): for work that needs a frame without a job, such as an `every_frame`
+    /// step that is not done or a handler awaiting the next frame.
+    pub(crate) fn wake(&self) {
         if let Some(wake) = self.wake.get() {
             wake();
         }
-        Ok(())
     }
 
     /// Jobs queued and not taken yet.
