@@ -37,11 +37,11 @@ pub struct AgentHandle {
 }
 
 impl AgentHandle {
-    /// Sets how the host wakes the game's loop when it queues main-thread work (an `on_client` step, an
-    /// `every_frame` step, an `on_end` cleanup), for a game whose loop sleeps until something happens: `wake` is
-    /// called right after each is queued, from any thread, and should make the loop run a frame soon. With the
-    /// feature `winit` the plugin sets it for Bevy's `WinitPlugin` itself. The first wake set stays: `false` if
-    /// one was set already.
+    /// Sets how the host wakes the game's loop when agent work needs a frame (an `on_client` step, an
+    /// `every_frame` step, an `on_end` cleanup was queued; an `every_frame` step is not done; a handler awaits
+    /// `next_frame`), for a game whose loop sleeps until something happens: `wake` is called from any thread, the
+    /// main thread included, and should make the loop run a frame soon. With the feature `winit` the plugin sets
+    /// it for Bevy's `WinitPlugin` itself. The first wake set stays: `false` if one was set already.
     pub fn set_wake(&self, wake: impl Fn() + Send + Sync + 'static) -> bool {
         self.host.jobs.set_wake(Box::new(wake))
     }
