@@ -124,8 +124,9 @@ pub struct AgentToolsPlugin<L: WorldLifecycle> {
 
 impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// A host for `lifecycle`, with the defaults: 30 s call timeout, 1 ms pump budget per frame, dimension
-    /// `"overworld"`, 2 worker threads below the game's threads ([`WorkerPriority::Background`]), `PostUpdate`, 30 s exit deadline, steps also between frames where the
-    /// runner serves them ([`StepPoints::AlsoBetweenFrames`]).
+    /// `"overworld"`, 2 worker threads below the game's threads ([`WorkerPriority::Background`]), `PostUpdate`,
+    /// 30 s exit deadline, steps also between frames where the runner serves them
+    /// ([`StepPoints::AlsoBetweenFrames`]).
     pub fn new(lifecycle: L) -> Self {
         Self {
             lifecycle: Arc::new(lifecycle),
@@ -378,9 +379,10 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
         }
     }
 
-    /// In a windowed app (feature `winit`), queueing a step also wakes winit's loop, so a game with reactive
-    /// updates (`WinitSettings::desktop_app()`) runs the frame that serves it instead of sleeping until the next
-    /// window event. Plugins are all built by now, so the order in which the game added them does not matter.
+    /// In a windowed app (feature `winit`), agent work that needs a frame wakes winit's loop (see
+    /// [`AgentHandle::set_wake`]), so a game with reactive updates (`WinitSettings::desktop_app()`) runs that
+    /// frame instead of sleeping until the next window event. Plugins are all built by now, so the order in which
+    /// the game added them does not matter.
     #[cfg(feature = "winit")]
     fn finish(&self, app: &mut App) {
         if let Some(wake) = crate::call::winit_wake(app.world()) {

@@ -17,8 +17,9 @@ fn on_worker_start(priority: WorkerPriority) {
     crate::mcp::quiet::on_this_thread();
 }
 
-/// The plugin's tokio runtime (named worker threads `agent-tools-worker`, at the plugin's [`WorkerPriority`]). Use its handle to run I/O from
-/// `close` and return a [`Completion`](crate::Completion) with [`Completion::spawn`](crate::Completion::spawn).
+/// The plugin's tokio runtime (named worker threads `agent-tools-worker`, at the plugin's [`WorkerPriority`]).
+/// Use its handle to run I/O from `close` and return a [`Completion`](crate::Completion) with
+/// [`Completion::spawn`](crate::Completion::spawn).
 #[derive(Resource)]
 pub struct AgentRuntime {
     runtime: Option<tokio::runtime::Runtime>,

@@ -282,7 +282,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::recheck;
-    use crate::call::{CallCoordinates, CallLife};
+    use crate::call::{CallCoordinates, CallLife, JobSender};
     use crate::conversation::ConversationHub;
     use crate::error::ErrorCode;
     use crate::ids::{ConversationId, DimensionId, LocationRevision, RequestId, TaskId, VisitId, WorldId};
@@ -312,7 +312,7 @@ mod tests {
         };
         let (hub, _feed) = ConversationHub::new(None);
         let (jobs, _queue) = crossbeam_channel::unbounded();
-        CallLife::new(coords, Instant::now(), deadline, None, Arc::new(hub), super::super::JobSender::new(jobs))
+        CallLife::new(coords, Instant::now(), deadline, None, Arc::new(hub), JobSender::new(jobs))
     }
 
     fn later() -> Instant {
