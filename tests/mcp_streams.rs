@@ -1,6 +1,6 @@
 //! A call's response stream (MCP 2025-11-25) over raw HTTP, read to its end: a client whose stream was cut comes
 //! back with `Last-Event-ID` after its call finished and still gets the result; a client that cancels a call gets
-//! none of the call's later progress on it.
+//! none of the call's later progress on it; a client that ends its session with `DELETE` is told it ended.
 
 mod common;
 
@@ -187,5 +187,22 @@ fn once_a_call_is_cancelled_its_queued_progress_is_dropped_not_sent() {
     // One report can cross the cancel: it was on its way through rmcp when rmcp closed the call's stream (MCP's
     // race clause; a client ignores it). Every report still queued then is dropped.
     assert!(late <= 1, "{late} reports followed the cancel ({on_call_stream} went out before it)");
+    game.stop();
+}
+
+#[test]
+fn a_session_ended_with_delete_is_answered_204_and_is_gone() {
+    let (game, server, _events) = serve(bump_tool("bump", ToolScope::World, Arc::default(), None));
+    let session = open_session(&server);
+    let in_session = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
+
+    // The official Python SDK logs "Session termination failed" for anything but 200 and 204 (rmcp says 202).
+    let (_, head) = send(&server, "DELETE", &in_session, "");
+    assert!(head.starts_with("HTTP/1.1 204"), "{head}");
+    let (_, head) = send(&server, "POST", &in_session, r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#);
+    assert!(head.starts_with("HTTP/1.1 404"), "the session is gone: {head}");
+    // Ending it again: it is unknown now, and said so.
+    let (_, head) = send(&server, "DELETE", &in_session, "");
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
     game.stop();
 }

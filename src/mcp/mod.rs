@@ -21,6 +21,9 @@
 //! the host (429 at the HTTP layer, `BUSY` as an error result for a call that races past it). Refusals: 401
 //! (token), 403 (Origin, Host), 413 (body), 429 (in-flight limit).
 //!
+//! A 2025-11-25 client that ends its session with `DELETE` is answered 204 No Content; a `DELETE` (like any
+//! request) naming a session that does not exist, 404.
+//!
 //! A tool call travels as `tools/call`. A successful result carries the output as `structuredContent` (matching
 //! the tool's published `outputSchema`) and as JSON text; an [`ImageContent`](crate::ImageContent) field of the
 //! output travels once, as image content, and is in neither (nor in the published output schema). The visit and
@@ -79,6 +82,7 @@ pub(crate) mod quiet;
 mod security;
 mod server;
 mod sessions;
+mod termination;
 
 pub use credentials::Credentials;
 pub(crate) use exchanges::RunningProbe;

@@ -151,12 +151,13 @@ impl McpPlugin {
         let sessions = Arc::new(ConversationSessions::new(handler.agent.clone(), self.session_idle_timeout));
         sessions.spawn_upkeep(runtime, shutdown.child_token());
         let service: StreamableHttpService<GameServer, ConversationSessions> =
-            StreamableHttpService::new(move || Ok(handler.clone()), sessions, config);
+            StreamableHttpService::new(move || Ok(handler.clone()), sessions.clone(), config);
         let exchanges = Arc::new(Exchanges::default());
         // Outermost last: the token, then the in-flight limit, then rmcp (Host, Origin, body limit); every POST
-        // that reaches rmcp is tracked until its response is sent, for the exit.
+        // that reaches rmcp is tracked until its response is sent, for the exit; a session's end is answered 204.
         let router = Router::new()
             .nest_service(&self.path, service)
+            .layer(axum::middleware::from_fn_with_state(sessions, super::termination::answer_session_end))
             .layer(axum::middleware::from_fn_with_state(exchanges.clone(), track_exchanges))
             .layer(axum::middleware::from_fn_with_state(self.max_body_bytes, super::parse::refuse_unparsable))
             .layer(axum::middleware::from_fn_with_state(limit, limit_in_flight))
