@@ -22,7 +22,7 @@
 //! (token), 403 (Origin, Host), 413 (body), 429 (in-flight limit).
 //!
 //! A 2025-11-25 client that ends its session with `DELETE` is answered 204 No Content; a `DELETE` (like any
-//! request) naming a session that does not exist, 404.
+//! request) naming a session that does not exist any more (the game ended its conversation, or it expired), 404.
 //!
 //! A tool call travels as `tools/call`. A successful result carries the output as `structuredContent` (matching
 //! the tool's published `outputSchema`) and as JSON text; an [`ImageContent`](crate::ImageContent) field of the

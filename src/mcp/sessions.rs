@@ -243,6 +243,7 @@ impl ConversationSessions {
                             // Closing an already closed session (the client deleted it) does nothing.
                             let _ = sessions.inner.close_session(&id).await;
                             sessions.open.lock().remove(&id);
+                            sessions.logs.lock().remove(&id);
                         }
                     }
                     Some(_) => {}

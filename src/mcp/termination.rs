@@ -1,8 +1,10 @@
-//! A 2025-11-25 client ends its session with `DELETE`. The answer is `204 No Content` once the session is closed,
-//! and `404 Not Found` for a session that is unknown or already ended (the specification's answer to a request
-//! naming a session that no longer exists). rmcp answers `202 Accepted` to both: the specification names no
-//! success code, but the official Python SDK takes only 200 and 204 as done and logs "Session termination failed:
-//! 202" at the end of every session. The TypeScript SDK and rmcp's own client take any 2xx.
+//! A 2025-11-25 client ends its session with `DELETE`. Once rmcp has closed it, the answer is `204 No Content`
+//! for a session that was open and `404 Not Found` for one that is unknown or already ended (the specification's
+//! answer to a request naming a session that no longer exists). rmcp answers `202 Accepted` to both: the
+//! specification names no success code, but the official Python SDK takes only 200 and 204 as done and logged
+//! "Session termination failed: 202" at the end of every session. The TypeScript SDK and rmcp's own client take
+//! any 2xx; all three report the 404 as a failed termination, which it is: the session had already ended (the game
+//! ended its conversation, or it expired).
 
 use std::sync::Arc;
 
@@ -17,9 +19,9 @@ use super::sessions::ConversationSessions;
 /// The header naming a 2025-11-25 session.
 const SESSION_HEADER: &str = "mcp-session-id";
 
-/// Answers a `DELETE` naming an unknown session with 404 and one that closed its session with 204 (instead of
-/// rmcp's 202 for both); every other request, and every other answer (400 without a session id, 405 in the
-/// sessionless generation), passes unchanged.
+/// Turns rmcp's 202 for a `DELETE` into 204 (the session was open) or 404 (it was not). rmcp's own checks come
+/// first and their answers pass unchanged: 403 for a bad `Host` or `Origin`, 405 in the sessionless generation,
+/// 400 without a session id or with a bad protocol version header.
 pub(crate) async fn answer_session_end(
     State(sessions): State<Arc<ConversationSessions>>,
     request: Request,
@@ -29,13 +31,15 @@ pub(crate) async fn answer_session_end(
         return next.run(request).await;
     }
     let named = request.headers().get(SESSION_HEADER).and_then(|value| value.to_str().ok());
-    if let Some(id) = named.map(|id| SessionId::from(id.to_owned())) {
-        if !sessions.has_session(&id).await.unwrap_or(true) {
-            return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
-        }
-    }
+    let was_open = match named.map(|id| SessionId::from(id.to_owned())) {
+        Some(id) => sessions.has_session(&id).await.unwrap_or(true),
+        None => true,
+    };
     let mut response = next.run(request).await;
     if response.status() == StatusCode::ACCEPTED {
+        if !was_open {
+            return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
+        }
         *response.status_mut() = StatusCode::NO_CONTENT;
     }
     response
