@@ -365,10 +365,10 @@ impl Call {
     /// app: the call may need a frame to finish.
     pub fn wait_timeout(&self, timeout: Duration) -> Option<CallOutcome> {
         if let Some(pending) = &self.pending {
-            return pending.outcome.wait_until(Instant::now() + timeout);
+            return pending.outcome.wait_until(crate::deadline::after(Instant::now(), timeout));
         }
         match &self.life {
-            Some(life) => life.outcome().wait_until(Instant::now() + timeout),
+            Some(life) => life.outcome().wait_until(crate::deadline::after(Instant::now(), timeout)),
             None => self.ready.clone(),
         }
     }

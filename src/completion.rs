@@ -173,7 +173,7 @@ impl Completion {
 
     /// Blocks this thread until resolved or until `timeout` passed; `None` if it had not resolved by then.
     pub fn wait_timeout(&self, timeout: Duration) -> Option<CompletionResult> {
-        self.wait_until(Instant::now() + timeout)
+        self.wait_until(crate::deadline::after(Instant::now(), timeout))
     }
 
     fn wait_until(&self, deadline: Instant) -> Option<CompletionResult> {

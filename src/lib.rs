@@ -5,6 +5,7 @@ mod agent;
 mod call;
 mod completion;
 mod conversation;
+mod deadline;
 mod error;
 mod host;
 mod ids;

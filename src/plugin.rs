@@ -406,7 +406,7 @@ fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
     if world.resource::<Messages<AppExit>>().is_empty() || world.contains_resource::<ExitStarted>() {
         return;
     }
-    let deadline = Instant::now() + world.resource::<ExitDeadline>().0;
+    let deadline = crate::deadline::after(Instant::now(), world.resource::<ExitDeadline>().0);
     world.insert_resource(ExitStarted { deadline });
     world.resource_scope(|world, mut slot: Mut<VisitSlot<L>>| {
         if slot.shut_down {

@@ -326,6 +326,19 @@ fn s2_a_turn_the_agent_never_ends_times_out_and_the_agent_is_stopped() {
 }
 
 #[test]
+fn a_close_timeout_as_long_as_the_clock_allows_still_ends_the_session_and_its_agent() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    // `Duration::MAX`: wait for the agent to close however long it takes (it closes at once).
+    let timeouts = SessionTimeouts { start: Duration::from_secs(20), close: Duration::MAX, ..Default::default() };
+    let config = agent(&dirs, &[]).timeouts(timeouts);
+    let session = game.create(config).expect("the session starts");
+    game.block_on(session.end());
+    assert_eq!(session.status(), ConversationStatus::Ended);
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
 fn end_rejects_pending_work_with_session_ended_publishes_ended_once_and_revokes_the_credential() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

@@ -134,6 +134,18 @@ fn out_of_order_and_duplicate_sequence_numbers_are_ignored() {
 }
 
 #[test]
+fn after_the_last_sequence_number_every_report_is_stale_and_nothing_panics() {
+    let mut app = app_with(TestGame::default(), vec![]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("agent");
+    assert_eq!(conversation.report(S::Running, u64::MAX), Reported::Changed);
+    // The next number after `u64::MAX` does not exist: a report without one cannot be newer.
+    assert_eq!(conversation.turn_ended(), Reported::Stale);
+    assert_eq!(conversation.report(S::Idle, u64::MAX), Reported::Stale);
+    assert_eq!(conversation.status(), S::Running);
+}
+
+#[test]
 fn ended_is_published_once_per_transition_and_ending_twice_succeeds() {
     let mut app = app_with(TestGame::default(), vec![]);
     app.enter_world("alpha");
@@ -254,7 +266,8 @@ fn late_tool_app(game: TestGame, wait: Option<Duration>) -> App {
 
 #[test]
 fn a_call_for_a_tool_registered_later_completes_once_it_appears() {
-    let mut app = late_tool_app(TestGame::default(), Some(Duration::from_secs(20)));
+    // As long as the clock allows: `Duration::MAX` is no limit, not a panic.
+    let mut app = late_tool_app(TestGame::default(), Some(Duration::MAX));
     app.enter_world("alpha");
     let agent = app.agent();
     let conversation = agent.conversation("agent");

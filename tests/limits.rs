@@ -1,10 +1,12 @@
-//! The per-conversation in-flight limit (`BUSY`) and progress reports.
+//! The per-conversation in-flight limit (`BUSY`), progress reports, and time limits as long as the clock allows.
 
 mod common;
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
+use std::time::Duration;
 
+use bevy::app::AppExit;
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{headless_app, AgentTestAppExt, Gate};
 use bevy_agent_tools::{CallRequest, NoArgs, Progress, ProgressSink};
@@ -60,4 +62,28 @@ fn progress_reports_reach_the_caller_in_order() {
     assert_eq!(seen.iter().map(|p| p.progress).collect::<Vec<_>>(), [1.0, 2.0, 3.0]);
     assert_eq!(seen[2].message.as_deref(), Some("step 3"));
     assert_eq!(seen[0].total, Some(3.0));
+}
+
+#[test]
+fn a_time_limit_too_long_for_the_clock_means_no_limit_and_never_panics() {
+    // `Duration::MAX` is how a game says "no limit"; `Instant + Duration::MAX` would panic.
+    let plugin = AgentToolsPlugin::new(TestGame::default())
+        .default_timeout(Duration::MAX)
+        .exit_deadline(Duration::MAX)
+        .with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None))
+        .with_tool(bump_tool("patient", ToolScope::World, Arc::default(), None).timeout(Duration::MAX));
+    let mut app = headless_app(plugin);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("a");
+    let calls = [
+        conversation.call("bump", json!({"by": 1})),
+        conversation.call("patient", json!({"by": 1})),
+        conversation.request(CallRequest::new("bump", json!({"by": 1})).timeout(Duration::MAX)),
+    ];
+    for call in &calls {
+        assert!(app.run_until_resolved(call).is_ok());
+        assert!(call.wait_timeout(Duration::MAX).is_some_and(|outcome| outcome.is_ok()));
+    }
+    app.world_mut().write_message(AppExit::Success);
+    app.run_until("the app exits", |app| app.should_exit().is_some());
 }

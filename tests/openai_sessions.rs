@@ -628,6 +628,29 @@ fn a_rate_limit_is_retried_after_its_retry_after_and_gives_up_after_the_bounded_
 }
 
 #[test]
+fn numbers_too_big_from_the_endpoint_or_its_config_never_stall_a_turn() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    // A `Retry-After` longer than any clock can wait (the backoff applies), then a usage report whose parts
+    // overflow when added (no total given).
+    let overflowing = json!({"choices": [], "usage": {
+        "prompt_tokens": u64::MAX, "completion_tokens": 1, "total_tokens": 0
+    }});
+    server.reply(Reply::Status(429, Some("1e20"))).reply(Reply::Stream(vec![
+        text("fine"),
+        finish("stop"),
+        Piece::Data(overflowing),
+    ]));
+    // No cap on a retry's wait, as a game may configure it.
+    let session = game.create(endpoint(&server).retries(1, Duration::MAX)).expect("starts");
+    let turn = game.block_on(session.send_text("hi")).expect("retried after the backoff, and ended");
+    assert_eq!(turn.final_message.as_deref(), Some("fine"));
+    assert_eq!(server.requests().len(), 2, "the request and one retry");
+    assert_eq!(session.usage().map(|u| u.used_tokens), Some(u64::MAX), "saturated, not wrapped");
+}
+
+#[test]
 fn a_server_error_is_retried_then_fails_the_turn_and_resume_recovers_with_the_history() {
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();

@@ -103,7 +103,7 @@ pub(crate) fn admit(
     }
     let timeout = request.timeout.or(info.timeout).unwrap_or(host.config.default_timeout);
     let admitted_at = Instant::now();
-    let deadline = admitted_at + timeout;
+    let deadline = crate::deadline::after(admitted_at, timeout);
 
     let (life, ready, accepted) = {
         let mut state = host.state.lock();

@@ -79,7 +79,7 @@ async fn run(
         call.outcome.set(Err(ended(&conversation)));
         return;
     };
-    let deadline = tokio::time::Instant::now() + wait;
+    let deadline = crate::deadline::after_tokio(tokio::time::Instant::now(), wait);
     let found = loop {
         let registered = host.tool_registered.notified();
         tokio::pin!(registered);

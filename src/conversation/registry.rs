@@ -139,7 +139,8 @@ impl ConversationHub {
             let mut inner = self.inner.lock();
             let HubInner { conversations, watchers, .. } = &mut *inner;
             let Some(entry) = conversations.get_mut(id) else { return Reported::Refused };
-            let sequence = sequence.unwrap_or(entry.agent_sequence + 1);
+            // After `u64::MAX` there is no next number: every later report is stale.
+            let Some(sequence) = sequence.or(entry.agent_sequence.checked_add(1)) else { return Reported::Stale };
             if sequence <= entry.agent_sequence {
                 return Reported::Stale;
             }

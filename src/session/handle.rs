@@ -121,7 +121,7 @@ impl AgentSessions {
             });
         }
         drop(done);
-        let until = std::time::Instant::now() + deadline;
+        let until = crate::deadline::after(std::time::Instant::now(), deadline);
         while all_done.recv_deadline(until).is_ok() {}
     }
 }

@@ -132,7 +132,7 @@ impl Link for AcpLink {
                 return;
             }
             // The connection closes the agent's stdin, waits 1 s, sends SIGTERM, waits 2 s, sends SIGKILL.
-            let bound = close_timeout + std::time::Duration::from_secs(4);
+            let bound = close_timeout.saturating_add(std::time::Duration::from_secs(4));
             if tokio::time::timeout(bound, connection::wait_exit(exit)).await.is_err() {
                 task.abort();
             }

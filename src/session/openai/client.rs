@@ -141,8 +141,8 @@ impl Retry {
                 .get(reqwest::header::RETRY_AFTER)
                 .and_then(|value| value.to_str().ok())
                 .and_then(|value| value.trim().parse::<f64>().ok())
-                .filter(|seconds| seconds.is_finite() && *seconds >= 0.0)
-                .map(Duration::from_secs_f64);
+                // Negative, NaN and too long to represent (`1e20`) are not a wait: the backoff applies.
+                .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok());
             let backoff = Duration::from_millis(250).saturating_mul(2u32.saturating_pow(attempt));
             let wait = asked.unwrap_or(backoff).min(self.max_wait);
             tracing::debug!(%status, ?wait, attempt, "the endpoint asked to retry");

@@ -32,7 +32,7 @@ impl History {
         let mut total: usize = self.turns.iter().map(size).sum();
         while total > max_bytes && self.turns.len() > 1 {
             total -= size(&self.turns.remove(0));
-            self.dropped_turns += 1;
+            self.dropped_turns = self.dropped_turns.saturating_add(1);
         }
     }
 }
@@ -72,6 +72,15 @@ mod tests {
         assert!(history.turns[1][0]["content"].as_str().is_some_and(|text| text.starts_with("turn 4")));
         history.push(vec![json!({"content": "y".repeat(1000)})], 350);
         assert_eq!(history.turns.len(), 1, "the newest turn stays even alone over the bound");
+    }
+
+    #[test]
+    fn a_dropped_turns_count_read_from_the_file_at_its_maximum_stays_there() {
+        let mut history: History =
+            serde_json::from_value(json!({"turns": [[{"content": "old"}]], "dropped_turns": u64::MAX}))
+                .expect("a history file");
+        history.push(vec![json!({"content": "new"})], 1);
+        assert_eq!((history.turns.len(), history.dropped_turns), (1, u64::MAX));
     }
 
     #[test]

@@ -130,7 +130,7 @@ async fn stream_round(
     let endpoint = &shared.endpoint;
     let stall = endpoint.stall_timeout;
     // Opening may include the bounded retries' waits.
-    let open_bound = stall + endpoint.max_retry_wait.saturating_mul(endpoint.max_retries);
+    let open_bound = stall.saturating_add(endpoint.max_retry_wait.saturating_mul(endpoint.max_retries));
     let chat = shared.client.chat();
     let opening = tokio::time::timeout(open_bound, chat.create_stream_byot::<Value, Chunk>(request));
     let opened = tokio::select! {
@@ -167,8 +167,11 @@ async fn stream_round(
             ));
         }
         if let Some(usage) = chunk.usage {
-            let used =
-                if usage.total_tokens > 0 { usage.total_tokens } else { usage.prompt_tokens + usage.completion_tokens };
+            let used = if usage.total_tokens > 0 {
+                usage.total_tokens
+            } else {
+                usage.prompt_tokens.saturating_add(usage.completion_tokens)
+            };
             (shared.sink)(BackendEvent::Usage(Usage {
                 used_tokens: used,
                 context_tokens: endpoint.context_window.unwrap_or(0),
