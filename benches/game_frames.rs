@@ -20,6 +20,9 @@
 //! cause: a step served between frames, or the OS waking the game thread late).
 //! Prints two Markdown tables: pooled over the rounds (and each half of them), then per phase.
 
+#[path = "common/rounds.rs"]
+mod rounds;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,6 +40,7 @@ use rmcp::service::RunningService;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
+use rounds::{quantile, Rounds};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -272,11 +276,6 @@ async fn load(client: Arc<Client>, phase: Phase, length: Duration) -> (u64, u64)
     (count, failed.load(Ordering::Relaxed))
 }
 
-/// The `q` quantile of `sorted` (nearest rank).
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    sorted.get(((sorted.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(f64::NAN)
-}
-
 struct Measured {
     phase: Phase,
     /// Each frame's work, ms.
@@ -368,35 +367,12 @@ fn main() {
     drop(client);
     let _ = game.join();
 
-    let pooled = |phase: Phase, rounds: std::ops::Range<usize>| {
-        let mut all: Vec<f64> = measured
-            .chunks(3)
-            .enumerate()
-            .filter(|(round, _)| rounds.contains(round))
-            .flat_map(|(_, round)| round.iter().filter(|m| m.phase == phase).flat_map(|m| m.work.iter().copied()))
-            .collect();
-        all.sort_by(f64::total_cmp);
-        all
-    };
-    let halves = [(0..ROUNDS, "all"), (0..ROUNDS / 2, "first half"), (ROUNDS / 2..ROUNDS, "second half")];
-    println!("| rounds | phase | frames | work median | p95 | p99 | median / idle | p99 / idle p99 |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    for (rounds, label) in halves {
-        let idle = pooled(Phase::Idle, rounds.clone());
-        for phase in [Phase::Idle, Phase::Read, Phase::Steer] {
-            let work = pooled(phase, rounds.clone());
-            println!(
-                "| {label} | {} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.3} | {:.3} |",
-                phase.name(),
-                work.len(),
-                quantile(&work, 0.5),
-                quantile(&work, 0.95),
-                quantile(&work, 0.99),
-                quantile(&work, 0.5) / quantile(&idle, 0.5),
-                quantile(&work, 0.99) / quantile(&idle, 0.99),
-            );
-        }
-    }
+    let phases = [Phase::Idle, Phase::Read, Phase::Steer];
+    let by_round = measured.chunks(3).map(|round| {
+        phases.iter().map(|&phase| round.iter().filter(|m| m.phase == phase).flat_map(|m| m.work.clone()).collect())
+    });
+    let rounds = Rounds { phases: phases.map(Phase::name).to_vec(), frames: by_round.map(Iterator::collect).collect() };
+    rounds.print_pooled("work");
     println!();
     println!(
         "| round | phase | frames | work median | p99 | p99 / idle p99 (same round) | late frames | calls (failed) |"

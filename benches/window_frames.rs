@@ -11,6 +11,8 @@
 
 #[path = "../tests/common/lines.rs"]
 mod lines;
+#[path = "common/rounds.rs"]
+mod rounds;
 #[path = "../tests/common/window.rs"]
 mod window;
 
@@ -23,6 +25,7 @@ use rmcp::service::RunningService;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
+use rounds::Rounds;
 use serde_json::{json, Value};
 use window::{field, WindowedSandbox};
 
@@ -169,23 +172,6 @@ fn stats(line: &str, label: &str) -> (usize, f64, f64) {
     (number("n") as usize, number("median_ms"), number("p99_ms"))
 }
 
-/// The `q` quantile of `sorted` (nearest rank).
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    sorted.get(((sorted.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(f64::NAN)
-}
-
-/// Every frame of `phase` in `rounds`, sorted.
-fn pooled(figures: &[Figures], phase: Phase, rounds: std::ops::Range<usize>) -> Vec<f64> {
-    let mut frames: Vec<f64> = figures
-        .chunks(3)
-        .enumerate()
-        .filter(|(round, _)| rounds.contains(round))
-        .flat_map(|(_, round)| round.iter().filter(|f| f.phase == phase).flat_map(|f| f.each.iter().copied()))
-        .collect();
-    frames.sort_by(f64::total_cmp);
-    frames
-}
-
 fn main() {
     if std::env::args().any(|arg| arg == "--list") {
         return;
@@ -237,26 +223,12 @@ fn main() {
     sandbox.command("quit");
     sandbox.wait_exit();
 
-    // Pooled over all rounds, and over each half of them (how stable the figure is).
-    let halves = [(0..ROUNDS, "all"), (0..ROUNDS / 2, "first half"), (ROUNDS / 2..ROUNDS, "second half")];
-    println!("| rounds | phase | frames | median | p95 | p99 | median / idle | p99 / idle p99 |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    for (rounds, label) in halves {
-        let idle = pooled(&figures, Phase::Idle, rounds.clone());
-        for phase in [Phase::Idle, Phase::Place100, Phase::Read200] {
-            let frames = pooled(&figures, phase, rounds.clone());
-            println!(
-                "| {label} | {} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.3} | {:.3} |",
-                phase.name(),
-                frames.len(),
-                quantile(&frames, 0.5),
-                quantile(&frames, 0.95),
-                quantile(&frames, 0.99),
-                quantile(&frames, 0.5) / quantile(&idle, 0.5),
-                quantile(&frames, 0.99) / quantile(&idle, 0.99),
-            );
-        }
-    }
+    let phases = [Phase::Idle, Phase::Place100, Phase::Read200];
+    let by_round = figures.chunks(3).map(|round| {
+        phases.iter().map(|&phase| round.iter().filter(|f| f.phase == phase).flat_map(|f| f.each.clone()).collect())
+    });
+    let rounds = Rounds { phases: phases.map(Phase::name).to_vec(), frames: by_round.map(Iterator::collect).collect() };
+    rounds.print_pooled("frame");
     println!();
     println!("| round | phase | frames | frame median | frame p99 | p99 / idle p99 (same round) | calls (failed) | host sets per frame: median, p99 | chunk snapshots: n, median, p99 | meshes: n, median, p99 |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
