@@ -13,7 +13,7 @@ pub(crate) fn after(from: Instant, wait: Duration) -> Instant {
 
 /// [`after`] for tokio's clock.
 pub(crate) fn after_tokio(from: tokio::time::Instant, wait: Duration) -> tokio::time::Instant {
-    from.checked_add(wait.min(NEVER)).unwrap_or(from)
+    tokio::time::Instant::from_std(after(from.into_std(), wait))
 }
 
 #[cfg(test)]

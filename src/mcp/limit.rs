@@ -7,6 +7,7 @@ use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
+use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use serde_json::Value;
 
 use super::credentials::BoundConversation;
@@ -32,7 +33,7 @@ pub(crate) async fn limit_in_flight(State(limit): State<InFlightLimit>, request:
     };
     if let Ok(message) = serde_json::from_slice::<Value>(&bytes) {
         if message.get("method").and_then(Value::as_str) == Some("tools/call") {
-            let session = parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok());
+            let session = parts.headers.get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok());
             let params = message.get("params");
             let handle =
                 params.and_then(|p| p.get("arguments")).and_then(|a| a.get(CONVERSATION)).and_then(Value::as_str);

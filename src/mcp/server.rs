@@ -10,6 +10,7 @@ use rmcp::model::{
     Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
+use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
@@ -72,7 +73,7 @@ impl GameServer {
             }
         };
         let parts = context.extensions.get::<axum::http::request::Parts>();
-        let session = parts.and_then(|p| p.headers.get("mcp-session-id")).and_then(|v| v.to_str().ok());
+        let session = parts.and_then(|p| p.headers.get(HEADER_SESSION_ID)).and_then(|v| v.to_str().ok());
         let bound = parts.and_then(|p| p.extensions.get::<BoundConversation>()).map(|bound| &bound.0);
         Ok(conversation_id(bound, handle.as_deref(), session))
     }

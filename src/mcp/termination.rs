@@ -12,12 +12,10 @@ use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::transport::streamable_http_server::session::{SessionId, SessionManager};
 
 use super::sessions::ConversationSessions;
-
-/// The header naming a 2025-11-25 session.
-const SESSION_HEADER: &str = "mcp-session-id";
 
 /// Turns rmcp's 202 for a `DELETE` into 204 (the session was open) or 404 (it was not). rmcp's own checks come
 /// first and their answers pass unchanged: 403 for a bad `Host` or `Origin`, 405 in the sessionless generation,
@@ -30,7 +28,7 @@ pub(crate) async fn answer_session_end(
     if request.method() != Method::DELETE {
         return next.run(request).await;
     }
-    let named = request.headers().get(SESSION_HEADER).and_then(|value| value.to_str().ok());
+    let named = request.headers().get(HEADER_SESSION_ID).and_then(|value| value.to_str().ok());
     let was_open = match named.map(|id| SessionId::from(id.to_owned())) {
         Some(id) => sessions.has_session(&id).await.unwrap_or(true),
         None => true,
