@@ -519,3 +519,39 @@ fn resume_reattaches_with_session_load_where_that_is_all_the_agent_offers_and_sa
     assert_ne!(forgetful.backend_session(), before);
     assert_eq!(forgetful.status(), ConversationStatus::Idle);
 }
+
+#[test]
+fn s4_without_the_games_mcp_server_an_acp_session_is_refused_before_its_agent_starts() {
+    let dirs = Dirs::new();
+    let occupied = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to take");
+    let taken = occupied.local_addr().expect("its address").port();
+    // No McpPlugin at all; then one that could not start (its port taken, and told not to move).
+    for strict_port in [None, Some(taken)] {
+        let data = dirs.data.clone();
+        let game = RunningGame::spawn(Duration::from_millis(2), move || {
+            let tools = AgentToolsPlugin::new(TestGame::default());
+            let sessions = AgentSessionsPlugin::new().data_dir(data);
+            match strict_port {
+                None => headless_app_with(tools, sessions),
+                Some(port) => {
+                    headless_app_with(tools, (McpPlugin::new().port(port).strict_port(true).token(TOKEN), sessions))
+                }
+            }
+        });
+        let sessions = game.with_app(|app| app.world().resource::<AgentSessions>().clone());
+        // A program that does not exist: an attempt to start it would fail with its own error, naming it.
+        let config = SessionConfig::acp("/nonexistent/acp-agent", Vec::<String>::new());
+        let (code, message) = code_of(game.agent().runtime().block_on(sessions.create(config)));
+        assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+        assert!(message.contains("tools over MCP"), "says the agent would have no tools: {message}");
+        assert!(!message.contains("nonexistent"), "refused before the agent program was started: {message}");
+        if strict_port.is_some() {
+            assert!(message.contains(&taken.to_string()), "says why the server did not start: {message}");
+        }
+    }
+    // The same program with a running MCP server: the attempt to start it is what fails, naming it.
+    let game = Game::start(&dirs);
+    let (code, message) = code_of(game.create(SessionConfig::acp("/nonexistent/acp-agent", Vec::<String>::new())));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert!(message.contains("nonexistent"), "the control: a started agent's failure names it: {message}");
+}

@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bevy_agent_tools::mcp::{McpPlugin, McpServer, ERROR_META_KEY, OBSERVED_META_KEY};
+use bevy_agent_tools::mcp::{McpPlugin, McpServer, McpUnavailable, ERROR_META_KEY, OBSERVED_META_KEY};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
 use bevy_agent_tools::NoArgs;
@@ -390,13 +390,13 @@ fn non_loopback_bind_without_opt_in_is_refused_at_start_up() {
     let plugin = McpPlugin::new().bind("0.0.0.0".parse().expect("ip"));
     let error = plugin.validate().expect_err("refused");
     assert!(error.to_string().contains("allow_non_loopback"), "{error}");
-    let result = std::panic::catch_unwind(|| {
-        headless_app_with(
-            AgentToolsPlugin::new(TestGame::default()),
-            McpPlugin::new().port(0).bind("0.0.0.0".parse().expect("ip")),
-        )
-    });
-    assert!(result.is_err(), "the plugin refuses to start");
+    let app = headless_app_with(
+        AgentToolsPlugin::new(TestGame::default()),
+        McpPlugin::new().port(0).bind("0.0.0.0".parse().expect("ip")),
+    );
+    assert!(!app.world().contains_resource::<McpServer>(), "the plugin refuses to serve");
+    let unavailable = app.world().resource::<McpUnavailable>();
+    assert!(unavailable.error.to_string().contains("allow_non_loopback"), "and says why: {}", unavailable.error);
 }
 
 /// A game whose `close` holds the main thread until the test lets it go, so a call can arrive mid-exit.

@@ -251,6 +251,11 @@ struct Game {
 
 impl Game {
     fn start(data: &Path) -> Self {
+        Self::start_serving(data, true)
+    }
+
+    /// With `serve_mcp: false`, the game has no MCP server at all (no `McpPlugin`).
+    fn start_serving(data: &Path, serve_mcp: bool) -> Self {
         let gate = Gate::new();
         let executions = Arc::new(AtomicUsize::new(0));
         let log = Log::default();
@@ -270,13 +275,13 @@ impl Game {
                     )
                     .read_only(),
                 );
-            let mut app = headless_app_with(
-                tools,
-                (
-                    McpPlugin::new().port(0).token("openai-sessions-token-0123456789"),
-                    AgentSessionsPlugin::new().data_dir(data),
-                ),
-            );
+            let sessions = AgentSessionsPlugin::new().data_dir(data);
+            let mut app = if serve_mcp {
+                let mcp = McpPlugin::new().port(0).token("openai-sessions-token-0123456789");
+                headless_app_with(tools, (mcp, sessions))
+            } else {
+                headless_app_with(tools, sessions)
+            };
             app.insert_resource(built_log).add_systems(Update, record);
             bevy_agent_tools::testing::AgentTestAppExt::enter_world(&mut app, "alpha");
             app
@@ -387,6 +392,22 @@ fn a_turn_streams_text_and_a_tool_call_split_across_chunks_changes_the_world_und
     assert_eq!(results.len(), 1);
     assert!(results[0].contains("\"counter\":2"), "{results:?}");
     assert_eq!(session.usage().map(|u| u.used_tokens), Some(75), "the endpoint's last usage report");
+}
+
+#[test]
+fn an_openai_session_calls_the_games_tools_in_process_and_needs_no_mcp_server() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start_serving(data.path(), false);
+    assert!(game.game.with_app(|app| !app.world().contains_resource::<bevy_agent_tools::mcp::McpServer>()));
+    server.reply(calls(vec![call(0, "call-1", "bump", "{\"by\": 3}")])).reply(says("Bumped."));
+    let session = game.create(endpoint(&server)).expect("the session starts without an MCP server");
+    let turn = game.block_on(session.send_text("bump it")).expect("the turn ends");
+    assert_eq!(turn.final_message.as_deref(), Some("Bumped."));
+    assert_eq!(game.counter(), 1, "the model's call changed the world");
+    let results = tool_results(&server, 1);
+    assert!(results.len() == 1 && results[0].contains("\"counter\":3"), "{results:?}");
+    assert_eq!(session.credential(), None, "no MCP credential was minted");
 }
 
 #[test]

@@ -49,7 +49,7 @@ use std::time::Duration;
 use bevy::app::ScheduleRunnerPlugin;
 use bevy::log::LogPlugin;
 use bevy::prelude::*;
-use bevy_agent_tools::mcp::{McpPlugin, McpServer};
+use bevy_agent_tools::mcp::{McpPlugin, McpServer, McpUnavailable};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::WorldStorePlugin;
 
@@ -267,9 +267,18 @@ fn main() -> AppExit {
         return AppExit::from_code(2);
     }
     app.add_plugins(mcp);
-    let server = app.world().resource::<McpServer>();
-    say(format_args!("mcp: {}", server.url()));
-    say(format_args!("token: {}", server.token()));
+    match (app.world().get_resource::<McpServer>(), app.world().get_resource::<McpUnavailable>()) {
+        (Some(server), _) => {
+            say(format_args!("mcp: {}", server.url()));
+            say(format_args!("token: {}", server.token()));
+        }
+        // The console, the saves and in-process tools work without it.
+        (None, unavailable) => {
+            let why =
+                unavailable.map_or_else(|| "not started".to_string(), |unavailable| unavailable.error.to_string());
+            say(format_args!("mcp: unavailable ({why})"));
+        }
+    }
     if let Some(config) = session {
         app.add_plugins(AgentSessionsPlugin::new().data_dir(args.data_dir.join("agent-sessions")))
             .add_plugins(ChatPlugin { config });

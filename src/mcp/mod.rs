@@ -9,10 +9,16 @@
 //! # use bevy_agent_tools::mcp::McpPlugin;
 //! # fn add(app: &mut App) {
 //! app.add_plugins(McpPlugin::new().port(15777));
-//! let server = app.world().resource::<bevy_agent_tools::mcp::McpServer>();
-//! println!("mcp: {}", server.url());
+//! match app.world().get_resource::<bevy_agent_tools::mcp::McpServer>() {
+//!     Some(server) => println!("mcp: {}", server.url()),
+//!     None => println!("no mcp: {}", app.world().resource::<bevy_agent_tools::mcp::McpUnavailable>().error),
+//! }
 //! # }
 //! ```
+//!
+//! Start-up never stops the game. A taken port is replaced by a free one (logged; [`McpPlugin::strict_port`]
+//! refuses instead); when the server cannot start at all, the error is logged, [`McpUnavailable`] takes the place of
+//! [`McpServer`], and the game runs without MCP.
 //!
 //! Security, on by default: loopback only (a non-loopback bind is refused unless
 //! [`McpPlugin::allow_non_loopback`]); a bearer token (generated per run unless set, written to a file readable
@@ -86,7 +92,7 @@ mod termination;
 
 pub use credentials::Credentials;
 pub(crate) use exchanges::RunningProbe;
-pub use plugin::{McpPlugin, McpServer};
+pub use plugin::{McpPlugin, McpServer, McpUnavailable};
 pub use quiet::RMCP_LOG_ENV;
 pub use security::McpConfigError;
 pub use server::{ERROR_META_KEY, OBSERVED_META_KEY};

@@ -24,6 +24,8 @@ use crate::plugin::ExitStarted;
 use crate::runtime::AgentRuntime;
 
 /// Serves the host's tools over MCP (Streamable HTTP). See the [module docs](crate::mcp).
+///
+/// Inserts [`McpServer`] when it serves, or [`McpUnavailable`] when it could not start (the game runs on).
 #[derive(Clone, Debug)]
 pub struct McpPlugin {
     address: IpAddr,
@@ -35,6 +37,7 @@ pub struct McpPlugin {
     allowed_origins: Vec<String>,
     max_body_bytes: usize,
     session_idle_timeout: Option<Duration>,
+    strict_port: bool,
 }
 
 impl Default for McpPlugin {
@@ -56,6 +59,7 @@ impl McpPlugin {
             allowed_origins: vec!["http://localhost:*".into(), "http://127.0.0.1:*".into(), "http://[::1]:*".into()],
             max_body_bytes: 1024 * 1024,
             session_idle_timeout: Some(Duration::from_secs(300)),
+            strict_port: false,
         }
     }
 
@@ -68,9 +72,19 @@ impl McpPlugin {
         self
     }
 
-    /// The port; `0` picks a free one (read it from [`McpServer`]).
+    /// The port; `0` picks a free one (read it from [`McpServer`]). When the port is taken (another copy of the
+    /// game runs, or another program has it), the server listens on a free one instead and logs a warning naming
+    /// both; clients configured with the old URL must be given [`McpServer::url`]. See
+    /// [`strict_port`](Self::strict_port).
     pub fn port(mut self, port: u16) -> Self {
         self.port = port;
+        self
+    }
+
+    /// With `true`, a taken port is not replaced by a free one: the server does not start, and the game runs
+    /// without MCP ([`McpUnavailable`]). For setups where every client has the URL written down. Default `false`.
+    pub fn strict_port(mut self, strict: bool) -> Self {
+        self.strict_port = strict;
         self
     }
 
@@ -119,10 +133,33 @@ impl McpPlugin {
         Ok(())
     }
 
+    /// Binds the configured address and port, or, when the port is taken and not [strict](Self::strict_port), a
+    /// free port on the same address.
+    fn listen(&self) -> Result<std::net::TcpListener, McpConfigError> {
+        let failed = |port: u16, error: std::io::Error| {
+            McpConfigError(format!("could not listen on {}:{port}: {error}", self.address))
+        };
+        match std::net::TcpListener::bind((self.address, self.port)) {
+            Ok(listener) => Ok(listener),
+            Err(error) if error.kind() == std::io::ErrorKind::AddrInUse && self.port != 0 && !self.strict_port => {
+                let listener = std::net::TcpListener::bind((self.address, 0)).map_err(|error| failed(0, error))?;
+                let port = listener.local_addr().map_or(0, |address| address.port());
+                tracing::warn!(
+                    taken = self.port,
+                    port,
+                    "the MCP port {} is taken (another copy of the game, or another program): serving on {port} \
+                     instead; clients configured with the old port need the new URL",
+                    self.port
+                );
+                Ok(listener)
+            }
+            Err(error) => Err(failed(self.port, error)),
+        }
+    }
+
     fn start(&self, agent: AgentHandle, runtime: &tokio::runtime::Handle) -> Result<McpServer, McpConfigError> {
         self.validate()?;
-        let listener = std::net::TcpListener::bind((self.address, self.port))
-            .map_err(|error| McpConfigError(format!("could not listen on {}:{}: {error}", self.address, self.port)))?;
+        let listener = self.listen()?;
         let address = listener.local_addr().map_err(|error| McpConfigError(error.to_string()))?;
         listener.set_nonblocking(true).map_err(|error| McpConfigError(error.to_string()))?;
         let token = match &self.token {
@@ -251,11 +288,29 @@ impl Plugin for McpPlugin {
         else {
             panic!("add AgentToolsPlugin before McpPlugin");
         };
-        let server = self
-            .start(agent.clone(), runtime.handle())
-            .unwrap_or_else(|error| panic!("the MCP server could not start: {error}"));
-        app.insert_resource(server).add_systems(Last, stop_on_app_exit.in_set(crate::plugin::ExitSet::Transport));
+        match self.start(agent.clone(), runtime.handle()) {
+            Ok(server) => {
+                app.insert_resource(server)
+                    .add_systems(Last, stop_on_app_exit.in_set(crate::plugin::ExitSet::Transport));
+            }
+            Err(error) => {
+                tracing::error!(%error, "the MCP server could not start: the game runs without MCP");
+                app.insert_resource(McpUnavailable { error });
+            }
+        }
     }
+}
+
+/// Present instead of [`McpServer`] when the MCP server could not start: its configuration was refused (see
+/// [`McpPlugin::validate`]), its port was taken under [`McpPlugin::strict_port`], nothing could be bound, or the
+/// token file could not be written. The game runs on without MCP: the host, in-process agents
+/// ([`AgentHandle`]) and in-game sessions with an OpenAI-compatible backend work as before; in-game sessions with
+/// an ACP agent fail to start with `AGENT_UNAVAILABLE`, naming this error. Show it where the player or author
+/// looks (the error is also logged at start-up).
+#[derive(Resource, Clone, Debug)]
+pub struct McpUnavailable {
+    /// Why the server did not start.
+    pub error: McpConfigError,
 }
 
 /// The least time the exit gives the responses of ended calls, even when saves used up the exit deadline.

@@ -21,12 +21,18 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>
 /// Where a backend reports what happens. Called from the backend's tasks; never blocks.
 pub(crate) type EventSink = Arc<dyn Fn(BackendEvent) + Send + Sync>;
 
+/// Where an agent process reaches the game's tools: the MCP endpoint and the session's bearer credential for it.
+#[derive(Clone)]
+pub(crate) struct McpEndpoint {
+    pub url: String,
+    pub credential: String,
+}
+
 /// What a backend needs to open a session.
 pub(crate) struct Setup {
-    /// The game's MCP endpoint.
-    pub mcp_url: String,
-    /// The session's bearer credential for it.
-    pub credential: String,
+    /// The game's MCP endpoint with the session's credential, or why the game serves none (a backend that runs
+    /// the agent loop in the game needs none).
+    pub mcp: Result<McpEndpoint, String>,
     /// The session's own working directory (empty, under the game's data directory).
     pub working_directory: PathBuf,
     /// The system prompt, if any.
@@ -47,6 +53,20 @@ pub(crate) struct Setup {
     /// The session's own directory under the game's data directory (`<data_dir>/<id>`), for what the backend keeps.
     #[cfg_attr(not(feature = "openai"), allow(dead_code))]
     pub session_dir: PathBuf,
+}
+
+impl Setup {
+    /// The MCP endpoint, for a backend whose agent reaches the game's tools over MCP: `AGENT_UNAVAILABLE`, saying
+    /// why, when the game serves none.
+    #[cfg_attr(not(feature = "acp"), allow(dead_code))]
+    pub fn require_mcp(&self) -> Result<&McpEndpoint, ToolError> {
+        self.mcp.as_ref().map_err(|why| {
+            ToolError::with_code(
+                crate::error::ErrorCode::AgentUnavailable,
+                format!("the agent reaches the game's tools over MCP, and the game serves none: {why}"),
+            )
+        })
+    }
 }
 
 /// How a connection's session came to be.

@@ -119,7 +119,8 @@ impl SessionCore {
         resume: Option<String>,
         new_if_unresumable: bool,
     ) -> Result<Attached, ToolError> {
-        let credential = self.host.mint(&self.id)?;
+        let mcp = self.host.endpoint(&self.id)?;
+        let credential = mcp.as_ref().ok().map(|endpoint| endpoint.credential.clone());
         let generation = {
             let mut state = self.state.lock();
             state.generation += 1;
@@ -127,8 +128,7 @@ impl SessionCore {
         };
         let working_directory = self.host.working_directory(&self.id)?;
         let setup = super::backend::Setup {
-            mcp_url: self.host.mcp_url(),
-            credential: credential.clone(),
+            mcp,
             working_directory,
             system_prompt: self.config.system_prompt.clone(),
             resume,
@@ -143,7 +143,9 @@ impl SessionCore {
         let (link, attached, system_prompt_sent) = match connected {
             Ok(connected) => connected,
             Err(error) => {
-                self.host.revoke(&credential);
+                if let Some(credential) = &credential {
+                    self.host.revoke(credential);
+                }
                 return Err(error);
             }
         };
@@ -154,7 +156,7 @@ impl SessionCore {
             } else {
                 state.link = Some(link.clone());
                 state.backend_session = Some(link.backend_session().to_string());
-                if let Some(old) = state.credential.replace(credential.clone()) {
+                if let Some(old) = std::mem::replace(&mut state.credential, credential.clone()) {
                     self.host.revoke(&old);
                 }
                 // A re-attached session has had its instructions; a new one gets them with its first turn
@@ -167,7 +169,9 @@ impl SessionCore {
         };
         if stale {
             // Ended (or replaced) while it connected: this connection is nobody's.
-            self.host.revoke(&credential);
+            if let Some(credential) = &credential {
+                self.host.revoke(credential);
+            }
             link.kill();
             return Err(self.ended_error());
         }

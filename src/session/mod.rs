@@ -74,7 +74,7 @@ use crate::conversation::ConversationStatus;
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
 use crate::mcp::McpServer;
-use backend::Link;
+use backend::{Link, McpEndpoint};
 use permission::PermissionBook;
 use record::Records;
 
@@ -87,10 +87,11 @@ pub struct TurnEnd {
     pub final_message: Option<String>,
 }
 
-/// What every session of the app shares: the host, the MCP server its agents call, where records go.
+/// What every session of the app shares: the host, the MCP server its agents call (or why the game serves
+/// none), where records go.
 pub(crate) struct SessionHost {
     pub agent: AgentHandle,
-    pub server: McpServer,
+    pub server: Result<McpServer, String>,
     pub runtime: tokio::runtime::Handle,
     pub records: Records,
     pub permissions: PermissionBook,
@@ -102,16 +103,21 @@ impl SessionHost {
         self.agent.host().conversations.publish_chat(event);
     }
 
-    pub(crate) fn mcp_url(&self) -> String {
-        self.server.url().to_string()
-    }
-
-    pub(crate) fn mint(&self, id: &ConversationId) -> Result<String, ToolError> {
-        self.server.credentials().mint(id).map_err(|error| ToolError::internal(error.to_string()))
+    /// The MCP endpoint with a new credential for the session (revoke it with [`revoke`](Self::revoke)), or why
+    /// the game serves no MCP.
+    pub(crate) fn endpoint(&self, id: &ConversationId) -> Result<Result<McpEndpoint, String>, ToolError> {
+        let server = match &self.server {
+            Ok(server) => server,
+            Err(why) => return Ok(Err(why.clone())),
+        };
+        let credential = server.credentials().mint(id).map_err(|error| ToolError::internal(error.to_string()))?;
+        Ok(Ok(McpEndpoint { url: server.url().to_string(), credential }))
     }
 
     pub(crate) fn revoke(&self, credential: &str) {
-        self.server.credentials().revoke(credential);
+        if let Ok(server) = &self.server {
+            server.credentials().revoke(credential);
+        }
     }
 
     pub(crate) fn set_status(&self, id: &ConversationId, status: ConversationStatus) {

@@ -12,7 +12,7 @@ use super::permission::PermissionBook;
 use super::record::Records;
 use super::{AgentSessions, SessionHost};
 use crate::agent::AgentHandle;
-use crate::mcp::McpServer;
+use crate::mcp::{McpServer, McpUnavailable};
 use crate::plugin::ExitSet;
 use crate::runtime::AgentRuntime;
 
@@ -25,8 +25,11 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(5);
 /// conversation messages, see [`AgentToolsSet`](crate::AgentToolsSet)), and, on `AppExit`, the end (or, for sessions with `auto_end_on_disconnect(false)`, the
 /// disconnection) of every session, with its agent process stopped ([`ExitSet::Sessions`]).
 ///
-/// Add it after [`AgentToolsPlugin`](crate::AgentToolsPlugin) and [`McpPlugin`](crate::mcp::McpPlugin): the
-/// agents reach the game's tools through the MCP server.
+/// Add it after [`AgentToolsPlugin`](crate::AgentToolsPlugin) and, for ACP agents, after
+/// [`McpPlugin`](crate::mcp::McpPlugin): an ACP agent reaches the game's tools through the MCP server, and a
+/// session with one fails to start (`AGENT_UNAVAILABLE`, saying why) when the game serves no MCP (the plugin not
+/// added, or [`McpUnavailable`]). Sessions with an OpenAI-compatible backend call the tools in process and need no
+/// MCP server.
 ///
 /// ```no_run
 /// # use bevy::prelude::*;
@@ -64,17 +67,19 @@ impl AgentSessionsPlugin {
 impl Plugin for AgentSessionsPlugin {
     fn build(&self, app: &mut App) {
         let world = app.world();
-        let (Some(agent), Some(runtime), Some(server)) = (
-            world.get_resource::<AgentHandle>(),
-            world.get_resource::<AgentRuntime>(),
-            world.get_resource::<McpServer>(),
-        ) else {
-            panic!("add AgentToolsPlugin and McpPlugin before AgentSessionsPlugin");
+        let (Some(agent), Some(runtime)) = (world.get_resource::<AgentHandle>(), world.get_resource::<AgentRuntime>())
+        else {
+            panic!("add AgentToolsPlugin before AgentSessionsPlugin");
+        };
+        let server = match (world.get_resource::<McpServer>(), world.get_resource::<McpUnavailable>()) {
+            (Some(server), _) => Ok(server.clone()),
+            (None, Some(unavailable)) => Err(format!("its MCP server did not start ({})", unavailable.error)),
+            (None, None) => Err("McpPlugin was not added before AgentSessionsPlugin".to_string()),
         };
         let runtime = runtime.handle().clone();
         let host = Arc::new(SessionHost {
             agent: agent.clone(),
-            server: server.clone(),
+            server,
             records: Records::new(self.data_dir.clone(), runtime.clone()),
             permissions: PermissionBook::new(agent.clone(), runtime.clone()),
             runtime,

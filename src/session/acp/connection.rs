@@ -223,9 +223,10 @@ async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay) -> Resul
             "the agent does not accept HTTP MCP servers (mcpCapabilities.http), so it cannot reach the game's tools",
         ));
     }
+    let endpoint = setup.require_mcp()?;
     let servers = vec![McpServer::Http(
-        McpServerHttp::new("game", setup.mcp_url.clone())
-            .headers(vec![HttpHeader::new("Authorization", format!("Bearer {}", setup.credential))]),
+        McpServerHttp::new("game", endpoint.url.clone())
+            .headers(vec![HttpHeader::new("Authorization", format!("Bearer {}", endpoint.credential))]),
     )];
     let cwd = setup.working_directory.clone();
     let can_close = capabilities.session_capabilities.close.is_some();

@@ -35,6 +35,10 @@ impl AcpBackend {
 
 impl Backend for AcpBackend {
     fn connect(&self, setup: Setup, sink: EventSink) -> BoxFuture<Result<Connected, ToolError>> {
+        // Without the game's MCP server the agent would have no tools: refuse before starting its process.
+        if let Err(error) = setup.require_mcp() {
+            return Box::pin(std::future::ready(Err(error)));
+        }
         let config = AcpAgentConfig::new(&self.command.program)
             .args(self.command.args.clone())
             .envs(self.command.env.iter().cloned());
