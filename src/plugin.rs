@@ -397,6 +397,7 @@ struct ExitDeadline(Duration);
 /// Inserted when the exit begins: when it must be over. Transports bound their own stop by it.
 #[derive(Resource, Clone, Copy, Debug)]
 pub(crate) struct ExitStarted {
+    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
     pub deadline: Instant,
 }
 

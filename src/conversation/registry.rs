@@ -164,7 +164,11 @@ impl ConversationHub {
         }
         reported
     }
+}
 
+/// What in-game agent sessions (`acp`, `openai` features) do with their conversations.
+#[cfg_attr(not(any(feature = "acp", feature = "openai")), allow(dead_code))]
+impl ConversationHub {
     /// Opens `id` as a conversation the game owns (an in-game agent session): the idle timeout never ends it.
     pub(crate) fn open_held(&self, id: &ConversationId) {
         self.open(id);
@@ -220,7 +224,9 @@ impl ConversationHub {
             Reported::Unchanged
         }
     }
+}
 
+impl ConversationHub {
     /// Ends `id` (by the host): publishes `Ended` once, ends its calls. Ending an ended conversation succeeds
     /// without a second event.
     pub(crate) fn end(&self, id: &ConversationId) -> Result<(), ToolError> {

@@ -24,6 +24,7 @@ pub(crate) type EventSink = Arc<dyn Fn(BackendEvent) + Send + Sync>;
 /// Where an agent process reaches the game's tools: the MCP endpoint and the session's bearer credential for it.
 #[derive(Clone)]
 pub(crate) struct McpEndpoint {
+    #[cfg_attr(not(feature = "acp"), allow(dead_code))]
     pub url: String,
     pub credential: String,
 }
@@ -34,6 +35,7 @@ pub(crate) struct Setup {
     /// the agent loop in the game needs none).
     pub mcp: Result<McpEndpoint, String>,
     /// The session's own working directory (empty, under the game's data directory).
+    #[cfg_attr(not(feature = "acp"), allow(dead_code))]
     pub working_directory: PathBuf,
     /// The system prompt, if any.
     pub system_prompt: Option<String>,
@@ -166,11 +168,13 @@ pub(crate) enum BackendEvent {
     /// Usage, as the agent reported it.
     Usage(Usage),
     /// The agent asks permission; answer through `reply` (dropping it denies).
+    #[cfg_attr(not(feature = "acp"), allow(dead_code))]
     Permission { tool: String, reply: oneshot::Sender<PermissionDecision> },
     /// The turn ended.
     TurnEnded { turn: u64, stop: StopReason },
     /// The turn failed, the agent still running.
     TurnFailed { turn: u64, error: ToolError },
     /// The connection ended (the agent exited or closed its output); `None` if the backend was asked to close.
+    #[cfg_attr(not(feature = "acp"), allow(dead_code))]
     Exited(Option<ToolError>),
 }

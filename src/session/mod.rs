@@ -73,7 +73,12 @@ use crate::agent::AgentHandle;
 use crate::conversation::ConversationStatus;
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
-use crate::mcp::McpServer;
+/// The game's MCP server, in a build that has one.
+#[cfg(feature = "mcp")]
+type McpServer = crate::mcp::McpServer;
+/// A build without the `mcp` feature has no MCP server to hold.
+#[cfg(not(feature = "mcp"))]
+type McpServer = std::convert::Infallible;
 use backend::{Link, McpEndpoint};
 use permission::PermissionBook;
 use record::Records;
@@ -110,14 +115,22 @@ impl SessionHost {
             Ok(server) => server,
             Err(why) => return Ok(Err(why.clone())),
         };
-        let credential = server.credentials().mint(id).map_err(|error| ToolError::internal(error.to_string()))?;
-        Ok(Ok(McpEndpoint { url: server.url().to_string(), credential }))
+        #[cfg(not(feature = "mcp"))]
+        match (*server, id) {}
+        #[cfg(feature = "mcp")]
+        {
+            let credential = server.credentials().mint(id).map_err(|error| ToolError::internal(error.to_string()))?;
+            Ok(Ok(McpEndpoint { url: server.url().to_string(), credential }))
+        }
     }
 
     pub(crate) fn revoke(&self, credential: &str) {
+        #[cfg(feature = "mcp")]
         if let Ok(server) = &self.server {
             server.credentials().revoke(credential);
         }
+        #[cfg(not(feature = "mcp"))]
+        let _ = credential;
     }
 
     pub(crate) fn set_status(&self, id: &ConversationId, status: ConversationStatus) {

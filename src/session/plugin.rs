@@ -12,6 +12,7 @@ use super::permission::PermissionBook;
 use super::record::Records;
 use super::{AgentSessions, SessionHost};
 use crate::agent::AgentHandle;
+#[cfg(feature = "mcp")]
 use crate::mcp::{McpServer, McpUnavailable};
 use crate::plugin::ExitSet;
 use crate::runtime::AgentRuntime;
@@ -71,11 +72,14 @@ impl Plugin for AgentSessionsPlugin {
         else {
             panic!("add AgentToolsPlugin before AgentSessionsPlugin");
         };
+        #[cfg(feature = "mcp")]
         let server = match (world.get_resource::<McpServer>(), world.get_resource::<McpUnavailable>()) {
             (Some(server), _) => Ok(server.clone()),
             (None, Some(unavailable)) => Err(format!("its MCP server did not start ({})", unavailable.error)),
             (None, None) => Err("McpPlugin was not added before AgentSessionsPlugin".to_string()),
         };
+        #[cfg(not(feature = "mcp"))]
+        let server = Err("the crate was built without its `mcp` feature".to_string());
         let runtime = runtime.handle().clone();
         let host = Arc::new(SessionHost {
             agent: agent.clone(),

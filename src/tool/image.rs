@@ -45,6 +45,7 @@ pub(crate) fn is_image_schema(property: &serde_json::Value) -> bool {
 
 /// Takes the image fields out of a tool's output object: what is left is the structured result; the images go
 /// to image content.
+#[cfg(feature = "mcp")]
 pub(crate) fn take_images(object: &mut serde_json::Map<String, serde_json::Value>) -> Vec<ImageContent> {
     let names: Vec<String> =
         object.iter().filter(|(_, value)| ImageContent::from_value(value).is_some()).map(|(k, _)| k.clone()).collect();

@@ -23,6 +23,7 @@ use crate::call::{CallContext, CallCore};
 use crate::error::ToolError;
 
 pub use guard::{check_version, require_confirmation, DestructiveGuard};
+#[cfg(feature = "mcp")]
 pub(crate) use image::take_images;
 pub use image::ImageContent;
 pub(crate) use registry::ToolRegistry;
