@@ -555,3 +555,31 @@ fn s4_without_the_games_mcp_server_an_acp_session_is_refused_before_its_agent_st
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains("nonexistent"), "the control: a started agent's failure names it: {message}");
 }
+
+#[test]
+fn acp_sessions_reach_the_mcp_server_whichever_plugin_was_added_first() {
+    let dirs = Dirs::new();
+    let data = dirs.data.clone();
+    let game = RunningGame::spawn(Duration::from_millis(2), move || {
+        let tools = AgentToolsPlugin::new(TestGame::default()).with_tool(bump_tool(
+            "bump",
+            ToolScope::World,
+            Arc::default(),
+            None,
+        ));
+        // Sessions first, MCP second: the server is looked up when the app is finished.
+        let mut app = headless_app_with(
+            tools,
+            (AgentSessionsPlugin::new().data_dir(data), McpPlugin::new().port(0).token(TOKEN)),
+        );
+        bevy_agent_tools::testing::AgentTestAppExt::enter_world(&mut app, "alpha");
+        app
+    });
+    let sessions = game.with_app(|app| app.world().resource::<AgentSessions>().clone());
+    // Bounded by the session's own start and turn timeouts.
+    let session = game.agent().runtime().block_on(sessions.create(agent(&dirs, &[]))).expect("the session starts");
+    let turn = game.agent().runtime().block_on(session.send_text(r#"call bump {"by": 1}"#)).expect("the turn ends");
+    let answer = turn.final_message.expect("a final message");
+    assert!(answer.contains("\"counter\":1"), "the agent's call reached the game: {answer}");
+    game.agent().runtime().block_on(session.end());
+}

@@ -13,13 +13,50 @@ use bevy_agent_tools::mcp::{McpPlugin, McpServer, McpUnavailable};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{headless_app_with, AgentTestAppExt};
 use common::*;
+use parking_lot::Mutex;
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
 const TOKEN: &str = "start-test-token-0123456789";
 
 fn game(mcp: McpPlugin) -> App {
-    let tools =
-        AgentToolsPlugin::new(TestGame::default()).with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None));
-    headless_app_with(tools, mcp)
+    game_logged(mcp).0
+}
+
+/// The game, and the WARN and ERROR lines its start-up logged.
+fn game_logged(mcp: McpPlugin) -> (App, Vec<String>) {
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::registry().with(captured.clone());
+    let app = tracing::subscriber::with_default(subscriber, || {
+        let tools = AgentToolsPlugin::new(TestGame::default()).with_tool(bump_tool(
+            "bump",
+            ToolScope::World,
+            Arc::default(),
+            None,
+        ));
+        headless_app_with(tools, mcp)
+    });
+    let lines = captured.0.lock().clone();
+    (app, lines)
+}
+
+/// WARN and ERROR events with their fields, as text.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> Layer<S> for Captured {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        struct Fields(String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!(" {}={value:?}", field.name()));
+            }
+        }
+        if *event.metadata().level() <= tracing::Level::WARN {
+            let mut fields = Fields(event.metadata().level().to_string());
+            event.record(&mut fields);
+            self.0.lock().push(fields.0);
+        }
+    }
 }
 
 /// An `initialize` over raw HTTP; returns the response's status line.
@@ -53,27 +90,55 @@ fn bump_runs(app: &mut App) {
 }
 
 #[test]
-fn a_taken_port_is_replaced_by_a_free_one_and_mcp_serves_there() {
+fn a_taken_port_is_replaced_by_a_free_one_and_mcp_serves_there_and_says_so() {
     let (_occupied, taken) = taken_port();
-    let mut app = game(McpPlugin::new().port(taken).token(TOKEN));
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let first_copys = dir.path().join("mcp-token");
+    std::fs::write(&first_copys, "the first copy's token").expect("the first copy's token file");
+    let (mut app, logged) = game_logged(McpPlugin::new().port(taken).token(TOKEN).token_file(&first_copys));
     assert!(!app.world().contains_resource::<McpUnavailable>());
     let server = app.world().resource::<McpServer>().clone();
     let port = server.address().port();
     assert!(port != taken && port != 0, "another port: {port}");
+    assert_eq!(server.replaced_port(), Some(taken), "the game can tell the port moved");
     assert!(server.url().contains(&format!(":{port}/")), "the URL names the port served: {}", server.url());
+    assert_eq!(server.token_file(), dir.path().join(format!("mcp-token.{port}")), "this copy's token file is beside");
+    assert_eq!(std::fs::read_to_string(server.token_file()).expect("written"), TOKEN);
+    assert_eq!(std::fs::read_to_string(&first_copys).expect("kept"), "the first copy's token", "left intact");
+    let warning = logged.iter().find(|line| line.starts_with("WARN")).expect("a warning");
     assert!(
-        server.token_file().to_string_lossy().contains(&port.to_string()),
-        "the token file is the served port's, not the taken one's: {}",
-        server.token_file().display()
+        warning.contains(&format!("taken={taken}")) && warning.contains(&format!("port={port}")),
+        "it names both ports: {warning}"
     );
     assert!(initialize(server.address()).contains(" 200 "), "it answers MCP there");
     bump_runs(&mut app);
 }
 
 #[test]
+fn a_port_served_where_asked_is_not_reported_as_replaced() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (app, logged) = game_logged(McpPlugin::new().port(0).token(TOKEN).token_file(dir.path().join("t")));
+    assert_eq!(app.world().resource::<McpServer>().replaced_port(), None);
+    assert!(logged.is_empty(), "nothing to warn about: {logged:?}");
+}
+
+#[test]
+fn a_token_file_that_cannot_be_written_leaves_the_game_running_without_mcp() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    // A directory where the file should be.
+    let (mut app, logged) = game_logged(McpPlugin::new().port(0).token(TOKEN).token_file(dir.path()));
+    assert!(!app.world().contains_resource::<McpServer>());
+    let error = app.world().resource::<McpUnavailable>().error.to_string();
+    assert!(error.contains(&dir.path().display().to_string()), "names the file: {error}");
+    assert!(logged.iter().any(|line| line.starts_with("ERROR")), "logged: {logged:?}");
+    bump_runs(&mut app);
+}
+
+#[test]
 fn with_strict_port_a_taken_port_leaves_the_game_running_without_mcp() {
     let (_occupied, taken) = taken_port();
-    let mut app = game(McpPlugin::new().port(taken).strict_port(true).token(TOKEN));
+    let (mut app, logged) = game_logged(McpPlugin::new().port(taken).strict_port(true).token(TOKEN));
+    assert!(logged.iter().any(|line| line.starts_with("ERROR")), "the failure is logged: {logged:?}");
     assert!(!app.world().contains_resource::<McpServer>());
     let error = app.world().resource::<McpUnavailable>().error.to_string();
     assert!(error.contains(&format!("127.0.0.1:{taken}")), "says which port: {error}");

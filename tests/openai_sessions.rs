@@ -392,6 +392,7 @@ fn a_turn_streams_text_and_a_tool_call_split_across_chunks_changes_the_world_und
     assert_eq!(results.len(), 1);
     assert!(results[0].contains("\"counter\":2"), "{results:?}");
     assert_eq!(session.usage().map(|u| u.used_tokens), Some(75), "the endpoint's last usage report");
+    assert_eq!(session.credential(), None, "a backend the game runs gets no MCP credential, though MCP is served");
 }
 
 #[test]

@@ -81,6 +81,7 @@ mod credentials;
 mod exchanges;
 mod handles;
 mod limit;
+mod listen;
 mod naming;
 mod parse;
 mod plugin;

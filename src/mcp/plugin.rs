@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::credentials::Credentials;
 use super::exchanges::{track_exchanges, Exchanges};
 use super::limit::{limit_in_flight, InFlightLimit};
+use super::listen::{listen, Listening};
 use super::security::{self, McpConfigError};
 use super::server::GameServer;
 use super::sessions::ConversationSessions;
@@ -73,9 +74,9 @@ impl McpPlugin {
     }
 
     /// The port; `0` picks a free one (read it from [`McpServer`]). When the port is taken (another copy of the
-    /// game runs, or another program has it), the server listens on a free one instead and logs a warning naming
-    /// both; clients configured with the old URL must be given [`McpServer::url`]. See
-    /// [`strict_port`](Self::strict_port).
+    /// game runs, or another program has it) or may not be bound, the server listens on the next free one of the
+    /// nine after it, else on any free port, and logs a warning naming both ([`McpServer::replaced_port`]);
+    /// clients configured with the old URL must be given [`McpServer::url`]. See [`strict_port`](Self::strict_port).
     pub fn port(mut self, port: u16) -> Self {
         self.port = port;
         self
@@ -133,41 +134,37 @@ impl McpPlugin {
         Ok(())
     }
 
-    /// Binds the configured address and port, or, when the port is taken and not [strict](Self::strict_port), a
-    /// free port on the same address.
-    fn listen(&self) -> Result<std::net::TcpListener, McpConfigError> {
-        let failed = |port: u16, error: std::io::Error| {
-            McpConfigError(format!("could not listen on {}:{port}: {error}", self.address))
-        };
-        match std::net::TcpListener::bind((self.address, self.port)) {
-            Ok(listener) => Ok(listener),
-            Err(error) if error.kind() == std::io::ErrorKind::AddrInUse && self.port != 0 && !self.strict_port => {
-                let listener = std::net::TcpListener::bind((self.address, 0)).map_err(|error| failed(0, error))?;
-                let port = listener.local_addr().map_or(0, |address| address.port());
-                tracing::warn!(
-                    taken = self.port,
-                    port,
-                    "the MCP port {} is taken (another copy of the game, or another program): serving on {port} \
-                     instead; clients configured with the old port need the new URL",
-                    self.port
-                );
-                Ok(listener)
-            }
-            Err(error) => Err(failed(self.port, error)),
-        }
-    }
-
     fn start(&self, agent: AgentHandle, runtime: &tokio::runtime::Handle) -> Result<McpServer, McpConfigError> {
         self.validate()?;
-        let listener = self.listen()?;
+        let Listening { listener, replaced } = listen(self.address, self.port, self.strict_port)?;
         let address = listener.local_addr().map_err(|error| McpConfigError(error.to_string()))?;
         listener.set_nonblocking(true).map_err(|error| McpConfigError(error.to_string()))?;
+        let listener = {
+            let _entered = runtime.enter();
+            tokio::net::TcpListener::from_std(listener).map_err(|error| McpConfigError(error.to_string()))?
+        };
         let token = match &self.token {
             Some(token) => token.clone(),
             None => security::generate_token()?,
         };
-        let token_file = self.token_file.clone().unwrap_or_else(|| security::default_token_path(address.port()));
+        let token_file = match (&self.token_file, replaced) {
+            (None, _) => security::default_token_path(address.port()),
+            (Some(path), None) => path.clone(),
+            // The configured file is the copy's that holds the port: this one's goes beside it.
+            (Some(path), Some(_)) => security::beside(path, address.port()),
+        };
         security::write_token_file(&token_file, &token)?;
+        if let Some(taken) = replaced {
+            tracing::warn!(
+                taken,
+                port = address.port(),
+                token_file = %token_file.display(),
+                "the MCP port {taken} is taken (another copy of the game, or another program): serving on {} \
+                 instead, token in {}; clients configured with the old port need the new URL",
+                address.port(),
+                token_file.display()
+            );
+        }
 
         let shutdown = CancellationToken::new();
         let credentials = Credentials::default();
@@ -202,10 +199,6 @@ impl McpPlugin {
                 security::Bearer { token: Arc::<str>::from(token.as_str()), credentials: credentials.clone() },
                 security::require_bearer,
             ));
-        let listener = {
-            let _entered = runtime.enter();
-            tokio::net::TcpListener::from_std(listener).map_err(|error| McpConfigError(error.to_string()))?
-        };
         let stop = shutdown.clone();
         let (served_tx, served) = Completion::pending();
         runtime.spawn(async move {
@@ -222,7 +215,16 @@ impl McpPlugin {
         let url = format!("http://{address}{}", self.path);
         tracing::info!(%url, token_file = %token_file.display(), token = %security::redacted(&token), "serving MCP");
         let stopping = Stopping { exchanges, served };
-        Ok(McpServer { url, address, token_file, token: token.into(), credentials, shutdown, stopping })
+        Ok(McpServer {
+            url,
+            address,
+            replaced_port: replaced,
+            token_file,
+            token: token.into(),
+            credentials,
+            shutdown,
+            stopping,
+        })
     }
 }
 
@@ -231,6 +233,7 @@ impl McpPlugin {
 pub struct McpServer {
     url: String,
     address: SocketAddr,
+    replaced_port: Option<u16>,
     token_file: PathBuf,
     token: Arc<str>,
     credentials: Credentials,
@@ -263,7 +266,15 @@ impl McpServer {
         self.address
     }
 
-    /// The file holding the token (mode 0600).
+    /// The port the game asked for, when it was taken and the server listens on another ([`address`](Self::address)):
+    /// a game that shows players where to connect can say so. `None` when it serves where asked.
+    pub fn replaced_port(&self) -> Option<u16> {
+        self.replaced_port
+    }
+
+    /// The file holding the token (mode 0600). When the port was [replaced](Self::replaced_port) and the game set
+    /// [`McpPlugin::token_file`], this copy's file is beside that one, named after its port
+    /// (`mcp-token.15778`), so the copy holding the port keeps its own.
     pub fn token_file(&self) -> &Path {
         &self.token_file
     }

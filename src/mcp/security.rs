@@ -71,6 +71,14 @@ pub(crate) fn default_token_path(port: u16) -> PathBuf {
     std::env::temp_dir().join(format!("bevy_agent_tools-mcp-{port}.token"))
 }
 
+/// A token file next to `path`, named after `port` (`mcp-token` → `mcp-token.15778`): a second copy of the game
+/// on another port keeps the first copy's file intact.
+pub(crate) fn beside(path: &Path, port: u16) -> PathBuf {
+    let mut name = path.file_name().map(|name| name.to_os_string()).unwrap_or_else(|| "mcp-token".into());
+    name.push(format!(".{port}"));
+    path.with_file_name(name)
+}
+
 /// The token, shortened for logs: never logged in full.
 pub(crate) fn redacted(token: &str) -> String {
     format!("{}…", token.chars().take(4).collect::<String>())

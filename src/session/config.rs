@@ -121,6 +121,18 @@ pub enum SessionBackend {
     OpenAi(crate::session::OpenAiEndpoint),
 }
 
+impl SessionBackend {
+    /// Whether the agent reaches the game's tools over MCP (an agent process), or the game calls them for it in
+    /// process (and the session needs no MCP credential).
+    pub(crate) fn reaches_tools_over_mcp(&self) -> bool {
+        match self {
+            SessionBackend::Acp(_) => true,
+            #[cfg(feature = "openai")]
+            SessionBackend::OpenAi(_) => false,
+        }
+    }
+}
+
 /// The command line of an ACP agent.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AcpAgentCommand {

@@ -112,21 +112,27 @@ impl SessionCore {
         self.state.lock().backend_session = backend_session;
     }
 
-    /// Starts the agent and opens (or re-attaches, with `resume`) the backend session, under a new credential.
-    /// On success the session is live; on failure nothing is left running and the credential is revoked.
+    /// Starts the agent and opens (or re-attaches, with `resume`) the backend session, under a new credential
+    /// (for an agent that reaches the tools over MCP). On success the session is live; on failure nothing is left
+    /// running and the credential is revoked.
     pub(crate) async fn connect(
         self: &Arc<Self>,
         resume: Option<String>,
         new_if_unresumable: bool,
     ) -> Result<Attached, ToolError> {
-        let mcp = self.host.endpoint(&self.id)?;
+        let working_directory = self.host.working_directory(&self.id)?;
+        // Only an agent process gets a credential: a backend the game runs calls the tools in process.
+        let mcp = if self.config.backend.reaches_tools_over_mcp() {
+            self.host.endpoint(&self.id)?
+        } else {
+            Err("the game calls this backend's tools in process".to_string())
+        };
         let credential = mcp.as_ref().ok().map(|endpoint| endpoint.credential.clone());
         let generation = {
             let mut state = self.state.lock();
             state.generation += 1;
             state.generation
         };
-        let working_directory = self.host.working_directory(&self.id)?;
         let setup = super::backend::Setup {
             mcp,
             working_directory,

@@ -35,10 +35,15 @@ impl AgentSessions {
         Self { host, live: Arc::default() }
     }
 
-    /// Creates a session: mints its credential, starts the agent, opens a session there with the game's MCP
-    /// server and the system prompt. Resolves when the session is `Idle` and ready for text, or with
-    /// `AGENT_UNAVAILABLE` (what went wrong: the agent's exit status and the tail of its stderr, or that it did
-    /// not answer within [`SessionTimeouts::start`](super::SessionTimeouts::start)); nothing is left running then.
+    pub(crate) fn host(&self) -> &SessionHost {
+        &self.host
+    }
+
+    /// Creates a session: starts the agent and opens a session there with the system prompt; an ACP agent also
+    /// gets the game's MCP server with a credential minted for the session. Resolves when the session is `Idle`
+    /// and ready for text, or with `AGENT_UNAVAILABLE` (what went wrong: the agent's exit status and the tail of
+    /// its stderr, that it did not answer within [`SessionTimeouts::start`](super::SessionTimeouts::start), or,
+    /// for an ACP agent, that the game serves no MCP); nothing is left running then.
     pub async fn create(&self, config: SessionConfig) -> Result<AgentSession, ToolError> {
         let id = ConversationId::new(format!("chat-{}", random_hex()?));
         let core = SessionCore::new(id.clone(), config, self.host.clone(), Phase::Live);

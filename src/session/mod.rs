@@ -1,9 +1,10 @@
 //! In-game agent sessions (DESIGN §6b): the player talks to an AI agent from inside the game.
 //!
-//! The game creates a session with a backend ([`SessionConfig`]; the first backend is an ACP agent such as
-//! Claude Code's or Codex's adapter, started as a child process), the player sends it text, chat streams back as
-//! Bevy messages, and the agent's tool calls run in the game through the plugin's MCP server, with a credential
-//! of the session's own, so every host rule (H1–H14) applies to them unchanged.
+//! The game creates a session with a backend ([`SessionConfig`]: an ACP agent such as Claude Code's or Codex's
+//! adapter, started as a child process, or an OpenAI-compatible endpoint with feature `openai`), the player sends
+//! it text, chat streams back as Bevy messages, and the agent's tool calls run in the game under the session's
+//! own conversation, so every host rule (H1–H14) applies to them unchanged: an ACP agent's through the plugin's
+//! MCP server with a credential of the session's own, an OpenAI-compatible model's in process.
 //!
 //! ```no_run
 //! # use bevy::prelude::*;
@@ -96,7 +97,8 @@ pub struct TurnEnd {
 /// none), where records go.
 pub(crate) struct SessionHost {
     pub agent: AgentHandle,
-    pub server: Result<McpServer, String>,
+    /// Set when the app is built (at the latest in `finish`, so the plugins' order does not matter).
+    pub server: std::sync::OnceLock<Result<McpServer, String>>,
     pub runtime: tokio::runtime::Handle,
     pub records: Records,
     pub permissions: PermissionBook,
@@ -111,9 +113,10 @@ impl SessionHost {
     /// The MCP endpoint with a new credential for the session (revoke it with [`revoke`](Self::revoke)), or why
     /// the game serves no MCP.
     pub(crate) fn endpoint(&self, id: &ConversationId) -> Result<Result<McpEndpoint, String>, ToolError> {
-        let server = match &self.server {
-            Ok(server) => server,
-            Err(why) => return Ok(Err(why.clone())),
+        let server = match self.server.get() {
+            Some(Ok(server)) => server,
+            Some(Err(why)) => return Ok(Err(why.clone())),
+            None => return Ok(Err("the app was not finished (`App::finish`) when the session started".into())),
         };
         #[cfg(not(feature = "mcp"))]
         match (*server, id) {}
@@ -126,7 +129,7 @@ impl SessionHost {
 
     pub(crate) fn revoke(&self, credential: &str) {
         #[cfg(feature = "mcp")]
-        if let Ok(server) = &self.server {
+        if let Some(Ok(server)) = self.server.get() {
             server.credentials().revoke(credential);
         }
         #[cfg(not(feature = "mcp"))]

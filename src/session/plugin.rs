@@ -26,11 +26,10 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(5);
 /// conversation messages, see [`AgentToolsSet`](crate::AgentToolsSet)), and, on `AppExit`, the end (or, for sessions with `auto_end_on_disconnect(false)`, the
 /// disconnection) of every session, with its agent process stopped ([`ExitSet::Sessions`]).
 ///
-/// Add it after [`AgentToolsPlugin`](crate::AgentToolsPlugin) and, for ACP agents, after
-/// [`McpPlugin`](crate::mcp::McpPlugin): an ACP agent reaches the game's tools through the MCP server, and a
-/// session with one fails to start (`AGENT_UNAVAILABLE`, saying why) when the game serves no MCP (the plugin not
-/// added, or [`McpUnavailable`]). Sessions with an OpenAI-compatible backend call the tools in process and need no
-/// MCP server.
+/// Add it after [`AgentToolsPlugin`](crate::AgentToolsPlugin). An ACP agent reaches the game's tools through the
+/// MCP server of `McpPlugin` (added before or after this plugin), and a session with one fails to start
+/// (`AGENT_UNAVAILABLE`, saying why) when the game serves no MCP (the plugin not added, or `McpUnavailable`).
+/// Sessions with an OpenAI-compatible backend call the tools in process and need no MCP server.
 ///
 /// ```no_run
 /// # use bevy::prelude::*;
@@ -72,26 +71,46 @@ impl Plugin for AgentSessionsPlugin {
         else {
             panic!("add AgentToolsPlugin before AgentSessionsPlugin");
         };
-        #[cfg(feature = "mcp")]
-        let server = match (world.get_resource::<McpServer>(), world.get_resource::<McpUnavailable>()) {
-            (Some(server), _) => Ok(server.clone()),
-            (None, Some(unavailable)) => Err(format!("its MCP server did not start ({})", unavailable.error)),
-            (None, None) => Err("McpPlugin was not added before AgentSessionsPlugin".to_string()),
-        };
-        #[cfg(not(feature = "mcp"))]
-        let server = Err("the crate was built without its `mcp` feature".to_string());
         let runtime = runtime.handle().clone();
         let host = Arc::new(SessionHost {
             agent: agent.clone(),
-            server,
+            server: Default::default(),
             records: Records::new(self.data_dir.clone(), runtime.clone()),
             permissions: PermissionBook::new(agent.clone(), runtime.clone()),
             runtime,
         });
+        if let Some(server) = game_mcp(app.world()) {
+            let _ = host.server.set(server);
+        }
         app.insert_resource(AgentSessions::new(host))
             .add_message::<PermissionAnswer>()
             .add_systems(PostUpdate, apply_permission_answers)
             .add_systems(Last, disconnect_on_app_exit.in_set(ExitSet::Sessions));
+    }
+
+    /// `McpPlugin` may have been added after this plugin: its server (or why it has none) is known by now.
+    fn finish(&self, app: &mut App) {
+        let Some(sessions) = app.world().get_resource::<AgentSessions>() else { return };
+        let server = &sessions.host().server;
+        if server.get().is_none() {
+            let _ =
+                server.set(game_mcp(app.world()).unwrap_or_else(|| Err("McpPlugin was not added to the app".into())));
+        }
+    }
+}
+
+/// The game's MCP server as the app has it, or why it has none; `None` when `McpPlugin` has not been built (yet).
+fn game_mcp(world: &World) -> Option<Result<super::McpServer, String>> {
+    #[cfg(feature = "mcp")]
+    match (world.get_resource::<McpServer>(), world.get_resource::<McpUnavailable>()) {
+        (Some(server), _) => Some(Ok(server.clone())),
+        (None, Some(unavailable)) => Some(Err(format!("its MCP server did not start ({})", unavailable.error))),
+        (None, None) => None,
+    }
+    #[cfg(not(feature = "mcp"))]
+    {
+        let _ = world;
+        Some(Err("the crate was built without its `mcp` feature".to_string()))
     }
 }
 
