@@ -80,7 +80,9 @@ pub enum StepPoints {
 /// and their agent processes stop; then the open visit closes (its calls end, `VISIT_ENDED`), its save completes
 /// and the lifecycle shuts down; then transports send the outcomes of the calls that ended and stop; after
 /// `Transport`, the host's runtime stops. All of it is bounded by
-/// [`AgentToolsPlugin::exit_deadline`]. Order a game's own exit work against these.
+/// [`AgentToolsPlugin::exit_deadline`]. Order a game's own exit work against these: a system in `Last` after
+/// `Host` reads the exit's [`VisitClosed`](crate::VisitClosed) and [`VisitSaved`](crate::VisitSaved) messages (the
+/// app runs no frame after this one).
 #[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ExitSet {
     /// In-game agent sessions ([`AgentSessionsPlugin`](crate::session::AgentSessionsPlugin)).
@@ -416,11 +418,16 @@ fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
         slot.shut_down = true;
         slot.exit(world);
         for (info, completion) in slot.closing.drain(..) {
-            match completion.wait_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Some(Ok(())) => {}
-                Some(Err(error)) => tracing::error!(world = %info.world, visit = %info.visit, %error, "closing the world failed"),
-                None => tracing::error!(world = %info.world, visit = %info.visit, "closing the world did not finish before the exit deadline"),
+            let Some(result) = completion.wait_timeout(deadline.saturating_duration_since(Instant::now())) else {
+                tracing::error!(world = %info.world, visit = %info.visit, "closing the world did not finish before the exit deadline");
+                continue;
+            };
+            // As between frames: logged, and a `VisitSaved` a system after `ExitSet::Host` can read.
+            match &result {
+                Ok(()) => tracing::info!(world = %info.world, visit = %info.visit, "world saved"),
+                Err(error) => tracing::error!(world = %info.world, visit = %info.visit, %error, "saving the world failed"),
             }
+            world.write_message(crate::visit::VisitSaved { info, result });
         }
         match slot.lifecycle.shutdown().wait_timeout(deadline.saturating_duration_since(Instant::now())) {
             Some(Ok(())) => {}

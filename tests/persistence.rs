@@ -13,7 +13,7 @@ use bevy::prelude::*;
 use bevy_agent_tools::persist::{Codec, Loaded, WorldStore, WorldStorePlugin};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::AgentTestAppExt;
-use bevy_agent_tools::{NoArgs, VisitClosed, VisitSaved, WorldId};
+use bevy_agent_tools::{ExitSet, NoArgs, VisitClosed, VisitSaved, WorldId};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -227,6 +227,36 @@ fn shutdown_on_app_exit_waits_for_both_saves_then_calls_shutdown_once() {
     );
     app.update();
     assert_eq!(shutdowns.load(Ordering::SeqCst), 1, "shutdown is called exactly once");
+}
+
+/// What a system after `ExitSet::Host` read on the exit's frame.
+#[derive(Resource, Default)]
+struct ReadAfterExit(Vec<String>);
+
+fn read_after_exit(
+    mut closed: MessageReader<VisitClosed>,
+    mut saved: MessageReader<VisitSaved>,
+    mut read: ResMut<ReadAfterExit>,
+) {
+    read.0.extend(closed.read().map(|m| format!("closed {}", m.info.world)));
+    read.0.extend(saved.read().map(|m| format!("saved {} {:?}", m.info.world, m.result)));
+}
+
+#[test]
+fn h6_the_exits_close_and_save_reach_a_system_after_exit_set_host() {
+    let data = tempfile::tempdir().unwrap();
+    let mut app = game(Saves::default(), data.path());
+    app.init_resource::<ReadAfterExit>().add_systems(Last, read_after_exit.after(ExitSet::Host));
+    app.enter_world("alpha");
+    call(&mut app, "bump");
+    app.world_mut().write_message(AppExit::Success);
+    app.update();
+    assert_eq!(
+        app.world().resource::<ReadAfterExit>().0,
+        ["closed alpha", "saved alpha Ok(())"],
+        "the exit's frame is the app's last: its save is reported in it"
+    );
+    assert_eq!(read_progress(data.path(), "alpha"), r#"{"count":1}"#);
 }
 
 fn read_progress(root: &Path, world: &str) -> String {

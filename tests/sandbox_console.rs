@@ -175,6 +175,21 @@ fn enter_travel_exit_quit_then_the_world_is_still_there_after_a_restart() {
 }
 
 #[test]
+fn ctrl_c_quits_like_quit_the_visit_closes_and_its_save_completes() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let mut game = Sandbox::start(data.path());
+    assert_eq!(game.command("enter alpha"), "ok entering alpha");
+    game.expect("visit-opened world=alpha visit=1");
+    game.loaded_status();
+    let interrupted = Command::new("kill").args(["-INT", &game.child.id().to_string()]).status().expect("kill runs");
+    assert!(interrupted.success());
+    game.expect("visit-closed world=alpha visit=1");
+    game.expect("saved world=alpha visit=1");
+    assert!(data.path().join("alpha").join("sandbox.json").is_file(), "the save is on disk");
+    assert_eq!(game.wait_exit().code(), Some(130), "Ctrl+C's exit code, after the save");
+}
+
+#[test]
 fn bad_commands_get_one_error_line_each_and_end_of_input_quits_after_saving() {
     let data = tempfile::tempdir().expect("temp dir");
     let mut game = Sandbox::start(data.path());

@@ -11,7 +11,7 @@ use bevy::app::AppExit;
 use bevy::prelude::*;
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::{
-    ConversationStatusChanged, StatusSource, VisitClosed, VisitOpened, VisitPhase, VisitRelocated, VisitSaved,
+    ConversationStatusChanged, ExitSet, StatusSource, VisitClosed, VisitOpened, VisitPhase, VisitRelocated, VisitSaved,
     WorldOpenFailed,
 };
 use crossbeam_channel::{Receiver, TryRecvError};
@@ -113,10 +113,9 @@ impl Plugin for ConsolePlugin {
             .add_message::<ChatRequest>()
             .add_message::<WindowRequest>()
             .add_systems(Update, read_command)
-            .add_systems(
-                PostUpdate,
-                (report_events, report_conversations, finish_quit).chain().after(AgentToolsSet::Pump),
-            );
+            .add_systems(PostUpdate, (report_conversations, finish_quit).chain().after(AgentToolsSet::Pump))
+            // After the exit's close too (`ExitSet::Host`), so Ctrl+C and a closed window print its lines.
+            .add_systems(Last, report_events.after(ExitSet::Host));
     }
 }
 

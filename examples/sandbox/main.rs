@@ -46,7 +46,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bevy::app::ScheduleRunnerPlugin;
+use bevy::app::{ScheduleRunnerPlugin, TerminalCtrlCHandlerPlugin};
 use bevy::log::LogPlugin;
 use bevy::prelude::*;
 use bevy_agent_tools::mcp::{McpPlugin, McpServer, McpUnavailable};
@@ -244,10 +244,12 @@ fn main() -> AppExit {
         // The crate's runner instead of `ScheduleRunnerPlugin`: the same fixed frame rate, and an agent's steps are
         // also served while the loop waits for the next frame, so a call that reads or changes the world returns
         // in well under a frame (BENCHMARKS.md, MCP vs BRP).
+        // Ctrl+C is `AppExit` (exit code 130), as in `DefaultPlugins`: the visit closes and its save completes.
         app.add_plugins((
             MinimalPlugins.build().disable::<ScheduleRunnerPlugin>(),
             AgentToolsRunnerPlugin::run_loop(frame),
             LogPlugin::default(),
+            TerminalCtrlCHandlerPlugin,
         ));
     }
     let host = tools::all(palette.clone())
