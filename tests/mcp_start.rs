@@ -155,3 +155,21 @@ fn a_refused_configuration_leaves_the_game_running_without_mcp() {
     assert!(error.contains("at least 16 characters"), "{error}");
     bump_runs(&mut app);
 }
+
+#[test]
+fn the_default_token_file_is_removed_at_exit_and_a_chosen_one_is_kept() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let chosen = dir.path().join("mcp-token");
+    for token_file in [None, Some(chosen.clone())] {
+        let mut mcp = McpPlugin::new().port(0).token(TOKEN);
+        if let Some(path) = &token_file {
+            mcp = mcp.token_file(path);
+        }
+        let mut app = game(mcp);
+        let path = app.world().resource::<McpServer>().token_file().to_path_buf();
+        assert!(path.is_file(), "written at start: {}", path.display());
+        app.world_mut().write_message(AppExit::Success);
+        app.update();
+        assert_eq!(path.is_file(), token_file.is_some(), "after the exit: {}", path.display());
+    }
+}

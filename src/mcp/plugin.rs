@@ -107,7 +107,8 @@ impl McpPlugin {
         self
     }
 
-    /// Where to write the token (mode 0600). Default: the temporary directory, named after the port.
+    /// Where to write the token (mode 0600), kept after the game exits. Default: the system's temporary directory,
+    /// named after the port (`bevy_agent_tools-mcp-15777.token`), removed when the game exits.
     pub fn token_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.token_file = Some(path.into());
         self
@@ -219,6 +220,7 @@ impl McpPlugin {
             url,
             address,
             replaced_port: replaced,
+            temporary_token_file: self.token_file.is_none(),
             token_file,
             token: token.into(),
             credentials,
@@ -235,6 +237,8 @@ pub struct McpServer {
     address: SocketAddr,
     replaced_port: Option<u16>,
     token_file: PathBuf,
+    /// The token file is the default one, in the temporary directory: removed at exit.
+    temporary_token_file: bool,
     token: Arc<str>,
     credentials: Credentials,
     shutdown: CancellationToken,
@@ -346,6 +350,9 @@ fn stop_on_app_exit(mut exits: MessageReader<AppExit>, server: Res<McpServer>, s
         tracing::warn!(owed, "the MCP server stops with responses still unsent: the exit deadline passed");
     }
     server.shutdown.cancel();
+    if server.temporary_token_file {
+        let _ = std::fs::remove_file(&server.token_file);
+    }
     let closing = deadline.min(std::time::Instant::now() + CLOSE_GRACE);
     if server.stopping.served.wait_timeout(closing.saturating_duration_since(std::time::Instant::now())).is_none() {
         tracing::warn!("the MCP server's connections did not all close in time; the runtime's stop ends them");
