@@ -82,7 +82,7 @@ pub enum StepPoints {
 /// `Transport`, the host's runtime stops. All of it is bounded by
 /// [`AgentToolsPlugin::exit_deadline`]. Order a game's own exit work against these: a system in `Last` after
 /// `Host` reads the exit's [`VisitClosed`](crate::VisitClosed) and [`VisitSaved`](crate::VisitSaved) messages (the
-/// app runs no frame after this one).
+/// app runs no frame after this one; a save still running at the deadline is reported as failed).
 #[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ExitSet {
     /// In-game agent sessions ([`AgentSessionsPlugin`](crate::session::AgentSessionsPlugin)).
@@ -418,14 +418,17 @@ fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
         slot.shut_down = true;
         slot.exit(world);
         for (info, completion) in slot.closing.drain(..) {
-            let Some(result) = completion.wait_timeout(deadline.saturating_duration_since(Instant::now())) else {
-                tracing::error!(world = %info.world, visit = %info.visit, "closing the world did not finish before the exit deadline");
-                continue;
-            };
-            // As between frames: logged, and a `VisitSaved` a system after `ExitSet::Host` can read.
+            // As between frames: logged, and a `VisitSaved` a system after `ExitSet::Host` can read; a save still
+            // running at the deadline is reported as failed (the app does not wait for it).
+            let result =
+                completion.wait_timeout(deadline.saturating_duration_since(Instant::now())).unwrap_or_else(|| {
+                    Err(crate::CompletionError::new("the save did not finish before the exit deadline"))
+                });
             match &result {
                 Ok(()) => tracing::info!(world = %info.world, visit = %info.visit, "world saved"),
-                Err(error) => tracing::error!(world = %info.world, visit = %info.visit, %error, "saving the world failed"),
+                Err(error) => {
+                    tracing::error!(world = %info.world, visit = %info.visit, %error, "saving the world failed")
+                }
             }
             world.write_message(crate::visit::VisitSaved { info, result });
         }

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
@@ -582,4 +583,27 @@ fn acp_sessions_reach_the_mcp_server_whichever_plugin_was_added_first() {
     let answer = turn.final_message.expect("a final message");
     assert!(answer.contains("\"counter\":1"), "the agent's call reached the game: {answer}");
     game.agent().runtime().block_on(session.end());
+}
+
+#[test]
+fn a_session_created_while_the_app_is_built_waits_for_its_mcp_server() {
+    let dirs = Dirs::new();
+    let mut app = App::new();
+    app.add_plugins(MinimalPlugins).add_plugins(AgentToolsPlugin::new(TestGame::default())).add_plugins((
+        AgentSessionsPlugin::new().data_dir(&dirs.data),
+        McpPlugin::new().port(0).token(TOKEN), // after the sessions' plugin, and the app not finished yet
+    ));
+    let sessions = app.world().resource::<AgentSessions>().clone();
+    let runtime = app.world().resource::<bevy_agent_tools::AgentRuntime>().handle().clone();
+    let mut creating = Box::pin(sessions.create(agent(&dirs, &[])));
+    {
+        let _runtime = runtime.enter();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        // Its first step is to find the MCP server: it waits for `finish` instead of failing.
+        assert!(creating.as_mut().poll(&mut cx).is_pending(), "the session does not fail before the app is built");
+    }
+    app.finish();
+    app.cleanup();
+    let session = runtime.block_on(creating).expect("the session starts once the app is finished");
+    runtime.block_on(session.end());
 }

@@ -112,6 +112,10 @@ fn a_taken_port_is_replaced_by_a_free_one_and_mcp_serves_there_and_says_so() {
     );
     assert!(initialize(server.address()).contains(" 200 "), "it answers MCP there");
     bump_runs(&mut app);
+    app.world_mut().write_message(AppExit::Success);
+    app.update();
+    assert!(!server.token_file().exists(), "this copy's file goes with it");
+    assert_eq!(std::fs::read_to_string(&first_copys).expect("kept"), "the first copy's token", "the other stays");
 }
 
 #[test]

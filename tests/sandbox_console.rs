@@ -190,6 +190,24 @@ fn ctrl_c_quits_like_quit_the_visit_closes_and_its_save_completes() {
 }
 
 #[test]
+fn quit_waits_for_the_save_and_a_failed_save_exits_1() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let mut game = Sandbox::start(data.path());
+    assert_eq!(game.command("enter alpha"), "ok entering alpha");
+    game.expect("visit-opened world=alpha visit=1");
+    game.loaded_status();
+    // The world's folder becomes a file: the save cannot be written (whoever runs the test).
+    let folder = data.path().join("alpha");
+    std::fs::remove_dir_all(&folder).expect("the world's folder");
+    std::fs::write(&folder, "in the way").expect("a file in its place");
+    assert_eq!(game.command("quit"), "ok quitting");
+    game.expect("visit-closed world=alpha visit=1");
+    let failed = game.next_line();
+    assert!(failed.starts_with("save-failed world=alpha visit=1 error="), "{failed}");
+    assert_eq!(game.wait_exit().code(), Some(1), "a lost save is not a clean exit");
+}
+
+#[test]
 fn bad_commands_get_one_error_line_each_and_end_of_input_quits_after_saving() {
     let data = tempfile::tempdir().expect("temp dir");
     let mut game = Sandbox::start(data.path());

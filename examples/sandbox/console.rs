@@ -409,7 +409,6 @@ fn report_events(
     }
     for m in closed.read() {
         say(format_args!("visit-closed world={} visit={}", m.info.world, m.info.visit.0));
-        player.unsaved.insert(m.info.visit.0);
     }
     for m in opened.read() {
         say(format_args!("visit-opened world={} visit={}", m.info.world, m.info.visit.0));
@@ -422,11 +421,9 @@ fn report_events(
         }
     }
     for m in saved.read() {
-        player.unsaved.remove(&m.info.visit.0);
         match &m.result {
             Ok(()) => say(format_args!("saved world={} visit={}", m.info.world, m.info.visit.0)),
             Err(error) => {
-                player.save_failed = true;
                 say(format_args!(
                     "save-failed world={} visit={} error={:?}",
                     m.info.world,
@@ -440,7 +437,21 @@ fn report_events(
 
 /// Once quitting, the world left and every save finished (or the deadline passed): exit, with status 1 if a save
 /// failed.
-fn finish_quit(mut player: ResMut<Player>, binding: Res<WorldBinding<Sandbox>>, mut exit: MessageWriter<AppExit>) {
+fn finish_quit(
+    mut closed: MessageReader<VisitClosed>,
+    mut saved: MessageReader<VisitSaved>,
+    mut player: ResMut<Player>,
+    binding: Res<WorldBinding<Sandbox>>,
+    mut exit: MessageWriter<AppExit>,
+) {
+    // Its own readers: the lines are printed later in the frame (`report_events`, in `Last`).
+    for m in closed.read() {
+        player.unsaved.insert(m.info.visit.0);
+    }
+    for m in saved.read() {
+        player.unsaved.remove(&m.info.visit.0);
+        player.save_failed |= m.result.is_err();
+    }
     let Some(since) = player.quitting else { return };
     if player.exit_sent {
         return;

@@ -9,10 +9,16 @@ use super::security::McpConfigError;
 /// How many ports after a taken one are tried before letting the system pick.
 const NEXT_PORTS: u16 = 9;
 
-/// A bound listener, and the configured port when it was taken and another serves instead.
+/// A bound listener, and the configured port when it could not be bound and another serves instead.
 pub(crate) struct Listening {
     pub listener: TcpListener,
-    pub replaced: Option<u16>,
+    pub replaced: Option<Replaced>,
+}
+
+/// The configured port, and why it could not be bound.
+pub(crate) struct Replaced {
+    pub port: u16,
+    pub why: std::io::Error,
 }
 
 /// Binds `address:port`. A port another program holds (or one this user may not bind, as Windows reserves ranges
@@ -29,7 +35,7 @@ pub(crate) fn listen(address: IpAddr, port: u16, strict: bool) -> Result<Listeni
     let next = (1..=NEXT_PORTS).filter_map(|step| port.checked_add(step));
     for candidate in next.chain([0]) {
         if let Ok(listener) = TcpListener::bind((address, candidate)) {
-            return Ok(Listening { listener, replaced: Some(port) });
+            return Ok(Listening { listener, replaced: Some(Replaced { port, why: refused }) });
         }
     }
     Err(McpConfigError(format!(
@@ -51,7 +57,10 @@ mod tests {
         match listen(LOOPBACK, port, false) {
             Ok(Listening { listener, replaced }) => {
                 let moved = listener.local_addr().unwrap().port();
-                assert_eq!(replaced, Some(port));
+                assert_eq!(
+                    replaced.map(|replaced| (replaced.port, replaced.why.kind())),
+                    Some((port, ErrorKind::AddrInUse))
+                );
                 assert_ne!(moved, port);
             }
             Err(error) => panic!("{error}"),
@@ -80,7 +89,7 @@ mod tests {
 
     #[test]
     fn port_zero_and_other_errors_are_not_moved() {
-        assert_eq!(listen(LOOPBACK, 0, false).unwrap().replaced, None);
+        assert!(listen(LOOPBACK, 0, false).unwrap().replaced.is_none());
         // An address this machine does not have: not a taken port, so no move (and the error names it).
         let foreign: IpAddr = "192.0.2.1".parse().unwrap();
         let error = listen(foreign, 15777, false).err().expect("not this machine's address");

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::credentials::Credentials;
 use super::exchanges::{track_exchanges, Exchanges};
 use super::limit::{limit_in_flight, InFlightLimit};
-use super::listen::{listen, Listening};
+use super::listen::{listen, Listening, Replaced};
 use super::security::{self, McpConfigError};
 use super::server::GameServer;
 use super::sessions::ConversationSessions;
@@ -108,7 +108,9 @@ impl McpPlugin {
     }
 
     /// Where to write the token (mode 0600), kept after the game exits. Default: the system's temporary directory,
-    /// named after the port (`bevy_agent_tools-mcp-15777.token`), removed when the game exits.
+    /// named after the port (`bevy_agent_tools-mcp-15777.token`), removed when the game exits. A copy whose port
+    /// was [replaced](McpServer::replaced_port) writes its token beside this file instead (`mcp-token.15778`,
+    /// removed at exit) and keeps this one for the copy that holds the port.
     pub fn token_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.token_file = Some(path.into());
         self
@@ -148,19 +150,20 @@ impl McpPlugin {
             Some(token) => token.clone(),
             None => security::generate_token()?,
         };
-        let token_file = match (&self.token_file, replaced) {
+        let token_file = match (&self.token_file, &replaced) {
             (None, _) => security::default_token_path(address.port()),
             (Some(path), None) => path.clone(),
             // The configured file is the copy's that holds the port: this one's goes beside it.
             (Some(path), Some(_)) => security::beside(path, address.port()),
         };
         security::write_token_file(&token_file, &token)?;
-        if let Some(taken) = replaced {
+        if let Some(Replaced { port: taken, why }) = &replaced {
             tracing::warn!(
                 taken,
+                %why,
                 port = address.port(),
                 token_file = %token_file.display(),
-                "the MCP port {taken} is taken (another copy of the game, or another program): serving on {} \
+                "the MCP port {taken} could not be bound ({why}; another copy of the game?): serving on {} \
                  instead, token in {}; clients configured with the old port need the new URL",
                 address.port(),
                 token_file.display()
@@ -219,8 +222,9 @@ impl McpPlugin {
         Ok(McpServer {
             url,
             address,
-            replaced_port: replaced,
-            temporary_token_file: self.token_file.is_none(),
+            replaced_port: replaced.as_ref().map(|replaced| replaced.port),
+            // Files this run named (the default one, or one beside the game's): removed at exit.
+            temporary_token_file: self.token_file.is_none() || replaced.is_some(),
             token_file,
             token: token.into(),
             credentials,
@@ -237,7 +241,7 @@ pub struct McpServer {
     address: SocketAddr,
     replaced_port: Option<u16>,
     token_file: PathBuf,
-    /// The token file is the default one, in the temporary directory: removed at exit.
+    /// The token file is one this run named (the default one, or one beside the game's): removed at exit.
     temporary_token_file: bool,
     token: Arc<str>,
     credentials: Credentials,
@@ -349,10 +353,13 @@ fn stop_on_app_exit(mut exits: MessageReader<AppExit>, server: Res<McpServer>, s
     if owed > 0 {
         tracing::warn!(owed, "the MCP server stops with responses still unsent: the exit deadline passed");
     }
-    server.shutdown.cancel();
-    if server.temporary_token_file {
+    // While the port is still held (no other copy can have written the file since), and only if it is still ours.
+    if server.temporary_token_file
+        && std::fs::read_to_string(&server.token_file).is_ok_and(|token| *token == *server.token)
+    {
         let _ = std::fs::remove_file(&server.token_file);
     }
+    server.shutdown.cancel();
     let closing = deadline.min(std::time::Instant::now() + CLOSE_GRACE);
     if server.stopping.served.wait_timeout(closing.saturating_duration_since(std::time::Instant::now())).is_none() {
         tracing::warn!("the MCP server's connections did not all close in time; the runtime's stop ends them");

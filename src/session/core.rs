@@ -123,7 +123,7 @@ impl SessionCore {
         let working_directory = self.host.working_directory(&self.id)?;
         // Only an agent process gets a credential: a backend the game runs calls the tools in process.
         let mcp = if self.config.backend.reaches_tools_over_mcp() {
-            self.host.endpoint(&self.id)?
+            self.host.endpoint(&self.id, self.config.timeouts.start).await?
         } else {
             Err("the game calls this backend's tools in process".to_string())
         };

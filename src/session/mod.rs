@@ -31,8 +31,8 @@
 //!   in flight gets `VISIT_ENDED`, the turn goes on and the agent reads that result).
 //! - **S4**: the agent process never outlives the game (on `AppExit` it gets its stdin closed, then `SIGTERM`, then
 //!   `SIGKILL`, within 5 s), and gets no capability the game did not grant: no file system or terminal from the
-//!   client side, its own empty working directory, a credential that reaches only this game's tools and dies with
-//!   the session. Its own permission requests go to a [`PermissionPolicy`] (default: deny).
+//!   client side, its own empty working directory, and (an ACP agent; an OpenAI-compatible model's tool calls run
+//!   in process and need none) a credential that reaches only this game's tools and dies with the session. Its own permission requests go to a [`PermissionPolicy`] (default: deny).
 //! - **End and resume**: [`AgentSession::end`] ends it (pending work rejects with `SESSION_ENDED`; ending again
 //!   does nothing); [`AgentSession::resume`] is the explicit `Ended → Idle` (and `Error → Idle`, restarting a
 //!   crashed agent). [`AgentSessions::resume_session`] re-attaches to a session by id, after a restart too when it
@@ -97,8 +97,9 @@ pub struct TurnEnd {
 /// none), where records go.
 pub(crate) struct SessionHost {
     pub agent: AgentHandle,
-    /// Set when the app is built (at the latest in `finish`, so the plugins' order does not matter).
-    pub server: std::sync::OnceLock<Result<McpServer, String>>,
+    /// The MCP server, or why there is none: known when the app is built (at the latest in `finish`, so the
+    /// plugins' order does not matter); `None` until then.
+    pub server: tokio::sync::watch::Sender<Option<Result<McpServer, String>>>,
     pub runtime: tokio::runtime::Handle,
     pub records: Records,
     pub permissions: PermissionBook,
@@ -111,15 +112,26 @@ impl SessionHost {
     }
 
     /// The MCP endpoint with a new credential for the session (revoke it with [`revoke`](Self::revoke)), or why
-    /// the game serves no MCP.
-    pub(crate) fn endpoint(&self, id: &ConversationId) -> Result<Result<McpEndpoint, String>, ToolError> {
-        let server = match self.server.get() {
+    /// the game serves no MCP. A session created while the app is being built waits, up to `wait`, for the app's
+    /// `finish`, where the server is looked up.
+    pub(crate) async fn endpoint(
+        &self,
+        id: &ConversationId,
+        wait: std::time::Duration,
+    ) -> Result<Result<McpEndpoint, String>, ToolError> {
+        let mut known = self.server.subscribe();
+        let until = crate::deadline::after_tokio(tokio::time::Instant::now(), wait);
+        let server = match tokio::time::timeout_at(until, known.wait_for(Option::is_some)).await {
+            Ok(Ok(known)) => known.clone(),
+            _ => None,
+        };
+        let server = match server {
             Some(Ok(server)) => server,
-            Some(Err(why)) => return Ok(Err(why.clone())),
-            None => return Ok(Err("the app was not finished (`App::finish`) when the session started".into())),
+            Some(Err(why)) => return Ok(Err(why)),
+            None => return Ok(Err("the app was not finished (`App::finish`, which `App::run` does)".into())),
         };
         #[cfg(not(feature = "mcp"))]
-        match (*server, id) {}
+        match (server, id) {}
         #[cfg(feature = "mcp")]
         {
             let credential = server.credentials().mint(id).map_err(|error| ToolError::internal(error.to_string()))?;
@@ -129,7 +141,7 @@ impl SessionHost {
 
     pub(crate) fn revoke(&self, credential: &str) {
         #[cfg(feature = "mcp")]
-        if let Some(Ok(server)) = self.server.get() {
+        if let Some(Ok(server)) = &*self.server.borrow() {
             server.credentials().revoke(credential);
         }
         #[cfg(not(feature = "mcp"))]

@@ -27,7 +27,8 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(5);
 /// disconnection) of every session, with its agent process stopped ([`ExitSet::Sessions`]).
 ///
 /// Add it after [`AgentToolsPlugin`](crate::AgentToolsPlugin). An ACP agent reaches the game's tools through the
-/// MCP server of `McpPlugin` (added before or after this plugin), and a session with one fails to start
+/// MCP server of `McpPlugin` (added before or after this plugin: a session created before the app is finished
+/// waits for it, within its start timeout), and a session with one fails to start
 /// (`AGENT_UNAVAILABLE`, saying why) when the game serves no MCP (the plugin not added, or `McpUnavailable`).
 /// Sessions with an OpenAI-compatible backend call the tools in process and need no MCP server.
 ///
@@ -74,14 +75,11 @@ impl Plugin for AgentSessionsPlugin {
         let runtime = runtime.handle().clone();
         let host = Arc::new(SessionHost {
             agent: agent.clone(),
-            server: Default::default(),
+            server: tokio::sync::watch::Sender::new(game_mcp(app.world())),
             records: Records::new(self.data_dir.clone(), runtime.clone()),
             permissions: PermissionBook::new(agent.clone(), runtime.clone()),
             runtime,
         });
-        if let Some(server) = game_mcp(app.world()) {
-            let _ = host.server.set(server);
-        }
         app.insert_resource(AgentSessions::new(host))
             .add_message::<PermissionAnswer>()
             .add_systems(PostUpdate, apply_permission_answers)
@@ -91,11 +89,8 @@ impl Plugin for AgentSessionsPlugin {
     /// `McpPlugin` may have been added after this plugin: its server (or why it has none) is known by now.
     fn finish(&self, app: &mut App) {
         let Some(sessions) = app.world().get_resource::<AgentSessions>() else { return };
-        let server = &sessions.host().server;
-        if server.get().is_none() {
-            let _ =
-                server.set(game_mcp(app.world()).unwrap_or_else(|| Err("McpPlugin was not added to the app".into())));
-        }
+        let server = game_mcp(app.world()).unwrap_or_else(|| Err("McpPlugin was not added to the app".into()));
+        sessions.host().server.send_if_modified(|known| known.is_none() && known.replace(server).is_none());
     }
 }
 
