@@ -81,6 +81,13 @@ impl Sandbox {
         }
     }
 
+    /// `enter alpha` as the first visit of the run; its `status` once the save has loaded.
+    fn enter_alpha(&mut self) -> String {
+        assert_eq!(self.command("enter alpha"), "ok entering alpha");
+        self.expect("visit-opened world=alpha visit=1");
+        self.loaded_status()
+    }
+
     fn wait_exit(mut self) -> ExitStatus {
         self.out.until_closed();
         self.child.wait().expect("waiting works")
@@ -137,9 +144,7 @@ fn enter_travel_exit_quit_then_the_world_is_still_there_after_a_restart() {
     let data = tempfile::tempdir().expect("temp dir");
     let mut game = Sandbox::start(data.path());
     assert_eq!(game.command("status"), "ok no world open");
-    assert_eq!(game.command("enter alpha"), "ok entering alpha");
-    game.expect("visit-opened world=alpha visit=1");
-    let status = game.loaded_status();
+    let status = game.enter_alpha();
     assert_eq!(
         (field(&status, "visit"), field(&status, "dimension"), field(&status, "revision")),
         ("1", "overworld", "0")
@@ -160,9 +165,7 @@ fn enter_travel_exit_quit_then_the_world_is_still_there_after_a_restart() {
     assert_eq!(game.wait_exit().code(), Some(0));
 
     let mut game = Sandbox::start(data.path());
-    assert_eq!(game.command("enter alpha"), "ok entering alpha");
-    game.expect("visit-opened world=alpha visit=1");
-    let status = game.loaded_status();
+    let status = game.enter_alpha();
     assert_eq!(field(&status, "player"), overworld_player);
     assert_eq!(field(&status, "notes"), "0");
     game.command("travel nether");
@@ -178,9 +181,7 @@ fn enter_travel_exit_quit_then_the_world_is_still_there_after_a_restart() {
 fn ctrl_c_quits_like_quit_the_visit_closes_and_its_save_completes() {
     let data = tempfile::tempdir().expect("temp dir");
     let mut game = Sandbox::start(data.path());
-    assert_eq!(game.command("enter alpha"), "ok entering alpha");
-    game.expect("visit-opened world=alpha visit=1");
-    game.loaded_status();
+    game.enter_alpha();
     let interrupted = Command::new("kill").args(["-INT", &game.child.id().to_string()]).status().expect("kill runs");
     assert!(interrupted.success());
     game.expect("visit-closed world=alpha visit=1");
@@ -193,9 +194,7 @@ fn ctrl_c_quits_like_quit_the_visit_closes_and_its_save_completes() {
 fn quit_waits_for_the_save_and_a_failed_save_exits_1() {
     let data = tempfile::tempdir().expect("temp dir");
     let mut game = Sandbox::start(data.path());
-    assert_eq!(game.command("enter alpha"), "ok entering alpha");
-    game.expect("visit-opened world=alpha visit=1");
-    game.loaded_status();
+    game.enter_alpha();
     // The world's folder becomes a file: the save cannot be written (whoever runs the test).
     let folder = data.path().join("alpha");
     std::fs::remove_dir_all(&folder).expect("the world's folder");
@@ -242,9 +241,7 @@ fn bad_commands_get_one_error_line_each_and_end_of_input_quits_after_saving() {
 fn an_mcp_agent_places_replays_conflicts_survives_travel_and_exit_and_finds_its_block_after_a_restart() {
     let data = tempfile::tempdir().expect("temp dir");
     let mut game = Sandbox::start(data.path());
-    assert_eq!(game.command("enter alpha"), "ok entering alpha");
-    game.expect("visit-opened world=alpha visit=1");
-    game.loaded_status();
+    game.enter_alpha();
 
     let mut agent = Agent::start(&game.url, "place");
     let placed = agent.event();
@@ -289,9 +286,7 @@ fn an_mcp_agent_places_replays_conflicts_survives_travel_and_exit_and_finds_its_
 
     // Restart: still there.
     let mut game = Sandbox::start(data.path());
-    assert_eq!(game.command("enter alpha"), "ok entering alpha");
-    game.expect("visit-opened world=alpha visit=1");
-    game.loaded_status();
+    game.enter_alpha();
     let mut agent = Agent::start(&game.url, "get");
     let block = agent.event();
     agent.finish();
