@@ -233,6 +233,7 @@ fn window_shows_an_agents_blocks_the_frame_after_its_step_and_the_hud_shows_its_
     let hud = sandbox.hud_until("the finished calls", |hud| hud.contains("place_block ok"));
     assert!(hud.contains("world alpha") && hud.contains("overworld") && hud.contains("rev#0"), "{hud}");
     assert!(hud.contains("mcp-session:"), "the HUD names the agent's conversation: {hud}");
+    assert!(hud.contains(&format!("mcp {}", sandbox.run.url)), "the HUD says where agents connect: {hud}");
 
     // A long tool in flight shows its progress; travelling stops it, on screen too.
     let tower = json!({"x": px - 3, "z": pz - 3, "height": 64, "block": "brick"});

@@ -1,11 +1,13 @@
-//! The HUD: where the player is (world, visit, dimension, revision), the agents' calls in flight with their
-//! progress, the last calls to finish with their outcome codes, and each conversation's status. Fed only by the
-//! crate's messages (and the player's position from the world view), never by asking the host.
+//! The HUD: where agents connect (the MCP address, or why there is none), where the player is (world, visit,
+//! dimension, revision), the agents' calls in flight with their progress, the last calls to finish with their
+//! outcome codes, and each conversation's status. Fed only by the crate's messages and resources (and the player's
+//! position from the world view), never by asking the host.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use bevy::prelude::*;
+use bevy_agent_tools::mcp::{McpServer, McpUnavailable};
 use bevy_agent_tools::{
     CallFinished, CallProgress, CallStarted, ConversationId, ConversationStatus, ConversationStatusChanged, RequestId,
     VisitClosed, VisitInfo, VisitOpened, VisitRelocated,
@@ -27,6 +29,8 @@ const CONVERSATIONS: usize = 6;
 /// What the HUD shows.
 #[derive(Resource, Default)]
 pub struct Hud {
+    /// Where agents connect, as the start-up left it.
+    mcp: String,
     visit: Option<VisitInfo>,
     in_flight: BTreeMap<RequestId, InFlight>,
     finished: VecDeque<String>,
@@ -43,7 +47,20 @@ struct InFlight {
 #[derive(Component)]
 pub struct HudText;
 
-pub fn setup(mut commands: Commands) {
+pub fn setup(
+    mut commands: Commands,
+    mut hud: ResMut<Hud>,
+    server: Option<Res<McpServer>>,
+    unavailable: Option<Res<McpUnavailable>>,
+) {
+    hud.mcp = match (server, unavailable) {
+        (Some(server), _) => match server.replaced_port() {
+            Some(taken) => format!("mcp {} (port {taken} was taken)", server.url()),
+            None => format!("mcp {}", server.url()),
+        },
+        (None, Some(unavailable)) => format!("mcp off: {}", unavailable.error),
+        (None, None) => "mcp off".into(),
+    };
     commands
         .spawn((
             Node {
@@ -154,7 +171,7 @@ impl Hud {
     }
 
     fn render(&self, view: &WorldView) -> String {
-        let mut lines = Vec::new();
+        let mut lines = vec![self.mcp.clone()];
         match &self.visit {
             Some(open) => lines.push(format!(
                 "world {}  {}  {}  {}",
