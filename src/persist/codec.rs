@@ -20,7 +20,7 @@ use serde::Serialize;
 /// | | [`Json`](Codec::Json) (default) | [`Postcard`](Codec::Postcard) |
 /// | --- | --- | --- |
 /// | saves | readable, diffable, editable by hand | binary: a quarter of JSON's size for the bench's records |
-/// | speed | ~36 ms to encode 190,000 small records (BENCHMARKS.md) | 4–8 ms for the same, and fewer bytes to write |
+/// | speed | ~36 ms to encode 190,000 small records (BENCHMARKS.md) | ~5 ms for the same, and fewer bytes to write |
 /// | serde | everything `serde_json` supports | no self-describing features (below) |
 /// | schema changes | fields can be added with `#[serde(default)]` | any change to the field list or order breaks old saves |
 ///
@@ -45,7 +45,7 @@ use serde::Serialize;
 /// # Bulk state: hand the codec bytes
 ///
 /// With either codec, a save's time on a fast disk is mostly the encoder walking every field of every record
-/// (postcard ~40 ns per small record: 190,000 records take ~8 ms, where writing their 3 MB takes ~3.5 ms). A game
+/// (postcard ~25 ns per small record: 190,000 records take ~5 ms, where writing their 2.6 MB takes ~3.2 ms). A game
 /// whose state is mostly bulk records (chunks of blocks, tiles, particles) can keep or write them in its own
 /// fixed-size layout and serialize that as one byte string (`serialize_bytes`, e.g. with `#[serde(serialize_with)]`
 /// or `serde_bytes`): postcard then copies the bytes behind a length, and the save costs about the write
@@ -91,10 +91,11 @@ impl Codec {
             }),
             Codec::Postcard => {
                 // postcard reports any write failure as "buffer full": keep the writer's own error instead.
-                let mut out = KeepIoError { inner: out, error: None };
-                match postcard::to_io(value, &mut out) {
-                    Ok(_) => Ok(()),
-                    Err(error) => Err(match out.error.take() {
+                let mut failed = None;
+                let chunks = Chunks { out, chunk: vec![0; CHUNK].into_boxed_slice(), len: 0, failed: &mut failed };
+                match postcard::serialize_with_flavor(value, chunks) {
+                    Ok(()) => Ok(()),
+                    Err(error) => Err(match failed {
                         Some(io) => EncodeError::Io(io),
                         None => EncodeError::Codec(format!("postcard: {error}")),
                     }),
@@ -129,31 +130,73 @@ pub(crate) enum EncodeError {
     Codec(String),
 }
 
-/// A writer that remembers its first error, for serializers that replace it with their own.
-struct KeepIoError<W> {
-    inner: W,
-    error: Option<io::Error>,
+/// Bytes postcard gathers before each write: the store's own buffer passes a write this size straight through.
+const CHUNK: usize = 256 * 1024;
+
+/// postcard's output, gathered into chunks for `out`. postcard hands its output a few bytes at a time (each
+/// varint, each field), and through `postcard::to_io` every piece is a `write_all` and a `memcpy` call: about a
+/// quarter of the encoding time for small records (BENCHMARKS.md). Short pieces are copied here byte by byte.
+/// The first write error is kept in `failed` (postcard itself only says "buffer full").
+struct Chunks<'a, W: Write> {
+    out: W,
+    chunk: Box<[u8]>,
+    len: usize,
+    failed: &'a mut Option<io::Error>,
 }
 
-impl<W: Write> Write for KeepIoError<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.inner.write(buf).map_err(|error| self.keep(error))
-    }
-
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.inner.write_all(buf).map_err(|error| self.keep(error))
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush().map_err(|error| self.keep(error))
+impl<W: Write> Chunks<'_, W> {
+    #[cold]
+    fn write_out(&mut self, bytes: Option<&[u8]>) -> postcard::Result<()> {
+        let written = self.out.write_all(&self.chunk[..self.len]).and_then(|()| match bytes {
+            Some(bytes) => self.out.write_all(bytes),
+            None => Ok(()),
+        });
+        self.len = 0;
+        written.map_err(|error| {
+            self.failed.get_or_insert(error);
+            postcard::Error::SerializeBufferFull
+        })
     }
 }
 
-impl<W> KeepIoError<W> {
-    fn keep(&mut self, error: io::Error) -> io::Error {
-        let copy = io::Error::new(error.kind(), error.to_string());
-        self.error.get_or_insert(error);
-        copy
+impl<W: Write> postcard::ser_flavors::Flavor for Chunks<'_, W> {
+    type Output = ();
+
+    #[inline]
+    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
+        if self.len == self.chunk.len() {
+            self.write_out(None)?;
+        }
+        self.chunk[self.len] = byte;
+        self.len += 1;
+        Ok(())
+    }
+
+    #[inline]
+    fn try_extend(&mut self, bytes: &[u8]) -> postcard::Result<()> {
+        let end = self.len + bytes.len();
+        if end > self.chunk.len() {
+            return self.write_out(Some(bytes));
+        }
+        let room = &mut self.chunk[self.len..end];
+        if bytes.len() <= 16 {
+            // A varint or a short name: a loop the compiler unrolls beats a `memcpy` call.
+            for (to, from) in room.iter_mut().zip(bytes) {
+                *to = *from;
+            }
+        } else {
+            room.copy_from_slice(bytes);
+        }
+        self.len = end;
+        Ok(())
+    }
+
+    fn finalize(mut self) -> postcard::Result<()> {
+        self.write_out(None)?;
+        self.out.flush().map_err(|error| {
+            self.failed.get_or_insert(error);
+            postcard::Error::SerializeBufferFull
+        })
     }
 }
 
@@ -180,6 +223,20 @@ mod tests {
         }
         assert_eq!(Codec::from_name("cbor"), None);
         assert_eq!(Codec::default(), Codec::Json);
+    }
+
+    #[test]
+    fn postcard_through_chunks_writes_exactly_postcards_own_bytes() {
+        // Many small pieces across several chunk boundaries, and pieces longer than a chunk and than 16 bytes.
+        let cells: Vec<Cell> = (0..60_000)
+            .map(|i| Cell { x: i - 30_000, block: ["stone", "oak_log"][i as usize % 2].into(), tags: vec![i as u8; 3] })
+            .collect();
+        let long = "x".repeat(CHUNK + 17);
+        let document = (cells, long, "a name longer than sixteen bytes".to_string());
+        let mut bytes = Vec::new();
+        Codec::Postcard.encode(&document, &mut bytes).unwrap();
+        assert!(bytes.len() > 3 * CHUNK, "crosses chunks: {}", bytes.len());
+        assert_eq!(bytes, postcard::to_stdvec(&document).unwrap(), "the same bytes as postcard's reference encoder");
     }
 
     #[test]
