@@ -93,13 +93,12 @@ impl Codec {
                 // postcard reports any write failure as "buffer full": keep the writer's own error instead.
                 let mut failed = None;
                 let chunks = Chunks { out, chunk: vec![0; CHUNK].into_boxed_slice(), len: 0, failed: &mut failed };
-                match postcard::serialize_with_flavor(value, chunks) {
-                    Ok(()) => Ok(()),
-                    Err(error) => Err(match failed {
-                        Some(io) => EncodeError::Io(io),
-                        None => EncodeError::Codec(format!("postcard: {error}")),
-                    }),
+                let encoded = postcard::serialize_with_flavor(value, chunks);
+                // A failed write fails the save even if a hand-written `Serialize` ignored the error it got.
+                if let Some(io) = failed {
+                    return Err(EncodeError::Io(io));
                 }
+                encoded.map_err(|error| EncodeError::Codec(format!("postcard: {error}")))
             }
         }
     }
@@ -147,6 +146,11 @@ struct Chunks<'a, W: Write> {
 impl<W: Write> Chunks<'_, W> {
     #[cold]
     fn write_out(&mut self, bytes: Option<&[u8]>) -> postcard::Result<()> {
+        if self.failed.is_some() {
+            // Nothing more after a failed write: the file would have a gap.
+            self.len = 0;
+            return Err(postcard::Error::SerializeBufferFull);
+        }
         let written = self.out.write_all(&self.chunk[..self.len]).and_then(|()| match bytes {
             Some(bytes) => self.out.write_all(bytes),
             None => Ok(()),
@@ -193,6 +197,7 @@ impl<W: Write> postcard::ser_flavors::Flavor for Chunks<'_, W> {
 
     fn finalize(mut self) -> postcard::Result<()> {
         self.write_out(None)?;
+        // `write_out` refuses after a failure, so this flush only follows complete writes.
         self.out.flush().map_err(|error| {
             self.failed.get_or_insert(error);
             postcard::Error::SerializeBufferFull
@@ -237,6 +242,40 @@ mod tests {
         Codec::Postcard.encode(&document, &mut bytes).unwrap();
         assert!(bytes.len() > 3 * CHUNK, "crosses chunks: {}", bytes.len());
         assert_eq!(bytes, postcard::to_stdvec(&document).unwrap(), "the same bytes as postcard's reference encoder");
+    }
+
+    #[test]
+    fn a_write_error_a_careless_serialize_ignores_still_fails_the_save() {
+        struct Careless;
+        impl Serialize for Careless {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                use serde::ser::SerializeTuple;
+                let mut tuple = serializer.serialize_tuple(2)?;
+                let _ = tuple.serialize_element(&"x".repeat(CHUNK + 1)); // drops the write's error
+                tuple.serialize_element(&1u8)?;
+                tuple.end()
+            }
+        }
+        /// Refuses its first write only: later bytes would land after a gap.
+        struct FailsOnce(bool, Vec<u8>);
+        impl Write for FailsOnce {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                if !std::mem::replace(&mut self.0, true) {
+                    return Err(io::Error::new(io::ErrorKind::StorageFull, "no space left"));
+                }
+                self.1.extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut out = FailsOnce(false, Vec::new());
+        match Codec::Postcard.encode(&Careless, &mut out) {
+            Err(EncodeError::Io(error)) => assert_eq!(error.kind(), io::ErrorKind::StorageFull),
+            other => panic!("{other:?}"),
+        }
+        assert!(out.1.is_empty(), "nothing written after the failed write: {} bytes", out.1.len());
     }
 
     #[test]
