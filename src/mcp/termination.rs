@@ -5,6 +5,10 @@
 //! "Session termination failed: 202" at the end of every session. The TypeScript SDK and rmcp's own client take
 //! any 2xx; all three report the 404 as a failed termination, which it is: the session had already ended (the game
 //! ended its conversation, or it expired).
+//!
+//! Any other request naming a session that ends while rmcp handles it (rmcp found the session, then its worker
+//! stopped) gets rmcp's `500 ... Session service terminated`; it is answered 404 too, as for a session that had
+//! already gone: the client's cue to start a new one, where a 500 would read as the server failing.
 
 use std::sync::Arc;
 
@@ -17,28 +21,45 @@ use rmcp::transport::streamable_http_server::session::{SessionId, SessionManager
 
 use super::sessions::ConversationSessions;
 
-/// Turns rmcp's 202 for a `DELETE` into 204 (the session was open) or 404 (it was not). rmcp's own checks come
-/// first and their answers pass unchanged: 403 for a bad `Host` or `Origin`, 405 in the sessionless generation,
-/// 400 without a session id or with a bad protocol version header.
+/// Turns rmcp's 202 for a `DELETE` into 204 (the session was open) or 404 (it was not), and its 500 for a session
+/// that ended meanwhile into 404. rmcp's own checks come first and their answers pass unchanged: 403 for a bad
+/// `Host` or `Origin`, 405 in the sessionless generation, 400 without a session id or with a bad protocol version
+/// header.
 pub(crate) async fn answer_session_end(
     State(sessions): State<Arc<ConversationSessions>>,
     request: Request,
     next: Next,
 ) -> Response {
-    if request.method() != Method::DELETE {
-        return next.run(request).await;
-    }
     let named = request.headers().get(HEADER_SESSION_ID).and_then(|value| value.to_str().ok());
-    let was_open = match named.map(|id| SessionId::from(id.to_owned())) {
+    let named = named.map(|id| SessionId::from(id.to_owned()));
+    if request.method() != Method::DELETE {
+        let response = next.run(request).await;
+        return match named {
+            Some(id) if response.status() == StatusCode::INTERNAL_SERVER_ERROR => {
+                if sessions.has_session(&id).await.unwrap_or(true) {
+                    response
+                } else {
+                    not_found()
+                }
+            }
+            _ => response,
+        };
+    }
+    let was_open = match named {
         Some(id) => sessions.has_session(&id).await.unwrap_or(true),
         None => true,
     };
     let mut response = next.run(request).await;
     if response.status() == StatusCode::ACCEPTED {
         if !was_open {
-            return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
+            return not_found();
         }
         *response.status_mut() = StatusCode::NO_CONTENT;
     }
     response
+}
+
+/// rmcp's own answer for a session it does not know.
+fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response()
 }
