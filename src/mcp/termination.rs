@@ -34,21 +34,11 @@ pub(crate) async fn answer_session_end(
     let named = named.map(|id| SessionId::from(id.to_owned()));
     if request.method() != Method::DELETE {
         let response = next.run(request).await;
-        return match named {
-            Some(id) if response.status() == StatusCode::INTERNAL_SERVER_ERROR => {
-                if sessions.has_session(&id).await.unwrap_or(true) {
-                    response
-                } else {
-                    not_found()
-                }
-            }
-            _ => response,
-        };
+        let ended_meanwhile =
+            response.status() == StatusCode::INTERNAL_SERVER_ERROR && !is_open(&sessions, named.as_ref()).await;
+        return if ended_meanwhile { not_found() } else { response };
     }
-    let was_open = match named {
-        Some(id) => sessions.has_session(&id).await.unwrap_or(true),
-        None => true,
-    };
+    let was_open = is_open(&sessions, named.as_ref()).await;
     let mut response = next.run(request).await;
     if response.status() == StatusCode::ACCEPTED {
         if !was_open {
@@ -57,6 +47,14 @@ pub(crate) async fn answer_session_end(
         *response.status_mut() = StatusCode::NO_CONTENT;
     }
     response
+}
+
+/// Whether the named session is open (no name, or a lookup that failed, counts as open: rmcp's answer stands).
+async fn is_open(sessions: &ConversationSessions, id: Option<&SessionId>) -> bool {
+    match id {
+        Some(id) => sessions.has_session(id).await.unwrap_or(true),
+        None => true,
+    }
 }
 
 /// rmcp's own answer for a session it does not know.

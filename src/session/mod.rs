@@ -32,7 +32,8 @@
 //! - **S4**: the agent process never outlives the game (on `AppExit` it gets its stdin closed, then `SIGTERM`, then
 //!   `SIGKILL`, within 5 s), and gets no capability the game did not grant: no file system or terminal from the
 //!   client side, its own empty working directory, and (an ACP agent; an OpenAI-compatible model's tool calls run
-//!   in process and need none) a credential that reaches only this game's tools and dies with the session. Its own permission requests go to a [`PermissionPolicy`] (default: deny).
+//!   in process and need none) a credential that reaches only this game's tools and dies with the session. Its
+//!   own permission requests go to a [`PermissionPolicy`] (default: deny).
 //! - **End and resume**: [`AgentSession::end`] ends it (pending work rejects with `SESSION_ENDED`; ending again
 //!   does nothing); [`AgentSession::resume`] is the explicit `Ended → Idle` (and `Error → Idle`, restarting a
 //!   crashed agent). [`AgentSessions::resume_session`] re-attaches to a session by id, after a restart too when it
