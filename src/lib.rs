@@ -15,6 +15,8 @@ pub mod mcp;
 mod panic;
 pub mod persist;
 mod plugin;
+#[cfg(any(feature = "mcp", feature = "openai"))]
+mod private;
 #[cfg(all(test, feature = "shuttle"))]
 mod races;
 mod replay;

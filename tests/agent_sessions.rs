@@ -416,6 +416,49 @@ fn resume_session_of_a_session_the_agent_forgot_is_session_not_found_and_creates
     dirs.wait_no_agents(LIMIT);
 }
 
+/// A session's record names the program its resume starts: one that another user could have written (not this
+/// user's, or writable by others) is not used, and its program never runs. The control: the same record, private
+/// again, is used (and its program runs).
+#[cfg(unix)]
+#[test]
+fn s4_a_session_record_others_could_have_written_is_not_resumed_and_its_program_never_runs() {
+    use std::os::unix::fs::PermissionsExt;
+    let dirs = Dirs::new();
+    let id = {
+        let game = Game::start(&dirs);
+        let session = game.create(agent(&dirs, &[]).auto_end_on_disconnect(false)).expect("starts");
+        session.id().clone()
+    };
+    dirs.wait_no_agents(LIMIT);
+    let folder = dirs.data.join(id.as_str());
+    let mode = |path: &Path| std::fs::metadata(path).expect("metadata").permissions().mode() & 0o777;
+    assert_eq!(mode(&folder), 0o700, "a session's folder is the user's alone");
+    let record = folder.join("session.json");
+    assert_eq!(mode(&record), 0o600);
+
+    // Someone rewrites the record to start a program of theirs.
+    let marker = dirs.state.with_extension("ran");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).expect("the record")).expect("JSON");
+    let command = json.pointer_mut("/config/backend").expect("the backend");
+    assert_eq!(command["type"], "acp");
+    command["program"] = "touch".into();
+    command["args"] = serde_json::json!([marker.to_string_lossy()]);
+    std::fs::write(&record, serde_json::to_vec(&json).expect("JSON")).expect("rewritten");
+    std::fs::set_permissions(&record, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+
+    let game = Game::start(&dirs);
+    let (code, message) = code_of(game.block_on(game.sessions.resume_session(id.clone())));
+    assert_eq!(code, ErrorCode::SessionNotFound, "{message}");
+    assert!(message.contains("is not used") && message.contains("may be written by other users"), "{message}");
+    assert!(!marker.exists(), "the record's program never ran");
+
+    std::fs::set_permissions(&record, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let (code, message) = code_of(game.block_on(game.sessions.resume_session(id)));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert!(marker.exists(), "the control: a private record is used");
+}
+
 #[test]
 fn permission_requests_are_denied_by_default_and_the_player_can_allow_or_let_them_time_out() {
     let dirs = Dirs::new();

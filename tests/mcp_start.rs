@@ -172,6 +172,18 @@ fn the_default_token_file_is_removed_at_exit_and_a_chosen_one_is_kept() {
         let mut app = game(mcp);
         let path = app.world().resource::<McpServer>().token_file().to_path_buf();
         assert!(path.is_file(), "written at start: {}", path.display());
+        #[cfg(unix)]
+        if token_file.is_none() {
+            use std::os::unix::fs::{MetadataExt, PermissionsExt};
+            let folder = std::fs::metadata(path.parent().expect("a folder")).expect("metadata");
+            let user = std::fs::metadata(&path).expect("metadata").uid();
+            assert!(
+                path.parent().is_some_and(|p| p.ends_with(format!("bevy_agent_tools-{user}"))),
+                "{}",
+                path.display()
+            );
+            assert_eq!(folder.permissions().mode() & 0o777, 0o700, "the user's own folder: {}", path.display());
+        }
         app.world_mut().write_message(AppExit::Success);
         app.update();
         assert_eq!(path.is_file(), token_file.is_some(), "after the exit: {}", path.display());

@@ -771,7 +771,7 @@ fn the_sandbox_chats_with_an_openai_compatible_endpoint_with_the_same_commands_a
         }
     });
     let mut seen = Vec::new();
-    let mut until = |wanted: &dyn Fn(&str) -> bool| -> String {
+    let until = |seen: &mut Vec<String>, wanted: &dyn Fn(&str) -> bool| -> String {
         loop {
             let line = lines.recv_timeout(LIMIT).unwrap_or_else(|_| panic!("no such line; so far {seen:#?}"));
             seen.push(line.clone());
@@ -780,12 +780,12 @@ fn the_sandbox_chats_with_an_openai_compatible_endpoint_with_the_same_commands_a
             }
         }
     };
-    let ready = until(&|line| line.starts_with("chat-status ") || line.starts_with("chat-error"));
+    let ready = until(&mut seen, &|line| line.starts_with("chat-status ") || line.starts_with("chat-error"));
     assert!(ready.ends_with("status=idle previous=none"), "{ready}");
     let id = ready.split(' ').nth(1).and_then(|s| s.strip_prefix("session=")).unwrap().to_string();
     let mut stdin = child.stdin.take().unwrap();
     writeln!(stdin, "say how is the world?").unwrap();
-    assert_eq!(until(&|line| line.starts_with("ok") || line.starts_with("error")), "ok sent");
+    assert_eq!(until(&mut seen, &|line| line.starts_with("ok") || line.starts_with("error")), "ok sent");
     let expected = [
         format!("chat-status session={id} status=running previous=idle"),
         format!("chat session={id}: Looking."),
@@ -794,13 +794,19 @@ fn the_sandbox_chats_with_an_openai_compatible_endpoint_with_the_same_commands_a
         format!("chat session={id}: All fine."),
         format!("chat-status session={id} status=idle previous=running"),
     ];
-    for line in &expected {
-        assert_eq!(&until(&|l| l.starts_with("chat")), line);
-    }
+    // The turn's status lines may come before the command's `ok sent`: compare every chat line since `ready`.
+    let last = expected.last().cloned().unwrap_or_default();
+    until(&mut seen, &|line| line == last);
+    let after_ready = seen.iter().skip_while(|line| **line != ready).skip(1);
+    let chat: Vec<&String> = after_ready.filter(|line| line.starts_with("chat")).collect();
+    assert_eq!(chat, expected.iter().collect::<Vec<_>>());
     let results = tool_results(&server, 1);
     assert!(results[0].contains("alpha"), "the tool ran in the game: {results:?}");
     writeln!(stdin, "chat-end").unwrap();
-    assert_eq!(until(&|line| line.starts_with("ok") || line.starts_with("error")), format!("ok ended session={id}"));
+    assert_eq!(
+        until(&mut seen, &|line| line.starts_with("ok") || line.starts_with("error")),
+        format!("ok ended session={id}")
+    );
     writeln!(stdin, "quit").unwrap();
     drop(stdin);
     let status = child.wait().unwrap();

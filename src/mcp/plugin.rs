@@ -107,8 +107,9 @@ impl McpPlugin {
         self
     }
 
-    /// Where to write the token (mode 0600), kept after the game exits. Default: the system's temporary directory,
-    /// named after the port (`bevy_agent_tools-mcp-15777.token`), removed when the game exits. A copy whose port
+    /// Where to write the token (mode 0600), kept after the game exits. Default: named after the port, in the
+    /// user's own directory inside the system's temporary directory (`/tmp/bevy_agent_tools-1000/mcp-15777.token`
+    /// on Linux for user 1000: [`McpServer::token_file`] says where), removed when the game exits. A copy whose port
     /// was [replaced](McpServer::replaced_port) writes its token beside this file instead (`mcp-token.15778`,
     /// removed at exit) and keeps this one for the copy that holds the port.
     pub fn token_file(mut self, path: impl Into<PathBuf>) -> Self {
@@ -151,7 +152,7 @@ impl McpPlugin {
             None => security::generate_token()?,
         };
         let token_file = match (&self.token_file, &replaced) {
-            (None, _) => security::default_token_path(address.port()),
+            (None, _) => security::default_token_path(address.port())?,
             (Some(path), None) => path.clone(),
             // The configured file is the copy's that holds the port: this one's goes beside it.
             (Some(path), Some(_)) => security::beside(path, address.port()),

@@ -42,33 +42,21 @@ pub(crate) fn generate_token() -> Result<String, McpConfigError> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Writes the token to `path`, readable only by the user (mode 0600 on Unix).
+/// Writes the token to `path`, readable only by the user (mode 0600 on Unix, from the file's creation; the file
+/// is replaced atomically, so a client never reads half a token and a link at `path` is replaced, not followed).
 pub(crate) fn write_token_file(path: &Path, token: &str) -> Result<(), McpConfigError> {
-    let fail =
-        |error: std::io::Error| McpConfigError(format!("could not write the MCP token to {}: {error}", path.display()));
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(fail)?;
-    }
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    let mut file = options.open(path).map_err(fail)?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
-    }
-    std::io::Write::write_all(&mut file, token.as_bytes()).map_err(fail)?;
-    Ok(())
+    crate::private::write(path, token.as_bytes())
+        .map_err(|error| McpConfigError(format!("could not write the MCP token to {}: {error}", path.display())))
 }
 
-/// The default token file: in the system's temporary directory, named after the port.
-pub(crate) fn default_token_path(port: u16) -> PathBuf {
-    std::env::temp_dir().join(format!("bevy_agent_tools-mcp-{port}.token"))
+/// The default token file, named after the port, in the user's own directory inside the system's temporary
+/// directory (`/tmp/bevy_agent_tools-1000/mcp-15777.token`; created mode 0700, refused if another user made it).
+pub(crate) fn default_token_path(port: u16) -> Result<PathBuf, McpConfigError> {
+    let dir = crate::private::default_dir();
+    crate::private::ensure_dir(&dir).map_err(|error| {
+        McpConfigError(format!("could not make the directory for the MCP token, {}: {error}", dir.display()))
+    })?;
+    Ok(dir.join(format!("mcp-{port}.token")))
 }
 
 /// A token file next to `path`, named after `port` (`mcp-token` → `mcp-token.15778`): a second copy of the game

@@ -120,7 +120,7 @@ impl SessionCore {
         resume: Option<String>,
         new_if_unresumable: bool,
     ) -> Result<Attached, ToolError> {
-        let working_directory = self.host.working_directory(&self.id)?;
+        let (session_dir, working_directory) = self.host.session_dirs(&self.id)?;
         // Only an agent process gets a credential: a backend the game runs calls the tools in process.
         let mcp = if self.config.backend.reaches_tools_over_mcp() {
             self.host.endpoint(&self.id, self.config.timeouts.start).await?
@@ -142,7 +142,7 @@ impl SessionCore {
             timeouts: self.config.timeouts.clone(),
             agent: self.host.agent.clone(),
             conversation: self.id.clone(),
-            session_dir: super::config::session_dir(&self.host.records.data_dir, self.id.as_str()),
+            session_dir,
         };
         let sink = self.sink(generation);
         let connected = self.host.backend(&self.config).connect(setup, sink).await;

@@ -153,16 +153,22 @@ impl SessionHost {
         self.agent.host().conversations.host_sets(id, status);
     }
 
-    /// The session's own working directory, created empty: `<data_dir>/<id>/workspace`.
-    pub(crate) fn working_directory(&self, id: &ConversationId) -> Result<PathBuf, ToolError> {
-        let dir = config::session_dir(&self.records.data_dir, id.as_str()).join("workspace");
-        std::fs::create_dir_all(&dir).map_err(|error| {
+    /// The session's folder (`<data_dir>/<id>`, the user's alone) and its own working directory in it, created
+    /// empty: `<data_dir>/<id>/workspace`.
+    pub(crate) fn session_dirs(&self, id: &ConversationId) -> Result<(PathBuf, PathBuf), ToolError> {
+        let unavailable = |dir: &std::path::Path, error: std::io::Error| {
             ToolError::with_code(
                 ErrorCode::AgentUnavailable,
-                format!("could not create the session's working directory {}: {error}", dir.display()),
+                format!("could not create the session's folder {}: {error}", dir.display()),
             )
-        })?;
-        Ok(dir)
+        };
+        let session_dir = self
+            .records
+            .session_dir(id.as_str())
+            .map_err(|error| unavailable(&config::session_dir(&self.records.data_dir, id.as_str()), error))?;
+        let workspace = session_dir.join("workspace");
+        std::fs::create_dir_all(&workspace).map_err(|error| unavailable(&workspace, error))?;
+        Ok((session_dir, workspace))
     }
 
     pub(crate) fn backend(&self, config: &SessionConfig) -> Box<dyn Backend> {

@@ -41,7 +41,8 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(5);
 /// ```
 #[derive(Clone, Debug)]
 pub struct AgentSessionsPlugin {
-    data_dir: PathBuf,
+    /// `None`: the default, in the user's own temporary directory.
+    data_dir: Option<PathBuf>,
 }
 
 impl Default for AgentSessionsPlugin {
@@ -51,16 +52,20 @@ impl Default for AgentSessionsPlugin {
 }
 
 impl AgentSessionsPlugin {
-    /// Sessions keep their records and working directories under the system's temporary directory
-    /// (`bevy_agent_tools-sessions`); set [`data_dir`](Self::data_dir) to keep them with the game's data.
+    /// Sessions keep their records and working directories in the user's own directory inside the system's
+    /// temporary directory (`/tmp/bevy_agent_tools-1000/sessions` on Linux for user 1000); set
+    /// [`data_dir`](Self::data_dir) to keep them with the game's data.
     pub fn new() -> Self {
-        Self { data_dir: std::env::temp_dir().join("bevy_agent_tools-sessions") }
+        Self { data_dir: None }
     }
 
     /// Where sessions keep their records (`<dir>/<id>/session.json`, to resume them after a restart) and their
-    /// empty working directories (`<dir>/<id>/workspace`).
+    /// empty working directories (`<dir>/<id>/workspace`). Each session's folder is the user's alone (mode 0700 on
+    /// Unix), and a record or history this user does not own, or that others may write, is not read. A record
+    /// names the agent program its session starts: keep `dir` out of what players share or download (a shared
+    /// save folder).
     pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.data_dir = dir.into();
+        self.data_dir = Some(dir.into());
         self
     }
 }

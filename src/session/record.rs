@@ -1,8 +1,9 @@
 //! Session records: what the game must remember to resume a session after a restart (its configuration, the
 //! backend's id for it, whether it ended), one small JSON file per session, `<data_dir>/<id>/session.json`,
-//! replaced atomically and durably (file and directory synced), readable only by the user.
+//! replaced atomically and durably (file and directory synced), readable only by the user, and read back only
+//! if the user owns it and no one else may write it (`crate::private`): a record names the program its session
+//! starts.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -25,12 +26,21 @@ pub(crate) struct Record {
 #[derive(Clone)]
 pub(crate) struct Records {
     pub data_dir: PathBuf,
+    /// The default data dir's parent, the user's own temporary directory: made private before use.
+    private_root: Option<PathBuf>,
     runtime: tokio::runtime::Handle,
 }
 
 impl Records {
-    pub(crate) fn new(data_dir: PathBuf, runtime: tokio::runtime::Handle) -> Self {
-        Self { data_dir, runtime }
+    /// Records under `data_dir`, or under the default (`<the user's own temporary directory>/sessions`).
+    pub(crate) fn new(data_dir: Option<PathBuf>, runtime: tokio::runtime::Handle) -> Self {
+        match data_dir {
+            Some(data_dir) => Self { data_dir, private_root: None, runtime },
+            None => {
+                let root = crate::private::default_dir();
+                Self { data_dir: root.join("sessions"), private_root: Some(root), runtime }
+            }
+        }
     }
 
     fn path(&self, id: &str) -> Result<PathBuf, ToolError> {
@@ -38,13 +48,29 @@ impl Records {
         Ok(super::config::session_dir(&self.data_dir, id).join(FILE))
     }
 
+    /// Session `id`'s folder, `<data_dir>/<id>`, made if missing and the user's alone (mode 0700 on Unix; with the
+    /// default data dir, the folders above it too). One this user does not own is refused.
+    pub(crate) fn session_dir(&self, id: &str) -> std::io::Result<PathBuf> {
+        if let Some(root) = &self.private_root {
+            crate::private::ensure_dir(root)?;
+            crate::private::ensure_dir(&self.data_dir)?;
+        }
+        let dir = super::config::session_dir(&self.data_dir, id);
+        crate::private::ensure_dir(&dir)?;
+        Ok(dir)
+    }
+
     /// Writes `record` on a blocking thread (file I/O never blocks the main thread or the runtime) and resolves
     /// when it is durable, so records of one session are written in the order they were made. A failure is
     /// logged: the session goes on, only its resumption after a restart is lost.
     pub(crate) async fn save(&self, record: Record) {
-        let Ok(path) = self.path(&record.id) else { return };
+        if check_id(&record.id).is_err() {
+            return;
+        }
+        let records = self.clone();
         let written = self.runtime.spawn_blocking(move || {
-            if let Err(error) = write(&path, &record) {
+            let path = super::config::session_dir(&records.data_dir, &record.id).join(FILE);
+            if let Err(error) = records.session_dir(&record.id).and_then(|_| write(&path, &record)) {
                 tracing::error!(session = %record.id, path = %path.display(), %error, "could not save the session's record");
             }
         });
@@ -55,7 +81,7 @@ impl Records {
     pub(crate) async fn load(&self, id: &str) -> Result<Record, ToolError> {
         let path = self.path(id)?;
         let id = id.to_string();
-        let read = self.runtime.spawn_blocking(move || std::fs::read(&path).map(|bytes| (bytes, path)));
+        let read = self.runtime.spawn_blocking(move || crate::private::read(&path).map(|bytes| (bytes, path)));
         match read.await {
             Ok(Ok((bytes, path))) => serde_json::from_slice(&bytes).map_err(|error| {
                 ToolError::with_code(
@@ -64,6 +90,12 @@ impl Records {
                 )
             }),
             Ok(Err(error)) if error.kind() == std::io::ErrorKind::NotFound => Err(not_found(&id)),
+            // Someone else could have written it (and chosen the program it starts): not used.
+            Ok(Err(error)) if error.kind() == std::io::ErrorKind::PermissionDenied => Err(ToolError::with_code(
+                ErrorCode::SessionNotFound,
+                format!("the record of session `{id}` is not used: {error}"),
+            )
+            .with_detail("session", id.as_str())),
             Ok(Err(error)) => Err(ToolError::internal(format!("could not read the record of session `{id}`: {error}"))),
             Err(error) => Err(ToolError::internal(format!("could not read the record of session `{id}`: {error}"))),
         }
@@ -90,23 +122,7 @@ fn check_id(id: &str) -> Result<(), ToolError> {
 }
 
 fn write(path: &Path, record: &Record) -> std::io::Result<()> {
-    write_private(path, &serde_json::to_vec_pretty(record).map_err(std::io::Error::other)?)
-}
-
-/// Replaces the file at `path` with `bytes` atomically and durably (file and directory synced), readable only by
-/// the user: what sessions keep on disk (records, histories) may say what the player typed.
-pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let mut file = atomic_write_file::AtomicWriteFile::open(path)?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        file.as_file().set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    }
-    file.write_all(bytes)?;
-    file.commit()
+    crate::private::write(path, &serde_json::to_vec_pretty(record).map_err(std::io::Error::other)?)
 }
 
 #[cfg(test)]
@@ -120,5 +136,27 @@ mod tests {
         }
         assert_eq!(check_id("").unwrap_err().code, ErrorCode::InvalidInput);
         assert!(check_id("chat-0123abcd").is_ok());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_default_data_dir_and_every_session_folder_are_the_users_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |dir: &Path| std::fs::metadata(dir).expect("metadata").permissions().mode() & 0o777;
+        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+        let records = Records::new(None, runtime.handle().clone());
+        assert!(records.data_dir.starts_with(crate::private::default_dir()));
+        let id = format!("chat-test-{}", std::process::id());
+        let folder = records.session_dir(&id).expect("made");
+        assert_eq!(folder, records.data_dir.join(&id));
+        for dir in [crate::private::default_dir(), records.data_dir.clone(), folder.clone()] {
+            assert_eq!(mode(&dir), 0o700, "{}", dir.display());
+        }
+        std::fs::remove_dir(folder).expect("removed");
+
+        let chosen = tempfile::tempdir().expect("temp dir");
+        let records = Records::new(Some(chosen.path().join("sessions")), runtime.handle().clone());
+        let folder = records.session_dir("chat-0123abcd").expect("made");
+        assert_eq!(mode(&folder), 0o700, "a chosen data dir's session folders too");
     }
 }

@@ -43,7 +43,7 @@ pub(crate) fn path(session_dir: &Path) -> PathBuf {
 
 /// Reads the history; `Ok(None)` if there is none.
 pub(crate) fn load(path: &Path) -> std::io::Result<Option<History>> {
-    match std::fs::read(path) {
+    match crate::private::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(std::io::Error::other),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(error) => Err(error),
@@ -52,7 +52,7 @@ pub(crate) fn load(path: &Path) -> std::io::Result<Option<History>> {
 
 /// Replaces the history on disk atomically and durably.
 pub(crate) fn save(path: &Path, history: &History) -> std::io::Result<()> {
-    crate::session::record::write_private(path, &serde_json::to_vec(history).map_err(std::io::Error::other)?)
+    crate::private::write(path, &serde_json::to_vec(history).map_err(std::io::Error::other)?)
 }
 
 #[cfg(test)]

@@ -1,0 +1,205 @@
+//! Private files: what only the user who runs the game may read or change. The MCP token, and the agent sessions'
+//! records and histories (which may say what the player typed, and which name the agent program a resumed session
+//! starts).
+//!
+//! Their defaults live in a directory of the user's own inside the system's temporary directory
+//! (`bevy_agent_tools-<uid>`, mode 0700 on Unix), never loose in a shared `/tmp`, where another user could have
+//! created the path first. Files are written atomically with mode 0600 from their creation, and on Unix a file is
+//! read back only if this user owns it and no one else may write it.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+/// The user's own directory for the crate's defaults: `<temp>/bevy_agent_tools-<uid>` on Unix, where `/tmp` is
+/// shared; `<temp>/bevy_agent_tools` elsewhere (Windows' and macOS' temporary directories are per-user). Only the
+/// path: [`ensure_dir`] creates and checks it.
+pub(crate) fn default_dir() -> PathBuf {
+    #[cfg(unix)]
+    let name = format!("bevy_agent_tools-{}", current_user());
+    #[cfg(not(unix))]
+    let name = "bevy_agent_tools".to_string();
+    std::env::temp_dir().join(name)
+}
+
+/// Creates `dir` (and its parents) if it is missing, the directory itself with mode 0700; then, on Unix, checks
+/// that it is a directory (not a link to one) that this user owns, and closes it to others if it was open to them
+/// (a directory made before this check existed). A directory someone else owns is refused rather than used:
+/// what they left in it is theirs.
+pub(crate) fn ensure_dir(dir: &Path) -> io::Result<()> {
+    if let Some(parent) = dir.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut builder = std::fs::DirBuilder::new();
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    match builder.create(dir) {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(error) => return Err(error),
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let meta = std::fs::symlink_metadata(dir)?;
+        if let Some(why) = foreign_dir(meta.file_type().is_dir(), meta.uid(), current_user()) {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{} {why}: remove it, or choose another path", dir.display()),
+            ));
+        }
+        if meta.mode() & 0o077 != 0 {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+    }
+    Ok(())
+}
+
+/// Replaces the file at `path` with `bytes` atomically and durably (file and directory synced), creating its
+/// directory if needed. The new file has mode 0600 from its creation (no moment where others could open it) and
+/// takes neither the mode nor the owner of the file it replaces; a link at `path` is replaced, not followed.
+pub(crate) fn write(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut options = atomic_write_file::OpenOptions::new();
+    #[cfg(unix)]
+    {
+        use atomic_write_file::unix::OpenOptionsExt as _;
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        options.preserve_mode(false).preserve_owner(false);
+    }
+    let mut file = options.open(path)?;
+    file.write_all(bytes)?;
+    file.commit()
+}
+
+/// Reads the file at `path`, which this user must own and no one else may write (on Unix): a file someone else
+/// could have written is refused with `PermissionDenied`, saying why. A missing file is `NotFound`, as usual.
+pub(crate) fn read(path: &Path) -> io::Result<Vec<u8>> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW);
+    let mut file = options.open(path)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let meta = file.metadata()?;
+        if let Some(why) = untrusted_file(meta.uid(), meta.mode(), current_user()) {
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{} {why}", path.display())));
+        }
+    }
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut file, &mut bytes)?;
+    Ok(bytes)
+}
+
+/// The effective user id of this process.
+#[cfg(unix)]
+fn current_user() -> u32 {
+    // SAFETY: `geteuid` takes no arguments, cannot fail and touches no memory of ours.
+    unsafe { libc::geteuid() }
+}
+
+/// Why a directory is not this user's own, if it is not.
+#[cfg(unix)]
+fn foreign_dir(is_dir: bool, owner: u32, user: u32) -> Option<String> {
+    if !is_dir {
+        Some("is not a directory (a link or a file is in its place)".into())
+    } else if owner != user {
+        Some(format!("belongs to user {owner}, not to this user ({user})"))
+    } else {
+        None
+    }
+}
+
+/// Why a file may have been written by someone else, if it may.
+#[cfg(unix)]
+fn untrusted_file(owner: u32, mode: u32, user: u32) -> Option<String> {
+    if owner != user {
+        Some(format!("belongs to user {owner}, not to this user ({user}): not trusted"))
+    } else if mode & 0o022 != 0 {
+        Some(format!("may be written by other users (mode {:o}): not trusted", mode & 0o777))
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_private_from_their_creation_and_read_back() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("nested").join("token");
+        write(&path, b"first").expect("written");
+        write(&path, b"second").expect("replaced");
+        assert_eq!(read(&path).expect("read"), b"second");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).expect("metadata").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_file_others_may_write_is_not_read() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("session.json");
+        std::fs::write(&path, b"{}").expect("written");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let error = read(&path).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::PermissionDenied);
+        assert!(error.to_string().contains("may be written by other users (mode 666)"), "{error}");
+        assert!(untrusted_file(current_user() + 1, 0o600, current_user()).is_some_and(|why| why.contains("belongs")));
+        assert_eq!(untrusted_file(current_user(), 0o644, current_user()), None);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_link_in_place_of_a_private_file_is_replaced_on_write_and_refused_on_read() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let target = dir.path().join("someone-elses-file");
+        std::fs::write(&target, b"kept").expect("written");
+        let path = dir.path().join("token");
+        std::os::unix::fs::symlink(&target, &path).expect("link");
+        assert!(read(&path).is_err(), "a link is not followed on read");
+        write(&path, b"token").expect("written");
+        assert_eq!(std::fs::read(&target).expect("target"), b"kept", "the link's target is untouched");
+        assert!(!std::fs::symlink_metadata(&path).expect("metadata").file_type().is_symlink());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_private_dir_is_made_0700_closed_if_open_and_refused_if_not_the_users() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |dir: &Path| std::fs::metadata(dir).expect("metadata").permissions().mode() & 0o777;
+        let root = tempfile::tempdir().expect("temp dir");
+        let dir = root.path().join("bevy_agent_tools-test");
+        ensure_dir(&dir).expect("made");
+        assert_eq!(mode(&dir), 0o700);
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        ensure_dir(&dir).expect("already there: closed to others");
+        assert_eq!(mode(&dir), 0o700);
+
+        let link = root.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).expect("link");
+        let error = ensure_dir(&link).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::PermissionDenied);
+        assert!(error.to_string().contains("not a directory"), "{error}");
+
+        let user = current_user();
+        assert!(foreign_dir(true, user + 1, user).is_some_and(|why| why.contains("belongs to user")));
+        assert_eq!(foreign_dir(true, user, user), None);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_default_dir_is_the_users_own() {
+        assert!(default_dir().ends_with(format!("bevy_agent_tools-{}", current_user())));
+    }
+}
