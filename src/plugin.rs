@@ -85,11 +85,11 @@ pub enum StepPoints {
 /// app runs no frame after this one; a save still running at the deadline is reported as failed).
 #[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ExitSet {
-    /// In-game agent sessions ([`AgentSessionsPlugin`](crate::session::AgentSessionsPlugin)).
+    /// In-game agent sessions (`session::AgentSessionsPlugin`, feature `acp` or `openai`).
     Sessions,
     /// The host: the visit's exit, every outstanding save, `WorldLifecycle::shutdown`.
     Host,
-    /// Transports ([`McpPlugin`](crate::mcp::McpPlugin)).
+    /// Transports (`mcp::McpPlugin`, feature `mcp`).
     Transport,
 }
 

@@ -36,7 +36,7 @@ pub struct ChatMessage {
 }
 
 /// A session failed: its backend stopped or could not be reached, or a turn timed out. The session's status is
-/// then `Error` until [`AgentSession::resume`](crate::session::AgentSession::resume).
+/// then `Error` until `session::AgentSession::resume`.
 #[derive(Message, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatError {
     /// The session.
