@@ -10,9 +10,9 @@
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-/// The user's own directory for the crate's defaults: `<temp>/bevy_agent_tools-<uid>` on Unix, where `/tmp` is
-/// shared; `<temp>/bevy_agent_tools` elsewhere (Windows' and macOS' temporary directories are per-user). Only the
-/// path: [`ensure_dir`] creates and checks it.
+/// The user's own directory for the crate's defaults: `<temp>/bevy_agent_tools-<uid>` on Unix (Linux's `/tmp` is
+/// shared; macOS's temporary directory is per-user already, the name is the same there), `<temp>/bevy_agent_tools`
+/// on Windows (per-user). Only the path: [`ensure_dir`] creates and checks it.
 pub(crate) fn default_dir() -> PathBuf {
     #[cfg(unix)]
     let name = format!("bevy_agent_tools-{}", current_user());
@@ -29,6 +29,7 @@ pub(crate) fn ensure_dir(dir: &Path) -> io::Result<()> {
     if let Some(parent) = dir.parent().filter(|parent| !parent.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent)?;
     }
+    #[cfg_attr(not(unix), allow(unused_mut))]
     let mut builder = std::fs::DirBuilder::new();
     #[cfg(unix)]
     std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
@@ -44,11 +45,19 @@ pub(crate) fn ensure_dir(dir: &Path) -> io::Result<()> {
         if let Some(why) = foreign_dir(meta.file_type().is_dir(), meta.uid(), current_user()) {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
-                format!("{} {why}: remove it, or choose another path", dir.display()),
+                format!(
+                    "{} {why}: not used (its owner or an administrator can remove it; or choose another place)",
+                    dir.display()
+                ),
             ));
         }
         if meta.mode() & 0o077 != 0 {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|error| {
+                io::Error::new(
+                    error.kind(),
+                    format!("could not close {} to other users (mode 700): {error}; {NO_UNIX_MODES}", dir.display()),
+                )
+            })?;
         }
     }
     Ok(())
@@ -61,6 +70,11 @@ pub(crate) fn write(path: &Path, bytes: &[u8]) -> io::Result<()> {
     if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
+    // Refused before a temporary file is made: a failed rename would leave that copy behind.
+    if std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir()) {
+        return Err(io::Error::new(io::ErrorKind::IsADirectory, format!("{} is a directory", path.display())));
+    }
+    #[cfg_attr(not(unix), allow(unused_mut))]
     let mut options = atomic_write_file::OpenOptions::new();
     #[cfg(unix)]
     {
@@ -74,17 +88,31 @@ pub(crate) fn write(path: &Path, bytes: &[u8]) -> io::Result<()> {
 }
 
 /// Reads the file at `path`, which this user must own and no one else may write (on Unix): a file someone else
-/// could have written is refused with `PermissionDenied`, saying why. A missing file is `NotFound`, as usual.
+/// could have written, a link or anything but a plain file in its place, is refused with `PermissionDenied`,
+/// saying why. A missing file is `NotFound`, as usual.
+#[cfg_attr(not(any(feature = "acp", feature = "openai")), allow(dead_code))]
 pub(crate) fn read(path: &Path) -> io::Result<Vec<u8>> {
     let mut options = std::fs::OpenOptions::new();
     options.read(true);
+    // A link is not followed; a FIFO does not block the open.
     #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW);
-    let mut file = options.open(path)?;
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    let mut file = match options.open(path) {
+        Ok(file) => file,
+        Err(_) if std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_symlink()) => {
+            let why = format!("{} is a link: not followed", path.display());
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, why));
+        }
+        Err(error) => return Err(error),
+    };
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
         let meta = file.metadata()?;
+        if !meta.is_file() {
+            let why = format!("{} is not a plain file: not read", path.display());
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, why));
+        }
         if let Some(why) = untrusted_file(meta.uid(), meta.mode(), current_user()) {
             return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{} {why}", path.display())));
         }
@@ -93,6 +121,11 @@ pub(crate) fn read(path: &Path) -> io::Result<Vec<u8>> {
     io::Read::read_to_end(&mut file, &mut bytes)?;
     Ok(bytes)
 }
+
+/// What to do where the file system keeps no Unix permissions (everything looks open to everyone there).
+#[cfg(unix)]
+const NO_UNIX_MODES: &str = "a file system without Unix permissions (FAT, exFAT, a Windows drive under WSL) cannot \
+    keep it private: keep it on one that can";
 
 /// The effective user id of this process.
 #[cfg(unix)]
@@ -115,11 +148,12 @@ fn foreign_dir(is_dir: bool, owner: u32, user: u32) -> Option<String> {
 
 /// Why a file may have been written by someone else, if it may.
 #[cfg(unix)]
+#[cfg_attr(not(any(feature = "acp", feature = "openai")), allow(dead_code))]
 fn untrusted_file(owner: u32, mode: u32, user: u32) -> Option<String> {
     if owner != user {
         Some(format!("belongs to user {owner}, not to this user ({user}): not trusted"))
     } else if mode & 0o022 != 0 {
-        Some(format!("may be written by other users (mode {:o}): not trusted", mode & 0o777))
+        Some(format!("may be written by other users (mode {:o}): not trusted; {NO_UNIX_MODES}", mode & 0o777))
     } else {
         None
     }
@@ -130,9 +164,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn files_are_private_from_their_creation_and_read_back() {
+    fn files_are_private_from_their_creation_whatever_they_replace() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("nested").join("token");
+        std::fs::create_dir_all(path.parent().expect("a folder")).expect("made");
+        std::fs::write(&path, b"an older file, readable by all").expect("written");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        }
         write(&path, b"first").expect("written");
         write(&path, b"second").expect("replaced");
         assert_eq!(read(&path).expect("read"), b"second");
@@ -167,10 +208,35 @@ mod tests {
         std::fs::write(&target, b"kept").expect("written");
         let path = dir.path().join("token");
         std::os::unix::fs::symlink(&target, &path).expect("link");
-        assert!(read(&path).is_err(), "a link is not followed on read");
+        let error = read(&path).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::PermissionDenied, "{error}");
+        assert!(error.to_string().contains("is a link: not followed"), "{error}");
         write(&path, b"token").expect("written");
         assert_eq!(std::fs::read(&target).expect("target"), b"kept", "the link's target is untouched");
         assert!(!std::fs::symlink_metadata(&path).expect("metadata").file_type().is_symlink());
+    }
+
+    #[test]
+    fn a_directory_in_place_of_a_private_file_is_refused_and_leaves_no_copy() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("token");
+        std::fs::create_dir(&path).expect("made");
+        assert_eq!(write(&path, b"token").unwrap_err().kind(), io::ErrorKind::IsADirectory);
+        let names: Vec<_> =
+            std::fs::read_dir(dir.path()).expect("listed").map(|e| e.expect("entry").file_name()).collect();
+        assert_eq!(names, ["token"], "no temporary copy of the token left behind");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_in_place_of_a_private_file_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("session.json");
+        let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("a C path");
+        // SAFETY: `name` is a valid NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0, "mkfifo");
+        let error = read(&path).unwrap_err();
+        assert!(error.to_string().contains("not a plain file"), "{error}");
     }
 
     #[cfg(unix)]

@@ -588,6 +588,37 @@ fn resume_session_after_a_restart_reloads_the_games_history() {
     assert_eq!(code, ErrorCode::SessionNotFound);
 }
 
+/// The history is what the model is told happened: one others could have written is not resumed (the control: the
+/// same file, private again, is).
+#[cfg(unix)]
+#[test]
+fn a_history_others_could_have_written_is_not_resumed() {
+    use std::os::unix::fs::PermissionsExt;
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let id = {
+        let game = Game::start(data.path());
+        server.reply(says("noted"));
+        let config = SessionConfig::openai_endpoint(endpoint(&server)).auto_end_on_disconnect(false);
+        let session = game.block_on(game.sessions.create(config)).expect("starts");
+        game.block_on(session.send_text("remember 42")).expect("a turn");
+        let id = session.id().clone();
+        game.game.stop();
+        id
+    };
+    let history = data.path().join(id.as_str()).join("history.json");
+    std::fs::set_permissions(&history, std::fs::Permissions::from_mode(0o622)).unwrap();
+    let game = Game::start(data.path());
+    let error = game.block_on(game.sessions.resume_session(id.clone())).unwrap_err();
+    assert_eq!(error.code, ErrorCode::SessionNotFound, "{error:?}");
+    let why = error.details.extra.get("agent_error").map(|why| why.to_string()).unwrap_or_default();
+    assert!(why.contains("may be written by other users (mode 622)"), "{why}");
+
+    std::fs::set_permissions(&history, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let resumed = game.block_on(game.sessions.resume_session(id)).expect("the control: re-attached");
+    assert_eq!(resumed.status(), ConversationStatus::Idle);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Faults: each ends in one outcome, none waits forever.
 

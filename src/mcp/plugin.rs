@@ -111,7 +111,8 @@ impl McpPlugin {
     /// user's own directory inside the system's temporary directory (`/tmp/bevy_agent_tools-1000/mcp-15777.token`
     /// on Linux for user 1000: [`McpServer::token_file`] says where), removed when the game exits. A copy whose port
     /// was [replaced](McpServer::replaced_port) writes its token beside this file instead (`mcp-token.15778`,
-    /// removed at exit) and keeps this one for the copy that holds the port.
+    /// removed at exit) and keeps this one for the copy that holds the port. The file is replaced atomically at
+    /// start-up: a link at `path` is replaced by the file, not followed.
     pub fn token_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.token_file = Some(path.into());
         self

@@ -54,7 +54,9 @@ pub(crate) fn write_token_file(path: &Path, token: &str) -> Result<(), McpConfig
 pub(crate) fn default_token_path(port: u16) -> Result<PathBuf, McpConfigError> {
     let dir = crate::private::default_dir();
     crate::private::ensure_dir(&dir).map_err(|error| {
-        McpConfigError(format!("could not make the directory for the MCP token, {}: {error}", dir.display()))
+        McpConfigError(format!(
+            "the MCP token's default directory: {error} (`McpPlugin::token_file` chooses another place)"
+        ))
     })?;
     Ok(dir.join(format!("mcp-{port}.token")))
 }

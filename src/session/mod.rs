@@ -159,7 +159,11 @@ impl SessionHost {
         let unavailable = |dir: &std::path::Path, error: std::io::Error| {
             ToolError::with_code(
                 ErrorCode::AgentUnavailable,
-                format!("could not create the session's folder {}: {error}", dir.display()),
+                format!(
+                    "could not create the session's folder {}: {error} (`AgentSessionsPlugin::data_dir` chooses \
+                     another place)",
+                    dir.display()
+                ),
             )
         };
         let session_dir = self

@@ -143,7 +143,10 @@ async fn open_history(
                 return Err(crate::session::record::not_found(id)
                     .with_detail("agent_error", format!("the stored history is unreadable: {error}")))
             }
-            _ => {}
+            Err(error) => {
+                tracing::warn!(session = %id, %error, "the stored history is unreadable: the session starts anew");
+            }
+            Ok(None) => {}
         }
     }
     let attached = if setup.resume.is_some() { Attached::Replaced } else { Attached::New };
