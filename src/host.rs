@@ -221,7 +221,7 @@ impl HostShared {
 
     /// Forgets a call that reached its outcome, and retains that outcome for its operation key (if it has one
     /// and its handler started; a call that never ran leaves no trace, so a retry can run).
-    pub(crate) fn release_call(&self, life: &CallLife, handler_started: bool) {
+    pub(crate) fn release_call(&self, life: &CallLife) {
         let mut state = self.state.lock();
         let Some(open) = state.visit.as_mut().filter(|open| open.info.visit == life.coords.visit.visit) else {
             return;
@@ -229,10 +229,10 @@ impl HostShared {
         open.calls.remove(&life.coords.request);
         if let Some(key) = &life.coords.replay_key {
             match life.outcome().get() {
-                Some(outcome) if handler_started => {
+                Some(outcome) if life.handler_started() => {
                     open.replay.complete(key, (life.coords.request, outcome), std::time::Instant::now())
                 }
-                _ => open.replay.forget(key),
+                _ => open.replay.forget(key, |running| std::ptr::eq(&**running, life)),
             }
         }
     }

@@ -10,6 +10,9 @@
 //! - A late completion against the exit taking the visit's calls: exactly one outcome per call, one
 //!   `CallFinished`, no call left behind, the in-flight counts back to zero, and a call admitted concurrently is
 //!   either ended by the exit or refused with `WORLD_CLOSED` (H5, H13).
+//! - A retry of an operation whose first call ended before its handler started (the world still loading),
+//!   against that call's end and release: the retry runs anew (or joined the first while it waited), never gets
+//!   the first's outcome, and keeps its own replay entry (H12).
 //! - An old visit's save against the next visit's load of the same world: the load runs after the save,
 //!   whatever order their tasks are scheduled in (H7).
 
@@ -201,13 +204,14 @@ fn h13_a_late_completion_racing_the_exit_gives_each_call_exactly_one_outcome() {
         let fixture = fixture();
         let early = call(&fixture).expect("admitted");
         let other = call(&fixture).expect("admitted");
+        assert!(early.begin_handler(), "its handler runs");
         let completion = {
             let (host, life) = (fixture.host.clone(), early.clone());
             shuttle::thread::spawn(move || {
                 // What `drive` does when a handler returns: finish, then release.
                 let output = CallOutput { value: json!("done"), observed: life.coords.visit.clone() };
                 let won = life.finish(Ok(output));
-                host.release_call(&life, true);
+                host.release_call(&life);
                 won
             })
         };
@@ -249,6 +253,55 @@ fn h13_a_late_completion_racing_the_exit_gives_each_call_exactly_one_outcome() {
         assert_eq!(state.visit.as_ref().map(|visit| visit.calls.iter().count()), Some(0), "no call left behind");
     });
 }
+
+/// Admits `noop` with operation id `op`: the execution it runs or joins, and whether it owns it.
+fn admit_keyed(host: &Arc<HostShared>, conversation: &ConversationId) -> (Arc<CallLife>, bool) {
+    match admit(host, conversation, CallRequest::new("noop", json!({})).operation("op")).expect("admitted") {
+        Admitted::Running { life, owner } => (life, owner),
+        Admitted::Retained(_, outcome) => panic!("a retained outcome: {outcome:?}"),
+    }
+}
+
+#[test]
+fn h12_a_retry_racing_the_end_of_a_call_that_never_started_runs_anew_and_keeps_its_entry() {
+    explore(|| {
+        let fixture = fixture();
+        let (first, _) = admit_keyed(&fixture.host, &fixture.conversation);
+        let ending = {
+            let (host, life) = (fixture.host.clone(), first.clone());
+            shuttle::thread::spawn(move || {
+                // What `drive` does when the world is still loading at the call's deadline: finish, then release.
+                life.finish(Err(ToolError::with_code(ErrorCode::WorldLoadingTimeout, "still loading")));
+                host.release_call(&life);
+            })
+        };
+        let retrying = {
+            let (host, conversation) = (fixture.host.clone(), fixture.conversation.clone());
+            shuttle::thread::spawn(move || admit_keyed(&host, &conversation))
+        };
+        ending.join().expect("end");
+        let (retry, owner) = retrying.join().expect("retry");
+        if Arc::ptr_eq(&retry, &first) {
+            // Admitted while the first was still waiting: it joined it, and shares its outcome.
+            assert!(!owner);
+        } else {
+            // Admitted after the first ended: a run of its own, never the first's outcome, and its entry is the
+            // key's (the first's release did not forget it): a duplicate of it joins it.
+            assert!(owner, "a fresh execution");
+            assert!(!retry.outcome().is_set());
+            let (duplicate, owner) = admit_keyed(&fixture.host, &fixture.conversation);
+            assert!(Arc::ptr_eq(&duplicate, &retry) && !owner, "the retry's entry is kept");
+        }
+        RETRY_JOINED[usize::from(Arc::ptr_eq(&retry, &first))].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    });
+    let [fresh, joined] =
+        [&RETRY_JOINED[0], &RETRY_JOINED[1]].map(|count| count.load(std::sync::atomic::Ordering::Relaxed));
+    assert!(fresh > 0 && joined > 0, "schedules where the retry ran anew: {fresh}, joined: {joined}");
+}
+
+/// Schedules of the test above where the retry ran anew / joined the first call.
+static RETRY_JOINED: [std::sync::atomic::AtomicUsize; 2] =
+    [std::sync::atomic::AtomicUsize::new(0), std::sync::atomic::AtomicUsize::new(0)];
 
 #[test]
 fn h7_the_next_visits_load_runs_after_the_old_visits_save_whatever_the_schedule() {

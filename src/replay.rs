@@ -132,9 +132,10 @@ impl<T: Clone, O: Clone> ReplayTable<T, O> {
         }
     }
 
-    /// Forgets an execution that never started its handler, so a retry can run.
-    pub fn forget(&mut self, key: &ReplayKey) {
-        if matches!(self.entries.get(key), Some(Entry { state: State::InFlight(_), .. })) {
+    /// Forgets an execution that never started its handler, so a retry can run: the key's in-flight entry, if
+    /// `is_it` says the entry is that execution's (a retry may already hold the key with an execution of its own).
+    pub fn forget(&mut self, key: &ReplayKey, is_it: impl FnOnce(&T) -> bool) {
+        if matches!(self.entries.get(key), Some(Entry { state: State::InFlight(running), .. }) if is_it(running)) {
             self.entries.remove(key);
         }
     }

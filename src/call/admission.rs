@@ -145,7 +145,12 @@ pub(crate) fn admit(
                 // An execution that already has its outcome (its table entry is completed a moment later)
                 // answers like a retained one.
                 Begin::Join(life) => match life.outcome().get() {
-                    Some(outcome) => return Ok(Admitted::Retained(life.coords.request, outcome)),
+                    Some(outcome) if life.handler_started() => {
+                        return Ok(Admitted::Retained(life.coords.request, outcome))
+                    }
+                    // It ended before its handler started (its entry is forgotten a moment later): not retained
+                    // (rule H12), so this one runs.
+                    Some(_) => open.replay.forget(key, |running| Arc::ptr_eq(running, &life)),
                     None => return Ok(Admitted::Running { life, owner: false }),
                 },
                 Begin::Retained((first, outcome)) => return Ok(Admitted::Retained(first, outcome)),
@@ -232,12 +237,11 @@ async fn drive(
     ready: Option<Completion>,
     timeout: Duration,
 ) {
-    let mut handler_started = false;
-    let (outcome, unfinished) = run(&host, &life, prepared, ready, timeout, &mut handler_started).await;
+    let (outcome, unfinished) = run(&host, &life, prepared, ready, timeout).await;
     if !life.finish(outcome) {
         tracing::debug!(request = %life.coords.request, "the call had already ended; its late result was dropped");
     }
-    host.release_call(&life, handler_started);
+    host.release_call(&life);
     // A handler still running after its call ended keeps running to clean up (rule H10); what it returns is
     // dropped, and a panic in it is caught.
     if let Some(handler) = unfinished {
@@ -258,7 +262,6 @@ async fn run(
     prepared: PreparedCall,
     ready: Option<Completion>,
     timeout: Duration,
-    handler_started: &mut bool,
 ) -> (CallOutcome, Option<Handler>) {
     let deadline = tokio::time::Instant::from_std(life.deadline);
     if let Some(ready) = ready {
@@ -274,10 +277,9 @@ async fn run(
             )), None),
         }
     }
-    if life.is_ended() {
+    if !life.begin_handler() {
         return (Err(life.end_error()), None);
     }
-    *handler_started = true;
     // The handler's synchronous part (before its first await) is the game author's code too: catch it as well.
     let core = CallCore { life: life.clone(), host: host.clone() };
     let mut handler = match catch_unwind(AssertUnwindSafe(|| prepared(core))) {

@@ -1,6 +1,7 @@
 //! The life of one admitted call: its coordinates, its deadline, how it ends, and its one terminal outcome
 //! (rule H13).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -62,6 +63,9 @@ pub(crate) struct CallLife {
     /// Details the handler recorded, merged into whatever error ends the call.
     details: Mutex<serde_json::Map<String, serde_json::Value>>,
     outcome: OnceSignal<CallOutcome>,
+    /// Set when the handler is about to run (never after the call ended): from then on the outcome is retained
+    /// for replays of its operation; a call that ended before is not (rule H12).
+    handler_started: AtomicBool,
     /// `on_end` cleanups, sent to the main thread when the call ends.
     cleanups: Mutex<Cleanups>,
 }
@@ -94,6 +98,7 @@ impl CallLife {
             observed,
             details: Mutex::new(serde_json::Map::new()),
             outcome: OnceSignal::new(),
+            handler_started: AtomicBool::new(false),
             cleanups: Mutex::new(Cleanups { ended: None, waiting: Vec::new(), jobs }),
         }
     }
@@ -169,6 +174,23 @@ impl CallLife {
             return Err(error.clone());
         }
         Ok(StepGuard { life: self, guard })
+    }
+
+    /// Marks the handler started, unless the call already ended (then `false`: it must not run). Under the step
+    /// lock, which `finish` holds too: an end comes either before this (the handler never runs, and a retry of its
+    /// operation runs anew) or after (the outcome is the operation's, retained).
+    pub(crate) fn begin_handler(&self) -> bool {
+        let step = self.step.lock();
+        if step.is_some() {
+            return false;
+        }
+        self.handler_started.store(true, Ordering::Release);
+        true
+    }
+
+    /// Whether the handler was started (see [`begin_handler`](Self::begin_handler)).
+    pub(crate) fn handler_started(&self) -> bool {
+        self.handler_started.load(Ordering::Acquire)
     }
 
     pub(crate) fn is_ended(&self) -> bool {
