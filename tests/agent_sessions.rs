@@ -282,7 +282,14 @@ fn s2_an_agent_that_fails_to_start_is_agent_unavailable_with_its_stderr_and_leav
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains("no API key configured"), "the stderr tail: {message}");
     assert!(message.contains("exit status: 2"), "the exit status: {message}");
+    assert!(!message.contains("no program"), "{message}");
     dirs.wait_no_agents(LIMIT);
+
+    // A program that is not installed: said in those words, not only as the OS error.
+    let missing = SessionConfig::acp("no-such-acp-agent", ["--acp"]);
+    let (code, message) = code_of(game.create(missing));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert!(message.contains("no program `no-such-acp-agent` was found"), "{message}");
 
     let mut hanging = agent(&dirs, &["--hang-init"]);
     hanging.timeouts.start = Duration::from_millis(500);

@@ -85,6 +85,8 @@ struct Script {
     abandoned: Arc<AtomicUsize>,
     /// The bearer key every route wants, if any.
     key: Option<String>,
+    /// The `Authorization` header of every request, as sent.
+    authorizations: Arc<Mutex<Vec<Option<String>>>>,
 }
 
 struct Server {
@@ -139,6 +141,8 @@ impl Server {
 }
 
 fn unauthorized(script: &Script, headers: &HeaderMap) -> Option<Response> {
+    let sent = headers.get("authorization").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    script.authorizations.lock().push(sent);
     let key = script.key.as_ref()?;
     let sent = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
     (sent != format!("Bearer {key}")).then(|| {
@@ -631,6 +635,22 @@ fn a_refused_connection_is_agent_unavailable_and_names_the_url() {
     let (code, message) = code_of(game.create(OpenAiEndpoint::new(&url, "m")));
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains(&url) && message.contains("connect"), "{message}");
+    // The URL named is the one requested (the model list, at start-up), once.
+    assert!(message.contains(&format!("could not connect to {url}/models:")), "{message}");
+    assert_eq!(message.matches("http://").count(), 2, "the URL, and reqwest's own mention of it: {message}");
+}
+
+#[test]
+fn without_an_api_key_no_authorization_header_is_sent() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server.reply(says("hi"));
+    let session = game.create(endpoint(&server)).expect("starts");
+    game.block_on(session.send_text("hello")).expect("a turn");
+    let sent = server.script.authorizations.lock().clone();
+    assert!(sent.len() >= 2, "the model list and the completion: {sent:?}");
+    assert!(sent.iter().all(Option::is_none), "no Authorization header at all: {sent:?}");
 }
 
 #[test]
@@ -650,6 +670,8 @@ fn a_refused_api_key_names_its_environment_variable_and_the_key_is_sent_as_a_bea
     server.reply(says("hi"));
     let session = game.create(endpoint(&server).api_key_env("BAT_TEST_RIGHT_KEY")).expect("the right key works");
     game.block_on(session.send_text("hello")).expect("a turn");
+    let sent = server.script.authorizations.lock().last().cloned().flatten();
+    assert_eq!(sent.as_deref(), Some("Bearer right-key"));
     let record = std::fs::read_to_string(data.path().join(session.id().as_str()).join("session.json")).unwrap();
     assert!(
         record.contains("BAT_TEST_RIGHT_KEY") && !record.contains("right-key"),

@@ -44,6 +44,7 @@ impl Backend for AcpBackend {
             .envs(self.command.env.iter().cloned());
         let agent = AcpAgent::new(config);
         let described = self.command.to_string();
+        let program = self.command.program.clone();
         let runtime = self.runtime.clone();
         Box::pin(async move {
             let start = setup.timeouts.start;
@@ -82,10 +83,13 @@ impl Backend for AcpBackend {
             // The connection's own end says more (the exit status and the stderr tail): wait for it briefly.
             let exited = tokio::time::timeout(std::time::Duration::from_secs(3), connection::wait_exit(exit)).await;
             task.abort();
-            let why = match exited {
+            let mut why = match exited {
                 Ok(Some(exit)) => format!("{}; {exit}", failure.message),
                 _ => failure.message,
             };
+            if !program_exists(&program) {
+                why = format!("no program `{program}` was found (neither a file at that path nor on PATH); {why}");
+            }
             Err(ToolError::with_code(
                 ErrorCode::AgentUnavailable,
                 format!("the agent `{described}` could not start: {why}"),
@@ -93,6 +97,23 @@ impl Backend for AcpBackend {
             .with_detail("agent", &described))
         })
     }
+}
+
+/// Whether `program` names a file: a path, or a name found in one of `PATH`'s directories (on Windows, with one of
+/// `PATHEXT`'s extensions too). Only for saying why an agent could not start.
+fn program_exists(program: &str) -> bool {
+    let path = std::path::Path::new(program);
+    if path.components().count() > 1 {
+        return path.is_file();
+    }
+    let extensions: Vec<String> = if cfg!(windows) {
+        let listed = std::env::var("PATHEXT").unwrap_or_else(|_| ".COM;.EXE;.BAT;.CMD".into());
+        std::iter::once(String::new()).chain(listed.split(';').map(str::to_string)).collect()
+    } else {
+        vec![String::new()]
+    };
+    let dirs = std::env::var_os("PATH").map(|paths| std::env::split_paths(&paths).collect()).unwrap_or_else(Vec::new);
+    dirs.iter().any(|dir| extensions.iter().any(|extension| dir.join(format!("{program}{extension}")).is_file()))
 }
 
 /// A command to the connection's task.
@@ -146,5 +167,16 @@ impl Link for AcpLink {
     fn kill(&self) {
         // Dropping the connection's future kills the agent's whole process group.
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_program_is_found_on_path_or_at_its_path() {
+        assert!(super::program_exists("sh"), "on PATH");
+        assert!(super::program_exists("/bin/sh") || cfg!(windows));
+        assert!(!super::program_exists("no-such-agent-program-here"));
+        assert!(!super::program_exists("./no/such/agent"));
     }
 }

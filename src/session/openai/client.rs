@@ -129,7 +129,13 @@ impl Retry {
     async fn send(&self, factory: HttpRequestFactory) -> Result<reqwest::Response, OpenAIError> {
         let mut attempt = 0u32;
         loop {
-            let request = factory.build().await?;
+            let mut request = factory.build().await?;
+            // The client always sends `Authorization: Bearer <key>`: without a key, none at all rather than an
+            // empty one (which strict proxies refuse).
+            let authorization = request.headers().get(reqwest::header::AUTHORIZATION);
+            if authorization.is_some_and(|value| value.as_bytes().trim_ascii() == b"Bearer") {
+                request.headers_mut().remove(reqwest::header::AUTHORIZATION);
+            }
             let response = self.http.execute(request).await.map_err(OpenAIError::Reqwest)?;
             let status = response.status();
             let retryable = status.as_u16() == 429 || status.is_server_error();
@@ -155,7 +161,12 @@ impl Retry {
 
 /// What a failed request means, in words naming what to fix.
 pub(crate) fn describe(endpoint: &OpenAiEndpoint, error: OpenAIError) -> ToolError {
-    let url = endpoint.completions_url();
+    // The URL of the request that failed (the model list at start-up, or the completions), else the completions'.
+    let url = match &error {
+        OpenAIError::Reqwest(error) => error.url().map(|url| url.to_string()),
+        _ => None,
+    }
+    .unwrap_or_else(|| endpoint.completions_url());
     let unavailable =
         |message: String| ToolError::with_code(ErrorCode::AgentUnavailable, message).with_detail("url", &url);
     match error {
