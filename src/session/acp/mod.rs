@@ -112,7 +112,8 @@ fn program_exists(program: &str) -> bool {
     } else {
         vec![String::new()]
     };
-    let dirs = std::env::var_os("PATH").map(|paths| std::env::split_paths(&paths).collect()).unwrap_or_else(Vec::new);
+    let dirs: Vec<std::path::PathBuf> =
+        std::env::var_os("PATH").map(|paths| std::env::split_paths(&paths).collect()).unwrap_or_default();
     dirs.iter().any(|dir| extensions.iter().any(|extension| dir.join(format!("{program}{extension}")).is_file()))
 }
 
