@@ -36,7 +36,7 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(5);
 /// # use bevy::prelude::*;
 /// # use bevy_agent_tools::session::AgentSessionsPlugin;
 /// # fn add(app: &mut App) {
-/// app.add_plugins(AgentSessionsPlugin::new().data_dir("saves/agent-sessions"));
+/// app.add_plugins(AgentSessionsPlugin::new().data_dir("data/agent-sessions"));
 /// # }
 /// ```
 #[derive(Clone, Debug)]
