@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs (once) the pinned npm packages of the end-to-end tests: the TypeScript MCP client (tests/e2e/ts, the
-# default) or the MCP conformance suite with its Node 22 (tests/e2e/conformance).
-# Usage: tests/e2e/setup-node.sh DIR [ts|conformance]   — prints DIR when ready (DIR/node_modules holds them).
+# default), the MCP conformance suite with its Node 22 (tests/e2e/conformance), or the MCP Inspector with its
+# Node 22 (tests/e2e/inspector).
+# Usage: tests/e2e/setup-node.sh DIR [ts|conformance|inspector]   — prints DIR when ready (DIR/node_modules).
 set -euo pipefail
 dir="$1"
 here="$(cd "$(dirname "$0")" && pwd)/${2:-ts}"
