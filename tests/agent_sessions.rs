@@ -15,7 +15,7 @@ use bevy_agent_tools::mcp::McpPlugin;
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::session::*;
 use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
-use bevy_agent_tools::{CallFinished, CallStarted, ConversationStatus, ConversationStatusChanged};
+use bevy_agent_tools::{CallFinished, CallStarted, ConversationId, ConversationStatus, ConversationStatusChanged};
 use common::*;
 use parking_lot::Mutex;
 
@@ -406,15 +406,21 @@ fn resume_session_after_a_restart_reattaches_a_kept_session_and_an_ended_one_sta
     assert_eq!(code, ErrorCode::InvalidInput);
 }
 
-#[test]
-fn resume_session_of_a_session_the_agent_forgot_is_session_not_found_and_creates_nothing() {
-    let dirs = Dirs::new();
+/// A kept session (`auto_end_on_disconnect(false)`) of a game that then stopped, its agent gone.
+fn kept_session(dirs: &Dirs) -> ConversationId {
     let id = {
-        let game = Game::start(&dirs);
-        let session = game.create(agent(&dirs, &[]).auto_end_on_disconnect(false)).expect("starts");
+        let game = Game::start(dirs);
+        let session = game.create(agent(dirs, &[]).auto_end_on_disconnect(false)).expect("starts");
         session.id().clone()
     };
     dirs.wait_no_agents(LIMIT);
+    id
+}
+
+#[test]
+fn resume_session_of_a_session_the_agent_forgot_is_session_not_found_and_creates_nothing() {
+    let dirs = Dirs::new();
+    let id = kept_session(&dirs);
     std::fs::remove_dir_all(&dirs.state).expect("the agent forgets everything");
     let game = Game::start(&dirs);
     let (code, _) = code_of(game.block_on(game.sessions.resume_session(id.clone())));
@@ -431,12 +437,7 @@ fn resume_session_of_a_session_the_agent_forgot_is_session_not_found_and_creates
 fn s4_a_session_record_others_could_have_written_is_not_resumed_and_its_program_never_runs() {
     use std::os::unix::fs::PermissionsExt;
     let dirs = Dirs::new();
-    let id = {
-        let game = Game::start(&dirs);
-        let session = game.create(agent(&dirs, &[]).auto_end_on_disconnect(false)).expect("starts");
-        session.id().clone()
-    };
-    dirs.wait_no_agents(LIMIT);
+    let id = kept_session(&dirs);
     let folder = dirs.data.join(id.as_str());
     let mode = |path: &Path| std::fs::metadata(path).expect("metadata").permissions().mode() & 0o777;
     assert_eq!(mode(&folder), 0o700, "a session's folder is the user's alone");

@@ -19,7 +19,7 @@ use bevy_agent_tools::mcp::McpPlugin;
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::session::*;
 use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
-use bevy_agent_tools::{CallStarted, ConversationStatus, ConversationStatusChanged, ImageContent};
+use bevy_agent_tools::{CallStarted, ConversationId, ConversationStatus, ConversationStatusChanged, ImageContent};
 use common::*;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -564,20 +564,24 @@ fn an_unknown_tool_and_arguments_that_are_not_json_go_back_to_the_model_which_re
     assert_eq!(game.counter(), 1, "only the valid call ran");
 }
 
+/// A kept session (`auto_end_on_disconnect(false)`) told "remember 42" (the model answered "noted"), then its game
+/// stopped.
+fn kept_session_told_42(data: &Path, server: &Server) -> ConversationId {
+    let game = Game::start(data);
+    server.reply(says("noted"));
+    let config = SessionConfig::openai_endpoint(endpoint(server)).auto_end_on_disconnect(false);
+    let session = game.block_on(game.sessions.create(config)).expect("starts");
+    game.block_on(session.send_text("remember 42")).expect("a turn");
+    let id = session.id().clone();
+    game.game.stop();
+    id
+}
+
 #[test]
 fn resume_session_after_a_restart_reloads_the_games_history() {
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();
-    let id = {
-        let game = Game::start(data.path());
-        server.reply(says("noted"));
-        let config = SessionConfig::openai_endpoint(endpoint(&server)).auto_end_on_disconnect(false);
-        let session = game.block_on(game.sessions.create(config)).expect("starts");
-        game.block_on(session.send_text("remember 42")).expect("a turn");
-        let id = session.id().clone();
-        game.game.stop();
-        id
-    };
+    let id = kept_session_told_42(data.path(), &server);
     let game = Game::start(data.path());
     let resumed = game.block_on(game.sessions.resume_session(id.clone())).expect("re-attached");
     assert_eq!(resumed.status(), ConversationStatus::Idle);
@@ -600,16 +604,7 @@ fn a_history_others_could_have_written_is_not_resumed() {
     use std::os::unix::fs::PermissionsExt;
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();
-    let id = {
-        let game = Game::start(data.path());
-        server.reply(says("noted"));
-        let config = SessionConfig::openai_endpoint(endpoint(&server)).auto_end_on_disconnect(false);
-        let session = game.block_on(game.sessions.create(config)).expect("starts");
-        game.block_on(session.send_text("remember 42")).expect("a turn");
-        let id = session.id().clone();
-        game.game.stop();
-        id
-    };
+    let id = kept_session_told_42(data.path(), &server);
     let history = data.path().join(id.as_str()).join("history.json");
     std::fs::set_permissions(&history, std::fs::Permissions::from_mode(0o622)).unwrap();
     let game = Game::start(data.path());
