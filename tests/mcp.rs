@@ -399,6 +399,22 @@ fn non_loopback_bind_without_opt_in_is_refused_at_start_up() {
     assert!(unavailable.error.to_string().contains("allow_non_loopback"), "and says why: {}", unavailable.error);
 }
 
+#[test]
+fn a_game_bound_for_other_machines_accepts_the_host_names_it_lists_and_refuses_others() {
+    let (game, server) = game_with(Arc::default(), Gate::new(), |mcp| {
+        mcp.bind("0.0.0.0".parse().expect("ip")).allow_non_loopback().allowed_hosts(["game-pc.lan"])
+    });
+    let bearer = format!("Bearer {TOKEN}");
+    let listed = format!("game-pc.lan:{}", server.address().port());
+    let (status, body) = raw(&server, &[("Authorization", &bearer), ("Host", &listed)], INITIALIZE);
+    assert_eq!(status, 200, "a listed host: {body}");
+    let (status, _) = raw(&server, &[("Authorization", &bearer), ("Host", "other-pc.lan")], INITIALIZE);
+    assert_eq!(status, 403, "an unlisted host is refused");
+    let (status, body) = raw(&server, &[("Authorization", &bearer)], INITIALIZE);
+    assert_eq!(status, 200, "the bound address itself: {body}");
+    game.stop();
+}
+
 /// A game whose `close` holds the main thread until the test lets it go, so a call can arrive mid-exit.
 struct SlowClose {
     closing: crossbeam_channel::Sender<()>,

@@ -55,8 +55,9 @@
 //! one through a server-minted handle (SEP-2567): the built-in tool `begin_conversation` returns
 //! `{"conversation": "cv-..."}`, and the client passes it as the `conversation` argument (in every tool's schema)
 //! of its later calls. Only minted handles pass (`CONVERSATION_NOT_FOUND`); a sessionless request without one is a
-//! conversation of its own, ended with the request, so operation-id replays and the in-flight limit are never
-//! shared between clients by a name they chose. A request presenting an in-game agent session's credential
+//! conversation of its own, ended with the request, so a conversation (its in-flight limit, and the default task
+//! of its operation-id replays) is never shared between clients by a name they chose; a `task_id` is shared by
+//! every conversation that names it. A request presenting an in-game agent session's credential
 //! ([`Credentials`]) is that session's conversation.
 //!
 //! Progress: every report a handler makes before its result reaches the client (as `notifications/progress`, when

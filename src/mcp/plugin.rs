@@ -36,6 +36,7 @@ pub struct McpPlugin {
     token: Option<String>,
     token_file: Option<PathBuf>,
     allowed_origins: Vec<String>,
+    allowed_hosts: Vec<String>,
     max_body_bytes: usize,
     session_idle_timeout: Option<Duration>,
     strict_port: bool,
@@ -58,6 +59,7 @@ impl McpPlugin {
             token: None,
             token_file: None,
             allowed_origins: vec!["http://localhost:*".into(), "http://127.0.0.1:*".into(), "http://[::1]:*".into()],
+            allowed_hosts: Vec::new(),
             max_body_bytes: 1024 * 1024,
             session_idle_timeout: Some(Duration::from_secs(300)),
             strict_port: false,
@@ -95,9 +97,18 @@ impl McpPlugin {
         self
     }
 
-    /// Allows binding an address other machines can reach. Keep the token secret.
+    /// Allows binding an address other machines can reach. Keep the token secret. Clients on other machines use
+    /// the machine's name or address in their URL: list it with [`allowed_hosts`](Self::allowed_hosts).
     pub fn allow_non_loopback(mut self) -> Self {
         self.allow_non_loopback = true;
+        self
+    }
+
+    /// More `Host` header values to accept (`game-pc.lan`, `192.168.1.20`; with a port, only that port), beside
+    /// `localhost`, `127.0.0.1`, `::1` and the bound address: what clients on other machines put in their URL when
+    /// the game binds a non-loopback address. Any other `Host` is refused (403), against DNS rebinding.
+    pub fn allowed_hosts(mut self, hosts: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.allowed_hosts = hosts.into_iter().map(Into::into).collect();
         self
     }
 
@@ -176,6 +187,14 @@ impl McpPlugin {
         let credentials = Credentials::default();
         let mut hosts = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
         hosts.push(address.ip().to_string());
+        hosts.extend(self.allowed_hosts.iter().cloned());
+        if address.ip().is_unspecified() && self.allowed_hosts.is_empty() {
+            tracing::warn!(
+                %address,
+                "MCP is bound to every interface, but only local Host names are accepted: clients on other \
+                 machines get 403 until their URL's host is listed with McpPlugin::allowed_hosts"
+            );
+        }
         let config = StreamableHttpServerConfig::default()
             .with_legacy_session_mode(true)
             // 2026-07-28: a call that only returns its result answers as plain JSON (one write, no SSE framing);
