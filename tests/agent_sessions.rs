@@ -468,6 +468,37 @@ fn s4_a_session_record_others_could_have_written_is_not_resumed_and_its_program_
 }
 
 #[test]
+fn forget_deletes_a_kept_session_for_good_and_ends_a_live_one_first() {
+    let dirs = Dirs::new();
+    let kept = kept_session(&dirs);
+    assert!(dirs.data.join(kept.as_str()).join("session.json").is_file());
+    let game = Game::start(&dirs);
+    game.block_on(game.sessions.forget(kept.clone())).expect("forgotten");
+    assert!(!dirs.data.join(kept.as_str()).exists(), "its folder is gone");
+    let (code, _) = code_of(game.block_on(game.sessions.resume_session(kept.clone())));
+    assert_eq!(code, ErrorCode::SessionNotFound, "it can never be resumed");
+    let (code, _) = code_of(game.block_on(game.sessions.forget(kept)));
+    assert_eq!(code, ErrorCode::SessionNotFound, "forgetting twice: nothing left to forget");
+
+    let live = game.create(agent(&dirs, &[]).auto_end_on_disconnect(false)).expect("starts");
+    game.block_on(live.send_text("hello")).expect("a turn");
+    game.block_on(game.sessions.forget(live.id().clone())).expect("forgotten");
+    assert_eq!(live.status(), ConversationStatus::Ended, "ended first");
+    dirs.wait_no_agents(LIMIT);
+    assert!(!dirs.data.join(live.id().as_str()).exists(), "its folder is gone");
+    let (code, message) = code_of(game.block_on(live.send_text("still there?")));
+    assert_eq!(code, ErrorCode::SessionEnded, "{message}");
+    let (code, _) = code_of(game.block_on(live.resume()));
+    assert_eq!(code, ErrorCode::SessionNotFound, "its handle cannot bring it back");
+    assert!(!dirs.data.join(live.id().as_str()).exists(), "nor write its record again");
+
+    let (code, _) = code_of(game.block_on(game.sessions.forget("")));
+    assert_eq!(code, ErrorCode::InvalidInput);
+    let (code, _) = code_of(game.block_on(game.sessions.forget("../elsewhere")));
+    assert_eq!(code, ErrorCode::SessionNotFound, "an id that is not the game's never names a path");
+}
+
+#[test]
 fn permission_requests_are_denied_by_default_and_the_player_can_allow_or_let_them_time_out() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

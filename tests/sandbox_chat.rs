@@ -198,6 +198,10 @@ fn a_kept_session_is_resumed_by_id_after_a_restart_and_permissions_go_to_the_pla
     assert_eq!(second.line_starting("ok attached"), format!("ok attached session={kept} status=idle"));
     second.send("say history");
     second.line_starting(&format!("chat session={kept}: I remember 2 turns"));
+    // The fresh session of this run, never used again: deleted for good.
+    second.send(&format!("chat-forget {fresh}"));
+    assert_eq!(second.line_starting("ok forgot"), format!("ok forgot session={fresh}"));
+    assert!(!data.join("agent-sessions").join(&fresh).exists(), "its folder is gone");
     assert!(second.quit().success());
 
     let mut plain = Sandbox::start(&data, &[]);

@@ -104,6 +104,15 @@ async fn run(
                 }
                 Err(error) => Err(error),
             },
+            (ChatCommand::Forget(id), current_session) => match sessions.forget(id.as_str()).await {
+                Ok(()) => {
+                    if current_session.is_some_and(|session| session.id().as_str() == id) {
+                        *current.lock() = None;
+                    }
+                    Ok(format!("forgot session={id}"))
+                }
+                Err(error) => Err(error),
+            },
             (ChatCommand::Allow(request), _) => answer_permission(&sessions, request, true),
             (ChatCommand::Deny(request), _) => answer_permission(&sessions, request, false),
             (_, None) => Err(ToolError::with_code(

@@ -23,7 +23,7 @@ use crate::world::Dimension;
 const QUIT_DEADLINE: Duration = Duration::from_secs(30);
 
 const USAGE: &str = "commands: enter WORLD, travel DIMENSION, exit, status, quit; with --agent: say TEXT, \
-chat-cancel, chat-end, chat-resume [ID], chat-allow R, chat-deny R; with --window: screenshot PATH, hud, frames [each]";
+chat-cancel, chat-end, chat-resume [ID], chat-forget ID, chat-allow R, chat-deny R; with --window: screenshot PATH, hud, frames [each]";
 
 /// Prints one line to standard output and flushes it. A closed pipe is not the game's problem: it is ignored.
 pub fn say(line: impl Display) {
@@ -161,6 +161,8 @@ pub enum ChatCommand {
     End,
     /// `chat-resume` (the current session) or `chat-resume ID` (a kept one)
     Resume(Option<String>),
+    /// `chat-forget ID`: delete a session for good (`AgentSessions::forget`)
+    Forget(String),
     /// `chat-allow R`
     Allow(u64),
     /// `chat-deny R`
@@ -213,6 +215,7 @@ impl Command {
             ["chat-end"] => Self::Chat(ChatCommand::End),
             ["chat-resume"] => Self::Chat(ChatCommand::Resume(None)),
             ["chat-resume", id] => Self::Chat(ChatCommand::Resume(Some(id.to_string()))),
+            ["chat-forget", id] => Self::Chat(ChatCommand::Forget(id.to_string())),
             ["chat-allow", number] => Self::Chat(ChatCommand::Allow(request(number)?)),
             ["chat-deny", number] => Self::Chat(ChatCommand::Deny(request(number)?)),
             ["hud"] => Self::Window(WindowCommand::Hud),
@@ -227,7 +230,7 @@ impl Command {
     }
 }
 
-const COMMANDS: [&str; 14] = [
+const COMMANDS: [&str; 15] = [
     "enter",
     "travel",
     "exit",
@@ -237,6 +240,7 @@ const COMMANDS: [&str; 14] = [
     "chat-cancel",
     "chat-end",
     "chat-resume",
+    "chat-forget",
     "chat-allow",
     "chat-deny",
     "screenshot",

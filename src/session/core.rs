@@ -62,6 +62,8 @@ struct State {
     usage: Option<Usage>,
     /// Whether the system prompt still has to go with the next turn (backends without a system prompt).
     system_prompt_pending: bool,
+    /// Forgotten by the game (`AgentSessions::forget`): ended for good, never resumed.
+    forgotten: bool,
 }
 
 pub(crate) struct SessionCore {
@@ -91,6 +93,7 @@ impl SessionCore {
                 messages: 0,
                 usage: None,
                 system_prompt_pending: false,
+                forgotten: false,
             }),
             lifecycle: tokio::sync::Mutex::new(()),
         })
@@ -409,6 +412,17 @@ impl SessionCore {
     /// published once; ending again does nothing. Resolves when the agent process is gone.
     pub(crate) async fn end(self: &Arc<Self>, end_session: bool) {
         let _lifecycle = self.lifecycle.lock().await;
+        self.end_locked(end_session).await;
+    }
+
+    /// Ends the session (as [`end`](Self::end)) for good: a later `resume` is `SESSION_NOT_FOUND`.
+    pub(crate) async fn end_and_forget(self: &Arc<Self>) {
+        let _lifecycle = self.lifecycle.lock().await;
+        self.end_locked(true).await;
+        self.state.lock().forgotten = true;
+    }
+
+    async fn end_locked(self: &Arc<Self>, end_session: bool) {
         let (link, credential, turn) = {
             let mut state = self.state.lock();
             if matches!(state.phase, Phase::Ended) {
@@ -447,6 +461,9 @@ impl SessionCore {
         let _lifecycle = self.lifecycle.lock().await;
         let (was_ended, backend_session) = {
             let state = self.state.lock();
+            if state.forgotten {
+                return Err(super::record::not_found(self.id.as_str()).with_detail("forgotten", true));
+            }
             match state.phase {
                 Phase::Live => return Ok(Attached::Resumed),
                 Phase::Ended => (true, state.backend_session.clone()),
@@ -463,11 +480,9 @@ impl SessionCore {
     }
 
     pub(crate) fn ended_error(&self) -> ToolError {
-        ToolError::with_code(
-            ErrorCode::SessionEnded,
-            format!("session `{}` has ended: resume it to use it again", self.id),
-        )
-        .with_detail("session", &self.id)
+        let next = if self.state.lock().forgotten { "it was forgotten" } else { "resume it to use it again" };
+        ToolError::with_code(ErrorCode::SessionEnded, format!("session `{}` has ended: {next}", self.id))
+            .with_detail("session", &self.id)
     }
 
     async fn save_record(&self, ended: bool) {

@@ -97,6 +97,28 @@ impl AgentSessions {
         Ok(AgentSession { core, sessions: self.clone() })
     }
 
+    /// Forgets session `id`: ends it if this run has it (as [`AgentSession::end`]; its handles then answer
+    /// `SESSION_ENDED`, and `resume` on them `SESSION_NOT_FOUND`), then deletes what the game keeps of it
+    /// (`<data_dir>/<id>`: its record, its history, its working directory), so it can never be resumed: for a
+    /// "delete this chat" in the game, and for kept sessions the game no longer wants. What an ACP agent keeps of
+    /// the session on its own side is the agent's. An id the game does not know is `SESSION_NOT_FOUND`; an empty
+    /// one `INVALID_INPUT`. Not while the same id is being resumed.
+    pub async fn forget(&self, id: impl Into<ConversationId>) -> Result<(), ToolError> {
+        let id = id.into();
+        if id.as_str().is_empty() {
+            return Err(ToolError::invalid_input("session", "the session id is empty"));
+        }
+        let live = self.live.lock().remove(&id);
+        if let Some(core) = &live {
+            core.end_and_forget().await;
+        }
+        match self.host.records.forget(id.as_str()).await {
+            // A session of this run whose folder could not be made (it failed to start) has nothing on disk.
+            Err(error) if error.code == ErrorCode::SessionNotFound && live.is_some() => Ok(()),
+            forgotten => forgotten,
+        }
+    }
+
     /// The session `id`, if it is live in this run.
     pub fn get(&self, id: &ConversationId) -> Option<AgentSession> {
         self.live.lock().get(id).cloned().map(|core| AgentSession { core, sessions: self.clone() })

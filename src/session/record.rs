@@ -77,6 +77,26 @@ impl Records {
         let _ = written.await;
     }
 
+    /// Deletes session `id`'s folder (`<data_dir>/<id>`: record, history, working directory), on a blocking
+    /// thread. `SESSION_NOT_FOUND` if there is none.
+    pub(crate) async fn forget(&self, id: &str) -> Result<(), ToolError> {
+        check_id(id)?;
+        let dir = super::config::session_dir(&self.data_dir, id);
+        let removed = self.runtime.spawn_blocking(move || match std::fs::symlink_metadata(&dir) {
+            // A link in its place is removed, never followed.
+            Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&dir).map(|()| true),
+            Ok(_) => std::fs::remove_file(&dir).map(|()| true),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(error) => Err(error),
+        });
+        match removed.await {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(not_found(id)),
+            Ok(Err(error)) => Err(ToolError::internal(format!("could not delete session `{id}`'s folder: {error}"))),
+            Err(error) => Err(ToolError::internal(format!("could not delete session `{id}`'s folder: {error}"))),
+        }
+    }
+
     /// Reads the record of session `id`: `SESSION_NOT_FOUND` if there is none.
     pub(crate) async fn load(&self, id: &str) -> Result<Record, ToolError> {
         let path = self.path(id)?;
