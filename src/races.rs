@@ -43,13 +43,23 @@ fn iterations() -> usize {
 fn explore(test: impl Fn() + Send + Sync + 'static) {
     let test = Arc::new(test);
     let random = test.clone();
-    // Admission validates arguments against the tool's schema, compiling it at the first call: deeper than
-    // shuttle's default 32 KiB thread stacks.
-    let mut config = shuttle::Config::new();
-    config.stack_size = 1 << 20;
+    let config = config();
     let scheduler = shuttle::scheduler::RandomScheduler::new(iterations());
     shuttle::Runner::new(scheduler, config.clone()).run(move || random());
     shuttle::Runner::new(shuttle::scheduler::PctScheduler::new(3, iterations()), config).run(move || test());
+}
+
+/// Runs `test` once under shuttle (its locks need its scheduler).
+fn once(test: impl Fn() + Send + Sync + 'static) {
+    shuttle::Runner::new(shuttle::scheduler::RandomScheduler::new(1), config()).run(test);
+}
+
+/// Admission validates arguments against the tool's schema, compiling it at the first call: deeper than
+/// shuttle's default 32 KiB thread stacks.
+fn config() -> shuttle::Config {
+    let mut config = shuttle::Config::new();
+    config.stack_size = 1 << 20;
+    config
 }
 
 struct Fixture {
@@ -297,6 +307,22 @@ fn h12_a_retry_racing_the_end_of_a_call_that_never_started_runs_anew_and_keeps_i
     let [fresh, joined] =
         [&RETRY_JOINED[0], &RETRY_JOINED[1]].map(|count| count.load(std::sync::atomic::Ordering::Relaxed));
     assert!(fresh > 0 && joined > 0, "schedules where the retry ran anew: {fresh}, joined: {joined}");
+}
+
+/// The window the race above can fall into, taken in order: the first call finished (its client has the outcome)
+/// but not yet released when the retry arrives.
+#[test]
+fn h12_a_retry_between_the_end_and_the_release_of_a_call_that_never_started_runs_anew() {
+    once(|| {
+        let fixture = fixture();
+        let (first, _) = admit_keyed(&fixture.host, &fixture.conversation);
+        first.finish(Err(ToolError::with_code(ErrorCode::WorldLoadingTimeout, "still loading")));
+        let (retry, owner) = admit_keyed(&fixture.host, &fixture.conversation);
+        assert!(owner && !Arc::ptr_eq(&retry, &first), "a run of its own, not the first's outcome");
+        fixture.host.release_call(&first);
+        let (duplicate, owner) = admit_keyed(&fixture.host, &fixture.conversation);
+        assert!(Arc::ptr_eq(&duplicate, &retry) && !owner, "the first's release left the retry's entry");
+    });
 }
 
 /// Schedules of the test above where the retry ran anew / joined the first call.

@@ -496,6 +496,16 @@ fn forget_deletes_a_kept_session_for_good_and_ends_a_live_one_first() {
     assert_eq!(code, ErrorCode::InvalidInput);
     let (code, _) = code_of(game.block_on(game.sessions.forget("../elsewhere")));
     assert_eq!(code, ErrorCode::SessionNotFound, "an id that is not the game's never names a path");
+
+    // The data dir may hold the game's own things: what is not a session is never deleted.
+    let worlds = dirs.data.join("worlds");
+    std::fs::create_dir_all(worlds.join("alpha")).expect("a folder of the game's");
+    std::fs::write(dirs.data.join("settings"), "{}").expect("a file of the game's");
+    for name in ["worlds", "settings"] {
+        let (code, _) = code_of(game.block_on(game.sessions.forget(name)));
+        assert_eq!(code, ErrorCode::SessionNotFound, "{name}");
+    }
+    assert!(worlds.join("alpha").is_dir() && dirs.data.join("settings").is_file(), "both kept");
 }
 
 #[test]

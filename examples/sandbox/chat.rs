@@ -117,7 +117,7 @@ async fn run(
             (ChatCommand::Deny(request), _) => answer_permission(&sessions, request, false),
             (_, None) => Err(ToolError::with_code(
                 bevy_agent_tools::ErrorCode::AgentUnavailable,
-                "there is no agent session: it failed to start (see the chat-error line)",
+                "there is no agent session: it failed to start (see the chat-error line) or was forgotten",
             )),
             (ChatCommand::Say(text), Some(session)) => match session.start_turn(text).await {
                 Ok(turn) => {

@@ -6,7 +6,7 @@
 //! on channels. Status changes go to the conversation hub after the lock is released, in the order the core
 //! decided them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -62,8 +62,6 @@ struct State {
     usage: Option<Usage>,
     /// Whether the system prompt still has to go with the next turn (backends without a system prompt).
     system_prompt_pending: bool,
-    /// Forgotten by the game (`AgentSessions::forget`): ended for good, never resumed.
-    forgotten: bool,
 }
 
 pub(crate) struct SessionCore {
@@ -73,6 +71,9 @@ pub(crate) struct SessionCore {
     state: Mutex<State>,
     /// End and resume, one at a time.
     lifecycle: tokio::sync::Mutex<()>,
+    /// Forgotten by the game (`AgentSessions::forget`): ended for good, never resumed. Not in `state`: errors
+    /// built while `state` is held read it.
+    forgotten: AtomicBool,
 }
 
 impl SessionCore {
@@ -93,9 +94,9 @@ impl SessionCore {
                 messages: 0,
                 usage: None,
                 system_prompt_pending: false,
-                forgotten: false,
             }),
             lifecycle: tokio::sync::Mutex::new(()),
+            forgotten: AtomicBool::new(false),
         })
     }
 
@@ -418,8 +419,9 @@ impl SessionCore {
     /// Ends the session (as [`end`](Self::end)) for good: a later `resume` is `SESSION_NOT_FOUND`.
     pub(crate) async fn end_and_forget(self: &Arc<Self>) {
         let _lifecycle = self.lifecycle.lock().await;
+        // First: the turn this end rejects already says so.
+        self.forgotten.store(true, Ordering::Relaxed);
         self.end_locked(true).await;
-        self.state.lock().forgotten = true;
     }
 
     async fn end_locked(self: &Arc<Self>, end_session: bool) {
@@ -461,7 +463,7 @@ impl SessionCore {
         let _lifecycle = self.lifecycle.lock().await;
         let (was_ended, backend_session) = {
             let state = self.state.lock();
-            if state.forgotten {
+            if self.forgotten.load(Ordering::Relaxed) {
                 return Err(super::record::not_found(self.id.as_str()).with_detail("forgotten", true));
             }
             match state.phase {
@@ -480,7 +482,8 @@ impl SessionCore {
     }
 
     pub(crate) fn ended_error(&self) -> ToolError {
-        let next = if self.state.lock().forgotten { "it was forgotten" } else { "resume it to use it again" };
+        let next =
+            if self.forgotten.load(Ordering::Relaxed) { "it was forgotten" } else { "resume it to use it again" };
         ToolError::with_code(ErrorCode::SessionEnded, format!("session `{}` has ended: {next}", self.id))
             .with_detail("session", &self.id)
     }

@@ -111,8 +111,10 @@ impl AgentSessions {
         let live = self.live.lock().remove(&id);
         if let Some(core) = &live {
             core.end_and_forget().await;
+            // A `resume` of one of its handles that finished meanwhile put it back.
+            self.live.lock().remove(&id);
         }
-        match self.host.records.forget(id.as_str()).await {
+        match self.host.records.forget(id.as_str(), live.is_some()).await {
             // A session of this run whose folder could not be made (it failed to start) has nothing on disk.
             Err(error) if error.code == ErrorCode::SessionNotFound && live.is_some() => Ok(()),
             forgotten => forgotten,

@@ -78,16 +78,27 @@ impl Records {
     }
 
     /// Deletes session `id`'s folder (`<data_dir>/<id>`: record, history, working directory), on a blocking
-    /// thread. `SESSION_NOT_FOUND` if there is none.
-    pub(crate) async fn forget(&self, id: &str) -> Result<(), ToolError> {
+    /// thread: only a real folder that holds a record, or that a session of this run made (`of_this_run`), never
+    /// anything else of the data dir (a game's own folder, a file, a link). `SESSION_NOT_FOUND` otherwise.
+    pub(crate) async fn forget(&self, id: &str, of_this_run: bool) -> Result<(), ToolError> {
         check_id(id)?;
         let dir = super::config::session_dir(&self.data_dir, id);
-        let removed = self.runtime.spawn_blocking(move || match std::fs::symlink_metadata(&dir) {
-            // A link in its place is removed, never followed.
-            Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&dir).map(|()| true),
-            Ok(_) => std::fs::remove_file(&dir).map(|()| true),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(false),
-            Err(error) => Err(error),
+        let removed = self.runtime.spawn_blocking(move || {
+            let is_folder = std::fs::symlink_metadata(&dir).is_ok_and(|meta| meta.is_dir());
+            let has_record = std::fs::symlink_metadata(dir.join(FILE)).is_ok_and(|meta| meta.is_file());
+            if !is_folder || !(has_record || of_this_run) {
+                return Ok(false);
+            }
+            // A write that was already under way (a history at the end of a turn) can land meanwhile: again.
+            let mut attempts = 0;
+            loop {
+                match std::fs::remove_dir_all(&dir) {
+                    Ok(()) => return Ok(true),
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(true),
+                    Err(_) if attempts < 3 => attempts += 1,
+                    Err(error) => return Err(error),
+                }
+            }
         });
         match removed.await {
             Ok(Ok(true)) => Ok(()),

@@ -50,8 +50,12 @@ pub(crate) fn load(path: &Path) -> std::io::Result<Option<History>> {
     }
 }
 
-/// Replaces the history on disk atomically and durably.
+/// Replaces the history on disk atomically and durably, in the session's folder, which must exist: a write that
+/// comes after the session was forgotten (its folder deleted) fails rather than making the folder again.
 pub(crate) fn save(path: &Path, history: &History) -> std::io::Result<()> {
+    if !path.parent().is_some_and(Path::is_dir) {
+        return Err(std::io::Error::new(std::io::ErrorKind::NotFound, "the session's folder is gone"));
+    }
     crate::private::write(path, &serde_json::to_vec(history).map_err(std::io::Error::other)?)
 }
 
@@ -92,5 +96,14 @@ mod tests {
         history.push(vec![json!({"role": "user", "content": "hello"})], 1 << 20);
         save(&file, &history).unwrap();
         assert_eq!(load(&file).unwrap(), Some(history));
+    }
+
+    #[test]
+    fn a_history_written_after_its_session_was_forgotten_does_not_make_the_folder_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let forgotten = dir.path().join("chat-0123abcd");
+        let error = save(&path(&forgotten), &History::default()).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::NotFound);
+        assert!(!forgotten.exists());
     }
 }
