@@ -5,6 +5,7 @@
 mod common;
 
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bevy::diagnostic::FrameCount;
@@ -66,7 +67,7 @@ fn every_frame_runs_its_step_once_per_frame_until_it_says_it_is_done() {
 #[test]
 fn every_frame_steps_run_only_in_the_frames_pump_and_steps_queued_after_them_keep_their_order() {
     let frames = Frames::default();
-    let executions = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let executions = Arc::new(AtomicUsize::new(0));
     let tools = vec![
         slide(ToolScope::World, 3, frames.clone()),
         bump_tool("count", ToolScope::World, executions.clone(), None),
@@ -79,10 +80,10 @@ fn every_frame_steps_run_only_in_the_frames_pump_and_steps_queued_after_them_kee
     app.wait_for_queued_steps(2);
     app.serve_steps_until(std::time::Instant::now());
     assert!(frames.lock().is_empty(), "no run between frames");
-    assert_eq!(executions.load(std::sync::atomic::Ordering::SeqCst), 0, "the step behind it waits with it");
+    assert_eq!(executions.load(Ordering::SeqCst), 0, "the step behind it waits with it");
     app.update();
     assert_eq!(frames.lock().len(), 1, "its first run, in the frame's pump");
-    assert_eq!(executions.load(std::sync::atomic::Ordering::SeqCst), 1, "then the step queued after it");
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "then the step queued after it");
     assert!(after.wait_timeout(bevy_agent_tools::testing::HARNESS_LIMIT).expect("resolved").is_ok());
     app.serve_steps_until(std::time::Instant::now());
     assert_eq!(frames.lock().len(), 1, "not again before the next frame");
@@ -171,9 +172,12 @@ fn next_frame_resolves_once_per_frame_and_with_the_reason_when_the_call_ends() {
         });
     let parked = Arc::new(Mutex::new(None));
     let last = parked.clone();
+    let waiting = Arc::new(AtomicBool::new(false));
+    let started = waiting.clone();
     let wait = AgentTool::new("wait", "Waits for frames forever.", move |ctx: CallContext<Session>, _: NoArgs| {
-        let last = last.clone();
+        let (last, started) = (last.clone(), started.clone());
         async move {
+            started.store(true, Ordering::SeqCst);
             loop {
                 if let Err(reason) = ctx.next_frame().await {
                     *last.lock() = Some(reason.code.clone());
@@ -191,6 +195,8 @@ fn next_frame_resolves_once_per_frame_and_with_the_reason_when_the_call_ends() {
     assert!(seen.windows(2).all(|pair| pair[1] > pair[0]), "each step in a later frame: {seen:?}");
 
     let call = app.agent().conversation("a").call("wait", json!({}));
+    // Its handler runs on a worker: cancelled before it started, it would never run (and never see the end).
+    app.run_until("the handler waits for frames", |_| waiting.load(Ordering::SeqCst));
     app.step(2);
     assert!(call.cancel());
     app.run_until("the handler saw the end", |_| parked.lock().is_some());
