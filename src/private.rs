@@ -63,13 +63,11 @@ pub(crate) fn ensure_dir(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Replaces the file at `path` with `bytes` atomically and durably (file and directory synced), creating its
-/// directory if needed. The new file has mode 0600 from its creation (no moment where others could open it) and
-/// takes neither the mode nor the owner of the file it replaces; a link at `path` is replaced, not followed.
+/// Replaces the file at `path` with `bytes` atomically and durably (file and directory synced), in a directory that
+/// must exist (`NotFound` otherwise: a write that comes after its folder was deleted never makes it again). The new
+/// file has mode 0600 from its creation (no moment where others could open it) and takes neither the mode nor the
+/// owner of the file it replaces; a link at `path` is replaced, not followed.
 pub(crate) fn write(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
     // Refused before a temporary file is made: a failed rename would leave that copy behind.
     if std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir()) {
         return Err(io::Error::new(io::ErrorKind::IsADirectory, format!("{} is a directory", path.display())));
@@ -162,6 +160,14 @@ fn untrusted_file(owner: u32, mode: u32, user: u32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_whose_folder_is_gone_is_not_written_and_the_folder_not_made() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let gone = dir.path().join("chat-0123abcd");
+        assert_eq!(write(&gone.join("session.json"), b"{}").unwrap_err().kind(), io::ErrorKind::NotFound);
+        assert!(!gone.exists());
+    }
 
     #[test]
     fn files_are_private_from_their_creation_whatever_they_replace() {

@@ -45,7 +45,10 @@ pub(crate) fn generate_token() -> Result<String, McpConfigError> {
 /// Writes the token to `path`, readable only by the user (mode 0600 on Unix, from the file's creation; the file
 /// is replaced atomically, so a client never reads half a token and a link at `path` is replaced, not followed).
 pub(crate) fn write_token_file(path: &Path, token: &str) -> Result<(), McpConfigError> {
-    crate::private::write(path, token.as_bytes())
+    let folder = path.parent().filter(|folder| !folder.as_os_str().is_empty());
+    folder
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| crate::private::write(path, token.as_bytes()))
         .map_err(|error| McpConfigError(format!("could not write the MCP token to {}: {error}", path.display())))
 }
 

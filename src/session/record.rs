@@ -64,12 +64,9 @@ impl Records {
     /// when it is durable, so records of one session are written in the order they were made. A failure is
     /// logged: the session goes on, only its resumption after a restart is lost.
     pub(crate) async fn save(&self, record: Record) {
-        if check_id(&record.id).is_err() {
-            return;
-        }
+        let Ok(path) = self.path(&record.id) else { return };
         let records = self.clone();
         let written = self.runtime.spawn_blocking(move || {
-            let path = super::config::session_dir(&records.data_dir, &record.id).join(FILE);
             if let Err(error) = records.session_dir(&record.id).and_then(|_| write(&path, &record)) {
                 tracing::error!(session = %record.id, path = %path.display(), %error, "could not save the session's record");
             }
@@ -100,10 +97,9 @@ impl Records {
                 }
             }
         });
-        match removed.await {
-            Ok(Ok(true)) => Ok(()),
-            Ok(Ok(false)) => Err(not_found(id)),
-            Ok(Err(error)) => Err(ToolError::internal(format!("could not delete session `{id}`'s folder: {error}"))),
+        match removed.await.map_err(std::io::Error::other).and_then(|removed| removed) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(not_found(id)),
             Err(error) => Err(ToolError::internal(format!("could not delete session `{id}`'s folder: {error}"))),
         }
     }

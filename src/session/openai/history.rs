@@ -53,9 +53,6 @@ pub(crate) fn load(path: &Path) -> std::io::Result<Option<History>> {
 /// Replaces the history on disk atomically and durably, in the session's folder, which must exist: a write that
 /// comes after the session was forgotten (its folder deleted) fails rather than making the folder again.
 pub(crate) fn save(path: &Path, history: &History) -> std::io::Result<()> {
-    if !path.parent().is_some_and(Path::is_dir) {
-        return Err(std::io::Error::new(std::io::ErrorKind::NotFound, "the session's folder is gone"));
-    }
     crate::private::write(path, &serde_json::to_vec(history).map_err(std::io::Error::other)?)
 }
 
