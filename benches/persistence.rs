@@ -5,7 +5,9 @@
 //! string for escapes before writing any of it, so its encoding cannot overlap the disk). Each shape is saved
 //! with both codecs the store offers, JSON and postcard. A third, `packed`, is `cells`' records written by the
 //! game's own `serialize_with` in a fixed-size layout (21 bytes each) as one byte string, saved with postcard: what
-//! a game whose state is bulk records can do when the encoder, not the disk, is a save's cost.
+//! a game whose state is bulk records can do when the encoder, not the disk, is a save's cost. And `records` is
+//! `cells`' records saved as a sequence with `WorldStore::save_records`, which encodes runs of them on several
+//! threads and writes them in order (the same bytes as the `Vec` through `save`).
 //!
 //! - `close_main_thread`: the time the main thread spends inside `close` (moving the snapshot into
 //!   `WorldStore::save`); serialization and I/O run on the runtime. Target: ≤ 1 ms.
@@ -108,6 +110,8 @@ struct Timings {
 struct BenchGame {
     terrain: Arc<Terrain>,
     timings: Timings,
+    /// Saves the cells with `WorldStore::save_records` (encoded on several threads) instead of `save`.
+    as_records: bool,
 }
 
 impl WorldLifecycle for BenchGame {
@@ -120,7 +124,11 @@ impl WorldLifecycle for BenchGame {
     fn close(&self, session: Session, world: &mut World) -> Completion {
         let started = Instant::now();
         let world_id = session.world.clone();
-        let completion = world.resource::<WorldStore>().save(&world_id, "terrain", session);
+        let store = world.resource::<WorldStore>();
+        let completion = match session.terrain {
+            Terrain::Cells(cells) if self.as_records => store.save_records(&world_id, "terrain", cells),
+            _ => store.save(&world_id, "terrain", session),
+        };
         self.timings.close.lock().push(started.elapsed());
         *self.timings.close_started.lock() = Some(started);
         completion
@@ -160,10 +168,18 @@ fn records() -> Vec<Cell> {
     cells
 }
 
-fn encode(codec: Codec, session: &Session) -> Vec<u8> {
+/// What the store writes for the session, encoded on one thread: the session, or (`as_records`) its cells alone.
+fn encode(codec: Codec, session: &Session, as_records: bool) -> Vec<u8> {
+    match (&session.terrain, as_records) {
+        (Terrain::Cells(cells), true) => encode_value(codec, cells),
+        _ => encode_value(codec, session),
+    }
+}
+
+fn encode_value<T: Serialize>(codec: Codec, value: &T) -> Vec<u8> {
     match codec {
-        Codec::Json => serde_json::to_vec(session).unwrap(),
-        Codec::Postcard => postcard::to_stdvec(session).unwrap(),
+        Codec::Json => serde_json::to_vec(value).unwrap(),
+        Codec::Postcard => postcard::to_stdvec(value).unwrap(),
         _ => unreachable!("the bench knows json and postcard"),
     }
 }
@@ -181,16 +197,18 @@ fn replace_durably(dir: &Path, bytes: &[u8]) {
 
 fn persistence(c: &mut Criterion, case: &str, codec: Codec, terrain: Terrain, data: &Path, timings: &Timings) {
     let terrain = Arc::new(terrain);
+    let as_records = case.starts_with("records");
+    let game = BenchGame { terrain: terrain.clone(), timings: timings.clone(), as_records };
     let mut app = App::new();
     app.add_plugins(MinimalPlugins)
-        .add_plugins(AgentToolsPlugin::new(BenchGame { terrain: terrain.clone(), timings: timings.clone() }))
+        .add_plugins(AgentToolsPlugin::new(game))
         .add_plugins(WorldStorePlugin::new(data).codec(codec));
     app.finish();
     app.cleanup();
 
     // The plain baselines write what the store writes: the document as encoded.
     let session = Session { world: WorldId::new("x"), terrain: (*terrain).clone() };
-    let document = encode(codec, &session);
+    let document = encode(codec, &session, as_records);
     *timings.bytes.lock() = document.len();
     let plain_dir = data.join(format!("plain-{case}"));
     std::fs::create_dir_all(&plain_dir).unwrap();
@@ -217,7 +235,7 @@ fn persistence(c: &mut Criterion, case: &str, codec: Codec, terrain: Terrain, da
     group.bench_function("encode_replace_fsync", |b| {
         b.iter(|| {
             let started = Instant::now();
-            let bytes = encode(codec, &session);
+            let bytes = encode(codec, &session, as_records);
             replace_durably(&plain_dir, &bytes);
             timings.encode_replace.lock().push(started.elapsed());
         })
@@ -287,7 +305,7 @@ fn benches() {
     }
     .unwrap();
     let mut criterion = Criterion::default().configure_from_args();
-    let shapes = [("cells", cells as fn() -> Terrain), ("blob", blob), ("packed", packed)];
+    let shapes = [("cells", cells as fn() -> Terrain), ("records", cells), ("blob", blob), ("packed", packed)];
     for (shape, terrain) in shapes {
         // Packed records are bytes: JSON would write them as an array of numbers, which no game would choose.
         let codecs = if shape == "packed" { &[Codec::Postcard][..] } else { &[Codec::Json, Codec::Postcard][..] };

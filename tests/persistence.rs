@@ -684,3 +684,80 @@ fn the_plugins_codec_choice_reaches_the_lifecycles_saves() {
     app.enter_world("alpha");
     assert_eq!(call(&mut app, "bump"), json!(2), "the next visit loads the postcard save");
 }
+
+// Record documents: `save_records`.
+
+/// 60,000 records: enough for several encoding threads on any machine with more than one core.
+fn many_cells() -> Vec<Cell> {
+    (0..60_000)
+        .map(|i| Cell {
+            x: i - 30_000,
+            y: i % 64,
+            block: ["stone", "grass", "water \"deep\""][i as usize % 3].to_string(),
+            tags: vec![i as u16; (i % 3) as usize],
+        })
+        .collect()
+}
+
+#[test]
+fn save_records_writes_the_same_file_as_save_of_the_vec_and_loads_as_one() {
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    let world = WorldId::new("records");
+    for codec in [Codec::Json, Codec::Postcard] {
+        let store = store.clone().with_codec(codec);
+        let (whole, in_runs) = (format!("whole-{codec}"), format!("runs-{codec}"));
+        store.save(&world, &whole, many_cells()).wait().unwrap();
+        store.save_records(&world, &in_runs, many_cells()).wait().unwrap();
+        let read = |document: &str| std::fs::read(store.document_path(&world, document).unwrap()).unwrap();
+        assert!(read(&whole) == read(&in_runs), "{codec}: byte for byte the file `save` writes, header included");
+        let loaded = runtime.block_on(store.load::<Vec<Cell>>(&world, &in_runs)).unwrap();
+        assert_eq!(loaded, Some(many_cells()), "{codec}: loads as a Vec");
+    }
+}
+
+#[test]
+fn a_record_that_fails_to_encode_fails_save_records_and_the_previous_save_stays() {
+    struct Record(u32);
+    impl Serialize for Record {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            match self.0 {
+                50_000 => Err(serde::ser::Error::custom("record 50000 cannot be encoded")),
+                n => serializer.serialize_u32(n),
+            }
+        }
+    }
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    let world = WorldId::new("records");
+    store.save(&world, "numbers", vec![1u32, 2, 3]).wait().unwrap();
+
+    let error = store.save_records(&world, "numbers", (0..60_000).map(Record).collect()).wait().unwrap_err();
+    assert!(error.message().contains("record 50000 cannot be encoded"), "the record's own message: {error}");
+    assert_eq!(runtime.block_on(store.load::<Vec<u32>>(&world, "numbers")).unwrap(), Some(vec![1, 2, 3]));
+    let temporaries = std::fs::read_dir(store.world_dir(&world).unwrap())
+        .unwrap()
+        .filter(|entry| entry.as_ref().unwrap().file_name().to_string_lossy().starts_with('.'))
+        .count();
+    assert_eq!(temporaries, 0, "the partly written temporary file was removed");
+}
+
+#[test]
+fn a_record_that_panics_while_encoding_fails_save_records_instead_of_hanging_it() {
+    struct Record(u32);
+    impl Serialize for Record {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            assert_ne!(self.0, 20_000, "a game's Serialize that panics");
+            serializer.serialize_u32(self.0)
+        }
+    }
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    let world = WorldId::new("records");
+    store.save(&world, "numbers", vec![7u32]).wait().unwrap();
+
+    let save = store.save_records(&world, "numbers", (0..60_000).map(Record).collect());
+    let error = save.wait_timeout(DEADLINE).expect("the save resolves").unwrap_err();
+    assert!(error.message().contains("`records`"), "names the world: {error}");
+    assert_eq!(runtime.block_on(store.load::<Vec<u32>>(&world, "numbers")).unwrap(), Some(vec![7]));
+}

@@ -41,6 +41,7 @@ mod files;
 mod loaded;
 mod name;
 mod plugin;
+mod records;
 mod store;
 pub(crate) mod turns;
 
