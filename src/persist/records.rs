@@ -48,18 +48,27 @@ pub(crate) fn encode<T: Serialize + Sync>(
     let claims = Claims { next: AtomicUsize::new(0), stop: AtomicBool::new(false), runs: runs.len() };
     let (encoded, finished) = crossbeam_channel::unbounded::<(usize, Result<Vec<u8>, EncodeError>)>();
     let written = std::thread::scope(|scope| {
-        for _ in 0..threads {
-            let (encoded, claims, runs) = (encoded.clone(), &claims, &runs);
-            scope.spawn(move || {
-                while let Some(run) = claims.claim() {
-                    if encoded.send((run, encode_run(codec, runs[run]))).is_err() {
-                        return;
+        let started = (0..threads)
+            .filter(|_| {
+                let (encoded, claims, runs) = (encoded.clone(), &claims, &runs);
+                // Named like the runtime's threads they start from (whose priority they inherit).
+                let thread = std::thread::Builder::new().name("agent-tools-save".to_string());
+                let spawned = thread.spawn_scoped(scope, move || {
+                    while let Some(run) = claims.claim() {
+                        if encoded.send((run, encode_run(codec, runs[run]))).is_err() {
+                            return;
+                        }
                     }
-                }
-            });
-        }
+                });
+                spawned.is_ok()
+            })
+            .count();
         drop(encoded);
-        let written = write_in_order(codec, runs.len(), &finished, out);
+        let written = match started {
+            // No thread could be started (the process is out of them): this one encodes the runs in turn.
+            0 => encode_in_turn(codec, &runs, out),
+            _ => write_in_order(codec, runs.len(), &finished, out),
+        };
         // On an error, the encoding threads stop before their next run; the scope waits for their current one.
         claims.stop.store(true, Ordering::Relaxed);
         written
@@ -84,14 +93,29 @@ fn write_in_order(
             .map_err(|_| EncodeError::Codec("a thread encoding the records stopped before its run".to_string()))?;
         ready[run] = Some(bytes);
         while let Some(bytes) = ready.get_mut(next).and_then(Option::take) {
-            if next > 0 && codec == Codec::Json {
-                out.write_all(b",").map_err(EncodeError::Io)?;
-            }
-            out.write_all(&bytes?).map_err(EncodeError::Io)?;
+            write_run(codec, next, bytes, out)?;
             next += 1;
         }
     }
     Ok(())
+}
+
+/// Encodes and writes every run on the calling thread, in order.
+fn encode_in_turn<T: Serialize>(codec: Codec, runs: &[&[T]], out: &mut impl Write) -> Result<(), EncodeError> {
+    runs.iter().enumerate().try_for_each(|(index, run)| write_run(codec, index, encode_run(codec, run), out))
+}
+
+/// Writes run number `index`, after the separator that precedes it.
+fn write_run(
+    codec: Codec,
+    index: usize,
+    bytes: Result<Vec<u8>, EncodeError>,
+    out: &mut impl Write,
+) -> Result<(), EncodeError> {
+    if index > 0 && codec == Codec::Json {
+        out.write_all(b",").map_err(EncodeError::Io)?;
+    }
+    out.write_all(&bytes?).map_err(EncodeError::Io)
 }
 
 /// Which run is next to encode, and whether to stop.
@@ -211,6 +235,19 @@ mod tests {
                     assert_eq!(codec.decode::<Vec<Block>>(&bytes).unwrap(), records, "{codec}, {n}, {threads}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn without_encoding_threads_the_runs_are_encoded_in_turn_into_the_same_bytes() {
+        for codec in [Codec::Json, Codec::Postcard] {
+            let records = blocks(1_000);
+            let runs: Vec<&[Block]> = records.chunks(77).collect();
+            let mut bytes = Vec::new();
+            open(codec, records.len(), &mut bytes).unwrap();
+            encode_in_turn(codec, &runs, &mut bytes).unwrap();
+            close(codec, &mut bytes).unwrap();
+            assert!(bytes == whole(codec, &records), "{codec}");
         }
     }
 
