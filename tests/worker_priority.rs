@@ -43,3 +43,56 @@ fn normal_workers_run_at_the_games_priority() {
     let worker = handler_nice(AgentToolsPlugin::new(TestGame::default()).worker_priority(WorkerPriority::Normal));
     assert_eq!(worker, game);
 }
+
+/// The threads a `save_records` encodes on, with their nice values.
+static ENCODED_ON: parking_lot::Mutex<Vec<(String, i64)>> = parking_lot::Mutex::new(Vec::new());
+
+/// A record that notes which thread encodes it.
+struct Noted;
+
+impl serde::Serialize for Noted {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let name = std::thread::current().name().unwrap_or_default().to_string();
+        ENCODED_ON.lock().push((name, this_threads_nice()));
+        serializer.serialize_u8(0)
+    }
+}
+
+#[test]
+fn a_saves_encoding_threads_run_at_the_workers_priority_not_below_it() {
+    use bevy::prelude::*;
+    use bevy_agent_tools::persist::{WorldStore, WorldStorePlugin};
+    let game = this_threads_nice();
+    let data = tempfile::tempdir().unwrap();
+    let mut app = App::new();
+    app.add_plugins(MinimalPlugins)
+        .add_plugins(AgentToolsPlugin::new(TestGame::default()))
+        .add_plugins(WorldStorePlugin::new(data.path()));
+    app.finish();
+    let store = app.world().resource::<WorldStore>().clone();
+    let records: Vec<Noted> = (0..20_000).map(|_| Noted).collect();
+    store.save_records(&bevy_agent_tools::WorldId::new("alpha"), "noted", records).wait().expect("saved");
+
+    let seen = ENCODED_ON.lock().clone();
+    assert_eq!(seen.len(), 20_000);
+    assert!(seen.iter().all(|(_, nice)| *nice == (game + 10).min(19)), "the workers' nice value, once: {seen:?}");
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
+        assert!(seen.iter().any(|(name, _)| name == "agent-tools-save"), "encoded on the save's own threads");
+    }
+}
+
+#[test]
+fn blocking_threads_a_worker_starts_run_at_the_workers_priority_not_below_it() {
+    use bevy::prelude::*;
+    let game = this_threads_nice();
+    let mut app = App::new();
+    app.add_plugins(MinimalPlugins).add_plugins(AgentToolsPlugin::new(TestGame::default()));
+    app.finish();
+    let runtime = app.world().resource::<bevy_agent_tools::AgentRuntime>().handle().clone();
+    // Blocking work (the store's I/O) is started from a worker, whose thread the new blocking thread starts from.
+    let nice = runtime
+        .block_on(runtime.spawn(async { tokio::task::spawn_blocking(this_threads_nice).await }))
+        .expect("the task ran")
+        .expect("the blocking work ran");
+    assert_eq!(nice, (game + 10).min(19), "the game's threads run at nice {game}");
+}

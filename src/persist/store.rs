@@ -155,8 +155,10 @@ impl WorldStore {
     /// and a game can switch between the two calls without touching its saves.
     ///
     /// The threads are started for the save and end with it (one per core, at most four, and at least 4,096
-    /// records each: a smaller document is encoded on one thread like `save`). Ordering, durability, the
-    /// checksum, the previous save and the errors are `save`'s. It uses every core it gets for the few
+    /// records each: a smaller document is encoded on one thread like `save`), at the plugin's
+    /// [`WorkerPriority`](crate::WorkerPriority). At most two runs per thread wait in memory for the disk.
+    /// Ordering, durability, the checksum, the previous save and the errors are `save`'s (the first record in
+    /// the document's order that fails, or panics, decides the error). It uses every core it gets for the few
     /// milliseconds of encoding: a game that would rather keep a core for its frame saves with `save`.
     ///
     /// ```no_run
@@ -213,7 +215,8 @@ impl WorldStore {
         finish: impl FnOnce(Result<(), StoreError>) -> O + Send + 'static,
     ) -> Queued<O> {
         let (doc, shared, codec) = (document.to_string(), self.shared.clone(), self.codec);
-        // Serialized while it is written (streamed into the file in the world's turn), not into memory first.
+        // Serialized while it is written (streamed into the file in the world's turn), not into memory first
+        // (`save_records` holds a few runs).
         let work = move |files: &mut WorldFiles| {
             let faults = shared.faults.read().clone();
             files.write(&doc, codec, |sink| encode(codec, sink), faults.as_deref())

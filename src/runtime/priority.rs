@@ -1,5 +1,7 @@
 //! [`WorkerPriority`]: how the plugin's worker threads are scheduled against the game's own threads.
 
+use std::cell::Cell;
+
 /// How the operating system schedules the plugin's worker threads (`agent-tools-worker`: tool handlers, the MCP
 /// server, agent sessions, close work) against the game's threads (its main thread, Bevy's task pools, the
 /// renderer's).
@@ -17,6 +19,11 @@ pub enum WorkerPriority {
     Normal,
 }
 
+thread_local! {
+    /// The priority [`WorkerPriority::apply_to_this_thread`] gave the calling thread.
+    static THIS_THREAD: Cell<WorkerPriority> = const { Cell::new(WorkerPriority::Normal) };
+}
+
 impl WorkerPriority {
     /// Applies the priority to the calling thread (a worker, as it starts). A refusal by the operating system is
     /// logged once per thread and the worker runs at normal priority.
@@ -24,29 +31,38 @@ impl WorkerPriority {
         if self == Self::Normal {
             return;
         }
-        if let Err(error) = lower_this_thread() {
-            tracing::warn!("agent tools could not lower their worker thread's priority: {error}");
+        match lower_this_thread() {
+            Ok(()) => THIS_THREAD.with(|this| this.set(self)),
+            Err(error) => tracing::warn!("agent tools could not lower their worker thread's priority: {error}"),
         }
+    }
+
+    /// The priority the calling thread was given as a worker (`Normal` for any other thread).
+    pub(crate) fn of_this_thread() -> Self {
+        THIS_THREAD.with(Cell::get)
     }
 }
 
-/// Linux schedules each thread on its own: `getpriority`/`setpriority(PRIO_PROCESS, 0, …)` read and change the
-/// calling thread only.
+/// Linux schedules each thread on its own: `getpriority`/`setpriority(PRIO_PROCESS, tid, …)` read and change one
+/// thread. The nice value set is the main thread's plus 10, whatever the calling thread's was: a thread started by
+/// a worker (tokio's blocking threads are) starts with the worker's nice value, and adding 10 to that again would
+/// put it below the workers.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 fn lower_this_thread() -> std::io::Result<()> {
     #[cfg(target_os = "android")]
     use libc::__errno as errno;
     #[cfg(target_os = "linux")]
     use libc::__errno_location as errno;
-    // SAFETY: plain system calls on the calling thread; `errno` points at the calling thread's errno.
+    // SAFETY: plain system calls; the process id is its main thread's id; `errno` points at the calling
+    // thread's errno.
     unsafe {
         // -1 is also a valid nice value: only errno tells a failure apart.
         *errno() = 0;
-        let current = libc::getpriority(libc::PRIO_PROCESS, 0);
-        if current == -1 && *errno() != 0 {
+        let main_thread = libc::getpriority(libc::PRIO_PROCESS, libc::getpid() as libc::id_t);
+        if main_thread == -1 && *errno() != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        if libc::setpriority(libc::PRIO_PROCESS, 0, (current + 10).min(19)) != 0 {
+        if libc::setpriority(libc::PRIO_PROCESS, 0, (main_thread + 10).min(19)) != 0 {
             return Err(std::io::Error::last_os_error());
         }
     }
