@@ -532,6 +532,29 @@ fn permission_requests_are_denied_by_default_and_the_player_can_allow_or_let_the
 }
 
 #[test]
+fn s2_cancelling_a_turn_answers_its_waiting_permission_request_cancelled_so_the_turn_ends() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    // The player is given a minute to answer: only the cancel can end this turn in time.
+    let config = agent(&dirs, &[]).permissions(PermissionPolicy::AskPlayer);
+    assert!(config.timeouts.permission > config.timeouts.cancel_grace);
+    let session = game.create(config).expect("starts");
+    let id = session.id().to_string();
+    let pending = game.block_on(session.start_turn("ask")).expect("sent");
+    let line = game.log.wait_for(&format!("permission {id} "));
+    let request: u64 = line.split(' ').nth(2).and_then(|n| n.parse().ok()).expect("a request number");
+
+    assert!(session.cancel());
+    let turn = game.block_on(pending).expect("the agent ends the cancelled turn itself, within its grace");
+    assert_eq!(turn.final_message.as_deref(), Some("permission: cancelled"), "the agent got `cancelled`");
+    assert_eq!(turn.stop_reason, StopReason::Cancelled);
+    assert!(!game.sessions.answer_permission(request, true), "the request is no longer waiting");
+    assert_eq!(session.status(), ConversationStatus::Idle, "the session stays usable");
+    let next = game.block_on(session.send_text("hello")).expect("the next turn runs");
+    assert!(next.final_message.is_some());
+}
+
+#[test]
 fn s4_the_games_exit_stops_every_agent_even_one_that_ignores_sigterm_and_its_input() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

@@ -157,6 +157,9 @@ pub struct Usage {
 pub(crate) enum PermissionDecision {
     Allow,
     Deny,
+    /// The turn was cancelled while the request waited (ACP: a client that cancels a turn answers its pending
+    /// permission requests `cancelled`).
+    Cancelled,
 }
 
 /// A backend's report, in the order things happened.

@@ -282,6 +282,8 @@ impl SessionCore {
             }
         };
         link.cancel();
+        // After `session/cancel` the agent waits for its pending permission requests' answers: `cancelled`.
+        self.host.permissions.cancel_all(&self.id);
         self.watch_turn(number, self.config.timeouts.cancel_grace, ErrorCode::Cancelled);
         true
     }
@@ -392,6 +394,7 @@ impl SessionCore {
         if let Some(link) = link {
             link.kill();
         }
+        self.host.permissions.cancel_all(&self.id);
         tracing::warn!(session = %self.id, code = %error.code, message = %error.message, "the in-game agent session failed");
         for item in feed {
             self.host.feed(item);

@@ -72,6 +72,21 @@ impl PermissionBook {
 
     /// Denies every request of `session` still waiting (it ended).
     pub(crate) fn deny_all(&self, session: &ConversationId) {
-        self.waiting.lock().retain(|_, asked| &asked.session != session);
+        self.settle_all(session, PermissionDecision::Deny);
+    }
+
+    /// Answers every request of `session` still waiting `cancelled` (its turn was cancelled or failed): the agent
+    /// is not left waiting for a player who will not be asked again.
+    pub(crate) fn cancel_all(&self, session: &ConversationId) {
+        self.settle_all(session, PermissionDecision::Cancelled);
+    }
+
+    fn settle_all(&self, session: &ConversationId, decision: PermissionDecision) {
+        // Answered outside the lock: a reply wakes the agent's side.
+        let settled: Vec<Asked> =
+            self.waiting.lock().extract_if(|_, asked| &asked.session == session).map(|(_, asked)| asked).collect();
+        for asked in settled {
+            let _ = asked.reply.send(decision);
+        }
     }
 }

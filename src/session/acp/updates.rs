@@ -73,6 +73,7 @@ pub(crate) fn permission_response(
     let preferred: &[PermissionOptionKind] = match decision {
         PermissionDecision::Allow => &[PermissionOptionKind::AllowOnce, PermissionOptionKind::AllowAlways],
         PermissionDecision::Deny => &[PermissionOptionKind::RejectOnce, PermissionOptionKind::RejectAlways],
+        PermissionDecision::Cancelled => &[],
     };
     let chosen = preferred
         .iter()
@@ -101,5 +102,7 @@ mod tests {
         let only_allow = &options[..1];
         let cancelled = serde_json::to_value(permission_response(only_allow, PermissionDecision::Deny)).unwrap();
         assert_eq!(cancelled["outcome"]["outcome"], "cancelled");
+        let cancelled = serde_json::to_value(permission_response(&options, PermissionDecision::Cancelled)).unwrap();
+        assert_eq!(cancelled["outcome"]["outcome"], "cancelled", "a cancelled turn's request picks no option");
     }
 }
