@@ -321,6 +321,29 @@ fn s2_an_agent_that_crashes_mid_turn_fails_the_turn_and_resume_restarts_it_in_th
 }
 
 #[test]
+fn s2_an_agent_that_exits_between_turns_fails_the_session_at_once_saying_why() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("the session starts");
+    let id = session.id().to_string();
+    let turn = game.block_on(session.send_text("leave")).expect("the turn ends");
+    assert_eq!(turn.final_message.as_deref(), Some("leaving after this turn"));
+
+    // No message from the player is needed for the game to learn of it.
+    let error = game.log.wait_for(&format!("error {id} AGENT_UNAVAILABLE"));
+    assert!(error.contains("leaving between turns"), "the stderr tail: {error}");
+    assert_eq!(session.status(), ConversationStatus::Error);
+    let (code, message) = code_of(game.block_on(session.send_text("hello")));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert!(message.contains("the agent stopped") && message.contains("leaving between turns"), "{message}");
+    dirs.wait_no_agents(LIMIT);
+
+    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    let history = game.block_on(session.send_text("history")).expect("the turn ends");
+    assert_eq!(history.final_message.as_deref(), Some("I remember 2 turns"), "the same agent session");
+}
+
+#[test]
 fn s2_a_turn_the_agent_never_ends_times_out_and_the_agent_is_stopped() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

@@ -10,6 +10,9 @@ use agent_client_protocol::v1::schema::{
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{AcpAgent, Agent, Client};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::{oneshot, watch};
 
@@ -55,7 +58,13 @@ pub(crate) fn spawn(
     let task = runtime.spawn({
         let sink = sink.clone();
         let exit = exit.clone();
+        // Set when the session core closes the connection (or set-up fails): any other end is the agent's.
+        let closing = Arc::new(AtomicBool::new(false));
+        // Turns under way: the end of one reports an agent that went away during it.
+        let turns = Arc::new(AtomicUsize::new(0));
         async move {
+            let (asked_to_close, turns_running) = (closing.clone(), turns.clone());
+            let gone = sink.clone();
             let notifications = sink.clone();
             let permissions = sink.clone();
             let replaying = replay.clone();
@@ -89,14 +98,25 @@ pub(crate) fn spawn(
                     agent_client_protocol::on_receive_request!(),
                 )
                 .connect_with(agent, async move |cx: ConnectionTo<Agent>| {
-                    run(cx, setup, inbox, ready_tx, sink, replay, exit).await
+                    let ran = run(cx, setup, inbox, ready_tx, replay, Reports { sink, exit, turns }).await;
+                    if ran.is_ok() {
+                        closing.store(true, Ordering::SeqCst);
+                    }
+                    ran
                 })
                 .await;
             let why = match ended {
                 Ok(()) => String::new(),
                 Err(error) => describe(&error),
             };
-            let _ = exit_tx.send(Some(why));
+            let _ = exit_tx.send(Some(why.clone()));
+            if !asked_to_close.load(Ordering::SeqCst) && turns_running.load(Ordering::SeqCst) == 0 {
+                // The agent went away between turns (a turn's own end reports it during one): the session fails
+                // now, saying why, instead of looking idle until the player's next message.
+                let why = if why.is_empty() { "it closed the connection".to_string() } else { why };
+                let message = format!("the agent stopped: {why}");
+                gone(BackendEvent::Exited(Some(ToolError::with_code(ErrorCode::AgentUnavailable, message))));
+            }
         }
     });
     (commands, Running { ready, task, exit })
@@ -130,14 +150,20 @@ fn unavailable(what: &str, error: &agent_client_protocol::Error) -> ToolError {
     ToolError::with_code(ErrorCode::AgentUnavailable, format!("{what}: {}", describe(error)))
 }
 
+/// Where a turn's end is reported, the connection's end, and the turns under way.
+struct Reports {
+    sink: EventSink,
+    exit: ExitWatch,
+    turns: Arc<AtomicUsize>,
+}
+
 async fn run(
     cx: ConnectionTo<Agent>,
     setup: Setup,
     mut inbox: UnboundedReceiver<Command>,
     ready: oneshot::Sender<Result<Opened, ToolError>>,
-    sink: EventSink,
     replay: Replay,
-    exit: ExitWatch,
+    Reports { sink, exit, turns }: Reports,
 ) -> Result<(), agent_client_protocol::Error> {
     let opened = match open(&cx, &setup, &replay).await {
         Ok(opened) => opened,
@@ -163,6 +189,8 @@ async fn run(
                 let sent = cx.send_request(PromptRequest::new(session.clone(), prompt));
                 let sink = sink.clone();
                 let exit = exit.clone();
+                let turns = turns.clone();
+                turns.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
                     let event = match sent.block_task().await {
                         Ok(response) => {
@@ -182,6 +210,7 @@ async fn run(
                         }
                     };
                     sink(event);
+                    turns.fetch_sub(1, Ordering::SeqCst);
                 });
             }
             Command::Cancel => {
