@@ -344,6 +344,28 @@ fn s2_an_agent_that_exits_between_turns_fails_the_session_at_once_saying_why() {
 }
 
 #[test]
+fn s3_an_ended_session_resumes_with_its_chat_after_a_thousand_other_conversations_ended() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("starts");
+    let id = session.id().to_string();
+    game.block_on(session.end());
+    // Clients that come and go (each stateless MCP request is a conversation that ends) past the host's
+    // bound on ended conversations it keeps.
+    let agent_handle = game.game.agent();
+    for n in 0..1_100 {
+        let _ = agent_handle.conversation(format!("passing-{n}")).end();
+    }
+
+    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    assert_eq!(session.status(), ConversationStatus::Idle);
+    let turn = game.block_on(session.send_text("hello")).expect("the turn ends");
+    assert_eq!(turn.final_message.as_deref(), Some("You said: hello"));
+    let chat = game.log.wait_for(&format!("message {id} "));
+    assert!(chat.ends_with("You said: hello"), "the game sees the resumed session's chat: {chat}");
+}
+
+#[test]
 fn s2_a_turn_the_agent_never_ends_times_out_and_the_agent_is_stopped() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

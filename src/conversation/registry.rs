@@ -416,11 +416,16 @@ impl ConversationHub {
         }
     }
 
-    /// Keeps at most [`ENDED_KEPT`] ended conversations, forgetting the longest ended first.
+    /// Keeps at most [`ENDED_KEPT`] ended conversations, forgetting the longest ended first. The game's own (an
+    /// in-game agent session's, which can be resumed) are kept until the game forgets the session.
     fn forget_old_ended(&self) {
         let mut inner = self.inner.lock();
-        let mut ended: Vec<(Instant, ConversationId)> =
-            inner.conversations.iter().filter_map(|(id, entry)| entry.ended_at.map(|at| (at, id.clone()))).collect();
+        let mut ended: Vec<(Instant, ConversationId)> = inner
+            .conversations
+            .iter()
+            .filter(|(_, entry)| !entry.held)
+            .filter_map(|(id, entry)| entry.ended_at.map(|at| (at, id.clone())))
+            .collect();
         if ended.len() <= ENDED_KEPT {
             return;
         }

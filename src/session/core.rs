@@ -477,7 +477,11 @@ impl SessionCore {
         };
         let attached = self.connect(backend_session, true).await?;
         if was_ended {
-            self.host.agent.host().conversations.reactivate(&self.id)?;
+            if let Err(error) = self.host.agent.host().conversations.reactivate(&self.id) {
+                // Not left running without a conversation to speak in: the agent is stopped again.
+                self.fail(error.clone());
+                return Err(error);
+            }
         } else {
             self.host.set_status(&self.id, ConversationStatus::Idle);
         }
