@@ -61,7 +61,7 @@ impl GameServer {
         &self,
         arguments: &mut JsonObject,
         context: &RequestContext<RoleServer>,
-    ) -> Result<Option<ConversationId>, ToolError> {
+    ) -> Result<Named, ToolError> {
         let handle = match arguments.remove(CONVERSATION) {
             None | Some(Value::Null) => None,
             Some(Value::String(handle)) => {
@@ -75,7 +75,24 @@ impl GameServer {
         let parts = context.extensions.get::<axum::http::request::Parts>();
         let session = parts.and_then(|p| p.headers.get(HEADER_SESSION_ID)).and_then(|v| v.to_str().ok());
         let bound = parts.and_then(|p| p.extensions.get::<BoundConversation>()).map(|bound| &bound.0);
-        Ok(conversation_id(bound, handle.as_deref(), session))
+        Ok(Named { id: conversation_id(bound, handle.as_deref(), session), bound: bound.is_some() })
+    }
+}
+
+/// The conversation a request names, and whether its credential binds it (an in-game agent session's).
+struct Named {
+    id: Option<ConversationId>,
+    bound: bool,
+}
+
+/// The conversation a call runs in. One bound to an in-game agent session is never reopened by a call: once the
+/// session ended, a request that passed the bearer check just before its credential was revoked is refused
+/// (the conversation ended), instead of reopening it behind the session's back and running a tool.
+fn conversation_for_call(agent: &AgentHandle, id: ConversationId, bound: bool) -> crate::agent::Conversation {
+    if bound {
+        agent.conversation_handle(&id)
+    } else {
+        agent.conversation(id)
     }
 }
 
@@ -149,11 +166,11 @@ impl ServerHandler for GameServer {
             });
         }
         // A sessionless request without a handle: a conversation of its own, ended with the request.
-        let anonymous = named.is_none();
-        let id = named.unwrap_or_else(|| {
+        let anonymous = named.id.is_none();
+        let id = named.id.unwrap_or_else(|| {
             ConversationId::new(format!("mcp-request:{}", NEXT_REQUEST.fetch_add(1, Ordering::Relaxed)))
         });
-        let conversation = self.agent.conversation(id.clone());
+        let conversation = conversation_for_call(&self.agent, id.clone(), named.bound);
         let outcome = self.run(conversation, request.name.to_string(), arguments, &context).await;
         if anonymous {
             let _ = self.agent.end_conversation(&id);
@@ -263,4 +280,38 @@ fn error_result(error: &ToolError) -> CallToolResult {
     let mut meta = JsonObject::new();
     meta.insert(ERROR_META_KEY.into(), error);
     result.with_meta(Some(MetaObject(meta)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::ConversationStatus;
+    use crate::testing::{headless_app, AgentTestAppExt, CounterGame};
+    use crate::AgentToolsPlugin;
+
+    #[test]
+    fn a_call_bound_to_an_ended_session_never_reopens_its_conversation_and_is_refused() {
+        let noop =
+            crate::AgentTool::new("noop", "Does nothing.", |_: crate::CallContext<u64>, _: crate::NoArgs| async {
+                Ok(())
+            });
+        let mut app = headless_app(AgentToolsPlugin::new(CounterGame).with_tool(noop));
+        app.enter_world("alpha");
+        let agent = app.agent();
+        let session = ConversationId::new("session-ended");
+        agent.host().conversations.open_held(&session);
+        let _ = agent.end_conversation(&session);
+
+        let conversation = conversation_for_call(&agent, session.clone(), true);
+        assert_eq!(agent.conversation_status(&session), Some(ConversationStatus::Ended), "not reopened");
+        let call = conversation.call("noop", serde_json::json!({}));
+        let error = app.run_until_resolved(&call).expect_err("refused: its session ended");
+        assert_eq!(error.code, crate::ErrorCode::Cancelled, "{error:?}");
+
+        // Control: a conversation no credential binds reopens, as MCP clients expect.
+        let other = ConversationId::new("mcp-session:x");
+        let _ = agent.conversation(other.clone()).end();
+        let _ = conversation_for_call(&agent, other.clone(), false);
+        assert_eq!(agent.conversation_status(&other), Some(ConversationStatus::Idle));
+    }
 }
