@@ -463,6 +463,29 @@ fn kept_session(dirs: &Dirs) -> ConversationId {
 }
 
 #[test]
+fn two_resume_sessions_of_one_id_at_once_share_one_session_and_one_agent_that_works() {
+    let dirs = Dirs::new();
+    let id = kept_session(&dirs);
+    let game = Game::start(&dirs);
+    let (a, b) = game.block_on(async {
+        tokio::join!(game.sessions.resume_session(id.clone()), game.sessions.resume_session(id.clone()))
+    });
+    let (a, b) = (a.expect("the first resumes"), b.expect("the second gets the same session"));
+    assert_eq!(dirs.agents_alive(), 1, "one agent: the second call waited for the first");
+    assert_eq!(a.status(), ConversationStatus::Idle);
+
+    let turn = game.block_on(b.send_text(r#"call bump {"by": 1}"#)).expect("the turn ends");
+    assert!(turn.final_message.is_some_and(|message| message.starts_with("bump answered")), "the tool ran");
+    assert_eq!(game.counter(), 1);
+    assert_eq!(a.status(), ConversationStatus::Idle, "not ended by a discarded second connection");
+    assert!(!game
+        .log
+        .lines()
+        .iter()
+        .any(|line| line.starts_with(&format!("status {id} ")) && line.contains("->Ended")));
+}
+
+#[test]
 fn resume_session_of_a_session_the_agent_forgot_is_session_not_found_and_creates_nothing() {
     let dirs = Dirs::new();
     let id = kept_session(&dirs);

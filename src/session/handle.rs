@@ -28,11 +28,19 @@ const CONTEXT_WAIT: Duration = Duration::from_millis(500);
 pub struct AgentSessions {
     host: Arc<SessionHost>,
     live: Arc<Mutex<HashMap<ConversationId, Arc<SessionCore>>>>,
+    /// One lock per session id that was resumed or forgotten: the second of two concurrent `resume_session`
+    /// calls waits for the first and gets its session, instead of connecting a second agent beside it.
+    by_id: Arc<Mutex<HashMap<ConversationId, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 impl AgentSessions {
     pub(crate) fn new(host: Arc<SessionHost>) -> Self {
-        Self { host, live: Arc::default() }
+        Self { host, live: Arc::default(), by_id: Arc::default() }
+    }
+
+    /// The lock of session `id`, for a resume or a forget.
+    fn lock_of(&self, id: &ConversationId) -> Arc<tokio::sync::Mutex<()>> {
+        self.by_id.lock().entry(id.clone()).or_default().clone()
     }
 
     pub(crate) fn host(&self) -> &SessionHost {
@@ -66,6 +74,8 @@ impl AgentSessions {
         if id.as_str().is_empty() {
             return Err(ToolError::invalid_input("session", "the session id is empty"));
         }
+        let lock = self.lock_of(&id);
+        let _resuming = lock.lock().await;
         if let Some(core) = self.live.lock().get(&id).cloned() {
             return Ok(AgentSession { core, sessions: self.clone() });
         }
@@ -85,15 +95,8 @@ impl AgentSessions {
                 return Err(error);
             }
         }
-        let mut live = self.live.lock();
-        // Two concurrent resumes of one id: the first to finish wins; the other's connection is ended.
-        if let Some(first) = live.get(&id).cloned() {
-            drop(live);
-            let core = core.clone();
-            self.host.runtime.spawn(async move { core.end(false).await });
-            return Ok(AgentSession { core: first, sessions: self.clone() });
-        }
-        live.insert(id, core.clone());
+        // Under the id's lock: no other resume of `id` is under way, so this one is the session's only core.
+        self.live.lock().insert(id, core.clone());
         Ok(AgentSession { core, sessions: self.clone() })
     }
 
@@ -102,12 +105,14 @@ impl AgentSessions {
     /// (`<data_dir>/<id>`: its record, its history, its working directory), so it can never be resumed: for a
     /// "delete this chat" in the game, and for kept sessions the game no longer wants. What an ACP agent keeps of
     /// the session on its own side is the agent's. An id the game does not know is `SESSION_NOT_FOUND`; an empty
-    /// one `INVALID_INPUT`. Not while the same id is being resumed.
+    /// one `INVALID_INPUT`. A resume of the same id under way finishes first.
     pub async fn forget(&self, id: impl Into<ConversationId>) -> Result<(), ToolError> {
         let id = id.into();
         if id.as_str().is_empty() {
             return Err(ToolError::invalid_input("session", "the session id is empty"));
         }
+        let lock = self.lock_of(&id);
+        let _forgetting = lock.lock().await;
         let live = self.live.lock().remove(&id);
         if let Some(core) = &live {
             core.end_and_forget().await;
