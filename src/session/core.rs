@@ -261,14 +261,13 @@ impl SessionCore {
         self.host.runtime.spawn(async move {
             tokio::time::sleep(after).await;
             let Some(core) = core.upgrade() else { return };
-            let running = core.state.lock().turn.as_ref().is_some_and(|turn| turn.number == number);
-            if running {
-                let why = match code {
-                    ErrorCode::Cancelled => format!("the agent did not end the cancelled turn within {after:?}"),
-                    _ => format!("the agent did not end the turn within {after:?}"),
-                };
-                core.fail(ToolError::with_code(code, format!("{why}; it was stopped (resume to restart it)")));
-            }
+            let why = match code {
+                ErrorCode::Cancelled => format!("the agent did not end the cancelled turn within {after:?}"),
+                _ => format!("the agent did not end the turn within {after:?}"),
+            };
+            // Only if that turn still runs (checked under the same lock as the failure: not a next turn).
+            let error = ToolError::with_code(code, format!("{why}; it was stopped (resume to restart it)"));
+            core.fail_turn(Some(number), error);
         });
     }
 
@@ -377,10 +376,18 @@ impl SessionCore {
 
     /// The backend failed: the running turn fails with `error`, the agent is stopped, the status is `Error`.
     pub(crate) fn fail(self: &Arc<Self>, error: ToolError) {
+        self.fail_turn(None, error);
+    }
+
+    /// [`fail`](Self::fail), only while turn `number` runs when it is given.
+    fn fail_turn(self: &Arc<Self>, number: Option<u64>, error: ToolError) {
         let mut feed = Vec::new();
         let (link, credential, turn) = {
             let mut state = self.state.lock();
             if !matches!(state.phase, Phase::Live) {
+                return;
+            }
+            if number.is_some() && state.turn.as_ref().map(|turn| turn.number) != number {
                 return;
             }
             state.phase = Phase::Failed(error.clone());
