@@ -314,10 +314,7 @@ fn s2_an_agent_that_crashes_mid_turn_fails_the_turn_and_resume_restarts_it_in_th
     let (code, _) = code_of(game.block_on(session.send_text("hello")));
     assert_eq!(code, ErrorCode::AgentUnavailable, "a failed session answers with its failure until resumed");
 
-    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
-    assert_eq!(session.status(), ConversationStatus::Idle);
-    let history = game.block_on(session.send_text("history")).expect("the turn ends");
-    assert_eq!(history.final_message.as_deref(), Some("I remember 2 turns"), "the same agent session");
+    resumes_into_the_same_agent_session(&game, &session);
 }
 
 #[test]
@@ -338,7 +335,13 @@ fn s2_an_agent_that_exits_between_turns_fails_the_session_at_once_saying_why() {
     assert!(message.contains("the agent stopped") && message.contains("leaving between turns"), "{message}");
     dirs.wait_no_agents(LIMIT);
 
+    resumes_into_the_same_agent_session(&game, &session);
+}
+
+/// After one turn and a failure: `resume` restarts the agent in the same agent session (it remembers both turns).
+fn resumes_into_the_same_agent_session(game: &Game, session: &AgentSession) {
     assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    assert_eq!(session.status(), ConversationStatus::Idle);
     let history = game.block_on(session.send_text("history")).expect("the turn ends");
     assert_eq!(history.final_message.as_deref(), Some("I remember 2 turns"), "the same agent session");
 }

@@ -159,7 +159,8 @@ impl WorldStore {
     /// [`WorkerPriority`](crate::WorkerPriority). At most two runs per thread wait in memory for the disk.
     /// Ordering, durability, the checksum, the previous save and the errors are `save`'s (the first record in
     /// the document's order that fails, or panics, decides the error). It uses every core it gets for the few
-    /// milliseconds of encoding: a game that would rather keep a core for its frame saves with `save`.
+    /// milliseconds of encoding: a game that would rather keep a core for its frame saves with `save`. It gains
+    /// only where cores are free: with both cores of a two-core machine busy, a save measured slower than `save`.
     ///
     /// ```no_run
     /// # use bevy_agent_tools::{WorldId, persist::{Codec, WorldStore}};
