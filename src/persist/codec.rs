@@ -50,8 +50,9 @@ use serde::Serialize;
 ///
 /// - Save the records as a sequence of their own with [`WorldStore::save_records`](super::WorldStore::save_records):
 ///   runs of them are encoded on every core (up to four) and written in order as they finish. The same bytes as
-///   `save` of the `Vec`, so nothing else changes; on two cores a 190,000-record save took 8–11% less time with
-///   postcard and 18–43% less with JSON (BENCHMARKS.md, `records`).
+///   `save` of the `Vec`, so nothing else changes; on two cores a 190,000-record save took 18–43% less time with
+///   JSON, while with postcard (already fast to encode) the gain was within the machine's noise (BENCHMARKS.md,
+///   `records`).
 /// - Keep or write the records in the game's own fixed-size layout and serialize that as one byte string
 ///   (`serialize_bytes`, e.g. with `#[serde(serialize_with)]` or `serde_bytes`): postcard then copies the bytes
 ///   behind a length, and the save costs about the write (BENCHMARKS.md, `packed`). The layout is the game's to
