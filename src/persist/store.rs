@@ -136,15 +136,7 @@ impl WorldStore {
     /// an owned snapshot. The completion resolves when the new content is durable, or fails with the
     /// [`StoreError`]'s message; until then, and if it fails, the previous save stays loadable.
     pub fn save<T: Serialize + Send + 'static>(&self, world: &WorldId, document: &str, snapshot: T) -> Completion {
-        let queue = match self.queue(world, document) {
-            Ok(queue) => queue,
-            Err(error) => return Completion::failed(error),
-        };
-        let (completer, completion) = Completion::pending();
-        // The queued task resolves the completion itself: one spawn is all the caller's thread does.
-        let encode = move |codec: Codec, sink: &mut PayloadSink<'_>| codec.encode(&snapshot, sink);
-        self.write(queue, document, encode, move |result| completer.complete(result.map_err(Into::into)));
-        completion
+        self.save_with(world, document, move |codec, sink| codec.encode(&snapshot, sink))
     }
 
     /// Saves a sequence of records as `document` of `world`, like [`save`](Self::save) but encoded on up to four
@@ -181,15 +173,25 @@ impl WorldStore {
         document: &str,
         records: Vec<T>,
     ) -> Completion {
+        // How many threads is decided off the main thread: asking the OS for the cores can read files (cgroups).
+        self.save_with(world, document, move |codec, sink| {
+            records::encode(codec, &records, records::threads_for(records.len()), sink)
+        })
+    }
+
+    /// Queues a save whose payload `encode` writes; its completion resolves when the save is durable.
+    fn save_with(
+        &self,
+        world: &WorldId,
+        document: &str,
+        encode: impl FnOnce(Codec, &mut PayloadSink<'_>) -> Result<(), EncodeError> + Send + 'static,
+    ) -> Completion {
         let queue = match self.queue(world, document) {
             Ok(queue) => queue,
             Err(error) => return Completion::failed(error),
         };
         let (completer, completion) = Completion::pending();
-        // How many threads is decided off the main thread: asking the OS for the cores can read files (cgroups).
-        let encode = move |codec: Codec, sink: &mut PayloadSink<'_>| {
-            records::encode(codec, &records, records::threads_for(records.len()), sink)
-        };
+        // The queued task resolves the completion itself: one spawn is all the caller's thread does.
         self.write(queue, document, encode, move |result| completer.complete(result.map_err(Into::into)));
         completion
     }
