@@ -274,6 +274,87 @@ fn s1_send_text_during_a_turn_is_session_busy_and_nothing_is_sent_and_cancel_end
     );
 }
 
+/// A HUD on another thread reading the session's status all the while, until dropped.
+struct Hud {
+    done: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Hud {
+    fn watch(session: &AgentSession) -> Self {
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (session, watching) = (session.clone(), done.clone());
+        let thread = std::thread::spawn(move || {
+            while !watching.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::black_box(session.status());
+            }
+        });
+        Self { done, thread: Some(thread) }
+    }
+}
+
+impl Drop for Hud {
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A chat box that sends `text` again and again while the session refuses it with `refused`: it goes the instant
+/// the session takes it.
+async fn send_when_taken(session: &AgentSession, text: &str, refused: ErrorCode) -> PendingTurn {
+    loop {
+        match session.start_turn(text).await {
+            Ok(pending) => return pending,
+            Err(error) if error.code == refused => tokio::task::yield_now().await,
+            Err(error) => panic!("{error}"),
+        }
+    }
+}
+
+#[test]
+fn the_status_is_running_while_a_turn_runs_even_one_sent_the_instant_the_last_one_ended() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("the session starts");
+    let _hud = Hud::watch(&session);
+    for round in 0..100 {
+        let first = game.block_on(session.start_turn("hello")).expect("sent");
+        // The next text goes while the first turn's end is being published.
+        let waiting = game.block_on(send_when_taken(&session, "wait", ErrorCode::SessionBusy));
+        // The first turn's outcome is sent after everything its end published.
+        game.block_on(first).expect("the first turn ends");
+        assert_eq!(session.status(), ConversationStatus::Running, "round {round}: the second turn runs");
+        assert!(session.cancel());
+        assert_eq!(game.block_on(waiting).expect("it ends").stop_reason, StopReason::Cancelled);
+        assert_eq!(session.status(), ConversationStatus::Idle, "round {round}: no turn runs");
+    }
+}
+
+#[test]
+fn the_status_is_running_while_a_turn_runs_even_one_sent_the_instant_a_resume_went_live() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("the session starts");
+    let _hud = Hud::watch(&session);
+    for round in 0..5 {
+        let (code, _) = code_of(game.block_on(session.send_text("crash")));
+        assert_eq!(code, ErrorCode::AgentUnavailable);
+        let resumed = game.game.agent().runtime().spawn({
+            let session = session.clone();
+            async move { session.resume().await }
+        });
+        // The text goes the instant the resumed session takes it, while its `Idle` is being published.
+        let waiting = game.block_on(send_when_taken(&session, "wait", ErrorCode::AgentUnavailable));
+        game.block_on(resumed).expect("the resume task").expect("resumed");
+        assert_eq!(session.status(), ConversationStatus::Running, "round {round}: the turn runs");
+        assert!(session.cancel());
+        assert_eq!(game.block_on(waiting).expect("it ends").stop_reason, StopReason::Cancelled);
+    }
+}
+
 #[test]
 fn s2_an_agent_that_fails_to_start_is_agent_unavailable_with_its_stderr_and_leaves_nothing() {
     let dirs = Dirs::new();

@@ -23,6 +23,9 @@
 //!   status machine, published as [`ConversationStatusChanged`](crate::ConversationStatusChanged) with sequence
 //!   numbers. `send_text` sets `Running` (source `Host`); while one of its agent's tool calls runs in the game it
 //!   is `WaitingToolResult`; the turn's end sets `Idle`; a backend failure sets `Error`; `end` sets `Ended`, once.
+//!   Status changes and chat events are published in the order the session decided them, whatever thread they
+//!   came from: a turn's `Idle` never lands after the next turn's `Running`, nor a failure's `Error` after the
+//!   resume that followed it.
 //! - **S1, one turn**: `send_text` during a turn is refused with `SESSION_BUSY`, and nothing is sent.
 //! - **S2, one outcome**: every `send_text` ends exactly once: the turn's end (with its [`StopReason`]), an error
 //!   (`AGENT_UNAVAILABLE` if the agent crashed, with its exit status and the tail of its stderr), `TIMEOUT`,
