@@ -37,8 +37,8 @@ pub use call::{
 pub use completion::{Completer, Completion, CompletionError, CompletionResult};
 pub use conversation::{
     ActiveCall, CallFinished, CallProgress, CallStarted, ChatDelta, ChatError, ChatMessage, ConversationEvent,
-    ConversationSnapshot, ConversationStatus, ConversationStatusChanged, PendingCall, PermissionRequested, Reported,
-    StatusSource, Subscription,
+    ConversationSnapshot, ConversationStatus, ConversationStatusChanged, PendingCall, PermissionOutcome,
+    PermissionRequested, PermissionSettled, Reported, StatusSource, Subscription,
 };
 pub use error::{ErrorCode, ErrorDetails, ToolError};
 pub use host::{VisitPhase, VisitStatus};

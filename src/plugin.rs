@@ -14,7 +14,7 @@ use crate::agent::AgentHandle;
 use crate::call::{run_jobs, run_jobs_between_frames, BetweenFrames, PumpStats, PumpWindow};
 use crate::conversation::{
     end_idle_conversations, publish_conversation_messages, CallFinished, CallProgress, CallStarted, ChatDelta,
-    ChatError, ChatMessage, ConversationFeed, ConversationStatusChanged, PermissionRequested,
+    ChatError, ChatMessage, ConversationFeed, ConversationStatusChanged, PermissionRequested, PermissionSettled,
 };
 use crate::host::{HostConfig, HostShared};
 use crate::ids::{DimensionId, WorldId};
@@ -351,6 +351,7 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
             .add_message::<ChatMessage>()
             .add_message::<ChatError>()
             .add_message::<PermissionRequested>()
+            .add_message::<PermissionSettled>()
             .add_message::<VisitSaved>()
             .add_message::<WorldOpenFailed>()
             .configure_sets(self.schedule, (AgentToolsSet::Transitions, AgentToolsSet::Pump).chain())

@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bevy::prelude::*;
-use bevy_agent_tools::mcp::McpPlugin;
+use bevy_agent_tools::mcp::{McpPlugin, McpServer};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::session::*;
 use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
@@ -56,6 +56,7 @@ fn record(
     mut messages: MessageReader<ChatMessage>,
     mut errors: MessageReader<ChatError>,
     mut permissions: MessageReader<PermissionRequested>,
+    mut settled: MessageReader<PermissionSettled>,
     mut statuses: MessageReader<ConversationStatusChanged>,
     mut started: MessageReader<CallStarted>,
     mut finished: MessageReader<CallFinished>,
@@ -65,6 +66,7 @@ fn record(
     log.extend(messages.read().map(|m| format!("message {} {}: {}", m.session, m.message, m.text)));
     log.extend(errors.read().map(|e| format!("error {} {}: {}", e.session, e.code, e.message)));
     log.extend(permissions.read().map(|p| format!("permission {} {} {}", p.session, p.request, p.tool)));
+    log.extend(settled.read().map(|p| format!("settled {} {} {}", p.session, p.request, p.outcome)));
     log.extend(
         statuses.read().map(|s| format!("status {} {}->{} {:?}", s.conversation, s.previous, s.status, s.source)),
     );
@@ -378,6 +380,49 @@ fn s2_an_agent_that_fails_to_start_is_agent_unavailable_with_its_stderr_and_leav
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains("did not start within"), "{message}");
     dirs.wait_no_agents(LIMIT);
+    wait_no_session_folders(&dirs);
+}
+
+/// The sessions' folders in `dirs.data`.
+fn session_folders(dirs: &Dirs) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(&dirs.data) else { return Vec::new() };
+    entries.filter_map(Result::ok).map(|entry| entry.file_name().to_string_lossy().to_string()).collect()
+}
+
+fn wait_no_session_folders(dirs: &Dirs) {
+    let until = Instant::now() + LIMIT;
+    while !session_folders(dirs).is_empty() {
+        assert!(Instant::now() < until, "a session that never started left its folder: {:?}", session_folders(dirs));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_create_dropped_midway_leaves_no_agent_credential_conversation_or_folder() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let credentials = game.game.with_app(|app| app.world().resource::<McpServer>().credentials().clone());
+    // An agent that never answers `initialize`, and a start timeout far away: only the drop ends the create.
+    let sessions = game.sessions.clone();
+    let config = agent(&dirs, &["--hang-init"]);
+    let creating = game.game.agent().runtime().spawn(async move { sessions.create(config).await });
+    let until = Instant::now() + LIMIT;
+    while credentials.live() == 0 || dirs.agents_alive() == 0 {
+        assert!(Instant::now() < until, "the agent was started with a credential");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let folders = session_folders(&dirs);
+    assert_eq!(folders.len(), 1, "{folders:?}");
+    let id = ConversationId::new(folders[0].clone());
+    assert_eq!(game.game.agent().conversation_status(&id), Some(ConversationStatus::Idle));
+
+    // The game gives up on it (a timeout around `create`, a task dropped with its menu).
+    creating.abort();
+    assert!(game.block_on(creating).is_err_and(|error| error.is_cancelled()));
+    assert_eq!(credentials.live(), 0, "its credential was revoked");
+    assert_eq!(game.game.agent().conversation_status(&id), None, "its conversation was forgotten");
+    dirs.wait_no_agents(LIMIT);
+    wait_no_session_folders(&dirs);
 }
 
 #[test]
@@ -678,9 +723,22 @@ fn permission_requests_are_denied_by_default_and_the_player_can_allow_or_let_the
     assert!(line.ends_with("run rm -rf /"), "{line}");
     assert!(game.sessions.answer_permission(request, true));
     assert_eq!(game.block_on(pending).expect("ends").final_message.as_deref(), Some("permission: allowed"));
+    game.log.wait_for(&format!("settled {id} {request} allowed"));
+    assert!(!game.sessions.answer_permission(request, false), "answered once");
 
     let unanswered = game.block_on(asking.send_text("ask")).expect("the turn ends");
     assert_eq!(unanswered.final_message.as_deref(), Some("permission: denied"), "unanswered is denied");
+    let requests: Vec<u64> = game
+        .log
+        .lines()
+        .iter()
+        .filter(|line| line.starts_with(&format!("permission {id} ")))
+        .filter_map(|line| line.split(' ').nth(2).and_then(|n| n.parse().ok()))
+        .collect();
+    assert_eq!(requests.len(), 2, "two requests were put to the player");
+    game.log.wait_for(&format!("settled {id} {} timed_out", requests[1]));
+    let settled = game.log.lines().iter().filter(|line| line.starts_with(&format!("settled {id} "))).count();
+    assert_eq!(settled, 2, "each request settled once: {:#?}", game.log.lines());
 }
 
 #[test]
@@ -701,9 +759,32 @@ fn s2_cancelling_a_turn_answers_its_waiting_permission_request_cancelled_so_the_
     assert_eq!(turn.final_message.as_deref(), Some("permission: cancelled"), "the agent got `cancelled`");
     assert_eq!(turn.stop_reason, StopReason::Cancelled);
     assert!(!game.sessions.answer_permission(request, true), "the request is no longer waiting");
+    game.log.wait_for(&format!("settled {id} {request} withdrawn"));
     assert_eq!(session.status(), ConversationStatus::Idle, "the session stays usable");
     let next = game.block_on(session.send_text("hello")).expect("the next turn runs");
     assert!(next.final_message.is_some());
+}
+
+#[test]
+fn a_permission_prompt_of_a_session_that_ends_is_settled_withdrawn_before_its_end_is_published() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[]).permissions(PermissionPolicy::AskPlayer)).expect("starts");
+    let id = session.id().to_string();
+    let pending = game.block_on(session.start_turn("ask")).expect("sent");
+    let line = game.log.wait_for(&format!("permission {id} "));
+    let request: u64 = line.split(' ').nth(2).and_then(|n| n.parse().ok()).expect("a request number");
+
+    game.block_on(session.end());
+    let (code, _) = code_of(game.block_on(pending));
+    assert_eq!(code, ErrorCode::SessionEnded);
+    game.log.wait_for(&format!("status {id} running->ended"));
+    let lines: Vec<String> = game.log.lines().into_iter().filter(|line| line.contains(&id)).collect();
+    let settled = lines.iter().position(|line| *line == format!("settled {id} {request} withdrawn"));
+    let ended = lines.iter().position(|line| line.starts_with(&format!("status {id} running->ended")));
+    assert!(settled.is_some() && settled < ended, "the prompt is taken down, then the session ends: {lines:#?}");
+    assert!(!game.sessions.answer_permission(request, true), "nobody waits for an answer any more");
+    dirs.wait_no_agents(LIMIT);
 }
 
 #[test]

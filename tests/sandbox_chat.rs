@@ -186,6 +186,8 @@ fn a_kept_session_is_resumed_by_id_after_a_restart_and_permissions_go_to_the_pla
     first.send(&format!("chat-allow {request}"));
     assert_eq!(first.line_starting("ok allowed"), format!("ok allowed request={request}"));
     first.line_starting(&format!("chat session={kept}: permission: allowed"));
+    let settled = format!("chat-permission-settled session={kept} request={request} outcome=allowed");
+    assert_eq!(first.seen_or_next(&settled), settled, "the prompt is settled");
     assert!(first.quit().success());
     assert_eq!(agents_alive(&state), 0, "quit stopped the agent, keeping its session");
 

@@ -289,13 +289,25 @@ fn window_keys_chat_with_the_agent_walk_travel_and_closing_the_window_quits_afte
     // The agent asks permission: the panel shows the prompt, and N denies it.
     x.type_text("ask");
     x.key(XK_RETURN);
-    sandbox.run.until("the request", |line| line.starts_with("chat-permission"));
+    sandbox.run.until("the request", |line| line.starts_with("chat-permission "));
     let hud = sandbox.hud_until("the prompt", |hud| hud.contains("Y allow, N deny"));
     assert!(hud.contains("run rm -rf /"), "the prompt names what the agent wants to do: {hud}");
     sandbox.screenshot("2-permission-prompt");
     x.type_text("n");
     let verdict = sandbox.run.until("the agent's verdict", |line| line.contains("permission: "));
     assert!(verdict.ends_with("permission: denied"), "{verdict}");
+    let settled = sandbox.run.seen_or_until("its settlement", |line| line.starts_with("chat-permission-settled "));
+    assert!(settled.ends_with("outcome=denied"), "{settled}");
+
+    // A prompt whose turn is cancelled (the console's `chat-cancel`) leaves the panel without a key pressed.
+    x.type_text("ask");
+    x.key(XK_RETURN);
+    sandbox.hud_until("the second prompt", |hud| hud.contains("Y allow, N deny"));
+    // (Enter's `ok sent` answer may still be unread: wait for this command's own answer.)
+    sandbox.run.send("chat-cancel");
+    sandbox.run.until("the cancel's answer", |line| line == "ok cancelling the turn");
+    let hud = sandbox.hud_until("the prompt taken down", |hud| !hud.contains("Y allow, N deny"));
+    assert!(hud.contains("[run rm -rf /: withdrawn]"), "the panel says why: {hud}");
 
     // Esc closes the panel; a tap of W walks the player one cell (through the world state, like everything).
     x.key(0xff1b);

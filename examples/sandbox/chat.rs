@@ -7,6 +7,8 @@
 //! chat session=ID: TEXT                          each completed agent message (newlines as \n)
 //! chat-error session=ID code=C message=M         the session failed (a crash is AGENT_UNAVAILABLE)
 //! chat-permission session=ID request=R tool=T    the agent asks; with --ask-permissions answer chat-allow/deny R
+//! chat-permission-settled session=ID request=R outcome=O
+//!                                                it no longer waits: allowed, denied, timed_out or withdrawn
 //! ```
 //!
 //! Commands are handled one at a time, in order, by one task (a `say` right after another sees the first turn
@@ -17,7 +19,8 @@ use std::sync::Arc;
 use bevy::prelude::*;
 use bevy_agent_tools::session::{AgentSession, AgentSessions, Attached, PermissionPolicy, SessionConfig};
 use bevy_agent_tools::{
-    AgentRuntime, ChatError, ChatMessage, ConversationEvent, ConversationStatusChanged, PermissionRequested, ToolError,
+    AgentRuntime, ChatError, ChatMessage, ConversationEvent, ConversationStatusChanged, PermissionRequested,
+    PermissionSettled, ToolError,
 };
 use parking_lot::Mutex;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -174,6 +177,7 @@ fn print_chat(
     mut messages: MessageReader<ChatMessage>,
     mut errors: MessageReader<ChatError>,
     mut permissions: MessageReader<PermissionRequested>,
+    mut settled: MessageReader<PermissionSettled>,
 ) {
     let mut events: Vec<ConversationEvent> = Vec::new();
     events.extend(
@@ -182,6 +186,7 @@ fn print_chat(
     events.extend(messages.read().cloned().map(ConversationEvent::ChatMessage));
     events.extend(errors.read().cloned().map(ConversationEvent::ChatError));
     events.extend(permissions.read().cloned().map(ConversationEvent::PermissionRequested));
+    events.extend(settled.read().cloned().map(ConversationEvent::PermissionSettled));
     events.sort_by(|a, b| (a.conversation(), a.sequence()).cmp(&(b.conversation(), b.sequence())));
     for event in events {
         match event {
@@ -197,6 +202,10 @@ fn print_chat(
                 p.session,
                 p.request,
                 one_line(&p.tool)
+            )),
+            ConversationEvent::PermissionSettled(p) => say(format_args!(
+                "chat-permission-settled session={} request={} outcome={}",
+                p.session, p.request, p.outcome
             )),
             _ => {}
         }

@@ -1,5 +1,5 @@
 //! What an in-game agent session says, as events of its conversation: streamed text, completed messages,
-//! errors and permission requests. They travel with the conversation's status changes and calls, in one
+//! errors, and permission requests and how they ended. They travel with the conversation's status changes and calls, in one
 //! sequence, so a chat box sees a reply complete before the status that follows it; the game reads them as Bevy
 //! messages, Rust code through a [`Subscription`](super::Subscription).
 
@@ -51,7 +51,8 @@ pub struct ChatError {
 
 /// The agent asks permission for one of its own actions, and the session's policy is `PermissionPolicy::AskPlayer`:
 /// show it, and answer with a `PermissionAnswer` message or `AgentSessions::answer_permission` (both in
-/// `session`). Unanswered requests are denied after the session's permission timeout.
+/// `session`). Unanswered requests are denied after the session's permission timeout. However it ends, a
+/// [`PermissionSettled`] with the same `request` follows: take the prompt down then.
 #[derive(Message, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PermissionRequested {
     /// The session.
@@ -62,4 +63,56 @@ pub struct PermissionRequested {
     pub tool: String,
     /// The conversation's event sequence number.
     pub sequence: u64,
+}
+
+/// A permission request shown with a [`PermissionRequested`] no longer waits for the player: take its prompt down.
+/// Exactly one follows each `PermissionRequested`, in the session's event sequence.
+#[derive(Message, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PermissionSettled {
+    /// The session.
+    pub session: ConversationId,
+    /// The request's number (as in its `PermissionRequested`).
+    pub request: u64,
+    /// How it ended.
+    pub outcome: PermissionOutcome,
+    /// The conversation's event sequence number.
+    pub sequence: u64,
+}
+
+/// How a permission request put to the player ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PermissionOutcome {
+    /// The player allowed it (once).
+    Allowed,
+    /// The player denied it.
+    Denied,
+    /// Nobody answered within the session's permission timeout: it was denied.
+    TimedOut,
+    /// Its turn was cancelled, or its session failed or ended: the agent no longer waits for an answer (an
+    /// answer now is refused).
+    Withdrawn,
+}
+
+impl PermissionOutcome {
+    /// Whether the agent may go ahead.
+    pub fn allowed(self) -> bool {
+        self == Self::Allowed
+    }
+
+    /// The stable lower-case name (`allowed`, `denied`, `timed_out`, `withdrawn`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Denied => "denied",
+            Self::TimedOut => "timed_out",
+            Self::Withdrawn => "withdrawn",
+        }
+    }
+}
+
+impl std::fmt::Display for PermissionOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }

@@ -8,7 +8,7 @@ use bevy::prelude::Message;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::chat::{ChatDelta, ChatError, ChatMessage, PermissionRequested};
+use super::chat::{ChatDelta, ChatError, ChatMessage, PermissionRequested, PermissionSettled};
 use super::status::{ConversationStatus, StatusSource};
 use crate::error::ErrorCode;
 use crate::ids::{ConversationId, RequestId, TaskId};
@@ -106,6 +106,8 @@ pub enum ConversationEvent {
     ChatError(ChatError),
     /// An in-game agent session's agent asks permission.
     PermissionRequested(PermissionRequested),
+    /// A permission request no longer waits for the player.
+    PermissionSettled(PermissionSettled),
 }
 
 impl ConversationEvent {
@@ -120,6 +122,7 @@ impl ConversationEvent {
             Self::ChatMessage(event) => &event.session,
             Self::ChatError(event) => &event.session,
             Self::PermissionRequested(event) => &event.session,
+            Self::PermissionSettled(event) => &event.session,
         }
     }
 
@@ -134,6 +137,7 @@ impl ConversationEvent {
             Self::ChatMessage(event) => event.sequence,
             Self::ChatError(event) => event.sequence,
             Self::PermissionRequested(event) => event.sequence,
+            Self::PermissionSettled(event) => event.sequence,
         }
     }
 
@@ -147,6 +151,7 @@ impl ConversationEvent {
             Self::ChatMessage(event) => event.sequence = sequence,
             Self::ChatError(event) => event.sequence = sequence,
             Self::PermissionRequested(event) => event.sequence = sequence,
+            Self::PermissionSettled(event) => event.sequence = sequence,
         }
     }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 use bevy::prelude::*;
 use crossbeam_channel::Receiver;
 
-use super::chat::{ChatDelta, ChatError, ChatMessage, PermissionRequested};
+use super::chat::{ChatDelta, ChatError, ChatMessage, PermissionRequested, PermissionSettled};
 use super::events::{CallFinished, CallProgress, CallStarted, ConversationEvent, ConversationStatusChanged};
 use crate::agent::AgentHandle;
 
@@ -21,6 +21,7 @@ pub(crate) struct ChatWriters<'w> {
     messages: MessageWriter<'w, ChatMessage>,
     errors: MessageWriter<'w, ChatError>,
     permissions: MessageWriter<'w, PermissionRequested>,
+    settled: MessageWriter<'w, PermissionSettled>,
 }
 
 /// Writes every event published since the last run as messages ([`ConversationStatusChanged`], [`CallStarted`],
@@ -59,6 +60,9 @@ pub(crate) fn publish_conversation_messages(
             }
             ConversationEvent::PermissionRequested(event) => {
                 chat.permissions.write(event);
+            }
+            ConversationEvent::PermissionSettled(event) => {
+                chat.settled.write(event);
             }
         }
     }

@@ -30,7 +30,7 @@ mod registry;
 mod snapshot;
 mod status;
 
-pub use chat::{ChatDelta, ChatError, ChatMessage, PermissionRequested};
+pub use chat::{ChatDelta, ChatError, ChatMessage, PermissionOutcome, PermissionRequested, PermissionSettled};
 pub use events::{CallFinished, CallProgress, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription};
 pub(crate) use game::{end_idle_conversations, publish_conversation_messages, ConversationFeed};
 pub(crate) use pending::{ended, tool_wait, wait_for_tool, WaitingCall};

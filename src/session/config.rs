@@ -200,7 +200,9 @@ pub enum PermissionPolicy {
     /// Ask the player: a [`PermissionRequested`](crate::session::PermissionRequested) message is written, and the
     /// game answers with [`AgentSessions::answer_permission`](crate::session::AgentSessions::answer_permission)
     /// or a [`PermissionAnswer`](crate::session::PermissionAnswer) message. Unanswered within
-    /// [`SessionTimeouts::permission`], it is denied.
+    /// [`SessionTimeouts::permission`], it is denied. However it ends (answered, timed out, or withdrawn when its
+    /// turn is cancelled or its session fails or ends), a [`PermissionSettled`](crate::session::PermissionSettled)
+    /// message follows: take the prompt down then.
     AskPlayer,
 }
 

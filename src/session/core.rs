@@ -5,8 +5,8 @@
 //! Its state lock is held for a decision and for publishing what it decided (chat events and status changes go
 //! to the conversation hub under it), so they are published in the order they were decided: a turn's `Idle`
 //! never lands after the next turn's `Running`. Nothing else is locked, awaited or called back while it is held,
-//! except the hub's and the credentials' locks (leaves: they lock nothing else) and sending on channels. The
-//! waiters (a turn's outcome) are told after it is released.
+//! except the hub's, the credentials' and the permission requests' locks (leaves: they lock nothing else) and
+//! sending on channels. The waiters (a turn's outcome) are told after it is released.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -133,7 +133,8 @@ impl SessionCore {
         } else {
             Err("the game calls this backend's tools in process".to_string())
         };
-        let credential = mcp.as_ref().ok().map(|endpoint| endpoint.credential.clone());
+        // Revoked unless the session takes it: on a failure, and if this future is dropped midway.
+        let mut minted = Minted { host: &self.host, credential: mcp.as_ref().ok().map(|e| e.credential.clone()) };
         let generation = {
             let mut state = self.state.lock();
             state.generation += 1;
@@ -152,15 +153,7 @@ impl SessionCore {
         };
         let sink = self.sink(generation);
         let connected = self.host.backend(&self.config).connect(setup, sink).await;
-        let (link, attached, system_prompt_sent) = match connected {
-            Ok(connected) => connected,
-            Err(error) => {
-                if let Some(credential) = &credential {
-                    self.host.revoke(credential);
-                }
-                return Err(error);
-            }
-        };
+        let (link, attached, system_prompt_sent) = connected?;
         let refused = {
             let mut state = self.state.lock();
             if state.generation != generation {
@@ -173,7 +166,7 @@ impl SessionCore {
             } else {
                 state.link = Some(link.clone());
                 state.backend_session = Some(link.backend_session().to_string());
-                if let Some(old) = std::mem::replace(&mut state.credential, credential.clone()) {
+                if let Some(old) = std::mem::replace(&mut state.credential, minted.credential.take()) {
                     self.host.revoke(&old);
                 }
                 // A re-attached session has had its instructions; a new one gets them with its first turn
@@ -185,9 +178,6 @@ impl SessionCore {
             }
         };
         if let Some(error) = refused {
-            if let Some(credential) = &credential {
-                self.host.revoke(credential);
-            }
             link.kill();
             return Err(error);
         }
@@ -205,6 +195,24 @@ impl SessionCore {
                 Ok(())
             }
             Phase::Ended => self.host.agent.host().conversations.reactivate(&self.id),
+        }
+    }
+
+    /// Stops what [`connect`](Self::connect) started for a session nobody will hold (its `create` or
+    /// `resume_session` failed, or its caller dropped it midway): the agent is killed and the credential
+    /// revoked. Publishes nothing: the conversation is forgotten by the caller.
+    pub(crate) fn abandon(&self) {
+        let (link, credential) = {
+            let mut state = self.state.lock();
+            state.phase = Phase::Ended;
+            state.generation += 1;
+            (state.link.take(), state.credential.take())
+        };
+        if let Some(credential) = credential {
+            self.host.revoke(&credential);
+        }
+        if let Some(link) = link {
+            link.kill();
         }
     }
 
@@ -301,7 +309,7 @@ impl SessionCore {
         };
         link.cancel();
         // After `session/cancel` the agent waits for its pending permission requests' answers: `cancelled`.
-        self.host.permissions.cancel_all(&self.id);
+        self.host.permissions.withdraw_all(&self.id);
         self.watch_turn(number, self.config.timeouts.cancel_grace, ErrorCode::Cancelled);
         true
     }
@@ -339,9 +347,8 @@ impl SessionCore {
                 BackendEvent::ToolCall => self.finish_message(&mut state, &mut feed),
                 BackendEvent::Usage(usage) => state.usage = Some(usage),
                 BackendEvent::Permission { tool, reply } => {
-                    drop(state);
+                    // Under the lock: an end or a failure after this withdraws the request it puts to the player.
                     self.host.permissions.ask(self, tool, reply);
-                    return;
                 }
                 BackendEvent::TurnEnded { turn, stop } => {
                     if state.turn.as_ref().is_some_and(|running| running.number == turn) {
@@ -429,7 +436,7 @@ impl SessionCore {
         if let Some(link) = link {
             link.kill();
         }
-        self.host.permissions.cancel_all(&self.id);
+        self.host.permissions.withdraw_all(&self.id);
         if let Some(turn) = turn {
             let _ = turn.reply.send(Err(error));
         }
@@ -469,7 +476,7 @@ impl SessionCore {
         if let Some(credential) = credential {
             self.host.revoke(&credential);
         }
-        self.host.permissions.deny_all(&self.id);
+        self.host.permissions.withdraw_all(&self.id);
         // Publishes `Ended` once and ends the session's tool calls still in flight (`CANCELLED`); the visit is
         // untouched (S3).
         let _ = self.host.agent.end_conversation(&self.id);
@@ -522,6 +529,20 @@ impl SessionCore {
     /// The credential, for tests of revocation.
     pub(crate) fn credential(&self) -> Option<String> {
         self.state.lock().credential.clone()
+    }
+}
+
+/// A credential minted for a connection being made: revoked when dropped unless the session took it.
+struct Minted<'a> {
+    host: &'a SessionHost,
+    credential: Option<String>,
+}
+
+impl Drop for Minted<'_> {
+    fn drop(&mut self) {
+        if let Some(credential) = &self.credential {
+            self.host.revoke(credential);
+        }
     }
 }
 

@@ -56,10 +56,9 @@ impl AgentSessions {
         let id = ConversationId::new(format!("chat-{}", random_hex()?));
         let core = SessionCore::new(id.clone(), config, self.host.clone(), Phase::Live);
         self.host.agent.host().conversations.open_held(&id);
-        if let Err(error) = core.connect(None, false).await {
-            self.host.agent.host().conversations.forget(&id);
-            return Err(error);
-        }
+        let unkept = Unkept { host: &self.host, core: &core, new: true };
+        core.connect(None, false).await?;
+        unkept.keep();
         self.live.lock().insert(id, core.clone());
         Ok(AgentSession { core, sessions: self.clone() })
     }
@@ -83,18 +82,15 @@ impl AgentSessions {
         let phase = if record.ended { Phase::Ended } else { Phase::Live };
         let core = SessionCore::new(id.clone(), record.config.clone(), self.host.clone(), phase);
         core.set_backend_session(record.backend_session.clone());
-        let conversations = &self.host.agent.host().conversations;
-        conversations.restore_held(&id, record.ended);
+        self.host.agent.host().conversations.restore_held(&id, record.ended);
+        let unkept = Unkept { host: &self.host, core: &core, new: false };
         if !record.ended {
             let Some(backend_session) = record.backend_session else {
-                conversations.forget(&id);
                 return Err(not_found(id.as_str()));
             };
-            if let Err(error) = core.connect(Some(backend_session), false).await {
-                conversations.forget(&id);
-                return Err(error);
-            }
+            core.connect(Some(backend_session), false).await?;
         }
+        unkept.keep();
         // Under the id's lock: no other resume of `id` is under way, so this one is the session's only core.
         self.live.lock().insert(id, core.clone());
         Ok(AgentSession { core, sessions: self.clone() })
@@ -157,6 +153,32 @@ impl AgentSessions {
         drop(done);
         let until = crate::deadline::after(std::time::Instant::now(), deadline);
         while all_done.recv_deadline(until).is_ok() {}
+    }
+}
+
+/// A session being created or re-attached. Unless kept, when it is dropped (the start failed, or the caller
+/// dropped `create` or `resume_session` midway: a timeout around it, a game task dropped with its menu) nothing
+/// of it is left: its agent is stopped, its credential revoked, its conversation forgotten, and a new session's
+/// folder removed (a re-attached one's holds its record: it stays).
+struct Unkept<'a> {
+    host: &'a SessionHost,
+    core: &'a Arc<SessionCore>,
+    new: bool,
+}
+
+impl Unkept<'_> {
+    fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Unkept<'_> {
+    fn drop(&mut self) {
+        self.core.abandon();
+        self.host.agent.host().conversations.forget(&self.core.id);
+        if self.new {
+            self.host.records.remove_new(self.core.id.as_str());
+        }
     }
 }
 

@@ -44,7 +44,8 @@
 //!   `SESSION_NOT_FOUND`.
 //!
 //! Messages for a chat box: [`ChatDelta`] (streamed text, grouped by message id), [`ChatMessage`] (a completed
-//! message), [`ChatError`], [`PermissionRequested`] (answer with [`PermissionAnswer`]).
+//! message), [`ChatError`], [`PermissionRequested`] (answer with [`PermissionAnswer`]; a [`PermissionSettled`]
+//! says when it no longer waits, however it ended).
 
 mod backend;
 mod config;
@@ -63,7 +64,9 @@ mod openai;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use crate::conversation::{ChatDelta, ChatError, ChatMessage, PermissionRequested};
+pub use crate::conversation::{
+    ChatDelta, ChatError, ChatMessage, PermissionOutcome, PermissionRequested, PermissionSettled,
+};
 pub use backend::{Attached, StopReason, Usage};
 pub use config::{AcpAgentCommand, PermissionPolicy, SessionBackend, SessionConfig, SessionTimeouts};
 pub use handle::{AgentSession, AgentSessions, PendingTurn};

@@ -1,4 +1,6 @@
-//! Permission requests from agents: decided by the session's policy, or put to the player with a deadline.
+//! Permission requests from agents: decided by the session's policy, or put to the player with a deadline. A
+//! request put to the player is published ([`PermissionRequested`]) and, however it ends, settled once
+//! ([`PermissionSettled`]): answered, timed out, or withdrawn with its turn or session.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,7 +12,7 @@ use tokio::sync::oneshot;
 use super::backend::PermissionDecision;
 use super::PermissionPolicy;
 use crate::agent::AgentHandle;
-use crate::conversation::{ConversationEvent, PermissionRequested};
+use crate::conversation::{ConversationEvent, PermissionOutcome, PermissionRequested, PermissionSettled};
 use crate::ids::ConversationId;
 
 struct Asked {
@@ -23,6 +25,20 @@ pub(crate) struct PermissionBook {
     waiting: Arc<Mutex<HashMap<u64, Asked>>>,
     agent: AgentHandle,
     runtime: tokio::runtime::Handle,
+}
+
+/// Whoever takes a request out of the waiting ones answers the agent and publishes the settlement: exactly one
+/// of the player, the timeout and a withdrawal does, since each removes it under the lock.
+fn settle(agent: &AgentHandle, request: u64, asked: Asked, outcome: PermissionOutcome) -> bool {
+    let decision = match outcome {
+        PermissionOutcome::Allowed => PermissionDecision::Allow,
+        PermissionOutcome::Denied | PermissionOutcome::TimedOut => PermissionDecision::Deny,
+        PermissionOutcome::Withdrawn => PermissionDecision::Cancelled,
+    };
+    let delivered = asked.reply.send(decision).is_ok();
+    let settled = PermissionSettled { session: asked.session, request, outcome, sequence: 0 };
+    agent.host().conversations.publish_chat(ConversationEvent::PermissionSettled(settled));
+    delivered
 }
 
 impl PermissionBook {
@@ -48,15 +64,20 @@ impl PermissionBook {
                 let _ = reply.send(PermissionDecision::Allow);
             }
             PermissionPolicy::AskPlayer => {
-                self.waiting.lock().insert(request, Asked { session: session.clone(), reply });
-                let requested = PermissionRequested { session, request, tool, sequence: 0 };
-                self.agent.host().conversations.publish_chat(ConversationEvent::PermissionRequested(requested));
-                let waiting = self.waiting.clone();
+                let requested = PermissionRequested { session: session.clone(), request, tool, sequence: 0 };
+                {
+                    // Published before anyone can take it out: its settlement follows it.
+                    let mut waiting = self.waiting.lock();
+                    waiting.insert(request, Asked { session, reply });
+                    self.agent.host().conversations.publish_chat(ConversationEvent::PermissionRequested(requested));
+                }
+                let (waiting, agent) = (self.waiting.clone(), self.agent.clone());
                 self.runtime.spawn(async move {
                     tokio::time::sleep(timeout).await;
-                    if let Some(asked) = waiting.lock().remove(&request) {
+                    let asked = waiting.lock().remove(&request);
+                    if let Some(asked) = asked {
                         tracing::info!(request, ?timeout, "no answer to the permission request: denied");
-                        let _ = asked.reply.send(PermissionDecision::Deny);
+                        settle(&agent, request, asked, PermissionOutcome::TimedOut);
                     }
                 });
             }
@@ -66,27 +87,20 @@ impl PermissionBook {
     /// The player's answer. Returns false if the request is not waiting (answered, timed out, or unknown).
     pub(crate) fn answer(&self, request: u64, allow: bool) -> bool {
         let Some(asked) = self.waiting.lock().remove(&request) else { return false };
-        let decision = if allow { PermissionDecision::Allow } else { PermissionDecision::Deny };
-        asked.reply.send(decision).is_ok()
+        let outcome = if allow { PermissionOutcome::Allowed } else { PermissionOutcome::Denied };
+        settle(&self.agent, request, asked, outcome)
     }
 
-    /// Denies every request of `session` still waiting (it ended).
-    pub(crate) fn deny_all(&self, session: &ConversationId) {
-        self.settle_all(session, PermissionDecision::Deny);
-    }
-
-    /// Answers every request of `session` still waiting `cancelled` (its turn was cancelled or failed): the agent
-    /// is not left waiting for a player who will not be asked again.
-    pub(crate) fn cancel_all(&self, session: &ConversationId) {
-        self.settle_all(session, PermissionDecision::Cancelled);
-    }
-
-    fn settle_all(&self, session: &ConversationId, decision: PermissionDecision) {
+    /// Withdraws every request of `session` still waiting (its turn was cancelled, it failed or ended): the
+    /// agent is answered `cancelled` (what ACP asks of a client that cancels a turn; an agent that is going away
+    /// reads it as a refusal), not left waiting for a player who will not be asked again.
+    pub(crate) fn withdraw_all(&self, session: &ConversationId) {
         // Answered outside the lock: a reply wakes the agent's side.
-        let settled: Vec<Asked> =
-            self.waiting.lock().extract_if(|_, asked| &asked.session == session).map(|(_, asked)| asked).collect();
-        for asked in settled {
-            let _ = asked.reply.send(decision);
+        let mut withdrawn: Vec<(u64, Asked)> =
+            self.waiting.lock().extract_if(|_, asked| &asked.session == session).collect();
+        withdrawn.sort_by_key(|(request, _)| *request);
+        for (request, asked) in withdrawn {
+            settle(&self.agent, request, asked, PermissionOutcome::Withdrawn);
         }
     }
 }

@@ -104,6 +104,21 @@ impl Records {
         }
     }
 
+    /// Removes the folder of a new session `id` that never became one (its start failed or was dropped), on a
+    /// blocking thread: a game whose agent cannot start is not left a folder per attempt.
+    pub(crate) fn remove_new(&self, id: &str) {
+        if check_id(id).is_err() {
+            return;
+        }
+        let dir = super::config::session_dir(&self.data_dir, id);
+        self.runtime.spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                tracing::warn!(path = %dir.display(), %error, "could not remove the folder of a session that did not start");
+            }
+            _ => {}
+        });
+    }
+
     /// Reads the record of session `id`: `SESSION_NOT_FOUND` if there is none.
     pub(crate) async fn load(&self, id: &str) -> Result<Record, ToolError> {
         let path = self.path(id)?;

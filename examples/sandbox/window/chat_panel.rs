@@ -8,7 +8,9 @@ use bevy::ecs::system::SystemParam;
 use bevy::input::keyboard::{Key, KeyboardInput};
 use bevy::prelude::*;
 use bevy_agent_tools::session::AgentSessions;
-use bevy_agent_tools::{ChatDelta, ChatError, ChatMessage, ConversationStatusChanged, PermissionRequested};
+use bevy_agent_tools::{
+    ChatDelta, ChatError, ChatMessage, ConversationStatusChanged, PermissionRequested, PermissionSettled,
+};
 
 use super::Focus;
 use crate::console::{ChatCommand, ChatRequest};
@@ -121,6 +123,7 @@ pub struct ChatReaders<'w, 's> {
     messages: MessageReader<'w, 's, ChatMessage>,
     errors: MessageReader<'w, 's, ChatError>,
     permissions: MessageReader<'w, 's, PermissionRequested>,
+    settled: MessageReader<'w, 's, PermissionSettled>,
     statuses: MessageReader<'w, 's, ConversationStatusChanged>,
 }
 
@@ -131,13 +134,14 @@ pub fn read_messages(
     agents: Option<Res<AgentSessions>>,
     mut read: ChatReaders,
 ) {
-    let ChatReaders { deltas, messages, errors, permissions, statuses } = &mut read;
+    let ChatReaders { deltas, messages, errors, permissions, settled, statuses } = &mut read;
     let Some(agents) = agents else { return };
     enum Event {
         Delta(ChatDelta),
         Message(ChatMessage),
         Error(ChatError),
         Permission(PermissionRequested),
+        Settled(PermissionSettled),
         Status(ConversationStatusChanged),
     }
     let mut events: Vec<(u64, Event)> = Vec::new();
@@ -145,6 +149,7 @@ pub fn read_messages(
     events.extend(messages.read().map(|m| (m.sequence, Event::Message(m.clone()))));
     events.extend(errors.read().map(|m| (m.sequence, Event::Error(m.clone()))));
     events.extend(permissions.read().map(|m| (m.sequence, Event::Permission(m.clone()))));
+    events.extend(settled.read().map(|m| (m.sequence, Event::Settled(m.clone()))));
     events.extend(
         statuses
             .read()
@@ -169,6 +174,12 @@ pub fn read_messages(
             Event::Permission(p) => {
                 panel.asking = Some((p.request, p.tool.clone()));
                 *focus = Focus::Chat;
+            }
+            // Settled without the player's key (timed out, withdrawn with its turn): the prompt goes.
+            Event::Settled(s) => {
+                if let Some((_, tool)) = panel.asking.take_if(|(request, _)| *request == s.request) {
+                    panel.push(format!("[{tool}: {}]", s.outcome));
+                }
             }
             Event::Status(s) => panel.status = Some(format!("{} {}", s.conversation, s.status)),
         }

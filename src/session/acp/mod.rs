@@ -51,9 +51,11 @@ impl Backend for AcpBackend {
             let close_timeout = setup.timeouts.close;
             let (commands, running) = connection::spawn(agent, setup, sink, &runtime);
             let connection::Running { ready, task, exit } = running;
+            let mut starting = Starting { task: task.abort_handle(), done: false };
             let ready = tokio::time::timeout(start, ready).await;
             let failure = match ready {
                 Ok(Ok(Ok(opened))) => {
+                    starting.done = true;
                     let link = AcpLink {
                         commands,
                         backend_session: opened.session,
@@ -168,6 +170,22 @@ impl Link for AcpLink {
     fn kill(&self) {
         // Dropping the connection's future kills the agent's whole process group.
         self.task.abort();
+    }
+}
+
+/// The connection's task while `connect` waits for it: a caller that drops `connect` midway (a timeout around
+/// `create`, a game task dropped with its menu) stops the agent instead of leaving it running, unheld.
+struct Starting {
+    task: tokio::task::AbortHandle,
+    done: bool,
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        if !self.done {
+            // Aborting the connection's future kills the agent's process group.
+            self.task.abort();
+        }
     }
 }
 
