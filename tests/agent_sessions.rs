@@ -464,6 +464,29 @@ fn s2_an_agent_that_exits_between_turns_fails_the_session_at_once_saying_why() {
     resumes_into_the_same_agent_session(&game, &session);
 }
 
+#[test]
+fn s2_an_agent_that_exits_the_instant_it_ends_a_turn_fails_the_session_without_another_message() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("the session starts");
+    // Its answer and its exit reach the game together: in most rounds the answer first, in some the exit.
+    let _hud = Hud::watch(&session);
+    for round in 0..100 {
+        match game.block_on(session.send_text("leave-now")) {
+            Ok(turn) => assert_eq!(turn.stop_reason, StopReason::EndTurn),
+            // The exit overtook the answer: the turn fails with it.
+            Err(error) => assert_eq!(error.code, ErrorCode::AgentUnavailable, "round {round}: {error}"),
+        }
+        // Either way, the game learns of the exit by itself.
+        let until = Instant::now() + LIMIT;
+        while session.status() != ConversationStatus::Error {
+            assert!(Instant::now() < until, "round {round}: the exit was never reported: {:#?}", game.log.lines());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    }
+}
+
 /// After one turn and a failure: `resume` restarts the agent in the same agent session (it remembers both turns).
 fn resumes_into_the_same_agent_session(game: &Game, session: &AgentSession) {
     assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);

@@ -194,12 +194,8 @@ impl ConversationHub {
     /// Publishes an event of an in-game agent session (chat, errors, permission requests) in its conversation's
     /// sequence. Ignored for an unknown conversation.
     pub(crate) fn publish_chat(&self, event: ConversationEvent) {
-        let mut inner = self.inner.lock();
-        let HubInner { conversations, watchers, .. } = &mut *inner;
-        if let Some(entry) = conversations.get_mut(event.conversation()) {
-            entry.last_activity = Instant::now();
-            publish(&self.game, watchers, entry, event);
-        }
+        let id = event.conversation().clone();
+        self.publish_chat_then_set(&id, vec![event], None);
     }
 
     /// Forgets `id`, which never became a session (its agent failed to start): nothing is published.
@@ -211,10 +207,26 @@ impl ConversationHub {
     /// started or ended, its backend failed): applied like an agent's report, published with source `Host`.
     /// `Ended` is not set this way: see [`end`](Self::end).
     pub(crate) fn host_sets(&self, id: &ConversationId, status: ConversationStatus) -> Reported {
+        self.publish_chat_then_set(id, Vec::new(), Some(status))
+    }
+
+    /// Publishes `events` of an in-game agent session, then sets `status` as [`host_sets`](Self::host_sets)
+    /// does, as one step: whoever sees the last of them (a reply completed, an error) and then asks for the
+    /// status gets the status that follows them.
+    pub(crate) fn publish_chat_then_set(
+        &self,
+        id: &ConversationId,
+        events: Vec<ConversationEvent>,
+        status: Option<ConversationStatus>,
+    ) -> Reported {
         let mut inner = self.inner.lock();
         let HubInner { conversations, watchers, .. } = &mut *inner;
         let Some(entry) = conversations.get_mut(id) else { return Reported::Refused };
         entry.last_activity = Instant::now();
+        for event in events {
+            publish(&self.game, watchers, entry, event);
+        }
+        let Some(status) = status else { return Reported::Unchanged };
         if status == ConversationStatus::Ended || !entry.facts.agent_reports(status) {
             return Reported::Refused;
         }

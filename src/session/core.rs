@@ -367,12 +367,8 @@ impl SessionCore {
                     );
                 }
             }
-            for item in feed {
-                self.host.feed(item);
-            }
-            if ended_turn.is_some() {
-                self.host.set_status(&self.id, ConversationStatus::Idle);
-            }
+            let idle = ended_turn.as_ref().map(|_| ConversationStatus::Idle);
+            self.host.publish(&self.id, feed, idle);
         }
         // Commit, then notify: the status is `Idle` before the turn's waiter hears of its end.
         if let Some((turn, stop)) = ended_turn {
@@ -426,10 +422,7 @@ impl SessionCore {
                 message: error.message.clone(),
                 sequence: 0,
             }));
-            for item in feed {
-                self.host.feed(item);
-            }
-            self.host.set_status(&self.id, ConversationStatus::Error);
+            self.host.publish(&self.id, feed, Some(ConversationStatus::Error));
             (state.link.take(), state.turn.take())
         };
         tracing::warn!(session = %self.id, code = %error.code, message = %error.message, "the in-game agent session failed");
@@ -468,9 +461,7 @@ impl SessionCore {
             state.generation += 1;
             let mut feed = Vec::new();
             self.finish_message(&mut state, &mut feed);
-            for item in feed {
-                self.host.feed(item);
-            }
+            self.host.publish(&self.id, feed, None);
             (state.link.take(), state.credential.take(), state.turn.take())
         };
         if let Some(credential) = credential {

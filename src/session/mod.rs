@@ -113,11 +113,6 @@ pub(crate) struct SessionHost {
 }
 
 impl SessionHost {
-    /// Publishes a chat event in its session's conversation sequence.
-    pub(crate) fn feed(&self, event: crate::conversation::ConversationEvent) {
-        self.agent.host().conversations.publish_chat(event);
-    }
-
     /// The MCP endpoint with a new credential for the session (revoke it with [`revoke`](Self::revoke)), or why
     /// the game serves no MCP. A session created while the app is being built waits, up to `wait`, for the app's
     /// `finish`, where the server is looked up.
@@ -157,6 +152,17 @@ impl SessionHost {
 
     pub(crate) fn set_status(&self, id: &ConversationId, status: ConversationStatus) {
         self.agent.host().conversations.host_sets(id, status);
+    }
+
+    /// Publishes a session's chat events, then its status, as one step (see
+    /// `ConversationHub::publish_chat_then_set`).
+    pub(crate) fn publish(
+        &self,
+        id: &ConversationId,
+        events: Vec<crate::conversation::ConversationEvent>,
+        status: Option<ConversationStatus>,
+    ) {
+        self.agent.host().conversations.publish_chat_then_set(id, events, status);
     }
 
     /// The session's folder (`<data_dir>/<id>`, the user's alone) and its own working directory in it, created

@@ -58,13 +58,9 @@ pub(crate) fn spawn(
     let task = runtime.spawn({
         let sink = sink.clone();
         let exit = exit.clone();
-        // Set when the session core closes the connection (or set-up fails): any other end is the agent's.
-        let closing = Arc::new(AtomicBool::new(false));
-        // Turns under way: the end of one reports an agent that went away during it.
-        let turns = Arc::new(AtomicUsize::new(0));
+        let ending = Ending::default();
         async move {
-            let (asked_to_close, turns_running) = (closing.clone(), turns.clone());
-            let gone = sink.clone();
+            let (end, gone, asked_to_close) = (ending.clone(), sink.clone(), ending.closing.clone());
             let notifications = sink.clone();
             let permissions = sink.clone();
             let replaying = replay.clone();
@@ -98,9 +94,9 @@ pub(crate) fn spawn(
                     agent_client_protocol::on_receive_request!(),
                 )
                 .connect_with(agent, async move |cx: ConnectionTo<Agent>| {
-                    let ran = run(cx, setup, inbox, ready_tx, replay, Reports { sink, exit, turns }).await;
+                    let ran = run(cx, setup, inbox, ready_tx, replay, Reports { sink, exit, ending }).await;
                     if ran.is_ok() {
-                        closing.store(true, Ordering::SeqCst);
+                        asked_to_close.store(true, Ordering::SeqCst);
                     }
                     ran
                 })
@@ -110,13 +106,8 @@ pub(crate) fn spawn(
                 Err(error) => describe(&error),
             };
             let _ = exit_tx.send(Some(why.clone()));
-            if !asked_to_close.load(Ordering::SeqCst) && turns_running.load(Ordering::SeqCst) == 0 {
-                // The agent went away between turns (a turn's own end reports it during one): the session fails
-                // now, saying why, instead of looking idle until the player's next message.
-                let why = if why.is_empty() { "it closed the connection".to_string() } else { why };
-                let message = format!("the agent stopped: {why}");
-                gone(BackendEvent::Exited(Some(ToolError::with_code(ErrorCode::AgentUnavailable, message))));
-            }
+            end.ended.store(true, Ordering::SeqCst);
+            end.report_exit(&gone, &why);
         }
     });
     (commands, Running { ready, task, exit })
@@ -150,11 +141,52 @@ fn unavailable(what: &str, error: &agent_client_protocol::Error) -> ToolError {
     ToolError::with_code(ErrorCode::AgentUnavailable, format!("{what}: {}", describe(error)))
 }
 
-/// Where a turn's end is reported, the connection's end, and the turns under way.
+/// Where a turn's end is reported, the connection's end, and who reports an end nobody asked for.
 struct Reports {
     sink: EventSink,
     exit: ExitWatch,
+    ending: Ending,
+}
+
+/// The agent going away when the game did not close the connection fails the session at once, saying why,
+/// instead of leaving it looking idle until the player's next message. Exactly one reports it: the connection's
+/// end when no turn is under way; else the end of the turn under way (during a turn, the turn's failure says
+/// it; a turn the agent answered just before it went reports it after that answer).
+#[derive(Clone, Default)]
+struct Ending {
+    /// Set when the session core closes the connection (or set-up fails): any other end is the agent's.
+    closing: Arc<AtomicBool>,
+    /// Set once the connection ended (after the exit watch has its reason).
+    ended: Arc<AtomicBool>,
+    /// Turns under way.
     turns: Arc<AtomicUsize>,
+    /// Whether the end was reported.
+    reported: Arc<AtomicBool>,
+}
+
+impl Ending {
+    /// Reports the connection's end, `why`, unless the game closed it, a turn is still under way (its end
+    /// reports it), or it was reported already.
+    fn report_exit(&self, sink: &EventSink, why: &str) {
+        if self.closing.load(Ordering::SeqCst)
+            || self.turns.load(Ordering::SeqCst) != 0
+            || self.reported.swap(true, Ordering::SeqCst)
+        {
+            return;
+        }
+        let why = if why.is_empty() { "it closed the connection" } else { why };
+        let message = format!("the agent stopped: {why}");
+        sink(BackendEvent::Exited(Some(ToolError::with_code(ErrorCode::AgentUnavailable, message))));
+    }
+
+    /// A turn's end: if the connection ended meanwhile, its end is reported now (after the turn's answer).
+    fn turn_ended(&self, sink: &EventSink, exit: &ExitWatch) {
+        self.turns.fetch_sub(1, Ordering::SeqCst);
+        if self.ended.load(Ordering::SeqCst) {
+            let why = exit.borrow().clone().unwrap_or_default();
+            self.report_exit(sink, &why);
+        }
+    }
 }
 
 async fn run(
@@ -163,7 +195,7 @@ async fn run(
     mut inbox: UnboundedReceiver<Command>,
     ready: oneshot::Sender<Result<Opened, ToolError>>,
     replay: Replay,
-    Reports { sink, exit, turns }: Reports,
+    Reports { sink, exit, ending }: Reports,
 ) -> Result<(), agent_client_protocol::Error> {
     let opened = match open(&cx, &setup, &replay).await {
         Ok(opened) => opened,
@@ -187,10 +219,8 @@ async fn run(
                     .map(|PromptBlock::Text(text)| ContentBlock::Text(TextContent::new(text)))
                     .collect();
                 let sent = cx.send_request(PromptRequest::new(session.clone(), prompt));
-                let sink = sink.clone();
-                let exit = exit.clone();
-                let turns = turns.clone();
-                turns.fetch_add(1, Ordering::SeqCst);
+                let (sink, exit, ending) = (sink.clone(), exit.clone(), ending.clone());
+                ending.turns.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
                     let event = match sent.block_task().await {
                         Ok(response) => {
@@ -198,7 +228,9 @@ async fn run(
                         }
                         Err(error) if agent_gone(&error) => {
                             // The agent went away: its exit says why (status, stderr), and fails the session.
-                            let why = tokio::time::timeout(std::time::Duration::from_secs(3), wait_exit(exit)).await;
+                            ending.reported.store(true, Ordering::SeqCst);
+                            let why =
+                                tokio::time::timeout(std::time::Duration::from_secs(3), wait_exit(exit.clone())).await;
                             let why = why.ok().flatten().unwrap_or_else(|| describe(&error));
                             BackendEvent::Exited(Some(ToolError::with_code(
                                 ErrorCode::AgentUnavailable,
@@ -210,7 +242,7 @@ async fn run(
                         }
                     };
                     sink(event);
-                    turns.fetch_sub(1, Ordering::SeqCst);
+                    ending.turn_ended(&sink, &exit);
                 });
             }
             Command::Cancel => {
