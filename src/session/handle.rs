@@ -28,19 +28,14 @@ const CONTEXT_WAIT: Duration = Duration::from_millis(500);
 pub struct AgentSessions {
     host: Arc<SessionHost>,
     live: Arc<Mutex<HashMap<ConversationId, Arc<SessionCore>>>>,
-    /// One lock per session id that was resumed or forgotten: the second of two concurrent `resume_session`
+    /// One lock per session id being resumed or forgotten: the second of two concurrent `resume_session`
     /// calls waits for the first and gets its session, instead of connecting a second agent beside it.
-    by_id: Arc<Mutex<HashMap<ConversationId, Arc<tokio::sync::Mutex<()>>>>>,
+    by_id: IdLocks,
 }
 
 impl AgentSessions {
     pub(crate) fn new(host: Arc<SessionHost>) -> Self {
-        Self { host, live: Arc::default(), by_id: Arc::default() }
-    }
-
-    /// The lock of session `id`, for a resume or a forget.
-    fn lock_of(&self, id: &ConversationId) -> Arc<tokio::sync::Mutex<()>> {
-        self.by_id.lock().entry(id.clone()).or_default().clone()
+        Self { host, live: Arc::default(), by_id: IdLocks::default() }
     }
 
     pub(crate) fn host(&self) -> &SessionHost {
@@ -73,8 +68,7 @@ impl AgentSessions {
         if id.as_str().is_empty() {
             return Err(ToolError::invalid_input("session", "the session id is empty"));
         }
-        let lock = self.lock_of(&id);
-        let _resuming = lock.lock().await;
+        let _resuming = self.by_id.lock(&id).await;
         if let Some(core) = self.live.lock().get(&id).cloned() {
             return Ok(AgentSession { core, sessions: self.clone() });
         }
@@ -107,8 +101,7 @@ impl AgentSessions {
         if id.as_str().is_empty() {
             return Err(ToolError::invalid_input("session", "the session id is empty"));
         }
-        let lock = self.lock_of(&id);
-        let _forgetting = lock.lock().await;
+        let _forgetting = self.by_id.lock(&id).await;
         let live = self.live.lock().remove(&id);
         if let Some(core) = &live {
             core.end_and_forget().await;
@@ -153,6 +146,39 @@ impl AgentSessions {
         drop(done);
         let until = crate::deadline::after(std::time::Instant::now(), deadline);
         while all_done.recv_deadline(until).is_ok() {}
+    }
+}
+
+/// The locks of session ids being resumed or forgotten. An id's lock is kept while someone holds or awaits it,
+/// and dropped with the last of them, so a long game does not keep one per id it ever resumed.
+#[derive(Clone, Default)]
+struct IdLocks(Arc<Mutex<HashMap<ConversationId, Arc<tokio::sync::Mutex<()>>>>>);
+
+/// Session `id`'s lock, held (or awaited: dropping it then gives up the wait).
+struct IdLock {
+    locks: IdLocks,
+    id: ConversationId,
+    held: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl IdLocks {
+    async fn lock(&self, id: &ConversationId) -> IdLock {
+        let lock = self.0.lock().entry(id.clone()).or_default().clone();
+        // Made before the wait: a caller that gives up waiting still prunes the id's lock.
+        let mut taken = IdLock { locks: self.clone(), id: id.clone(), held: None };
+        taken.held = Some(lock.lock_owned().await);
+        taken
+    }
+}
+
+impl Drop for IdLock {
+    fn drop(&mut self) {
+        self.held = None;
+        // Clones are made under the map's lock: one count left means nobody else holds or awaits it.
+        let mut locks = self.locks.0.lock();
+        if locks.get(&self.id).is_some_and(|lock| Arc::strong_count(lock) == 1) {
+            locks.remove(&self.id);
+        }
     }
 }
 
@@ -302,4 +328,42 @@ fn random_hex() -> Result<String, ToolError> {
     getrandom::fill(&mut bytes)
         .map_err(|error| ToolError::internal(format!("no randomness for a session id: {error}")))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::{Context, Poll, Waker};
+
+    use super::*;
+
+    /// Polls `future` once, without waiting.
+    fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
+        Pin::new(future).poll(&mut Context::from_waker(Waker::noop()))
+    }
+
+    #[test]
+    fn an_ids_lock_is_shared_while_held_or_awaited_and_dropped_with_the_last_holder() {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+        runtime.block_on(async {
+            let locks = IdLocks::default();
+            let id = ConversationId::new("chat-1");
+            let first = locks.lock(&id).await;
+            let mut second = Box::pin(locks.lock(&id));
+            assert!(poll_once(&mut second).is_pending(), "the second waits for the first");
+            assert_eq!(locks.0.lock().len(), 1, "one lock for the id");
+            drop(first);
+            let second = second.await;
+            assert_eq!(locks.0.lock().len(), 1, "kept while the second holds it");
+            drop(second);
+            assert_eq!(locks.0.lock().len(), 0, "dropped with its last holder");
+
+            // A waiter that gives up leaves nothing behind either.
+            let first = locks.lock(&id).await;
+            let mut waiting = Box::pin(locks.lock(&id));
+            assert!(poll_once(&mut waiting).is_pending());
+            drop(waiting);
+            drop(first);
+            assert_eq!(locks.0.lock().len(), 0);
+        });
+    }
 }
