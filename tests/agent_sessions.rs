@@ -15,7 +15,9 @@ use bevy_agent_tools::mcp::{McpPlugin, McpServer};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::session::*;
 use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
-use bevy_agent_tools::{CallFinished, CallStarted, ConversationId, ConversationStatus, ConversationStatusChanged};
+use bevy_agent_tools::{
+    CallFinished, CallStarted, ConversationEvent, ConversationId, ConversationStatus, ConversationStatusChanged,
+};
 use common::*;
 use parking_lot::Mutex;
 
@@ -276,6 +278,11 @@ fn s1_send_text_during_a_turn_is_session_busy_and_nothing_is_sent_and_cancel_end
     );
 }
 
+/// How many rounds a race test runs: `ci`, or `SESSION_RACE_ROUNDS` (the long runs in RELIABILITY.md).
+fn rounds(ci: usize) -> usize {
+    std::env::var("SESSION_RACE_ROUNDS").ok().and_then(|n| n.parse().ok()).unwrap_or(ci)
+}
+
 /// A HUD on another thread reading the session's status all the while, until dropped.
 struct Hud {
     done: Arc<std::sync::atomic::AtomicBool>,
@@ -322,7 +329,7 @@ fn the_status_is_running_while_a_turn_runs_even_one_sent_the_instant_the_last_on
     let game = Game::start(&dirs);
     let session = game.create(agent(&dirs, &[])).expect("the session starts");
     let _hud = Hud::watch(&session);
-    for round in 0..100 {
+    for round in 0..rounds(100) {
         let first = game.block_on(session.start_turn("hello")).expect("sent");
         // The next text goes while the first turn's end is being published.
         let waiting = game.block_on(send_when_taken(&session, "wait", ErrorCode::SessionBusy));
@@ -341,7 +348,7 @@ fn the_status_is_running_while_a_turn_runs_even_one_sent_the_instant_a_resume_we
     let game = Game::start(&dirs);
     let session = game.create(agent(&dirs, &[])).expect("the session starts");
     let _hud = Hud::watch(&session);
-    for round in 0..5 {
+    for round in 0..rounds(5) {
         let (code, _) = code_of(game.block_on(session.send_text("crash")));
         assert_eq!(code, ErrorCode::AgentUnavailable);
         let resumed = game.game.agent().runtime().spawn({
@@ -471,7 +478,7 @@ fn s2_an_agent_that_exits_the_instant_it_ends_a_turn_fails_the_session_without_a
     let session = game.create(agent(&dirs, &[])).expect("the session starts");
     // Its answer and its exit reach the game together: in most rounds the answer first, in some the exit.
     let _hud = Hud::watch(&session);
-    for round in 0..100 {
+    for round in 0..rounds(100) {
         match game.block_on(session.send_text("leave-now")) {
             Ok(turn) => assert_eq!(turn.stop_reason, StopReason::EndTurn),
             // The exit overtook the answer: the turn fails with it.
@@ -798,14 +805,20 @@ fn a_permission_prompt_of_a_session_that_ends_is_settled_withdrawn_before_its_en
     let line = game.log.wait_for(&format!("permission {id} "));
     let request: u64 = line.split(' ').nth(2).and_then(|n| n.parse().ok()).expect("a request number");
 
+    // Every event from now on, in the order published.
+    let mut events = game.game.agent().subscribe();
     game.block_on(session.end());
     let (code, _) = code_of(game.block_on(pending));
     assert_eq!(code, ErrorCode::SessionEnded);
-    game.log.wait_for(&format!("status {id} running->ended"));
-    let lines: Vec<String> = game.log.lines().into_iter().filter(|line| line.contains(&id)).collect();
-    let settled = lines.iter().position(|line| *line == format!("settled {id} {request} withdrawn"));
-    let ended = lines.iter().position(|line| line.starts_with(&format!("status {id} running->ended")));
-    assert!(settled.is_some() && settled < ended, "the prompt is taken down, then the session ends: {lines:#?}");
+    let events = events.drain();
+    let settled = events.iter().position(|event| {
+        matches!(event, ConversationEvent::PermissionSettled(settled)
+            if settled.request == request && settled.outcome == PermissionOutcome::Withdrawn)
+    });
+    let ended =
+        events.iter().position(|event| event.as_status().is_some_and(|s| s.status == ConversationStatus::Ended));
+    assert!(settled.is_some() && settled < ended, "the prompt is taken down, then the session ends: {events:#?}");
+    game.log.wait_for(&format!("settled {id} {request} withdrawn"));
     assert!(!game.sessions.answer_permission(request, true), "nobody waits for an answer any more");
     dirs.wait_no_agents(LIMIT);
 }

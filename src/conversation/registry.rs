@@ -1,7 +1,8 @@
 //! The host's conversations: each one's status facts, event sequence, calls in flight and subscribers.
 //!
 //! Its lock is a leaf: the host takes it after its own state lock (admission) or after a call's step lock (a
-//! call's outcome), and never calls back into a call while holding it. Events are published under the lock, so
+//! call's outcome), an in-game agent session after its state lock and its permission requests' lock; it never
+//! calls back into a call or a session while holding it. Events are published under the lock, so
 //! every subscriber sees one conversation's events in sequence order, and a snapshot taken under it is exactly
 //! the state before the next event.
 

@@ -5,8 +5,9 @@
 //! Its state lock is held for a decision and for publishing what it decided (chat events and status changes go
 //! to the conversation hub under it), so they are published in the order they were decided: a turn's `Idle`
 //! never lands after the next turn's `Running`. Nothing else is locked, awaited or called back while it is held,
-//! except the hub's, the credentials' and the permission requests' locks (leaves: they lock nothing else) and
-//! sending on channels. The waiters (a turn's outcome) are told after it is released.
+//! except, in this order, the permission requests' lock, the hub's lock, and the credentials' (and the MCP
+//! server's `watch`) locks, which lock nothing else and call nothing back, and sending on channels. The waiters
+//! (a turn's outcome) are told after it is released.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -200,20 +201,24 @@ impl SessionCore {
 
     /// Stops what [`connect`](Self::connect) started for a session nobody will hold (its `create` or
     /// `resume_session` failed, or its caller dropped it midway): the agent is killed and the credential
-    /// revoked. Publishes nothing: the conversation is forgotten by the caller.
-    pub(crate) fn abandon(&self) {
+    /// revoked, its permission requests withdrawn. Publishes nothing else: the conversation is forgotten by the
+    /// caller. Returns whether the agent had been connected.
+    pub(crate) fn abandon(&self) -> bool {
         let (link, credential) = {
             let mut state = self.state.lock();
             state.phase = Phase::Ended;
             state.generation += 1;
+            self.host.permissions.withdraw_all(&self.id, PermissionDecision::Deny);
             (state.link.take(), state.credential.take())
         };
         if let Some(credential) = credential {
             self.host.revoke(&credential);
         }
+        let connected = link.is_some();
         if let Some(link) = link {
             link.kill();
         }
+        connected
     }
 
     fn sink(self: &Arc<Self>, generation: u64) -> EventSink {
@@ -300,16 +305,15 @@ impl SessionCore {
 
     /// Asks the agent to cancel the running turn. Returns whether a turn was running.
     pub(crate) fn cancel(self: &Arc<Self>) -> bool {
-        let (link, number) = {
+        let number = {
             let state = self.state.lock();
-            match (&state.turn, &state.link) {
-                (Some(turn), Some(link)) => (link.clone(), turn.number),
-                _ => return false,
-            }
+            let (Some(turn), Some(link)) = (&state.turn, &state.link) else { return false };
+            link.cancel();
+            // After `session/cancel` the agent waits for its pending permission requests' answers: `cancelled`.
+            // Under the lock: they are this turn's, not a next one's.
+            self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
+            turn.number
         };
-        link.cancel();
-        // After `session/cancel` the agent waits for its pending permission requests' answers: `cancelled`.
-        self.host.permissions.withdraw_all(&self.id);
         self.watch_turn(number, self.config.timeouts.cancel_grace, ErrorCode::Cancelled);
         true
     }
@@ -423,13 +427,13 @@ impl SessionCore {
                 sequence: 0,
             }));
             self.host.publish(&self.id, feed, Some(ConversationStatus::Error));
+            self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
             (state.link.take(), state.turn.take())
         };
         tracing::warn!(session = %self.id, code = %error.code, message = %error.message, "the in-game agent session failed");
         if let Some(link) = link {
             link.kill();
         }
-        self.host.permissions.withdraw_all(&self.id);
         if let Some(turn) = turn {
             let _ = turn.reply.send(Err(error));
         }
@@ -462,12 +466,13 @@ impl SessionCore {
             let mut feed = Vec::new();
             self.finish_message(&mut state, &mut feed);
             self.host.publish(&self.id, feed, None);
+            // Before `Ended`: a prompt the player sees goes before its session does.
+            self.host.permissions.withdraw_all(&self.id, PermissionDecision::Deny);
             (state.link.take(), state.credential.take(), state.turn.take())
         };
         if let Some(credential) = credential {
             self.host.revoke(&credential);
         }
-        self.host.permissions.withdraw_all(&self.id);
         // Publishes `Ended` once and ends the session's tool calls still in flight (`CANCELLED`); the visit is
         // untouched (S3).
         let _ = self.host.agent.end_conversation(&self.id);

@@ -200,10 +200,10 @@ impl Unkept<'_> {
 
 impl Drop for Unkept<'_> {
     fn drop(&mut self) {
-        self.core.abandon();
+        let connected = self.core.abandon();
         self.host.agent.host().conversations.forget(&self.core.id);
         if self.new {
-            self.host.records.remove_new(self.core.id.as_str());
+            self.host.records.remove_new(self.core.id.as_str(), connected);
         }
     }
 }

@@ -1,6 +1,9 @@
 //! Permission requests from agents: decided by the session's policy, or put to the player with a deadline. A
 //! request put to the player is published ([`PermissionRequested`]) and, however it ends, settled once
 //! ([`PermissionSettled`]): answered, timed out, or withdrawn with its turn or session.
+//!
+//! The book's lock is taken after a session's state lock (a request is put, or withdrawn, under it) and before
+//! the conversation hub's (requests and settlements are published under it, so they are in order).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,14 +30,16 @@ pub(crate) struct PermissionBook {
     runtime: tokio::runtime::Handle,
 }
 
-/// Whoever takes a request out of the waiting ones answers the agent and publishes the settlement: exactly one
-/// of the player, the timeout and a withdrawal does, since each removes it under the lock.
-fn settle(agent: &AgentHandle, request: u64, asked: Asked, outcome: PermissionOutcome) -> bool {
-    let decision = match outcome {
-        PermissionOutcome::Allowed => PermissionDecision::Allow,
-        PermissionOutcome::Denied | PermissionOutcome::TimedOut => PermissionDecision::Deny,
-        PermissionOutcome::Withdrawn => PermissionDecision::Cancelled,
-    };
+/// Whoever takes a request out of the waiting ones answers the agent (`decision`) and publishes the
+/// settlement, still holding the lock it was taken under: exactly one of the player, the timeout and a
+/// withdrawal does, and a withdrawal (a session's end) finds every earlier settlement already published.
+fn settle(
+    agent: &AgentHandle,
+    request: u64,
+    asked: Asked,
+    outcome: PermissionOutcome,
+    decision: PermissionDecision,
+) -> bool {
     let delivered = asked.reply.send(decision).is_ok();
     let settled = PermissionSettled { session: asked.session, request, outcome, sequence: 0 };
     agent.host().conversations.publish_chat(ConversationEvent::PermissionSettled(settled));
@@ -74,10 +79,10 @@ impl PermissionBook {
                 let (waiting, agent) = (self.waiting.clone(), self.agent.clone());
                 self.runtime.spawn(async move {
                     tokio::time::sleep(timeout).await;
-                    let asked = waiting.lock().remove(&request);
-                    if let Some(asked) = asked {
+                    let mut waiting = waiting.lock();
+                    if let Some(asked) = waiting.remove(&request) {
                         tracing::info!(request, ?timeout, "no answer to the permission request: denied");
-                        settle(&agent, request, asked, PermissionOutcome::TimedOut);
+                        settle(&agent, request, asked, PermissionOutcome::TimedOut, PermissionDecision::Deny);
                     }
                 });
             }
@@ -86,21 +91,25 @@ impl PermissionBook {
 
     /// The player's answer. Returns false if the request is not waiting (answered, timed out, or unknown).
     pub(crate) fn answer(&self, request: u64, allow: bool) -> bool {
-        let Some(asked) = self.waiting.lock().remove(&request) else { return false };
-        let outcome = if allow { PermissionOutcome::Allowed } else { PermissionOutcome::Denied };
-        settle(&self.agent, request, asked, outcome)
+        let mut waiting = self.waiting.lock();
+        let Some(asked) = waiting.remove(&request) else { return false };
+        let (outcome, decision) = if allow {
+            (PermissionOutcome::Allowed, PermissionDecision::Allow)
+        } else {
+            (PermissionOutcome::Denied, PermissionDecision::Deny)
+        };
+        settle(&self.agent, request, asked, outcome, decision)
     }
 
-    /// Withdraws every request of `session` still waiting (its turn was cancelled, it failed or ended): the
-    /// agent is answered `cancelled` (what ACP asks of a client that cancels a turn; an agent that is going away
-    /// reads it as a refusal), not left waiting for a player who will not be asked again.
-    pub(crate) fn withdraw_all(&self, session: &ConversationId) {
-        // Answered outside the lock: a reply wakes the agent's side.
-        let mut withdrawn: Vec<(u64, Asked)> =
-            self.waiting.lock().extract_if(|_, asked| &asked.session == session).collect();
+    /// Withdraws every request of `session` still waiting, answering the agent `decision`: `cancelled` when its
+    /// turn was cancelled or it failed (what ACP asks of a client that cancels a turn), `deny` when the session
+    /// ends. The agent is not left waiting for a player who will not be asked again.
+    pub(crate) fn withdraw_all(&self, session: &ConversationId, decision: PermissionDecision) {
+        let mut waiting = self.waiting.lock();
+        let mut withdrawn: Vec<(u64, Asked)> = waiting.extract_if(|_, asked| &asked.session == session).collect();
         withdrawn.sort_by_key(|(request, _)| *request);
         for (request, asked) in withdrawn {
-            settle(&self.agent, request, asked, PermissionOutcome::Withdrawn);
+            settle(&self.agent, request, asked, PermissionOutcome::Withdrawn, decision);
         }
     }
 }

@@ -4,8 +4,11 @@
 //! if the user owns it and no one else may write it (`crate::private`): a record names the program its session
 //! starts.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::SessionConfig;
@@ -29,16 +32,21 @@ pub(crate) struct Records {
     /// The default data dir's parent, the user's own temporary directory: made private before use.
     private_root: Option<PathBuf>,
     runtime: tokio::runtime::Handle,
+    /// New sessions given up on after they connected (their `create` dropped while their first record was
+    /// being written): a write of theirs still under way is dropped, not left as a folder nobody knows. Its lock
+    /// is held by each record write and folder removal, so one never runs into the other.
+    abandoned: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Records {
     /// Records under `data_dir`, or under the default (`<the user's own temporary directory>/sessions`).
     pub(crate) fn new(data_dir: Option<PathBuf>, runtime: tokio::runtime::Handle) -> Self {
         match data_dir {
-            Some(data_dir) => Self { data_dir, private_root: None, runtime },
+            Some(data_dir) => Self { data_dir, private_root: None, runtime, abandoned: Arc::default() },
             None => {
                 let root = crate::private::default_dir();
-                Self { data_dir: root.join("sessions"), private_root: Some(root), runtime }
+                let data_dir = root.join("sessions");
+                Self { data_dir, private_root: Some(root), runtime, abandoned: Arc::default() }
             }
         }
     }
@@ -67,6 +75,10 @@ impl Records {
         let Ok(path) = self.path(&record.id) else { return };
         let records = self.clone();
         let written = self.runtime.spawn_blocking(move || {
+            let abandoned = records.abandoned.lock();
+            if abandoned.contains(&record.id) {
+                return;
+            }
             if let Err(error) = records.session_dir(&record.id).and_then(|_| write(&path, &record)) {
                 tracing::error!(session = %record.id, path = %path.display(), %error, "could not save the session's record");
             }
@@ -86,16 +98,7 @@ impl Records {
             if !is_folder || !(has_record || of_this_run) {
                 return Ok(false);
             }
-            // A write that was already under way (a history at the end of a turn) can land meanwhile: again.
-            let mut attempts = 0;
-            loop {
-                match std::fs::remove_dir_all(&dir) {
-                    Ok(()) => return Ok(true),
-                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(true),
-                    Err(_) if attempts < 3 => attempts += 1,
-                    Err(error) => return Err(error),
-                }
-            }
+            remove_folder(&dir).map(|()| true)
         });
         match removed.await.map_err(std::io::Error::other).and_then(|removed| removed) {
             Ok(true) => Ok(()),
@@ -104,18 +107,23 @@ impl Records {
         }
     }
 
-    /// Removes the folder of a new session `id` that never became one (its start failed or was dropped), on a
-    /// blocking thread: a game whose agent cannot start is not left a folder per attempt.
-    pub(crate) fn remove_new(&self, id: &str) {
+    /// Removes the folder of a new session `id` that never became one (its start failed, or its `create` was
+    /// dropped), on a blocking thread: a game whose agent cannot start is not left a folder per attempt.
+    /// `connected`: its agent had started, so its first record may be being written: that write is dropped.
+    pub(crate) fn remove_new(&self, id: &str, connected: bool) {
         if check_id(id).is_err() {
             return;
         }
+        if connected {
+            self.abandoned.lock().insert(id.to_string());
+        }
         let dir = super::config::session_dir(&self.data_dir, id);
-        self.runtime.spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+        let abandoned = self.abandoned.clone();
+        self.runtime.spawn_blocking(move || {
+            let _writes = abandoned.lock();
+            if let Err(error) = remove_folder(&dir) {
                 tracing::warn!(path = %dir.display(), %error, "could not remove the folder of a session that did not start");
             }
-            _ => {}
         });
     }
 
@@ -140,6 +148,20 @@ impl Records {
             .with_detail("session", id.as_str())),
             Ok(Err(error)) => Err(ToolError::internal(format!("could not read the record of session `{id}`: {error}"))),
             Err(error) => Err(ToolError::internal(format!("could not read the record of session `{id}`: {error}"))),
+        }
+    }
+}
+
+/// Removes `dir` and what is in it; a folder already gone is removed. A file that lands meanwhile (a history
+/// written at the end of a turn, an agent writing in its working directory as it is stopped): again, three times.
+fn remove_folder(dir: &Path) -> std::io::Result<()> {
+    let mut attempts = 0;
+    loop {
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => return Ok(()),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(_) if attempts < 3 => attempts += 1,
+            Err(error) => return Err(error),
         }
     }
 }

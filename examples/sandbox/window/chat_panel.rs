@@ -1,6 +1,7 @@
 //! The chat panel: T opens it, typing fills the input line, Enter sends it to the in-game agent (the same
 //! `say` the console has), Esc closes it. The agent's replies stream in as they arrive; its status shows on top;
-//! a permission request becomes a prompt that Y allows and N denies.
+//! a permission request becomes a prompt that Y allows and N denies (several wait in the order asked; one that
+//! timed out or was withdrawn with its turn leaves the panel by itself).
 
 use std::collections::VecDeque;
 
@@ -28,8 +29,8 @@ pub struct ChatPanel {
     /// The agent message being streamed: its id and the text so far.
     streaming: Option<(String, String)>,
     status: Option<String>,
-    /// A permission request waiting for the player: its number and tool.
-    asking: Option<(u64, String)>,
+    /// The permission requests waiting for the player, in the order asked: number and tool. The first is shown.
+    asking: VecDeque<(u64, String)>,
 }
 
 /// The panel's node and text.
@@ -68,7 +69,7 @@ pub fn type_keys(
     agents: Option<Res<AgentSessions>>,
 ) {
     for key in keys.read().filter(|key| key.state.is_pressed()) {
-        if let Some((request, tool)) = panel.asking.clone() {
+        if let Some((request, tool)) = panel.asking.front().cloned() {
             let answer = match &key.logical_key {
                 Key::Character(c) if c.eq_ignore_ascii_case("y") => Some(true),
                 Key::Character(c) if c.eq_ignore_ascii_case("n") => Some(false),
@@ -82,7 +83,7 @@ pub fn type_keys(
                 }));
                 let verdict = if allow { "allowed" } else { "denied" };
                 panel.push(format!("[{verdict} {tool}]"));
-                panel.asking = None;
+                panel.asking.pop_front();
                 continue;
             }
         }
@@ -127,6 +128,16 @@ pub struct ChatReaders<'w, 's> {
     statuses: MessageReader<'w, 's, ConversationStatusChanged>,
 }
 
+/// One event the panel shows.
+enum PanelEvent {
+    Delta(ChatDelta),
+    Message(ChatMessage),
+    Error(ChatError),
+    Permission(PermissionRequested),
+    Settled(PermissionSettled),
+    Status(ConversationStatusChanged),
+}
+
 /// The in-game sessions' events, in their conversation's order.
 pub fn read_messages(
     mut panel: ResMut<ChatPanel>,
@@ -136,52 +147,22 @@ pub fn read_messages(
 ) {
     let ChatReaders { deltas, messages, errors, permissions, settled, statuses } = &mut read;
     let Some(agents) = agents else { return };
-    enum Event {
-        Delta(ChatDelta),
-        Message(ChatMessage),
-        Error(ChatError),
-        Permission(PermissionRequested),
-        Settled(PermissionSettled),
-        Status(ConversationStatusChanged),
-    }
-    let mut events: Vec<(u64, Event)> = Vec::new();
-    events.extend(deltas.read().map(|m| (m.sequence, Event::Delta(m.clone()))));
-    events.extend(messages.read().map(|m| (m.sequence, Event::Message(m.clone()))));
-    events.extend(errors.read().map(|m| (m.sequence, Event::Error(m.clone()))));
-    events.extend(permissions.read().map(|m| (m.sequence, Event::Permission(m.clone()))));
-    events.extend(settled.read().map(|m| (m.sequence, Event::Settled(m.clone()))));
+    let mut events: Vec<(u64, PanelEvent)> = Vec::new();
+    events.extend(deltas.read().map(|m| (m.sequence, PanelEvent::Delta(m.clone()))));
+    events.extend(messages.read().map(|m| (m.sequence, PanelEvent::Message(m.clone()))));
+    events.extend(errors.read().map(|m| (m.sequence, PanelEvent::Error(m.clone()))));
+    events.extend(permissions.read().map(|m| (m.sequence, PanelEvent::Permission(m.clone()))));
+    events.extend(settled.read().map(|m| (m.sequence, PanelEvent::Settled(m.clone()))));
     events.extend(
         statuses
             .read()
             .filter(|m| agents.get(&m.conversation).is_some())
-            .map(|m| (m.sequence, Event::Status(m.clone()))),
+            .map(|m| (m.sequence, PanelEvent::Status(m.clone()))),
     );
     events.sort_by_key(|(sequence, _)| *sequence);
     for (_, event) in events {
-        match event {
-            Event::Delta(d) => match &mut panel.streaming {
-                Some((id, text)) if *id == d.message => text.push_str(&d.text),
-                _ => panel.streaming = Some((d.message, d.text)),
-            },
-            Event::Message(m) => {
-                panel.streaming = None;
-                panel.push(format!("agent: {}", m.text));
-            }
-            Event::Error(e) => {
-                panel.streaming = None;
-                panel.push(format!("error {}: {}", e.code, e.message));
-            }
-            Event::Permission(p) => {
-                panel.asking = Some((p.request, p.tool.clone()));
-                *focus = Focus::Chat;
-            }
-            // Settled without the player's key (timed out, withdrawn with its turn): the prompt goes.
-            Event::Settled(s) => {
-                if let Some((_, tool)) = panel.asking.take_if(|(request, _)| *request == s.request) {
-                    panel.push(format!("[{tool}: {}]", s.outcome));
-                }
-            }
-            Event::Status(s) => panel.status = Some(format!("{} {}", s.conversation, s.status)),
+        if panel.apply(event) {
+            *focus = Focus::Chat;
         }
     }
 }
@@ -197,7 +178,7 @@ pub fn draw(
         return;
     }
     if let Ok(mut visibility) = node.single_mut() {
-        let open = *focus == Focus::Chat || panel.asking.is_some();
+        let open = *focus == Focus::Chat || !panel.asking.is_empty();
         *visibility = if open { Visibility::Visible } else { Visibility::Hidden };
     }
     if let Ok(mut text) = text.single_mut() {
@@ -206,6 +187,38 @@ pub fn draw(
 }
 
 impl ChatPanel {
+    /// Shows `event`. Returns whether the panel must take the keys (a permission prompt).
+    fn apply(&mut self, event: PanelEvent) -> bool {
+        match event {
+            PanelEvent::Delta(d) => match &mut self.streaming {
+                Some((id, text)) if *id == d.message => text.push_str(&d.text),
+                _ => self.streaming = Some((d.message, d.text)),
+            },
+            PanelEvent::Message(m) => {
+                self.streaming = None;
+                self.push(format!("agent: {}", m.text));
+            }
+            PanelEvent::Error(e) => {
+                self.streaming = None;
+                self.push(format!("error {}: {}", e.code, e.message));
+            }
+            PanelEvent::Permission(p) => {
+                self.asking.push_back((p.request, p.tool));
+                return true;
+            }
+            // Settled without the player's key (timed out, withdrawn with its turn): the prompt goes.
+            PanelEvent::Settled(s) => {
+                if let Some(at) = self.asking.iter().position(|(request, _)| *request == s.request) {
+                    if let Some((_, tool)) = self.asking.remove(at) {
+                        self.push(format!("[{tool}: {}]", s.outcome));
+                    }
+                }
+            }
+            PanelEvent::Status(s) => self.status = Some(format!("{} {}", s.conversation, s.status)),
+        }
+        false
+    }
+
     fn push(&mut self, line: String) {
         self.transcript.push_back(line);
         while self.transcript.len() > LINES {
@@ -220,12 +233,54 @@ impl ChatPanel {
         if let Some((_, text)) = &self.streaming {
             lines.push(format!("agent: {text}…"));
         }
-        match &self.asking {
+        match self.asking.front() {
             Some((request, tool)) => {
-                lines.push(format!("the agent asks to use {tool} (request {request}): Y allow, N deny"))
+                let more = match self.asking.len() - 1 {
+                    0 => String::new(),
+                    n => format!(" ({n} more waiting)"),
+                };
+                lines.push(format!("the agent asks to use {tool} (request {request}): Y allow, N deny{more}"))
             }
             None => lines.push(format!("> {}_   (Enter: send, Esc: close)", self.input)),
         }
         lines.join("\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bevy_agent_tools::{ConversationId, PermissionOutcome};
+
+    use super::*;
+
+    fn asked(request: u64, tool: &str) -> PanelEvent {
+        let session = ConversationId::new("chat-1");
+        PanelEvent::Permission(PermissionRequested { session, request, tool: tool.into(), sequence: request })
+    }
+
+    fn settled(request: u64, outcome: PermissionOutcome) -> PanelEvent {
+        let session = ConversationId::new("chat-1");
+        PanelEvent::Settled(PermissionSettled { session, request, outcome, sequence: request + 10 })
+    }
+
+    #[test]
+    fn prompts_wait_in_the_order_asked_and_one_settled_without_a_key_leaves_the_panel() {
+        let mut panel = ChatPanel::default();
+        assert!(panel.apply(asked(1, "run tests")));
+        assert!(panel.apply(asked(2, "edit files")));
+        assert!(panel.render().contains("run tests (request 1): Y allow, N deny (1 more waiting)"));
+
+        // The first timed out: the second is shown, and the transcript says what became of the first.
+        assert!(!panel.apply(settled(1, PermissionOutcome::TimedOut)));
+        let text = panel.render();
+        assert!(text.contains("[run tests: timed_out]"), "{text}");
+        assert!(text.contains("edit files (request 2): Y allow, N deny") && !text.contains("more waiting"), "{text}");
+
+        panel.apply(settled(2, PermissionOutcome::Withdrawn));
+        let text = panel.render();
+        assert!(text.contains("[edit files: withdrawn]") && !text.contains("Y allow"), "{text}");
+        // A settlement of a prompt the player already answered (or never saw) changes nothing.
+        panel.apply(settled(3, PermissionOutcome::Allowed));
+        assert_eq!(panel.render(), text);
     }
 }
