@@ -60,6 +60,11 @@ fn more_arguments(index: u32, arguments: &str) -> Piece {
         {"index": index, "function": {"arguments": arguments}}
     ]}}]}))
 }
+fn named_arguments(index: u32, name: &str, arguments: &str) -> Piece {
+    Piece::Data(json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": index, "function": {"name": name, "arguments": arguments}}
+    ]}}]}))
+}
 fn finish(reason: &str) -> Piece {
     Piece::Data(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}))
 }
@@ -469,6 +474,29 @@ fn two_tool_calls_in_one_answer_run_in_order_and_both_results_go_back() {
 }
 
 #[test]
+fn parallel_tool_calls_that_all_say_index_0_as_ollama_sends_them_run_as_separate_calls() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    // Ollama: each call whole, in its own fragment, every one at index 0.
+    server.reply(calls(vec![call(0, "a", "bump", "{\"by\":1}"), call(0, "b", "bump", "{\"by\":10}")]));
+    // A server that repeats the call's name in every fragment of it.
+    server.reply(calls(vec![call(0, "c", "bump", "{\"by\":"), named_arguments(0, "bump", "100}")]));
+    server.reply(says("all done"));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let turn = game.block_on(session.send_text("parallel")).expect("ends");
+    assert_eq!(turn.final_message.as_deref(), Some("all done"));
+    assert_eq!(game.counter(), 3, "three calls ran, each once");
+    let second = &server.requests()[1]["messages"];
+    let tools: Vec<&Value> = second.as_array().unwrap().iter().filter(|m| m["role"] == "tool").collect();
+    assert_eq!(tools.iter().map(|m| m["tool_call_id"].as_str().unwrap()).collect::<Vec<_>>(), ["a", "b"]);
+    assert!(tools[1]["content"].as_str().unwrap().contains("\"counter\":11"), "{:?}", tools[1]);
+    let results = tool_results(&server, 2);
+    assert_eq!(results.len(), 3, "the third call's result went back too");
+    assert!(results[2].contains("\"counter\":111"), "each with its own arguments: {results:?}");
+}
+
+#[test]
 fn s3_a_world_exit_during_the_models_tool_call_gives_it_visit_ended_and_applies_nothing() {
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();
@@ -757,6 +785,27 @@ fn a_stream_that_stalls_times_out() {
     assert_eq!(code, ErrorCode::Timeout, "{message}");
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(session.status(), ConversationStatus::Error);
+}
+
+#[test]
+fn an_answer_with_nothing_in_it_and_no_finish_reason_fails_the_turn_and_leaves_the_history() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let session = game.create(endpoint(&server)).expect("starts");
+    server.reply(says("first"));
+    game.block_on(session.send_text("one")).expect("a turn");
+    // llama.cpp's server reports some failures on an `error:` line, which is not an SSE data line, then ends.
+    let error = "error: {\"code\":500,\"message\":\"the context is full\",\"type\":\"server_error\"}\n\n";
+    server.reply(Reply::Stream(vec![Piece::Raw(error)]));
+    let (code, message) = code_of(game.block_on(session.send_text("two")));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert!(message.contains("no finish_reason"), "{message}");
+    game.block_on(session.resume()).expect("resumed");
+    server.reply(says("back"));
+    game.block_on(session.send_text("three")).expect("a turn");
+    let history: Vec<String> = server.messages(2).into_iter().map(|(role, text)| format!("{role}: {text}")).collect();
+    assert_eq!(history, ["user: one", "assistant: first", "user: three"], "the failed turn left no trace");
 }
 
 #[test]

@@ -91,7 +91,8 @@ pub(crate) trait Link: Send + Sync {
     /// The backend's own id of the session (to resume it later).
     fn backend_session(&self) -> &str;
     /// Sends the player's turn. Its end arrives as [`BackendEvent::TurnEnded`] or [`BackendEvent::TurnFailed`]
-    /// with the same `turn`.
+    /// with the same `turn`. Called under the session's state lock, like [`cancel`](Self::cancel): it may send
+    /// on a channel or spawn a task, never block, and never report through the event sink before it returns.
     fn prompt(&self, turn: u64, blocks: Vec<PromptBlock>) -> Result<(), ToolError>;
     /// Asks the agent to stop the running turn (it still ends it, normally as cancelled).
     fn cancel(&self);

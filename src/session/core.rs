@@ -238,7 +238,7 @@ impl SessionCore {
         context: Option<String>,
     ) -> Result<oneshot::Receiver<Result<TurnEnd, ToolError>>, ToolError> {
         let (reply, outcome) = oneshot::channel();
-        let (link, number, blocks) = {
+        let (number, prompted) = {
             let mut state = self.state.lock();
             match &state.phase {
                 Phase::Ended => return Err(self.ended_error()),
@@ -276,12 +276,13 @@ impl SessionCore {
                 )));
             }
             self.host.set_status(&self.id, ConversationStatus::Running);
-            (link, number, blocks)
+            // Sent under the lock (a send on a channel, or a task spawned): a cancel or an end that follows this
+            // turn's start finds it sent, so it reaches this turn and not the one before.
+            (number, link.prompt(number, blocks))
         };
-        if let Err(error) = link.prompt(number, blocks) {
-            self.fail(error);
-        } else {
-            self.watch_turn(number, self.config.timeouts.turn, ErrorCode::Timeout);
+        match prompted {
+            Err(error) => self.fail(error),
+            Ok(()) => self.watch_turn(number, self.config.timeouts.turn, ErrorCode::Timeout),
         }
         Ok(outcome)
     }

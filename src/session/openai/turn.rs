@@ -70,6 +70,18 @@ async fn drive(
             RoundEnd::Done { text, calls, finish } => (text, calls, finish),
         };
         if calls.is_empty() {
+            if text.is_empty() && finish.is_none() {
+                // Not an answer: some servers end the stream this way after an error they send outside its
+                // `data:` lines (llama.cpp's `error:`). The turn fails and the history stays as it was.
+                return Err(ToolError::with_code(
+                    ErrorCode::AgentUnavailable,
+                    format!(
+                        "{} ended its answer with no text, no tool call and no finish_reason: the server likely \
+                         failed (its log says why)",
+                        shared.endpoint.completions_url()
+                    ),
+                ));
+            }
             messages.push(json!({"role": "assistant", "content": text}));
             return Ok((stop_reason(finish.as_deref()), messages));
         }
@@ -189,19 +201,25 @@ async fn stream_round(
                     (Some(_), _) | (None, None) => calls.len(),
                     (None, Some(last)) => last.index,
                 });
-                let slot = match calls.iter().position(|call| call.index == index) {
-                    Some(slot) => slot,
-                    None => {
+                let id = fragment.id.filter(|id| !id.is_empty());
+                // The latest call at that index; a fragment with another id starts a new one there (Ollama gives
+                // every call of a parallel answer index 0).
+                let slot = match calls.iter().rposition(|call| call.index == index) {
+                    Some(slot) if id.as_ref().is_none_or(|id| calls[slot].id.is_empty() || calls[slot].id == *id) => {
+                        slot
+                    }
+                    _ => {
                         calls.push(PendingCall { index, ..Default::default() });
                         calls.len() - 1
                     }
                 };
                 let call = &mut calls[slot];
-                if let Some(id) = fragment.id.filter(|id| !id.is_empty()) {
+                if let Some(id) = id {
                     call.id = id;
                 }
                 if let Some(function) = fragment.function {
-                    if let Some(name) = function.name {
+                    // A name comes once, or in pieces; a server that repeats it whole in every fragment is read once.
+                    if let Some(name) = function.name.filter(|name| *name != call.name) {
                         call.name.push_str(&name);
                     }
                     if let Some(arguments) = function.arguments {
