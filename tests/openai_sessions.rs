@@ -36,6 +36,8 @@ enum Reply {
     Stream(Vec<Piece>),
     /// An HTTP error with a JSON error body and an optional `Retry-After`.
     Status(u16, Option<&'static str>),
+    /// An HTTP error with this body, as it is.
+    Refusal(u16, &'static str),
 }
 
 enum Piece {
@@ -181,6 +183,11 @@ async fn completions(
             }
             response.body(Body::from(body.to_string())).unwrap()
         }
+        Some(Reply::Refusal(code, body)) => Response::builder()
+            .status(StatusCode::from_u16(code).unwrap())
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .unwrap(),
         Some(Reply::Stream(pieces)) => {
             struct Watch(Arc<AtomicUsize>, bool);
             impl Drop for Watch {
@@ -806,6 +813,38 @@ fn an_answer_with_nothing_in_it_and_no_finish_reason_fails_the_turn_and_leaves_t
     game.block_on(session.send_text("three")).expect("a turn");
     let history: Vec<String> = server.messages(2).into_iter().map(|(role, text)| format!("{role}: {text}")).collect();
     assert_eq!(history, ["user: one", "assistant: first", "user: three"], "the failed turn left no trace");
+}
+
+#[test]
+fn a_refusal_in_llama_cpps_or_vllms_own_shape_says_its_status_and_message() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let session = game.create(endpoint(&server)).expect("starts");
+    // llama.cpp's server: `code` is a number (OpenAI's is a string).
+    server.reply(Reply::Refusal(
+        400,
+        r#"{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}}"#,
+    ));
+    let error = game.block_on(session.send_text("one")).expect_err("refused");
+    assert_eq!(error.code, ErrorCode::AgentUnavailable);
+    assert!(
+        error.message.contains("400") && error.message.contains("exceeds the available context size"),
+        "{}",
+        error.message
+    );
+    game.block_on(session.resume()).expect("resumed");
+    // vLLM (some versions): the error's fields at the top.
+    server.reply(Reply::Refusal(
+        400,
+        r#"{"object":"error","message":"maximum context length is 8192 tokens","type":"BadRequestError","code":400}"#,
+    ));
+    let error = game.block_on(session.send_text("two")).expect_err("refused");
+    assert!(
+        error.message.contains("400") && error.message.contains("maximum context length is 8192"),
+        "{}",
+        error.message
+    );
 }
 
 #[test]
