@@ -560,6 +560,34 @@ fn s1_send_text_during_a_turn_is_session_busy_and_cancel_mid_stream_aborts_the_r
 }
 
 #[test]
+fn a_turn_cancelled_before_the_model_said_anything_never_makes_two_user_messages_in_a_row() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server.reply(Reply::Stream(vec![Piece::Stall]));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let waiting = game.block_on(session.start_turn("stop")).expect("sent");
+    let until = Instant::now() + LIMIT;
+    while server.requests().is_empty() {
+        assert!(Instant::now() < until, "the request was made");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(session.cancel());
+    assert_eq!(game.block_on(waiting).expect("ends").stop_reason, StopReason::Cancelled);
+    server.reply(says("ok"));
+    game.block_on(session.send_text("build a tower")).expect("a turn");
+    let sent = &server.requests()[1]["messages"];
+    let roles: Vec<&str> = sent.as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert!(
+        roles.windows(2).all(|pair| pair[0] != pair[1]),
+        "the roles alternate, as strict templates want: {roles:?}"
+    );
+    let user = sent.as_array().unwrap().iter().find(|m| m["role"] == "user").unwrap();
+    let texts: Vec<&str> = user["content"].as_array().unwrap().iter().map(|p| p["text"].as_str().unwrap()).collect();
+    assert_eq!(texts, ["stop", "build a tower"], "both texts, word for word, each its own part");
+}
+
+#[test]
 fn max_tool_rounds_ends_the_turn_with_max_turn_requests_and_the_extra_calls_never_run() {
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();

@@ -24,6 +24,7 @@
 mod client;
 mod config;
 mod history;
+mod roles;
 mod turn;
 
 use std::path::PathBuf;
@@ -208,7 +209,7 @@ impl Shared {
         all.extend(messages.iter().cloned());
         let mut request = json!({
             "model": self.endpoint.model,
-            "messages": all,
+            "messages": roles::alternating(all),
             "stream": true,
             "stream_options": {"include_usage": true},
         });

@@ -1,0 +1,71 @@
+//! The roles of a request's messages as strict chat templates want them.
+
+use serde_json::{json, Value};
+
+/// `messages` with the roles alternating, as strict chat templates want (the Mistral family's under llama.cpp's
+/// `--jinja` refuses two user messages in a row): a run of system messages becomes one (their texts apart by a
+/// blank line), a run of user messages one with each of theirs as its own content parts (the player's text, the
+/// game's context block, a turn cancelled before the model said anything). Everything else as it is.
+pub(super) fn alternating(messages: Vec<Value>) -> Vec<Value> {
+    fn parts(content: Value) -> Vec<Value> {
+        match content {
+            Value::Array(parts) => parts,
+            Value::String(text) => vec![json!({"type": "text", "text": text})],
+            other => vec![json!({"type": "text", "text": other.to_string()})],
+        }
+    }
+    let mut out: Vec<Value> = Vec::with_capacity(messages.len());
+    for mut message in messages {
+        let role = message["role"].as_str().unwrap_or_default().to_string();
+        let joins = matches!(role.as_str(), "system" | "user")
+            && out.last().is_some_and(|last| last["role"].as_str() == Some(role.as_str()));
+        let (Some(last), true) = (out.last_mut(), joins) else {
+            out.push(message);
+            continue;
+        };
+        let content = message["content"].take();
+        let before = last["content"].take();
+        last["content"] = match (role.as_str(), before, content) {
+            ("system", Value::String(before), Value::String(content)) => {
+                Value::String(format!("{before}\n\n{content}"))
+            }
+            (_, before, content) => Value::Array(parts(before).into_iter().chain(parts(content)).collect()),
+        };
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn runs_of_system_or_user_messages_become_one_and_the_rest_stays() {
+        let messages = vec![
+            json!({"role": "system", "content": "Be brief."}),
+            json!({"role": "system", "content": "[3 earlier turns were dropped]"}),
+            json!({"role": "user", "content": "hi"}),
+            json!({"role": "assistant", "content": "hello"}),
+            json!({"role": "user", "content": "stop"}),
+            json!({"role": "user", "content": "build a tower"}),
+            json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]}),
+            json!({"role": "assistant", "content": null, "tool_calls": []}),
+            json!({"role": "tool", "tool_call_id": "a", "content": "1"}),
+            json!({"role": "tool", "tool_call_id": "b", "content": "2"}),
+        ];
+        let merged = super::alternating(messages);
+        let roles: Vec<&str> = merged.iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "user", "assistant", "tool", "tool"]);
+        assert_eq!(merged[0]["content"], "Be brief.\n\n[3 earlier turns were dropped]");
+        assert_eq!(merged[1]["content"], "hi", "a lone message is left as it is");
+        assert_eq!(
+            merged[3]["content"],
+            json!([
+                {"type": "text", "text": "stop"},
+                {"type": "text", "text": "build a tower"},
+                {"type": "image_url", "image_url": {"url": "data:x"}},
+            ]),
+            "each message of the run is its own part, word for word"
+        );
+    }
+}
