@@ -588,6 +588,19 @@ fn a_turn_cancelled_before_the_model_said_anything_never_makes_two_user_messages
 }
 
 #[test]
+fn an_answer_cut_at_its_token_limit_during_a_tool_call_ends_the_turn_max_tokens_and_runs_nothing() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server.reply(Reply::Stream(vec![text("Let me"), call(0, "a", "bump", "{\"by\":"), finish("length")]));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let turn = game.block_on(session.send_text("bump")).expect("ends");
+    assert_eq!(turn.stop_reason, StopReason::MaxTokens);
+    assert_eq!(game.counter(), 0, "the cut-short call never ran");
+    assert_eq!(server.requests().len(), 1, "nothing more was asked of the model");
+}
+
+#[test]
 fn max_tool_rounds_ends_the_turn_with_max_turn_requests_and_the_extra_calls_never_run() {
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();

@@ -85,12 +85,18 @@ async fn drive(
             messages.push(json!({"role": "assistant", "content": text}));
             return Ok((stop_reason(finish.as_deref()), messages));
         }
-        if round >= shared.endpoint.max_tool_rounds {
-            // The calls are not run; the history keeps what the model said, without them.
+        // The calls are not run, and the history keeps what the model said, without them: past the rounds a turn
+        // may take, or when the answer was cut at its token limit (a call's arguments are then cut short too).
+        let stop = if finish.as_deref() == Some("length") {
+            Some(StopReason::MaxTokens)
+        } else {
+            (round >= shared.endpoint.max_tool_rounds).then_some(StopReason::MaxTurnRequests)
+        };
+        if let Some(stop) = stop {
             if !text.is_empty() {
                 messages.push(json!({"role": "assistant", "content": text}));
             }
-            return Ok((StopReason::MaxTurnRequests, messages));
+            return Ok((stop, messages));
         }
         (shared.sink)(BackendEvent::ToolCall);
         let wire_calls: Vec<Value> = calls
