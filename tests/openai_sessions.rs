@@ -601,6 +601,29 @@ fn an_answer_cut_at_its_token_limit_during_a_tool_call_ends_the_turn_max_tokens_
 }
 
 #[test]
+fn with_a_known_context_window_the_history_sent_fits_two_bytes_a_token_of_it() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    // 300 tokens: at most 600 bytes of history go with a request.
+    let session = game.create(endpoint(&server).context_window(300)).expect("starts");
+    let long = |n: u32| format!("turn {n} {}", "x".repeat(200));
+    for n in 0..4 {
+        server.reply(says(&format!("answer {n}")));
+        game.block_on(session.send_text(long(n))).expect("a turn");
+    }
+    let history: Vec<String> = server.messages(3).into_iter().map(|(role, text)| format!("{role}: {text}")).collect();
+    let kept: Vec<&String> = history.iter().filter(|line| line.contains("answer")).collect();
+    assert!(!kept.is_empty() && kept.len() < 3, "only the newest turns fit: {history:#?}");
+    assert!(!history.iter().any(|line| line.contains("turn 0")), "the oldest turn went: {history:#?}");
+    assert!(
+        history.iter().any(|line| line.contains("earlier turns of this conversation were dropped")),
+        "{history:#?}"
+    );
+    assert!(history.last().is_some_and(|line| line.contains("turn 3")), "this turn's text is always sent");
+}
+
+#[test]
 fn max_tool_rounds_ends_the_turn_with_max_turn_requests_and_the_extra_calls_never_run() {
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();

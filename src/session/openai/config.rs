@@ -50,7 +50,12 @@ pub struct OpenAiEndpoint {
     /// The history's bound, in bytes of JSON: past it the oldest turns are dropped (whole turns, never the
     /// current one; the model is told how many). Default 512 KiB.
     pub max_history_bytes: usize,
-    /// The model's context window in tokens, if known: reported in [`Usage::context_tokens`](crate::session::Usage).
+    /// The model's context window in tokens, if known: reported in [`Usage::context_tokens`](crate::session::Usage),
+    /// and it bounds the history sent with each request to two bytes of JSON per token of the window (at about
+    /// four bytes a token, half the window; the rest is left to the system prompt, the tools, the turn and the
+    /// answer), when that is below [`max_history_bytes`](Self::max_history_bytes). Set it for local models with
+    /// small windows: Ollama's default (4,096 tokens) silently cuts a prompt that is too long from its start,
+    /// system prompt included, and llama.cpp's server refuses it.
     pub context_window: Option<u64>,
     /// Whether the model reads images: then an image a tool returns (e.g. the sandbox's `observe`) is sent as an
     /// image part (a `data:` URL in a user message right after the tool results, the only place chat completions
@@ -141,6 +146,19 @@ impl OpenAiEndpoint {
     pub fn max_history_bytes(mut self, bytes: usize) -> Self {
         self.max_history_bytes = bytes;
         self
+    }
+
+    /// The model's context window in tokens (see [`context_window`](Self::context_window)).
+    pub fn context_window(mut self, tokens: u64) -> Self {
+        self.context_window = Some(tokens);
+        self
+    }
+
+    /// The history's bound for this endpoint: [`max_history_bytes`](Self::max_history_bytes), and two bytes per
+    /// token of the context window where that is less.
+    pub(crate) fn history_bound(&self) -> usize {
+        let window = self.context_window.map(|tokens| usize::try_from(tokens.saturating_mul(2)).unwrap_or(usize::MAX));
+        window.map_or(self.max_history_bytes, |window| window.min(self.max_history_bytes))
     }
 
     /// `{base_url}/chat/completions`, as errors name it.

@@ -190,14 +190,15 @@ impl Shared {
             .collect()
     }
 
-    /// The request for the turn's `messages` so far: system prompt, history, then them.
+    /// The request for the turn's `messages` so far: system prompt, history (fitted to its bound first), then them.
     fn request(&self, messages: &[Value], tools: &[Value]) -> Value {
         let mut all = Vec::new();
         if let Some(prompt) = &self.system_prompt {
             all.push(json!({"role": "system", "content": prompt}));
         }
         {
-            let history = self.history.lock();
+            let mut history = self.history.lock();
+            history.fit(self.endpoint.history_bound(), 0);
             if history.dropped_turns > 0 {
                 all.push(json!({"role": "system", "content": format!(
                     "[{} earlier turns of this conversation were dropped to keep the history bounded]",
@@ -237,7 +238,7 @@ impl Shared {
     async fn commit(&self, messages: Vec<Value>) {
         let snapshot = {
             let mut history = self.history.lock();
-            history.push(messages, self.endpoint.max_history_bytes);
+            history.push(messages, self.endpoint.history_bound());
             history.clone()
         };
         let path = self.history_path.clone();
