@@ -504,6 +504,63 @@ fn parallel_tool_calls_that_all_say_index_0_as_ollama_sends_them_run_as_separate
 }
 
 #[test]
+fn cancelling_a_turn_during_its_tool_call_cancels_the_call_in_the_game_and_the_model_reads_that_next_turn() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server.reply(calls(vec![call(0, "h", "held", "{}")]));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let turn = game.block_on(session.start_turn("hold")).expect("sent");
+    let until = Instant::now() + LIMIT;
+    while game.gate.arrived() == 0 {
+        assert!(Instant::now() < until, "the model's call reached the tool");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(session.cancel());
+    assert_eq!(game.block_on(turn).expect("it ends").stop_reason, StopReason::Cancelled);
+    game.gate.open();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(game.executions.load(Ordering::SeqCst), 0, "the cancelled call applied nothing, then or later");
+    assert_eq!(session.status(), ConversationStatus::Idle);
+
+    server.reply(says("noted"));
+    game.block_on(session.send_text("again")).expect("the next turn");
+    let results = tool_results(&server, 1);
+    assert!(results.len() == 1 && results[0].contains("CANCELLED"), "the model is told what became of it: {results:?}");
+}
+
+#[test]
+fn ending_a_session_while_its_turn_streams_closes_the_request_and_keeps_the_turn_as_a_cancel_would() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let session = game.create(endpoint(&server)).expect("starts");
+    server.reply(says("first"));
+    game.block_on(session.send_text("one")).expect("a turn");
+    server.reply(Reply::Stream(vec![text("half an ans"), Piece::Stall]));
+    let id = session.id().to_string();
+    let pending = game.block_on(session.start_turn("two")).expect("sent");
+    game.log.wait_for(&format!("delta {id} {id}-m2: half an ans"));
+    game.block_on(session.end());
+    let (code, _) = code_of(game.block_on(pending));
+    assert_eq!(code, ErrorCode::SessionEnded);
+    let until = Instant::now() + LIMIT;
+    while server.script.abandoned.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < until, "the endpoint saw the request closed (it stops generating)");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    game.block_on(session.resume()).expect("resumed");
+    server.reply(says("back"));
+    game.block_on(session.send_text("three")).expect("a turn");
+    let history: Vec<String> = server.messages(2).into_iter().map(|(role, text)| format!("{role}: {text}")).collect();
+    assert_eq!(
+        history,
+        ["user: one", "assistant: first", "user: two", "assistant: half an ans", "user: three"],
+        "the model remembers what was said before the end, as after a cancel"
+    );
+}
+
+#[test]
 fn s3_a_world_exit_during_the_models_tool_call_gives_it_visit_ended_and_applies_nothing() {
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();

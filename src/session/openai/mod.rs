@@ -87,6 +87,7 @@ impl Backend for OpenAiBackend {
                 backend_session: setup.conversation.to_string(),
                 running: Mutex::new(None),
                 runtime,
+                close_timeout: setup.timeouts.close,
             };
             // The system prompt goes as the `system` message of every request.
             Ok((Arc::new(link) as Arc<dyn Link>, attached, true))
@@ -262,6 +263,7 @@ struct OpenAiLink {
     backend_session: String,
     running: Mutex<Option<Running>>,
     runtime: tokio::runtime::Handle,
+    close_timeout: std::time::Duration,
 }
 
 impl Link for OpenAiLink {
@@ -288,9 +290,19 @@ impl Link for OpenAiLink {
     }
 
     fn close(&self, _end_session: bool) -> BoxFuture<()> {
-        // The history stays on disk: `resume` continues the conversation. A turn still running is stopped.
-        self.kill();
-        Box::pin(std::future::ready(()))
+        // The history stays on disk: `resume` continues the conversation. A turn still running ends as a cancel
+        // ends it (what was said and done so far is kept, every time), within the close timeout; else it is
+        // stopped where it is.
+        let running = self.running.lock().take();
+        let close_timeout = self.close_timeout;
+        Box::pin(async move {
+            let Some(Running { cancel, task }) = running else { return };
+            cancel.cancel();
+            let abort = task.abort_handle();
+            if tokio::time::timeout(close_timeout, task).await.is_err() {
+                abort.abort();
+            }
+        })
     }
 
     fn kill(&self) {
