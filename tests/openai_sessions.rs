@@ -47,6 +47,10 @@ enum Piece {
     Raw(&'static str),
     /// Sends nothing more, ever (until the client goes away).
     Stall,
+    /// Breaks the connection, as a server that crashed mid-answer.
+    Break,
+    /// Waits this long before the next piece.
+    Wait(Duration),
 }
 
 fn text(piece: &str) -> Piece {
@@ -204,6 +208,14 @@ async fn completions(
                     Some(Piece::Data(value)) => format!("data: {value}\n\n"),
                     Some(Piece::Raw(raw)) => raw.to_string(),
                     Some(Piece::Stall) => std::future::pending().await,
+                    Some(Piece::Wait(pause)) => {
+                        tokio::time::sleep(pause).await;
+                        String::new()
+                    }
+                    Some(Piece::Break) => {
+                        watch.1 = true;
+                        return Some((Err(std::io::Error::other("the server crashed")), (pieces, watch)));
+                    }
                     None if !watch.1 => {
                         watch.1 = true;
                         "data: [DONE]\n\n".to_string()
@@ -966,6 +978,73 @@ fn a_refusal_in_llama_cpps_or_vllms_own_shape_says_its_status_and_message() {
         "{}",
         error.message
     );
+}
+
+#[test]
+fn a_connection_broken_mid_answer_fails_the_turn_and_leaves_the_history() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let session = game.create(endpoint(&server)).expect("starts");
+    server.reply(says("first"));
+    game.block_on(session.send_text("one")).expect("a turn");
+    server.reply(Reply::Stream(vec![text("half"), Piece::Break]));
+    let (code, message) = code_of(game.block_on(session.send_text("two")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert_eq!(session.status(), ConversationStatus::Error);
+    game.block_on(session.resume()).expect("resumed");
+    server.reply(says("back"));
+    game.block_on(session.send_text("three")).expect("a turn");
+    let last = server.requests().len() - 1;
+    let history: Vec<String> =
+        server.messages(last).into_iter().map(|(role, text)| format!("{role}: {text}")).collect();
+    assert_eq!(history, ["user: one", "assistant: first", "user: three"], "the broken turn left no trace");
+}
+
+#[test]
+fn finish_reasons_become_stop_reasons_and_a_missing_one_after_text_is_an_end_turn() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let session = game.create(endpoint(&server)).expect("starts");
+    for (finish_reason, stop) in [
+        (Some("stop"), StopReason::EndTurn),
+        (Some("length"), StopReason::MaxTokens),
+        (Some("content_filter"), StopReason::Refusal),
+        (Some("something_new"), StopReason::Other),
+        (None, StopReason::EndTurn),
+    ] {
+        let mut pieces = vec![text("an answer")];
+        pieces.extend(finish_reason.map(finish));
+        server.reply(Reply::Stream(pieces));
+        let turn = game.block_on(session.send_text("hi")).expect("a turn");
+        assert_eq!(turn.stop_reason, stop, "{finish_reason:?}");
+        assert_eq!(turn.final_message.as_deref(), Some("an answer"));
+    }
+}
+
+#[test]
+fn a_model_that_talks_on_past_the_turn_timeout_is_stopped_with_timeout_and_its_request_closed() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    // Never silent for long (the stall timeout never fires), never done.
+    let mut pieces = Vec::new();
+    for _ in 0..200 {
+        pieces.extend([text("and "), Piece::Wait(Duration::from_millis(50))]);
+    }
+    server.reply(Reply::Stream(pieces));
+    let timeouts = SessionTimeouts { turn: Duration::from_millis(500), ..Default::default() };
+    let config = SessionConfig::openai_endpoint(endpoint(&server)).timeouts(timeouts);
+    let session = game.block_on(game.sessions.create(config)).expect("starts");
+    let (code, message) = code_of(game.block_on(session.send_text("go on")));
+    assert_eq!(code, ErrorCode::Timeout, "{message}");
+    assert_eq!(session.status(), ConversationStatus::Error);
+    let until = Instant::now() + LIMIT;
+    while server.script.abandoned.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < until, "the endpoint saw the request closed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]
