@@ -469,6 +469,10 @@ impl SessionCore {
             self.host.publish(&self.id, feed, None);
             // Before `Ended`: a prompt the player sees goes before its session does.
             self.host.permissions.withdraw_all(&self.id, PermissionDecision::Deny);
+            // A turn under way stops now, not after the record is saved: no more model requests or tool calls.
+            if let (Some(_), Some(link)) = (&state.turn, &state.link) {
+                link.cancel();
+            }
             (state.link.take(), state.credential.take(), state.turn.take())
         };
         if let Some(credential) = credential {

@@ -53,7 +53,8 @@ pub struct OpenAiEndpoint {
     /// The model's context window in tokens, if known: reported in [`Usage::context_tokens`](crate::session::Usage),
     /// and it bounds the history sent with each request to two bytes of JSON per token of the window (at about
     /// four bytes a token, half the window; the rest is left to the system prompt, the tools, the turn and the
-    /// answer), when that is below [`max_history_bytes`](Self::max_history_bytes). Set it for local models with
+    /// answer), when that is below [`max_history_bytes`](Self::max_history_bytes); the newest turn is always kept.
+    /// Set it for local models with
     /// small windows: Ollama's default (4,096 tokens) silently cuts a prompt that is too long from its start,
     /// system prompt included, and llama.cpp's server refuses it.
     pub context_window: Option<u64>,

@@ -1,9 +1,8 @@
 //! The conversation's history, owned by the game: the messages of every turn in the endpoint's own JSON, kept in
 //! `<data_dir>/<session id>/history.json`, replaced atomically and durably (file and directory synced) after each
 //! turn, readable only by the user. Bounded: past `max_history_bytes` (or, with a known context window, two bytes a
-//! token of it) the oldest whole turns are dropped, after a turn and again before each request (never summarized:
-//! a summary would need another model request the player did not ask for), and the count of dropped turns is kept
-//! so the model can be told.
+//! token of it) the oldest whole turns are dropped (never summarized: a summary would need another model request
+//! the player did not ask for), and the count of dropped turns is kept so the model can be told.
 
 use std::path::{Path, PathBuf};
 
@@ -29,15 +28,9 @@ impl History {
     /// Adds a finished turn, then drops the oldest turns (never this one) while over `max_bytes`.
     pub(crate) fn push(&mut self, turn: Vec<Value>, max_bytes: usize) {
         self.turns.push(turn);
-        self.fit(max_bytes, 1);
-    }
-
-    /// Drops the oldest turns while over `max_bytes`, keeping at least the `keep` newest: before a request, so a
-    /// history kept under a larger bound (or from before the bound changed) still fits.
-    pub(crate) fn fit(&mut self, max_bytes: usize, keep: usize) {
         let size = |turn: &Vec<Value>| turn.iter().map(|message| message.to_string().len()).sum::<usize>();
         let mut total: usize = self.turns.iter().map(size).sum();
-        while total > max_bytes && self.turns.len() > keep {
+        while total > max_bytes && self.turns.len() > 1 {
             total -= size(&self.turns.remove(0));
             self.dropped_turns = self.dropped_turns.saturating_add(1);
         }
@@ -80,18 +73,6 @@ mod tests {
         assert!(history.turns[1][0]["content"].as_str().is_some_and(|text| text.starts_with("turn 4")));
         history.push(vec![json!({"content": "y".repeat(1000)})], 350);
         assert_eq!(history.turns.len(), 1, "the newest turn stays even alone over the bound");
-    }
-
-    #[test]
-    fn fitting_before_a_request_may_drop_every_turn_and_counts_them() {
-        let mut history = History::default();
-        for n in 0..3 {
-            history.push(vec![json!({"content": format!("turn {n} {}", "x".repeat(100))})], 1 << 20);
-        }
-        history.fit(250, 0);
-        assert_eq!((history.turns.len(), history.dropped_turns), (2, 1));
-        history.fit(10, 0);
-        assert_eq!((history.turns.len(), history.dropped_turns), (0, 3), "none fits: the request goes without them");
     }
 
     #[test]

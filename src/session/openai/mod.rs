@@ -191,15 +191,14 @@ impl Shared {
             .collect()
     }
 
-    /// The request for the turn's `messages` so far: system prompt, history (fitted to its bound first), then them.
+    /// The request for the turn's `messages` so far: system prompt, history, then them.
     fn request(&self, messages: &[Value], tools: &[Value]) -> Value {
         let mut all = Vec::new();
         if let Some(prompt) = &self.system_prompt {
             all.push(json!({"role": "system", "content": prompt}));
         }
         {
-            let mut history = self.history.lock();
-            history.fit(self.endpoint.history_bound(), 0);
+            let history = self.history.lock();
             if history.dropped_turns > 0 {
                 all.push(json!({"role": "system", "content": format!(
                     "[{} earlier turns of this conversation were dropped to keep the history bounded]",

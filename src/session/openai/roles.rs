@@ -3,9 +3,10 @@
 use serde_json::{json, Value};
 
 /// `messages` with the roles alternating, as strict chat templates want (the Mistral family's under llama.cpp's
-/// `--jinja` refuses two user messages in a row): a run of system messages becomes one (their texts apart by a
-/// blank line), a run of user messages one with each of theirs as its own content parts (the player's text, the
-/// game's context block, a turn cancelled before the model said anything). Everything else as it is.
+/// `--jinja` refuses two user messages in a row): a run of system messages, or of user messages (the player's
+/// text and the game's context block, a turn cancelled before the model said anything), becomes one, their texts
+/// apart by a blank line, each word for word; a run with an image part in it goes as content parts. Everything
+/// else as it is.
 pub(super) fn alternating(messages: Vec<Value>) -> Vec<Value> {
     fn parts(content: Value) -> Vec<Value> {
         match content {
@@ -25,11 +26,10 @@ pub(super) fn alternating(messages: Vec<Value>) -> Vec<Value> {
         };
         let content = message["content"].take();
         let before = last["content"].take();
-        last["content"] = match (role.as_str(), before, content) {
-            ("system", Value::String(before), Value::String(content)) => {
-                Value::String(format!("{before}\n\n{content}"))
-            }
-            (_, before, content) => Value::Array(parts(before).into_iter().chain(parts(content)).collect()),
+        last["content"] = match (before, content) {
+            // Text only: one string (servers that take no content parts take it), the texts apart by a blank line.
+            (Value::String(before), Value::String(content)) => Value::String(format!("{before}\n\n{content}")),
+            (before, content) => Value::Array(parts(before).into_iter().chain(parts(content)).collect()),
         };
     }
     out
@@ -61,11 +61,15 @@ mod tests {
         assert_eq!(
             merged[3]["content"],
             json!([
-                {"type": "text", "text": "stop"},
-                {"type": "text", "text": "build a tower"},
+                {"type": "text", "text": "stop\n\nbuild a tower"},
                 {"type": "image_url", "image_url": {"url": "data:x"}},
             ]),
-            "each message of the run is its own part, word for word"
+            "texts joined word for word; with an image, as parts"
         );
+        let texts = super::alternating(vec![
+            json!({"role": "user", "content": "stop"}),
+            json!({"role": "user", "content": "[Game context] day"}),
+        ]);
+        assert_eq!(texts, [json!({"role": "user", "content": "stop\n\n[Game context] day"})], "text only: a string");
     }
 }

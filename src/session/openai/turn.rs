@@ -202,20 +202,21 @@ async fn stream_round(
                 (shared.sink)(BackendEvent::MessageChunk { message: Some(message.clone()), text: piece });
             }
             for fragment in choice.delta.tool_calls.unwrap_or_default() {
-                let index = fragment.index.unwrap_or_else(|| match (&fragment.id, calls.last()) {
-                    // No index: a fragment with a new id starts a call, one without continues the last.
-                    (Some(_), _) | (None, None) => calls.len(),
-                    (None, Some(last)) => last.index,
-                });
                 let id = fragment.id.filter(|id| !id.is_empty());
-                // The latest call at that index; a fragment with another id starts a new one there (Ollama gives
-                // every call of a parallel answer index 0).
-                let slot = match calls.iter().rposition(|call| call.index == index) {
-                    Some(slot) if id.as_ref().is_none_or(|id| calls[slot].id.is_empty() || calls[slot].id == *id) => {
-                        slot
-                    }
+                let named = fragment.function.as_ref().and_then(|f| f.name.as_deref()).is_some_and(|n| !n.is_empty());
+                // A fragment continues the latest call at its index (without an index, the latest call), unless it
+                // brings another id *and* a name: then it starts a new call (Ollama gives every call of a parallel
+                // answer index 0). An id that changes between fragments of one call, without a name, continues it.
+                let latest = match fragment.index {
+                    Some(index) => calls.iter().rposition(|call| call.index == index),
+                    None => calls.len().checked_sub(1),
+                };
+                let starts_new =
+                    |call: &PendingCall| named && id.as_ref().is_some_and(|id| !call.id.is_empty() && call.id != *id);
+                let slot = match latest {
+                    Some(slot) if !starts_new(&calls[slot]) => slot,
                     _ => {
-                        calls.push(PendingCall { index, ..Default::default() });
+                        calls.push(PendingCall { index: fragment.index.unwrap_or(calls.len()), ..Default::default() });
                         calls.len() - 1
                     }
                 };
