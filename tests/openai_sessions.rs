@@ -149,6 +149,20 @@ impl Server {
     }
 
     /// The request's messages as (role, content) text.
+    /// Request `request`'s messages as `role: text` lines.
+    fn history(&self, request: usize) -> Vec<String> {
+        self.messages(request).into_iter().map(|(role, text)| format!("{role}: {text}")).collect()
+    }
+
+    /// Waits until a stream was closed by the client before its end (`what` says which).
+    fn wait_closed(&self, what: &str) {
+        let until = Instant::now() + LIMIT;
+        while self.script.abandoned.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < until, "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     fn messages(&self, request: usize) -> Vec<(String, String)> {
         let requests = self.requests();
         requests[request]["messages"]
@@ -374,6 +388,27 @@ fn code_of<T: std::fmt::Debug>(result: Result<T, ToolError>) -> (ErrorCode, Stri
     (error.code, error.message)
 }
 
+/// A game with a session on the scripted server, after one turn: "one", answered "first".
+fn after_one_turn() -> (tempfile::TempDir, Server, Game, AgentSession) {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let session = game.create(endpoint(&server)).expect("starts");
+    server.reply(says("first"));
+    game.block_on(session.send_text("one")).expect("a turn");
+    (data, server, game, session)
+}
+
+/// After "one" was answered "first" and the next turn failed: `resume`, and the next turn's request carries the
+/// history as it was before the failure.
+fn resumes_with_the_failed_turn_left_out(game: &Game, server: &Server, session: &AgentSession) {
+    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    server.reply(says("back"));
+    game.block_on(session.send_text("three")).expect("a turn");
+    let last = server.requests().len() - 1;
+    assert_eq!(server.history(last), ["user: one", "assistant: first", "user: three"], "the failed turn left no trace");
+}
+
 fn tool_results(server: &Server, request: usize) -> Vec<String> {
     server.messages(request).into_iter().filter(|(role, _)| role == "tool").map(|(_, content)| content).collect()
 }
@@ -558,12 +593,7 @@ fn cancelling_a_turn_during_its_tool_call_cancels_the_call_in_the_game_and_the_m
 
 #[test]
 fn ending_a_session_while_its_turn_streams_closes_the_request_and_keeps_the_turn_as_a_cancel_would() {
-    let data = tempfile::tempdir().unwrap();
-    let server = Server::start();
-    let game = Game::start(data.path());
-    let session = game.create(endpoint(&server)).expect("starts");
-    server.reply(says("first"));
-    game.block_on(session.send_text("one")).expect("a turn");
+    let (_data, server, game, session) = after_one_turn();
     server.reply(Reply::Stream(vec![text("half an ans"), Piece::Stall]));
     let id = session.id().to_string();
     let pending = game.block_on(session.start_turn("two")).expect("sent");
@@ -571,15 +601,11 @@ fn ending_a_session_while_its_turn_streams_closes_the_request_and_keeps_the_turn
     game.block_on(session.end());
     let (code, _) = code_of(game.block_on(pending));
     assert_eq!(code, ErrorCode::SessionEnded);
-    let until = Instant::now() + LIMIT;
-    while server.script.abandoned.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < until, "the endpoint saw the request closed (it stops generating)");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    server.wait_closed("the endpoint saw the request closed (it stops generating)");
     game.block_on(session.resume()).expect("resumed");
     server.reply(says("back"));
     game.block_on(session.send_text("three")).expect("a turn");
-    let history: Vec<String> = server.messages(2).into_iter().map(|(role, text)| format!("{role}: {text}")).collect();
+    let history = server.history(2);
     assert_eq!(
         history,
         ["user: one", "assistant: first", "user: two", "assistant: half an ans", "user: three"],
@@ -654,16 +680,12 @@ fn s1_send_text_during_a_turn_is_session_busy_and_cancel_mid_stream_aborts_the_r
     assert!(session.cancel());
     let cancelled = game.block_on(waiting).expect("the turn ends");
     assert_eq!(cancelled.stop_reason, StopReason::Cancelled);
-    let until = Instant::now() + LIMIT;
-    while server.script.abandoned.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < until, "the request in flight was closed");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    server.wait_closed("the request in flight was closed");
     assert_eq!(session.status(), ConversationStatus::Idle);
 
     server.reply(says("yes"));
     game.block_on(session.send_text("still there?")).expect("the next turn works");
-    let history: Vec<String> = server.messages(1).into_iter().map(|(role, text)| format!("{role}: {text}")).collect();
+    let history = server.history(1);
     assert_eq!(history, ["user: wait", "assistant: thinking", "user: still there?"], "the refused text never went");
 }
 
@@ -719,7 +741,7 @@ fn with_a_known_context_window_the_history_sent_fits_two_bytes_a_token_of_it() {
         server.reply(says(&format!("answer {n}")));
         game.block_on(session.send_text(long(n))).expect("a turn");
     }
-    let history: Vec<String> = server.messages(3).into_iter().map(|(role, text)| format!("{role}: {text}")).collect();
+    let history = server.history(3);
     let kept: Vec<&String> = history.iter().filter(|line| line.contains("answer")).collect();
     assert!(!kept.is_empty() && kept.len() < 3, "only the newest turns fit: {history:#?}");
     assert!(!history.iter().any(|line| line.contains("turn 0")), "the oldest turn went: {history:#?}");
@@ -793,7 +815,7 @@ fn resume_session_after_a_restart_reloads_the_games_history() {
     assert_eq!(resumed.status(), ConversationStatus::Idle);
     server.reply(says("42"));
     game.block_on(resumed.send_text("what was it?")).expect("a turn");
-    let history: Vec<String> = server.messages(1).into_iter().map(|(role, text)| format!("{role}: {text}")).collect();
+    let history = server.history(1);
     assert_eq!(history, ["user: remember 42", "assistant: noted", "user: what was it?"]);
     let stored = std::fs::read_to_string(data.path().join(id.as_str()).join("history.json")).unwrap();
     assert!(stored.contains("what was it?"), "written after the turn");
@@ -944,11 +966,7 @@ fn a_server_error_is_retried_then_fails_the_turn_and_resume_recovers_with_the_hi
     assert_eq!(session.status(), ConversationStatus::Error);
     game.log.wait_for(&format!("error {} AGENT_UNAVAILABLE", session.id()));
 
-    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
-    server.reply(says("back"));
-    game.block_on(session.send_text("three")).expect("a turn");
-    let history: Vec<String> = server.messages(4).into_iter().map(|(role, text)| format!("{role}: {text}")).collect();
-    assert_eq!(history, ["user: one", "assistant: first", "user: three"], "the failed turn left no trace");
+    resumes_with_the_failed_turn_left_out(&game, &server, &session);
 }
 
 #[test]
@@ -967,23 +985,14 @@ fn a_stream_that_stalls_times_out() {
 
 #[test]
 fn an_answer_with_nothing_in_it_and_no_finish_reason_fails_the_turn_and_leaves_the_history() {
-    let data = tempfile::tempdir().unwrap();
-    let server = Server::start();
-    let game = Game::start(data.path());
-    let session = game.create(endpoint(&server)).expect("starts");
-    server.reply(says("first"));
-    game.block_on(session.send_text("one")).expect("a turn");
+    let (_data, server, game, session) = after_one_turn();
     // llama.cpp's server reports some failures on an `error:` line, which is not an SSE data line, then ends.
     let error = "error: {\"code\":500,\"message\":\"the context is full\",\"type\":\"server_error\"}\n\n";
     server.reply(Reply::Stream(vec![Piece::Raw(error)]));
     let (code, message) = code_of(game.block_on(session.send_text("two")));
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains("no finish_reason"), "{message}");
-    game.block_on(session.resume()).expect("resumed");
-    server.reply(says("back"));
-    game.block_on(session.send_text("three")).expect("a turn");
-    let history: Vec<String> = server.messages(2).into_iter().map(|(role, text)| format!("{role}: {text}")).collect();
-    assert_eq!(history, ["user: one", "assistant: first", "user: three"], "the failed turn left no trace");
+    resumes_with_the_failed_turn_left_out(&game, &server, &session);
 }
 
 #[test]
@@ -1020,23 +1029,12 @@ fn a_refusal_in_llama_cpps_or_vllms_own_shape_says_its_status_and_message() {
 
 #[test]
 fn a_connection_broken_mid_answer_fails_the_turn_and_leaves_the_history() {
-    let data = tempfile::tempdir().unwrap();
-    let server = Server::start();
-    let game = Game::start(data.path());
-    let session = game.create(endpoint(&server)).expect("starts");
-    server.reply(says("first"));
-    game.block_on(session.send_text("one")).expect("a turn");
+    let (_data, server, game, session) = after_one_turn();
     server.reply(Reply::Stream(vec![text("half"), Piece::Break]));
     let (code, message) = code_of(game.block_on(session.send_text("two")));
     assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
     assert_eq!(session.status(), ConversationStatus::Error);
-    game.block_on(session.resume()).expect("resumed");
-    server.reply(says("back"));
-    game.block_on(session.send_text("three")).expect("a turn");
-    let last = server.requests().len() - 1;
-    let history: Vec<String> =
-        server.messages(last).into_iter().map(|(role, text)| format!("{role}: {text}")).collect();
-    assert_eq!(history, ["user: one", "assistant: first", "user: three"], "the broken turn left no trace");
+    resumes_with_the_failed_turn_left_out(&game, &server, &session);
 }
 
 #[test]
@@ -1078,11 +1076,7 @@ fn a_model_that_talks_on_past_the_turn_timeout_is_stopped_with_timeout_and_its_r
     let (code, message) = code_of(game.block_on(session.send_text("go on")));
     assert_eq!(code, ErrorCode::Timeout, "{message}");
     assert_eq!(session.status(), ConversationStatus::Error);
-    let until = Instant::now() + LIMIT;
-    while server.script.abandoned.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < until, "the endpoint saw the request closed");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    server.wait_closed("the endpoint saw the request closed");
 }
 
 #[test]
