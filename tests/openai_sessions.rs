@@ -1125,7 +1125,7 @@ fn the_sandbox_chats_with_an_openai_compatible_endpoint_with_the_same_commands_a
     let mut child = std::process::Command::new(sandbox_binary())
         .args(["--data-dir".as_ref(), data.path().as_os_str()])
         .args(["--tps", "120", "--port", "0", "--world", "alpha"])
-        .args(["--agent-openai", &server.url, "--model", "scripted-model"])
+        .args(["--agent-openai", &server.url, "--model", "scripted-model", "--context-window", "8192"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -1170,6 +1170,9 @@ fn the_sandbox_chats_with_an_openai_compatible_endpoint_with_the_same_commands_a
     assert_eq!(chat, expected.iter().collect::<Vec<_>>());
     let results = tool_results(&server, 1);
     assert!(results[0].contains("alpha"), "the tool ran in the game: {results:?}");
+    let record = data.path().join("agent-sessions").join(&id).join("session.json");
+    let record: Value = serde_json::from_str(&std::fs::read_to_string(record).unwrap()).unwrap();
+    assert_eq!(record.to_string().matches("\"context_window\":8192").count(), 1, "--context-window: {record}");
     writeln!(stdin, "chat-end").unwrap();
     assert_eq!(
         until(&mut seen, &|line| line.starts_with("ok") || line.starts_with("error")),

@@ -5,7 +5,8 @@
 //!
 //! ```sh
 //! cargo run --example sandbox -- [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N]
-//!     [--agent "COMMAND ARGS" | --agent-openai URL --model NAME [--api-key-env VAR]] [--agent-keep]
+//!     [--agent "COMMAND ARGS" | --agent-openai URL --model NAME [--api-key-env VAR] [--context-window TOKENS]]
+//!     [--agent-keep]
 //!     [--ask-permissions] [--window]
 //! ```
 //!
@@ -16,7 +17,8 @@
 //!
 //! `--agent-openai` (build with `--features openai`) runs the agent loop in the game against an OpenAI-compatible
 //! endpoint (e.g. `http://127.0.0.1:11434/v1` for Ollama), with the API key from `OPENAI_API_KEY` if it is set,
-//! or from the variable `--api-key-env` names.
+//! or from the variable `--api-key-env` names; `--context-window` gives the model's window in tokens, which the
+//! history sent is kept within (Ollama's default is 4,096).
 //!
 //! Worlds are saved under the data directory (default `sandbox-data/`), one directory per world, as one document
 //! (`sandbox.json`: changed blocks with their versions, notes, the player's position in each dimension) written
@@ -60,7 +62,8 @@ use session::Sandbox;
 use world::Palette;
 
 const USAGE: &str = "usage: sandbox [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N] \
-[--agent \"COMMAND ARGS\" | --agent-openai URL --model NAME [--api-key-env VAR]] [--agent-keep] [--ask-permissions] \
+[--agent \"COMMAND ARGS\" | --agent-openai URL --model NAME [--api-key-env VAR] [--context-window TOKENS]] \
+[--agent-keep] [--ask-permissions] \
 [--window]";
 
 /// The command line.
@@ -76,6 +79,8 @@ struct Args {
     agent_openai: Option<String>,
     model: Option<String>,
     api_key_env: Option<String>,
+    /// `--context-window TOKENS`: the model's context window.
+    context_window: Option<u64>,
     agent_keep: bool,
     ask_permissions: bool,
     /// `--window`: a real window (feature `window`).
@@ -94,6 +99,7 @@ impl Args {
             agent_openai: None,
             model: None,
             api_key_env: None,
+            context_window: None,
             agent_keep: false,
             ask_permissions: false,
             window: false,
@@ -154,6 +160,12 @@ impl Args {
                 "--agent-openai" => args.agent_openai = Some(value),
                 "--model" => args.model = Some(value),
                 "--api-key-env" => args.api_key_env = Some(value),
+                "--context-window" => {
+                    args.context_window =
+                        Some(value.parse().ok().filter(|tokens| *tokens > 0).ok_or_else(|| {
+                            format!("--context-window: {value:?} is not a number of tokens (e.g. 4096)")
+                        })?);
+                }
                 other => return Err(format!("unknown option {other:?}")),
             }
         }
@@ -170,7 +182,9 @@ impl Args {
     fn session_config(&self) -> Result<Option<SessionConfig>, String> {
         let config = match (&self.agent, &self.agent_openai, &self.model) {
             (Some(agent), _, _) => chat::acp_config(agent),
-            (None, Some(url), Some(model)) => Some(openai_config(url, model, self.api_key_env.as_deref())?),
+            (None, Some(url), Some(model)) => {
+                Some(openai_config(url, model, self.api_key_env.as_deref(), self.context_window)?)
+            }
             _ => None,
         };
         Ok(config.map(|config| chat::with_flags(config, self.agent_keep, self.ask_permissions)))
@@ -178,9 +192,17 @@ impl Args {
 }
 
 #[cfg(feature = "openai")]
-fn openai_config(url: &str, model: &str, api_key_env: Option<&str>) -> Result<SessionConfig, String> {
+fn openai_config(
+    url: &str,
+    model: &str,
+    api_key_env: Option<&str>,
+    context_window: Option<u64>,
+) -> Result<SessionConfig, String> {
     use bevy_agent_tools::session::OpenAiEndpoint;
     let mut endpoint = OpenAiEndpoint::new(url, model);
+    if let Some(tokens) = context_window {
+        endpoint = endpoint.context_window(tokens);
+    }
     // The key: from the variable named, else from OPENAI_API_KEY when it is set (local servers need none).
     match api_key_env {
         Some(var) => endpoint = endpoint.api_key_env(var),
@@ -194,7 +216,7 @@ fn openai_config(url: &str, model: &str, api_key_env: Option<&str>) -> Result<Se
 }
 
 #[cfg(not(feature = "openai"))]
-fn openai_config(_: &str, _: &str, _: Option<&str>) -> Result<SessionConfig, String> {
+fn openai_config(_: &str, _: &str, _: Option<&str>, _: Option<u64>) -> Result<SessionConfig, String> {
     Err("--agent-openai: this sandbox was built without the `openai` feature (cargo run --example sandbox \
          --features openai)"
         .into())
