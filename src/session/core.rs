@@ -204,21 +204,27 @@ impl SessionCore {
     /// revoked, its permission requests withdrawn. Publishes nothing else: the conversation is forgotten by the
     /// caller. Returns whether the agent had been connected.
     pub(crate) fn abandon(&self) -> bool {
-        let (link, credential) = {
+        let link = {
             let mut state = self.state.lock();
             state.phase = Phase::Ended;
-            state.generation += 1;
             self.host.permissions.withdraw_all(&self.id, PermissionDecision::Deny);
-            (state.link.take(), state.credential.take())
+            self.take_connection(&mut state)
         };
-        if let Some(credential) = credential {
-            self.host.revoke(&credential);
-        }
         let connected = link.is_some();
         if let Some(link) = link {
             link.kill();
         }
         connected
+    }
+
+    /// Takes the connection away, under the state lock: a new generation (a late report of the old connection
+    /// changes nothing), its credential revoked; the link is returned for the caller to stop or close.
+    fn take_connection(&self, state: &mut State) -> Option<Arc<dyn Link>> {
+        state.generation += 1;
+        if let Some(credential) = state.credential.take() {
+            self.host.revoke(&credential);
+        }
+        state.link.take()
     }
 
     fn sink(self: &Arc<Self>, generation: u64) -> EventSink {
@@ -416,10 +422,7 @@ impl SessionCore {
                 return;
             }
             state.phase = Phase::Failed(error.clone());
-            state.generation += 1;
-            if let Some(credential) = state.credential.take() {
-                self.host.revoke(&credential);
-            }
+            let link = self.take_connection(&mut state);
             self.finish_message(&mut state, &mut feed);
             feed.push(ConversationEvent::ChatError(ChatError {
                 session: self.id.clone(),
@@ -429,7 +432,7 @@ impl SessionCore {
             }));
             self.host.publish(&self.id, feed, Some(ConversationStatus::Error));
             self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
-            (state.link.take(), state.turn.take())
+            (link, state.turn.take())
         };
         tracing::warn!(session = %self.id, code = %error.code, message = %error.message, "the in-game agent session failed");
         if let Some(link) = link {
@@ -457,13 +460,12 @@ impl SessionCore {
     }
 
     async fn end_locked(self: &Arc<Self>, end_session: bool) {
-        let (link, credential, turn) = {
+        let (link, turn) = {
             let mut state = self.state.lock();
             if matches!(state.phase, Phase::Ended) {
                 return;
             }
             state.phase = Phase::Ended;
-            state.generation += 1;
             let mut feed = Vec::new();
             self.finish_message(&mut state, &mut feed);
             self.host.publish(&self.id, feed, None);
@@ -473,11 +475,8 @@ impl SessionCore {
             if let (Some(_), Some(link)) = (&state.turn, &state.link) {
                 link.cancel();
             }
-            (state.link.take(), state.credential.take(), state.turn.take())
+            (self.take_connection(&mut state), state.turn.take())
         };
-        if let Some(credential) = credential {
-            self.host.revoke(&credential);
-        }
         // Publishes `Ended` once and ends the session's tool calls still in flight (`CANCELLED`); the visit is
         // untouched (S3).
         let _ = self.host.agent.end_conversation(&self.id);
