@@ -35,7 +35,7 @@ enum Reply {
     /// `200`, an SSE stream of these pieces, then `data: [DONE]` (unless a piece stalls).
     Stream(Vec<Piece>),
     /// An HTTP error with a JSON error body and an optional `Retry-After`.
-    Status(u16, Option<&'static str>),
+    Status(u16, Option<String>),
     /// An HTTP error with this body, as it is.
     Refusal(u16, &'static str),
 }
@@ -907,21 +907,30 @@ fn a_rate_limit_is_retried_after_its_retry_after_and_gives_up_after_the_bounded_
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();
     let game = Game::start(data.path());
-    server.reply(Reply::Status(429, Some("1"))).reply(says("after the wait"));
+    server.reply(Reply::Status(429, Some("1".into()))).reply(says("after the wait"));
     let session = game.create(endpoint(&server)).expect("starts");
     let started = Instant::now();
     let turn = game.block_on(session.send_text("hi")).expect("retried");
     assert_eq!(turn.final_message.as_deref(), Some("after the wait"));
     assert!(started.elapsed() >= Duration::from_millis(950), "Retry-After honoured: {:?}", started.elapsed());
 
+    // As an HTTP date (whole seconds): four seconds from now is a wait of more than three, the bound here two (the
+    // backoff would be 250 ms).
+    let date = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(4));
+    server.reply(Reply::Status(503, Some(date))).reply(says("after the date"));
+    let started = Instant::now();
+    let turn = game.block_on(session.send_text("hello")).expect("retried");
+    assert_eq!(turn.final_message.as_deref(), Some("after the date"));
+    assert!(started.elapsed() >= Duration::from_secs(2), "Retry-After's date honoured: {:?}", started.elapsed());
+
     for _ in 0..3 {
-        server.reply(Reply::Status(429, Some("0")));
+        server.reply(Reply::Status(429, Some("0".into())));
     }
     server.reply(says("never asked"));
     let (code, message) = code_of(game.block_on(session.send_text("again")));
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains("429") && message.contains("rate limiting"), "{message}");
-    assert_eq!(server.requests().len(), 2 + 3, "one request and two retries, no more");
+    assert_eq!(server.requests().len(), 4 + 3, "one request and two retries, no more");
     assert_eq!(session.status(), ConversationStatus::Error);
 }
 
@@ -935,7 +944,7 @@ fn numbers_too_big_from_the_endpoint_or_its_config_never_stall_a_turn() {
     let overflowing = json!({"choices": [], "usage": {
         "prompt_tokens": u64::MAX, "completion_tokens": 1, "total_tokens": 0
     }});
-    server.reply(Reply::Status(429, Some("1e20"))).reply(Reply::Stream(vec![
+    server.reply(Reply::Status(429, Some("1e20".into()))).reply(Reply::Stream(vec![
         text("fine"),
         finish("stop"),
         Piece::Data(overflowing),
@@ -967,6 +976,33 @@ fn a_server_error_is_retried_then_fails_the_turn_and_resume_recovers_with_the_hi
     game.log.wait_for(&format!("error {} AGENT_UNAVAILABLE", session.id()));
 
     resumes_with_the_failed_turn_left_out(&game, &server, &session);
+}
+
+#[test]
+fn a_turn_that_fails_after_its_tool_call_ran_keeps_the_call_and_its_result_and_says_it_failed() {
+    let (_data, server, game, session) = after_one_turn();
+    server.reply(calls(vec![text("Bumping."), call(0, "call-1", "bump", "{\"by\": 1}")]));
+    for _ in 0..3 {
+        server.reply(Reply::Status(503, None));
+    }
+    let (code, _) = code_of(game.block_on(session.send_text("two")));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert_eq!(game.counter(), 1, "the call ran before the endpoint failed");
+
+    // The next connection reads the history from disk: the model learns what it did in the world.
+    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    server.reply(says("back"));
+    game.block_on(session.send_text("three")).expect("a turn");
+    let last = server.requests().len() - 1;
+    let history = server.history(last);
+    assert_eq!(history[..4], ["user: one", "assistant: first", "user: two", "assistant: Bumping."], "{history:#?}");
+    assert_eq!(server.requests()[last]["messages"][3]["tool_calls"][0]["id"], "call-1");
+    assert!(history[4].starts_with("tool: ") && !history[4].contains("error"), "the call's result: {history:#?}");
+    assert!(
+        history[5].starts_with("assistant: [This turn failed") && history[5].contains("AGENT_UNAVAILABLE: "),
+        "then a line saying the turn failed and why: {history:#?}"
+    );
+    assert_eq!(history[6..], ["user: three"]);
 }
 
 #[test]

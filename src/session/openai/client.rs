@@ -2,7 +2,7 @@
 //! types (`byot`: local servers omit fields OpenAI always sends) and a bounded retry under it (its middleware
 //! hook) that honours `Retry-After`. Failures become errors a person can act on.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_openai::config::OpenAIConfig;
 use async_openai::error::OpenAIError;
@@ -146,15 +146,27 @@ impl Retry {
                 .headers()
                 .get(reqwest::header::RETRY_AFTER)
                 .and_then(|value| value.to_str().ok())
-                .and_then(|value| value.trim().parse::<f64>().ok())
-                // Negative, NaN and too long to represent (`1e20`) are not a wait: the backoff applies.
-                .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok());
+                .and_then(|value| retry_after(value, SystemTime::now()));
             let backoff = Duration::from_millis(250).saturating_mul(2u32.saturating_pow(attempt));
             let wait = asked.unwrap_or(backoff).min(self.max_wait);
             tracing::debug!(%status, ?wait, attempt, "the endpoint asked to retry");
             drop(response);
             attempt += 1;
             tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// The wait a `Retry-After` value asks for at `now`: seconds, or an HTTP date (RFC 9110 §10.2.3; one already
+/// passed asks for none). Negative, NaN, too long to represent (`1e20`) and unreadable values ask for nothing: the
+/// backoff applies.
+fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    match value.parse::<f64>() {
+        Ok(seconds) => Duration::try_from_secs_f64(seconds).ok(),
+        Err(_) => {
+            let when = httpdate::parse_http_date(value).ok()?;
+            Some(when.duration_since(now).unwrap_or(Duration::ZERO))
         }
     }
 }
@@ -223,4 +235,21 @@ fn source_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_seconds_or_an_http_date_and_anything_else_is_no_wait() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480); // Wed, 21 Oct 2015 07:28:00 GMT
+        assert_eq!(retry_after(" 2 ", now), Some(Duration::from_secs(2)));
+        assert_eq!(retry_after("0.5", now), Some(Duration::from_millis(500)));
+        assert_eq!(retry_after("Wed, 21 Oct 2015 07:28:30 GMT", now), Some(Duration::from_secs(30)));
+        assert_eq!(retry_after("Wed, 21 Oct 2015 07:27:00 GMT", now), Some(Duration::ZERO), "a date passed");
+        for nothing in ["-1", "NaN", "1e20", "soon", ""] {
+            assert_eq!(retry_after(nothing, now), None, "{nothing:?}");
+        }
+    }
 }

@@ -19,7 +19,8 @@
 //!   names the key's environment variable; `429` and `5xx` are retried a bounded number of times honouring
 //!   `Retry-After`; an endpoint silent for [`OpenAiEndpoint::stall_timeout`] is `TIMEOUT`; a malformed chunk is
 //!   `AGENT_UNAVAILABLE` quoting it. A failed turn fails the session (status `Error`; `resume` reconnects, with
-//!   the history as it was before that turn).
+//!   the history as it was before that turn, or, if tool calls ran in it, with them and their results and a line
+//!   saying the turn failed: the model then knows what it changed in the world).
 
 mod client;
 mod config;

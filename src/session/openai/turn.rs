@@ -32,47 +32,66 @@ enum RoundEnd {
 }
 
 /// Runs turn `turn` to its end and says how it ended. The history gets the turn once it ended (or was cancelled:
-/// what was said and done so far, every tool call with its result); a failed turn leaves it as it was.
+/// what was said and done so far, every tool call with its result). A failed turn leaves the history as it was,
+/// unless tool calls ran in it: the world may have changed, so they are kept with their results, followed by a
+/// line saying the turn failed and why (as the model's own, which every chat template accepts after tool results).
 pub(crate) async fn run(
     shared: Arc<Shared>,
     turn: u64,
     blocks: Vec<PromptBlock>,
     cancel: CancellationToken,
 ) -> BackendEvent {
-    match drive(&shared, turn, blocks, &cancel).await {
-        Ok((stop, messages)) => {
-            shared.commit(messages).await;
-            BackendEvent::TurnEnded { turn, stop }
-        }
-        Err(error) => BackendEvent::TurnFailed { turn, error },
-    }
-}
-
-async fn drive(
-    shared: &Arc<Shared>,
-    turn: u64,
-    blocks: Vec<PromptBlock>,
-    cancel: &CancellationToken,
-) -> Result<(StopReason, Vec<Value>), ToolError> {
     // Each block is its own user message: the player's text word for word, the game's additions apart.
     let mut messages: Vec<Value> =
         blocks.into_iter().map(|PromptBlock::Text(text)| json!({"role": "user", "content": text})).collect();
+    match drive(&shared, turn, &mut messages, &cancel).await {
+        Ok(stop) => {
+            shared.commit(messages).await;
+            BackendEvent::TurnEnded { turn, stop }
+        }
+        Err(error) => {
+            if messages.iter().any(|message| message["role"] == "tool") {
+                messages.push(json!({"role": "assistant", "content": failed_note(&error)}));
+                shared.commit(messages).await;
+            }
+            BackendEvent::TurnFailed { turn, error }
+        }
+    }
+}
+
+/// What the history says after the tool calls of a turn that failed.
+fn failed_note(error: &ToolError) -> String {
+    format!(
+        "[This turn failed before I could answer ({}: {}). The tool calls above ran in the game and their results \
+         stand.]",
+        error.code, error.message
+    )
+}
+
+/// Runs the turn's rounds, adding to `messages` what was said and done; on an error, `messages` holds the rounds
+/// that were complete (every tool call in it with its result).
+async fn drive(
+    shared: &Arc<Shared>,
+    turn: u64,
+    messages: &mut Vec<Value>,
+    cancel: &CancellationToken,
+) -> Result<StopReason, ToolError> {
     let tools = shared.tools();
     for round in 0.. {
-        let request = shared.request(&messages, &tools);
+        let request = shared.request(messages, &tools);
         let (text, calls, finish) = match stream_round(shared, turn, round, request, cancel).await? {
             RoundEnd::Cancelled { text } => {
                 if !text.is_empty() {
                     messages.push(json!({"role": "assistant", "content": text}));
                 }
-                return Ok((StopReason::Cancelled, messages));
+                return Ok(StopReason::Cancelled);
             }
             RoundEnd::Done { text, calls, finish } => (text, calls, finish),
         };
         if calls.is_empty() {
             if text.is_empty() && finish.is_none() {
                 // Not an answer: some servers end the stream this way after an error they send outside its
-                // `data:` lines (llama.cpp's `error:`). The turn fails and the history stays as it was.
+                // `data:` lines (llama.cpp's `error:`). The turn fails.
                 return Err(ToolError::with_code(
                     ErrorCode::AgentUnavailable,
                     format!(
@@ -83,7 +102,7 @@ async fn drive(
                 ));
             }
             messages.push(json!({"role": "assistant", "content": text}));
-            return Ok((stop_reason(finish.as_deref()), messages));
+            return Ok(stop_reason(finish.as_deref()));
         }
         // The calls are not run, and the history keeps what the model said, without them: past the rounds a turn
         // may take, or when the answer was cut at its token limit (a call's arguments are then cut short too).
@@ -96,7 +115,7 @@ async fn drive(
             if !text.is_empty() {
                 messages.push(json!({"role": "assistant", "content": text}));
             }
-            return Ok((stop, messages));
+            return Ok(stop);
         }
         (shared.sink)(BackendEvent::ToolCall);
         let wire_calls: Vec<Value> = calls
@@ -131,7 +150,7 @@ async fn drive(
             messages.push(json!({"role": "user", "content": parts}));
         }
         if cancelled {
-            return Ok((StopReason::Cancelled, messages));
+            return Ok(StopReason::Cancelled);
         }
     }
     Err(ToolError::internal("the turn's rounds ran out"))
