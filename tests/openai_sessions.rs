@@ -1116,6 +1116,48 @@ fn a_model_that_talks_on_past_the_turn_timeout_is_stopped_with_timeout_and_its_r
 }
 
 #[test]
+fn a_turn_stopped_at_its_time_limit_after_a_tool_call_ran_keeps_the_call_for_the_model_to_read_after_resume() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    // The call runs, then the model thinks past the turn's time limit (never silent long enough to stall).
+    let mut thinking = Vec::new();
+    for _ in 0..200 {
+        thinking.extend([text("hm "), Piece::Wait(Duration::from_millis(50))]);
+    }
+    server.reply(calls(vec![call(0, "call-1", "bump", "{\"by\": 1}")])).reply(Reply::Stream(thinking));
+    let timeouts = SessionTimeouts { turn: Duration::from_millis(1500), ..Default::default() };
+    let config = SessionConfig::openai_endpoint(endpoint(&server)).timeouts(timeouts);
+    let session = game.block_on(game.sessions.create(config)).expect("starts");
+    let (code, message) = code_of(game.block_on(session.send_text("two")));
+    assert_eq!(code, ErrorCode::Timeout, "{message}");
+    assert_eq!(game.counter(), 1, "the call ran before the time limit");
+
+    // At once: the resume waits for the stopped turn's history to be written.
+    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    server.reply(says("back"));
+    game.block_on(session.send_text("three")).expect("a turn");
+    let last = server.requests().len() - 1;
+    let history = server.history(last);
+    assert_eq!(history[0], "user: two", "{history:#?}");
+    assert_eq!(server.requests()[last]["messages"][1]["tool_calls"][0]["id"], "call-1", "{history:#?}");
+    assert!(history[2].starts_with("tool: ") && !history[2].contains("error"), "the call's result: {history:#?}");
+    assert!(history[3].starts_with("assistant: hm hm"), "what the model said until it was stopped: {history:#?}");
+    assert_eq!(history[4..], ["user: three"]);
+
+    // Stopped during a tool call: the call is cancelled in the game, and the model reads that the game stopped it.
+    server.reply(calls(vec![call(0, "h", "held", "{}")]));
+    let (code, message) = code_of(game.block_on(session.send_text("four")));
+    assert_eq!((code, game.gate.arrived()), (ErrorCode::Timeout, 1), "{message}");
+    game.block_on(session.resume()).expect("resumed");
+    server.reply(says("noted"));
+    game.block_on(session.send_text("five")).expect("a turn");
+    let results = tool_results(&server, server.requests().len() - 1);
+    assert!(results.last().is_some_and(|r| r.contains("CANCELLED") && r.contains("the game stopped")), "{results:?}");
+    game.gate.open();
+}
+
+#[test]
 fn a_malformed_chunk_is_agent_unavailable_quoting_it() {
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();

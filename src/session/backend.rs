@@ -99,8 +99,14 @@ pub(crate) trait Link: Send + Sync {
     /// Closes the connection: ends the backend session first when `end_session` (where the backend offers it,
     /// bounded by the close timeout), then stops the agent. Resolves when the agent process is gone.
     fn close(&self, end_session: bool) -> BoxFuture<()>;
-    /// Stops the agent now, without a word to it.
+    /// Stops the agent now, without a word to it: no more model requests or tool calls.
     fn kill(&self);
+    /// Resolves once a [killed](Self::kill) connection has written what the game keeps of the session (an
+    /// OpenAI-compatible session's history: what the stopped turn said and did), bounded by the close timeout.
+    /// Nothing to wait for by default.
+    fn settled(&self) -> BoxFuture<()> {
+        Box::pin(async {})
+    }
 }
 
 /// One part of a prompt.

@@ -65,6 +65,9 @@ struct State {
     usage: Option<Usage>,
     /// Whether the system prompt still has to go with the next turn (backends without a system prompt).
     system_prompt_pending: bool,
+    /// The connection a failure stopped, which may still be writing what the game keeps of the session (an
+    /// OpenAI-compatible session's history): the next connect, and an end, wait until it [settled](Link::settled).
+    stopped: Option<Arc<dyn Link>>,
 }
 
 pub(crate) struct SessionCore {
@@ -97,6 +100,7 @@ impl SessionCore {
                 messages: 0,
                 usage: None,
                 system_prompt_pending: false,
+                stopped: None,
             }),
             lifecycle: tokio::sync::Mutex::new(()),
             forgotten: AtomicBool::new(false),
@@ -127,6 +131,7 @@ impl SessionCore {
         resume: Option<String>,
         new_if_unresumable: bool,
     ) -> Result<Attached, ToolError> {
+        self.settle_stopped().await;
         let (session_dir, working_directory) = self.host.session_dirs(&self.id)?;
         // Only an agent process gets a credential: a backend the game runs calls the tools in process.
         let mcp = if self.config.backend.reaches_tools_over_mcp() {
@@ -219,6 +224,14 @@ impl SessionCore {
 
     /// Takes the connection away, under the state lock: a new generation (a late report of the old connection
     /// changes nothing), its credential revoked; the link is returned for the caller to stop or close.
+    /// Waits until the connection a failure stopped has written what it keeps (bounded by the backend).
+    async fn settle_stopped(&self) {
+        let stopped = self.state.lock().stopped.take();
+        if let Some(link) = stopped {
+            link.settled().await;
+        }
+    }
+
     fn take_connection(&self, state: &mut State) -> Option<Arc<dyn Link>> {
         state.generation += 1;
         if let Some(credential) = state.credential.take() {
@@ -423,6 +436,7 @@ impl SessionCore {
             }
             state.phase = Phase::Failed(error.clone());
             let link = self.take_connection(&mut state);
+            state.stopped.clone_from(&link);
             self.finish_message(&mut state, &mut feed);
             feed.push(ConversationEvent::ChatError(ChatError {
                 session: self.id.clone(),
@@ -460,6 +474,8 @@ impl SessionCore {
     }
 
     async fn end_locked(self: &Arc<Self>, end_session: bool) {
+        // Before the record is saved, and before `forget` removes the session's folder.
+        self.settle_stopped().await;
         let (link, turn) = {
             let mut state = self.state.lock();
             if matches!(state.phase, Phase::Ended) {

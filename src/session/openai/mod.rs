@@ -12,7 +12,8 @@
 //!   without tool calls or [`OpenAiEndpoint::max_tool_rounds`] is reached
 //!   ([`StopReason::MaxTurnRequests`](crate::session::StopReason::MaxTurnRequests)).
 //! - **Cancel** drops the request in flight (the connection closes, the endpoint stops generating) or the tool
-//!   call running (cancelled in the game), and the turn ends as cancelled.
+//!   call running (cancelled in the game), and the turn ends as cancelled. A turn the game stops (past the turn
+//!   timeout, or ended with its session) stops the same way, and what it said and did is kept in the history.
 //! - **History** is the game's ([`history`]): kept under the game's data directory, written atomically after each
 //!   turn, bounded (oldest turns dropped), reloaded by `resume` and by `resume_session` after a restart.
 //! - **Faults**: connection refused and other HTTP failures are `AGENT_UNAVAILABLE` naming the URL; `401`/`403`
@@ -29,6 +30,7 @@ mod roles;
 mod turn;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_openai::config::OpenAIConfig;
@@ -87,6 +89,7 @@ impl Backend for OpenAiBackend {
                 shared,
                 backend_session: setup.conversation.to_string(),
                 running: Mutex::new(None),
+                stopping: Mutex::new(None),
                 runtime,
                 close_timeout: setup.timeouts.close,
             };
@@ -255,6 +258,8 @@ impl Shared {
 
 struct Running {
     cancel: CancellationToken,
+    /// Set before `cancel` when the game (not the player) stops the turn: the model is told which.
+    killed: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -262,6 +267,8 @@ struct OpenAiLink {
     shared: Arc<Shared>,
     backend_session: String,
     running: Mutex<Option<Running>>,
+    /// A killed turn ending (see [`Link::kill`]).
+    stopping: Mutex<Option<tokio::task::JoinHandle<()>>>,
     runtime: tokio::runtime::Handle,
     close_timeout: std::time::Duration,
 }
@@ -273,13 +280,14 @@ impl Link for OpenAiLink {
 
     fn prompt(&self, turn: u64, blocks: Vec<PromptBlock>) -> Result<(), ToolError> {
         let cancel = CancellationToken::new();
+        let killed = Arc::new(AtomicBool::new(false));
         let shared = self.shared.clone();
-        let token = cancel.clone();
+        let (token, by_game) = (cancel.clone(), killed.clone());
         let task = self.runtime.spawn(async move {
-            let event = turn::run(shared.clone(), turn, blocks, token).await;
+            let event = turn::run(shared.clone(), turn, blocks, token, by_game).await;
             (shared.sink)(event);
         });
-        *self.running.lock() = Some(Running { cancel, task });
+        *self.running.lock() = Some(Running { cancel, killed, task });
         Ok(())
     }
 
@@ -296,7 +304,7 @@ impl Link for OpenAiLink {
         let running = self.running.lock().take();
         let close_timeout = self.close_timeout;
         Box::pin(async move {
-            let Some(Running { cancel, task }) = running else { return };
+            let Some(Running { cancel, task, .. }) = running else { return };
             cancel.cancel();
             let abort = task.abort_handle();
             if tokio::time::timeout(close_timeout, task).await.is_err() {
@@ -306,9 +314,22 @@ impl Link for OpenAiLink {
     }
 
     fn kill(&self) {
-        if let Some(running) = self.running.lock().take() {
-            running.cancel.cancel();
-            running.task.abort();
+        // No more requests or tool calls from now (the turn stops at its next step, its tool call cancelled in
+        // the game); what it said and did is written to the history, as a cancel writes it, within the close
+        // timeout, so that the model knows after a resume what it changed in the world.
+        if let Some(running) = self.running.lock().as_ref() {
+            running.killed.store(true, Ordering::SeqCst);
         }
+        let stopping = self.runtime.spawn(self.close(false));
+        *self.stopping.lock() = Some(stopping);
+    }
+
+    fn settled(&self) -> BoxFuture<()> {
+        let stopping = self.stopping.lock().take();
+        Box::pin(async move {
+            if let Some(stopping) = stopping {
+                let _ = stopping.await;
+            }
+        })
     }
 }

@@ -3,6 +3,7 @@
 //! through [`AgentHandle`](crate::AgentHandle) under the session's conversation, so the host's rules apply and the
 //! status is `WaitingToolResult` while they run; their results go back; until the model stops, or the round limit.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_openai::types::stream::StreamResponse;
@@ -40,11 +41,12 @@ pub(crate) async fn run(
     turn: u64,
     blocks: Vec<PromptBlock>,
     cancel: CancellationToken,
+    killed: Arc<AtomicBool>,
 ) -> BackendEvent {
     // Each block is its own user message: the player's text word for word, the game's additions apart.
     let mut messages: Vec<Value> =
         blocks.into_iter().map(|PromptBlock::Text(text)| json!({"role": "user", "content": text})).collect();
-    match drive(&shared, turn, &mut messages, &cancel).await {
+    match drive(&shared, turn, &mut messages, &cancel, &killed).await {
         Ok(stop) => {
             shared.commit(messages).await;
             BackendEvent::TurnEnded { turn, stop }
@@ -75,6 +77,7 @@ async fn drive(
     turn: u64,
     messages: &mut Vec<Value>,
     cancel: &CancellationToken,
+    killed: &AtomicBool,
 ) -> Result<StopReason, ToolError> {
     let tools = shared.tools();
     for round in 0.. {
@@ -130,14 +133,14 @@ async fn drive(
         let mut images = Vec::new();
         for call in &calls {
             let result = if cancelled {
-                error_content(&ToolError::with_code(ErrorCode::Cancelled, "the player cancelled the turn"))
+                cancelled_content(killed)
             } else {
                 tokio::select! {
                     biased;
                     result = execute(shared, call, &mut images) => result,
                     _ = cancel.cancelled() => {
                         cancelled = true;
-                        error_content(&ToolError::with_code(ErrorCode::Cancelled, "the player cancelled the turn"))
+                        cancelled_content(killed)
                     }
                 }
             };
@@ -318,6 +321,16 @@ async fn execute(shared: &Shared, call: &PendingCall, images: &mut Vec<String>) 
         }
         Err(error) => error_content(&error),
     }
+}
+
+/// The result of a call the turn's stop cancelled (or never ran): who stopped it.
+fn cancelled_content(killed: &AtomicBool) -> String {
+    let why = if killed.load(Ordering::SeqCst) {
+        "the game stopped the turn (past its time limit, or the session failed) before this call ended"
+    } else {
+        "the player cancelled the turn"
+    };
+    error_content(&ToolError::with_code(ErrorCode::Cancelled, why))
 }
 
 fn error_content(error: &ToolError) -> String {
