@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use super::hud::Hud;
 use super::Focus;
 use crate::console::{check_world_name, ConsoleLines};
+use crate::session::SAVE_DOCUMENT;
 use bevy::prelude::*;
 
 /// The data directory, where each world is a directory.
@@ -37,13 +38,19 @@ pub fn setup(mut commands: Commands) {
     ));
 }
 
-/// The worlds saved under `dir`, sorted (at most nine: one per digit).
+/// The worlds saved under `dir`, sorted (at most nine: one per digit): the folders with a sandbox save (its
+/// primary or previous file) in them, not the data dir's other folders (`agent-sessions`).
 fn worlds(dir: &std::path::Path) -> Vec<String> {
+    let saved = |world: &std::path::Path| {
+        [format!("{SAVE_DOCUMENT}.json"), format!("{SAVE_DOCUMENT}.json.prev")]
+            .iter()
+            .any(|file| world.join(file).is_file())
+    };
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .filter_map(Result::ok)
-        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()) && saved(&entry.path()))
         .filter_map(|entry| entry.file_name().into_string().ok())
         .filter(|name| check_world_name(name).is_ok())
         .collect();
@@ -124,4 +131,20 @@ pub fn draw_list(
     lines.push("0  a new world".into());
     text.0 = lines.join("\n");
     *visibility = Visibility::Visible;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_world_list_holds_the_saved_worlds_and_not_the_sessions_folder_beside_them() {
+        let data = tempfile::tempdir().unwrap();
+        for (folder, file) in [("alpha", "sandbox.json"), ("beta", "sandbox.json.prev"), ("agent-sessions", "x")] {
+            std::fs::create_dir(data.path().join(folder)).unwrap();
+            std::fs::write(data.path().join(folder).join(file), b"{}").unwrap();
+        }
+        std::fs::create_dir(data.path().join("empty")).unwrap();
+        assert_eq!(worlds(data.path()), ["alpha", "beta"]);
+    }
 }
