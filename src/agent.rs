@@ -2,12 +2,14 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bevy::prelude::Resource;
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 use crate::call::{admit, Admitted, CallLife, CallOutcome, CallRequest, InputContext, Job};
 use crate::conversation::{
@@ -284,13 +286,18 @@ pub struct Resumed {
 ///
 /// Dropping it before it resolves cancels the call (its handler's `ended()` fires) — unless the call carries an
 /// operation id: a keyed operation keeps running so that a retry with the same id gets its outcome. [`Call::cancel`]
-/// cancels either kind; [`Call::detach`] stops observing without cancelling. Cancel-safe to poll.
+/// cancels either kind (a retry that joined a running operation only stops waiting while another caller still waits
+/// for it); [`Call::detach`] stops observing without cancelling. Cancel-safe to poll.
 #[must_use = "a call is cancelled when dropped; await it, or detach it"]
 pub struct Call {
     request: Option<RequestId>,
     life: Option<Arc<CallLife>>,
     /// Whether dropping this handle cancels the execution.
     cancel_on_drop: bool,
+    /// Set once this caller left the execution (cancelled, or dropped): it leaves once.
+    left: AtomicBool,
+    /// Fires when this caller cancelled: it stops waiting, whether or not the execution goes on for others.
+    withdrawn: CancellationToken,
     ready: Option<CallOutcome>,
     /// A call that waits for its tool to be registered.
     pending: Option<Arc<WaitingCall>>,
@@ -317,29 +324,48 @@ impl Call {
     }
 
     fn running(life: Arc<CallLife>, owner: bool) -> Self {
+        let mut call = Self::empty();
+        call.request = Some(life.coords.request);
+        call.cancel_on_drop = owner && life.coords.operation.is_none();
+        call.life = Some(life);
+        call
+    }
+
+    fn ready(request: Option<RequestId>, outcome: CallOutcome) -> Self {
+        let mut call = Self::empty();
+        (call.request, call.ready) = (request, Some(outcome));
+        call
+    }
+
+    fn waiting(pending: Arc<WaitingCall>, cancel_on_drop: bool) -> Self {
+        let mut call = Self::empty();
+        (call.cancel_on_drop, call.pending) = (cancel_on_drop, Some(pending));
+        call
+    }
+
+    fn empty() -> Self {
         Self {
-            request: Some(life.coords.request),
-            cancel_on_drop: owner && life.coords.operation.is_none(),
-            life: Some(life),
+            request: None,
+            life: None,
+            cancel_on_drop: false,
+            left: AtomicBool::new(false),
+            withdrawn: CancellationToken::new(),
             ready: None,
             pending: None,
             waiting: None,
         }
     }
 
-    fn ready(request: Option<RequestId>, outcome: CallOutcome) -> Self {
-        Self { request, life: None, cancel_on_drop: false, ready: Some(outcome), pending: None, waiting: None }
-    }
-
-    fn waiting(call: Arc<WaitingCall>, cancel_on_drop: bool) -> Self {
-        Self { request: None, life: None, cancel_on_drop, ready: None, pending: Some(call), waiting: None }
+    /// The outcome of a caller that cancelled while the execution went on for others.
+    fn withdrawn_outcome(life: &CallLife) -> CallOutcome {
+        Err(ToolError::with_code(ErrorCode::Cancelled, "the agent cancelled the call").locate(&life.coords))
     }
 
     /// The request id of the execution this call observes (for a duplicate, the first call's). A call waiting
     /// for its tool has none until it is admitted.
     pub fn request_id(&self) -> Option<RequestId> {
         match &self.pending {
-            Some(pending) => pending.life.lock().as_ref().map(|life| life.coords.request),
+            Some(pending) => pending.request(),
             None => self.request,
         }
     }
@@ -356,6 +382,7 @@ impl Call {
             return pending.outcome.get();
         }
         match &self.life {
+            Some(life) if self.withdrawn.is_cancelled() => Some(Self::withdrawn_outcome(life)),
             Some(life) => life.outcome().get(),
             None => self.ready.clone(),
         }
@@ -368,17 +395,36 @@ impl Call {
             return pending.outcome.wait_until(crate::deadline::after(Instant::now(), timeout));
         }
         match &self.life {
+            Some(life) if self.withdrawn.is_cancelled() => Some(Self::withdrawn_outcome(life)),
             Some(life) => life.outcome().wait_until(crate::deadline::after(Instant::now(), timeout)),
             None => self.ready.clone(),
         }
     }
 
     /// Cancels the call: it ends with `CANCELLED` unless it already ended. Returns whether this ended it.
+    ///
+    /// A keyed call may share its execution with retries of the same operation (rule H12): the execution is
+    /// cancelled when the last caller still waiting for it cancels; until then, a caller that cancels only stops
+    /// waiting (its outcome is `CANCELLED`) and the others still get the execution's outcome.
     pub fn cancel(&self) -> bool {
         if let Some(pending) = &self.pending {
             return pending.cancel();
         }
-        self.life.as_ref().is_some_and(|life| life.fail(ErrorCode::Cancelled, "the agent cancelled the call"))
+        let Some(life) = &self.life else { return false };
+        if life.outcome().is_set() || self.left.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        if life.leave(Some("the agent cancelled the call")) {
+            // The last caller waiting: the execution ended, `CANCELLED`.
+            return true;
+        }
+        if life.outcome().is_set() {
+            // It ended meanwhile: this caller gets its outcome.
+            return false;
+        }
+        // Other callers still wait for the execution: this one stops waiting.
+        self.withdrawn.cancel();
+        true
     }
 
     /// Stops observing the call without cancelling it.
@@ -402,8 +448,14 @@ impl Future for Call {
                     Some(Box::pin(async move { pending.outcome.wait().await }))
                 }
                 (None, Some(life)) => {
-                    let life = life.clone();
-                    Some(Box::pin(async move { life.outcome().wait().await }))
+                    let (life, withdrawn) = (life.clone(), self.withdrawn.clone());
+                    Some(Box::pin(async move {
+                        tokio::select! {
+                            biased;
+                            outcome = life.outcome().wait() => outcome,
+                            _ = withdrawn.cancelled() => Self::withdrawn_outcome(&life),
+                        }
+                    }))
                 }
                 (None, None) => None,
             };
@@ -417,11 +469,15 @@ impl Future for Call {
 
 impl Drop for Call {
     fn drop(&mut self) {
-        if let Some(pending) = self.pending.as_ref().filter(|_| self.cancel_on_drop) {
-            pending.cancel();
+        if let Some(pending) = &self.pending {
+            if self.cancel_on_drop {
+                pending.cancel();
+            } else {
+                pending.leave(false);
+            }
         }
-        if let Some(life) = self.life.as_ref().filter(|_| self.cancel_on_drop) {
-            life.fail(ErrorCode::Cancelled, "the caller stopped waiting for the call");
+        if let Some(life) = self.life.as_ref().filter(|_| !self.left.swap(true, Ordering::SeqCst)) {
+            life.leave(self.cancel_on_drop.then_some("the caller stopped waiting for the call"));
         }
     }
 }

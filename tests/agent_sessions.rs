@@ -133,6 +133,11 @@ impl Dirs {
 
 impl Game {
     fn start(dirs: &Dirs) -> Self {
+        Self::start_with(dirs, |mcp| mcp)
+    }
+
+    /// [`start`](Self::start), with the MCP server configured by `configure`.
+    fn start_with(dirs: &Dirs, configure: fn(McpPlugin) -> McpPlugin) -> Self {
         let gate = Gate::new();
         let executions = Arc::new(AtomicUsize::new(0));
         let log = Log::default();
@@ -149,7 +154,7 @@ impl Game {
             let mut app = headless_app_with(
                 tools,
                 (
-                    McpPlugin::new().port(0).token(TOKEN).token_file(token_file),
+                    configure(McpPlugin::new().port(0).token(TOKEN).token_file(token_file)),
                     AgentSessionsPlugin::new().data_dir(data),
                 ),
             );
@@ -232,6 +237,23 @@ fn s_a_turn_streams_deltas_and_its_tool_call_changes_the_world_as_the_sessions_o
     // The message before the tool call ended at it; the one after is the turn's last.
     assert!(lines.iter().any(|line| line == &format!("message {id} {id}-m2: Calling bump.")), "{lines:#?}");
     assert!(session.usage().is_some_and(|usage| usage.context_tokens == 200_000));
+    game.block_on(session.end());
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
+fn an_agent_that_stays_silent_past_the_mcp_session_idle_timeout_keeps_its_tools() {
+    let dirs = Dirs::new();
+    let idle = Duration::from_millis(300);
+    let game = Game::start_with(&dirs, |mcp| mcp.session_idle_timeout(Duration::from_millis(300)));
+    let session = game.create(agent(&dirs, &[])).expect("the session starts");
+    let turn = game.block_on(session.send_text(r#"call bump {"by": 1}"#)).expect("the turn ends");
+    assert!(turn.final_message.is_some_and(|m| m.contains("\"counter\":1")), "the agent's MCP session works");
+    // The player says nothing for a while: the agent's MCP session hears nothing for several idle timeouts.
+    std::thread::sleep(idle * 4);
+    let turn = game.block_on(session.send_text(r#"call bump {"by": 1}"#)).expect("the turn ends");
+    let answer = turn.final_message.expect("a final message");
+    assert!(answer.starts_with("bump answered: ") && answer.contains("\"counter\":2"), "{answer}");
     game.block_on(session.end());
     dirs.wait_no_agents(LIMIT);
 }

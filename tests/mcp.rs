@@ -341,19 +341,19 @@ fn security_refusals_have_the_right_status_and_say_why() {
 
     let (status, _) = raw(&server, &[("Authorization", &bearer), ("Origin", "http://localhost:3000")], INITIALIZE);
     assert_eq!(status, 200, "a local browser origin with the token is served");
-    // Bodies that are not one JSON-RPC message: 400 with a JSON-RPC parse error, as JSON.
+    // Bodies that are not one JSON-RPC message: 400 with a JSON-RPC error, as JSON.
     let batch = format!("[{INITIALIZE}, {INITIALIZE}]");
-    for (body, what) in [
-        ("{not json", "malformed JSON"),
-        (batch.as_str(), "a batch"),
-        (r#"{"jsonrpc":"2.0","id":[1,2],"method":7}"#, "a wrong JSON-RPC shape"),
+    for (body, what, code) in [
+        ("{not json", "malformed JSON", -32700),
+        (batch.as_str(), "a batch", -32600),
+        (r#"{"jsonrpc":"2.0","id":[1,2],"method":7}"#, "a wrong JSON-RPC shape", -32600),
     ] {
         let (status, response) = raw(&server, &[("Authorization", &bearer)], body);
         assert_eq!(status, 400, "{what} is a bad request: {response}");
         let json = response.split("\r\n\r\n").nth(1).unwrap_or_default();
         let error: Value =
             serde_json::from_str(json).unwrap_or_else(|e| panic!("{what}: a JSON body ({e}): {response}"));
-        assert_eq!(error["error"]["code"], -32700, "{what}: {error}");
+        assert_eq!(error["error"]["code"], code, "{what}: {error}");
         assert_eq!(error["id"], Value::Null, "{what}: {error}");
     }
 
@@ -382,6 +382,17 @@ fn deeply_nested_and_huge_arguments_get_a_clear_error_and_the_game_keeps_running
         assert_eq!(ok.is_error, Some(false));
         client.cancel().await.expect("close");
     });
+    game.stop();
+}
+
+#[test]
+fn an_empty_origin_allow_list_refuses_every_browser_origin_and_serves_clients_without_one() {
+    let (game, server) = game_with(Arc::default(), Gate::new(), |mcp| mcp.allowed_origins(Vec::<String>::new()));
+    let bearer = format!("Bearer {TOKEN}");
+    let (status, _) = raw(&server, &[("Authorization", &bearer), ("Origin", "http://localhost:3000")], INITIALIZE);
+    assert_eq!(status, 403, "no origin is allowed, not even a local one");
+    let (status, body) = raw(&server, &[("Authorization", &bearer)], INITIALIZE);
+    assert_eq!(status, 200, "a client that is not a web page sends no Origin: {body}");
     game.stop();
 }
 

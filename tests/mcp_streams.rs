@@ -210,3 +210,42 @@ fn a_session_ended_with_delete_is_answered_204_and_is_gone() {
     assert!(head.starts_with("HTTP/1.1 405"), "{head}");
     game.stop();
 }
+
+#[test]
+fn a_sessionless_request_naming_a_session_id_of_its_own_choosing_is_not_put_in_that_conversation() {
+    let (game, server, mut events) = serve(bump_tool("bump", ToolScope::World, Arc::default(), None));
+    let session = open_session(&server);
+    let call = |id: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"bump","arguments":{{}},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{}}}}}}}}"#
+        )
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let mut started = |named: &str| {
+        let sessionless = [
+            ("Mcp-Session-Id", named),
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "bump"),
+        ];
+        let (mut reader, head) = send(&server, "POST", &sessionless, &call("7"));
+        let mut body = String::new();
+        let _ = std::io::Read::read_to_string(&mut reader, &mut body);
+        assert!(head.starts_with("HTTP/1.1 200") && body.contains("counter"), "the call ran: {head}{body}");
+        runtime.block_on(async {
+            loop {
+                let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("in time");
+                if let Some(ConversationEvent::CallStarted(started)) = event {
+                    return started.conversation.to_string();
+                }
+            }
+        })
+    };
+    // rmcp ignores the header in this generation: it names no conversation, neither a made-up one nor a real
+    // session's (whose replays and in-flight budget are that client's).
+    for named in ["made-up", session.as_str()] {
+        let conversation = started(named);
+        assert!(conversation.starts_with("mcp-request:"), "a conversation of its own, not {conversation}");
+    }
+    game.stop();
+}

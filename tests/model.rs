@@ -158,7 +158,11 @@ struct ModelCall {
     visit: VisitId,
     revision: u64,
     world: usize,
+    /// What its execution does (a duplicate: the same as its original's).
     expect: Expect,
+    /// Set when this caller cancelled while its execution ran: it got `CANCELLED`, whatever the execution does
+    /// for the callers still waiting for it.
+    cancelled: bool,
 }
 
 /// (scope, revision for Location scope, operation id): the replay key within one visit and task.
@@ -224,6 +228,9 @@ impl Model {
 
     /// What the model says about call `index` now: `None` while it has no outcome yet.
     fn settled(&self, index: usize) -> Option<Expect> {
+        if self.calls[index].cancelled {
+            return Some(Expect::Rejected("CANCELLED"));
+        }
         match self.calls[self.root(index)].expect {
             Expect::Pending => None,
             settled => Some(settled),
@@ -329,7 +336,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let Some(open) = model.open.as_mut() else {
                     prop_assert_eq!(call.try_outcome().map(|o| code_of(&o)), Some(Err("NO_WORLD".to_string())));
                     let expect = Expect::Rejected("NO_WORLD");
-                    model.calls.push(ModelCall { call, scope, visit, revision, world, expect });
+                    model.calls.push(ModelCall { call, scope, visit, revision, world, expect, cancelled: false });
                     continue;
                 };
                 let mut expect = Expect::Pending;
@@ -358,16 +365,23 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     let outcome = call.wait_timeout(Duration::from_secs(10)).map(|o| code_of(&o));
                     prop_assert_eq!(outcome, Some(Err(code.to_string())), "call {} is refused at once", tag);
                 }
-                model.calls.push(ModelCall { call, scope, visit, revision, world, expect });
+                model.calls.push(ModelCall { call, scope, visit, revision, world, expect, cancelled: false });
             }
             Op::Cancel(index) => {
                 if index < model.calls.len() {
                     let root = model.root(index);
-                    let live = model.calls[root].expect == Expect::Pending;
-                    // A live call (or a duplicate joined to one) ends; one that has its outcome stays as it is.
+                    let live = model.calls[root].expect == Expect::Pending && !model.calls[index].cancelled;
+                    // A live call (or a duplicate joined to one) ends for its caller; one that has its outcome
+                    // stays as it is. The execution is cancelled when no caller is left waiting for it.
                     prop_assert_eq!(model.calls[index].call.cancel(), live, "cancel of call {}", index);
                     if live {
-                        model.calls[root].expect = Expect::Rejected("CANCELLED");
+                        model.calls[index].cancelled = true;
+                        let waiting = (0..model.calls.len())
+                            .filter(|&other| model.root(other) == root && !model.calls[other].cancelled)
+                            .count();
+                        if waiting == 0 {
+                            model.calls[root].expect = Expect::Rejected("CANCELLED");
+                        }
                     }
                 }
             }

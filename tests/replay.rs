@@ -198,6 +198,39 @@ fn h12_a_dropped_keyed_call_keeps_running_for_its_retry() {
     assert_eq!(executions.load(Ordering::SeqCst), 1);
 }
 
+#[test]
+fn h12_a_retry_that_cancels_stops_waiting_and_the_first_caller_still_gets_the_operations_outcome() {
+    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
+    let conversation = app.agent().conversation("a");
+    let first = conversation.request(keyed("slow", json!({}), "op"));
+    app.run_until("parked", |_| gate.arrived() == 1);
+    let retry = conversation.request(keyed("slow", json!({}), "op"));
+    assert!(retry.is_running(), "the retry joined the running execution");
+    assert!(retry.cancel(), "the retry's own call ended");
+    let mine = app.run_until_resolved(&retry);
+    assert_eq!(mine.map_err(|e| e.code), Err(ErrorCode::Cancelled), "the retry stopped waiting");
+    assert_eq!(first.try_outcome(), None, "the first caller still waits for the operation");
+    gate.open();
+    assert!(app.run_until_resolved(&first).is_ok(), "and gets its outcome");
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "its step ran");
+}
+
+#[test]
+fn h12_the_last_caller_waiting_for_an_operation_cancels_it_even_a_retry_of_a_dropped_call() {
+    let (mut app, gate, _) = gated_app("slow", ToolScope::World);
+    let conversation = app.agent().conversation("a");
+    // The first caller went away (a dropped connection): its keyed call runs on for a retry.
+    drop(conversation.request(keyed("slow", json!({}), "op")));
+    app.run_until("parked", |_| gate.arrived() == 1);
+    let retry = conversation.request(keyed("slow", json!({}), "op"));
+    assert!(retry.is_running(), "the retry joined the running execution");
+    assert!(retry.cancel());
+    let again = conversation.request(keyed("slow", json!({}), "op"));
+    let retained = app.run_until_resolved(&again);
+    assert_eq!(retained.map_err(|e| e.code), Err(ErrorCode::Cancelled), "the operation was cancelled, and retained so");
+    gate.open();
+}
+
 #[derive(Deserialize, JsonSchema)]
 struct Smash {
     #[serde(flatten)]

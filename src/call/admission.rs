@@ -151,7 +151,10 @@ pub(crate) fn admit(
                     // It ended before its handler started (its entry is forgotten a moment later): not retained
                     // (rule H12), so this one runs.
                     Some(_) => open.replay.forget(key, |running| Arc::ptr_eq(running, &life)),
-                    None => return Ok(Admitted::Running { life, owner: false }),
+                    None => {
+                        life.join();
+                        return Ok(Admitted::Running { life, owner: false });
+                    }
                 },
                 Begin::Retained((first, outcome)) => return Ok(Admitted::Retained(first, outcome)),
                 Begin::Conflict => return Err(rejected(conflict(key))),

@@ -1,7 +1,7 @@
 //! The life of one admitted call: its coordinates, its deadline, how it ends, and its one terminal outcome
 //! (rule H13).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -66,6 +66,9 @@ pub(crate) struct CallLife {
     /// Set when the handler is about to run (never after the call ended): from then on the outcome is retained
     /// for replays of its operation; a call that ended before is not (rule H12).
     handler_started: AtomicBool,
+    /// The callers waiting for the call that have not left: its first caller, and the retries of its operation
+    /// that joined it (rule H12). A cancel cancels the call only when no other caller is left waiting for it.
+    waiting_callers: AtomicUsize,
     /// `on_end` cleanups, sent to the main thread when the call ends.
     cleanups: Mutex<Cleanups>,
 }
@@ -99,6 +102,7 @@ impl CallLife {
             details: Mutex::new(serde_json::Map::new()),
             outcome: OnceSignal::new(),
             handler_started: AtomicBool::new(false),
+            waiting_callers: AtomicUsize::new(1),
             cleanups: Mutex::new(Cleanups { ended: None, waiting: Vec::new(), jobs }),
         }
     }
@@ -113,6 +117,24 @@ impl CallLife {
                 // Only fails once the game stopped: nothing is left to clean up in.
                 let _ = cleanups.jobs.send(job);
             }
+        }
+    }
+
+    /// A retry of the call's operation joined it: one more caller waits for it.
+    pub(crate) fn join(&self) {
+        self.waiting_callers.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// One caller leaves (each leaves once). With `cancel` (why), it cancelled the call: that ends the call when
+    /// no other caller is left waiting for it, so a retry that gives up never cancels the work another caller
+    /// still waits for. Without, it only stopped observing (a keyed call dropped so that its retry can join it):
+    /// the call runs on. Returns whether this ended the call.
+    pub(crate) fn leave(&self, cancel: Option<&str>) -> bool {
+        let before = self.waiting_callers.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        let last = matches!(before, Ok(1) | Err(_));
+        match cancel {
+            Some(why) if last => self.fail(ErrorCode::Cancelled, why),
+            _ => false,
         }
     }
 

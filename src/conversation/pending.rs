@@ -23,19 +23,53 @@ use crate::signal::OnceSignal;
 pub(crate) struct WaitingCall {
     pub outcome: OnceSignal<CallOutcome>,
     pub cancel: CancellationToken,
-    /// The admitted execution, once the tool appeared.
-    pub life: Mutex<Option<Arc<CallLife>>>,
+    /// The admitted execution once the tool appeared, and whether the caller left it.
+    slot: Mutex<Slot>,
 }
 
+#[derive(Default)]
+struct Slot {
+    life: Option<Arc<CallLife>>,
+    /// The caller left (`true`: it cancelled): it leaves the execution once, as soon as there is one.
+    left: Option<bool>,
+}
+
+const CANCELLED: &str = "the agent cancelled the call";
+
 impl WaitingCall {
-    /// Cancels the call, wherever it is. Returns whether it had not ended yet.
+    /// Cancels the call, wherever it is (an execution it joined goes on while another caller waits for it: see
+    /// [`CallLife::leave`]). Returns whether it had not ended yet.
     pub(crate) fn cancel(&self) -> bool {
         let live = !self.outcome.is_set();
         self.cancel.cancel();
-        if let Some(life) = self.life.lock().as_ref() {
-            return life.fail(ErrorCode::Cancelled, "the agent cancelled the call");
+        self.leave(true) && live
+    }
+
+    /// The caller leaves (cancelling, or only no longer observing): once. Returns whether this was its leaving.
+    pub(crate) fn leave(&self, cancel: bool) -> bool {
+        let mut slot = self.slot.lock();
+        if slot.left.is_some() {
+            return false;
         }
-        live
+        slot.left = Some(cancel);
+        if let Some(life) = &slot.life {
+            life.leave(cancel.then_some(CANCELLED));
+        }
+        true
+    }
+
+    /// The request id of the execution, once admitted.
+    pub(crate) fn request(&self) -> Option<crate::ids::RequestId> {
+        self.slot.lock().life.as_ref().map(|life| life.coords.request)
+    }
+
+    /// The execution was admitted: a caller that already left leaves it now.
+    fn admitted(&self, life: &Arc<CallLife>) {
+        let mut slot = self.slot.lock();
+        slot.life = Some(life.clone());
+        if let Some(cancel) = slot.left {
+            life.leave(cancel.then_some(CANCELLED));
+        }
     }
 }
 
@@ -58,7 +92,7 @@ pub(crate) fn wait_for_tool(
     wait: Duration,
 ) -> Arc<WaitingCall> {
     let call =
-        Arc::new(WaitingCall { outcome: OnceSignal::new(), cancel: CancellationToken::new(), life: Mutex::new(None) });
+        Arc::new(WaitingCall { outcome: OnceSignal::new(), cancel: CancellationToken::new(), slot: Mutex::default() });
     let task = run(host.clone(), conversation.clone(), request, wait, call.clone());
     host.runtime.spawn(task);
     call
@@ -105,17 +139,15 @@ async fn run(
             // Admission counted the call as executing first: the status never dips between waiting and running.
             hub.pending_finished(&conversation, key);
             match admitted {
-                Ok(Admitted::Running { life, owner }) => {
-                    *call.life.lock() = Some(life.clone());
+                Ok(Admitted::Running { life, .. }) => {
+                    call.admitted(&life);
                     tokio::select! {
                         biased;
                         outcome = life.outcome().wait() => outcome,
-                        _ = call.cancel.cancelled() => {
-                            if owner {
-                                life.fail(ErrorCode::Cancelled, "the agent cancelled the call");
-                            }
-                            life.outcome().wait().await
-                        }
+                        // This caller stops waiting (the execution ended, or goes on for another caller).
+                        _ = call.cancel.cancelled() => life.outcome().get().unwrap_or_else(|| {
+                            Err(ToolError::with_code(ErrorCode::Cancelled, CANCELLED).locate(&life.coords))
+                        }),
                     }
                 }
                 Ok(Admitted::Retained(_, outcome)) => outcome,

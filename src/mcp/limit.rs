@@ -2,6 +2,8 @@
 //! its limit of calls in flight is refused with 429 before it reaches the MCP service. (The host enforces the
 //! same limit at admission, as `BUSY`, for calls that race past this check.)
 
+use std::sync::Arc;
+
 use axum::body::{to_bytes, Body};
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode};
@@ -12,14 +14,20 @@ use serde_json::Value;
 
 use super::credentials::BoundConversation;
 use super::handles::CONVERSATION;
-use super::naming::conversation_id;
+use super::naming::{conversation_id, session_named};
 use super::security::refusal;
+use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
+
+/// Where a sessionless request's `_meta` carries its protocol version.
+const PROTOCOL_VERSION_META: &str = "io.modelcontextprotocol/protocolVersion";
 
 /// What the limit layer needs: the host, and the body limit it must respect while it reads a request.
 #[derive(Clone)]
 pub(crate) struct InFlightLimit {
     pub agent: AgentHandle,
+    /// The open 2025-11-25 sessions: a session id header names a conversation only if it names one of them.
+    pub sessions: Arc<ConversationSessions>,
     pub max_body_bytes: usize,
 }
 
@@ -33,8 +41,10 @@ pub(crate) async fn limit_in_flight(State(limit): State<InFlightLimit>, request:
     };
     if let Ok(message) = serde_json::from_slice::<Value>(&bytes) {
         if message.get("method").and_then(Value::as_str) == Some("tools/call") {
-            let session = parts.headers.get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok());
             let params = message.get("params");
+            let header = parts.headers.get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok());
+            let version = params.and_then(|p| p.get("_meta")).and_then(|m| m.get(PROTOCOL_VERSION_META));
+            let session = session_named(header, version.and_then(Value::as_str), |id| limit.sessions.is_open(id));
             let handle =
                 params.and_then(|p| p.get("arguments")).and_then(|a| a.get(CONVERSATION)).and_then(Value::as_str);
             let bound = parts.extensions.get::<BoundConversation>().map(|bound| &bound.0);

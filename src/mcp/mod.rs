@@ -48,8 +48,9 @@
 //! An error result has no `structuredContent`: the TypeScript SDK's `callTool()` and the MCP Inspector check
 //! `structuredContent` against the tool's output schema even on errors, and would throw away an error shaped
 //! otherwise. The text block is what every client shows (and a model reads); programs read the `_meta` entry. An
-//! unknown tool is a JSON-RPC error (-32602); a body that is not one JSON-RPC message (malformed JSON, a batch) is
-//! refused with HTTP 400 and a JSON-RPC parse error (-32700).
+//! unknown tool is a JSON-RPC error (-32602); a body that is not one JSON-RPC message is refused with HTTP 400 and
+//! a JSON-RPC error: a parse error (-32700) for malformed JSON, an invalid request (-32600) for a batch or a
+//! wrong shape.
 //!
 //! Conversations: a 2025-11-25 client's MCP session is its conversation. A sessionless (2026-07-28) client gets
 //! one through a server-minted handle (SEP-2567): the built-in tool `begin_conversation` returns

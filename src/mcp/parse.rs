@@ -1,7 +1,8 @@
-//! Bodies that are not one JSON-RPC message: HTTP 400 with a JSON-RPC parse error (-32700), as JSON, so a client
-//! sees the same shape as for every other error. (rmcp answers these with 415 and plain text.) A batch (a JSON
-//! array) is refused the same way: MCP removed batching in 2025-06-18, and neither protocol generation this server
-//! speaks has it.
+//! Bodies that are not one JSON-RPC message: HTTP 400 with a JSON-RPC error, as JSON, so a client sees the same
+//! shape as for every other error (rmcp answers these with 415 and plain text): a parse error (-32700) for a body
+//! that is not JSON, an invalid request (-32600) for JSON that is not a JSON-RPC message MCP knows. A batch (a JSON
+//! array) is an invalid request too: MCP removed batching in 2025-06-18, and neither protocol generation this
+//! server speaks has it.
 
 use axum::body::{to_bytes, Body};
 use axum::extract::{Request, State};
@@ -11,8 +12,10 @@ use axum::response::{IntoResponse, Response};
 use rmcp::model::ClientJsonRpcMessage;
 use serde_json::json;
 
-/// The JSON-RPC code of a parse error.
+/// The JSON-RPC code of a parse error: the body is not JSON.
 pub(crate) const PARSE_ERROR: i32 = -32700;
+/// The JSON-RPC code of an invalid request: JSON, but not a request object.
+pub(crate) const INVALID_REQUEST: i32 = -32600;
 
 /// Refuses a `POST` whose JSON body is not one JSON-RPC message; everything else goes on to rmcp (which also
 /// checks `Content-Type` and `Accept`: a body that is not JSON at all is only ours to refuse when it says it is).
@@ -33,21 +36,22 @@ pub(crate) async fn refuse_unparsable(State(max_body_bytes): State<usize>, reque
             .into_response();
     };
     let why = match serde_json::from_slice::<serde_json::Value>(&bytes) {
-        Err(error) => Some(format!("Parse error: the body is not valid JSON ({error})")),
-        Ok(serde_json::Value::Array(_)) => {
-            Some("Parse error: JSON-RPC batches are not supported; send one message per request".to_string())
-        }
-        Ok(value) => serde_json::from_value::<ClientJsonRpcMessage>(value)
-            .err()
-            .map(|error| format!("Parse error: the body is not a JSON-RPC message MCP knows ({error})")),
+        Err(error) => Some((PARSE_ERROR, format!("Parse error: the body is not valid JSON ({error})"))),
+        Ok(serde_json::Value::Array(_)) => Some((
+            INVALID_REQUEST,
+            "Invalid Request: JSON-RPC batches are not supported; send one message per request".to_string(),
+        )),
+        Ok(value) => serde_json::from_value::<ClientJsonRpcMessage>(value).err().map(|error| {
+            (INVALID_REQUEST, format!("Invalid Request: the body is not a JSON-RPC message MCP knows ({error})"))
+        }),
     };
     match why {
-        Some(message) => parse_error(message),
+        Some((code, message)) => refused(code, message),
         None => next.run(Request::from_parts(parts, Body::from(bytes))).await,
     }
 }
 
-fn parse_error(message: String) -> Response {
-    let body = json!({ "jsonrpc": "2.0", "id": null, "error": { "code": PARSE_ERROR, "message": message } });
+fn refused(code: i32, message: String) -> Response {
+    let body = json!({ "jsonrpc": "2.0", "id": null, "error": { "code": code, "message": message } });
     (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }

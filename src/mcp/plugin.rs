@@ -66,9 +66,10 @@ impl McpPlugin {
         }
     }
 
-    /// How long an MCP 2025-11-25 session may stay silent (no request from its client, no call in flight)
+    /// How long an MCP 2025-11-25 session may stay silent (no request from its client, no call it made in flight)
     /// before it expires and its conversation ends. Default 5 minutes; `None` keeps sessions until their
-    /// client deletes them or the conversation ends. (2026-07-28 has no sessions: see
+    /// client deletes them or the conversation ends. An in-game agent's session (its client presented the
+    /// session's own token) never expires this way: it closes when the in-game session ends. (2026-07-28 has no sessions: see
     /// [`AgentToolsPlugin::conversation_idle_timeout`](crate::AgentToolsPlugin::conversation_idle_timeout).)
     pub fn session_idle_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
         self.session_idle_timeout = timeout.into();
@@ -129,7 +130,8 @@ impl McpPlugin {
         self
     }
 
-    /// Browser origins allowed to call (patterns like `http://localhost:*`). Requests without `Origin` pass.
+    /// Browser origins allowed to call (patterns like `http://localhost:*`); an empty list allows none. Requests
+    /// without `Origin` (every client that is not a web page) pass.
     pub fn allowed_origins(mut self, origins: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.allowed_origins = origins.into_iter().map(Into::into).collect();
         self
@@ -202,12 +204,15 @@ impl McpPlugin {
             .with_json_response(true)
             .with_allowed_hosts(hosts)
             .with_allowed_origins(self.allowed_origins.clone())
+            // An empty list allows no browser origin (rmcp would otherwise check nothing).
+            .enforce_origin_validation()
             .with_max_request_body_bytes(self.max_body_bytes)
             .with_sse_keep_alive(Some(Duration::from_secs(2)))
             .with_cancellation_token(shutdown.child_token());
-        let limit = InFlightLimit { agent: agent.clone(), max_body_bytes: self.max_body_bytes };
-        let handler = GameServer { agent, handles: Default::default() };
-        let sessions = Arc::new(ConversationSessions::new(handler.agent.clone(), self.session_idle_timeout));
+        let sessions = Arc::new(ConversationSessions::new(agent.clone(), self.session_idle_timeout));
+        let limit =
+            InFlightLimit { agent: agent.clone(), sessions: sessions.clone(), max_body_bytes: self.max_body_bytes };
+        let handler = GameServer { agent, handles: Default::default(), sessions: sessions.clone() };
         sessions.spawn_upkeep(runtime, shutdown.child_token());
         let service: StreamableHttpService<GameServer, ConversationSessions> =
             StreamableHttpService::new(move || Ok(handler.clone()), sessions.clone(), config);
@@ -216,7 +221,8 @@ impl McpPlugin {
         // that reaches rmcp is tracked until its response is sent, for the exit; a session's end is answered 204.
         let router = Router::new()
             .nest_service(&self.path, service)
-            .layer(axum::middleware::from_fn_with_state(sessions, super::termination::answer_session_end))
+            .layer(axum::middleware::from_fn_with_state(sessions.clone(), super::termination::answer_session_end))
+            .layer(axum::middleware::from_fn_with_state(sessions.clone(), super::sessions::bind_to_agent_sessions))
             .layer(axum::middleware::from_fn_with_state(exchanges.clone(), track_exchanges))
             .layer(axum::middleware::from_fn_with_state(self.max_body_bytes, super::parse::refuse_unparsable))
             .layer(axum::middleware::from_fn_with_state(limit, limit_in_flight))

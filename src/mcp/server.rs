@@ -16,7 +16,8 @@ use serde_json::{json, Value};
 
 use super::credentials::BoundConversation;
 use super::handles::{begin_conversation_tool, Handles, BEGIN_CONVERSATION, CONVERSATION, CONVERSATION_HELP};
-use super::naming::conversation_id;
+use super::naming::{conversation_id, session_named};
+use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
 use crate::call::{CallOutcome, CallRequest, Progress, ProgressSink};
 use crate::error::{ErrorCode, ToolError};
@@ -46,6 +47,8 @@ pub(crate) struct GameServer {
     pub agent: AgentHandle,
     /// The conversation handles minted for sessionless clients.
     pub handles: Handles,
+    /// The open 2025-11-25 sessions.
+    pub sessions: Arc<ConversationSessions>,
 }
 
 impl GameServer {
@@ -73,9 +76,16 @@ impl GameServer {
             }
         };
         let parts = context.extensions.get::<axum::http::request::Parts>();
-        let session = parts.and_then(|p| p.headers.get(HEADER_SESSION_ID)).and_then(|v| v.to_str().ok());
+        let header = parts.and_then(|p| p.headers.get(HEADER_SESSION_ID)).and_then(|v| v.to_str().ok());
+        let version = context.meta.protocol_version();
+        let session = session_named(header, version.as_ref().map(|v| v.as_str()), |id| self.sessions.is_open(id));
         let bound = parts.and_then(|p| p.extensions.get::<BoundConversation>()).map(|bound| &bound.0);
-        Ok(Named { id: conversation_id(bound, handle.as_deref(), session), bound: bound.is_some() })
+        let id = conversation_id(bound, handle.as_deref(), session);
+        if let (Some(session), Some(id), Some(_)) = (session, &id, &handle) {
+            // A long call of the handle's conversation keeps the session from expiring.
+            self.sessions.used(session, id);
+        }
+        Ok(Named { id, bound: bound.is_some() })
     }
 }
 

@@ -4,7 +4,12 @@
 //!   configured idle time, and no call in flight), ends its conversation: its calls in flight end with
 //!   `CANCELLED`; the visit is untouched;
 //! - a conversation that ends on the game's side (`AgentHandle::end_conversation`, the host's idle timeout) closes
-//!   its session, so the client learns it at its next request (HTTP 404) and starts a new one.
+//!   its session, so the client learns it at its next request (HTTP 404) and starts a new one;
+//! - a session whose client presented an in-game agent session's credential is that session's: it never expires
+//!   by silence (the agent may wait for the player's next turn for any time, and some clients never open a new
+//!   session after a 404), and it closes when the in-game session ends.
+//!
+//! A call in flight in any conversation a session's calls used (its own, or one named by a handle) is not silence.
 //!
 //! Expiry is ours, not rmcp's: rmcp's own keep-alive closes a session's worker but leaves the session in its
 //! manager, where nothing observes it.
@@ -27,13 +32,18 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
 use futures_core::Stream;
 use parking_lot::Mutex;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::session::{ServerSseMessage, SessionId, SessionManager};
 use tokio_util::sync::CancellationToken;
 
+use super::credentials::BoundConversation;
 use super::naming::session_conversation;
 use crate::agent::AgentHandle;
 use crate::conversation::{ConversationEvent, ConversationStatus};
@@ -144,6 +154,28 @@ impl Stream for Replay {
 struct Tracked {
     conversation: ConversationId,
     last_seen: Instant,
+    /// The in-game agent session whose credential this MCP session's client presented: the MCP session lives as
+    /// long as that session does (its agent may stay silent between the player's turns for any time).
+    bound: Option<ConversationId>,
+    /// The other conversations its calls ran in (`conversation` handles): a call of theirs in flight is not
+    /// silence either. At most [`USED_KEPT`], the latest.
+    used: VecDeque<ConversationId>,
+}
+
+/// How many of the conversations a session's calls named are remembered for its expiry.
+const USED_KEPT: usize = 8;
+
+impl Tracked {
+    fn new(conversation: ConversationId, now: Instant) -> Self {
+        Self { conversation, last_seen: now, bound: None, used: VecDeque::new() }
+    }
+
+    /// Whether its calls ran in `conversation`.
+    fn speaks_in(&self, conversation: &ConversationId) -> bool {
+        self.conversation == *conversation
+            || self.bound.as_ref() == Some(conversation)
+            || self.used.contains(conversation)
+    }
 }
 
 impl ConversationSessions {
@@ -239,7 +271,7 @@ impl ConversationSessions {
                 };
                 match event {
                     Some(ConversationEvent::Status(change)) if change.status == ConversationStatus::Ended => {
-                        if let Some(id) = sessions.session_of(&change.conversation) {
+                        for id in sessions.ending_with(&change.conversation) {
                             // Closing an already closed session (the client deleted it) does nothing.
                             let _ = sessions.inner.close_session(&id).await;
                             sessions.open.lock().remove(&id);
@@ -253,17 +285,21 @@ impl ConversationSessions {
         });
     }
 
-    /// The sessions whose client has been silent for the idle timeout at `now`, leaving out those whose
-    /// conversation has a call in flight (a long tool call is not silence).
+    /// The sessions whose client has been silent for the idle timeout at `now`, leaving out those with a call in
+    /// flight in any conversation they used (a long tool call is not silence) and those of an in-game agent
+    /// session (closed when it ends).
     pub(crate) fn expired(&self, now: Instant) -> Vec<SessionId> {
         let Some(idle_timeout) = self.idle_timeout else { return Vec::new() };
         let mut open = self.open.lock();
         let mut expired = Vec::new();
         for (id, tracked) in open.iter_mut() {
-            if now.saturating_duration_since(tracked.last_seen) < idle_timeout {
+            if tracked.bound.is_some() || now.saturating_duration_since(tracked.last_seen) < idle_timeout {
                 continue;
             }
-            if self.agent.conversation_status(&tracked.conversation) == Some(ConversationStatus::WaitingToolResult) {
+            let waiting = |conversation: &ConversationId| {
+                self.agent.conversation_status(conversation) == Some(ConversationStatus::WaitingToolResult)
+            };
+            if waiting(&tracked.conversation) || tracked.used.iter().any(waiting) {
                 tracked.last_seen = now;
                 continue;
             }
@@ -272,9 +308,37 @@ impl ConversationSessions {
         expired
     }
 
-    fn session_of(&self, conversation: &ConversationId) -> Option<SessionId> {
+    /// The sessions that end with `conversation`: its own session, and those of the in-game agent session it is
+    /// (not those that only used it through a handle: their client may go on in another).
+    fn ending_with(&self, conversation: &ConversationId) -> Vec<SessionId> {
         let open = self.open.lock();
-        open.iter().find(|(_, tracked)| &tracked.conversation == conversation).map(|(id, _)| id.clone())
+        let ends =
+            |tracked: &Tracked| tracked.conversation == *conversation || tracked.bound.as_ref() == Some(conversation);
+        open.iter().filter(|(_, tracked)| ends(tracked)).map(|(id, _)| id.clone()).collect()
+    }
+
+    /// Whether `id` names an open session (a header naming anything else names no conversation).
+    pub(crate) fn is_open(&self, id: &str) -> bool {
+        self.open.lock().contains_key(&SessionId::from(id.to_owned()))
+    }
+
+    /// A request of session `id` presented in-game agent session `conversation`'s credential.
+    pub(crate) fn bind(&self, id: &SessionId, conversation: &ConversationId) {
+        if let Some(tracked) = self.open.lock().get_mut(id) {
+            tracked.bound = Some(conversation.clone());
+        }
+    }
+
+    /// A call of session `id` runs in `conversation` (named by a handle).
+    pub(crate) fn used(&self, id: &str, conversation: &ConversationId) {
+        if let Some(tracked) = self.open.lock().get_mut(&SessionId::from(id.to_owned())) {
+            if !tracked.speaks_in(conversation) {
+                if tracked.used.len() >= USED_KEPT {
+                    tracked.used.pop_front();
+                }
+                tracked.used.push_back(conversation.clone());
+            }
+        }
     }
 
     /// The client was heard from in session `id` (unknown ids are rmcp's to refuse, not ours to track).
@@ -285,6 +349,27 @@ impl ConversationSessions {
     }
 }
 
+/// Ties a session to the in-game agent session whose credential its request presented: the session the request
+/// names, or the one its answer opened (`initialize`).
+pub(crate) async fn bind_to_agent_sessions(
+    State(sessions): State<Arc<ConversationSessions>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let named = |headers: &axum::http::HeaderMap| {
+        headers.get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok()).map(|id| SessionId::from(id.to_owned()))
+    };
+    let bound = request.extensions().get::<BoundConversation>().map(|bound| bound.0.clone());
+    let asked = named(request.headers());
+    let response = next.run(request).await;
+    if let Some(conversation) = bound {
+        if let Some(id) = asked.or_else(|| named(response.headers())) {
+            sessions.bind(&id, &conversation);
+        }
+    }
+    response
+}
+
 impl SessionManager for ConversationSessions {
     type Error = <LocalSessionManager as SessionManager>::Error;
     type Transport = <LocalSessionManager as SessionManager>::Transport;
@@ -292,7 +377,7 @@ impl SessionManager for ConversationSessions {
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
         let created = self.inner.create_session().await?;
         let conversation = session_conversation(created.0.as_ref());
-        self.open.lock().insert(created.0.clone(), Tracked { conversation, last_seen: Instant::now() });
+        self.open.lock().insert(created.0.clone(), Tracked::new(conversation, Instant::now()));
         Ok(created)
     }
 
@@ -393,7 +478,7 @@ mod tests {
         let start = Instant::now();
         for id in [&busy, &silent] {
             let conversation = session_conversation(id.as_ref());
-            sessions.open.lock().insert(id.clone(), Tracked { conversation, last_seen: start });
+            sessions.open.lock().insert(id.clone(), Tracked::new(conversation, start));
         }
         let call = app.agent().conversation(session_conversation("busy")).call("held", json!({}));
         app.run_until("the call is in its handler", |_| gate.arrived() == 1);
@@ -407,5 +492,49 @@ mod tests {
         let mut expired = sessions.expired(later + timeout);
         expired.sort();
         assert_eq!(expired, vec![busy, silent], "silent for a whole timeout after its call finished");
+    }
+
+    #[test]
+    fn a_call_in_flight_in_a_handles_conversation_keeps_its_session_and_an_agent_sessions_never_expires() {
+        let gate = Gate::new();
+        let held = AgentTool::new("held", "Waits at the gate.", {
+            let gate = gate.clone();
+            move |_: CallContext<u64>, _: NoArgs| {
+                let gate = gate.clone();
+                async move {
+                    gate.pass().await;
+                    Ok(())
+                }
+            }
+        });
+        let mut app = headless_app(AgentToolsPlugin::new(CounterGame).with_tool(held));
+        app.enter_world("alpha");
+        let timeout = Duration::from_secs(60);
+        let sessions = ConversationSessions::new(app.agent(), Some(timeout));
+        let (handled, agents, silent): (SessionId, SessionId, SessionId) =
+            ("handled".into(), "agents".into(), "silent".into());
+        let start = Instant::now();
+        for id in [&handled, &agents, &silent] {
+            sessions.open.lock().insert(id.clone(), Tracked::new(session_conversation(id.as_ref()), start));
+        }
+        let (handle, in_game) = (ConversationId::new("mcp-handle:h"), ConversationId::new("chat-1"));
+        sessions.used("handled", &handle);
+        sessions.bind(&agents, &in_game);
+        let call = app.agent().conversation(handle.clone()).call("held", json!({}));
+        app.run_until("the call is in its handler", |_| gate.arrived() == 1);
+
+        let later = start + timeout * 10;
+        assert_eq!(
+            sessions.expired(later),
+            vec![silent.clone()],
+            "the handle's call keeps its session; the agent's stays"
+        );
+        assert_eq!(sessions.ending_with(&in_game), vec![agents], "the agent's session ends with its in-game session");
+        assert!(sessions.ending_with(&handle).is_empty(), "a handle's conversation ending leaves the session open");
+        gate.open();
+        assert!(app.run_until_resolved(&call).is_ok());
+        let mut expired = sessions.expired(later + timeout);
+        expired.sort();
+        assert_eq!(expired, vec![handled, "silent".into()], "silent for a whole timeout after its call finished");
     }
 }
