@@ -54,8 +54,8 @@ pub use tool::{
     ToolScope, DEFAULT_TOOL_TIMEOUT, OPERATION_ID, TASK_ID,
 };
 pub use visit::{
-    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitClosing, VisitOpened, VisitRelocated, VisitSaved, WorldBinding,
-    WorldOpenFailed,
+    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitClosing, VisitLoadFailed, VisitOpened, VisitRelocated,
+    VisitSaved, WorldBinding, WorldOpenFailed,
 };
 
 /// Internals exposed for the crate's benchmarks only; not part of the API.

@@ -71,8 +71,9 @@ impl<S> Opened<S> {
         Self { session, ready: None }
     }
 
-    /// A session still loading: calls wait until `ready` resolves. If it fails, waiting calls get `INTERNAL`
-    /// with its message.
+    /// A session still loading: calls wait until `ready` resolves. If it fails, calls get `INTERNAL` with its
+    /// message, the failure is logged and a [`VisitLoadFailed`](crate::VisitLoadFailed) message tells the game,
+    /// which should exit the visit.
     pub fn loading(session: S, ready: Completion) -> Self {
         Self { session, ready: Some(ready) }
     }

@@ -24,8 +24,8 @@ use crate::runtime::{AgentRuntime, WorkerPriority};
 use crate::tool::{AgentTool, ErasedTool, DEFAULT_TOOL_TIMEOUT};
 use crate::visit::{
     apply_transitions, collect_transitions, follow_state, EnterWorld, ExitWorld, PendingTransitions, StateTarget,
-    TravelTo, VisitClosed, VisitClosing, VisitOpened, VisitRelocated, VisitSaved, VisitSlot, WorldBinding,
-    WorldOpenFailed,
+    TravelTo, VisitClosed, VisitClosing, VisitLoadFailed, VisitOpened, VisitRelocated, VisitSaved, VisitSlot,
+    WorldBinding, WorldOpenFailed,
 };
 
 /// The host's systems, in the schedule the plugin runs in (`PostUpdate` unless
@@ -323,6 +323,7 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
                 next_frame: Default::default(),
                 default_dimension: self.default_dimension.clone(),
                 closing: Vec::new(),
+                loading: None,
                 shut_down: false,
             })
             .insert_resource(PumpWindow {
@@ -354,6 +355,7 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
             .add_message::<PermissionSettled>()
             .add_message::<VisitSaved>()
             .add_message::<WorldOpenFailed>()
+            .add_message::<VisitLoadFailed>()
             .configure_sets(self.schedule, (AgentToolsSet::Transitions, AgentToolsSet::Pump).chain())
             .add_systems(
                 self.schedule,

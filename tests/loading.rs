@@ -4,9 +4,10 @@ mod common;
 
 use std::time::Duration;
 
+use bevy::prelude::*;
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::AgentTestAppExt;
-use bevy_agent_tools::{CallRequest, VisitPhase};
+use bevy_agent_tools::{CallRequest, VisitLoadFailed, VisitPhase};
 use common::*;
 use serde_json::json;
 
@@ -50,13 +51,29 @@ fn h3_a_session_that_fails_to_load_fails_waiting_calls_with_internal() {
     let game = loading_game();
     let loading = game.loading.clone();
     let mut app = app_with(game, vec![]);
+    app.init_resource::<LoadFailures>().add_systems(
+        Update,
+        |mut read: MessageReader<VisitLoadFailed>, mut seen: ResMut<LoadFailures>| {
+            seen.0.extend(read.read().cloned());
+        },
+    );
     app.enter_world("alpha");
     let call = app.agent().conversation("a").call("bump", json!({}));
     loading.lock().take().expect("completer").fail("region file unreadable");
     let error = app.run_until_resolved(&call).expect_err("load failed");
     assert_eq!(error.code, ErrorCode::Internal);
     assert!(error.message.contains("region file unreadable"), "{}", error.message);
+    // The game hears of it once, as a message naming the visit and why.
+    app.run_until("the failure is reported", |app| !app.world().resource::<LoadFailures>().0.is_empty());
+    app.step(3);
+    let failed = &app.world().resource::<LoadFailures>().0;
+    assert_eq!(failed.len(), 1, "reported once: {failed:?}");
+    assert_eq!(failed[0].info.world.as_str(), "alpha");
+    assert!(failed[0].error.message().contains("region file unreadable"));
 }
+
+#[derive(Resource, Default)]
+struct LoadFailures(Vec<VisitLoadFailed>);
 
 #[test]
 fn h3_exit_during_loading_ends_waiting_calls() {

@@ -119,6 +119,17 @@ pub struct VisitSaved {
     pub result: crate::completion::CompletionResult,
 }
 
+/// The session of a visit that opened loading ([`Opened::loading`](crate::Opened::loading)) failed to load: its
+/// readiness completion failed. The visit stays open (its calls get `INTERNAL` saying why) until the game exits
+/// it, which it usually should, telling the player.
+#[derive(Message, Clone, Debug)]
+pub struct VisitLoadFailed {
+    /// The visit.
+    pub info: VisitInfo,
+    /// Why.
+    pub error: crate::completion::CompletionError,
+}
+
 /// `WorldLifecycle::open` failed (or panicked). No visit is open.
 #[derive(Message, Clone, Debug)]
 pub struct WorldOpenFailed {

@@ -14,8 +14,8 @@ use crossbeam_channel::Receiver;
 pub use binding::WorldBinding;
 pub(crate) use follow::{follow_state, StateTarget};
 pub use messages::{
-    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitClosing, VisitOpened, VisitRelocated, VisitSaved,
-    WorldOpenFailed,
+    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitClosing, VisitLoadFailed, VisitOpened, VisitRelocated,
+    VisitSaved, WorldOpenFailed,
 };
 pub(crate) use transitions::{apply_transitions, collect_transitions, PendingTransitions, Transition};
 
@@ -44,5 +44,7 @@ pub(crate) struct VisitSlot<L: WorldLifecycle> {
     pub default_dimension: DimensionId,
     /// Close completions not yet resolved, waited for on `AppExit`.
     pub closing: Vec<(VisitInfo, Completion)>,
+    /// The open visit's readiness while its session loads: a failure is reported once ([`VisitLoadFailed`]).
+    pub loading: Option<(VisitInfo, Completion)>,
     pub shut_down: bool,
 }

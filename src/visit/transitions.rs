@@ -8,8 +8,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use bevy::prelude::*;
 
 use super::messages::{
-    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitClosing, VisitOpened, VisitRelocated, VisitSaved,
-    WorldOpenFailed,
+    EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitClosing, VisitLoadFailed, VisitOpened, VisitRelocated,
+    VisitSaved, WorldOpenFailed,
 };
 use super::{OpenSession, VisitSlot};
 use crate::call::{run_cleanups, Job};
@@ -64,6 +64,7 @@ pub(crate) fn apply_transitions<L: WorldLifecycle>(world: &mut World) {
             }
         }
         slot.tick(world);
+        slot.report_load_failure(world);
         slot.report_saved(world);
     });
 }
@@ -79,6 +80,7 @@ impl<L: WorldLifecycle> VisitSlot<L> {
             .unwrap_or_else(|panic| Err(OpenError::new(format!("open panicked: {}", panic_message(&*panic)))));
         match opened {
             Ok(opened) => {
+                self.loading = opened.ready.clone().map(|ready| (info.clone(), ready));
                 self.host.state.lock().visit = Some(OpenVisit {
                     info: info.clone(),
                     ready: opened.ready,
@@ -129,6 +131,7 @@ impl<L: WorldLifecycle> VisitSlot<L> {
     /// Exits the open visit, if any: (1) admission closes, (2) every call of the visit ends and queued steps are
     /// dropped unrun, (3) `close` runs and its completion is kept.
     pub(crate) fn exit(&mut self, world: &mut World) {
+        self.loading = None;
         let Some(open) = self.open.take() else { return };
         let calls = self.host.begin_exit();
         world.write_message(VisitClosing { info: open.info.clone() });
@@ -162,6 +165,17 @@ impl<L: WorldLifecycle> VisitSlot<L> {
     }
 
     /// Writes [`VisitSaved`] for every close completion that resolved since the last frame.
+    /// Reports, once, that the open visit's session failed to load; forgets its readiness once it resolved.
+    fn report_load_failure(&mut self, world: &mut World) {
+        let Some((info, ready)) = &self.loading else { return };
+        let Some(result) = ready.result() else { return };
+        if let Err(error) = result {
+            tracing::error!(world = %info.world, visit = %info.visit, %error, "the world failed to load: its calls fail until it is exited");
+            world.write_message(VisitLoadFailed { info: info.clone(), error });
+        }
+        self.loading = None;
+    }
+
     fn report_saved(&mut self, world: &mut World) {
         self.closing.retain(|(info, completion)| {
             let Some(result) = completion.result() else { return true };
