@@ -19,7 +19,7 @@ use serde::Serialize;
 ///
 /// | | [`Json`](Codec::Json) (default) | [`Postcard`](Codec::Postcard) |
 /// | --- | --- | --- |
-/// | saves | readable, diffable, editable by hand | binary: a quarter of JSON's size for the bench's records |
+/// | saves | readable and diffable (an edit by hand breaks the header's checksum: the save then counts as damaged and the previous one loads) | binary: a quarter of JSON's size for the bench's records |
 /// | speed | ~36 ms to encode 190,000 small records (BENCHMARKS.md) | ~5 ms for the same, and fewer bytes to write |
 /// | serde | everything `serde_json` supports | no self-describing features (below) |
 /// | schema changes | fields can be added with `#[serde(default)]` | any change to the field list or order breaks old saves |

@@ -138,7 +138,7 @@ impl WorldFiles {
         if self.lock.is_some() {
             return Ok(());
         }
-        fs::create_dir_all(&self.dir).map_err(|e| self.error("creating the world directory", &self.dir, e))?;
+        create_dir_durably(&self.dir).map_err(|e| self.error("creating the world directory", &self.dir, e))?;
         let path = self.dir.join(LOCK_FILE);
         let mut file = OpenOptions::new()
             .read(true)
@@ -247,8 +247,9 @@ impl WorldFiles {
         let _ = fs::remove_file(&staging);
         if fs::hard_link(&primary, &staging).is_err() {
             // File systems without hard links: copy and sync instead.
+            // Synced through a handle that may write: Windows refuses to flush a read-only one.
             fs::copy(&primary, &staging)
-                .and_then(|_| File::open(&staging)?.sync_all())
+                .and_then(|_| OpenOptions::new().write(true).open(&staging)?.sync_all())
                 .map_err(|e| self.error("copying the current save to", &staging, e))?;
         }
         // No directory fsync of its own: the commit that follows fsyncs the directory, which makes this rename
@@ -298,5 +299,40 @@ impl WorldFiles {
             primary: damage,
             previous: previous_damage,
         })
+    }
+}
+
+/// Makes `dir` and its missing parents, then (on Unix) syncs the folder each new one was made in: a new
+/// directory's entry is durable only once its parent is, and a world's first save is durable only with its
+/// directory. (Windows has no directory sync; NTFS journals the entry.)
+fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
+    let mut made = Vec::new();
+    let mut next = Some(dir);
+    while let Some(at) = next.filter(|at| !at.as_os_str().is_empty() && fs::symlink_metadata(at).is_err()) {
+        made.push(at);
+        next = at.parent();
+    }
+    fs::create_dir_all(dir)?;
+    #[cfg(unix)]
+    for at in made.iter().rev() {
+        let parent = at.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_world_directory_is_made_with_its_missing_parents_and_making_it_again_is_fine() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("saves").join("alpha");
+        create_dir_durably(&dir).unwrap();
+        assert!(dir.is_dir());
+        create_dir_durably(&dir).unwrap();
+        std::fs::write(root.path().join("file"), b"x").unwrap();
+        assert!(create_dir_durably(&root.path().join("file").join("alpha")).is_err(), "a file in the way");
     }
 }
