@@ -40,7 +40,7 @@
 //! ([`ERROR_META_KEY`]):
 //!
 //! ```json
-//! {"content": [{"type": "text", "text": "{\"code\":\"INVALID_INPUT\",\"details\":{\"field\":\"x\",\"reason\":\"must be in -256..=255, got 9999\",\"tool\":\"place_block\",...},\"message\":\"argument `x` is invalid: must be in -256..=255, got 9999\"}"}],
+//! {"content": [{"type": "text", "text": "{\"code\":\"INVALID_INPUT\",\"details\":{\"field\":\"x\",\"reason\":\"9999 is greater than the maximum of 255\",\"tool\":\"place_block\",...},\"message\":\"argument `x` of `place_block` is invalid: 9999 is greater than the maximum of 255\"}"}],
 //!  "_meta": {"bevy_agent_tools/error": {"code": "INVALID_INPUT", "message": "...", "details": {"field": "x", ...}}},
 //!  "isError": true}
 //! ```
