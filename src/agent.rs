@@ -124,7 +124,7 @@ impl AgentHandle {
 
     /// Whether `conversation` has its limit of calls in flight (its next call would get `BUSY`).
     pub fn is_busy(&self, conversation: &ConversationId) -> bool {
-        self.host.in_flight(conversation) >= self.host.config.max_in_flight
+        self.host.is_busy(conversation)
     }
 
     /// How many `on_client` steps are queued for the main thread now.
@@ -222,7 +222,11 @@ impl Conversation {
     /// does not cancel the call. `None` if the call already finished (its outcome is then in the
     /// [`CallFinished`](crate::CallFinished) event; a keyed call's outcome is also retained for a retry).
     pub fn rejoin(&self, request: RequestId) -> Option<Call> {
-        self.host.conversations.live_call(&self.id, request).map(|life| Call::running(life, false))
+        self.host.conversations.live_call(&self.id, request).map(|life| {
+            // Another caller waiting for it: a cancel by the others no longer cancels it while this one waits.
+            life.join();
+            Call::running(life, false)
+        })
     }
 
     /// The conversation's snapshot and its events after it: what [`AgentHandle::resume`] returns.
@@ -401,7 +405,8 @@ impl Call {
         }
     }
 
-    /// Cancels the call: it ends with `CANCELLED` unless it already ended. Returns whether this ended it.
+    /// Cancels the call: it ends with `CANCELLED` unless it already ended. Returns whether this ended it (for this
+    /// caller).
     ///
     /// A keyed call may share its execution with retries of the same operation (rule H12): the execution is
     /// cancelled when the last caller still waiting for it cancels; until then, a caller that cancels only stops
@@ -450,10 +455,12 @@ impl Future for Call {
                 (None, Some(life)) => {
                     let (life, withdrawn) = (life.clone(), self.withdrawn.clone());
                     Some(Box::pin(async move {
+                        // Withdrawn first: a caller that cancelled while the execution ran gets `CANCELLED`, even
+                        // polled after the execution ended, as `try_outcome` says.
                         tokio::select! {
                             biased;
-                            outcome = life.outcome().wait() => outcome,
                             _ = withdrawn.cancelled() => Self::withdrawn_outcome(&life),
+                            outcome = life.outcome().wait() => outcome,
                         }
                     }))
                 }

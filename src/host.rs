@@ -91,9 +91,23 @@ impl LiveCalls {
         self.by_request.values()
     }
 
-    /// How many calls `conversation` has here.
+    /// How many calls `conversation` has here (a call stays a moment after its outcome, until it is forgotten).
     pub(crate) fn in_flight(&self, conversation: &ConversationId) -> usize {
         self.per_conversation.get(conversation).copied().unwrap_or(0)
+    }
+
+    /// How many calls `conversation` has without an outcome, if at least `limit`: a call whose outcome its caller
+    /// already has never counts (its caller may call again at once). Counted one by one only at the limit.
+    pub(crate) fn at_limit(&self, conversation: &ConversationId, limit: usize) -> Option<usize> {
+        if self.in_flight(conversation) < limit {
+            return None;
+        }
+        let unfinished = self
+            .by_request
+            .values()
+            .filter(|life| &life.coords.conversation == conversation && !life.outcome().is_set())
+            .count();
+        (unfinished >= limit).then_some(unfinished)
     }
 
     fn uncount(&mut self, conversation: &ConversationId) {
@@ -213,10 +227,18 @@ impl HostShared {
         state.visit.as_ref().map(|visit| VisitStatus { info: visit.info.clone(), phase: visit.phase() })
     }
 
-    /// How many calls `conversation` has in flight in the open visit.
+    /// How many calls `conversation` has in flight in the open visit (for the race tests).
+    #[cfg(all(test, feature = "shuttle"))]
     pub(crate) fn in_flight(&self, conversation: &ConversationId) -> usize {
         let state = self.state.lock();
         state.visit.as_ref().map_or(0, |open| open.calls.in_flight(conversation))
+    }
+
+    /// Whether `conversation`'s next call would get `BUSY`.
+    pub(crate) fn is_busy(&self, conversation: &ConversationId) -> bool {
+        let state = self.state.lock();
+        let open = state.visit.as_ref();
+        open.is_some_and(|open| open.calls.at_limit(conversation, self.config.max_in_flight).is_some())
     }
 
     /// Forgets a call that reached its outcome, and retains that outcome for its operation key (if it has one

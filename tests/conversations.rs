@@ -11,8 +11,9 @@ use bevy::prelude::*;
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{headless_app, AgentTestAppExt, Gate};
 use bevy_agent_tools::{
-    CallFinished, CallProgress, CallStarted, ConversationEvent, ConversationStatus as S, ConversationStatusChanged,
-    NoArgs, Reported, StatusSource, Subscription, VisitClosed, VisitClosing, VisitOpened, VisitRelocated, VisitSaved,
+    CallFinished, CallProgress, CallRequest, CallStarted, ConversationEvent, ConversationStatus as S,
+    ConversationStatusChanged, NoArgs, Reported, StatusSource, Subscription, VisitClosed, VisitClosing, VisitOpened,
+    VisitRelocated, VisitSaved,
 };
 use common::*;
 use serde_json::json;
@@ -300,6 +301,29 @@ fn while_the_world_loads_a_call_waits_for_the_tool_the_world_registers() {
         completer.succeed();
     }
     assert_eq!(app.run_until_resolved(&call).expect("runs").value["counter"], 1);
+}
+
+#[test]
+fn the_wait_for_a_tool_counts_toward_the_calls_timeout() {
+    let mut app = late_tool_app(TestGame::default(), Some(Duration::MAX));
+    app.enter_world("alpha");
+    let agent = app.agent();
+    let timeout = Duration::from_secs(30);
+    let call = agent.conversation("agent").request(CallRequest::new("late_clock", json!({})).timeout(timeout));
+    app.run_until("the call waits for its tool", |app| {
+        app.agent().resume("agent").is_ok_and(|resumed| resumed.snapshot.pending_call().is_some())
+    });
+    let deadline: Arc<parking_lot::Mutex<Option<std::time::Instant>>> = Arc::default();
+    let seen = deadline.clone();
+    let clock = AgentTool::new("late_clock", "Says its deadline.", move |ctx: CallContext<Session>, _: NoArgs| {
+        *seen.lock() = Some(ctx.deadline());
+        async move { Ok(()) }
+    });
+    let registered = std::time::Instant::now();
+    agent.register_tool(clock).expect("registers");
+    app.run_until_resolved(&call).expect("runs once the tool is registered");
+    let deadline = deadline.lock().expect("the handler ran");
+    assert!(deadline < registered + timeout, "the deadline counts from the call's arrival, not from the tool's");
 }
 
 #[test]

@@ -41,6 +41,31 @@ fn busy_when_a_conversation_is_over_its_in_flight_limit_and_others_are_unaffecte
 }
 
 #[test]
+fn busy_never_counts_a_call_whose_caller_already_has_its_outcome() {
+    let gate = Gate::new();
+    let plugin = AgentToolsPlugin::new(TestGame::default()).max_in_flight_per_conversation(1).with_tool(bump_tool(
+        "slow",
+        ToolScope::World,
+        Arc::new(AtomicUsize::new(0)),
+        Some(gate.clone()),
+    ));
+    let mut app = headless_app(plugin);
+    app.enter_world("alpha");
+    let agent = app.agent().conversation("agent");
+    for round in 0..20 {
+        let call = agent.call("slow", json!({}));
+        assert!(call.cancel());
+        assert_eq!(call.try_outcome().map(|o| o.map_err(|e| e.code)), Some(Err(ErrorCode::Cancelled)));
+        // The caller has its outcome: its next call is not refused, even before the host forgot the first.
+        let next = agent.call("slow", json!({}));
+        let refused = next.try_outcome().and_then(|o| o.err()).map(|e| e.code);
+        assert_ne!(refused, Some(ErrorCode::Busy), "round {round}");
+        assert!(next.cancel());
+        app.update();
+    }
+}
+
+#[test]
 fn progress_reports_reach_the_caller_in_order() {
     let tool = AgentTool::new("long", "Reports progress.", |ctx: CallContext<Session>, _: NoArgs| async move {
         for step in 1..=3 {

@@ -213,6 +213,9 @@ fn h12_a_retry_that_cancels_stops_waiting_and_the_first_caller_still_gets_the_op
     gate.open();
     assert!(app.run_until_resolved(&first).is_ok(), "and gets its outcome");
     assert_eq!(executions.load(Ordering::SeqCst), 1, "its step ran");
+    // Awaited only now, after the operation succeeded, the retry's call still says what it said.
+    let awaited = app.agent().runtime().block_on(retry);
+    assert_eq!(awaited.map_err(|e| e.code), Err(ErrorCode::Cancelled), "one outcome per caller, however it is read");
 }
 
 #[test]
@@ -229,6 +232,22 @@ fn h12_the_last_caller_waiting_for_an_operation_cancels_it_even_a_retry_of_a_dro
     let retained = app.run_until_resolved(&again);
     assert_eq!(retained.map_err(|e| e.code), Err(ErrorCode::Cancelled), "the operation was cancelled, and retained so");
     gate.open();
+}
+
+#[test]
+fn h12_a_rejoined_call_counts_as_a_caller_so_another_callers_cancel_leaves_the_retry_waiting() {
+    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
+    let conversation = app.agent().conversation("a");
+    let first = conversation.request(keyed("slow", json!({}), "op"));
+    app.run_until("parked", |_| gate.arrived() == 1);
+    let retry = conversation.request(keyed("slow", json!({}), "op"));
+    // A HUD observes the call, then stops observing it.
+    let request = first.request_id().expect("admitted");
+    drop(conversation.rejoin(request).expect("still running"));
+    assert!(first.cancel(), "the first caller stops waiting");
+    gate.open();
+    assert!(app.run_until_resolved(&retry).is_ok(), "the retry still waits for the operation, and gets its outcome");
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
 }
 
 #[derive(Deserialize, JsonSchema)]

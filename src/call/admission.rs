@@ -87,6 +87,17 @@ pub(crate) fn admit(
     conversation: &ConversationId,
     request: CallRequest,
 ) -> Result<Admitted, ToolError> {
+    admit_since(host, conversation, request, Instant::now())
+}
+
+/// [`admit`] a call that arrived at `arrived` (earlier than now for one that waited for its tool): its deadline
+/// counts from then, so the wait is part of its timeout.
+pub(crate) fn admit_since(
+    host: &Arc<HostShared>,
+    conversation: &ConversationId,
+    request: CallRequest,
+    arrived: Instant,
+) -> Result<Admitted, ToolError> {
     let request_id = host.next_request_id();
     let rejected = |mut error: ToolError| {
         error.details.request.get_or_insert(request_id);
@@ -103,7 +114,7 @@ pub(crate) fn admit(
     }
     let timeout = request.timeout.or(info.timeout).unwrap_or(host.config.default_timeout);
     let admitted_at = Instant::now();
-    let deadline = crate::deadline::after(admitted_at, timeout);
+    let deadline = crate::deadline::after(arrived.min(admitted_at), timeout);
 
     let (life, ready, accepted) = {
         let mut state = host.state.lock();
@@ -122,8 +133,7 @@ pub(crate) fn admit(
             error.details.world = Some(open.info.world.clone());
             return Err(error);
         }
-        let in_flight = open.calls.in_flight(conversation);
-        if in_flight >= host.config.max_in_flight {
+        if let Some(in_flight) = open.calls.at_limit(conversation, host.config.max_in_flight) {
             return Err(rejected(
                 ToolError::with_code(
                     ErrorCode::Busy,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use bevy::prelude::World;
 
 pub use admission::CallRequest;
-pub(crate) use admission::{admit, Admitted};
+pub(crate) use admission::{admit, admit_since, Admitted};
 pub use context::{CallContext, Ended};
 pub(crate) use life::{CallCoordinates, CallLife};
 pub use life::{CallOutcome, CallOutput};

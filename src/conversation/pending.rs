@@ -3,7 +3,8 @@
 //! A call for an unknown tool waits when the open visit is still loading (a world may register its tools when its
 //! session finishes loading), or always when the plugin sets
 //! [`tool_wait`](crate::AgentToolsPlugin::tool_wait). It waits until the tool is registered, or until its wait
-//! passes: then it fails with `TOOL_NOT_FOUND`, saying how long it waited. Otherwise an unknown tool is rejected at
+//! passes: then it fails with `TOOL_NOT_FOUND`, saying how long it waited. The wait counts toward the call's own
+//! timeout: once admitted, its deadline is its arrival plus its timeout. Otherwise an unknown tool is rejected at
 //! once (a typo should not hang). While it waits, the conversation is `WaitingToolResult` and the call shows in
 //! the snapshot's `pending_calls`.
 
@@ -13,7 +14,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use crate::call::{admit, Admitted, CallLife, CallOutcome, CallRequest};
+use crate::call::{admit_since, Admitted, CallLife, CallOutcome, CallRequest};
 use crate::error::{ErrorCode, ToolError};
 use crate::host::{HostShared, VisitPhase};
 use crate::ids::ConversationId;
@@ -93,7 +94,7 @@ pub(crate) fn wait_for_tool(
 ) -> Arc<WaitingCall> {
     let call =
         Arc::new(WaitingCall { outcome: OnceSignal::new(), cancel: CancellationToken::new(), slot: Mutex::default() });
-    let task = run(host.clone(), conversation.clone(), request, wait, call.clone());
+    let task = run(host.clone(), conversation.clone(), request, wait, call.clone(), std::time::Instant::now());
     host.runtime.spawn(task);
     call
 }
@@ -104,6 +105,7 @@ async fn run(
     request: CallRequest,
     wait: Duration,
     call: Arc<WaitingCall>,
+    arrived: std::time::Instant,
 ) {
     // If the runtime stops (the game exits) while this waits, the caller still gets an outcome (rule H13).
     let _stopped = OutcomeOnDrop(call.clone());
@@ -135,7 +137,7 @@ async fn run(
         }
         Ok(()) => {
             tracing::debug!(tool = %tool, conversation = %conversation, "the tool a call waited for was registered");
-            let admitted = admit(&host, &conversation, request);
+            let admitted = admit_since(&host, &conversation, request, arrived);
             // Admission counted the call as executing first: the status never dips between waiting and running.
             hub.pending_finished(&conversation, key);
             match admitted {
