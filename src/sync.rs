@@ -5,6 +5,12 @@
 
 #[cfg(not(feature = "shuttle"))]
 pub(crate) use parking_lot::{Mutex, MutexGuard};
+/// Thread-local storage of the threads that meet at those locks (shuttle's threads under `shuttle`).
+#[cfg(not(feature = "shuttle"))]
+pub(crate) use std::thread_local;
+
+#[cfg(feature = "shuttle")]
+pub(crate) use shuttle::thread_local;
 
 #[cfg(feature = "shuttle")]
 pub(crate) use controlled::{Mutex, MutexGuard};

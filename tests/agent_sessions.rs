@@ -102,8 +102,18 @@ impl Dirs {
         Self { data: root.path().join("sessions"), state: root.path().join("agent-state"), _root: Arc::new(root) }
     }
 
-    /// How many scripted agents of this test are alive (zombies included: an unreaped child is a leak too).
+    /// How many scripted agents of this test are alive (zombies included: an unreaped child is a leak too; a
+    /// zombie cannot be told apart from another test's, so this is an upper bound while other tests run).
     fn agents_alive(&self) -> usize {
+        self.agents(true)
+    }
+
+    /// How many scripted agents of this test are running (zombies left out).
+    fn agents_running(&self) -> usize {
+        self.agents(false)
+    }
+
+    fn agents(&self, zombies: bool) -> usize {
         let needle = self.state.to_string_lossy().to_string();
         let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
         entries
@@ -113,11 +123,12 @@ impl Dirs {
                 std::fs::read(entry.path().join("cmdline"))
                     .map(|cmdline| String::from_utf8_lossy(&cmdline).contains(&needle))
                     .unwrap_or(false)
-                    || std::fs::read_to_string(entry.path().join("stat")).is_ok_and(|stat| {
-                        // A zombie has no cmdline left; its name is still the program's.
-                        stat.contains("(scripted_acp_ag")
-                            && stat.split(") ").nth(1).is_some_and(|rest| rest.starts_with('Z'))
-                    })
+                    || zombies
+                        && std::fs::read_to_string(entry.path().join("stat")).is_ok_and(|stat| {
+                            // A zombie has no cmdline left; its name is still the program's.
+                            stat.contains("(scripted_acp_ag")
+                                && stat.split(") ").nth(1).is_some_and(|rest| rest.starts_with('Z'))
+                        })
             })
             .count()
     }
@@ -652,7 +663,7 @@ fn two_resume_sessions_of_one_id_at_once_share_one_session_and_one_agent_that_wo
         tokio::join!(game.sessions.resume_session(id.clone()), game.sessions.resume_session(id.clone()))
     });
     let (a, b) = (a.expect("the first resumes"), b.expect("the second gets the same session"));
-    assert_eq!(dirs.agents_alive(), 1, "one agent: the second call waited for the first");
+    assert_eq!(dirs.agents_running(), 1, "one agent: the second call waited for the first");
     assert_eq!(a.status(), ConversationStatus::Idle);
 
     let turn = game.block_on(b.send_text(r#"call bump {"by": 1}"#)).expect("the turn ends");
@@ -851,7 +862,7 @@ fn s4_the_games_exit_stops_every_agent_even_one_that_ignores_sigterm_and_its_inp
     let game = Game::start(&dirs);
     let _polite = game.create(agent(&dirs, &[])).expect("starts");
     let _stubborn = game.create(agent(&dirs, &["--stubborn"])).expect("starts");
-    assert_eq!(dirs.agents_alive(), 2);
+    assert_eq!(dirs.agents_running(), 2);
     let started = Instant::now();
     game.game.stop();
     assert!(started.elapsed() < Duration::from_secs(8), "the exit waited {:?}", started.elapsed());

@@ -327,6 +327,37 @@ fn the_wait_for_a_tool_counts_toward_the_calls_timeout() {
 }
 
 #[test]
+fn a_step_that_ends_its_own_conversation_or_task_ends_its_call_and_the_game_runs_on() {
+    // A "goodbye" tool and a "stop everything" tool: each ends its own call from inside its main-thread step.
+    let goodbye = AgentTool::new("goodbye", "Ends this conversation.", |ctx: CallContext<Session>, _: NoArgs| {
+        let conversation = ctx.conversation().clone();
+        async move {
+            ctx.on_client(move |world, _| world.resource::<AgentHandle>().end_conversation(&conversation)).await??;
+            Ok(())
+        }
+    });
+    let stop = AgentTool::new("stop_all", "Cancels this task's calls.", |ctx: CallContext<Session>, _: NoArgs| {
+        let (conversation, task) = (ctx.conversation().clone(), ctx.task().clone());
+        async move {
+            ctx.on_client(move |world, _| world.resource::<AgentHandle>().conversation(conversation).cancel_task(task))
+                .await?;
+            Ok(())
+        }
+    });
+    let mut app = headless_app(AgentToolsPlugin::new(TestGame::default()).with_tool(goodbye).with_tool(stop));
+    app.enter_world("alpha");
+    let agent = app.agent().conversation("agent");
+    let error = app.run_until_resolved(&agent.call("goodbye", json!({}))).expect_err("its conversation ended");
+    assert_eq!(error.code, ErrorCode::Cancelled, "{}", error.message);
+    assert_eq!(agent.status(), S::Ended);
+    agent.resume().expect("resumes");
+    let error = app.run_until_resolved(&agent.call("stop_all", json!({}))).expect_err("its task was cancelled");
+    assert_eq!(error.code, ErrorCode::Cancelled, "{}", error.message);
+    app.update();
+    assert_eq!(agent.status(), S::Idle, "the game ran on");
+}
+
+#[test]
 fn a_call_for_a_tool_never_registered_times_out_with_tool_not_found() {
     let mut app = late_tool_app(TestGame::default(), Some(Duration::from_millis(30)));
     app.enter_world("alpha");

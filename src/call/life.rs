@@ -1,6 +1,7 @@
 //! The life of one admitted call: its coordinates, its deadline, how it ends, and its one terminal outcome
 //! (rule H13).
 
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -139,8 +140,19 @@ impl CallLife {
     }
 
     /// Ends the call with `outcome` unless it already ended. Commits first, then notifies. Returns whether this
-    /// was the call's terminal outcome.
+    /// was the call's terminal outcome. From inside the call's own main-thread step (a tool that ends its own
+    /// conversation or task there), which holds the step lock, the end is applied as soon as the step returns.
     pub(crate) fn finish(&self, outcome: CallOutcome) -> bool {
+        if IN_STEP.with(Cell::get) == std::ptr::from_ref(self) as usize {
+            // The first end asked for wins, as with the lock.
+            return !self.outcome.is_set()
+                && DEFERRED.with(|deferred| {
+                    let mut deferred = deferred.borrow_mut();
+                    let first = deferred.is_none();
+                    deferred.get_or_insert(outcome);
+                    first
+                });
+        }
         let mut step = self.step.lock();
         self.finish_locked(&mut step, outcome)
     }
@@ -195,7 +207,8 @@ impl CallLife {
         if let Some(error) = guard.as_ref() {
             return Err(error.clone());
         }
-        Ok(StepGuard { life: self, guard })
+        let outer = IN_STEP.with(|in_step| in_step.replace(std::ptr::from_ref(self) as usize));
+        Ok(StepGuard { life: self, guard, outer })
     }
 
     /// Marks the handler started, unless the call already ended (then `false`: it must not run). Under the step
@@ -247,6 +260,24 @@ impl CallLife {
 pub(crate) struct StepGuard<'a> {
     life: &'a CallLife,
     guard: MutexGuard<'a, Option<ToolError>>,
+    /// The step this thread ran before this one (none: steps do not nest), restored at the end.
+    outer: usize,
+}
+
+crate::sync::thread_local! {
+    /// The call whose main-thread step this thread runs (its address; 0 for none).
+    static IN_STEP: Cell<usize> = const { Cell::new(0) };
+    /// An end of that call asked for from inside its step, applied when the step returns.
+    static DEFERRED: RefCell<Option<CallOutcome>> = const { RefCell::new(None) };
+}
+
+impl Drop for StepGuard<'_> {
+    fn drop(&mut self) {
+        IN_STEP.with(|in_step| in_step.set(self.outer));
+        if let Some(outcome) = DEFERRED.with(RefCell::take) {
+            self.life.finish_locked(&mut self.guard, outcome);
+        }
+    }
 }
 
 impl StepGuard<'_> {
@@ -256,6 +287,8 @@ impl StepGuard<'_> {
 
     /// Ends the call from inside its step (e.g. a failed recheck, a panicking closure).
     pub(crate) fn finish(mut self, error: ToolError) {
-        self.life.finish_locked(&mut self.guard, Err(error));
+        // An end asked for during the step came first.
+        let outcome = DEFERRED.with(RefCell::take).unwrap_or(Err(error));
+        self.life.finish_locked(&mut self.guard, outcome);
     }
 }
