@@ -58,8 +58,17 @@ impl Sandbox {
 
     /// Sends a command and returns its answer (the next line).
     fn command(&mut self, command: &str) -> String {
+        self.command_bytes(command.as_bytes())
+    }
+
+    /// A line of raw bytes (not necessarily UTF-8), and the answer.
+    fn command_bytes(&mut self, command: &[u8]) -> String {
         let stdin = self.stdin.as_mut().expect("stdin is open");
-        writeln!(stdin, "{command}").and_then(|()| stdin.flush()).expect("the sandbox reads its input");
+        stdin
+            .write_all(command)
+            .and_then(|()| stdin.write_all(b"\n"))
+            .and_then(|()| stdin.flush())
+            .expect("the sandbox reads its input");
         self.next_line()
     }
 
@@ -221,6 +230,11 @@ fn bad_commands_get_one_error_line_each_and_end_of_input_quits_after_saving() {
         let answer = game.command(command);
         assert!(answer.starts_with(error), "{command:?} answered {answer:?}");
     }
+    // A line that is not UTF-8 (a Latin-1 terminal) is a bad command, not the end of input.
+    let answer = game.command_bytes(b"caf\xe9");
+    assert!(answer.starts_with("error: unknown command"), "{answer}");
+    // Blanks before a command are only blanks.
+    assert_eq!(game.command("   status"), "ok no world open");
     assert_eq!(game.command("enter beta"), "ok entering beta");
     game.expect("visit-opened world=beta visit=1");
     let answer = game.command("travel moon");
@@ -235,6 +249,37 @@ fn bad_commands_get_one_error_line_each_and_end_of_input_quits_after_saving() {
     game.expect("visit-closed world=gamma visit=2");
     game.expect("saved world=gamma visit=2");
     assert_eq!(game.wait_exit().code(), Some(0));
+}
+
+#[test]
+fn a_switch_given_a_value_is_refused_rather_than_turned_on() {
+    for flag in ["--ask-permissions=false", "--agent-keep=no", "--window=0"] {
+        let out = Command::new(sandbox_binary()).arg(flag).stdin(Stdio::null()).output().expect("the sandbox runs");
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("takes no value"), "{flag}");
+    }
+}
+
+#[test]
+fn a_world_whose_saves_are_both_damaged_says_it_failed_to_load_and_is_not_reported_saved() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let alpha = data.path().join("alpha");
+    std::fs::create_dir(&alpha).expect("a world folder");
+    for file in ["sandbox.json", "sandbox.json.prev"] {
+        std::fs::write(alpha.join(file), b"not a save").expect("a damaged save");
+    }
+    let mut game = Sandbox::start(data.path());
+    assert_eq!(game.command("enter alpha"), "ok entering alpha");
+    game.expect("visit-opened world=alpha visit=1");
+    let failed = game.next_line();
+    assert!(failed.starts_with("load-failed world=alpha visit=1 error="), "{failed}");
+    assert_eq!(game.command("exit"), "ok leaving alpha");
+    game.expect("visit-closed world=alpha visit=1");
+    let closed = game.next_line();
+    assert!(closed.starts_with("save-failed world=alpha visit=1") && closed.contains("nothing was saved"), "{closed}");
+    assert_eq!(std::fs::read(alpha.join("sandbox.json")).expect("still there"), b"not a save", "left as it was");
+    game.command("quit");
+    game.wait_exit();
 }
 
 #[test]

@@ -118,7 +118,8 @@ fn a_cell_version_increases_on_every_change_and_survives_a_save() {
 #[test]
 fn observe_returns_a_png_of_the_asked_size() {
     let state = WorldState::generate("alpha", palette());
-    let drawn = picture::top_down(&state, Dimension::Overworld, state.player(Dimension::Overworld), 4).expect("drawn");
+    let drawn =
+        picture::top_down(&state, Dimension::Overworld, state.player(Dimension::Overworld), 4).encode().expect("drawn");
     assert_eq!(&drawn.png[..8], b"\x89PNG\r\n\x1a\n");
     assert_eq!(&drawn.png[12..16], b"IHDR");
     assert_eq!(u32::from_be_bytes(drawn.png[16..20].try_into().expect("4 bytes")), drawn.width);
@@ -208,4 +209,69 @@ fn travel_during_build_tower_stops_it_with_location_changed_and_the_count_is_kep
         }
     }
     assert_eq!(planks, placed, "the report counts exactly the blocks in the world");
+}
+
+#[test]
+fn build_tower_in_the_nether_says_how_many_blocks_fit_under_its_roof() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut app = sandbox(dir.path());
+    app.enter_world("alpha");
+    ok(call(&mut app, "travel", json!({"dimension": "nether"})));
+    // The same terrain as the game's: the free cells above the ground of a column, up to the roof.
+    let world = WorldState::generate("alpha", palette());
+    let free_above = |x: i32, z: i32| {
+        let ground = world.surface(Dimension::Nether, x, z).unwrap_or(0);
+        let solid = |y: i32| world.palette().is_solid(world.block(Dimension::Nether, Pos { x, y, z }).block);
+        (ground + 1..=127).take_while(|y| !solid(*y)).count()
+    };
+    let (x, z) = (-256..=255)
+        .step_by(7)
+        .flat_map(|x| (-256..=255).step_by(7).map(move |z| (x, z)))
+        .find(|(x, z)| free_above(*x, *z) < 64)
+        .expect("a column with less than 64 cells under the roof");
+    let refused = err(call(&mut app, "build_tower", json!({"x": x, "z": z, "height": 64, "block": "planks"})));
+    assert_eq!(refused.code, ErrorCode::InvalidInput);
+    let room = free_above(x, z);
+    assert!(refused.message.contains(&format!("only {room} blocks fit")), "{}", refused.message);
+    let built = ok(call(&mut app, "build_tower", json!({"x": x, "z": z, "height": room, "block": "planks"})));
+    assert_eq!(built["placed"].as_u64(), Some(room as u64), "{built}");
+}
+
+#[test]
+fn a_saved_block_the_palette_does_not_know_is_kept_for_the_next_save_until_its_cell_changes() {
+    let cell = |block: &str| world::SavedCell {
+        dimension: Dimension::Overworld,
+        x: 3,
+        y: 100,
+        z: 3,
+        block: block.into(),
+        version: 4,
+    };
+    let doc = world::SaveDoc { format: world::SAVE_FORMAT, blocks: vec![cell("unobtainium")], ..Default::default() };
+    let (mut state, warnings) = WorldState::from_save("alpha", palette(), doc);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(state.to_save().blocks, [cell("unobtainium")], "saved again as it came");
+    let planks = state.palette().id("planks").expect("in the palette");
+    state.set(Dimension::Overworld, Pos { x: 3, y: 100, z: 3 }, planks);
+    let blocks = state.to_save().blocks;
+    assert_eq!(blocks.len(), 1, "{blocks:?}");
+    assert_eq!(blocks[0].block, "planks", "the world changed that cell since");
+}
+
+#[test]
+fn a_save_from_a_newer_sandbox_is_neither_loaded_nor_saved_over() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut app = sandbox(dir.path());
+    let newer =
+        world::SaveDoc { format: world::SAVE_FORMAT + 1, notes: vec!["from the future".into()], ..Default::default() };
+    let store = app.world().resource::<bevy_agent_tools::WorldStore>().clone();
+    store.save(&"alpha".into(), session::SAVE_DOCUMENT, newer).wait().expect("saved");
+    let before = std::fs::read(dir.path().join("alpha").join("sandbox.json")).expect("the save");
+    app.enter_world("alpha");
+    let refused = err(call(&mut app, "world_info", json!({})));
+    assert!(refused.message.contains("newer sandbox"), "{}", refused.message);
+    app.exit_world();
+    wait_saved(&mut app);
+    let after = std::fs::read(dir.path().join("alpha").join("sandbox.json")).expect("the save");
+    assert_eq!(before, after, "left as it is");
 }

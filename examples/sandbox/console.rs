@@ -11,8 +11,8 @@ use bevy::app::AppExit;
 use bevy::prelude::*;
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::{
-    ConversationStatusChanged, ExitSet, StatusSource, VisitClosed, VisitOpened, VisitPhase, VisitRelocated, VisitSaved,
-    WorldOpenFailed,
+    ConversationStatusChanged, ExitSet, StatusSource, VisitClosed, VisitLoadFailed, VisitOpened, VisitPhase,
+    VisitRelocated, VisitSaved, WorldOpenFailed,
 };
 use crossbeam_channel::{Receiver, TryRecvError};
 
@@ -89,10 +89,21 @@ impl Plugin for ConsolePlugin {
         let (lines, input) = crossbeam_channel::unbounded();
         app.insert_resource(ConsoleLines(lines.clone()));
         let reader = std::thread::Builder::new().name("console".into()).spawn(move || {
-            for line in std::io::stdin().lock().lines() {
-                let Ok(line) = line else { break };
-                if lines.send(Input::Line(line)).is_err() {
-                    return;
+            // Bytes, not `lines()`: a line that is not UTF-8 is read as well as it can be (and answered with an
+            // error line), never taken for the end of input.
+            let mut stdin = std::io::stdin().lock();
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match stdin.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        let text = String::from_utf8_lossy(&line);
+                        let text = text.trim_end_matches(['\n', '\r']).to_string();
+                        if lines.send(Input::Line(text)).is_err() {
+                            return;
+                        }
+                    }
                 }
             }
             let _ = lines.send(Input::End);
@@ -186,6 +197,7 @@ impl Command {
     /// Decodes one line of input: `Ok(None)` for a blank line (ignored), `Err` with the text of the `error:` line
     /// the console prints for it. Pure, so it can be tested and fuzzed away from the game.
     pub fn parse(line: &str) -> Result<Option<Self>, String> {
+        let line = line.trim_start();
         if let Some(path) = line.strip_prefix("screenshot ") {
             if path.trim().is_empty() {
                 return Err(format!("screenshot where? `screenshot PATH`; {USAGE}"));
@@ -275,6 +287,11 @@ fn read_command(
     let line = match input.0.try_recv() {
         Ok(Input::Line(line)) => line,
         Ok(Input::End) | Err(TryRecvError::Disconnected) => {
+            if chat.window.is_some() {
+                // Closing the window quits: one started without a terminal (a launcher, an IDE) stays open.
+                info!("end of input: the window stays open; close it to quit");
+                return;
+            }
             if player.quitting.is_none() {
                 info!("end of input: quitting");
                 quit(&mut player, &mut exit);
@@ -402,6 +419,7 @@ fn report_events(
     mut closed: MessageReader<VisitClosed>,
     mut saved: MessageReader<VisitSaved>,
     mut failed: MessageReader<WorldOpenFailed>,
+    mut load_failed: MessageReader<VisitLoadFailed>,
     mut player: ResMut<Player>,
 ) {
     // One command per frame: a frame's events are, in time order, an agent's travel (asked for in the frame
@@ -423,6 +441,10 @@ fn report_events(
             player.world = None;
             player.dimension = None;
         }
+    }
+    for m in load_failed.read() {
+        // The visit stays open (its tools answer INTERNAL saying why) until the player leaves it.
+        say(format_args!("load-failed world={} visit={} error={:?}", m.info.world, m.info.visit.0, m.error.message()));
     }
     for m in saved.read() {
         match &m.result {

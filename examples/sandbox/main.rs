@@ -109,6 +109,12 @@ impl Args {
                 Some((flag, value)) => (flag.to_string(), Some(value.to_string())),
                 None => (word, None),
             };
+            let switch = ["--agent-keep", "--ask-permissions", "--window"].contains(&flag.as_str());
+            if let (true, Some(value)) = (switch, &inline) {
+                return Err(format!(
+                    "{flag} takes no value (got `={value}`): give {flag} to turn it on, nothing to leave it off"
+                ));
+            }
             match flag.as_str() {
                 "-h" | "--help" => return Ok(None),
                 "--agent-keep" => {

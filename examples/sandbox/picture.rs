@@ -7,6 +7,22 @@ use std::collections::HashMap;
 
 use crate::world::{Dimension, Pos, WorldState, XZ_BOUNDS};
 
+/// The pixels of a picture, drawn from the world on the main thread, and its description; encoded elsewhere.
+pub struct Drawn {
+    rgb: Vec<u8>,
+    side: u32,
+    summary: String,
+}
+
+impl Drawn {
+    /// The PNG: off the main thread (the tool encodes it on its worker, after its step).
+    pub fn encode(self) -> Result<Picture, String> {
+        let png = encode_png(self.side, self.side, &self.rgb)
+            .map_err(|error| format!("could not encode the picture: {error}"))?;
+        Ok(Picture { png, width: self.side, height: self.side, summary: self.summary })
+    }
+}
+
 /// A drawn picture and a one-line description of it.
 pub struct Picture {
     pub png: Vec<u8>,
@@ -18,8 +34,9 @@ pub struct Picture {
 const PLAYER: [u8; 3] = [230, 30, 30];
 const OUTSIDE: [u8; 3] = [0, 0, 0];
 
-/// Draws the columns within `radius` of `player` (a square of `2 * radius + 1` columns, north up).
-pub fn top_down(state: &WorldState, dimension: Dimension, player: Pos, radius: i32) -> Result<Picture, String> {
+/// Draws the columns within `radius` of `player` (a square of `2 * radius + 1` columns, north up): only what
+/// needs the world, so the main-thread step stays short.
+pub fn top_down(state: &WorldState, dimension: Dimension, player: Pos, radius: i32) -> Drawn {
     let cells = 2 * radius + 1;
     let scale = (256 / cells).clamp(2, 16);
     let side = (cells * scale) as u32;
@@ -50,8 +67,7 @@ pub fn top_down(state: &WorldState, dimension: Dimension, player: Pos, radius: i
         }
     }
     let summary = describe(dimension, player, radius, &counts, highest);
-    let png = encode_png(side, side, &rgb).map_err(|error| format!("could not encode the picture: {error}"))?;
-    Ok(Picture { png, width: side, height: side, summary })
+    Drawn { rgb, side, summary }
 }
 
 /// Lighter above the player, darker below.

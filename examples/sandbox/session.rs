@@ -12,7 +12,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use crate::view::WorldView;
-use crate::world::{Dimension, Palette, Pos, SaveDoc, WorldState};
+use crate::world::{Dimension, Palette, Pos, SaveDoc, WorldState, SAVE_FORMAT};
 
 /// The one document a world's save is kept in.
 pub const SAVE_DOCUMENT: &str = "sandbox";
@@ -49,6 +49,14 @@ impl Visit {
     /// The world's state; `INTERNAL` only if the host ran a step before the load finished (it never does).
     pub fn state(&mut self) -> Result<&mut WorldState, ToolError> {
         if self.state.is_none() {
+            // A save a newer sandbox wrote is neither read as this one's nor saved over.
+            if let Some(format) = self.save.get().map(|doc| doc.format).filter(|format| *format > SAVE_FORMAT) {
+                return Err(ToolError::internal(format!(
+                    "world `{}` was saved by a newer sandbox (save format {format}; this one reads {SAVE_FORMAT}): \
+                     it is not loaded, and its save is left as it is",
+                    self.world
+                )));
+            }
             let doc = self.save.get_mut().map(std::mem::take).ok_or_else(|| match self.ready.result() {
                 Some(Err(error)) => ToolError::internal(format!("world `{}` could not be loaded: {error}", self.world)),
                 _ => ToolError::internal(format!("world `{}` is still loading", self.world)),
@@ -187,8 +195,15 @@ impl WorldLifecycle for Sandbox {
             view.clear();
         }
         let Some(state) = session.state else {
-            // No tool ran and no frame saw the save loaded: nothing changed, and the files stay as they are.
-            return Completion::done();
+            // No tool ran and no frame saw the save loaded: nothing changed, and the files stay as they are. A
+            // world that failed to load says so rather than "saved".
+            return match session.ready.result() {
+                Some(Err(error)) => Completion::failed(format!(
+                    "world `{}` did not load ({error}): nothing was saved, its files are as they were",
+                    session.world
+                )),
+                _ => Completion::done(),
+            };
         };
         match world.get_resource::<WorldStore>() {
             Some(store) => store.save(&session.world, SAVE_DOCUMENT, state.to_save()),

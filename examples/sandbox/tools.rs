@@ -192,9 +192,11 @@ fn observe() -> AgentTool<Visit> {
             let dimension = called_in(&ctx)?;
             let drawn = step(&ctx, move |_, visit| {
                 let state = visit.state()?;
-                picture::top_down(state, dimension, state.player(dimension), args.radius).map_err(ToolError::internal)
+                Ok(picture::top_down(state, dimension, state.player(dimension), args.radius))
             })
             .await?;
+            // Encoded here, on the tool's worker: the main thread only gathered the columns.
+            let drawn = drawn.encode().map_err(ToolError::internal)?;
             Ok(ObserveOutput {
                 summary: drawn.summary,
                 picture: ImageContent::png(picture::base64(&drawn.png)),

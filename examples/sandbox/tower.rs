@@ -78,13 +78,20 @@ async fn tower(ctx: CallContext<Visit>, args: TowerArgs, palette: Arc<Palette>) 
         status: "building".into(),
     };
     let (base, log) = step(&ctx, move |_world, visit| {
-        let ground = visit.state()?.surface(dimension, x, z).unwrap_or(0);
+        let state = visit.state()?;
+        let ground = state.surface(dimension, x, z).unwrap_or(0);
         let base = ground + 1;
-        let room = Y_BOUNDS.end() - ground;
-        if i64::from(height) > i64::from(room) {
+        // Up to the first solid block in the way (the nether's roof), or the top of the world.
+        let free = |y: &i32| {
+            let cell = state.block(dimension, Pos { x, y: *y, z }).block;
+            !state.palette().is_solid(cell) || cell == block
+        };
+        let room = (base..=*Y_BOUNDS.end()).take_while(free).count();
+        if height as usize > room {
+            let top = base + room as i32 - 1;
             return Err(ToolError::invalid_input(
                 "height",
-                format!("only {room} blocks fit above the ground at ({x}, {z}) (y {base}..=127)"),
+                format!("only {room} blocks fit above the ground at ({x}, {z}) (y {base}..={top})"),
             ));
         }
         visit.towers.start(report);

@@ -257,13 +257,23 @@ pub struct WorldState {
     notes: Vec<String>,
     /// Chunks whose blocks changed since [`WorldState::take_dirty`] was last called (at most every chunk).
     dirty: HashSet<ChunkKey>,
+    /// Saved cells whose block this palette does not have (renamed, or from a newer palette): not in the world,
+    /// but saved again as they were, so that a palette change never loses them.
+    unknown: Vec<SavedCell>,
 }
 
 impl WorldState {
     /// A world as generated from its name, nothing changed yet.
     pub fn generate(name: &str, palette: Arc<Palette>) -> Self {
         let terrain = Dimension::ALL.map(|d| Terrain::new(name, d, &palette));
-        Self { palette, terrain, layers: Default::default(), notes: Vec::new(), dirty: HashSet::new() }
+        Self {
+            palette,
+            terrain,
+            layers: Default::default(),
+            notes: Vec::new(),
+            dirty: HashSet::new(),
+            unknown: Vec::new(),
+        }
     }
 
     pub fn palette(&self) -> &Arc<Palette> {
@@ -430,19 +440,29 @@ impl WorldState {
                 }
             }
         }
+        // Cells of unknown blocks go back as they came, unless the world has since changed their cell.
+        let changed = |c: &SavedCell| {
+            self.layers[c.dimension.index()].edits.get(&(c.x, c.z)).is_some_and(|cells| cells.contains_key(&c.y))
+        };
+        doc.blocks.extend(self.unknown.iter().filter(|c| !changed(c)).cloned());
         doc.blocks.sort_by_key(|c| (c.dimension, c.x, c.z, c.y));
         doc
     }
 
     /// A world from its save. What cannot be restored (a block no longer in the palette, a cell out of bounds)
-    /// is left out and described in the returned warnings.
+    /// is left out and described in the returned warnings; a block the palette does not know is kept for the
+    /// next save.
     pub fn from_save(name: &str, palette: Arc<Palette>, doc: SaveDoc) -> (Self, Vec<String>) {
         let mut state = Self::generate(name, palette);
         let mut warnings = Vec::new();
         for cell in doc.blocks {
             let pos = Pos { x: cell.x, y: cell.y, z: cell.z };
             let Some(block) = state.palette.id(&cell.block) else {
-                warnings.push(format!("block {pos} in the {}: `{}` is not in the palette", cell.dimension, cell.block));
+                warnings.push(format!(
+                    "block {pos} in the {}: `{}` is not in the palette (kept in the save)",
+                    cell.dimension, cell.block
+                ));
+                state.unknown.push(cell);
                 continue;
             };
             if let Err((field, why)) = pos.check() {

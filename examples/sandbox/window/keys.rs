@@ -101,7 +101,8 @@ pub fn transitions(
             ];
             let Some(digit) = digits.iter().position(|key| keys.just_pressed(*key)) else { return };
             let world = match digit {
-                0 => (1..).map(|n| format!("world-{n}")).find(|name| !list.0.contains(name)),
+                // Not one of the listed nine: one with no folder at all (the list holds nine at most).
+                0 => (1..).map(|n| format!("world-{n}")).find(|name| !data_dir.0.join(name).exists()),
                 n => list.0.get(n - 1).cloned(),
             };
             if let Some(world) = world {
