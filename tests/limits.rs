@@ -66,6 +66,30 @@ fn busy_never_counts_a_call_whose_caller_already_has_its_outcome() {
 }
 
 #[test]
+fn a_retry_at_the_limit_joins_its_running_operation_or_gets_its_retained_outcome_instead_of_busy() {
+    let gate = Gate::new();
+    let plugin = AgentToolsPlugin::new(TestGame::default())
+        .max_in_flight_per_conversation(1)
+        .with_tool(bump_tool("slow", ToolScope::World, Arc::new(AtomicUsize::new(0)), Some(gate.clone())))
+        .with_tool(bump_tool("quick", ToolScope::World, Arc::new(AtomicUsize::new(0)), None));
+    let mut app = headless_app(plugin);
+    app.enter_world("alpha");
+    let agent = app.agent().conversation("agent");
+    let keyed = |tool: &str| CallRequest::new(tool, json!({})).operation(format!("op-{tool}"));
+    let done = app.run_until_resolved(&agent.request(keyed("quick"))).expect("ran");
+    let running = agent.request(keyed("slow"));
+    assert!(running.is_running(), "the conversation is at its limit now");
+    let joined = agent.request(keyed("slow"));
+    assert!(joined.is_running(), "a retry joins its running operation: {:?}", joined.try_outcome());
+    let retained = agent.request(keyed("quick")).try_outcome().expect("at once");
+    assert_eq!(retained.expect("the retained outcome").value, done.value);
+    let other = agent.call("quick", json!({})).try_outcome().and_then(|o| o.err()).map(|e| e.code);
+    assert_eq!(other, Some(ErrorCode::Busy), "a new execution is still refused");
+    gate.open();
+    assert!(app.run_until_resolved(&joined).is_ok());
+}
+
+#[test]
 fn progress_reports_reach_the_caller_in_order() {
     let tool = AgentTool::new("long", "Reports progress.", |ctx: CallContext<Session>, _: NoArgs| async move {
         for step in 1..=3 {

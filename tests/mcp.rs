@@ -264,19 +264,24 @@ fn busy_over_the_in_flight_limit_is_refused_with_429() {
     runtime().block_on(async move {
         let (client, _) = connect(&url, false).await;
         let peer = client.peer().clone();
-        let first = tokio::spawn({
+        let call = |arguments: Value| {
             let peer = peer.clone();
-            async move { peer.call_tool(params("gated", json!({}))).await }
-        });
-        let second = tokio::spawn({
-            let peer = peer.clone();
-            async move { peer.call_tool(params("gated", json!({}))).await }
-        });
+            tokio::spawn(async move { peer.call_tool(params("gated", arguments)).await })
+        };
+        let first = call(json!({"operation_id": "op-1"}));
+        let second = call(json!({}));
         opener.arrivals(2).await;
         let third = peer.call_tool(params("gated", json!({}))).await.expect_err("refused");
         assert!(third.to_string().contains("429"), "over the limit is HTTP 429: {third}");
+        // A retry of a running operation joins it rather than being refused (the host decides: it adds no call).
+        let mut retry = call(json!({"operation_id": "op-1"}));
+        let answered = tokio::time::timeout(Duration::from_millis(500), &mut retry).await;
+        assert!(answered.is_err(), "the retry waits with its operation (a refusal comes at once): {answered:?}");
         opener.open();
-        assert_eq!(first.await.expect("joined").expect("ok").is_error, Some(false));
+        let first = first.await.expect("joined").expect("ok");
+        assert_eq!(first.is_error, Some(false));
+        let retry = retry.await.expect("joined").expect("answered, not refused with 429");
+        assert_eq!(retry.structured_content, first.structured_content, "the retry got the operation's outcome");
         assert_eq!(second.await.expect("joined").expect("ok").is_error, Some(false));
         client.cancel().await.expect("close");
     });

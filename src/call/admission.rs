@@ -133,15 +133,6 @@ pub(crate) fn admit_since(
             error.details.world = Some(open.info.world.clone());
             return Err(error);
         }
-        if let Some(in_flight) = open.calls.at_limit(conversation, host.config.max_in_flight) {
-            return Err(rejected(
-                ToolError::with_code(
-                    ErrorCode::Busy,
-                    format!("this conversation already has {in_flight} calls in flight; wait for one to finish"),
-                )
-                .with_detail("limit", host.config.max_in_flight),
-            ));
-        }
         let task = request.task.clone().unwrap_or_else(|| TaskId::of_conversation(conversation));
         let replay_key = request.operation.clone().map(|operation| ReplayKey {
             tool: info.name.clone(),
@@ -175,6 +166,17 @@ pub(crate) fn admit_since(
                     )))
                 }
             }
+        }
+        // Only a new execution counts against the limit: a retry that joins one, or gets its retained outcome,
+        // adds none.
+        if let Some(in_flight) = open.calls.at_limit(conversation, host.config.max_in_flight) {
+            return Err(rejected(
+                ToolError::with_code(
+                    ErrorCode::Busy,
+                    format!("this conversation already has {in_flight} calls in flight; wait for one to finish"),
+                )
+                .with_detail("limit", host.config.max_in_flight),
+            ));
         }
         let coords = CallCoordinates {
             request: request_id,

@@ -22,7 +22,8 @@ pub(crate) const BEGIN_CONVERSATION: &str = "begin_conversation";
 /// The reserved argument carrying a handle.
 pub(crate) const CONVERSATION: &str = "conversation";
 /// How many handles are remembered; the oldest are forgotten beyond (a client that comes back with one gets
-/// `CONVERSATION_NOT_FOUND` and begins another).
+/// `CONVERSATION_NOT_FOUND` and begins another), and their conversations end, so that a long-running game keeps
+/// a bounded number of them.
 const KEPT: usize = 10_000;
 
 pub(crate) const CONVERSATION_HELP: &str = "Optional. The handle from `begin_conversation`: pass it in every call \
@@ -30,25 +31,40 @@ so that your calls are one conversation (your operation_id retries run once, and
 mixed with yours). Not needed when your client keeps an MCP session.";
 
 /// The handles minted so far (the newest [`KEPT`]).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct Handles {
     minted: Arc<Mutex<(HashSet<String>, VecDeque<String>)>>,
+    kept: usize,
+}
+
+impl Default for Handles {
+    fn default() -> Self {
+        Self::keeping(KEPT)
+    }
 }
 
 impl Handles {
-    /// A new handle: `cv-` and 32 random bytes in hex.
-    pub(crate) fn mint(&self) -> Result<String, ToolError> {
+    /// Remembers the newest `kept` handles.
+    fn keeping(kept: usize) -> Self {
+        Self { minted: Arc::default(), kept }
+    }
+
+    /// A new handle (`cv-` and 32 random bytes in hex), and the handles forgotten to make room for it, whose
+    /// conversations the caller ends.
+    pub(crate) fn mint(&self) -> Result<(String, Vec<String>), ToolError> {
         let handle = format!("cv-{}", generate_token().map_err(|error| ToolError::internal(error.0))?);
         let mut minted = self.minted.lock();
         let (known, order) = &mut *minted;
         known.insert(handle.clone());
         order.push_back(handle.clone());
-        while order.len() > KEPT {
+        let mut forgotten = Vec::new();
+        while order.len() > self.kept {
             if let Some(oldest) = order.pop_front() {
                 known.remove(&oldest);
+                forgotten.push(oldest);
             }
         }
-        Ok(handle)
+        Ok((handle, forgotten))
     }
 
     /// Checks a handle a client sent: it must be one this server minted.
@@ -92,9 +108,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_oldest_handles_are_forgotten_and_named_for_their_conversations_to_end() {
+        let handles = Handles::keeping(2);
+        let (first, none) = handles.mint().unwrap();
+        assert!(none.is_empty());
+        let (second, _) = handles.mint().unwrap();
+        let (third, forgotten) = handles.mint().unwrap();
+        assert_eq!(forgotten, std::slice::from_ref(&first));
+        assert!(handles.check(&first).is_err());
+        assert!(handles.check(&second).is_ok() && handles.check(&third).is_ok());
+    }
+
+    #[test]
     fn only_minted_handles_pass() {
         let handles = Handles::default();
-        let minted = handles.mint().unwrap();
+        let (minted, _) = handles.mint().unwrap();
         assert!(minted.starts_with("cv-") && minted.len() == 67);
         assert!(handles.check(&minted).is_ok());
         assert_eq!(handles.check("cv-made-up").unwrap_err().code, ErrorCode::ConversationNotFound);

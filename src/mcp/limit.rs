@@ -1,6 +1,7 @@
 //! The per-conversation in-flight limit at the HTTP layer: a `tools/call` from a conversation that already has
 //! its limit of calls in flight is refused with 429 before it reaches the MCP service. (The host enforces the
-//! same limit at admission, as `BUSY`, for calls that race past this check.)
+//! same limit at admission, as `BUSY`, for calls that race past this check, and for calls with an `operation_id`,
+//! which this check lets through: a retry that joins its running operation adds no call.)
 
 use std::sync::Arc;
 
@@ -18,6 +19,7 @@ use super::naming::{conversation_id, session_named};
 use super::security::refusal;
 use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
+use crate::tool::OPERATION_ID;
 
 /// Where a sessionless request's `_meta` carries its protocol version.
 const PROTOCOL_VERSION_META: &str = "io.modelcontextprotocol/protocolVersion";
@@ -45,13 +47,16 @@ pub(crate) async fn limit_in_flight(State(limit): State<InFlightLimit>, request:
             let header = parts.headers.get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok());
             let version = params.and_then(|p| p.get("_meta")).and_then(|m| m.get(PROTOCOL_VERSION_META));
             let session = session_named(header, version.and_then(Value::as_str), |id| limit.sessions.is_open(id));
-            let handle =
-                params.and_then(|p| p.get("arguments")).and_then(|a| a.get(CONVERSATION)).and_then(Value::as_str);
+            let arguments = params.and_then(|p| p.get("arguments"));
+            let handle = arguments.and_then(|a| a.get(CONVERSATION)).and_then(Value::as_str);
+            // A keyed call may be a retry that joins its running operation or gets its retained outcome (it adds
+            // no call): the host decides, and answers `BUSY` only for a new execution.
+            let keyed = arguments.and_then(|a| a.get(OPERATION_ID)).is_some();
             let bound = parts.extensions.get::<BoundConversation>().map(|bound| &bound.0);
             // A request of no conversation (sessionless, no handle) is one of its own: nothing to limit yet.
             // An unknown handle names nobody's conversation: the server refuses it.
             let conversation = conversation_id(bound, handle, session);
-            if conversation.is_some_and(|conversation| limit.agent.is_busy(&conversation)) {
+            if !keyed && conversation.is_some_and(|conversation| limit.agent.is_busy(&conversation)) {
                 return refusal(
                     StatusCode::TOO_MANY_REQUESTS,
                     "busy",

@@ -19,7 +19,7 @@ pub(crate) fn conversation_id(
         return Some(bound.clone());
     }
     if let Some(handle) = handle.filter(|h| !h.is_empty()) {
-        return Some(ConversationId::new(format!("mcp-handle:{handle}")));
+        return Some(handle_conversation(handle));
     }
     session.filter(|s| !s.is_empty()).map(session_conversation)
 }
@@ -33,6 +33,11 @@ pub(crate) fn session_named<'a>(
 ) -> Option<&'a str> {
     let sessionless = meta_version.is_some_and(|version| version >= "2026-07-28");
     header.filter(|id| !sessionless && is_open(id))
+}
+
+/// The conversation of handle `handle`.
+pub(crate) fn handle_conversation(handle: &str) -> ConversationId {
+    ConversationId::new(format!("mcp-handle:{handle}"))
 }
 
 /// The conversation of MCP session `session`.

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use super::credentials::BoundConversation;
 use super::handles::{begin_conversation_tool, Handles, BEGIN_CONVERSATION, CONVERSATION, CONVERSATION_HELP};
-use super::naming::{conversation_id, session_named};
+use super::naming::{conversation_id, handle_conversation, session_named};
 use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
 use crate::call::{CallOutcome, CallRequest, Progress, ProgressSink};
@@ -166,7 +166,11 @@ impl ServerHandler for GameServer {
         };
         if request.name == BEGIN_CONVERSATION {
             return Ok(match self.handles.mint() {
-                Ok(handle) => {
+                Ok((handle, forgotten)) => {
+                    for old in forgotten {
+                        // Its client can no longer name it: it ends (its calls still in flight are cancelled).
+                        let _ = self.agent.end_conversation(&handle_conversation(&old));
+                    }
                     let value = json!({ "conversation": handle });
                     let mut result = CallToolResult::success(vec![ContentBlock::text(value.to_string())]);
                     result.structured_content = Some(value);
