@@ -2,6 +2,7 @@
 //! called in and act there only; the host ends them with `LOCATION_CHANGED` if the player travels first.
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use bevy::prelude::*;
@@ -411,15 +412,19 @@ fn travel() -> AgentTool<Visit> {
                 Err(revision) => return Ok(TravelOutput { dimension: to, revision, traveled: false }),
                 Ok(revision) => revision,
             };
-            // The host applies the travel in the next frame's transitions: look again, one main-thread step at a
-            // time, until it shows (within a frame or two; the call's timeout bounds it).
-            loop {
-                let (dimension, revision) =
-                    step(&ctx, |_, visit| Ok((visit.dimension()?, visit.location.revision.0))).await?;
-                if revision > before {
-                    return Ok(TravelOutput { dimension, revision, traveled: true });
-                }
-            }
+            // The host applies the travel in the next frame's transitions: look again once a frame until it shows
+            // (within a frame or two; the call's timeout bounds it).
+            let (dimension, revision) = ctx
+                .every_frame(move |_, visit| {
+                    let revision = visit.location.revision.0;
+                    if revision > before {
+                        ControlFlow::Break(visit.dimension().map(|dimension| (dimension, revision)))
+                    } else {
+                        ControlFlow::Continue(())
+                    }
+                })
+                .await??;
+            Ok(TravelOutput { dimension, revision, traveled: true })
         },
     )
     .destructive(false)
