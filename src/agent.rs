@@ -223,9 +223,17 @@ impl Conversation {
     /// [`CallFinished`](crate::CallFinished) event; a keyed call's outcome is also retained for a retry).
     pub fn rejoin(&self, request: RequestId) -> Option<Call> {
         self.host.conversations.live_call(&self.id, request).map(|life| {
-            // Another caller waiting for it: a cancel by the others no longer cancels it while this one waits.
-            life.join();
-            Call::running(life, false)
+            if life.coords.operation.is_some() {
+                // Another caller waiting for a keyed execution: the others' cancels no longer end it while this
+                // one waits.
+                life.join();
+                Call::running(life, false)
+            } else {
+                // An observer of the conversation's own call: its owner's cancel or drop still ends it.
+                let mut call = Call::running(life, false);
+                call.counted = false;
+                call
+            }
         })
     }
 
@@ -298,6 +306,8 @@ pub struct Call {
     life: Option<Arc<CallLife>>,
     /// Whether dropping this handle cancels the execution.
     cancel_on_drop: bool,
+    /// Whether this handle is one of the execution's waiting callers (an observer of an unkeyed call is not).
+    counted: bool,
     /// Set once this caller left the execution (cancelled, or dropped): it leaves once.
     left: AtomicBool,
     /// Fires when this caller cancelled: it stops waiting, whether or not the execution goes on for others.
@@ -352,6 +362,7 @@ impl Call {
             request: None,
             life: None,
             cancel_on_drop: false,
+            counted: true,
             left: AtomicBool::new(false),
             withdrawn: CancellationToken::new(),
             ready: None,
@@ -416,6 +427,9 @@ impl Call {
             return pending.cancel();
         }
         let Some(life) = &self.life else { return false };
+        if !self.counted {
+            return life.fail(ErrorCode::Cancelled, "the agent cancelled the call");
+        }
         if life.outcome().is_set() || self.left.swap(true, Ordering::SeqCst) {
             return false;
         }
@@ -483,7 +497,7 @@ impl Drop for Call {
                 pending.leave(false);
             }
         }
-        if let Some(life) = self.life.as_ref().filter(|_| !self.left.swap(true, Ordering::SeqCst)) {
+        if let Some(life) = self.life.as_ref().filter(|_| self.counted && !self.left.swap(true, Ordering::SeqCst)) {
             life.leave(self.cancel_on_drop.then_some("the caller stopped waiting for the call"));
         }
     }

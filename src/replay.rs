@@ -102,7 +102,10 @@ impl<T: Clone, O: Clone> ReplayTable<T, O> {
             Some(Entry { state: State::InFlight(running), .. }) => Begin::Join(running.clone()),
             Some(Entry { state: State::Done(outcome), .. }) => Begin::Retained(outcome.clone()),
             None => {
-                if self.entries.len() >= self.retention.max_entries && !self.evict_oldest() {
+                // Nothing is evicted yet: only `start` makes room, once the call is really admitted (a call
+                // refused after this lookup, say `BUSY`, never costs another operation its retained outcome).
+                self.drop_stale_completions();
+                if self.entries.len() >= self.retention.max_entries && self.completed.is_empty() {
                     Begin::Full
                 } else {
                     Begin::Fresh
@@ -111,8 +114,11 @@ impl<T: Clone, O: Clone> ReplayTable<T, O> {
         }
     }
 
-    /// Records the execution of a fresh key.
+    /// Records the execution of a fresh key, evicting the oldest retained outcome if the table is full.
     pub fn start(&mut self, key: ReplayKey, arguments: &str, running: T) {
+        if self.entries.len() >= self.retention.max_entries {
+            self.evict_oldest();
+        }
         self.next_generation += 1;
         let entry = Entry {
             arguments: Arc::from(arguments),
@@ -146,6 +152,16 @@ impl<T: Clone, O: Clone> ReplayTable<T, O> {
                 break;
             }
             self.evict_oldest();
+        }
+    }
+
+    /// Drops the completions at the front whose entry was replaced or forgotten since.
+    fn drop_stale_completions(&mut self) {
+        while let Some((key, generation, _)) = self.completed.front() {
+            if self.entries.get(key).is_some_and(|entry| entry.generation == *generation) {
+                break;
+            }
+            self.completed.pop_front();
         }
     }
 
@@ -249,6 +265,21 @@ mod tests {
         table.start(key(2), "{}", "running too");
         assert!(matches!(table.begin(&key(0), "{}", now), Begin::Join("running")), "in flight survived");
         assert!(matches!(table.begin(&key(3), "{}", now), Begin::Full), "only in-flight entries left");
+    }
+
+    #[test]
+    fn h12_a_lookup_that_is_not_followed_by_an_execution_evicts_nothing() {
+        let mut table: ReplayTable<&str, u32> =
+            ReplayTable::new(ReplayRetention { max_entries: 1, max_age: Duration::from_secs(3600) });
+        let now = Instant::now();
+        table.start(key(0), "{}", "done");
+        table.complete(&key(0), 7, now);
+        // A new key's call is looked up, then refused (say BUSY): the retained outcome stays.
+        assert!(matches!(table.begin(&key(1), "{}", now), Begin::Fresh));
+        assert!(matches!(table.begin(&key(0), "{}", now), Begin::Retained(7)));
+        table.start(key(1), "{}", "running");
+        let after = table.begin(&key(0), "{}", now);
+        assert!(!matches!(after, Begin::Retained(_)), "evicted once a new execution needed room");
     }
 
     #[test]

@@ -35,6 +35,33 @@ fn gated_app(gate: &Gate) -> App {
 }
 
 #[test]
+fn an_observer_of_a_call_never_stops_its_owner_from_cancelling_or_dropping_it() {
+    let gate = Gate::new();
+    let mut app = gated_app(&gate);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("agent");
+    for drop_it in [false, true] {
+        let call = conversation.call("slow_bump", json!({}));
+        let request = call.request_id().expect("admitted");
+        let observer = conversation.rejoin(request).expect("in flight");
+        let (_, mut events) = conversation.subscribe().expect("known");
+        if drop_it {
+            drop(call);
+        } else {
+            assert!(call.cancel());
+        }
+        assert_eq!(
+            app.run_until_resolved(&observer).map_err(|e| e.code),
+            Err(ErrorCode::Cancelled),
+            "the owner's {} ended the call for everyone",
+            if drop_it { "drop" } else { "cancel" }
+        );
+        let finished = drain(&mut events).into_iter().any(|e| matches!(e, ConversationEvent::CallFinished(_)));
+        assert!(finished, "it finished, not only for its owner");
+    }
+}
+
+#[test]
 fn a_turn_without_tools_goes_idle_running_idle() {
     let mut app = app_with(TestGame::default(), vec![]);
     app.enter_world("alpha");
@@ -324,6 +351,34 @@ fn the_wait_for_a_tool_counts_toward_the_calls_timeout() {
     app.run_until_resolved(&call).expect("runs once the tool is registered");
     let deadline = deadline.lock().expect("the handler ran");
     assert!(deadline < registered + timeout, "the deadline counts from the call's arrival, not from the tool's");
+}
+
+#[test]
+fn a_call_that_waited_for_its_tool_past_the_tools_timeout_is_refused_and_nothing_of_it_runs_or_is_retained() {
+    let mut app = late_tool_app(TestGame::default(), Some(Duration::MAX));
+    app.enter_world("alpha");
+    let agent = app.agent();
+    let conversation = agent.conversation("agent");
+    let keyed = || CallRequest::new("brief", json!({})).operation("op-1");
+    let call = conversation.request(keyed());
+    app.run_until("the call waits for its tool", |app| {
+        app.agent().resume("agent").is_ok_and(|resumed| resumed.snapshot.pending_call().is_some())
+    });
+    let ran = Arc::new(AtomicUsize::new(0));
+    let runs = ran.clone();
+    let brief = AgentTool::new("brief", "Has 50 ms.", move |_: CallContext<Session>, _: NoArgs| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        async move { Ok(()) }
+    })
+    .timeout(Duration::from_millis(50));
+    // Time passes beyond the tool's own timeout, which the call could not know while it waited.
+    std::thread::sleep(Duration::from_millis(100));
+    agent.register_tool(brief).expect("registers");
+    let error = app.run_until_resolved(&call).expect_err("past its timeout");
+    assert_eq!(error.code, ErrorCode::Timeout, "{}", error.message);
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "its handler never ran");
+    app.run_until_resolved(&conversation.request(keyed())).expect("a retry runs: nothing was retained");
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
 }
 
 #[test]

@@ -87,7 +87,7 @@ pub(crate) fn admit(
     conversation: &ConversationId,
     request: CallRequest,
 ) -> Result<Admitted, ToolError> {
-    admit_since(host, conversation, request, Instant::now())
+    admit_inner(host, conversation, request, None)
 }
 
 /// [`admit`] a call that arrived at `arrived` (earlier than now for one that waited for its tool): its deadline
@@ -97,6 +97,15 @@ pub(crate) fn admit_since(
     conversation: &ConversationId,
     request: CallRequest,
     arrived: Instant,
+) -> Result<Admitted, ToolError> {
+    admit_inner(host, conversation, request, Some(arrived))
+}
+
+fn admit_inner(
+    host: &Arc<HostShared>,
+    conversation: &ConversationId,
+    request: CallRequest,
+    arrived: Option<Instant>,
 ) -> Result<Admitted, ToolError> {
     let request_id = host.next_request_id();
     let rejected = |mut error: ToolError| {
@@ -114,7 +123,15 @@ pub(crate) fn admit_since(
     }
     let timeout = request.timeout.or(info.timeout).unwrap_or(host.config.default_timeout);
     let admitted_at = Instant::now();
-    let deadline = crate::deadline::after(arrived.min(admitted_at), timeout);
+    let deadline = crate::deadline::after(arrived.unwrap_or(admitted_at).min(admitted_at), timeout);
+    if arrived.is_some() && deadline <= admitted_at {
+        // It waited for its tool past its own timeout (one the tool sets was unknown while it waited): refused,
+        // not admitted, so nothing of it runs and nothing is retained for a retry.
+        return Err(rejected(ToolError::with_code(
+            ErrorCode::Timeout,
+            format!("the call waited for its tool past its timeout of {timeout:?}; it was not run"),
+        )));
+    }
 
     let (life, ready, accepted) = {
         let mut state = host.state.lock();

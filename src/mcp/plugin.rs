@@ -209,7 +209,8 @@ impl McpPlugin {
             .with_max_request_body_bytes(self.max_body_bytes)
             .with_sse_keep_alive(Some(Duration::from_secs(2)))
             .with_cancellation_token(shutdown.child_token());
-        let sessions = Arc::new(ConversationSessions::new(agent.clone(), self.session_idle_timeout));
+        let sessions =
+            Arc::new(ConversationSessions::new(agent.clone(), credentials.clone(), self.session_idle_timeout));
         let limit =
             InFlightLimit { agent: agent.clone(), sessions: sessions.clone(), max_body_bytes: self.max_body_bytes };
         let handler = GameServer { agent, handles: Default::default(), sessions: sessions.clone() };

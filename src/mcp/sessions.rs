@@ -43,7 +43,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::session::{ServerSseMessage, SessionId, SessionManager};
 use tokio_util::sync::CancellationToken;
 
-use super::credentials::BoundConversation;
+use super::credentials::{BoundConversation, Credentials};
 use super::naming::session_conversation;
 use crate::agent::AgentHandle;
 use crate::conversation::{ConversationEvent, ConversationStatus};
@@ -53,6 +53,8 @@ use crate::ids::ConversationId;
 pub(crate) struct ConversationSessions {
     inner: LocalSessionManager,
     agent: AgentHandle,
+    /// The in-game agent sessions' live credentials.
+    credentials: Credentials,
     idle_timeout: Option<Duration>,
     /// Each open session's conversation and when its client was last heard from.
     open: Mutex<HashMap<SessionId, Tracked>>,
@@ -154,9 +156,10 @@ impl Stream for Replay {
 struct Tracked {
     conversation: ConversationId,
     last_seen: Instant,
-    /// The in-game agent session whose credential this MCP session's client presented: the MCP session lives as
-    /// long as that session does (its agent may stay silent between the player's turns for any time).
-    bound: Option<ConversationId>,
+    /// The in-game agent session whose credential this MCP session's client presented, and that credential: the
+    /// MCP session lives as long as the credential does (its agent may stay silent between the player's turns for
+    /// any time; a failure or an end revokes it).
+    bound: Option<(ConversationId, String)>,
     /// The other conversations its calls ran in (`conversation` handles): a call of theirs in flight is not
     /// silence either. At most [`USED_KEPT`], the latest.
     used: VecDeque<ConversationId>,
@@ -172,18 +175,20 @@ impl Tracked {
 
     /// Whether its calls ran in `conversation`.
     fn speaks_in(&self, conversation: &ConversationId) -> bool {
-        self.conversation == *conversation
-            || self.bound.as_ref() == Some(conversation)
-            || self.used.contains(conversation)
+        self.conversation == *conversation || self.bound_to(conversation) || self.used.contains(conversation)
+    }
+
+    fn bound_to(&self, conversation: &ConversationId) -> bool {
+        self.bound.as_ref().is_some_and(|(bound, _)| bound == conversation)
     }
 }
 
 impl ConversationSessions {
     /// Sessions that expire after `idle_timeout` without a request (never when `None`).
-    pub(crate) fn new(agent: AgentHandle, idle_timeout: Option<Duration>) -> Self {
+    pub(crate) fn new(agent: AgentHandle, credentials: Credentials, idle_timeout: Option<Duration>) -> Self {
         let mut inner = LocalSessionManager::default();
         inner.session_config.keep_alive = None;
-        Self { inner, agent, idle_timeout, open: Mutex::new(HashMap::new()), logs: Arc::default() }
+        Self { inner, agent, credentials, idle_timeout, open: Mutex::new(HashMap::new()), logs: Arc::default() }
     }
 
     /// Drains rmcp's stream for a request into a log, whether or not the client stays connected, and returns the
@@ -286,14 +291,20 @@ impl ConversationSessions {
     }
 
     /// The sessions whose client has been silent for the idle timeout at `now`, leaving out those with a call in
-    /// flight in any conversation they used (a long tool call is not silence) and those of an in-game agent
-    /// session (closed when it ends).
+    /// flight in any conversation they used (a long tool call is not silence); and those of an in-game agent
+    /// session whose credential was revoked (it failed or ended), silent or not, and only those.
     pub(crate) fn expired(&self, now: Instant) -> Vec<SessionId> {
         let Some(idle_timeout) = self.idle_timeout else { return Vec::new() };
         let mut open = self.open.lock();
         let mut expired = Vec::new();
         for (id, tracked) in open.iter_mut() {
-            if tracked.bound.is_some() || now.saturating_duration_since(tracked.last_seen) < idle_timeout {
+            if let Some((_, credential)) = &tracked.bound {
+                if self.credentials.conversation_of(credential).is_none() {
+                    expired.push(id.clone());
+                }
+                continue;
+            }
+            if now.saturating_duration_since(tracked.last_seen) < idle_timeout {
                 continue;
             }
             let waiting = |conversation: &ConversationId| {
@@ -312,8 +323,7 @@ impl ConversationSessions {
     /// (not those that only used it through a handle: their client may go on in another).
     fn ending_with(&self, conversation: &ConversationId) -> Vec<SessionId> {
         let open = self.open.lock();
-        let ends =
-            |tracked: &Tracked| tracked.conversation == *conversation || tracked.bound.as_ref() == Some(conversation);
+        let ends = |tracked: &Tracked| tracked.conversation == *conversation || tracked.bound_to(conversation);
         open.iter().filter(|(_, tracked)| ends(tracked)).map(|(id, _)| id.clone()).collect()
     }
 
@@ -322,10 +332,10 @@ impl ConversationSessions {
         self.open.lock().contains_key(&SessionId::from(id.to_owned()))
     }
 
-    /// A request of session `id` presented in-game agent session `conversation`'s credential.
-    pub(crate) fn bind(&self, id: &SessionId, conversation: &ConversationId) {
+    /// A request of session `id` presented in-game agent session `conversation`'s `credential`.
+    pub(crate) fn bind(&self, id: &SessionId, conversation: &ConversationId, credential: &str) {
         if let Some(tracked) = self.open.lock().get_mut(id) {
-            tracked.bound = Some(conversation.clone());
+            tracked.bound = Some((conversation.clone(), credential.to_string()));
         }
     }
 
@@ -360,11 +370,17 @@ pub(crate) async fn bind_to_agent_sessions(
         headers.get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok()).map(|id| SessionId::from(id.to_owned()))
     };
     let bound = request.extensions().get::<BoundConversation>().map(|bound| bound.0.clone());
+    let credential = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .map(|(_, token)| token.trim().to_string());
     let asked = named(request.headers());
     let response = next.run(request).await;
-    if let Some(conversation) = bound {
+    if let (Some(conversation), Some(credential)) = (bound, credential) {
         if let Some(id) = asked.or_else(|| named(response.headers())) {
-            sessions.bind(&id, &conversation);
+            sessions.bind(&id, &conversation, &credential);
         }
     }
     response
@@ -473,7 +489,7 @@ mod tests {
         let mut app = headless_app(AgentToolsPlugin::new(CounterGame).with_tool(held));
         app.enter_world("alpha");
         let timeout = Duration::from_secs(60);
-        let sessions = ConversationSessions::new(app.agent(), Some(timeout));
+        let sessions = ConversationSessions::new(app.agent(), Credentials::default(), Some(timeout));
         let (busy, silent): (SessionId, SessionId) = ("busy".into(), "silent".into());
         let start = Instant::now();
         for id in [&busy, &silent] {
@@ -510,7 +526,8 @@ mod tests {
         let mut app = headless_app(AgentToolsPlugin::new(CounterGame).with_tool(held));
         app.enter_world("alpha");
         let timeout = Duration::from_secs(60);
-        let sessions = ConversationSessions::new(app.agent(), Some(timeout));
+        let credentials = Credentials::default();
+        let sessions = ConversationSessions::new(app.agent(), credentials.clone(), Some(timeout));
         let (handled, agents, silent): (SessionId, SessionId, SessionId) =
             ("handled".into(), "agents".into(), "silent".into());
         let start = Instant::now();
@@ -519,7 +536,8 @@ mod tests {
         }
         let (handle, in_game) = (ConversationId::new("mcp-handle:h"), ConversationId::new("chat-1"));
         sessions.used("handled", &handle);
-        sessions.bind(&agents, &in_game);
+        let credential = credentials.mint(&in_game).expect("a credential");
+        sessions.bind(&agents, &in_game, &credential);
         let call = app.agent().conversation(handle.clone()).call("held", json!({}));
         app.run_until("the call is in its handler", |_| gate.arrived() == 1);
 
@@ -529,12 +547,19 @@ mod tests {
             vec![silent.clone()],
             "the handle's call keeps its session; the agent's stays"
         );
-        assert_eq!(sessions.ending_with(&in_game), vec![agents], "the agent's session ends with its in-game session");
+        assert_eq!(
+            sessions.ending_with(&in_game),
+            vec![agents.clone()],
+            "the agent's session ends with its in-game session"
+        );
         assert!(sessions.ending_with(&handle).is_empty(), "a handle's conversation ending leaves the session open");
         gate.open();
         assert!(app.run_until_resolved(&call).is_ok());
         let mut expired = sessions.expired(later + timeout);
         expired.sort();
         assert_eq!(expired, vec![handled, "silent".into()], "silent for a whole timeout after its call finished");
+        // The in-game session failed or ended: its credential is revoked, and its MCP session goes with it.
+        credentials.revoke(&credential);
+        assert!(sessions.expired(start).contains(&agents), "closed with its credential, silent or not");
     }
 }

@@ -319,16 +319,24 @@ impl Link for OpenAiLink {
         // timeout, so that the model knows after a resume what it changed in the world.
         if let Some(running) = self.running.lock().as_ref() {
             running.killed.store(true, Ordering::SeqCst);
+            // Now, not when the task below first runs: the turn must not start another request or tool call.
+            running.cancel.cancel();
         }
         let stopping = self.runtime.spawn(self.close(false));
         *self.stopping.lock() = Some(stopping);
     }
 
     fn settled(&self) -> BoxFuture<()> {
+        // Asked before `kill` ran (the session's failure kills its link just after recording it): wind the turn
+        // down here, as the kill would.
         let stopping = self.stopping.lock().take();
+        let winding = stopping.is_none().then(|| self.close(false));
         Box::pin(async move {
             if let Some(stopping) = stopping {
                 let _ = stopping.await;
+            }
+            if let Some(winding) = winding {
+                winding.await;
             }
         })
     }

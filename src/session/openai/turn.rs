@@ -132,6 +132,8 @@ async fn drive(
         let mut cancelled = false;
         let mut images = Vec::new();
         for call in &calls {
+            // A stop that came while the model answered: no call starts after it.
+            cancelled |= cancel.is_cancelled();
             let result = if cancelled {
                 cancelled_content(killed)
             } else {
