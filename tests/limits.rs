@@ -14,17 +14,19 @@ use common::*;
 use parking_lot::Mutex;
 use serde_json::json;
 
-#[test]
-fn busy_when_a_conversation_is_over_its_in_flight_limit_and_others_are_unaffected() {
+/// A game in world `alpha` with a `slow` tool held at a gate and `limit` calls in flight per conversation.
+fn limited(limit: usize) -> (bevy::app::App, Gate) {
     let gate = Gate::new();
-    let plugin = AgentToolsPlugin::new(TestGame::default()).max_in_flight_per_conversation(2).with_tool(bump_tool(
-        "slow",
-        ToolScope::World,
-        Arc::new(AtomicUsize::new(0)),
-        Some(gate.clone()),
-    ));
+    let slow = bump_tool("slow", ToolScope::World, Arc::new(AtomicUsize::new(0)), Some(gate.clone()));
+    let plugin = AgentToolsPlugin::new(TestGame::default()).max_in_flight_per_conversation(limit).with_tool(slow);
     let mut app = headless_app(plugin);
     app.enter_world("alpha");
+    (app, gate)
+}
+
+#[test]
+fn busy_when_a_conversation_is_over_its_in_flight_limit_and_others_are_unaffected() {
+    let (mut app, gate) = limited(2);
     let greedy = app.agent().conversation("greedy");
     let first = [greedy.call("slow", json!({})), greedy.call("slow", json!({}))];
     let third = greedy.call("slow", json!({}));
@@ -42,15 +44,7 @@ fn busy_when_a_conversation_is_over_its_in_flight_limit_and_others_are_unaffecte
 
 #[test]
 fn busy_never_counts_a_call_whose_caller_already_has_its_outcome() {
-    let gate = Gate::new();
-    let plugin = AgentToolsPlugin::new(TestGame::default()).max_in_flight_per_conversation(1).with_tool(bump_tool(
-        "slow",
-        ToolScope::World,
-        Arc::new(AtomicUsize::new(0)),
-        Some(gate.clone()),
-    ));
-    let mut app = headless_app(plugin);
-    app.enter_world("alpha");
+    let (mut app, _gate) = limited(1);
     let agent = app.agent().conversation("agent");
     for round in 0..20 {
         let call = agent.call("slow", json!({}));

@@ -473,8 +473,8 @@ mod tests {
     use crate::testing::{headless_app, AgentTestAppExt, CounterGame, Gate};
     use crate::NoArgs;
 
-    #[test]
-    fn a_session_with_a_call_in_flight_never_expires_and_a_silent_one_does() {
+    /// A game in world `alpha` whose tool `held` waits at the gate.
+    fn held_at_a_gate() -> (bevy::app::App, Gate) {
         let gate = Gate::new();
         let held = AgentTool::new("held", "Waits at the gate.", {
             let gate = gate.clone();
@@ -488,6 +488,12 @@ mod tests {
         });
         let mut app = headless_app(AgentToolsPlugin::new(CounterGame).with_tool(held));
         app.enter_world("alpha");
+        (app, gate)
+    }
+
+    #[test]
+    fn a_session_with_a_call_in_flight_never_expires_and_a_silent_one_does() {
+        let (mut app, gate) = held_at_a_gate();
         let timeout = Duration::from_secs(60);
         let sessions = ConversationSessions::new(app.agent(), Credentials::default(), Some(timeout));
         let (busy, silent): (SessionId, SessionId) = ("busy".into(), "silent".into());
@@ -512,19 +518,7 @@ mod tests {
 
     #[test]
     fn a_call_in_flight_in_a_handles_conversation_keeps_its_session_and_an_agent_sessions_never_expires() {
-        let gate = Gate::new();
-        let held = AgentTool::new("held", "Waits at the gate.", {
-            let gate = gate.clone();
-            move |_: CallContext<u64>, _: NoArgs| {
-                let gate = gate.clone();
-                async move {
-                    gate.pass().await;
-                    Ok(())
-                }
-            }
-        });
-        let mut app = headless_app(AgentToolsPlugin::new(CounterGame).with_tool(held));
-        app.enter_world("alpha");
+        let (mut app, gate) = held_at_a_gate();
         let timeout = Duration::from_secs(60);
         let credentials = Credentials::default();
         let sessions = ConversationSessions::new(app.agent(), credentials.clone(), Some(timeout));
