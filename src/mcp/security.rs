@@ -89,14 +89,7 @@ pub(crate) struct Bearer {
 /// ([`BoundConversation`]). 401 with a JSON body that says why otherwise. The game's token is compared in
 /// constant time.
 pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Request, next: Next) -> Response {
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    let reason = match presented {
+    let reason = match presented_bearer(request.headers()) {
         None => {
             "missing bearer token: send the header `Authorization: Bearer <token>`, with the token from the \
                  file the game printed at start-up (this server does not use OAuth)"
@@ -114,6 +107,16 @@ pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Re
         },
     };
     refusal(StatusCode::UNAUTHORIZED, "unauthorized", reason)
+}
+
+/// The token of a request's `Authorization: Bearer <token>` header (the scheme is case-insensitive, as in HTTP).
+pub(crate) fn presented_bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
 }
 
 /// A refusal with a JSON body that says why.

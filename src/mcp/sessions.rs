@@ -370,12 +370,7 @@ pub(crate) async fn bind_to_agent_sessions(
         headers.get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok()).map(|id| SessionId::from(id.to_owned()))
     };
     let bound = request.extensions().get::<BoundConversation>().map(|bound| bound.0.clone());
-    let credential = request
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .map(|(_, token)| token.trim().to_string());
+    let credential = super::security::presented_bearer(request.headers()).map(str::to_string);
     let asked = named(request.headers());
     let response = next.run(request).await;
     if let (Some(conversation), Some(credential)) = (bound, credential) {
