@@ -373,7 +373,7 @@ impl Call {
 
     /// The outcome of a caller that cancelled while the execution went on for others.
     fn withdrawn_outcome(life: &CallLife) -> CallOutcome {
-        Err(ToolError::with_code(ErrorCode::Cancelled, "the agent cancelled the call").locate(&life.coords))
+        Err(ToolError::with_code(ErrorCode::Cancelled, CallLife::CANCELLED_BY_AGENT).locate(&life.coords))
     }
 
     /// The request id of the execution this call observes (for a duplicate, the first call's). A call waiting
@@ -428,12 +428,12 @@ impl Call {
         }
         let Some(life) = &self.life else { return false };
         if !self.counted {
-            return life.fail(ErrorCode::Cancelled, "the agent cancelled the call");
+            return life.fail(ErrorCode::Cancelled, CallLife::CANCELLED_BY_AGENT);
         }
         if life.outcome().is_set() || self.left.swap(true, Ordering::SeqCst) {
             return false;
         }
-        if life.leave(Some("the agent cancelled the call")) {
+        if life.leave(Some(CallLife::CANCELLED_BY_AGENT)) {
             // The last caller waiting: the execution ended, `CANCELLED`.
             return true;
         }

@@ -121,6 +121,9 @@ impl CallLife {
         }
     }
 
+    /// Why a call ends when its agent cancels it.
+    pub(crate) const CANCELLED_BY_AGENT: &'static str = "the agent cancelled the call";
+
     /// A retry of the call's operation joined it: one more caller waits for it.
     pub(crate) fn join(&self) {
         self.waiting_callers.fetch_add(1, Ordering::SeqCst);

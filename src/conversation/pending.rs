@@ -35,8 +35,6 @@ struct Slot {
     left: Option<bool>,
 }
 
-const CANCELLED: &str = "the agent cancelled the call";
-
 impl WaitingCall {
     /// Cancels the call, wherever it is (an execution it joined goes on while another caller waits for it: see
     /// [`CallLife::leave`]). Returns whether it had not ended yet.
@@ -54,7 +52,7 @@ impl WaitingCall {
         }
         slot.left = Some(cancel);
         if let Some(life) = &slot.life {
-            life.leave(cancel.then_some(CANCELLED));
+            life.leave(cancel.then_some(CallLife::CANCELLED_BY_AGENT));
         }
         true
     }
@@ -69,7 +67,7 @@ impl WaitingCall {
         let mut slot = self.slot.lock();
         slot.life = Some(life.clone());
         if let Some(cancel) = slot.left {
-            life.leave(cancel.then_some(CANCELLED));
+            life.leave(cancel.then_some(CallLife::CANCELLED_BY_AGENT));
         }
     }
 }
@@ -148,7 +146,7 @@ async fn run(
                         outcome = life.outcome().wait() => outcome,
                         // This caller stops waiting (the execution ended, or goes on for another caller).
                         _ = call.cancel.cancelled() => life.outcome().get().unwrap_or_else(|| {
-                            Err(ToolError::with_code(ErrorCode::Cancelled, CANCELLED).locate(&life.coords))
+                            Err(ToolError::with_code(ErrorCode::Cancelled, CallLife::CANCELLED_BY_AGENT).locate(&life.coords))
                         }),
                     }
                 }
