@@ -222,8 +222,6 @@ impl SessionCore {
         connected
     }
 
-    /// Takes the connection away, under the state lock: a new generation (a late report of the old connection
-    /// changes nothing), its credential revoked; the link is returned for the caller to stop or close.
     /// Waits until the connection a failure stopped has written what it keeps (bounded by the backend).
     async fn settle_stopped(&self) {
         let stopped = self.state.lock().stopped.take();
@@ -232,6 +230,8 @@ impl SessionCore {
         }
     }
 
+    /// Takes the connection away, under the state lock: a new generation (a late report of the old connection
+    /// changes nothing), its credential revoked; the link is returned for the caller to stop or close.
     fn take_connection(&self, state: &mut State) -> Option<Arc<dyn Link>> {
         state.generation += 1;
         if let Some(credential) = state.credential.take() {
