@@ -154,8 +154,13 @@ pub fn bump_tool(name: &str, scope: ToolScope, executions: Arc<AtomicUsize>, gat
 }
 
 /// A game with `bump` (World scope), `bump_here` (Location scope), `panics` and `panics_on_client`.
+///
+/// Its pump budget is generous: a step queued before a frame (or before a wait between frames) runs in it even
+/// when this shared machine deschedules the test for longer than the default 1 ms. The budget's own tests set
+/// theirs.
 pub fn app_with(game: TestGame, tools: Vec<AgentTool<Session>>) -> App {
     let mut plugin = AgentToolsPlugin::new(game)
+        .pump_budget(std::time::Duration::from_secs(10))
         .with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None))
         .with_tool(bump_tool("bump_here", ToolScope::Location, Arc::default(), None))
         .with_tool(AgentTool::new(
