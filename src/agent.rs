@@ -11,7 +11,7 @@ use bevy::prelude::Resource;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::call::{admit, Admitted, CallLife, CallOutcome, CallRequest, InputContext, Job};
+use crate::call::{admit, Admitted, CallLife, CallOutcome, CallRequest, CallerSeat, InputContext, Job};
 use crate::conversation::{
     tool_wait, wait_for_tool, ConversationSnapshot, ConversationStatus, Reported, Subscription, WaitingCall,
 };
@@ -170,7 +170,7 @@ impl Conversation {
             return Call::waiting(wait_for_tool(&self.host, &self.id, request, wait), cancel_on_drop);
         }
         match admit(&self.host, &self.id, request) {
-            Ok(Admitted::Running { life, owner }) => Call::running(life, owner),
+            Ok(Admitted::Running { life, owner, seat }) => Call::running(life, Some(seat), owner),
             Ok(Admitted::Retained(first, outcome)) => Call::ready(Some(first), outcome),
             Err(error) => Call::ready(error.details.request, Err(error)),
         }
@@ -226,13 +226,11 @@ impl Conversation {
             if life.coords.operation.is_some() {
                 // Another caller waiting for a keyed execution: the others' cancels no longer end it while this
                 // one waits.
-                life.join();
-                Call::running(life, false)
+                let seat = life.join(&self.id);
+                Call::running(life, Some(seat), false)
             } else {
                 // An observer of the conversation's own call: its owner's cancel or drop still ends it.
-                let mut call = Call::running(life, false);
-                call.counted = false;
-                call
+                Call::running(life, None, false)
             }
         })
     }
@@ -306,11 +304,12 @@ pub struct Call {
     life: Option<Arc<CallLife>>,
     /// Whether dropping this handle cancels the execution.
     cancel_on_drop: bool,
-    /// Whether this handle is one of the execution's waiting callers (an observer of an unkeyed call is not).
-    counted: bool,
+    /// Its place among the execution's waiting callers (an observer of an unkeyed call has none).
+    seat: Option<CallerSeat>,
     /// Set once this caller left the execution (cancelled, or dropped): it leaves once.
     left: AtomicBool,
-    /// Fires when this caller cancelled: it stops waiting, whether or not the execution goes on for others.
+    /// Fires when this caller stopped waiting (it cancelled, or its conversation ended or cancelled the task),
+    /// whether or not the execution goes on for others.
     withdrawn: CancellationToken,
     ready: Option<CallOutcome>,
     /// A call that waits for its tool to be registered.
@@ -337,11 +336,14 @@ impl Call {
         }
     }
 
-    fn running(life: Arc<CallLife>, owner: bool) -> Self {
+    fn running(life: Arc<CallLife>, seat: Option<CallerSeat>, owner: bool) -> Self {
         let mut call = Self::empty();
         call.request = Some(life.coords.request);
         call.cancel_on_drop = owner && life.coords.operation.is_none();
-        call.life = Some(life);
+        if let Some(seat) = &seat {
+            call.withdrawn = seat.withdrawn.clone();
+        }
+        (call.life, call.seat) = (Some(life), seat);
         call
     }
 
@@ -362,18 +364,13 @@ impl Call {
             request: None,
             life: None,
             cancel_on_drop: false,
-            counted: true,
+            seat: None,
             left: AtomicBool::new(false),
             withdrawn: CancellationToken::new(),
             ready: None,
             pending: None,
             waiting: None,
         }
-    }
-
-    /// The outcome of a caller that cancelled while the execution went on for others.
-    fn withdrawn_outcome(life: &CallLife) -> CallOutcome {
-        Err(ToolError::with_code(ErrorCode::Cancelled, CallLife::CANCELLED_BY_AGENT).locate(&life.coords))
     }
 
     /// The request id of the execution this call observes (for a duplicate, the first call's). A call waiting
@@ -397,7 +394,7 @@ impl Call {
             return pending.outcome.get();
         }
         match &self.life {
-            Some(life) if self.withdrawn.is_cancelled() => Some(Self::withdrawn_outcome(life)),
+            Some(life) if self.withdrawn.is_cancelled() => Some(life.withdrawn_outcome(self.seat.as_ref())),
             Some(life) => life.outcome().get(),
             None => self.ready.clone(),
         }
@@ -410,8 +407,14 @@ impl Call {
             return pending.outcome.wait_until(crate::deadline::after(Instant::now(), timeout));
         }
         match &self.life {
-            Some(life) if self.withdrawn.is_cancelled() => Some(Self::withdrawn_outcome(life)),
-            Some(life) => life.outcome().wait_until(crate::deadline::after(Instant::now(), timeout)),
+            Some(life) => {
+                let deadline = crate::deadline::after(Instant::now(), timeout);
+                let outcome = life.outcome().wait_until_or(deadline, || self.withdrawn.is_cancelled());
+                match self.withdrawn.is_cancelled() {
+                    true => Some(life.withdrawn_outcome(self.seat.as_ref())),
+                    false => outcome,
+                }
+            }
             None => self.ready.clone(),
         }
     }
@@ -427,13 +430,13 @@ impl Call {
             return pending.cancel();
         }
         let Some(life) = &self.life else { return false };
-        if !self.counted {
+        let Some(seat) = &self.seat else {
             return life.fail(ErrorCode::Cancelled, CallLife::CANCELLED_BY_AGENT);
-        }
-        if life.outcome().is_set() || self.left.swap(true, Ordering::SeqCst) {
+        };
+        if life.outcome().is_set() || self.withdrawn.is_cancelled() || self.left.swap(true, Ordering::SeqCst) {
             return false;
         }
-        if life.leave(Some(CallLife::CANCELLED_BY_AGENT)) {
+        if life.leave(seat, Some(CallLife::CANCELLED_BY_AGENT)) {
             // The last caller waiting: the execution ended, `CANCELLED`.
             return true;
         }
@@ -443,6 +446,7 @@ impl Call {
         }
         // Other callers still wait for the execution: this one stops waiting.
         self.withdrawn.cancel();
+        life.outcome().nudge();
         true
     }
 
@@ -467,13 +471,13 @@ impl Future for Call {
                     Some(Box::pin(async move { pending.outcome.wait().await }))
                 }
                 (None, Some(life)) => {
-                    let (life, withdrawn) = (life.clone(), self.withdrawn.clone());
+                    let (life, withdrawn, seat) = (life.clone(), self.withdrawn.clone(), self.seat.clone());
                     Some(Box::pin(async move {
                         // Withdrawn first: a caller that cancelled while the execution ran gets `CANCELLED`, even
                         // polled after the execution ended, as `try_outcome` says.
                         tokio::select! {
                             biased;
-                            _ = withdrawn.cancelled() => Self::withdrawn_outcome(&life),
+                            _ = withdrawn.cancelled() => life.withdrawn_outcome(seat.as_ref()),
                             outcome = life.outcome().wait() => outcome,
                         }
                     }))
@@ -497,8 +501,9 @@ impl Drop for Call {
                 pending.leave(false);
             }
         }
-        if let Some(life) = self.life.as_ref().filter(|_| self.counted && !self.left.swap(true, Ordering::SeqCst)) {
-            life.leave(self.cancel_on_drop.then_some("the caller stopped waiting for the call"));
+        let seat = self.seat.as_ref().filter(|_| !self.left.swap(true, Ordering::SeqCst));
+        if let (Some(life), Some(seat)) = (&self.life, seat) {
+            life.leave(seat, self.cancel_on_drop.then_some("the caller stopped waiting for the call"));
         }
     }
 }

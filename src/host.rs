@@ -272,20 +272,20 @@ impl HostShared {
         }
     }
 
-    /// Ends the live calls of one task of one conversation with `CANCELLED`. Returns how many ended.
+    /// Ends the live calls of one task of one conversation with `CANCELLED`: its own, and the executions its
+    /// retries joined. An execution a caller of another conversation (same task) still waits for goes on for it
+    /// (rule H12); only this conversation stops waiting. Returns how many calls ended for this conversation.
     pub(crate) fn cancel_task(&self, conversation: &ConversationId, task: &TaskId) -> usize {
         let lives: Vec<Arc<CallLife>> = {
             let state = self.state.lock();
             let Some(open) = state.visit.as_ref() else { return 0 };
             open.calls
                 .iter()
-                .filter(|life| &life.coords.conversation == conversation && &life.coords.task == task)
+                .filter(|life| &life.coords.task == task)
+                .filter(|life| &life.coords.conversation == conversation || life.waited_for_by(conversation))
                 .cloned()
                 .collect()
         };
-        lives
-            .iter()
-            .filter(|life| life.fail(crate::error::ErrorCode::Cancelled, "the agent cancelled the task"))
-            .count()
+        lives.iter().filter(|life| life.withdraw(conversation, "the agent cancelled the task")).count()
     }
 }

@@ -267,7 +267,7 @@ fn h13_a_late_completion_racing_the_exit_gives_each_call_exactly_one_outcome() {
 /// Admits `noop` with operation id `op`: the execution it runs or joins, and whether it owns it.
 fn admit_keyed(host: &Arc<HostShared>, conversation: &ConversationId) -> (Arc<CallLife>, bool) {
     match admit(host, conversation, CallRequest::new("noop", json!({})).operation("op")).expect("admitted") {
-        Admitted::Running { life, owner } => (life, owner),
+        Admitted::Running { life, owner, .. } => (life, owner),
         Admitted::Retained(_, outcome) => panic!("a retained outcome: {outcome:?}"),
     }
 }
@@ -358,5 +358,52 @@ fn h7_the_next_visits_load_runs_after_the_old_visits_save_whatever_the_schedule(
         save.join().expect("save");
         assert_eq!(load.join().expect("load"), 7, "the load saw what the previous visit saved");
         assert!(turns.last().is_some_and(|last| last.is_done()), "the line is empty again");
+    });
+}
+
+/// A conversation ends while the execution it shares with another conversation's retry (same task and operation)
+/// finishes: whatever the order, the execution keeps its own outcome for the other conversation, and the ending
+/// conversation's one `CallFinished` says what its caller reads (`CANCELLED` if the end came first).
+#[test]
+fn h12_a_conversation_ending_as_its_shared_execution_finishes_never_cancels_it_for_the_other_one() {
+    explore(|| {
+        let fixture = fixture();
+        let other = ConversationId::new("other");
+        fixture.host.conversations.open(&other);
+        let shared = || CallRequest::new("noop", json!({})).operation("op").task("shared");
+        let Ok(Admitted::Running { life, seat, .. }) = admit(&fixture.host, &fixture.conversation, shared()) else {
+            panic!("admitted")
+        };
+        let Ok(Admitted::Running { life: joined, owner: false, .. }) = admit(&fixture.host, &other, shared()) else {
+            panic!("joined")
+        };
+        assert!(Arc::ptr_eq(&life, &joined));
+        let ending = {
+            let (host, conversation) = (fixture.host.clone(), fixture.conversation.clone());
+            shuttle::thread::spawn(move || host.conversations.end(&conversation).expect("known"))
+        };
+        let finishing = {
+            let life = life.clone();
+            let output = CallOutput { value: json!("done"), observed: life.coords.visit.clone() };
+            shuttle::thread::spawn(move || life.finish(Ok(output)))
+        };
+        ending.join().expect("end");
+        assert!(finishing.join().expect("finish"), "the execution's own outcome is its only one");
+        assert!(life.outcome().get().is_some_and(|outcome| outcome.is_ok()), "the other conversation gets it");
+        let read = match seat.withdrawn.is_cancelled() {
+            true => life.withdrawn_outcome(Some(&seat)),
+            false => life.outcome().get().expect("set"),
+        };
+        let seen: Vec<Option<ErrorCode>> = fixture
+            .feed
+            .try_iter()
+            .filter_map(|event| match event {
+                ConversationEvent::CallFinished(finished) if finished.conversation == fixture.conversation => {
+                    Some(finished.code)
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(seen, vec![read.err().map(|error| error.code)], "one CallFinished, saying what the caller reads");
     });
 }

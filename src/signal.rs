@@ -49,6 +49,25 @@ impl<T: Clone> OnceSignal<T> {
         slot.clone()
     }
 
+    /// Blocks until set, until `stop` says so, or until `deadline`; `None` if still unset then. Whoever makes
+    /// `stop` true wakes the waiter with [`nudge`](Self::nudge).
+    pub(crate) fn wait_until_or(&self, deadline: Instant, stop: impl Fn() -> bool) -> Option<T> {
+        let mut slot = self.value.lock();
+        while slot.is_none() && !stop() {
+            if self.changed.wait_until(&mut slot, deadline).timed_out() {
+                break;
+            }
+        }
+        slot.clone()
+    }
+
+    /// Wakes the blocked waiters of [`wait_until_or`](Self::wait_until_or) to look at their `stop` again.
+    pub(crate) fn nudge(&self) {
+        // Under the lock: a waiter between its check and its wait cannot miss this.
+        let _slot = self.value.lock();
+        self.changed.notify_all();
+    }
+
     /// Waits until set. Cancel-safe.
     pub(crate) async fn wait(&self) -> T {
         loop {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::AgentTestAppExt;
-use bevy_agent_tools::{CallRequest, DestructiveGuard, NoArgs, OPERATION_ID, TASK_ID};
+use bevy_agent_tools::{CallRequest, ConversationEvent, DestructiveGuard, NoArgs, Subscription, OPERATION_ID, TASK_ID};
 use common::*;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -248,6 +248,99 @@ fn h12_a_rejoined_call_counts_as_a_caller_so_another_callers_cancel_leaves_the_r
     gate.open();
     assert!(app.run_until_resolved(&retry).is_ok(), "the retry still waits for the operation, and gets its outcome");
     assert_eq!(executions.load(Ordering::SeqCst), 1);
+}
+
+/// A keyed call of task `shared`, which two conversations name (a client that reconnected under a new session
+/// and retried).
+fn shared(operation: &str) -> CallRequest {
+    keyed("slow", json!({}), operation).task("shared")
+}
+
+/// The `CallFinished` events of one conversation, by code.
+fn finished(events: &mut Subscription) -> Vec<Option<ErrorCode>> {
+    events
+        .drain()
+        .into_iter()
+        .filter_map(|event| match event {
+            ConversationEvent::CallFinished(finished) => Some(finished.code),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn h12_an_ending_conversation_withdraws_only_its_own_callers_and_the_execution_goes_on_for_another_conversation() {
+    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
+    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
+    let (_, mut a_events) = a.subscribe().expect("a is open");
+    let first = a.request(shared("op"));
+    app.run_until("parked", |_| gate.arrived() == 1);
+    let retry = b.request(shared("op"));
+    assert_eq!(retry.request_id(), first.request_id(), "b's retry joined a's execution");
+    a.end().expect("a ends");
+    let mine = first.try_outcome().expect("a's caller stopped waiting when a ended");
+    let error = mine.expect_err("cancelled");
+    assert_eq!((error.code, error.message.contains("conversation `a` ended")), (ErrorCode::Cancelled, true));
+    assert_eq!(finished(&mut a_events), vec![Some(ErrorCode::Cancelled)], "a saw its call finish as it ended");
+    assert_eq!(retry.try_outcome(), None, "b still waits for the execution");
+    gate.open();
+    assert!(app.run_until_resolved(&retry).is_ok(), "and gets its outcome");
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "its step ran, once");
+    assert_eq!(finished(&mut a_events), vec![], "the execution's own finish is not a's any more");
+    assert_eq!(code(&first.try_outcome().expect("still")), Some(ErrorCode::Cancelled), "a's caller still says so");
+}
+
+#[test]
+fn h12_a_conversation_whose_retry_joined_another_ones_execution_ends_and_the_first_caller_still_gets_it() {
+    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
+    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
+    let first = a.request(shared("op"));
+    app.run_until("parked", |_| gate.arrived() == 1);
+    let retry = b.request(shared("op"));
+    assert!(retry.is_running());
+    // A thread blocked on b's call wakes when b ends, without waiting for the execution.
+    let waiter = std::thread::spawn(move || retry.wait_timeout(bevy_agent_tools::testing::HARNESS_LIMIT));
+    b.end().expect("b ends");
+    let outcome = waiter.join().expect("waiter").expect("woke when b ended");
+    assert_eq!(code(&outcome), Some(ErrorCode::Cancelled));
+    assert_eq!(first.try_outcome(), None, "a still waits for its call");
+    gate.open();
+    assert!(app.run_until_resolved(&first).is_ok());
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn h12_the_execution_is_cancelled_once_every_conversation_waiting_for_it_ended_or_cancelled_the_task() {
+    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
+    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
+    let first = a.request(shared("op"));
+    app.run_until("parked", |_| gate.arrived() == 1);
+    let retry = b.request(shared("op"));
+    assert_eq!(b.cancel_task("shared"), 1, "b's caller stopped waiting");
+    assert_eq!(code(&retry.try_outcome().expect("ended for b")), Some(ErrorCode::Cancelled));
+    assert_eq!(first.try_outcome(), None, "the execution goes on for a");
+    a.end().expect("a ends");
+    assert_eq!(code(&first.try_outcome().expect("ended for a")), Some(ErrorCode::Cancelled));
+    gate.open();
+    app.step(3);
+    assert_eq!(executions.load(Ordering::SeqCst), 0, "no one waited for it any more: cancelled, its step never ran");
+    let again = app.agent().conversation("c").request(shared("op"));
+    assert_eq!(code(&app.run_until_resolved(&again)), Some(ErrorCode::Cancelled), "retained as cancelled");
+}
+
+#[test]
+fn h12_ending_a_conversation_after_its_call_finished_leaves_the_callers_outcome_as_it_was() {
+    let (mut app, gate, _) = gated_app("slow", ToolScope::World);
+    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
+    let first = a.request(shared("op"));
+    app.run_until("parked", |_| gate.arrived() == 1);
+    let retry = b.request(shared("op"));
+    gate.open();
+    assert!(app.run_until_resolved(&first).is_ok());
+    a.end().expect("a ends");
+    b.end().expect("b ends");
+    assert!(first.try_outcome().expect("finished").is_ok(), "a's caller still reads the success");
+    assert!(retry.try_outcome().expect("finished").is_ok(), "so does b's");
 }
 
 #[derive(Deserialize, JsonSchema)]

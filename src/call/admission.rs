@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tracing::Instrument;
 
-use super::{CallCoordinates, CallCore, CallLife, CallOutcome, CallOutput, ProgressSink};
+use super::{CallCoordinates, CallCore, CallLife, CallOutcome, CallOutput, CallerSeat, ProgressSink};
 use crate::completion::Completion;
 use crate::error::{ErrorCode, ToolError};
 use crate::host::HostShared;
@@ -75,8 +75,9 @@ impl CallRequest {
 
 /// A call that passed admission.
 pub(crate) enum Admitted {
-    /// A live execution. `owner` is false for a duplicate that joined another call's execution.
-    Running { life: Arc<CallLife>, owner: bool },
+    /// A live execution. `owner` is false for a duplicate that joined another call's execution; `seat` is the
+    /// caller's place among the execution's waiting callers.
+    Running { life: Arc<CallLife>, owner: bool, seat: CallerSeat },
     /// A duplicate of a finished operation: the request id of the call that ran it, and its retained outcome.
     Retained(RequestId, CallOutcome),
 }
@@ -133,7 +134,7 @@ fn admit_inner(
         )));
     }
 
-    let (life, ready, accepted) = {
+    let (life, ready, accepted, seat) = {
         let mut state = host.state.lock();
         let Some(open) = state.visit.as_mut() else {
             return Err(rejected(ToolError::with_code(
@@ -170,8 +171,13 @@ fn admit_inner(
                     // (rule H12), so this one runs.
                     Some(_) => open.replay.forget(key, |running| Arc::ptr_eq(running, &life)),
                     None => {
-                        life.join();
-                        return Ok(Admitted::Running { life, owner: false });
+                        let seat = life.join(conversation);
+                        // Under the state lock, as a start: a conversation that ends withdraws this caller too.
+                        if !host.conversations.call_joined(conversation, &life) {
+                            life.leave(&seat, None);
+                            return Err(rejected(crate::conversation::ended(conversation)));
+                        }
+                        return Ok(Admitted::Running { life, owner: false, seat });
                     }
                 },
                 Begin::Retained((first, outcome)) => return Ok(Admitted::Retained(first, outcome)),
@@ -213,13 +219,14 @@ fn admit_inner(
             host.conversations.clone(),
             host.jobs.clone(),
         ));
+        let seat = life.join(conversation);
         open.calls.insert(life.clone());
         if let (Some(key), Some(canonical)) = (replay_key, &canonical) {
             open.replay.start(key, canonical, life.clone());
         }
         // Under the state lock: an exit cannot end the call before its conversation knows it started.
         let accepted = host.conversations.call_started(&life);
-        (life, open.ready.clone(), accepted)
+        (life, open.ready.clone(), accepted, seat)
     };
     if !accepted {
         life.finish(Err(crate::conversation::ended(conversation)));
@@ -245,7 +252,7 @@ fn admit_inner(
     } else {
         host.runtime.spawn(driver);
     }
-    Ok(Admitted::Running { life, owner: true })
+    Ok(Admitted::Running { life, owner: true, seat })
 }
 
 fn conflict(key: &ReplayKey) -> ToolError {

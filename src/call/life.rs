@@ -2,7 +2,7 @@
 //! (rule H13).
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -10,6 +10,7 @@ use crate::sync::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use super::callers::{CallerSeat, Callers};
 use super::{Cleanup, Job, ProgressSink};
 use crate::conversation::ConversationHub;
 use crate::error::{ErrorCode, ToolError};
@@ -67,9 +68,10 @@ pub(crate) struct CallLife {
     /// Set when the handler is about to run (never after the call ended): from then on the outcome is retained
     /// for replays of its operation; a call that ended before is not (rule H12).
     handler_started: AtomicBool,
-    /// The callers waiting for the call that have not left: its first caller, and the retries of its operation
-    /// that joined it (rule H12). A cancel cancels the call only when no other caller is left waiting for it.
-    waiting_callers: AtomicUsize,
+    /// The callers waiting for the call that have not left, by conversation: its first caller, and the retries of
+    /// its operation that joined it (rule H12). A cancel, or a conversation's end, cancels the call only when no
+    /// other caller is left waiting for it.
+    callers: Callers,
     /// `on_end` cleanups, sent to the main thread when the call ends.
     cleanups: Mutex<Cleanups>,
 }
@@ -103,7 +105,7 @@ impl CallLife {
             details: Mutex::new(serde_json::Map::new()),
             outcome: OnceSignal::new(),
             handler_started: AtomicBool::new(false),
-            waiting_callers: AtomicUsize::new(1),
+            callers: Callers::default(),
             cleanups: Mutex::new(Cleanups { ended: None, waiting: Vec::new(), jobs }),
         }
     }
@@ -124,22 +126,64 @@ impl CallLife {
     /// Why a call ends when its agent cancels it.
     pub(crate) const CANCELLED_BY_AGENT: &'static str = "the agent cancelled the call";
 
-    /// A retry of the call's operation joined it: one more caller waits for it.
-    pub(crate) fn join(&self) {
-        self.waiting_callers.fetch_add(1, Ordering::SeqCst);
+    /// One more caller from `conversation` waits for the call: its first caller at admission, or a retry of its
+    /// operation that joined it.
+    pub(crate) fn join(&self, conversation: &ConversationId) -> CallerSeat {
+        self.callers.join(conversation)
     }
 
-    /// One caller leaves (each leaves once). With `cancel` (why), it cancelled the call: that ends the call when
-    /// no other caller is left waiting for it, so a retry that gives up never cancels the work another caller
-    /// still waits for. Without, it only stopped observing (a keyed call dropped so that its retry can join it):
-    /// the call runs on. Returns whether this ended the call.
-    pub(crate) fn leave(&self, cancel: Option<&str>) -> bool {
-        let before = self.waiting_callers.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-        let last = matches!(before, Ok(1) | Err(_));
+    /// The caller of `seat` leaves (each leaves once). With `cancel` (why), it cancelled the call: that ends the
+    /// call when no other caller is left waiting for it, so a retry that gives up never cancels the work another
+    /// caller still waits for. Without, it only stopped observing (a keyed call dropped so that its retry can join
+    /// it): the call runs on. Returns whether this ended the call.
+    pub(crate) fn leave(&self, seat: &CallerSeat, cancel: Option<&str>) -> bool {
+        let last = self.callers.leave(seat);
         match cancel {
             Some(why) if last => self.fail(ErrorCode::Cancelled, why),
             _ => false,
         }
+    }
+
+    /// `conversation` ended or cancelled the call's task (`why`): its callers stop waiting, with `CANCELLED`.
+    /// The call is cancelled when no caller of another conversation is left waiting for it; otherwise it goes on,
+    /// and `conversation` sees it finish `CANCELLED` now (if it is its own call). Returns whether this ended the
+    /// call, or stopped it for `conversation`.
+    pub(crate) fn withdraw(&self, conversation: &ConversationId, why: &str) -> bool {
+        // Under the step lock, as an end: a call that already has its outcome keeps it for every caller. From
+        // inside the call's own step (a tool that ends its own conversation), the step holds it.
+        let in_own_step = IN_STEP.with(Cell::get) == std::ptr::from_ref(self) as usize;
+        let mut step = (!in_own_step).then(|| self.step.lock());
+        if self.outcome.is_set() {
+            return false;
+        }
+        let withdrawal = self.callers.withdraw(conversation, why);
+        let cancelled = || Err(ToolError::with_code(ErrorCode::Cancelled, why));
+        let stopped = if withdrawal.none_left {
+            match step.as_mut() {
+                Some(step) => self.finish_locked(step, cancelled()),
+                None => self.finish(cancelled()),
+            }
+        } else {
+            // Still under the step lock: the conversation's `CallFinished` says what its callers read.
+            self.hub.call_withdrawn(conversation, self)
+        };
+        drop(step);
+        // Wakes the callers that block on the outcome, so that the withdrawn ones see they stopped.
+        self.outcome.nudge();
+        stopped || withdrawal.had_callers
+    }
+
+    /// Whether a caller from `conversation` waits for the call.
+    pub(crate) fn waited_for_by(&self, conversation: &ConversationId) -> bool {
+        self.callers.includes(conversation)
+    }
+
+    /// The outcome of the caller of `seat` once it stopped waiting while the call went on for others: `CANCELLED`,
+    /// saying why.
+    pub(crate) fn withdrawn_outcome(&self, seat: Option<&CallerSeat>) -> CallOutcome {
+        let why = seat.and_then(|seat| self.callers.why_withdrawn(seat));
+        let why = why.as_deref().unwrap_or(Self::CANCELLED_BY_AGENT);
+        Err(ToolError::with_code(ErrorCode::Cancelled, why).locate(&self.coords))
     }
 
     /// Ends the call with `outcome` unless it already ended. Commits first, then notifies. Returns whether this

@@ -2,6 +2,7 @@
 //! with its per-frame budget, and the driver that gives every admitted call exactly one outcome.
 
 mod admission;
+mod callers;
 mod context;
 mod life;
 mod progress;
@@ -15,6 +16,7 @@ use bevy::prelude::World;
 
 pub use admission::CallRequest;
 pub(crate) use admission::{admit, admit_since, Admitted};
+pub(crate) use callers::CallerSeat;
 pub use context::{CallContext, Ended};
 pub(crate) use life::{CallCoordinates, CallLife};
 pub use life::{CallOutcome, CallOutput};

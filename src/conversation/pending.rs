@@ -14,7 +14,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use crate::call::{admit_since, Admitted, CallLife, CallOutcome, CallRequest};
+use crate::call::{admit_since, Admitted, CallLife, CallOutcome, CallRequest, CallerSeat};
 use crate::error::{ErrorCode, ToolError};
 use crate::host::{HostShared, VisitPhase};
 use crate::ids::ConversationId;
@@ -24,13 +24,14 @@ use crate::signal::OnceSignal;
 pub(crate) struct WaitingCall {
     pub outcome: OnceSignal<CallOutcome>,
     pub cancel: CancellationToken,
-    /// The admitted execution once the tool appeared, and whether the caller left it.
+    /// The admitted execution once the tool appeared (with the caller's seat among its callers), and whether the
+    /// caller left it.
     slot: Mutex<Slot>,
 }
 
 #[derive(Default)]
 struct Slot {
-    life: Option<Arc<CallLife>>,
+    life: Option<(Arc<CallLife>, CallerSeat)>,
     /// The caller left (`true`: it cancelled): it leaves the execution once, as soon as there is one.
     left: Option<bool>,
 }
@@ -51,23 +52,23 @@ impl WaitingCall {
             return false;
         }
         slot.left = Some(cancel);
-        if let Some(life) = &slot.life {
-            life.leave(cancel.then_some(CallLife::CANCELLED_BY_AGENT));
+        if let Some((life, seat)) = &slot.life {
+            life.leave(seat, cancel.then_some(CallLife::CANCELLED_BY_AGENT));
         }
         true
     }
 
     /// The request id of the execution, once admitted.
     pub(crate) fn request(&self) -> Option<crate::ids::RequestId> {
-        self.slot.lock().life.as_ref().map(|life| life.coords.request)
+        self.slot.lock().life.as_ref().map(|(life, _)| life.coords.request)
     }
 
     /// The execution was admitted: a caller that already left leaves it now.
-    fn admitted(&self, life: &Arc<CallLife>) {
+    fn admitted(&self, life: &Arc<CallLife>, seat: &CallerSeat) {
         let mut slot = self.slot.lock();
-        slot.life = Some(life.clone());
+        slot.life = Some((life.clone(), seat.clone()));
         if let Some(cancel) = slot.left {
-            life.leave(cancel.then_some(CallLife::CANCELLED_BY_AGENT));
+            life.leave(seat, cancel.then_some(CallLife::CANCELLED_BY_AGENT));
         }
     }
 }
@@ -139,10 +140,13 @@ async fn run(
             // Admission counted the call as executing first: the status never dips between waiting and running.
             hub.pending_finished(&conversation, key);
             match admitted {
-                Ok(Admitted::Running { life, .. }) => {
-                    call.admitted(&life);
+                Ok(Admitted::Running { life, seat, .. }) => {
+                    call.admitted(&life, &seat);
                     tokio::select! {
                         biased;
+                        // Its conversation ended or cancelled the task: it stops waiting, whether or not the
+                        // execution goes on for a caller of another conversation.
+                        _ = seat.withdrawn.cancelled() => life.withdrawn_outcome(Some(&seat)),
                         outcome = life.outcome().wait() => outcome,
                         // This caller stops waiting (the execution ended, or goes on for another caller).
                         _ = call.cancel.cancelled() => life.outcome().get().unwrap_or_else(|| {

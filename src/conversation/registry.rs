@@ -7,7 +7,7 @@
 //! the state before the next event.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -36,6 +36,9 @@ struct Entry {
     /// The newest sequence number the agent reported with.
     agent_sequence: u64,
     active: BTreeMap<crate::ids::RequestId, Arc<CallLife>>,
+    /// Executions of other calls that this conversation's retries joined (same task and operation): an end
+    /// withdraws its callers from them too. Pruned of finished ones as it grows.
+    joined: Vec<Weak<CallLife>>,
     pending: BTreeMap<u64, (PendingCall, CancellationToken)>,
     subscribers: Vec<UnboundedSender<ConversationEvent>>,
     last_activity: Instant,
@@ -52,6 +55,7 @@ impl Entry {
             sequence: 0,
             agent_sequence: 0,
             active: BTreeMap::new(),
+            joined: Vec::new(),
             pending: BTreeMap::new(),
             subscribers: Vec::new(),
             last_activity: now,
@@ -77,10 +81,13 @@ pub(crate) struct Orphans {
 }
 
 impl Orphans {
-    /// Ends the conversation's calls with `CANCELLED` (their `ended()` fires) and stops its pending calls.
-    pub(crate) fn end(self, conversation: &ConversationId) {
+    /// Ends the conversation's calls with `CANCELLED` (their `ended()` fires) and stops its pending calls. A
+    /// keyed execution that a caller of another conversation still waits for goes on for it (rule H12): only
+    /// this conversation's callers stop waiting, and this conversation sees its call finish `CANCELLED` now.
+    fn end(self, conversation: &ConversationId) {
+        let why = format!("conversation `{conversation}` ended before the call finished");
         for life in self.calls {
-            life.fail(ErrorCode::Cancelled, format!("conversation `{conversation}` ended before the call finished"));
+            life.withdraw(conversation, &why);
         }
         for token in self.pending {
             token.cancel();
@@ -267,6 +274,7 @@ impl ConversationHub {
                         && !entry.held
                         && entry.active.is_empty()
                         && entry.pending.is_empty()
+                        && entry.joined.iter().all(|life| life.upgrade().is_none_or(|life| life.is_ended()))
                         && now.saturating_duration_since(entry.last_activity) >= timeout
                 })
                 .map(|(id, _)| id.clone())
@@ -352,6 +360,24 @@ impl ConversationHub {
         true
     }
 
+    /// Records that a retry from `id` joined another call's running execution (under the host's state lock).
+    /// Returns false if the conversation ended meanwhile: the caller must then leave it.
+    pub(crate) fn call_joined(&self, id: &ConversationId, life: &Arc<CallLife>) -> bool {
+        let mut inner = self.inner.lock();
+        let Some(entry) = inner.conversations.get_mut(id).filter(|entry| !entry.facts.ended) else { return false };
+        entry.joined.retain(|joined| joined.upgrade().is_some_and(|joined| !joined.is_ended()));
+        entry.joined.push(Arc::downgrade(life));
+        true
+    }
+
+    /// The conversation `id` stopped waiting for its call `life`, which goes on for a caller of another
+    /// conversation (under the call's step lock, as a finish): it finishes here as `CANCELLED` (its own finish
+    /// later publishes nothing here). Returns whether the call was still this conversation's.
+    pub(crate) fn call_withdrawn(&self, id: &ConversationId, life: &CallLife) -> bool {
+        let cancelled = Err(ToolError::with_code(ErrorCode::Cancelled, "withdrawn"));
+        self.finished(id, life, &cancelled)
+    }
+
     /// Publishes a running call's progress report (nothing once the call finished).
     pub(crate) fn call_progress(&self, life: &CallLife, progress: &Progress) {
         let mut inner = self.inner.lock();
@@ -375,12 +401,15 @@ impl ConversationHub {
     /// Records a call's outcome, before anyone waiting for it can see it (so the status has already returned
     /// when the agent learns the result).
     pub(crate) fn call_finished(&self, life: &CallLife, outcome: &CallOutcome) {
+        self.finished(&life.coords.conversation, life, outcome);
+    }
+
+    fn finished(&self, id: &ConversationId, life: &CallLife, outcome: &CallOutcome) -> bool {
         let mut inner = self.inner.lock();
         let HubInner { conversations, watchers, .. } = &mut *inner;
-        let id = &life.coords.conversation;
-        let Some(entry) = conversations.get_mut(id) else { return };
+        let Some(entry) = conversations.get_mut(id) else { return false };
         if entry.active.remove(&life.coords.request).is_none() {
-            return;
+            return false;
         }
         entry.facts.calls = entry.facts.calls.saturating_sub(1);
         entry.last_activity = Instant::now();
@@ -395,6 +424,7 @@ impl ConversationHub {
         };
         publish(&self.game, watchers, entry, ConversationEvent::CallFinished(finished));
         update(&self.game, watchers, id, entry, StatusSource::Host);
+        true
     }
 
     /// Records a call that waits for its tool. `None` if the conversation ended (or is unknown).
@@ -472,10 +502,13 @@ fn end_entry(
     entry.facts.ended = true;
     entry.ended_at = Some(Instant::now());
     update(game, watchers, id, entry, source);
-    Orphans {
-        calls: entry.active.values().cloned().collect(),
-        pending: entry.pending.values().map(|(_, token)| token.clone()).collect(),
+    let mut calls: Vec<Arc<CallLife>> = entry.active.values().cloned().collect();
+    for joined in std::mem::take(&mut entry.joined).iter().filter_map(Weak::upgrade) {
+        if !calls.iter().any(|call| Arc::ptr_eq(call, &joined)) {
+            calls.push(joined);
+        }
     }
+    Orphans { calls, pending: entry.pending.values().map(|(_, token)| token.clone()).collect() }
 }
 
 /// Recomputes the status from the facts and publishes a change. Returns whether it changed.

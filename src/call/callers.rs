@@ -1,0 +1,127 @@
+//! The callers waiting for one call, grouped by the conversation each called from (rule H12): the call's first
+//! caller, and the retries of its operation that joined it, from the same conversation or from another one that
+//! names the same task.
+//!
+//! A caller that cancels leaves; the call is cancelled when the last caller waiting for it cancels. A
+//! conversation that ends, or cancels the task, withdraws its own callers only: the call goes on while a caller
+//! of another conversation still waits for it (a client that reconnected under a new session and retried), and
+//! is cancelled when none is left.
+
+use std::collections::HashMap;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::ids::ConversationId;
+use crate::sync::Mutex;
+
+/// One caller's place among the callers of a call.
+#[derive(Clone, Debug)]
+pub(crate) struct CallerSeat {
+    conversation: ConversationId,
+    /// The group of its conversation's callers it joined: a conversation that withdrew and called again joins a
+    /// new group, which the old seats never count against.
+    group: u64,
+    /// Fires when this caller stopped waiting: its conversation withdrew it, or (the caller cancels this token
+    /// itself) it cancelled while other callers still wait.
+    pub withdrawn: CancellationToken,
+}
+
+/// The callers of one call.
+#[derive(Default)]
+pub(crate) struct Callers {
+    book: Mutex<Book>,
+}
+
+#[derive(Default)]
+struct Book {
+    waiting: HashMap<ConversationId, Group>,
+    next_group: u64,
+    /// Why each withdrawn group was withdrawn.
+    withdrawn: HashMap<u64, String>,
+}
+
+struct Group {
+    id: u64,
+    callers: usize,
+    withdrawn: CancellationToken,
+}
+
+/// What a conversation's withdrawal did.
+pub(crate) struct Withdrawal {
+    /// The conversation had callers waiting for the call.
+    pub had_callers: bool,
+    /// No caller of any conversation is left waiting for it.
+    pub none_left: bool,
+}
+
+impl Callers {
+    /// One more caller from `conversation` waits for the call.
+    pub(crate) fn join(&self, conversation: &ConversationId) -> CallerSeat {
+        let mut book = self.book.lock();
+        let Book { waiting, next_group, .. } = &mut *book;
+        let group = waiting.entry(conversation.clone()).or_insert_with(|| {
+            *next_group += 1;
+            Group { id: *next_group, callers: 0, withdrawn: CancellationToken::new() }
+        });
+        group.callers += 1;
+        CallerSeat { conversation: conversation.clone(), group: group.id, withdrawn: group.withdrawn.child_token() }
+    }
+
+    /// The caller of `seat` leaves (each leaves once). Returns whether no caller is left waiting for the call
+    /// because of it; a caller its conversation already withdrew changes nothing.
+    pub(crate) fn leave(&self, seat: &CallerSeat) -> bool {
+        let mut book = self.book.lock();
+        let Some(group) = book.waiting.get_mut(&seat.conversation).filter(|group| group.id == seat.group) else {
+            return false;
+        };
+        group.callers -= 1;
+        if group.callers == 0 {
+            book.waiting.remove(&seat.conversation);
+        }
+        book.waiting.is_empty()
+    }
+
+    /// `conversation` withdraws its callers, because of `why`: each of them stops waiting.
+    pub(crate) fn withdraw(&self, conversation: &ConversationId, why: &str) -> Withdrawal {
+        let mut book = self.book.lock();
+        let group = book.waiting.remove(conversation);
+        if let Some(group) = &group {
+            group.withdrawn.cancel();
+            book.withdrawn.insert(group.id, why.to_owned());
+        }
+        Withdrawal { had_callers: group.is_some(), none_left: book.waiting.is_empty() }
+    }
+
+    /// Whether a caller from `conversation` waits for the call.
+    pub(crate) fn includes(&self, conversation: &ConversationId) -> bool {
+        self.book.lock().waiting.contains_key(conversation)
+    }
+
+    /// Why the conversation of `seat` withdrew it, if it did.
+    pub(crate) fn why_withdrawn(&self, seat: &CallerSeat) -> Option<String> {
+        self.book.lock().withdrawn.get(&seat.group).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn h12_a_withdrawn_conversation_that_calls_again_joins_a_new_group_its_old_seats_never_leave() {
+        let callers = Callers::default();
+        let (a, b) = (ConversationId::from("a"), ConversationId::from("b"));
+        let old = callers.join(&a);
+        let other = callers.join(&b);
+        let withdrawal = callers.withdraw(&a, "a ended");
+        assert!(withdrawal.had_callers && !withdrawal.none_left, "b still waits");
+        assert!(old.withdrawn.is_cancelled());
+        assert_eq!(callers.why_withdrawn(&old).as_deref(), Some("a ended"));
+        let again = callers.join(&a);
+        assert!(!callers.leave(&old), "the old seat leaves nothing");
+        assert!(callers.includes(&a), "the new seat still waits");
+        assert!(!callers.leave(&again));
+        assert!(callers.leave(&other), "the last caller left");
+        assert_eq!(callers.why_withdrawn(&other), None);
+    }
+}
