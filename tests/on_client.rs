@@ -412,7 +412,9 @@ fn points_steps_between_frames_spend_only_what_the_frames_pump_left_of_its_budge
     app.wait_for_queued_steps(40);
     app.serve_steps_until(Instant::now());
     let between = order.lock().len();
-    assert!((1..=4).contains(&between), "{between} steps ran between frames");
+    // At most four; none at all if this shared machine descheduled the test past the budget (that steps run
+    // between frames at all is shown above, with a budget that never runs out).
+    assert!(between <= 4, "{between} steps ran between frames");
     app.serve_steps_until(Instant::now());
     assert_eq!(order.lock().len(), between, "the frame's budget is spent: nothing more until the next frame");
     let mut frames = 0;
@@ -489,7 +491,11 @@ fn points_the_runner_serves_steps_between_frames_and_a_step_that_exits_ends_the_
     let (agent_tx, agent_rx) = crossbeam_channel::bounded(1);
     let (exit_tx, exit_rx) = crossbeam_channel::bounded(1);
     std::thread::spawn(move || {
-        let plugin = AgentToolsPlugin::new(TestGame::default()).with_tool(frame_of_step).with_tool(quit);
+        // Every step of this test runs in the one wait between two frames: a budget it never spends.
+        let plugin = AgentToolsPlugin::new(TestGame::default())
+            .pump_budget(Duration::from_secs(10))
+            .with_tool(frame_of_step)
+            .with_tool(quit);
         let mut app = headless_app_with(plugin, AgentToolsRunnerPlugin::run_loop(Duration::from_secs(3600)));
         app.enter_world("alpha");
         let _ = agent_tx.send(app.agent());

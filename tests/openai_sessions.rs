@@ -1126,7 +1126,8 @@ fn a_turn_stopped_at_its_time_limit_after_a_tool_call_ran_keeps_the_call_for_the
         thinking.extend([text("hm "), Piece::Wait(Duration::from_millis(50))]);
     }
     server.reply(calls(vec![call(0, "call-1", "bump", "{\"by\": 1}")])).reply(Reply::Stream(thinking));
-    let timeouts = SessionTimeouts { turn: Duration::from_millis(1500), ..Default::default() };
+    // Room for two round trips, the call and some thinking on a loaded machine; the thinking (10 s) outlasts it.
+    let timeouts = SessionTimeouts { turn: Duration::from_secs(6), ..Default::default() };
     let config = SessionConfig::openai_endpoint(endpoint(&server)).timeouts(timeouts);
     let session = game.block_on(game.sessions.create(config)).expect("starts");
     let (code, message) = code_of(game.block_on(session.send_text("two")));

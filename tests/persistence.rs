@@ -14,12 +14,11 @@ use bevy_agent_tools::persist::{Codec, Loaded, WorldStore, WorldStorePlugin};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::AgentTestAppExt;
 use bevy_agent_tools::{ExitSet, NoArgs, VisitClosed, VisitSaved, WorldId};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(10);
-const SLOW_WRITE: Duration = Duration::from_millis(300);
 
 /// What a visit saves: how many times tools bumped it, over all visits of the world.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -35,9 +34,9 @@ struct Session {
 /// A tiny game: `open` loads the world's progress in the background, `close` saves it through the store.
 #[derive(Default)]
 struct Saves {
-    /// Makes serializing the snapshot this slow: the save is then still serializing, not yet in its I/O, when
-    /// the next visit's load is called.
-    slow_snapshot: Option<Duration>,
+    /// Holds serializing the snapshot until released: the save is then still serializing, not yet in its I/O,
+    /// when the next visit's load is called.
+    held_snapshot: Option<Hold>,
     shutdowns: Arc<AtomicUsize>,
     /// Runs inside `shutdown`, to record what was true at that moment.
     at_shutdown: Option<Box<dyn Fn() + Send + Sync>>,
@@ -57,8 +56,8 @@ impl WorldLifecycle for Saves {
             return Completion::failed(format!("world `{}` closed before it finished loading", session.world));
         };
         let store = world.resource::<WorldStore>();
-        match self.slow_snapshot {
-            Some(delay) => store.save(&session.world, "progress", SlowToSerialize(progress, delay)),
+        match &self.held_snapshot {
+            Some(hold) => store.save(&session.world, "progress", HeldSnapshot(progress, hold.clone())),
             None => store.save(&session.world, "progress", progress),
         }
     }
@@ -72,13 +71,50 @@ impl WorldLifecycle for Saves {
     }
 }
 
-/// A snapshot whose serialization (on the store's thread) takes a while.
-struct SlowToSerialize(Progress, Duration);
+/// A snapshot whose serialization (on the store's thread) waits for its hold to be released.
+struct HeldSnapshot(Progress, Hold);
 
-impl Serialize for SlowToSerialize {
+impl Serialize for HeldSnapshot {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        std::thread::sleep(self.1);
+        self.1.pass("snapshot");
         self.0.serialize(serializer)
+    }
+}
+
+/// Holds the store threads that pass it (a write, a snapshot's serialization) until released, each at most
+/// [`DEADLINE`], and says who arrived: a save is in flight for exactly as long as a test wants.
+#[derive(Clone, Default)]
+struct Hold(Arc<(Mutex<Held>, Condvar)>);
+
+#[derive(Default)]
+struct Held {
+    arrived: Vec<String>,
+    released: bool,
+}
+
+impl Hold {
+    fn pass(&self, who: &str) {
+        let (held, changed) = &*self.0;
+        let mut held = held.lock();
+        held.arrived.push(who.to_owned());
+        changed.notify_all();
+        let deadline = Instant::now() + DEADLINE;
+        while !held.released && !changed.wait_until(&mut held, deadline).timed_out() {}
+    }
+
+    /// Who arrived, once `count` did (or [`DEADLINE`] passed), in order.
+    fn arrivals(&self, count: usize) -> Vec<String> {
+        let (held, changed) = &*self.0;
+        let mut held = held.lock();
+        let deadline = Instant::now() + DEADLINE;
+        while held.arrived.len() < count && !changed.wait_until(&mut held, deadline).timed_out() {}
+        held.arrived.clone()
+    }
+
+    fn release(&self) {
+        let (held, changed) = &*self.0;
+        held.lock().released = true;
+        changed.notify_all();
     }
 }
 
@@ -126,12 +162,15 @@ fn on_disk(app: &App, world: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| format!("<{}: {e}>", path.display()))
 }
 
-/// Delays every write by `delay` (in the store's I/O thread, before the commit).
-fn slow_writes(store: &WorldStore, delay: Duration) {
-    store.set_write_faults(move |_: &WorldId, _: &str| {
-        std::thread::sleep(delay);
+/// Holds every write (in the store's I/O thread, before the commit) until the returned hold is released.
+fn held_writes(store: &WorldStore) -> Hold {
+    let hold = Hold::default();
+    let passing = hold.clone();
+    store.set_write_faults(move |world: &WorldId, _: &str| {
+        passing.pass(world.as_str());
         Ok(())
     });
+    hold
 }
 
 #[test]
@@ -152,17 +191,19 @@ fn h6_completion_resolves_without_another_frame_and_the_file_has_the_new_content
 #[test]
 fn h7_reentering_a_world_while_its_save_is_in_flight_loads_what_the_previous_visit_saved() {
     let data = tempfile::tempdir().unwrap();
-    let mut app = game(Saves { slow_snapshot: Some(SLOW_WRITE), ..Default::default() }, data.path());
+    let hold = Hold::default();
+    let mut app = game(Saves { held_snapshot: Some(hold.clone()), ..Default::default() }, data.path());
     app.enter_world("alpha");
     for _ in 0..3 {
         call(&mut app, "bump");
     }
-    slow_writes(&store(&app), SLOW_WRITE);
 
     app.exit_world();
     let save = last_close(&mut app);
     app.enter_world("alpha");
     assert!(!save.is_done(), "the next visit opened while the previous one was still saving");
+    assert_eq!(hold.arrivals(1), ["snapshot"], "the save is serializing its snapshot");
+    hold.release();
 
     assert_eq!(call(&mut app, "read"), json!(3), "the load waited for the in-flight save");
     assert!(save.is_done());
@@ -174,20 +215,16 @@ fn h7_two_worlds_saving_at_once_do_not_wait_for_each_other() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let data = tempfile::tempdir().unwrap();
     let store = WorldStore::new(data.path(), runtime.handle().clone());
-    slow_writes(&store, SLOW_WRITE);
+    let hold = held_writes(&store);
 
-    let started = Instant::now();
-    store.save(&WorldId::new("solo"), "progress", Progress { count: 1 }).wait().unwrap();
-    let one = started.elapsed();
-
-    let started = Instant::now();
     let east = store.save(&WorldId::new("east"), "progress", Progress { count: 1 });
     let west = store.save(&WorldId::new("west"), "progress", Progress { count: 1 });
+    // Saves of one world would wait in line: the second write could not start while the first is held.
+    let mut writing = hold.arrivals(2);
+    writing.sort();
+    assert_eq!(writing, ["east", "west"], "both worlds were writing at once: neither waited for the other");
+    hold.release();
     Completion::all([east, west]).wait_timeout(DEADLINE).expect("both resolve").unwrap();
-    let two = started.elapsed();
-
-    assert!(one >= SLOW_WRITE, "the injected delay applied: {one:?}");
-    assert!(two.as_secs_f64() < 1.8 * one.as_secs_f64(), "two worlds took {two:?}, one took {one:?}: they serialized");
 }
 
 #[test]
@@ -208,7 +245,7 @@ fn shutdown_on_app_exit_waits_for_both_saves_then_calls_shutdown_once() {
     };
     let shutdowns = saves.shutdowns.clone();
     let mut app = game(saves, data.path());
-    slow_writes(&store(&app), SLOW_WRITE);
+    let hold = held_writes(&store(&app));
     for world in ["alpha", "beta"] {
         app.enter_world(world);
         call(&mut app, "bump");
@@ -217,8 +254,18 @@ fn shutdown_on_app_exit_waits_for_both_saves_then_calls_shutdown_once() {
     }
     assert!(in_flight.lock().iter().all(|c| !c.is_done()), "both saves are in flight at AppExit");
 
+    // The saves are held while the exit frame runs: for a second (far below the exit's own 30 s bound), then
+    // released. Shutdown must not run before that.
+    let releasing = {
+        let hold = hold.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(1));
+            hold.release();
+        })
+    };
     app.world_mut().write_message(AppExit::Success);
     app.update();
+    releasing.join().expect("released");
 
     assert_eq!(
         *seen_at_shutdown.lock(),
