@@ -99,6 +99,13 @@ impl AgentHandle {
         self.host.conversations.status(id)
     }
 
+    /// Whether a retry from conversation `id` waits for the execution of another conversation's call it joined
+    /// (same task and operation id): a call in flight, though its status does not count it.
+    #[cfg(feature = "mcp")]
+    pub(crate) fn waits_for_joined(&self, id: &ConversationId) -> bool {
+        self.host.conversations.waits_for_joined(id)
+    }
+
     /// Every conversation's events from now on (status changes, calls started and finished), in publication
     /// order per conversation.
     pub fn subscribe(&self) -> Subscription {
@@ -116,8 +123,8 @@ impl AgentHandle {
         &self.host
     }
 
-    /// Ends conversation `id` (its calls in flight end with `CANCELLED`; the visit is untouched). Ending an ended
-    /// conversation succeeds; an unknown one is `CONVERSATION_NOT_FOUND`.
+    /// Ends conversation `id` (its calls in flight end with `CANCELLED`, as [`Conversation::end`] says; the visit
+    /// is untouched). Ending an ended conversation succeeds; an unknown one is `CONVERSATION_NOT_FOUND`.
     pub fn end_conversation(&self, id: &ConversationId) -> Result<(), ToolError> {
         self.host.conversations.end(id)
     }
@@ -205,8 +212,10 @@ impl Conversation {
     }
 
     /// Ends the conversation: publishes `Ended` once and ends its in-flight calls (`CANCELLED`; their `ended()`
-    /// fires). Never touches the visit. Ending an ended conversation succeeds without a second event.
-    /// `CONVERSATION_NOT_FOUND` if the host no longer knows it.
+    /// fires). A keyed execution that a retry from another conversation still waits for (same task and operation
+    /// id) goes on for that retry: only this conversation's callers stop waiting (rule H12). Never touches the
+    /// visit. Ending an ended conversation succeeds without a second event. `CONVERSATION_NOT_FOUND` if the host
+    /// no longer knows it.
     pub fn end(&self) -> Result<(), ToolError> {
         self.host.conversations.end(&self.id)
     }
@@ -222,15 +231,21 @@ impl Conversation {
     /// does not cancel the call. `None` if the call already finished (its outcome is then in the
     /// [`CallFinished`](crate::CallFinished) event; a keyed call's outcome is also retained for a retry).
     pub fn rejoin(&self, request: RequestId) -> Option<Call> {
-        self.host.conversations.live_call(&self.id, request).map(|life| {
+        let hub = &self.host.conversations;
+        hub.live_call(&self.id, request).and_then(|life| {
             if life.coords.operation.is_some() {
                 // Another caller waiting for a keyed execution: the others' cancels no longer end it while this
-                // one waits.
+                // one waits. Unless the conversation ended (or cancelled the task) meanwhile: its end withdrew
+                // the callers it had, and must not leave this one waiting.
                 let seat = life.join(&self.id);
-                Call::running(life, Some(seat), false)
+                if !hub.accepts(&self.id) || hub.live_call(&self.id, request).is_none() {
+                    life.leave(&seat, None);
+                    return None;
+                }
+                Some(Call::running(life, Some(seat), false))
             } else {
                 // An observer of the conversation's own call: its owner's cancel or drop still ends it.
-                Call::running(life, None, false)
+                Some(Call::running(life, None, false))
             }
         })
     }
@@ -242,7 +257,9 @@ impl Conversation {
         self.host.conversations.attach(&self.id, visit)
     }
 
-    /// Cancels every live call of `task` in this conversation; returns how many ended.
+    /// Cancels every live call of `task` in this conversation, and stops its retries' waits for executions they
+    /// joined; returns how many calls ended for this conversation. A keyed execution that a retry from another
+    /// conversation still waits for goes on for it (rule H12).
     pub fn cancel_task(&self, task: impl Into<TaskId>) -> usize {
         self.host.cancel_task(&self.id, &task.into())
     }
@@ -445,6 +462,7 @@ impl Call {
             return false;
         }
         // Other callers still wait for the execution: this one stops waiting.
+        seat.mark_cancelled();
         self.withdrawn.cancel();
         life.outcome().nudge();
         true

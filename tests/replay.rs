@@ -329,6 +329,41 @@ fn h12_the_execution_is_cancelled_once_every_conversation_waiting_for_it_ended_o
 }
 
 #[test]
+fn h12_a_conversation_whose_retry_already_left_an_execution_it_does_not_own_ends_without_cancelling_it() {
+    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
+    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
+    // a's client went away: its keyed call runs on for a retry.
+    drop(a.request(shared("op")));
+    app.run_until("parked", |_| gate.arrived() == 1);
+    // b retried, then stopped waiting too.
+    drop(b.request(shared("op")));
+    b.end().expect("b ends");
+    let retry = a.request(shared("op"));
+    assert!(retry.is_running(), "the execution still runs: b's end did not cancel a's call");
+    gate.open();
+    assert!(app.run_until_resolved(&retry).is_ok());
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn h12_a_caller_that_cancelled_keeps_its_reason_when_its_conversation_ends_later() {
+    let (mut app, gate, _) = gated_app("slow", ToolScope::World);
+    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
+    let first = a.request(shared("op"));
+    app.run_until("parked", |_| gate.arrived() == 1);
+    let retry = a.request(shared("op"));
+    let other = b.request(shared("op"));
+    assert!(retry.cancel(), "the retry stops waiting");
+    let read = retry.try_outcome().expect("cancelled").expect_err("cancelled").message;
+    a.end().expect("a ends");
+    let again = retry.try_outcome().expect("cancelled").expect_err("cancelled").message;
+    assert_eq!(again, read, "what a caller read stays what it reads");
+    assert!(first.try_outcome().is_some_and(|outcome| outcome.is_err()), "a's first caller stopped with a's end");
+    gate.open();
+    assert!(app.run_until_resolved(&other).is_ok(), "b still gets the execution's outcome");
+}
+
+#[test]
 fn h12_ending_a_conversation_after_its_call_finished_leaves_the_callers_outcome_as_it_was() {
     let (mut app, gate, _) = gated_app("slow", ToolScope::World);
     let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));

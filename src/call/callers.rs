@@ -6,8 +6,13 @@
 //! conversation that ends, or cancels the task, withdraws its own callers only: the call goes on while a caller
 //! of another conversation still waits for it (a client that reconnected under a new session and retried), and
 //! is cancelled when none is left.
+//!
+//! The book's lock is a leaf: taken under the host's state lock (admission, a task's cancel) or a call's step lock
+//! (a withdrawal), it never calls out while held.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
@@ -24,6 +29,16 @@ pub(crate) struct CallerSeat {
     /// Fires when this caller stopped waiting: its conversation withdrew it, or (the caller cancels this token
     /// itself) it cancelled while other callers still wait.
     pub withdrawn: CancellationToken,
+    /// Set when the caller cancelled itself: what it reads then stays what it read first, whatever its
+    /// conversation does later.
+    cancelled_itself: Arc<AtomicBool>,
+}
+
+impl CallerSeat {
+    /// The caller cancelled itself (before it cancels [`withdrawn`](Self::withdrawn)).
+    pub(crate) fn mark_cancelled(&self) {
+        self.cancelled_itself.store(true, Ordering::SeqCst);
+    }
 }
 
 /// The callers of one call.
@@ -64,7 +79,12 @@ impl Callers {
             Group { id: *next_group, callers: 0, withdrawn: CancellationToken::new() }
         });
         group.callers += 1;
-        CallerSeat { conversation: conversation.clone(), group: group.id, withdrawn: group.withdrawn.child_token() }
+        CallerSeat {
+            conversation: conversation.clone(),
+            group: group.id,
+            withdrawn: group.withdrawn.child_token(),
+            cancelled_itself: Arc::default(),
+        }
     }
 
     /// The caller of `seat` leaves (each leaves once). Returns whether no caller is left waiting for the call
@@ -97,8 +117,11 @@ impl Callers {
         self.book.lock().waiting.contains_key(conversation)
     }
 
-    /// Why the conversation of `seat` withdrew it, if it did.
+    /// Why the conversation of `seat` withdrew it, if it did and the caller had not cancelled itself first.
     pub(crate) fn why_withdrawn(&self, seat: &CallerSeat) -> Option<String> {
+        if seat.cancelled_itself.load(Ordering::SeqCst) {
+            return None;
+        }
         self.book.lock().withdrawn.get(&seat.group).cloned()
     }
 }

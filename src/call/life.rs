@@ -157,6 +157,10 @@ impl CallLife {
             return false;
         }
         let withdrawal = self.callers.withdraw(conversation, why);
+        if !withdrawal.had_callers && self.coords.conversation != *conversation {
+            // A retry of `conversation` joined the call and already left it: the call is not its to end.
+            return false;
+        }
         let cancelled = || Err(ToolError::with_code(ErrorCode::Cancelled, why));
         let stopped = if withdrawal.none_left {
             match step.as_mut() {

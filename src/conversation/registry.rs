@@ -269,12 +269,12 @@ impl ConversationHub {
             inner
                 .conversations
                 .iter()
-                .filter(|(_, entry)| {
+                .filter(|(id, entry)| {
                     !entry.facts.ended
                         && !entry.held
                         && entry.active.is_empty()
                         && entry.pending.is_empty()
-                        && entry.joined.iter().all(|life| life.upgrade().is_none_or(|life| life.is_ended()))
+                        && !waits_for_joined(id, entry)
                         && now.saturating_duration_since(entry.last_activity) >= timeout
                 })
                 .map(|(id, _)| id.clone())
@@ -367,7 +367,15 @@ impl ConversationHub {
         let Some(entry) = inner.conversations.get_mut(id).filter(|entry| !entry.facts.ended) else { return false };
         entry.joined.retain(|joined| joined.upgrade().is_some_and(|joined| !joined.is_ended()));
         entry.joined.push(Arc::downgrade(life));
+        entry.last_activity = Instant::now();
         true
+    }
+
+    /// Whether a retry from `id` waits for another call's execution it joined: the conversation has a call in
+    /// flight, though not its own (a client's session must not expire by silence meanwhile).
+    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
+    pub(crate) fn waits_for_joined(&self, id: &ConversationId) -> bool {
+        self.inner.lock().conversations.get(id).is_some_and(|entry| waits_for_joined(id, entry))
     }
 
     /// The conversation `id` stopped waiting for its call `life`, which goes on for a caller of another
@@ -489,6 +497,11 @@ fn not_found(id: &ConversationId) -> ToolError {
 }
 
 /// Marks the entry ended (publishing once) and takes its calls, to be ended outside the lock.
+/// Whether a retry from `id` still waits for an execution it joined.
+fn waits_for_joined(id: &ConversationId, entry: &Entry) -> bool {
+    entry.joined.iter().filter_map(Weak::upgrade).any(|life| !life.is_ended() && life.waited_for_by(id))
+}
+
 fn end_entry(
     game: &Sender<ConversationEvent>,
     watchers: &mut Vec<UnboundedSender<ConversationEvent>>,

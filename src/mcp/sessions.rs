@@ -2,7 +2,8 @@
 //!
 //! - a client that deletes its session, or a session that expires (no request from its client for the
 //!   configured idle time, and no call in flight), ends its conversation: its calls in flight end with
-//!   `CANCELLED`; the visit is untouched;
+//!   `CANCELLED` (a keyed execution another session's retry still waits for goes on for it); the visit is
+//!   untouched;
 //! - a conversation that ends on the game's side (`AgentHandle::end_conversation`, the host's idle timeout) closes
 //!   its session, so the client learns it at its next request (HTTP 404) and starts a new one;
 //! - a session whose client presented an in-game agent session's credential is that session's: it never expires
@@ -307,8 +308,11 @@ impl ConversationSessions {
             if now.saturating_duration_since(tracked.last_seen) < idle_timeout {
                 continue;
             }
+            // A retry waiting for an execution another session's call started (same task and operation id) is a
+            // call in flight too: expiring would cancel the work it waits for.
             let waiting = |conversation: &ConversationId| {
                 self.agent.conversation_status(conversation) == Some(ConversationStatus::WaitingToolResult)
+                    || self.agent.waits_for_joined(conversation)
             };
             if waiting(&tracked.conversation) || tracked.used.iter().any(waiting) {
                 tracked.last_seen = now;
@@ -509,6 +513,29 @@ mod tests {
         let mut expired = sessions.expired(later + timeout);
         expired.sort();
         assert_eq!(expired, vec![busy, silent], "silent for a whole timeout after its call finished");
+    }
+
+    /// A client reconnected under a new session, retried its keyed call (same task and operation id: it joined
+    /// the running execution) and deleted the old session: the new one waits for that execution, which is a call
+    /// in flight, not silence. Expiring it would cancel the work it waits for (rule H12).
+    #[test]
+    fn a_session_whose_retry_waits_for_another_sessions_execution_does_not_expire() {
+        let (mut app, gate) = held_at_a_gate();
+        let timeout = Duration::from_secs(60);
+        let sessions = ConversationSessions::new(app.agent(), Credentials::default(), Some(timeout));
+        let (old, new): (SessionId, SessionId) = ("old".into(), "new".into());
+        let start = Instant::now();
+        sessions.open.lock().insert(new.clone(), Tracked::new(session_conversation(new.as_ref()), start));
+        let keyed = || crate::CallRequest::new("held", json!({})).operation("op").task("shared");
+        let first = app.agent().conversation(session_conversation(old.as_ref())).request(keyed());
+        app.run_until("the call is in its handler", |_| gate.arrived() == 1);
+        let retry = app.agent().conversation(session_conversation(new.as_ref())).request(keyed());
+        assert_eq!(retry.request_id(), first.request_id(), "the retry joined the running execution");
+        app.agent().end_conversation(&session_conversation(old.as_ref())).expect("the old session is deleted");
+
+        assert!(sessions.expired(start + timeout * 2).is_empty(), "the retry's wait keeps its session");
+        gate.open();
+        assert!(app.run_until_resolved(&retry).is_ok(), "and the execution finished for it");
     }
 
     #[test]
