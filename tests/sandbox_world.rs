@@ -238,6 +238,38 @@ fn build_tower_in_the_nether_says_how_many_blocks_fit_under_its_roof() {
 }
 
 #[test]
+fn a_tower_under_the_player_lifts_them_until_their_head_meets_the_nether_roof_and_never_through_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut app = sandbox(dir.path());
+    app.enter_world("alpha");
+    ok(call(&mut app, "travel", json!({"dimension": "nether"})));
+    let player = ok(call(&mut app, "world_info", json!({})))["player"].clone();
+    let at = |axis: &str| player[axis].as_i64().and_then(|n| i32::try_from(n).ok()).expect("a coordinate");
+    let (x, y, z) = (at("x"), at("y"), at("z"));
+    let world = WorldState::generate("alpha", palette());
+    assert_eq!(world.surface(Dimension::Nether, x, z).map(|ground| ground + 1), Some(y), "on the ground: {player}");
+    let roof = (y..=127)
+        .find(|y| world.palette().is_solid(world.block(Dimension::Nether, Pos { x, y: *y, z }).block))
+        .expect("a roof above the player");
+    let mut room = roof - y;
+    // Towers of at most 64 blocks: the first ones carry the player up, still with room above them.
+    while room > 64 {
+        let built = ok(call(&mut app, "build_tower", json!({"x": x, "z": z, "height": 64, "block": "stone"})));
+        assert_eq!(built["placed"], 64, "{built}");
+        room -= 64;
+    }
+
+    // The last tower fits under the roof, but the player standing on it does not.
+    let stopped = err(call(&mut app, "build_tower", json!({"x": x, "z": z, "height": room, "block": "planks"})));
+    assert_eq!(stopped.code.to_string(), "BLOCKED", "{}", stopped.message);
+    assert_eq!(stopped.details.extra["placed"].as_i64(), Some(i64::from(room - 1)), "{}", stopped.message);
+    let lifted = ok(call(&mut app, "world_info", json!({})))["player"].clone();
+    assert_eq!(lifted["y"].as_i64(), Some(i64::from(roof - 1)), "head against the roof, never above it: {lifted}");
+    let placed = err(call(&mut app, "place_block", json!({"x": x, "y": roof - 1, "z": z, "block": "stone"})));
+    assert_eq!(placed.code.to_string(), "BLOCKED", "nor does a block placed where they stand: {}", placed.message);
+}
+
+#[test]
 fn a_saved_block_the_palette_does_not_know_is_kept_for_the_next_save_until_its_cell_changes() {
     let cell = |block: &str| world::SavedCell {
         dimension: Dimension::Overworld,

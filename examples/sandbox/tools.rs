@@ -44,6 +44,16 @@ pub(crate) fn called_in(ctx: &CallContext<Visit>) -> Result<Dimension, ToolError
     Dimension::parse(ctx.visit().location.dimension.as_str()).map_err(ToolError::internal)
 }
 
+/// The error of a block that would go where the player stands under a ceiling (see
+/// [`WorldState::would_trap_player`](crate::world::WorldState::would_trap_player)).
+pub(crate) fn player_in_the_way(pos: Pos) -> ToolError {
+    ToolError::new(
+        "BLOCKED",
+        format!("the player stands at {pos} with no room above to step up: the block would trap them"),
+    )
+    .with_detail("player", true)
+}
+
 pub(crate) fn block_id(palette: &Palette, name: &str) -> Result<BlockId, ToolError> {
     match palette.id(name).filter(|id| *id != AIR) {
         Some(id) => Ok(id),
@@ -308,6 +318,9 @@ fn place_block(palette: Arc<Palette>) -> AgentTool<Visit> {
                         )
                         .with_detail("block", there)
                         .with_detail("version", cell.version));
+                    }
+                    if state.would_trap_player(dimension, pos, block) {
+                        return Err(player_in_the_way(pos));
                     }
                     let version = state.set(dimension, pos, block);
                     Ok(PlaceOutput { block: name, version, changed: true })

@@ -12,7 +12,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::session::{TowerReport, Visit};
-use crate::tools::{block_id, called_in, step};
+use crate::tools::{block_id, called_in, player_in_the_way, step};
 use crate::world::{Palette, Pos, Y_BOUNDS};
 
 #[derive(Deserialize, JsonSchema)]
@@ -46,9 +46,11 @@ pub fn build_tower(palette: Arc<Palette>) -> AgentTool<Visit> {
     let blocks: Vec<String> = palette.placeable().map(String::from).collect();
     AgentTool::new(
         "build_tower",
-        "Stacks `height` blocks on the ground at x, z, one block per frame, reporting progress. Stops when the \
-         call ends (the player travels or leaves, or you cancel); the error then has `placed` in its details, and \
-         world_info's `last_tower` says how many blocks were placed and why it stopped.",
+        "Stacks `height` blocks on the ground at x, z, one block per frame, reporting progress; a player standing \
+         there rides up on it. Stops when the call ends (the player travels or leaves, or you cancel), or with \
+         BLOCKED when something is in the way (a block, or the player's head against a ceiling); the error then \
+         has `placed` in its details, and world_info's `last_tower` says how many blocks were placed and why it \
+         stopped.",
         move |ctx: CallContext<Visit>, args: TowerArgs| {
             let palette = palette.clone();
             async move { tower(ctx, args, palette).await }
@@ -123,6 +125,10 @@ async fn tower(ctx: CallContext<Visit>, args: TowerArgs, palette: Arc<Palette>) 
             if state.palette().is_solid(cell.block) && cell.block != block {
                 let there = state.palette().name(cell.block).to_string();
                 return ControlFlow::Break(Err(ToolError::new("BLOCKED", format!("{there} at {pos} is in the way"))));
+            }
+            // The tower lifts a player standing on it, until their head reaches a ceiling.
+            if state.would_trap_player(dimension, pos, block) {
+                return ControlFlow::Break(Err(player_in_the_way(pos)));
             }
             state.set(dimension, pos, block);
             step_log.update(request, |r| r.placed += 1);

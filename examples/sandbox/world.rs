@@ -308,6 +308,16 @@ impl WorldState {
         version
     }
 
+    /// Whether a solid `block` placed at `pos` would have nowhere to push the player to: they stand in that cell
+    /// and the one above is solid too (the nether's roof, a ceiling) or past the top of the world. Placing it
+    /// would lift them through the ceiling.
+    pub fn would_trap_player(&self, dimension: Dimension, pos: Pos, block: BlockId) -> bool {
+        let above = Pos { y: pos.y + 1, ..pos };
+        self.layers[dimension.index()].player == Some(pos)
+            && self.palette.is_solid(block)
+            && (pos.y >= *Y_BOUNDS.end() || self.palette.is_solid(self.block(dimension, above).block))
+    }
+
     /// Where the player stands in `dimension`: on the ground at (0, 0) until they have been there.
     pub fn player(&self, dimension: Dimension) -> Pos {
         self.layers[dimension.index()].player.unwrap_or_else(|| self.spawn(dimension))
