@@ -72,6 +72,9 @@ fn h5_exit_closes_admission_ends_calls_and_closes_once_after_admission_closed() 
 
     app.world_mut().write_message(ExitWorld::new());
     app.update();
+    // Read in the exit's frame: Bevy drops a message two message updates later, and on a slow machine the
+    // frames below run fixed updates that bring those.
+    let closed: Vec<VisitClosed> = app.world_mut().resource_mut::<Messages<VisitClosed>>().drain().collect();
 
     let late = conversation.call("bump", json!({}));
     assert_eq!(code(&late.try_outcome().expect("rejected at once")), Some(ErrorCode::NoWorld));
@@ -89,8 +92,8 @@ fn h5_exit_closes_admission_ends_calls_and_closes_once_after_admission_closed() 
     app.step(5);
     assert_eq!(executions.load(Ordering::SeqCst), 0, "no in-flight closure runs after exit");
     assert_eq!(record.closes.load(Ordering::SeqCst), 1, "close is called once");
-    let closed: Vec<VisitClosed> = app.world_mut().resource_mut::<Messages<VisitClosed>>().drain().collect();
-    assert_eq!(closed.len(), 1);
+    let later: Vec<VisitClosed> = app.world_mut().resource_mut::<Messages<VisitClosed>>().drain().collect();
+    assert_eq!((closed.len(), later.len()), (1, 0), "one VisitClosed");
     assert!(closed[0].completion.wait().is_ok());
 }
 
