@@ -99,13 +99,6 @@ impl AgentHandle {
         self.host.conversations.status(id)
     }
 
-    /// Whether a retry from conversation `id` waits for the execution of another conversation's call it joined
-    /// (same task and operation id): a call in flight, though its status does not count it.
-    #[cfg(feature = "mcp")]
-    pub(crate) fn waits_for_joined(&self, id: &ConversationId) -> bool {
-        self.host.conversations.waits_for_joined(id)
-    }
-
     /// Every conversation's events from now on (status changes, calls started and finished), in publication
     /// order per conversation.
     pub fn subscribe(&self) -> Subscription {

@@ -282,7 +282,7 @@ impl HostShared {
             open.calls
                 .iter()
                 .filter(|life| &life.coords.task == task)
-                .filter(|life| &life.coords.conversation == conversation || life.waited_for_by(conversation))
+                .filter(|life| self.conversations.live_call(conversation, life.coords.request).is_some())
                 .cloned()
                 .collect()
         };

@@ -25,7 +25,7 @@ use crossbeam_channel::Receiver;
 use serde_json::json;
 
 use crate::call::{admit, Admitted, CallCore, CallLife, CallOutput, CallRequest, Job};
-use crate::conversation::ConversationEvent;
+use crate::conversation::{ConversationEvent, ConversationStatus};
 use crate::error::{ErrorCode, ToolError};
 use crate::host::{HostConfig, HostShared, OpenVisit};
 use crate::ids::{ConversationId, DimensionId, LocationRevision, VisitId, WorldId};
@@ -405,5 +405,35 @@ fn h12_a_conversation_ending_as_its_shared_execution_finishes_never_cancels_it_f
             })
             .collect();
         assert_eq!(seen, vec![read.err().map(|error| error.code)], "one CallFinished, saying what the caller reads");
+    });
+}
+
+/// A retry from another conversation joins as the execution finishes: whatever the order, the finished execution
+/// is never left behind as a call in flight of the retry's conversation (it would stay `WaitingToolResult`).
+#[test]
+fn h12_a_retry_joining_as_its_execution_finishes_never_stays_in_flight_for_its_conversation() {
+    explore(|| {
+        let fixture = fixture();
+        let other = ConversationId::new("other");
+        fixture.host.conversations.open(&other);
+        let shared = || CallRequest::new("noop", json!({})).operation("op").task("shared");
+        let Ok(Admitted::Running { life, .. }) = admit(&fixture.host, &fixture.conversation, shared()) else {
+            panic!("admitted")
+        };
+        // Its handler started: a finished execution is retained for retries.
+        assert!(life.begin_handler());
+        let finishing = {
+            let life = life.clone();
+            let output = CallOutput { value: json!("done"), observed: life.coords.visit.clone() };
+            shuttle::thread::spawn(move || life.finish(Ok(output)))
+        };
+        let joining = {
+            let (host, other) = (fixture.host.clone(), other.clone());
+            shuttle::thread::spawn(move || admit(&host, &other, shared()).map(|_| ()).map_err(|error| error.code))
+        };
+        assert!(finishing.join().expect("finish"));
+        assert_eq!(joining.join().expect("join"), Ok(()), "joined, or got the retained outcome");
+        assert!(fixture.host.conversations.live_call(&other, life.coords.request).is_none(), "nothing left in flight");
+        assert_ne!(fixture.host.conversations.status(&other), Some(ConversationStatus::WaitingToolResult));
     });
 }

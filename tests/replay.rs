@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::AgentTestAppExt;
-use bevy_agent_tools::{CallRequest, ConversationEvent, DestructiveGuard, NoArgs, Subscription, OPERATION_ID, TASK_ID};
+use bevy_agent_tools::{
+    CallRequest, ConversationEvent, ConversationStatus, DestructiveGuard, NoArgs, Subscription, OPERATION_ID, TASK_ID,
+};
 use common::*;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -326,6 +328,36 @@ fn h12_the_execution_is_cancelled_once_every_conversation_waiting_for_it_ended_o
     assert_eq!(executions.load(Ordering::SeqCst), 0, "no one waited for it any more: cancelled, its step never ran");
     let again = app.agent().conversation("c").request(shared("op"));
     assert_eq!(code(&app.run_until_resolved(&again)), Some(ErrorCode::Cancelled), "retained as cancelled");
+}
+
+#[test]
+fn h12_a_retry_that_joined_another_conversations_execution_is_a_call_in_flight_of_its_own_conversation() {
+    let (mut app, gate, _) = gated_app("slow", ToolScope::World);
+    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
+    let (_, mut b_events) = b.subscribe().expect("b is open");
+    let first = a.request(shared("op"));
+    app.run_until("parked", |_| gate.arrived() == 1);
+    let request = first.request_id().expect("admitted");
+    let retry = b.request(shared("op"));
+    assert_eq!(b.status(), ConversationStatus::WaitingToolResult, "b waits for a tool result");
+    let (snapshot, _) = b.subscribe().expect("b is open");
+    assert_eq!(snapshot.active_calls.iter().map(|call| call.request).collect::<Vec<_>>(), vec![request]);
+    let rejoined = b.rejoin(request).expect("b can observe it again, e.g. after a reconnect");
+    drop(retry);
+    gate.open();
+    assert!(app.run_until_resolved(&rejoined).is_ok());
+    assert_eq!(b.status(), ConversationStatus::Idle, "and is idle once it finished");
+    let events = b_events.drain();
+    let started = events.iter().filter(|event| matches!(event, ConversationEvent::CallStarted(_))).count();
+    let finished: Vec<_> = events
+        .iter()
+        .filter_map(|event| match event {
+            ConversationEvent::CallFinished(finished) => Some(finished.code.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!((started, finished), (1, vec![None]), "b saw its call start and succeed, once: {events:#?}");
+    assert!(app.run_until_resolved(&first).is_ok());
 }
 
 #[test]

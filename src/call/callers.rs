@@ -112,11 +112,6 @@ impl Callers {
         Withdrawal { had_callers: group.is_some(), none_left: book.waiting.is_empty() }
     }
 
-    /// Whether a caller from `conversation` waits for the call.
-    pub(crate) fn includes(&self, conversation: &ConversationId) -> bool {
-        self.book.lock().waiting.contains_key(conversation)
-    }
-
     /// Why the conversation of `seat` withdrew it, if it did and the caller had not cancelled itself first.
     pub(crate) fn why_withdrawn(&self, seat: &CallerSeat) -> Option<String> {
         if seat.cancelled_itself.load(Ordering::SeqCst) {
@@ -142,7 +137,6 @@ mod tests {
         assert_eq!(callers.why_withdrawn(&old).as_deref(), Some("a ended"));
         let again = callers.join(&a);
         assert!(!callers.leave(&old), "the old seat leaves nothing");
-        assert!(callers.includes(&a), "the new seat still waits");
         assert!(!callers.leave(&again));
         assert!(callers.leave(&other), "the last caller left");
         assert_eq!(callers.why_withdrawn(&other), None);

@@ -74,6 +74,9 @@ pub(crate) struct CallLife {
     callers: Callers,
     /// `on_end` cleanups, sent to the main thread when the call ends.
     cleanups: Mutex<Cleanups>,
+    /// Set (under the conversations' lock) once the conversations were told of the outcome: a retry that joins
+    /// after that is not recorded as a call in flight of its conversation.
+    pub(crate) finished_in_hub: AtomicBool,
 }
 
 struct Cleanups {
@@ -107,6 +110,7 @@ impl CallLife {
             handler_started: AtomicBool::new(false),
             callers: Callers::default(),
             cleanups: Mutex::new(Cleanups { ended: None, waiting: Vec::new(), jobs }),
+            finished_in_hub: AtomicBool::new(false),
         }
     }
 
@@ -157,29 +161,23 @@ impl CallLife {
             return false;
         }
         let withdrawal = self.callers.withdraw(conversation, why);
-        if !withdrawal.had_callers && self.coords.conversation != *conversation {
-            // A retry of `conversation` joined the call and already left it: the call is not its to end.
-            return false;
-        }
+        // A retry of `conversation` that joined the call and already left it: the call is not its to end.
+        let its_to_end = withdrawal.had_callers || self.coords.conversation == *conversation;
         let cancelled = || Err(ToolError::with_code(ErrorCode::Cancelled, why));
-        let stopped = if withdrawal.none_left {
+        let stopped = if withdrawal.none_left && its_to_end {
             match step.as_mut() {
                 Some(step) => self.finish_locked(step, cancelled()),
                 None => self.finish(cancelled()),
             }
         } else {
-            // Still under the step lock: the conversation's `CallFinished` says what its callers read.
+            // It goes on without `conversation`, which sees it finish now. Still under the step lock: the
+            // conversation's `CallFinished` says what its callers read.
             self.hub.call_withdrawn(conversation, self)
         };
         drop(step);
         // Wakes the callers that block on the outcome, so that the withdrawn ones see they stopped.
         self.outcome.nudge();
         stopped || withdrawal.had_callers
-    }
-
-    /// Whether a caller from `conversation` waits for the call.
-    pub(crate) fn waited_for_by(&self, conversation: &ConversationId) -> bool {
-        self.callers.includes(conversation)
     }
 
     /// The outcome of the caller of `seat` once it stopped waiting while the call went on for others: `CANCELLED`,

@@ -7,7 +7,7 @@
 //! the state before the next event.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -35,10 +35,9 @@ struct Entry {
     sequence: u64,
     /// The newest sequence number the agent reported with.
     agent_sequence: u64,
+    /// Its calls in flight: its own, and the executions of other conversations' calls that its retries joined
+    /// (same task and operation id: a call of this conversation too, under the first call's request id).
     active: BTreeMap<crate::ids::RequestId, Arc<CallLife>>,
-    /// Executions of other calls that this conversation's retries joined (same task and operation): an end
-    /// withdraws its callers from them too. Pruned of finished ones as it grows.
-    joined: Vec<Weak<CallLife>>,
     pending: BTreeMap<u64, (PendingCall, CancellationToken)>,
     subscribers: Vec<UnboundedSender<ConversationEvent>>,
     last_activity: Instant,
@@ -55,7 +54,6 @@ impl Entry {
             sequence: 0,
             agent_sequence: 0,
             active: BTreeMap::new(),
-            joined: Vec::new(),
             pending: BTreeMap::new(),
             subscribers: Vec::new(),
             last_activity: now,
@@ -71,6 +69,9 @@ struct HubInner {
     /// Subscribers to every conversation.
     watchers: Vec<UnboundedSender<ConversationEvent>>,
     next_pending: u64,
+    /// The other conversations whose retries joined each execution still in flight, by its request id: its
+    /// finish is theirs too.
+    joined: HashMap<crate::ids::RequestId, Vec<ConversationId>>,
 }
 
 /// What an end took from the conversation, to be ended outside the lock.
@@ -269,12 +270,11 @@ impl ConversationHub {
             inner
                 .conversations
                 .iter()
-                .filter(|(id, entry)| {
+                .filter(|(_, entry)| {
                     !entry.facts.ended
                         && !entry.held
                         && entry.active.is_empty()
                         && entry.pending.is_empty()
-                        && !waits_for_joined(id, entry)
                         && now.saturating_duration_since(entry.last_activity) >= timeout
                 })
                 .map(|(id, _)| id.clone())
@@ -344,48 +344,83 @@ impl ConversationHub {
         let HubInner { conversations, watchers, .. } = &mut *inner;
         let id = &life.coords.conversation;
         let Some(entry) = conversations.get_mut(id).filter(|entry| !entry.facts.ended) else { return false };
-        entry.active.insert(life.coords.request, life.clone());
-        entry.facts.calls += 1;
         entry.last_activity = entry.last_activity.max(life.started);
-        let started = CallStarted {
-            conversation: id.clone(),
-            request: life.coords.request,
-            tool: life.coords.tool.clone(),
-            task: life.coords.task.clone(),
-            visit: life.coords.visit.clone(),
-            sequence: 0,
-        };
-        publish(&self.game, watchers, entry, ConversationEvent::CallStarted(started));
-        update(&self.game, watchers, id, entry, StatusSource::Host);
+        start(&self.game, watchers, id, entry, life);
         true
     }
 
-    /// Records that a retry from `id` joined another call's running execution (under the host's state lock).
-    /// Returns false if the conversation ended meanwhile: the caller must then leave it.
+    /// Records that a retry from `id` joined another call's running execution (under the host's state lock): it
+    /// is a call of `id` too, until the execution finishes or `id` stops waiting for it. Returns false if the
+    /// conversation ended meanwhile: the caller must then leave it.
     pub(crate) fn call_joined(&self, id: &ConversationId, life: &Arc<CallLife>) -> bool {
         let mut inner = self.inner.lock();
-        let Some(entry) = inner.conversations.get_mut(id).filter(|entry| !entry.facts.ended) else { return false };
-        entry.joined.retain(|joined| joined.upgrade().is_some_and(|joined| !joined.is_ended()));
-        entry.joined.push(Arc::downgrade(life));
+        let HubInner { conversations, watchers, joined, .. } = &mut *inner;
+        let Some(entry) = conversations.get_mut(id).filter(|entry| !entry.facts.ended) else { return false };
         entry.last_activity = Instant::now();
+        // Already its call (a retry in the call's own conversation), or already finished: its caller reads the
+        // outcome, nothing to record.
+        let finished = life.finished_in_hub.load(std::sync::atomic::Ordering::Acquire);
+        if !finished && !entry.active.contains_key(&life.coords.request) {
+            start(&self.game, watchers, id, entry, life);
+            joined.entry(life.coords.request).or_default().push(id.clone());
+        }
         true
     }
+}
 
-    /// Whether a retry from `id` waits for another call's execution it joined: the conversation has a call in
-    /// flight, though not its own (a client's session must not expire by silence meanwhile).
-    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
-    pub(crate) fn waits_for_joined(&self, id: &ConversationId) -> bool {
-        self.inner.lock().conversations.get(id).is_some_and(|entry| waits_for_joined(id, entry))
+/// Takes `life` off the calls in flight of conversation `id` and publishes its outcome there. Returns whether it
+/// was one of them.
+fn finished(
+    game: &Sender<ConversationEvent>,
+    conversations: &mut HashMap<ConversationId, Entry>,
+    watchers: &mut Vec<UnboundedSender<ConversationEvent>>,
+    id: &ConversationId,
+    life: &CallLife,
+    outcome: &CallOutcome,
+) -> bool {
+    let Some(entry) = conversations.get_mut(id) else { return false };
+    if entry.active.remove(&life.coords.request).is_none() {
+        return false;
     }
+    entry.facts.calls = entry.facts.calls.saturating_sub(1);
+    entry.last_activity = Instant::now();
+    let finished = CallFinished {
+        conversation: id.clone(),
+        request: life.coords.request,
+        tool: life.coords.tool.clone(),
+        code: outcome.as_ref().err().map(|error| error.code.clone()),
+        duration: life.started.elapsed(),
+        visit: life.coords.visit.clone(),
+        sequence: 0,
+    };
+    publish(game, watchers, entry, ConversationEvent::CallFinished(finished));
+    update(game, watchers, id, entry, StatusSource::Host);
+    true
+}
 
-    /// The conversation `id` stopped waiting for its call `life`, which goes on for a caller of another
-    /// conversation (under the call's step lock, as a finish): it finishes here as `CANCELLED` (its own finish
-    /// later publishes nothing here). Returns whether the call was still this conversation's.
-    pub(crate) fn call_withdrawn(&self, id: &ConversationId, life: &CallLife) -> bool {
-        let cancelled = Err(ToolError::with_code(ErrorCode::Cancelled, "withdrawn"));
-        self.finished(id, life, &cancelled)
-    }
+/// Records `life` as a call in flight of conversation `id`, and publishes it.
+fn start(
+    game: &Sender<ConversationEvent>,
+    watchers: &mut Vec<UnboundedSender<ConversationEvent>>,
+    id: &ConversationId,
+    entry: &mut Entry,
+    life: &Arc<CallLife>,
+) {
+    entry.active.insert(life.coords.request, life.clone());
+    entry.facts.calls += 1;
+    let started = CallStarted {
+        conversation: id.clone(),
+        request: life.coords.request,
+        tool: life.coords.tool.clone(),
+        task: life.coords.task.clone(),
+        visit: life.coords.visit.clone(),
+        sequence: 0,
+    };
+    publish(game, watchers, entry, ConversationEvent::CallStarted(started));
+    update(game, watchers, id, entry, StatusSource::Host);
+}
 
+impl ConversationHub {
     /// Publishes a running call's progress report (nothing once the call finished).
     pub(crate) fn call_progress(&self, life: &CallLife, progress: &Progress) {
         let mut inner = self.inner.lock();
@@ -408,31 +443,26 @@ impl ConversationHub {
 
     /// Records a call's outcome, before anyone waiting for it can see it (so the status has already returned
     /// when the agent learns the result).
+    /// It finishes for its own conversation and for every other one whose retry joined it; a retry that joins it
+    /// after this reads its outcome and is not recorded.
     pub(crate) fn call_finished(&self, life: &CallLife, outcome: &CallOutcome) {
-        self.finished(&life.coords.conversation, life, outcome);
+        let mut inner = self.inner.lock();
+        life.finished_in_hub.store(true, std::sync::atomic::Ordering::Release);
+        let HubInner { conversations, watchers, joined, .. } = &mut *inner;
+        let others = joined.remove(&life.coords.request).unwrap_or_default();
+        for id in std::iter::once(&life.coords.conversation).chain(&others) {
+            finished(&self.game, conversations, watchers, id, life, outcome);
+        }
     }
 
-    fn finished(&self, id: &ConversationId, life: &CallLife, outcome: &CallOutcome) -> bool {
+    /// The conversation `id` stopped waiting for its call `life`, which goes on for a caller of another
+    /// conversation (under the call's step lock, as a finish): it finishes here as `CANCELLED` (its own finish
+    /// later publishes nothing here). Returns whether the call was still this conversation's.
+    pub(crate) fn call_withdrawn(&self, id: &ConversationId, life: &CallLife) -> bool {
+        let cancelled = Err(ToolError::with_code(ErrorCode::Cancelled, "withdrawn"));
         let mut inner = self.inner.lock();
         let HubInner { conversations, watchers, .. } = &mut *inner;
-        let Some(entry) = conversations.get_mut(id) else { return false };
-        if entry.active.remove(&life.coords.request).is_none() {
-            return false;
-        }
-        entry.facts.calls = entry.facts.calls.saturating_sub(1);
-        entry.last_activity = Instant::now();
-        let finished = CallFinished {
-            conversation: id.clone(),
-            request: life.coords.request,
-            tool: life.coords.tool.clone(),
-            code: outcome.as_ref().err().map(|error| error.code.clone()),
-            duration: life.started.elapsed(),
-            visit: life.coords.visit.clone(),
-            sequence: 0,
-        };
-        publish(&self.game, watchers, entry, ConversationEvent::CallFinished(finished));
-        update(&self.game, watchers, id, entry, StatusSource::Host);
-        true
+        finished(&self.game, conversations, watchers, id, life, &cancelled)
     }
 
     /// Records a call that waits for its tool. `None` if the conversation ended (or is unknown).
@@ -497,11 +527,6 @@ fn not_found(id: &ConversationId) -> ToolError {
 }
 
 /// Marks the entry ended (publishing once) and takes its calls, to be ended outside the lock.
-/// Whether a retry from `id` still waits for an execution it joined.
-fn waits_for_joined(id: &ConversationId, entry: &Entry) -> bool {
-    entry.joined.iter().filter_map(Weak::upgrade).any(|life| !life.is_ended() && life.waited_for_by(id))
-}
-
 fn end_entry(
     game: &Sender<ConversationEvent>,
     watchers: &mut Vec<UnboundedSender<ConversationEvent>>,
@@ -515,13 +540,10 @@ fn end_entry(
     entry.facts.ended = true;
     entry.ended_at = Some(Instant::now());
     update(game, watchers, id, entry, source);
-    let mut calls: Vec<Arc<CallLife>> = entry.active.values().cloned().collect();
-    for joined in std::mem::take(&mut entry.joined).iter().filter_map(Weak::upgrade) {
-        if !calls.iter().any(|call| Arc::ptr_eq(call, &joined)) {
-            calls.push(joined);
-        }
+    Orphans {
+        calls: entry.active.values().cloned().collect(),
+        pending: entry.pending.values().map(|(_, token)| token.clone()).collect(),
     }
-    Orphans { calls, pending: entry.pending.values().map(|(_, token)| token.clone()).collect() }
 }
 
 /// Recomputes the status from the facts and publishes a change. Returns whether it changed.

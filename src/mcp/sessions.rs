@@ -308,11 +308,10 @@ impl ConversationSessions {
             if now.saturating_duration_since(tracked.last_seen) < idle_timeout {
                 continue;
             }
-            // A retry waiting for an execution another session's call started (same task and operation id) is a
-            // call in flight too: expiring would cancel the work it waits for.
+            // (A retry waiting for an execution another session's call started, same task and operation id, is a
+            // call in flight of its conversation too: expiring would cancel the work it waits for.)
             let waiting = |conversation: &ConversationId| {
                 self.agent.conversation_status(conversation) == Some(ConversationStatus::WaitingToolResult)
-                    || self.agent.waits_for_joined(conversation)
             };
             if waiting(&tracked.conversation) || tracked.used.iter().any(waiting) {
                 tracked.last_seen = now;
