@@ -361,6 +361,61 @@ fn h12_a_retry_that_joined_another_conversations_execution_is_a_call_in_flight_o
 }
 
 #[test]
+fn h12_a_conversation_whose_every_caller_cancelled_sees_the_call_finish_cancelled_while_it_goes_on_for_others() {
+    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
+    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
+    let (_, mut b_events) = b.subscribe().expect("b is open");
+    let first = a.request(shared("op"));
+    app.run_until("parked", |_| gate.arrived() == 1);
+    let retry = b.request(shared("op"));
+    assert_eq!(b.status(), ConversationStatus::WaitingToolResult);
+    assert!(retry.cancel());
+    assert_eq!(b.status(), ConversationStatus::Idle, "b no longer waits for it");
+    assert_eq!(finished(&mut b_events), vec![Some(ErrorCode::Cancelled)], "b saw its call end as its caller did");
+    gate.open();
+    assert!(app.run_until_resolved(&first).is_ok(), "the execution went on for a");
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+    assert_eq!(finished(&mut b_events), vec![], "its finish is not b's any more");
+}
+
+/// Waits at the gate, then reports progress once.
+fn reports_after(gate: bevy_agent_tools::testing::Gate) -> AgentTool<Session> {
+    AgentTool::new("reports", "Reports progress once the gate opens.", move |ctx: CallContext<Session>, _: NoArgs| {
+        let gate = gate.clone();
+        async move {
+            gate.pass().await;
+            ctx.report_progress(1.0, Some(1.0), Some("done".into()));
+            Ok(json!({}))
+        }
+    })
+}
+
+#[test]
+fn h12_a_retry_that_joined_another_conversations_execution_gets_its_progress_too() {
+    let gate = bevy_agent_tools::testing::Gate::new();
+    let mut app = app_with(TestGame::default(), vec![reports_after(gate.clone())]);
+    app.enter_world("alpha");
+    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
+    let (_, mut b_events) = b.subscribe().expect("b is open");
+    let keyed = || keyed("reports", json!({}), "op").task("shared");
+    let first = a.request(keyed());
+    app.run_until("parked", |_| gate.arrived() == 1);
+    let retry = b.request(keyed());
+    gate.open();
+    assert!(app.run_until_resolved(&retry).is_ok());
+    assert!(app.run_until_resolved(&first).is_ok());
+    let progress: Vec<_> = b_events
+        .drain()
+        .into_iter()
+        .filter_map(|event| match event {
+            ConversationEvent::CallProgress(progress) => Some((progress.conversation.to_string(), progress.progress)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(progress, vec![("b".to_string(), 1.0)], "b's view of the call it waits for");
+}
+
+#[test]
 fn h12_a_conversation_whose_retry_already_left_an_execution_it_does_not_own_ends_without_cancelling_it() {
     let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
     let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));

@@ -61,6 +61,14 @@ struct Group {
     withdrawn: CancellationToken,
 }
 
+/// What a caller's leaving did.
+pub(crate) struct Left {
+    /// It was the last caller of its conversation waiting for the call.
+    pub conversation_gone: bool,
+    /// No caller of any conversation is left waiting for it.
+    pub none_left: bool,
+}
+
 /// What a conversation's withdrawal did.
 pub(crate) struct Withdrawal {
     /// The conversation had callers waiting for the call.
@@ -87,18 +95,23 @@ impl Callers {
         }
     }
 
-    /// The caller of `seat` leaves (each leaves once). Returns whether no caller is left waiting for the call
-    /// because of it; a caller its conversation already withdrew changes nothing.
-    pub(crate) fn leave(&self, seat: &CallerSeat) -> bool {
+    /// The caller of `seat` leaves (each leaves once); a caller its conversation already withdrew changes nothing.
+    pub(crate) fn leave(&self, seat: &CallerSeat) -> Left {
         let mut book = self.book.lock();
         let Some(group) = book.waiting.get_mut(&seat.conversation).filter(|group| group.id == seat.group) else {
-            return false;
+            return Left { conversation_gone: false, none_left: false };
         };
         group.callers -= 1;
-        if group.callers == 0 {
+        let conversation_gone = group.callers == 0;
+        if conversation_gone {
             book.waiting.remove(&seat.conversation);
         }
-        book.waiting.is_empty()
+        Left { conversation_gone, none_left: book.waiting.is_empty() }
+    }
+
+    /// The conversation of `seat`.
+    pub(crate) fn conversation_of(seat: &CallerSeat) -> &ConversationId {
+        &seat.conversation
     }
 
     /// `conversation` withdraws its callers, because of `why`: each of them stops waiting.
@@ -136,9 +149,10 @@ mod tests {
         assert!(old.withdrawn.is_cancelled());
         assert_eq!(callers.why_withdrawn(&old).as_deref(), Some("a ended"));
         let again = callers.join(&a);
-        assert!(!callers.leave(&old), "the old seat leaves nothing");
-        assert!(!callers.leave(&again));
-        assert!(callers.leave(&other), "the last caller left");
+        assert!(!callers.leave(&old).conversation_gone, "the old seat leaves nothing");
+        let left = callers.leave(&again);
+        assert!(left.conversation_gone && !left.none_left, "a's new group is gone, b still waits");
+        assert!(callers.leave(&other).none_left, "the last caller left");
         assert_eq!(callers.why_withdrawn(&other), None);
     }
 }

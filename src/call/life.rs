@@ -141,11 +141,29 @@ impl CallLife {
     /// caller still waits for. Without, it only stopped observing (a keyed call dropped so that its retry can join
     /// it): the call runs on. Returns whether this ended the call.
     pub(crate) fn leave(&self, seat: &CallerSeat, cancel: Option<&str>) -> bool {
-        let last = self.callers.leave(seat);
-        match cancel {
-            Some(why) if last => self.fail(ErrorCode::Cancelled, why),
-            _ => false,
+        let Some(why) = cancel else {
+            self.callers.leave(seat);
+            return false;
+        };
+        // Under the step lock, as an end (see `withdraw`).
+        let in_own_step = IN_STEP.with(Cell::get) == std::ptr::from_ref(self) as usize;
+        let mut step = (!in_own_step).then(|| self.step.lock());
+        if self.outcome.is_set() {
+            return false;
         }
+        let left = self.callers.leave(seat);
+        if left.none_left {
+            let cancelled = Err(ToolError::with_code(ErrorCode::Cancelled, why));
+            return match step.as_mut() {
+                Some(step) => self.finish_locked(step, cancelled),
+                None => self.finish(cancelled),
+            };
+        }
+        if left.conversation_gone {
+            // Every caller of that conversation cancelled: the call goes on for others, not as its call.
+            self.hub.call_withdrawn(Callers::conversation_of(seat), self);
+        }
+        false
     }
 
     /// `conversation` ended or cancelled the call's task (`why`): its callers stop waiting, with `CANCELLED`.
@@ -172,7 +190,10 @@ impl CallLife {
         } else {
             // It goes on without `conversation`, which sees it finish now. Still under the step lock: the
             // conversation's `CallFinished` says what its callers read.
-            self.hub.call_withdrawn(conversation, self)
+            let stopped = self.hub.call_withdrawn(conversation, self);
+            // A `rejoin` that raced this (it still found the call in flight) joined a new group: withdrawn too.
+            self.callers.withdraw(conversation, why);
+            stopped
         };
         drop(step);
         // Wakes the callers that block on the outcome, so that the withdrawn ones see they stopped.

@@ -29,12 +29,14 @@ pub struct ConversationStatusChanged {
     pub sequence: u64,
 }
 
-/// A call was admitted and its execution started.
+/// A call was admitted and its execution started; or (`joined`) a retry of a keyed operation joined an execution
+/// another conversation's call started. Each conversation's `CallStarted` is followed by its one `CallFinished`:
+/// key what is in flight by conversation and request.
 #[derive(Message, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallStarted {
     /// The conversation that made it.
     pub conversation: ConversationId,
-    /// The call.
+    /// The call (for a joined retry, the execution's: the first call's request id).
     pub request: RequestId,
     /// The tool.
     pub tool: String,
@@ -42,17 +44,25 @@ pub struct CallStarted {
     pub task: TaskId,
     /// The visit and location revision it was admitted under.
     pub visit: VisitInfo,
+    /// Whether this conversation's retry joined the execution of another conversation's call (same task and
+    /// operation id, rule H12): that call has its own `CallStarted`, and the execution runs once.
+    #[serde(default)]
+    pub joined: bool,
     /// The conversation's event sequence number.
     pub sequence: u64,
 }
 
-/// A call reached its one outcome.
+/// A call reached its one outcome (for its conversation: one that ended, or cancelled the task, while a retry of
+/// another conversation still waits for the execution sees it finish `CANCELLED`, and the execution goes on).
 #[derive(Message, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallFinished {
     /// The conversation that made it.
     pub conversation: ConversationId,
-    /// The call.
+    /// The call (for a joined retry, the execution's: the first call's request id).
     pub request: RequestId,
+    /// Whether this conversation's retry had joined another conversation's call (see [`CallStarted::joined`]).
+    #[serde(default)]
+    pub joined: bool,
     /// The tool.
     pub tool: String,
     /// `None` for a success, else the error's code.

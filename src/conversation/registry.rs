@@ -362,7 +362,10 @@ impl ConversationHub {
         let finished = life.finished_in_hub.load(std::sync::atomic::Ordering::Acquire);
         if !finished && !entry.active.contains_key(&life.coords.request) {
             start(&self.game, watchers, id, entry, life);
-            joined.entry(life.coords.request).or_default().push(id.clone());
+            let others = joined.entry(life.coords.request).or_default();
+            if !others.contains(id) {
+                others.push(id.clone());
+            }
         }
         true
     }
@@ -387,6 +390,7 @@ fn finished(
     let finished = CallFinished {
         conversation: id.clone(),
         request: life.coords.request,
+        joined: *id != life.coords.conversation,
         tool: life.coords.tool.clone(),
         code: outcome.as_ref().err().map(|error| error.code.clone()),
         duration: life.started.elapsed(),
@@ -414,6 +418,7 @@ fn start(
         tool: life.coords.tool.clone(),
         task: life.coords.task.clone(),
         visit: life.coords.visit.clone(),
+        joined: *id != life.coords.conversation,
         sequence: 0,
     };
     publish(game, watchers, entry, ConversationEvent::CallStarted(started));
@@ -422,23 +427,27 @@ fn start(
 
 impl ConversationHub {
     /// Publishes a running call's progress report (nothing once the call finished).
+    /// Published to every conversation the call is in flight for: its own, and those whose retries joined it.
     pub(crate) fn call_progress(&self, life: &CallLife, progress: &Progress) {
         let mut inner = self.inner.lock();
-        let HubInner { conversations, watchers, .. } = &mut *inner;
-        let Some(entry) = conversations.get_mut(&life.coords.conversation) else { return };
-        if !entry.active.contains_key(&life.coords.request) {
-            return;
+        let HubInner { conversations, watchers, joined, .. } = &mut *inner;
+        let others = joined.get(&life.coords.request).into_iter().flatten();
+        for id in std::iter::once(&life.coords.conversation).chain(others) {
+            let Some(entry) = conversations.get_mut(id) else { continue };
+            if !entry.active.contains_key(&life.coords.request) {
+                continue;
+            }
+            let event = CallProgress {
+                conversation: id.clone(),
+                request: life.coords.request,
+                tool: life.coords.tool.clone(),
+                progress: progress.progress,
+                total: progress.total,
+                message: progress.message.clone(),
+                sequence: 0,
+            };
+            publish(&self.game, watchers, entry, ConversationEvent::CallProgress(event));
         }
-        let event = CallProgress {
-            conversation: life.coords.conversation.clone(),
-            request: life.coords.request,
-            tool: life.coords.tool.clone(),
-            progress: progress.progress,
-            total: progress.total,
-            message: progress.message.clone(),
-            sequence: 0,
-        };
-        publish(&self.game, watchers, entry, ConversationEvent::CallProgress(event));
     }
 
     /// Records a call's outcome, before anyone waiting for it can see it (so the status has already returned

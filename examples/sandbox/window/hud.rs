@@ -32,7 +32,8 @@ pub struct Hud {
     /// Where agents connect, as the start-up left it.
     mcp: String,
     visit: Option<VisitInfo>,
-    in_flight: BTreeMap<RequestId, InFlight>,
+    /// By request and conversation: a retry that joined another conversation's call shares its request id.
+    in_flight: BTreeMap<(RequestId, ConversationId), InFlight>,
     finished: VecDeque<String>,
     conversations: BTreeMap<ConversationId, ConversationStatus>,
 }
@@ -105,15 +106,15 @@ pub fn read_messages(
     }
     for m in started.read() {
         let call = InFlight { tool: m.tool.clone(), conversation: m.conversation.clone(), progress: None };
-        hud.in_flight.insert(m.request, call);
+        hud.in_flight.insert((m.request, m.conversation.clone()), call);
     }
     for m in progress.read() {
-        if let Some(call) = hud.in_flight.get_mut(&m.request) {
+        if let Some(call) = hud.in_flight.get_mut(&(m.request, m.conversation.clone())) {
             call.progress = Some((m.progress, m.total));
         }
     }
     for m in finished.read() {
-        hud.in_flight.remove(&m.request);
+        hud.in_flight.remove(&(m.request, m.conversation.clone()));
         let outcome = m.code.as_ref().map_or("ok".to_string(), ToString::to_string);
         let line =
             format!("{} {} {outcome} {:.1} ms ({})", m.request, m.tool, m.duration.as_secs_f64() * 1e3, m.conversation);
@@ -183,7 +184,7 @@ impl Hud {
             lines.push(format!("player {}, {}, {}", pos.x, pos.y, pos.z));
         }
         lines.push(format!("calls in flight: {}", self.in_flight.len()));
-        for (request, call) in self.in_flight.iter().take(LAST_CALLS) {
+        for ((request, _), call) in self.in_flight.iter().take(LAST_CALLS) {
             let progress = match call.progress {
                 Some((done, Some(total))) => format!(" {done}/{total}"),
                 Some((done, None)) => format!(" {done}"),
