@@ -258,6 +258,25 @@ fn shared(operation: &str) -> CallRequest {
     keyed("slow", json!({}), operation).task("shared")
 }
 
+/// The game's `slow` tool parked at its gate in conversation `a`'s keyed call of task `shared` (operation `op`),
+/// with conversation `b` ready to retry it.
+struct Parked {
+    app: bevy::prelude::App,
+    gate: bevy_agent_tools::testing::Gate,
+    executions: Arc<AtomicUsize>,
+    a: bevy_agent_tools::Conversation,
+    b: bevy_agent_tools::Conversation,
+    first: bevy_agent_tools::Call,
+}
+
+fn a_shared_call_parked() -> Parked {
+    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
+    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
+    let first = a.request(shared("op"));
+    app.run_until("parked", |_| gate.arrived() == 1);
+    Parked { app, gate, executions, a, b, first }
+}
+
 /// The `CallFinished` events of one conversation, by code.
 fn finished(events: &mut Subscription) -> Vec<Option<ErrorCode>> {
     events
@@ -272,11 +291,8 @@ fn finished(events: &mut Subscription) -> Vec<Option<ErrorCode>> {
 
 #[test]
 fn h12_an_ending_conversation_withdraws_only_its_own_callers_and_the_execution_goes_on_for_another_conversation() {
-    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
-    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
+    let Parked { mut app, gate, executions, a, b, first } = a_shared_call_parked();
     let (_, mut a_events) = a.subscribe().expect("a is open");
-    let first = a.request(shared("op"));
-    app.run_until("parked", |_| gate.arrived() == 1);
     let retry = b.request(shared("op"));
     assert_eq!(retry.request_id(), first.request_id(), "b's retry joined a's execution");
     a.end().expect("a ends");
@@ -294,10 +310,7 @@ fn h12_an_ending_conversation_withdraws_only_its_own_callers_and_the_execution_g
 
 #[test]
 fn h12_a_conversation_whose_retry_joined_another_ones_execution_ends_and_the_first_caller_still_gets_it() {
-    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
-    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
-    let first = a.request(shared("op"));
-    app.run_until("parked", |_| gate.arrived() == 1);
+    let Parked { mut app, gate, executions, b, first, .. } = a_shared_call_parked();
     let retry = b.request(shared("op"));
     assert!(retry.is_running());
     // A thread blocked on b's call wakes when b ends, without waiting for the execution.
@@ -313,10 +326,7 @@ fn h12_a_conversation_whose_retry_joined_another_ones_execution_ends_and_the_fir
 
 #[test]
 fn h12_the_execution_is_cancelled_once_every_conversation_waiting_for_it_ended_or_cancelled_the_task() {
-    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
-    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
-    let first = a.request(shared("op"));
-    app.run_until("parked", |_| gate.arrived() == 1);
+    let Parked { mut app, gate, executions, a, b, first } = a_shared_call_parked();
     let retry = b.request(shared("op"));
     assert_eq!(b.cancel_task("shared"), 1, "b's caller stopped waiting");
     assert_eq!(code(&retry.try_outcome().expect("ended for b")), Some(ErrorCode::Cancelled));
@@ -332,11 +342,8 @@ fn h12_the_execution_is_cancelled_once_every_conversation_waiting_for_it_ended_o
 
 #[test]
 fn h12_a_retry_that_joined_another_conversations_execution_is_a_call_in_flight_of_its_own_conversation() {
-    let (mut app, gate, _) = gated_app("slow", ToolScope::World);
-    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
+    let Parked { mut app, gate, b, first, .. } = a_shared_call_parked();
     let (_, mut b_events) = b.subscribe().expect("b is open");
-    let first = a.request(shared("op"));
-    app.run_until("parked", |_| gate.arrived() == 1);
     let request = first.request_id().expect("admitted");
     let retry = b.request(shared("op"));
     assert_eq!(b.status(), ConversationStatus::WaitingToolResult, "b waits for a tool result");
@@ -362,11 +369,8 @@ fn h12_a_retry_that_joined_another_conversations_execution_is_a_call_in_flight_o
 
 #[test]
 fn h12_a_conversation_whose_every_caller_cancelled_sees_the_call_finish_cancelled_while_it_goes_on_for_others() {
-    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
-    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
+    let Parked { mut app, gate, executions, b, first, .. } = a_shared_call_parked();
     let (_, mut b_events) = b.subscribe().expect("b is open");
-    let first = a.request(shared("op"));
-    app.run_until("parked", |_| gate.arrived() == 1);
     let retry = b.request(shared("op"));
     assert_eq!(b.status(), ConversationStatus::WaitingToolResult);
     assert!(retry.cancel());
@@ -434,10 +438,7 @@ fn h12_a_conversation_whose_retry_already_left_an_execution_it_does_not_own_ends
 
 #[test]
 fn h12_a_caller_that_cancelled_keeps_its_reason_when_its_conversation_ends_later() {
-    let (mut app, gate, _) = gated_app("slow", ToolScope::World);
-    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
-    let first = a.request(shared("op"));
-    app.run_until("parked", |_| gate.arrived() == 1);
+    let Parked { mut app, gate, a, b, first, .. } = a_shared_call_parked();
     let retry = a.request(shared("op"));
     let other = b.request(shared("op"));
     assert!(retry.cancel(), "the retry stops waiting");
@@ -452,10 +453,7 @@ fn h12_a_caller_that_cancelled_keeps_its_reason_when_its_conversation_ends_later
 
 #[test]
 fn h12_ending_a_conversation_after_its_call_finished_leaves_the_callers_outcome_as_it_was() {
-    let (mut app, gate, _) = gated_app("slow", ToolScope::World);
-    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
-    let first = a.request(shared("op"));
-    app.run_until("parked", |_| gate.arrived() == 1);
+    let Parked { mut app, gate, a, b, first, .. } = a_shared_call_parked();
     let retry = b.request(shared("op"));
     gate.open();
     assert!(app.run_until_resolved(&first).is_ok());
