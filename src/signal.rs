@@ -40,13 +40,7 @@ impl<T: Clone> OnceSignal<T> {
 
     /// Blocks until set or until `deadline`; `None` if still unset then.
     pub(crate) fn wait_until(&self, deadline: Instant) -> Option<T> {
-        let mut slot = self.value.lock();
-        while slot.is_none() {
-            if self.changed.wait_until(&mut slot, deadline).timed_out() {
-                break;
-            }
-        }
-        slot.clone()
+        self.wait_until_or(deadline, || false)
     }
 
     /// Blocks until set, until `stop` says so, or until `deadline`; `None` if still unset then. Whoever makes

@@ -35,6 +35,11 @@ pub(crate) struct CallerSeat {
 }
 
 impl CallerSeat {
+    /// The conversation it called from.
+    pub(crate) fn conversation(&self) -> &ConversationId {
+        &self.conversation
+    }
+
     /// The caller cancelled itself (before it cancels [`withdrawn`](Self::withdrawn)).
     pub(crate) fn mark_cancelled(&self) {
         self.cancelled_itself.store(true, Ordering::SeqCst);
@@ -107,11 +112,6 @@ impl Callers {
             book.waiting.remove(&seat.conversation);
         }
         Left { conversation_gone, none_left: book.waiting.is_empty() }
-    }
-
-    /// The conversation of `seat`.
-    pub(crate) fn conversation_of(seat: &CallerSeat) -> &ConversationId {
-        &seat.conversation
     }
 
     /// `conversation` withdraws its callers, because of `why`: each of them stops waiting.

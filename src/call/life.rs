@@ -146,22 +146,17 @@ impl CallLife {
             return false;
         };
         // Under the step lock, as an end (see `withdraw`).
-        let in_own_step = IN_STEP.with(Cell::get) == std::ptr::from_ref(self) as usize;
-        let mut step = (!in_own_step).then(|| self.step.lock());
+        let mut step = self.lock_for_end();
         if self.outcome.is_set() {
             return false;
         }
         let left = self.callers.leave(seat);
         if left.none_left {
-            let cancelled = Err(ToolError::with_code(ErrorCode::Cancelled, why));
-            return match step.as_mut() {
-                Some(step) => self.finish_locked(step, cancelled),
-                None => self.finish(cancelled),
-            };
+            return self.end_under(&mut step, Err(ToolError::with_code(ErrorCode::Cancelled, why)));
         }
         if left.conversation_gone {
             // Every caller of that conversation cancelled: the call goes on for others, not as its call.
-            self.hub.call_withdrawn(Callers::conversation_of(seat), self);
+            self.hub.call_withdrawn(seat.conversation(), self);
         }
         false
     }
@@ -171,22 +166,16 @@ impl CallLife {
     /// and `conversation` sees it finish `CANCELLED` now (if it is its own call). Returns whether this ended the
     /// call, or stopped it for `conversation`.
     pub(crate) fn withdraw(&self, conversation: &ConversationId, why: &str) -> bool {
-        // Under the step lock, as an end: a call that already has its outcome keeps it for every caller. From
-        // inside the call's own step (a tool that ends its own conversation), the step holds it.
-        let in_own_step = IN_STEP.with(Cell::get) == std::ptr::from_ref(self) as usize;
-        let mut step = (!in_own_step).then(|| self.step.lock());
+        // Under the step lock, as an end: a call that already has its outcome keeps it for every caller.
+        let mut step = self.lock_for_end();
         if self.outcome.is_set() {
             return false;
         }
         let withdrawal = self.callers.withdraw(conversation, why);
         // A retry of `conversation` that joined the call and already left it: the call is not its to end.
         let its_to_end = withdrawal.had_callers || self.coords.conversation == *conversation;
-        let cancelled = || Err(ToolError::with_code(ErrorCode::Cancelled, why));
         let stopped = if withdrawal.none_left && its_to_end {
-            match step.as_mut() {
-                Some(step) => self.finish_locked(step, cancelled()),
-                None => self.finish(cancelled()),
-            }
+            self.end_under(&mut step, Err(ToolError::with_code(ErrorCode::Cancelled, why)))
         } else {
             // It goes on without `conversation`, which sees it finish now. Still under the step lock: the
             // conversation's `CallFinished` says what its callers read.
@@ -213,7 +202,7 @@ impl CallLife {
     /// was the call's terminal outcome. From inside the call's own main-thread step (a tool that ends its own
     /// conversation or task there), which holds the step lock, the end is applied as soon as the step returns.
     pub(crate) fn finish(&self, outcome: CallOutcome) -> bool {
-        if IN_STEP.with(Cell::get) == std::ptr::from_ref(self) as usize {
+        if self.in_own_step() {
             // The first end asked for wins, as with the lock.
             return !self.outcome.is_set()
                 && DEFERRED.with(|deferred| {
@@ -225,6 +214,25 @@ impl CallLife {
         }
         let mut step = self.step.lock();
         self.finish_locked(&mut step, outcome)
+    }
+
+    /// Whether this thread runs the call's own main-thread step, which holds the step lock.
+    fn in_own_step(&self) -> bool {
+        IN_STEP.with(Cell::get) == std::ptr::from_ref(self) as usize
+    }
+
+    /// The step lock, for a decision that may end the call; `None` inside the call's own step, which holds it.
+    fn lock_for_end(&self) -> Option<MutexGuard<'_, Option<ToolError>>> {
+        (!self.in_own_step()).then(|| self.step.lock())
+    }
+
+    /// Ends the call under the lock [`lock_for_end`](Self::lock_for_end) gave (inside its own step: as soon as
+    /// the step returns).
+    fn end_under(&self, step: &mut Option<MutexGuard<'_, Option<ToolError>>>, outcome: CallOutcome) -> bool {
+        match step.as_mut() {
+            Some(step) => self.finish_locked(step, outcome),
+            None => self.finish(outcome),
+        }
     }
 
     fn finish_locked(&self, step: &mut MutexGuard<'_, Option<ToolError>>, outcome: CallOutcome) -> bool {
