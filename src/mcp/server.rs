@@ -117,7 +117,8 @@ pub(crate) fn to_mcp_tool(info: &ToolInfo) -> Tool {
         .idempotent(info.annotations.idempotent)
         .open_world(false);
     let mut input = input;
-    if let Some(properties) = input.get_mut("properties").and_then(Value::as_object_mut) {
+    // Every tool takes the handle, also one without arguments of its own (its schema has no `properties`).
+    if let Some(properties) = input.entry("properties").or_insert_with(|| json!({})).as_object_mut() {
         properties.entry(CONVERSATION).or_insert(json!({ "type": "string", "description": CONVERSATION_HELP }));
     }
     let mut tool =
