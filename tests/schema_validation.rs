@@ -97,6 +97,35 @@ fn arguments_that_break_the_published_schema_are_invalid_input_naming_the_field_
 }
 
 #[test]
+fn every_argument_that_breaks_the_schema_is_named_in_one_error_so_one_retry_can_mend_them_all() {
+    let mut app = app_with(TestGame::default(), vec![paddle(Arc::default())]);
+    app.enter_world("alpha");
+    let mut args = with("speed", json!("fast"));
+    args["tag"] = json!("ABC");
+    args.as_object_mut().expect("object").remove("direction");
+    let error = app.agent().conversation("a").call("move_paddle", args.clone()).try_outcome();
+    let error = error.expect("refused at once").expect_err("invalid");
+    assert_eq!(error.code, ErrorCode::InvalidInput);
+    let problems = error.details.extra["problems"].as_array().expect("every problem listed");
+    let mut named: Vec<(&str, &str)> = problems
+        .iter()
+        .map(|problem| {
+            (problem["field"].as_str().expect("field"), problem["schema_keyword"].as_str().expect("keyword"))
+        })
+        .collect();
+    named.sort();
+    assert_eq!(named, [("direction", "required"), ("speed", "type"), ("tag", "pattern")], "{error:?}");
+    assert_eq!(error.details.extra["field"], problems[0]["field"], "`field` is still the first problem's");
+    for field in ["`speed`", "`tag`", "`direction`"] {
+        assert!(error.message.contains(field), "the message names {field}: {}", error.message);
+    }
+
+    let one = app.agent().conversation("a").call("move_paddle", with("speed", json!(1))).try_outcome();
+    let one = one.expect("refused at once").expect_err("invalid");
+    assert!(one.details.extra.get("problems").is_none(), "one problem needs no list: {one:?}");
+}
+
+#[test]
 fn schema_reasons_are_readable_for_a_range() {
     let mut app = app_with(TestGame::default(), vec![paddle(Arc::default())]);
     app.enter_world("alpha");

@@ -95,55 +95,108 @@ pub(crate) fn compile_schema(tool: &str, schema: &Value) -> Option<jsonschema::V
     }
 }
 
+/// How many of the arguments' problems one error lists.
+const PROBLEMS_LISTED: usize = 10;
+
 /// `INVALID_INPUT` naming the first argument that breaks the published schema (`details.field`, in the form
 /// `pos.x` or `blocks[2]`) and why (`details.reason`, the validator's words, e.g. "1 is less than the minimum of
-/// 10").
+/// 10"). When more than one breaks it, `details.problems` lists them all (up to [`PROBLEMS_LISTED`], each
+/// `{field, reason, schema_keyword}`) and the message names the others, so an agent can mend every one in a
+/// single retry.
 pub(crate) fn validate(tool: &str, validator: &jsonschema::Validator, args: &Value) -> Result<(), ToolError> {
-    let Err(error) = validator.validate(args) else { return Ok(()) };
-    let mut field = String::new();
-    for segment in error.instance_path().iter() {
-        match segment {
-            jsonschema::paths::LocationSegment::Property(name) => push_property(&mut field, &name),
-            jsonschema::paths::LocationSegment::Index(index) => field.push_str(&format!("[{index}]")),
-        }
-    }
-    // `required` and `additionalProperties` are reported at the object that lacks or has the property: name it.
-    match error.kind() {
-        jsonschema::error::ValidationErrorKind::Required { property } => {
-            push_property(&mut field, property.as_str().unwrap_or_default())
-        }
-        jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected } => {
-            if let Some(name) = unexpected.first() {
-                push_property(&mut field, name)
-            }
-        }
-        _ => {}
-    }
-    let mut reason = match error.kind() {
-        // The validator names a few choices and counts the rest: a model needs them all to pick one.
-        jsonschema::error::ValidationErrorKind::Enum { options } => match options.as_array() {
-            Some(choices) => {
-                let choices: Vec<String> = choices.iter().map(Value::to_string).collect();
-                format!("{} is not one of {}", error.instance(), choices.join(", "))
-            }
-            None => error.to_string(),
-        },
-        _ => error.to_string(),
-    };
-    if reason.len() > 2000 {
-        let cut = (0..=2000).rev().find(|at| reason.is_char_boundary(*at)).unwrap_or(0);
-        reason.truncate(cut);
-        reason.push('…');
-    }
-    let message = if field.is_empty() {
+    let mut problems = validator.iter_errors(args).map(|error| Problem::of(&error));
+    let Some(first) = problems.next() else { return Ok(()) };
+    let others: Vec<Problem> = problems.take(PROBLEMS_LISTED - 1).collect();
+    let Problem { field, reason, keyword } = &first;
+    let mut message = if field.is_empty() {
         format!("the arguments of `{tool}` are invalid: {reason}")
     } else {
         format!("argument `{field}` of `{tool}` is invalid: {reason}")
     };
-    Err(ToolError::with_code(ErrorCode::InvalidInput, message)
+    if !others.is_empty() {
+        let named: Vec<String> = others.iter().map(Problem::short).collect();
+        message.push_str(&format!("; also {}", named.join("; ")));
+    }
+    let mut error = ToolError::with_code(ErrorCode::InvalidInput, message)
         .with_detail("field", field)
         .with_detail("reason", reason)
-        .with_detail("schema_keyword", error.kind().keyword()))
+        .with_detail("schema_keyword", keyword);
+    if !others.is_empty() {
+        let listed: Vec<Value> = std::iter::once(&first).chain(&others).map(Problem::to_json).collect();
+        error = error.with_detail("problems", listed);
+    }
+    Err(error)
+}
+
+/// One way the arguments break the published schema.
+struct Problem {
+    /// Where, in the form `pos.x` or `blocks[2]` (empty: the arguments as a whole).
+    field: String,
+    /// Why, in the validator's words.
+    reason: String,
+    /// The schema keyword broken (`minimum`, `required`, ...).
+    keyword: String,
+}
+
+impl Problem {
+    fn of(error: &jsonschema::ValidationError<'_>) -> Self {
+        let mut field = String::new();
+        for segment in error.instance_path().iter() {
+            match segment {
+                jsonschema::paths::LocationSegment::Property(name) => push_property(&mut field, &name),
+                jsonschema::paths::LocationSegment::Index(index) => field.push_str(&format!("[{index}]")),
+            }
+        }
+        // `required` and `additionalProperties` are reported at the object that lacks or has the property: name it.
+        match error.kind() {
+            jsonschema::error::ValidationErrorKind::Required { property } => {
+                push_property(&mut field, property.as_str().unwrap_or_default())
+            }
+            jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected } => {
+                if let Some(name) = unexpected.first() {
+                    push_property(&mut field, name)
+                }
+            }
+            _ => {}
+        }
+        let mut reason = match error.kind() {
+            // The validator names a few choices and counts the rest: a model needs them all to pick one.
+            jsonschema::error::ValidationErrorKind::Enum { options } => match options.as_array() {
+                Some(choices) => {
+                    let choices: Vec<String> = choices.iter().map(Value::to_string).collect();
+                    format!("{} is not one of {}", error.instance(), choices.join(", "))
+                }
+                None => error.to_string(),
+            },
+            _ => error.to_string(),
+        };
+        truncate(&mut reason, 2000);
+        Problem { field, reason, keyword: error.kind().keyword().to_string() }
+    }
+
+    /// `field`: reason, for the message's list of the other problems (a long reason cut short: the details have
+    /// it whole).
+    fn short(&self) -> String {
+        let mut reason = self.reason.clone();
+        truncate(&mut reason, 200);
+        match self.field.as_str() {
+            "" => reason,
+            field => format!("`{field}`: {reason}"),
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        serde_json::json!({ "field": self.field, "reason": self.reason, "schema_keyword": self.keyword })
+    }
+}
+
+/// Cuts `text` to at most `limit` bytes (on a character boundary), marking the cut.
+fn truncate(text: &mut String, limit: usize) {
+    if text.len() > limit {
+        let cut = (0..=limit).rev().find(|at| text.is_char_boundary(*at)).unwrap_or(0);
+        text.truncate(cut);
+        text.push('…');
+    }
 }
 
 fn push_property(field: &mut String, name: &str) {
