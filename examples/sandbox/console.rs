@@ -22,7 +22,7 @@ use crate::world::Dimension;
 /// How long `quit` waits for saves before it exits anyway (the plugin then waits once more, bounded too).
 const QUIT_DEADLINE: Duration = Duration::from_secs(30);
 
-const USAGE: &str = "commands: enter WORLD, travel DIMENSION, exit, status, quit; with --agent: say TEXT, \
+const USAGE: &str = "commands: enter WORLD, travel DIMENSION, exit, status, quit; with --agent or --agent-openai: say TEXT, \
 chat-cancel, chat-end, chat-resume [ID], chat-forget ID, chat-allow R, chat-deny R; with --window: screenshot PATH, hud, frames [each]";
 
 /// Prints one line to standard output and flushes it. A closed pipe is not the game's problem: it is ignored.

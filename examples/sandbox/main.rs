@@ -1,6 +1,6 @@
 //! The sandbox: a small voxel world that AI agents play through MCP tools, headless, at a fixed 60 ticks per
 //! second (run by [`AgentToolsRunnerPlugin`], which also serves agents' steps between ticks). The console (standard input) stands in for the player: `enter WORLD`, `travel DIMENSION`, `exit`,
-//! `status`, `quit`; with `--agent`, the player also chats with an in-game agent: `say TEXT`, `chat-cancel`,
+//! `status`, `quit`; with `--agent` or `--agent-openai`, the player also chats with an in-game agent: `say TEXT`, `chat-cancel`,
 //! `chat-end`, `chat-resume [ID]`, `chat-forget ID`, `chat-allow R`, `chat-deny R` (see `chat.rs`).
 //!
 //! ```sh

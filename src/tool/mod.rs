@@ -234,8 +234,9 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
     }
 
     /// Lists the values argument `field` accepts, as a JSON schema `enum` a model can read: for choices known only
-    /// at run time (a palette loaded from a file), where the argument's Rust type is a plain `String`. It only
-    /// describes: the handler still checks the value (an agent may send anything).
+    /// at run time (a palette loaded from a file), where the argument's Rust type is a plain `String`. Calls are
+    /// checked against it like the rest of the schema: a value not in the list is refused with `INVALID_INPUT`
+    /// (`details.field`) before the handler runs.
     ///
     /// ```
     /// # use bevy_agent_tools::prelude::*;
