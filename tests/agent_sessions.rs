@@ -689,6 +689,32 @@ fn resume_session_of_a_session_the_agent_forgot_is_session_not_found_and_creates
     dirs.wait_no_agents(LIMIT);
 }
 
+#[test]
+fn an_agent_that_fails_to_reattach_for_reasons_of_its_own_is_agent_unavailable_and_the_session_survives_for_a_retry() {
+    let dirs = Dirs::new();
+    let id = kept_session(&dirs);
+    let trouble = dirs.state.join("resume-fails");
+    std::fs::write(&trouble, "").expect("the agent's provider is down");
+    let game = Game::start(&dirs);
+    let (code, message) = code_of(game.block_on(game.sessions.resume_session(id.clone())));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "not SESSION_NOT_FOUND, which tells the game to drop the id");
+    assert!(message.contains("overloaded"), "the agent's own words: {message}");
+    std::fs::remove_file(&trouble).expect("the provider is back");
+    let session = game.block_on(game.sessions.resume_session(id.clone())).expect("the same session re-attaches");
+
+    // Resuming a crashed session while the agent fails: no new agent session replaces the one it remembers.
+    assert!(game.block_on(session.send_text("crash")).is_err());
+    let before = session.backend_session();
+    std::fs::write(&trouble, "").expect("the agent's provider is down");
+    let (code, _) = code_of(game.block_on(session.resume()));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert_eq!(session.backend_session(), before, "not replaced by a new agent session");
+    std::fs::remove_file(&trouble).expect("the provider is back");
+    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    let history = game.block_on(session.send_text("history")).expect("the turn ends");
+    assert_eq!(history.final_message.as_deref(), Some("I remember 2 turns"), "the agent's own session, kept");
+}
+
 /// A session's record names the program its resume starts: one that another user could have written (not this
 /// user's, or writable by others) is not used, and its program never runs. The control: the same record, private
 /// again, is used (and its program runs).

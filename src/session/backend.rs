@@ -41,8 +41,8 @@ pub(crate) struct Setup {
     pub system_prompt: Option<String>,
     /// Re-attach to this backend session instead of creating one.
     pub resume: Option<String>,
-    /// When `resume` cannot be honoured (the agent cannot resume, or no longer knows the session): start a new
-    /// session instead of failing with `SESSION_NOT_FOUND`.
+    /// When `resume` cannot be honoured (the agent cannot resume, or says it no longer knows the session): start a
+    /// new session instead of failing with `SESSION_NOT_FOUND`. Other failures are `AGENT_UNAVAILABLE` either way.
     pub new_if_unresumable: bool,
     /// The session's timeouts.
     pub timeouts: super::SessionTimeouts,

@@ -62,7 +62,9 @@ impl AgentSessions {
     /// from an earlier run (created with `auto_end_on_disconnect(false)`): an ended one stays ended (without
     /// contacting the agent) until [`AgentSession::resume`]; a live one is re-attached at its agent (ACP
     /// `session/resume`, or `session/load`), under a new credential. An empty id is `INVALID_INPUT`; an id neither
-    /// the game nor the agent knows is `SESSION_NOT_FOUND` (nothing is created in its place).
+    /// the game nor the agent knows is `SESSION_NOT_FOUND` (nothing is created in its place). An agent that fails
+    /// for reasons of its own (it does not say the session is unknown) is `AGENT_UNAVAILABLE`, and the session is
+    /// kept for a later try.
     pub async fn resume_session(&self, id: impl Into<ConversationId>) -> Result<AgentSession, ToolError> {
         let id = id.into();
         if id.as_str().is_empty() {
@@ -280,8 +282,10 @@ impl AgentSession {
     }
 
     /// The explicit `Ended → Idle` (and `Error → Idle`): restarts the agent if it is gone and re-attaches the
-    /// session there (`session/resume` or `session/load`), or starts a new one where the agent cannot, which the
-    /// result says ([`Attached::Replaced`]). A new credential is minted. A live session is left as it is.
+    /// session there (`session/resume` or `session/load`), or starts a new one where the agent cannot (it offers
+    /// neither, or says it does not know the session), which the result says ([`Attached::Replaced`]). Any other
+    /// failure of the agent's is `AGENT_UNAVAILABLE` and replaces nothing: a later `resume` can still re-attach.
+    /// A new credential is minted. A live session is left as it is.
     pub async fn resume(&self) -> Result<Attached, ToolError> {
         let attached = self.core.resume().await?;
         self.sessions.live.lock().insert(self.core.id.clone(), self.core.clone());

@@ -137,6 +137,13 @@ fn agent_gone(error: &agent_client_protocol::Error) -> bool {
     agent_client_protocol::is_connection_terminated(error) || agent_client_protocol::is_incoming_transport_closed(error)
 }
 
+/// Whether the agent's answer to `session/resume` or `session/load` says it does not know the session: ACP's
+/// `-32002` (resource not found), or, from agents that use another code, an error that says "not found".
+fn unknown_session(error: &agent_client_protocol::Error) -> bool {
+    error.code == agent_client_protocol::ErrorCode::RESOURCE_NOT_FOUND
+        || describe(error).to_ascii_lowercase().contains("not found")
+}
+
 fn unavailable(what: &str, error: &agent_client_protocol::Error) -> ToolError {
     ToolError::with_code(ErrorCode::AgentUnavailable, format!("{what}: {}", describe(error)))
 }
@@ -325,6 +332,11 @@ async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay) -> Resul
             Some(Ok(attached)) => return Ok(Open { session: id.clone(), attached, system_prompt_sent, can_close }),
             Some(Err(error)) if agent_gone(&error) => {
                 return Err(unavailable("the agent stopped while re-attaching the session", &error))
+            }
+            // The agent's own trouble (auth, rate limit, a failure inside it) says nothing about the session: it
+            // is neither reported unknown nor replaced by a new one, so a retry can still re-attach it.
+            Some(Err(error)) if !unknown_session(&error) => {
+                return Err(unavailable("the agent could not re-attach the session", &error))
             }
             Some(Err(error)) if !setup.new_if_unresumable => {
                 return Err(crate::session::record::not_found(id).with_detail("agent_error", describe(&error)))
