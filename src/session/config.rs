@@ -195,7 +195,9 @@ pub enum PermissionPolicy {
     /// Deny every request (the agent's reject option, else the request is cancelled). The default.
     #[default]
     Deny,
-    /// Allow every request once. Only for agents you trust with the machine.
+    /// Allow every request, each once (the agent's one-time allow: never its "allow always", so every later
+    /// request is asked again; an agent that offers no one-time allow is refused). Only for agents you trust with
+    /// the machine.
     Allow,
     /// Ask the player: a [`PermissionRequested`](crate::session::PermissionRequested) message is written, and the
     /// game answers with [`AgentSessions::answer_permission`](crate::session::AgentSessions::answer_permission)

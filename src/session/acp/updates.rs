@@ -64,14 +64,16 @@ pub(crate) fn stop_reason(reason: AcpStopReason) -> StopReason {
     }
 }
 
-/// The option the decision picks: allow once (else always), reject once (else always); with no such option
-/// the request is cancelled, which the agent treats as a refusal.
+/// The option the decision picks: allow once; reject once (else always: a refusal that outlasts the request
+/// only refuses more). Never "allow always": the player (or the game's policy) allowed this request, not every
+/// later one, so an agent that offers no one-time allow gets the request cancelled, which it treats as a refusal;
+/// as it does when no option fits.
 pub(crate) fn permission_response(
     options: &[PermissionOption],
     decision: PermissionDecision,
 ) -> RequestPermissionResponse {
     let preferred: &[PermissionOptionKind] = match decision {
-        PermissionDecision::Allow => &[PermissionOptionKind::AllowOnce, PermissionOptionKind::AllowAlways],
+        PermissionDecision::Allow => &[PermissionOptionKind::AllowOnce],
         PermissionDecision::Deny => &[PermissionOptionKind::RejectOnce, PermissionOptionKind::RejectAlways],
         PermissionDecision::Cancelled => &[],
     };
@@ -104,5 +106,19 @@ mod tests {
         assert_eq!(cancelled["outcome"]["outcome"], "cancelled");
         let cancelled = serde_json::to_value(permission_response(&options, PermissionDecision::Cancelled)).unwrap();
         assert_eq!(cancelled["outcome"]["outcome"], "cancelled", "a cancelled turn's request picks no option");
+    }
+
+    #[test]
+    fn an_allow_covers_the_one_request_and_never_picks_allow_always() {
+        let always = vec![
+            PermissionOption::new("always", "Always allow", PermissionOptionKind::AllowAlways),
+            PermissionOption::new("once", "Allow", PermissionOptionKind::AllowOnce),
+            PermissionOption::new("no", "Reject", PermissionOptionKind::RejectOnce),
+        ];
+        let allowed = serde_json::to_value(permission_response(&always, PermissionDecision::Allow)).unwrap();
+        assert_eq!(allowed["outcome"]["optionId"], "once");
+        let only_always = [always[0].clone(), always[2].clone()];
+        let allowed = serde_json::to_value(permission_response(&only_always, PermissionDecision::Allow)).unwrap();
+        assert_eq!(allowed["outcome"]["outcome"], "cancelled", "no standing allow the player never gave");
     }
 }
