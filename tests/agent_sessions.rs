@@ -777,6 +777,7 @@ fn forget_deletes_a_kept_session_for_good_and_ends_a_live_one_first() {
     let (code, _) = code_of(game.block_on(live.resume()));
     assert_eq!(code, ErrorCode::SessionNotFound, "its handle cannot bring it back");
     assert!(!dirs.data.join(live.id().as_str()).exists(), "nor write its record again");
+    assert_eq!(game.game.agent().conversation_status(live.id()), None, "the host no longer keeps its conversation");
 
     let (code, _) = code_of(game.block_on(game.sessions.forget("")));
     assert_eq!(code, ErrorCode::InvalidInput);

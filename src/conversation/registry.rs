@@ -207,7 +207,8 @@ impl ConversationHub {
         self.publish_chat_then_set(&id, vec![event], None);
     }
 
-    /// Forgets `id`, which never became a session (its agent failed to start): nothing is published.
+    /// Forgets `id`, which never became a session (its agent failed to start) or whose session the game forgot
+    /// (it ended first): nothing is published.
     pub(crate) fn forget(&self, id: &ConversationId) {
         self.inner.lock().conversations.remove(id);
     }

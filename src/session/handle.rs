@@ -110,11 +110,17 @@ impl AgentSessions {
             // A `resume` of one of its handles that finished meanwhile put it back.
             self.live.lock().remove(&id);
         }
-        match self.host.records.forget(id.as_str(), live.is_some()).await {
+        let forgotten = match self.host.records.forget(id.as_str(), live.is_some()).await {
             // A session of this run whose folder could not be made (it failed to start) has nothing on disk.
             Err(error) if error.code == ErrorCode::SessionNotFound && live.is_some() => Ok(()),
             forgotten => forgotten,
+        };
+        if forgotten.is_ok() {
+            // Its conversation (ended above, or restored ended from the record) goes too: the host keeps a
+            // session's conversation, unlike other ended ones, only while the session can be resumed.
+            self.host.agent.host().conversations.forget(&id);
         }
+        forgotten
     }
 
     /// The session `id`, if it is live in this run.
