@@ -6,7 +6,7 @@ mod common;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -87,6 +87,8 @@ struct Game {
     url: String,
     /// What the world's `input_context` answers next, one per ask.
     observations: Arc<Mutex<Vec<Option<serde_json::Value>>>>,
+    /// What the world's lifecycle saw (how often the game was asked for an observation, ...).
+    record: Arc<Record>,
 }
 
 #[derive(Clone)]
@@ -154,10 +156,12 @@ impl Game {
         let log = Log::default();
         let observations: Arc<Mutex<Vec<Option<serde_json::Value>>>> = Arc::default();
         let built_observations = observations.clone();
+        let lifecycle_record = Arc::new(Record::default());
+        let built_record = lifecycle_record.clone();
         let (data, built_gate, built_executions, built_log) =
             (dirs.data.clone(), gate.clone(), executions.clone(), log.clone());
         let game = RunningGame::spawn(Duration::from_millis(2), move || {
-            let lifecycle = TestGame { observations: built_observations, ..TestGame::default() };
+            let lifecycle = TestGame { observations: built_observations, record: built_record, ..TestGame::default() };
             let tools = AgentToolsPlugin::new(lifecycle)
                 .with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None))
                 .with_tool(bump_tool("held", ToolScope::World, built_executions, Some(built_gate)));
@@ -177,7 +181,7 @@ impl Game {
             let url = app.world().resource::<bevy_agent_tools::mcp::McpServer>().url().to_string();
             (app.world().resource::<AgentSessions>().clone(), url)
         });
-        Self { game, sessions, log, gate, executions, url, observations }
+        Self { game, sessions, log, gate, executions, url, observations, record: lifecycle_record }
     }
 
     fn block_on<T>(&self, future: impl std::future::Future<Output = T>) -> T {
@@ -298,8 +302,10 @@ fn s1_send_text_during_a_turn_is_session_busy_and_nothing_is_sent_and_cancel_end
     let game = Game::start(&dirs);
     let session = game.create(agent(&dirs, &[])).expect("the session starts");
     let waiting = game.block_on(session.start_turn("wait")).expect("sent");
+    let asks = game.record.input_asks.load(Ordering::SeqCst);
     let (code, message) = code_of(game.block_on(session.send_text("hello")));
     assert_eq!(code, ErrorCode::SessionBusy, "{message}");
+    assert_eq!(game.record.input_asks.load(Ordering::SeqCst), asks, "refused before the game is asked to observe");
     assert!(session.cancel());
     let cancelled = game.block_on(waiting).expect("the turn ends");
     assert_eq!(cancelled.stop_reason, StopReason::Cancelled);

@@ -107,8 +107,29 @@ impl SessionCore {
         })
     }
 
-    pub(crate) fn phase(&self) -> Phase {
-        self.state.lock().phase.clone()
+    /// Why a turn could not start now (ended, failed, or a turn running), if it could not: the check
+    /// [`start_turn`](Self::start_turn) makes, for a caller that wants to refuse before preparing a turn.
+    pub(crate) fn turn_refused(&self) -> Result<(), ToolError> {
+        self.refusal(&self.state.lock())
+    }
+
+    fn refusal(&self, state: &State) -> Result<(), ToolError> {
+        match &state.phase {
+            Phase::Ended => return Err(self.ended_error()),
+            Phase::Failed(error) => return Err(error.clone()),
+            Phase::Live => {}
+        }
+        match &state.turn {
+            Some(turn) => Err(ToolError::with_code(
+                ErrorCode::SessionBusy,
+                format!(
+                    "turn {} of session `{}` is still running: wait for it to end, or cancel it",
+                    turn.number, self.id
+                ),
+            )
+            .with_detail("session", &self.id)),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn usage(&self) -> Option<Usage> {
@@ -259,21 +280,7 @@ impl SessionCore {
         let (reply, outcome) = oneshot::channel();
         let (number, prompted) = {
             let mut state = self.state.lock();
-            match &state.phase {
-                Phase::Ended => return Err(self.ended_error()),
-                Phase::Failed(error) => return Err(error.clone()),
-                Phase::Live => {}
-            }
-            if let Some(turn) = &state.turn {
-                return Err(ToolError::with_code(
-                    ErrorCode::SessionBusy,
-                    format!(
-                        "turn {} of session `{}` is still running: wait for it to end, or cancel it",
-                        turn.number, self.id
-                    ),
-                )
-                .with_detail("session", &self.id));
-            }
+            self.refusal(&state)?;
             let Some(link) = state.link.clone() else {
                 return Err(ToolError::with_code(ErrorCode::AgentUnavailable, "the session's agent is not connected"));
             };

@@ -244,11 +244,7 @@ impl AgentSession {
     pub async fn start_turn(&self, text: impl Into<String>) -> Result<PendingTurn, ToolError> {
         let text = text.into();
         // Refuse before asking the game for its observation: a busy or ended session sends nothing.
-        match self.core.phase() {
-            Phase::Ended => return Err(self.core.ended_error()),
-            Phase::Failed(error) => return Err(error),
-            Phase::Live => {}
-        }
+        self.core.turn_refused()?;
         let context = if self.core.config.input_context { self.observe().await } else { None };
         let outcome = self.core.start_turn(text, context)?;
         Ok(PendingTurn { outcome })
