@@ -42,7 +42,12 @@ impl Records {
     /// Records under `data_dir`, or under the default (`<the user's own temporary directory>/sessions`).
     pub(crate) fn new(data_dir: Option<PathBuf>, runtime: tokio::runtime::Handle) -> Self {
         match data_dir {
-            Some(data_dir) => Self { data_dir, private_root: None, runtime, abandoned: Arc::default() },
+            Some(data_dir) => {
+                // Made absolute once: a session's working directory is its ACP `cwd`, which must be absolute, and
+                // a game that changes its current directory later keeps finding its sessions.
+                let data_dir = std::path::absolute(&data_dir).unwrap_or(data_dir);
+                Self { data_dir, private_root: None, runtime, abandoned: Arc::default() }
+            }
             None => {
                 let root = crate::private::default_dir();
                 let data_dir = root.join("sessions");
@@ -192,6 +197,14 @@ fn write(path: &Path, record: &Record) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_relative_data_dir_is_made_absolute_so_a_sessions_working_directory_is_a_valid_acp_cwd() {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+        let records = Records::new(Some(PathBuf::from("data/agent-sessions")), runtime.handle().clone());
+        assert!(records.data_dir.is_absolute(), "{}", records.data_dir.display());
+        assert!(records.data_dir.ends_with("data/agent-sessions"));
+    }
 
     #[test]
     fn ids_that_are_not_the_games_own_never_name_a_path() {
