@@ -3,6 +3,7 @@
 
 mod priority;
 
+use std::future::Future;
 use std::time::Duration;
 
 use bevy::prelude::Resource;
@@ -53,6 +54,28 @@ impl AgentRuntime {
             runtime.shutdown_timeout(grace);
         }
     }
+}
+
+/// Runs `work` where tokio's timers and sockets work: in place when it is polled on a tokio runtime (the plugin's
+/// or the game's own), else on `runtime`, aborted if the returned future is dropped first. So an async API of the
+/// crate can be awaited from any executor (Bevy's task pools, `block_on`) and not only from tokio. `Err` when
+/// the work panicked or the runtime stopped under it.
+#[cfg_attr(not(any(feature = "acp", feature = "openai")), allow(dead_code))]
+pub(crate) async fn on_tokio<T: Send + 'static>(
+    runtime: &tokio::runtime::Handle,
+    work: impl Future<Output = T> + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Ok(work.await);
+    }
+    struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+    impl<T> Drop for AbortOnDrop<T> {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let mut task = AbortOnDrop(runtime.spawn(work));
+    (&mut task.0).await
 }
 
 impl Drop for AgentRuntime {

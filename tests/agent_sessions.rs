@@ -363,6 +363,26 @@ async fn send_when_taken(session: &AgentSession, text: &str, refused: ErrorCode)
 }
 
 #[test]
+fn the_session_api_works_awaited_on_an_executor_that_is_not_tokio() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    game.observations.lock().push(Some(serde_json::json!({ "standing_on": "grass" })));
+    // Bevy's own executor (`bevy::tasks::block_on`), as a game's task pools run it: no tokio runtime here.
+    use bevy::tasks::block_on;
+    assert!(tokio::runtime::Handle::try_current().is_err());
+    let session = block_on(game.sessions.create(agent(&dirs, &[]))).expect("starts");
+    let turn = block_on(session.send_text("blocks")).expect("the turn ends");
+    assert!(turn.final_message.is_some_and(|blocks| blocks.contains("standing_on")), "observed, then sent");
+    block_on(session.end());
+    assert_eq!(session.status(), ConversationStatus::Ended);
+    assert_eq!(block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    let id = session.id().clone();
+    assert_eq!(block_on(game.sessions.resume_session(id.clone())).expect("found").id(), &id);
+    block_on(game.sessions.forget(id)).expect("forgotten");
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
 fn the_status_is_running_while_a_turn_runs_even_one_sent_the_instant_the_last_one_ended() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

@@ -23,7 +23,11 @@ use crate::ids::ConversationId;
 const CONTEXT_WAIT: Duration = Duration::from_millis(500);
 
 /// The app's in-game agent sessions: create one, or re-attach to one by id. A resource (added by
-/// [`AgentSessionsPlugin`](super::AgentSessionsPlugin)); `Clone + Send + Sync`, usable from any thread.
+/// [`AgentSessionsPlugin`](super::AgentSessionsPlugin)); `Clone + Send + Sync`, usable from any thread. Its
+/// async methods (and [`AgentSession`]'s) can be awaited on any executor: tokio's ([`AgentRuntime`]'s handle),
+/// Bevy's task pools, or `block_on`; off tokio, their work runs on the plugin's runtime.
+///
+/// [`AgentRuntime`]: crate::AgentRuntime
 #[derive(Resource, Clone)]
 pub struct AgentSessions {
     host: Arc<SessionHost>,
@@ -42,12 +46,39 @@ impl AgentSessions {
         &self.host
     }
 
+    /// Runs `work` of the session API where tokio's timers work (see [`crate::runtime::on_tokio`]): the API can be
+    /// awaited from any executor.
+    async fn on_tokio<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = Result<T, ToolError>> + Send + 'static,
+    ) -> Result<T, ToolError> {
+        match crate::runtime::on_tokio(&self.host.runtime, work).await {
+            Ok(outcome) => outcome,
+            Err(lost) if lost.is_panic() => {
+                let payload = lost.into_panic();
+                Err(ToolError::internal(format!(
+                    "the session's work panicked: {}",
+                    crate::panic::panic_message(&*payload)
+                )))
+            }
+            Err(_) => Err(ToolError::with_code(
+                ErrorCode::AgentUnavailable,
+                "the game's agent runtime stopped (the app is exiting) before the session's work finished",
+            )),
+        }
+    }
+
     /// Creates a session: starts the agent and opens a session there with the system prompt; an ACP agent also
     /// gets the game's MCP server with a credential minted for the session. Resolves when the session is `Idle`
     /// and ready for text, or with `AGENT_UNAVAILABLE` (what went wrong: the agent's exit status and the tail of
     /// its stderr, that it did not answer within [`SessionTimeouts::start`](super::SessionTimeouts::start), or,
     /// for an ACP agent, that the game serves no MCP); nothing is left running then.
     pub async fn create(&self, config: SessionConfig) -> Result<AgentSession, ToolError> {
+        let this = self.clone();
+        self.on_tokio(async move { this.create_here(config).await }).await
+    }
+
+    async fn create_here(&self, config: SessionConfig) -> Result<AgentSession, ToolError> {
         let id = ConversationId::new(format!("chat-{}", random_hex()?));
         let core = SessionCore::new(id.clone(), config, self.host.clone(), Phase::Live);
         self.host.agent.host().conversations.open_held(&id);
@@ -66,7 +97,11 @@ impl AgentSessions {
     /// for reasons of its own (it does not say the session is unknown) is `AGENT_UNAVAILABLE`, and the session is
     /// kept for a later try.
     pub async fn resume_session(&self, id: impl Into<ConversationId>) -> Result<AgentSession, ToolError> {
-        let id = id.into();
+        let (this, id) = (self.clone(), id.into());
+        self.on_tokio(async move { this.resume_session_here(id).await }).await
+    }
+
+    async fn resume_session_here(&self, id: ConversationId) -> Result<AgentSession, ToolError> {
         if id.as_str().is_empty() {
             return Err(ToolError::invalid_input("session", "the session id is empty"));
         }
@@ -99,7 +134,11 @@ impl AgentSessions {
     /// the session on its own side is the agent's. An id the game does not know is `SESSION_NOT_FOUND`; an empty
     /// one `INVALID_INPUT`. A resume of the same id under way finishes first.
     pub async fn forget(&self, id: impl Into<ConversationId>) -> Result<(), ToolError> {
-        let id = id.into();
+        let (this, id) = (self.clone(), id.into());
+        self.on_tokio(async move { this.forget_here(id).await }).await
+    }
+
+    async fn forget_here(&self, id: ConversationId) -> Result<(), ToolError> {
         if id.as_str().is_empty() {
             return Err(ToolError::invalid_input("session", "the session id is empty"));
         }
@@ -242,7 +281,11 @@ impl AgentSession {
     /// Like [`send_text`](Self::send_text), but resolves as soon as the text was sent (or refused), with the
     /// turn's outcome still to come: a chat box answers "sent" at once and shows the reply as it streams.
     pub async fn start_turn(&self, text: impl Into<String>) -> Result<PendingTurn, ToolError> {
-        let text = text.into();
+        let (this, text) = (self.clone(), text.into());
+        self.sessions.on_tokio(async move { this.start_turn_here(text).await }).await
+    }
+
+    async fn start_turn_here(&self, text: String) -> Result<PendingTurn, ToolError> {
         // Refuse before asking the game for its observation: a busy or ended session sends nothing.
         self.core.turn_refused()?;
         let context = if self.core.config.input_context { self.observe().await } else { None };
@@ -280,7 +323,8 @@ impl AgentSession {
     /// calls in flight end (`CANCELLED`), its credential is revoked, `Ended` is published once, the agent is asked
     /// to close its session and its process is stopped. The visit is untouched. Ending again does nothing.
     pub async fn end(&self) {
-        self.core.end(true).await;
+        let core = self.core.clone();
+        let _ = crate::runtime::on_tokio(&self.sessions.host.runtime, async move { core.end(true).await }).await;
     }
 
     /// The explicit `Ended → Idle` (and `Error → Idle`): restarts the agent if it is gone and re-attaches the
@@ -289,7 +333,8 @@ impl AgentSession {
     /// failure of the agent's is `AGENT_UNAVAILABLE` and replaces nothing: a later `resume` can still re-attach.
     /// A new credential is minted. A live session is left as it is.
     pub async fn resume(&self) -> Result<Attached, ToolError> {
-        let attached = self.core.resume().await?;
+        let core = self.core.clone();
+        let attached = self.sessions.on_tokio(async move { core.resume().await }).await?;
         self.sessions.live.lock().insert(self.core.id.clone(), self.core.clone());
         Ok(attached)
     }
