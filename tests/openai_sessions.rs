@@ -148,7 +148,6 @@ impl Server {
         self.script.requests.lock().clone()
     }
 
-    /// The request's messages as (role, content) text.
     /// Request `request`'s messages as `role: text` lines.
     fn history(&self, request: usize) -> Vec<String> {
         self.messages(request).into_iter().map(|(role, text)| format!("{role}: {text}")).collect()
@@ -163,6 +162,14 @@ impl Server {
         }
     }
 
+    /// The names of the tools request `request` offered the model.
+    fn tool_names(&self, request: usize) -> Vec<String> {
+        let requests = self.requests();
+        let tools = requests[request]["tools"].as_array().cloned().unwrap_or_default();
+        tools.iter().filter_map(|tool| tool["function"]["name"].as_str().map(str::to_string)).collect()
+    }
+
+    /// Request `request`'s messages as (role, content) text.
     fn messages(&self, request: usize) -> Vec<(String, String)> {
         let requests = self.requests();
         requests[request]["messages"]
@@ -313,6 +320,11 @@ impl Game {
 
     /// With `serve_mcp: false`, the game has no MCP server at all (no `McpPlugin`).
     fn start_serving(data: &Path, serve_mcp: bool) -> Self {
+        Self::start_with(data, serve_mcp, None)
+    }
+
+    /// With `tool_wait`, a call for a tool not registered yet waits that long for it (`AgentToolsPlugin::tool_wait`).
+    fn start_with(data: &Path, serve_mcp: bool, tool_wait: Option<Duration>) -> Self {
         let gate = Gate::new();
         let executions = Arc::new(AtomicUsize::new(0));
         let log = Log::default();
@@ -332,6 +344,10 @@ impl Game {
                     )
                     .read_only(),
                 );
+            let tools = match tool_wait {
+                Some(wait) => tools.tool_wait(wait),
+                None => tools,
+            };
             let sessions = AgentSessionsPlugin::new().data_dir(data);
             let mut app = if serve_mcp {
                 let mcp = McpPlugin::new().port(0).token("openai-sessions-token-0123456789");
@@ -790,6 +806,33 @@ fn an_unknown_tool_and_arguments_that_are_not_json_go_back_to_the_model_which_re
     let invalid: Value = serde_json::from_str(&tool_results(&server, 2)[1]).unwrap();
     assert_eq!(invalid["error"]["code"], "INVALID_INPUT", "{invalid}");
     assert_eq!(game.counter(), 1, "only the valid call ran");
+}
+
+#[test]
+fn a_call_for_a_tool_not_registered_yet_waits_for_it_as_the_host_rules_and_the_next_round_offers_it() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start_with(data.path(), true, Some(LIMIT));
+    server.reply(calls(vec![call(0, "1", "late", "{}")])).reply(says("it came"));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let id = session.id().to_string();
+    let pending = game.block_on(session.start_turn("use late")).expect("sent");
+    // The call waits in the host for its tool (the conversation waits for a tool result), until the world
+    // registers it.
+    let until = Instant::now() + LIMIT;
+    while !game.statuses(&id).iter().any(|change| change.ends_with("->waiting_tool_result")) {
+        assert!(Instant::now() < until, "the call never waited for its tool: {:#?}", game.log.lines());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let late = AgentTool::new("late", "Registered late.", |_: CallContext<Session>, _: NoArgs| async move {
+        Ok(serde_json::json!({ "arrived": true }))
+    });
+    game.game.agent().register_tool(late).expect("registered");
+    let turn = game.block_on(pending).expect("the turn ends");
+    assert_eq!(turn.final_message.as_deref(), Some("it came"));
+    let results = tool_results(&server, 1);
+    assert!(results.len() == 1 && results[0].contains("\"arrived\":true"), "the late tool ran: {results:?}");
+    assert!(server.tool_names(1).contains(&"late".to_string()), "the next round offers it");
 }
 
 /// A kept session (`auto_end_on_disconnect(false)`) told "remember 42" (the model answered "noted"), then its game

@@ -79,8 +79,9 @@ async fn drive(
     cancel: &CancellationToken,
     killed: &AtomicBool,
 ) -> Result<StopReason, ToolError> {
-    let tools = shared.tools();
     for round in 0.. {
+        // Each round offers the tools registered now: a world can register some part-way through a turn.
+        let tools = shared.tools();
         let request = shared.request(messages, &tools);
         let (text, calls, finish) = match stream_round(shared, turn, round, request, cancel).await? {
             RoundEnd::Cancelled { text } => {
@@ -282,19 +283,10 @@ fn stalled(shared: &Shared) -> ToolError {
 
 /// Runs one tool call in the game and returns what the model reads: the tool's output as JSON, or
 /// `{"error": {"code", "message", "details"}}` it can act on (an unknown tool, arguments that are not JSON,
-/// and every host rejection included).
+/// and every host rejection included). A tool that is not registered is the host's to judge, as for any agent:
+/// the call waits for it while the world loads (or for the plugin's `tool_wait`); a `TOOL_NOT_FOUND` then lists
+/// the tools there are.
 async fn execute(shared: &Shared, call: &PendingCall, images: &mut Vec<String>) -> String {
-    let tools = shared.agent.tools();
-    if !tools.iter().any(|tool| tool.name == call.name) {
-        let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_str()).collect();
-        return error_content(
-            &ToolError::with_code(
-                ErrorCode::ToolNotFound,
-                format!("there is no tool `{}`; the tools are: {}", call.name, names.join(", ")),
-            )
-            .with_detail("tool", &call.name),
-        );
-    }
     let arguments =
         if call.arguments.trim().is_empty() { Ok(json!({})) } else { serde_json::from_str(&call.arguments) };
     let arguments = match arguments {
@@ -320,6 +312,12 @@ async fn execute(shared: &Shared, call: &PendingCall, images: &mut Vec<String>) 
             let sent = shared.endpoint.images.then_some(images);
             summarize_images(&mut value, sent);
             value.to_string()
+        }
+        Err(error) if error.code == ErrorCode::ToolNotFound => {
+            let tools = shared.agent.tools();
+            let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_str()).collect();
+            let listed = format!("{}; the tools are: {}", error.message, names.join(", "));
+            error_content(&ToolError { message: listed, ..error })
         }
         Err(error) => error_content(&error),
     }
