@@ -447,6 +447,10 @@ fn s2_an_agent_that_fails_to_start_is_agent_unavailable_with_its_stderr_and_leav
     assert!(message.contains("did not start within"), "{message}");
     dirs.wait_no_agents(LIMIT);
     wait_no_session_folders(&dirs);
+    // Whatever their agents said on the way out, the game heard nothing of sessions it never got.
+    game.game.with_app(|app| (0..3).for_each(|_| app.update()));
+    let heard: Vec<String> = game.log.lines().into_iter().filter(|line| line.contains("chat-")).collect();
+    assert!(heard.is_empty(), "events of sessions that never started: {heard:#?}");
 }
 
 /// The sessions' folders in `dirs.data`.

@@ -68,6 +68,10 @@ struct State {
     /// The connection a failure stopped, which may still be writing what the game keeps of the session (an
     /// OpenAI-compatible session's history): the next connect, and an end, wait until it [settled](Link::settled).
     stopped: Option<Arc<dyn Link>>,
+    /// The agent's exit reported while this generation's connection was still being made: nothing is published
+    /// then (the game has no session to hear of yet, and a connect that fails reports it itself); a connect that
+    /// succeeds fails the session with it at once.
+    exited_while_connecting: Option<ToolError>,
 }
 
 pub(crate) struct SessionCore {
@@ -101,6 +105,7 @@ impl SessionCore {
                 usage: None,
                 system_prompt_pending: false,
                 stopped: None,
+                exited_while_connecting: None,
             }),
             lifecycle: tokio::sync::Mutex::new(()),
             forgotten: AtomicBool::new(false),
@@ -165,6 +170,7 @@ impl SessionCore {
         let generation = {
             let mut state = self.state.lock();
             state.generation += 1;
+            state.exited_while_connecting = None;
             state.generation
         };
         let setup = super::backend::Setup {
@@ -181,9 +187,10 @@ impl SessionCore {
         let sink = self.sink(generation);
         let connected = self.host.backend(&self.config).connect(setup, sink).await;
         let (link, attached, system_prompt_sent) = connected?;
-        let refused = {
+        let (refused, exited) = {
             let mut state = self.state.lock();
-            if state.generation != generation {
+            let exited = state.exited_while_connecting.take();
+            let refused = if state.generation != generation {
                 // Ended (or replaced) while it connected: this connection is nobody's.
                 Some(self.ended_error())
             } else if let Err(error) = self.reopen(&state.phase) {
@@ -202,13 +209,17 @@ impl SessionCore {
                 state.system_prompt_pending = fresh && self.config.system_prompt.is_some() && !system_prompt_sent;
                 state.phase = Phase::Live;
                 None
-            }
+            };
+            (refused, exited)
         };
         if let Some(error) = refused {
             link.kill();
             return Err(error);
         }
         self.save_record(false).await;
+        if let Some(error) = exited {
+            self.fail(error);
+        }
         Ok(attached)
     }
 
@@ -351,8 +362,20 @@ impl SessionCore {
         let mut ended_turn = None;
         {
             let mut state = self.state.lock();
-            if state.generation != generation || !matches!(state.phase, Phase::Live) {
+            if state.generation != generation {
                 // A report from a connection that was taken away; a permission request is denied by dropping it.
+                return;
+            }
+            if state.link.is_none() {
+                // The connection is still being made: only an exit counts, kept for `connect`.
+                if let BackendEvent::Exited(error) = event {
+                    state.exited_while_connecting = Some(
+                        error.unwrap_or_else(|| ToolError::with_code(ErrorCode::AgentUnavailable, "the agent exited")),
+                    );
+                }
+                return;
+            }
+            if !matches!(state.phase, Phase::Live) {
                 return;
             }
             match event {
