@@ -217,12 +217,16 @@ fn build_tower_in_the_nether_says_how_many_blocks_fit_under_its_roof() {
     let mut app = sandbox(dir.path());
     app.enter_world("alpha");
     ok(call(&mut app, "travel", json!({"dimension": "nether"})));
-    // The same terrain as the game's: the free cells above the ground of a column, up to the roof.
+    // The same terrain as the game's: the free cells above the solid ground of a column (under any lava lake),
+    // up to the roof.
     let world = WorldState::generate("alpha", palette());
     let free_above = |x: i32, z: i32| {
-        let ground = world.surface(Dimension::Nether, x, z).unwrap_or(0);
         let solid = |y: i32| world.palette().is_solid(world.block(Dimension::Nether, Pos { x, y, z }).block);
-        (ground + 1..=127).take_while(|y| !solid(*y)).count()
+        let mut base = world.surface(Dimension::Nether, x, z).map_or(0, |ground| ground + 1);
+        while base > 0 && !solid(base - 1) {
+            base -= 1;
+        }
+        (base..=127).take_while(|y| !solid(*y)).count()
     };
     let (x, z) = (-256..=255)
         .step_by(7)
@@ -230,11 +234,36 @@ fn build_tower_in_the_nether_says_how_many_blocks_fit_under_its_roof() {
         .find(|(x, z)| free_above(*x, *z) < 64)
         .expect("a column with less than 64 cells under the roof");
     let refused = err(call(&mut app, "build_tower", json!({"x": x, "z": z, "height": 64, "block": "planks"})));
-    assert_eq!(refused.code, ErrorCode::InvalidInput);
+    assert_eq!(refused.code.to_string(), "BLOCKED", "the world is in the way, not the argument");
     let room = free_above(x, z);
     assert!(refused.message.contains(&format!("only {room} blocks fit")), "{}", refused.message);
+    assert_eq!((refused.details.extra["placed"].as_u64(), refused.details.extra["room"].as_u64()), (Some(0), Some(room as u64)));
     let built = ok(call(&mut app, "build_tower", json!({"x": x, "z": z, "height": room, "block": "planks"})));
     assert_eq!(built["placed"].as_u64(), Some(room as u64), "{built}");
+}
+
+#[test]
+fn a_tower_in_a_lake_stands_on_its_bottom_and_rises_through_the_water() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut app = sandbox(dir.path());
+    app.enter_world("alpha");
+    let world = WorldState::generate("alpha", palette());
+    let water = world.palette().id("water").expect("water");
+    let (x, z) = (-256..=255)
+        .step_by(5)
+        .flat_map(|x| (-256..=255).step_by(5).map(move |z| (x, z)))
+        .find(|(x, z)| {
+            let top = world.surface(Dimension::Overworld, *x, *z).expect("a surface");
+            world.block(Dimension::Overworld, Pos { x: *x, y: top, z: *z }).block == water
+        })
+        .expect("a column of the lake the player spawns in");
+    let surface = world.surface(Dimension::Overworld, x, z).expect("a surface");
+    let built = ok(call(&mut app, "build_tower", json!({"x": x, "z": z, "height": 3, "block": "stone"})));
+    let from_y = built["from_y"].as_i64().expect("from_y");
+    assert!(from_y <= i64::from(surface), "the tower starts under the water's surface (y {surface}): {built}");
+    let below = ok(call(&mut app, "get_block", json!({"x": x, "y": from_y - 1, "z": z})));
+    assert_ne!(below["block"], "water", "it stands on the bottom, not on water: {built}");
+    assert_eq!(built["placed"], 3, "{built}");
 }
 
 #[test]

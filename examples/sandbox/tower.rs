@@ -46,9 +46,11 @@ pub fn build_tower(palette: Arc<Palette>) -> AgentTool<Visit> {
     let blocks: Vec<String> = palette.placeable().map(String::from).collect();
     AgentTool::new(
         "build_tower",
-        "Stacks `height` blocks on the ground at x, z, one block per frame, reporting progress; a player standing \
-         there rides up on it. Stops when the call ends (the player travels or leaves, or you cancel), or with \
-         BLOCKED when something is in the way (a block, or the player's head against a ceiling); the error then \
+        "Stacks `height` blocks on the ground at x, z (under water or lava, on the bottom: the tower rises \
+         through the liquid), one block per frame, reporting progress; a player standing there rides up on it. \
+         Refused with BLOCKED (nothing placed; `room` in its details) when fewer than `height` blocks fit under \
+         the first block above. Stops when the call ends (the player travels or leaves, or you cancel), or with \
+         BLOCKED when something gets in the way (a block, or the player's head against a ceiling); the error then \
          has `placed` in its details, and world_info's `last_tower` says how many blocks were placed and why it \
          stopped.",
         move |ctx: CallContext<Visit>, args: TowerArgs| {
@@ -81,20 +83,23 @@ async fn tower(ctx: CallContext<Visit>, args: TowerArgs, palette: Arc<Palette>) 
     };
     let (base, log) = step(&ctx, move |_world, visit| {
         let state = visit.state()?;
-        let ground = state.surface(dimension, x, z).unwrap_or(0);
-        let base = ground + 1;
+        let solid = |y: i32| state.palette().is_solid(state.block(dimension, Pos { x, y, z }).block);
+        // On the solid ground, also under a lake or a sea (where a player there stands).
+        let mut base = state.surface(dimension, x, z).map_or(0, |ground| ground + 1);
+        while base > *Y_BOUNDS.start() && !solid(base - 1) {
+            base -= 1;
+        }
         // Up to the first solid block in the way (the nether's roof), or the top of the world.
-        let free = |y: &i32| {
-            let cell = state.block(dimension, Pos { x, y: *y, z }).block;
-            !state.palette().is_solid(cell) || cell == block
-        };
-        let room = (base..=*Y_BOUNDS.end()).take_while(free).count();
+        let room = (base..=*Y_BOUNDS.end()).take_while(|y| !solid(*y)).count();
         if height as usize > room {
-            let top = base + room as i32 - 1;
-            return Err(ToolError::invalid_input(
-                "height",
-                format!("only {room} blocks fit above the ground at ({x}, {z}) (y {base}..={top})"),
-            ));
+            let message = match room {
+                0 => format!("no block fits above the ground at ({x}, {z}): y {base} is taken"),
+                _ => format!(
+                    "only {room} blocks fit above the ground at ({x}, {z}) (y {base}..={}): a block is in the way",
+                    base + room as i32 - 1
+                ),
+            };
+            return Err(ToolError::new("BLOCKED", message).with_detail("placed", 0).with_detail("room", room));
         }
         visit.towers.start(report);
         Ok((base, visit.towers.clone()))
@@ -122,7 +127,7 @@ async fn tower(ctx: CallContext<Visit>, args: TowerArgs, palette: Arc<Palette>) 
                 Err(error) => return ControlFlow::Break(Err(error)),
             };
             let cell = state.block(dimension, pos);
-            if state.palette().is_solid(cell.block) && cell.block != block {
+            if state.palette().is_solid(cell.block) {
                 let there = state.palette().name(cell.block).to_string();
                 return ControlFlow::Break(Err(ToolError::new("BLOCKED", format!("{there} at {pos} is in the way"))));
             }
