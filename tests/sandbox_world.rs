@@ -237,7 +237,10 @@ fn build_tower_in_the_nether_says_how_many_blocks_fit_under_its_roof() {
     assert_eq!(refused.code.to_string(), "BLOCKED", "the world is in the way, not the argument");
     let room = free_above(x, z);
     assert!(refused.message.contains(&format!("only {room} blocks fit")), "{}", refused.message);
-    assert_eq!((refused.details.extra["placed"].as_u64(), refused.details.extra["room"].as_u64()), (Some(0), Some(room as u64)));
+    assert_eq!(
+        (refused.details.extra["placed"].as_u64(), refused.details.extra["room"].as_u64()),
+        (Some(0), Some(room as u64))
+    );
     let built = ok(call(&mut app, "build_tower", json!({"x": x, "z": z, "height": room, "block": "planks"})));
     assert_eq!(built["placed"].as_u64(), Some(room as u64), "{built}");
 }

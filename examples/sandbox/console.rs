@@ -11,7 +11,7 @@ use bevy::app::AppExit;
 use bevy::prelude::*;
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::{
-    ConversationStatusChanged, ExitSet, StatusSource, VisitClosed, VisitLoadFailed, VisitOpened, VisitPhase,
+    ConversationStatusChanged, ExitSet, StatusSource, VisitClosed, VisitId, VisitLoadFailed, VisitOpened, VisitPhase,
     VisitRelocated, VisitSaved, WorldOpenFailed,
 };
 use crossbeam_channel::{Receiver, TryRecvError};
@@ -77,6 +77,9 @@ struct Player {
     /// The world the player is in, or entering.
     world: Option<String>,
     dimension: Option<Dimension>,
+    /// The open visit of that world, once it opened (`None` while entering, and after leaving): only its
+    /// relocations move the player, not a late one of the visit being left.
+    visit: Option<VisitId>,
     quitting: Option<Instant>,
     exit_sent: bool,
     /// Visits closed whose saves have not finished.
@@ -318,6 +321,7 @@ fn read_command(
             enter.write(EnterWorld::new(world.as_str()));
             let left = player.world.replace(world.clone());
             player.dimension = Some(Dimension::Overworld);
+            player.visit = None;
             Ok(match left {
                 Some(left) => format!("leaving {left}, entering {world}"),
                 None => format!("entering {world}"),
@@ -338,6 +342,7 @@ fn read_command(
             Some(world) => {
                 exit.write(ExitWorld::new());
                 player.dimension = None;
+                player.visit = None;
                 Ok(format!("leaving {world}"))
             }
             None => Err("no world is open".into()),
@@ -426,14 +431,23 @@ fn report_events(
     // before), the previous visit's close, the next one's open, then the saves that finished.
     for m in relocated.read() {
         say(format_args!("relocated visit={} dimension={} revision={}", m.visit.0, m.to.dimension, m.to.revision.0));
-        // An agent's `travel` moves the player too.
-        player.dimension = Dimension::parse(m.to.dimension.as_str()).ok();
+        // An agent's `travel` moves the player too (not one of a visit the player already left).
+        if player.visit == Some(m.visit) {
+            player.dimension = Dimension::parse(m.to.dimension.as_str()).ok();
+        }
     }
     for m in closed.read() {
         say(format_args!("visit-closed world={} visit={}", m.info.world, m.info.visit.0));
+        if player.visit == Some(m.info.visit) {
+            player.visit = None;
+        }
     }
     for m in opened.read() {
         say(format_args!("visit-opened world={} visit={}", m.info.world, m.info.visit.0));
+        if player.world.as_deref() == Some(m.info.world.as_str()) {
+            player.visit = Some(m.info.visit);
+            player.dimension = Dimension::parse(m.info.location.dimension.as_str()).ok();
+        }
     }
     for m in failed.read() {
         say(format_args!("open-failed world={} visit={} error={:?}", m.world, m.visit.0, m.error.message()));
@@ -491,4 +505,58 @@ fn finish_quit(
     }
     player.exit_sent = true;
     exit.write(if player.save_failed || late { AppExit::from_code(1) } else { AppExit::Success });
+}
+
+#[cfg(test)]
+mod tests {
+    use bevy_agent_tools::{DimensionId, Location, LocationRevision, VisitInfo, WorldId};
+
+    use super::*;
+
+    fn info(world: &str, visit: u64, dimension: &str, revision: u64) -> VisitInfo {
+        let location = Location { dimension: DimensionId::new(dimension), revision: LocationRevision(revision) };
+        VisitInfo { visit: VisitId(visit), world: WorldId::new(world), location }
+    }
+
+    fn relocated(visit: u64, to: &str) -> VisitRelocated {
+        VisitRelocated {
+            visit: VisitId(visit),
+            from: info("", visit, "overworld", 0).location,
+            to: info("", visit, to, 1).location,
+        }
+    }
+
+    #[test]
+    fn a_travel_of_the_visit_being_left_does_not_move_the_player_in_the_world_they_enter() {
+        let mut app = App::new();
+        app.add_message::<VisitOpened>()
+            .add_message::<VisitRelocated>()
+            .add_message::<VisitClosed>()
+            .add_message::<VisitSaved>()
+            .add_message::<WorldOpenFailed>()
+            .add_message::<VisitLoadFailed>()
+            .add_systems(Update, report_events);
+        // In alpha's visit 1, then `enter beta`: in one frame an agent's travel of visit 1 to the nether lands,
+        // visit 1 closes and beta's visit 2 opens, in the overworld.
+        app.insert_resource(Player {
+            world: Some("beta".into()),
+            dimension: Some(Dimension::Overworld),
+            visit: None,
+            ..Player::default()
+        });
+        app.world_mut().write_message(relocated(1, "nether"));
+        app.world_mut()
+            .write_message(VisitClosed { info: info("alpha", 1, "nether", 1), completion: Completion::done() });
+        app.update();
+        assert_eq!(app.world().resource::<Player>().dimension, Some(Dimension::Overworld), "entering beta");
+        app.world_mut().write_message(VisitOpened { info: info("beta", 2, "overworld", 0) });
+        app.update();
+        let player = app.world().resource::<Player>();
+        assert_eq!((player.visit, player.dimension), (Some(VisitId(2)), Some(Dimension::Overworld)));
+
+        // The open visit's own travel moves the player.
+        app.world_mut().write_message(relocated(2, "nether"));
+        app.update();
+        assert_eq!(app.world().resource::<Player>().dimension, Some(Dimension::Nether));
+    }
 }
