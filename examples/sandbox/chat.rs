@@ -58,6 +58,18 @@ pub fn with_flags(config: SessionConfig, keep: bool, ask: bool) -> SessionConfig
 struct Chat {
     commands: UnboundedSender<ChatCommand>,
     current: Arc<Mutex<Option<AgentSession>>>,
+    /// The command task's answers, for [`ChatAnswered`].
+    answers: crossbeam_channel::Receiver<ChatAnswered>,
+}
+
+/// What the chat task answered to one of the player's commands (the console prints it as `ok ...` or
+/// `error: ...`): the window's chat panel shows a text that was not sent.
+#[derive(Message, Clone, Debug)]
+#[cfg_attr(not(feature = "window"), allow(dead_code))] // Read by the window only.
+pub struct ChatAnswered {
+    pub command: ChatCommand,
+    /// `CODE message` when refused.
+    pub answer: Result<String, String>,
 }
 
 impl Plugin for ChatPlugin {
@@ -66,12 +78,21 @@ impl Plugin for ChatPlugin {
         let sessions = app.world().resource::<AgentSessions>().clone();
         let runtime = app.world().resource::<AgentRuntime>().handle().clone();
         let (commands, inbox) = unbounded_channel();
+        let (answered, answers) = crossbeam_channel::unbounded();
         let current = Arc::new(Mutex::new(None));
-        runtime.spawn(run(sessions, config, inbox, current.clone()));
-        app.insert_resource(Chat { commands, current })
+        runtime.spawn(run(sessions, config, inbox, current.clone(), answered));
+        app.insert_resource(Chat { commands, current, answers })
+            .add_message::<ChatAnswered>()
             .add_systems(Update, forward_commands)
-            .add_systems(PostUpdate, (print_chat, update_status).after(bevy_agent_tools::AgentToolsSet::Pump));
+            .add_systems(
+                PostUpdate,
+                (print_chat, update_status, publish_answers).after(bevy_agent_tools::AgentToolsSet::Pump),
+            );
     }
+}
+
+fn publish_answers(chat: Res<Chat>, mut answered: MessageWriter<ChatAnswered>) {
+    answered.write_batch(chat.answers.try_iter());
 }
 
 fn forward_commands(mut requests: MessageReader<ChatRequest>, chat: Res<Chat>) {
@@ -86,6 +107,7 @@ async fn run(
     config: SessionConfig,
     mut inbox: UnboundedReceiver<ChatCommand>,
     current: Arc<Mutex<Option<AgentSession>>>,
+    answered: crossbeam_channel::Sender<ChatAnswered>,
 ) {
     match sessions.create(config).await {
         Ok(session) => {
@@ -97,6 +119,7 @@ async fn run(
         }
     }
     while let Some(command) = inbox.recv().await {
+        let asked = command.clone();
         let session = current.lock().clone();
         let answer = match (command, session) {
             (ChatCommand::Resume(Some(id)), _) => match sessions.resume_session(id).await {
@@ -150,10 +173,18 @@ async fn run(
                 Err(error) => Err(error),
             },
         };
-        match answer {
-            Ok(answer) => say(format_args!("ok {answer}")),
-            Err(error) => say(format_args!("error: {} {}", error.code, one_line(&error.message))),
-        }
+        let answer = match answer {
+            Ok(answer) => {
+                say(format_args!("ok {answer}"));
+                Ok(answer)
+            }
+            Err(error) => {
+                let why = format!("{} {}", error.code, one_line(&error.message));
+                say(format_args!("error: {why}"));
+                Err(why)
+            }
+        };
+        let _ = answered.send(ChatAnswered { command: asked, answer });
     }
 }
 

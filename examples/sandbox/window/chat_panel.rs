@@ -1,7 +1,9 @@
 //! The chat panel: T opens it, typing fills the input line, Enter sends it to the in-game agent (the same
 //! `say` the console has), Esc closes it. The agent's replies stream in as they arrive; its status shows on top;
-//! a permission request becomes a prompt that Y allows and N denies (several wait in the order asked; one that
-//! timed out or was withdrawn with its turn leaves the panel by itself).
+//! a permission request becomes a prompt that Y allows and N denies while the input line is empty (a prompt that
+//! arrives mid-sentence never takes its letters: send or clear the line, then answer; several wait in the order
+//! asked; one that timed out or was withdrawn with its turn leaves the panel by itself). A text the agent refused
+//! (its turn still running, the session ended or failed) says so in the transcript.
 
 use std::collections::VecDeque;
 
@@ -14,6 +16,7 @@ use bevy_agent_tools::{
 };
 
 use super::Focus;
+use crate::chat::ChatAnswered;
 use crate::console::{ChatCommand, ChatRequest};
 
 /// How many lines of conversation the panel keeps.
@@ -60,7 +63,7 @@ pub fn setup(mut commands: Commands) {
 }
 
 /// Keys: T opens the panel; while it is open, typing, Backspace, Enter (send) and Esc (close); Y and N answer a
-/// permission prompt.
+/// permission prompt while the input line is empty.
 pub fn type_keys(
     mut keys: MessageReader<KeyboardInput>,
     mut focus: ResMut<Focus>,
@@ -69,51 +72,16 @@ pub fn type_keys(
     agents: Option<Res<AgentSessions>>,
 ) {
     for key in keys.read().filter(|key| key.state.is_pressed()) {
-        if let Some((request, tool)) = panel.asking.front().cloned() {
-            let answer = match &key.logical_key {
-                Key::Character(c) if c.eq_ignore_ascii_case("y") => Some(true),
-                Key::Character(c) if c.eq_ignore_ascii_case("n") => Some(false),
-                _ => None,
-            };
-            if let Some(allow) = answer {
-                requests.write(ChatRequest(if allow {
-                    ChatCommand::Allow(request)
-                } else {
-                    ChatCommand::Deny(request)
-                }));
-                let verdict = if allow { "allowed" } else { "denied" };
-                panel.push(format!("[{verdict} {tool}]"));
-                panel.asking.pop_front();
-                continue;
-            }
+        if let Some(command) = panel.press(&key.logical_key, key.key_code, &mut focus, agents.is_some()) {
+            requests.write(ChatRequest(command));
         }
-        match *focus {
-            Focus::World if key.key_code == KeyCode::KeyT => {
-                *focus = Focus::Chat;
-                if agents.is_none() {
-                    panel.status = Some("no agent: start the sandbox with --agent \"COMMAND ARGS\"".into());
-                }
-            }
-            Focus::Chat => match &key.logical_key {
-                Key::Escape => *focus = Focus::World,
-                Key::Enter => {
-                    let text = std::mem::take(&mut panel.input);
-                    if !text.trim().is_empty() && agents.is_some() {
-                        panel.push(format!("you: {text}"));
-                        requests.write(ChatRequest(ChatCommand::Say(text)));
-                    }
-                }
-                Key::Backspace => {
-                    panel.input.pop();
-                }
-                Key::Space if panel.input.len() < MAX_INPUT => panel.input.push(' '),
-                Key::Character(c) if panel.input.len() + c.len() <= MAX_INPUT => {
-                    panel.input.extend(c.chars().filter(|c| !c.is_control()));
-                }
-                _ => {}
-            },
-            _ => {}
-        }
+    }
+}
+
+/// What the chat module answered to the panel's texts: a refused one says so.
+pub fn read_answers(mut panel: ResMut<ChatPanel>, mut answers: MessageReader<ChatAnswered>) {
+    for answered in answers.read() {
+        panel.answered(answered);
     }
 }
 
@@ -187,6 +155,60 @@ pub fn draw(
 }
 
 impl ChatPanel {
+    /// One key press: the command it sends, if any. A waiting prompt takes Y and N while the input line is
+    /// empty (or the panel is closed); otherwise they are letters of the line.
+    fn press(&mut self, key: &Key, code: KeyCode, focus: &mut Focus, agent: bool) -> Option<ChatCommand> {
+        let answers = self.input.is_empty() || *focus != Focus::Chat;
+        if let (true, Some((request, tool))) = (answers, self.asking.front().cloned()) {
+            let answer = match key {
+                Key::Character(c) if c.eq_ignore_ascii_case("y") => Some(true),
+                Key::Character(c) if c.eq_ignore_ascii_case("n") => Some(false),
+                _ => None,
+            };
+            if let Some(allow) = answer {
+                let verdict = if allow { "allowed" } else { "denied" };
+                self.push(format!("[{verdict} {tool}]"));
+                self.asking.pop_front();
+                return Some(if allow { ChatCommand::Allow(request) } else { ChatCommand::Deny(request) });
+            }
+        }
+        match *focus {
+            Focus::World if code == KeyCode::KeyT => {
+                *focus = Focus::Chat;
+                if !agent {
+                    self.status = Some("no agent: start the sandbox with --agent \"COMMAND ARGS\"".into());
+                }
+            }
+            Focus::Chat => match key {
+                Key::Escape => *focus = Focus::World,
+                Key::Enter => {
+                    let text = std::mem::take(&mut self.input);
+                    if !text.trim().is_empty() && agent {
+                        self.push(format!("you: {text}"));
+                        return Some(ChatCommand::Say(text));
+                    }
+                }
+                Key::Backspace => {
+                    self.input.pop();
+                }
+                Key::Space if self.input.len() < MAX_INPUT => self.input.push(' '),
+                Key::Character(c) if self.input.len() + c.len() <= MAX_INPUT => {
+                    self.input.extend(c.chars().filter(|c| !c.is_control()));
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+        None
+    }
+
+    /// A refused text says so after the player's line.
+    fn answered(&mut self, answered: &ChatAnswered) {
+        if let (ChatCommand::Say(_), Err(why)) = (&answered.command, &answered.answer) {
+            self.push(format!("[not sent: {why}]"));
+        }
+    }
+
     /// Shows `event`. Returns whether the panel must take the keys (a permission prompt).
     fn apply(&mut self, event: PanelEvent) -> bool {
         match event {
@@ -233,16 +255,15 @@ impl ChatPanel {
         if let Some((_, text)) = &self.streaming {
             lines.push(format!("agent: {text}…"));
         }
-        match self.asking.front() {
-            Some((request, tool)) => {
-                let more = match self.asking.len() - 1 {
-                    0 => String::new(),
-                    n => format!(" ({n} more waiting)"),
-                };
-                lines.push(format!("the agent asks to use {tool} (request {request}): Y allow, N deny{more}"))
-            }
-            None => lines.push(format!("> {}_   (Enter: send, Esc: close)", self.input)),
+        if let Some((request, tool)) = self.asking.front() {
+            let more = match self.asking.len() - 1 {
+                0 => String::new(),
+                n => format!(" ({n} more waiting)"),
+            };
+            let first = if self.input.is_empty() { "" } else { " (send or clear your line first)" };
+            lines.push(format!("the agent asks to use {tool} (request {request}): Y allow, N deny{first}{more}"));
         }
+        lines.push(format!("> {}_   (Enter: send, Esc: close)", self.input));
         lines.join("\n")
     }
 }
@@ -282,5 +303,40 @@ mod tests {
         // A settlement of a prompt the player already answered (or never saw) changes nothing.
         panel.apply(settled(3, PermissionOutcome::Allowed));
         assert_eq!(panel.render(), text);
+    }
+
+    fn typed(panel: &mut ChatPanel, focus: &mut Focus, text: &str) -> Vec<ChatCommand> {
+        let keys = text.chars().map(|c| match c {
+            ' ' => (Key::Space, KeyCode::Space),
+            '\n' => (Key::Enter, KeyCode::Enter),
+            c => (Key::Character(c.to_string().into()), KeyCode::KeyA),
+        });
+        keys.filter_map(|(key, code)| panel.press(&key, code, focus, true)).collect()
+    }
+
+    #[test]
+    fn a_prompt_that_arrives_mid_sentence_never_takes_its_letters_and_an_empty_line_answers_it() {
+        let (mut panel, mut focus) = (ChatPanel::default(), Focus::Chat);
+        assert!(typed(&mut panel, &mut focus, "build a ").is_empty());
+        panel.apply(asked(7, "run tests"));
+        assert!(typed(&mut panel, &mut focus, "yellow tower on sand").is_empty(), "no y or n answered it");
+        assert!(panel.render().contains("> build a yellow tower on sand_"), "{}", panel.render());
+        assert!(panel.render().contains("Y allow, N deny (send or clear your line first)"), "{}", panel.render());
+        let sent = typed(&mut panel, &mut focus, "\n");
+        assert_eq!(sent, [ChatCommand::Say("build a yellow tower on sand".into())]);
+        assert_eq!(typed(&mut panel, &mut focus, "n"), [ChatCommand::Deny(7)], "the empty line answers");
+        assert!(panel.render().contains("[denied run tests]"), "{}", panel.render());
+    }
+
+    #[test]
+    fn a_text_the_agent_refused_says_so_in_the_transcript() {
+        let (mut panel, mut focus) = (ChatPanel::default(), Focus::Chat);
+        let sent = typed(&mut panel, &mut focus, "hello\n");
+        let refused = "SESSION_BUSY turn 1 of session `chat-1` is still running".to_string();
+        panel.answered(&ChatAnswered { command: sent[0].clone(), answer: Err(refused.clone()) });
+        let text = panel.render();
+        assert!(text.contains("you: hello") && text.contains(&format!("[not sent: {refused}]")), "{text}");
+        panel.answered(&ChatAnswered { command: ChatCommand::Say("again".into()), answer: Ok("sent".into()) });
+        assert_eq!(panel.render(), text, "a text that went says nothing more");
     }
 }

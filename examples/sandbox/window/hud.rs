@@ -10,7 +10,7 @@ use bevy::prelude::*;
 use bevy_agent_tools::mcp::{McpServer, McpUnavailable};
 use bevy_agent_tools::{
     CallFinished, CallProgress, CallStarted, ConversationId, ConversationStatus, ConversationStatusChanged, RequestId,
-    VisitClosed, VisitInfo, VisitOpened, VisitRelocated,
+    VisitClosed, VisitInfo, VisitLoadFailed, VisitOpened, VisitRelocated, WorldOpenFailed,
 };
 
 use crate::view::WorldView;
@@ -32,6 +32,9 @@ pub struct Hud {
     /// Where agents connect, as the start-up left it.
     mcp: String,
     visit: Option<VisitInfo>,
+    /// Why the world asked for could not be opened, or why the open visit's save did not load (its tools answer
+    /// INTERNAL until the player leaves): shown until the next visit opens.
+    trouble: Option<String>,
     /// By request and conversation: a retry that joined another conversation's call shares its request id.
     in_flight: BTreeMap<(RequestId, ConversationId), InFlight>,
     finished: VecDeque<String>,
@@ -90,6 +93,8 @@ pub fn read_messages(
     mut progress: MessageReader<CallProgress>,
     mut finished: MessageReader<CallFinished>,
     mut statuses: MessageReader<ConversationStatusChanged>,
+    mut open_failed: MessageReader<WorldOpenFailed>,
+    mut load_failed: MessageReader<VisitLoadFailed>,
 ) {
     for m in closed.read() {
         if hud.visit.as_ref().is_some_and(|open| open.visit == m.info.visit) {
@@ -98,6 +103,15 @@ pub fn read_messages(
     }
     for m in opened.read() {
         hud.visit = Some(m.info.clone());
+        hud.trouble = None;
+    }
+    for m in open_failed.read() {
+        hud.trouble = Some(format!("could not open {}: {}", m.world, m.error.message()));
+    }
+    for m in load_failed.read() {
+        if hud.visit.as_ref().is_some_and(|open| open.visit == m.info.visit) {
+            hud.trouble = Some(format!("the save of {} did not load: {}", m.info.world, m.error.message()));
+        }
     }
     for m in relocated.read() {
         if let Some(open) = hud.visit.as_mut().filter(|open| open.visit == m.visit) {
@@ -180,6 +194,9 @@ impl Hud {
             )),
             None => lines.push("no world open (L: worlds)".into()),
         }
+        if let Some(trouble) = &self.trouble {
+            lines.push(format!("!! {trouble}"));
+        }
         if let (Some(pos), Some(_)) = (view.player, &self.visit) {
             lines.push(format!("player {}, {}, {}", pos.x, pos.y, pos.z));
         }
@@ -197,5 +214,48 @@ impl Hud {
         lines.push("conversations:".into());
         lines.extend(self.conversations.iter().map(|(id, status)| format!("  {id} {status}")));
         lines.join("\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bevy_agent_tools::{CompletionError, DimensionId, Location, LocationRevision, OpenError, VisitId, WorldId};
+
+    use super::*;
+
+    fn info(world: &str, visit: u64) -> VisitInfo {
+        let location = Location { dimension: DimensionId::new("overworld"), revision: LocationRevision(0) };
+        VisitInfo { visit: VisitId(visit), world: WorldId::new(world), location }
+    }
+
+    #[test]
+    fn a_world_that_failed_to_open_or_load_says_why_until_the_next_visit_opens() {
+        let mut app = App::new();
+        app.init_resource::<Hud>()
+            .add_message::<VisitOpened>()
+            .add_message::<VisitRelocated>()
+            .add_message::<VisitClosed>()
+            .add_message::<CallStarted>()
+            .add_message::<CallProgress>()
+            .add_message::<CallFinished>()
+            .add_message::<ConversationStatusChanged>()
+            .add_message::<WorldOpenFailed>()
+            .add_message::<VisitLoadFailed>()
+            .add_systems(Update, read_messages);
+        let shown = |app: &App| app.world().resource::<Hud>().render(&WorldView::default());
+        app.world_mut().write_message(VisitOpened { info: info("alpha", 1) });
+        app.world_mut()
+            .write_message(VisitLoadFailed { info: info("alpha", 1), error: CompletionError::new("bad crc") });
+        app.update();
+        assert!(shown(&app).contains("!! the save of alpha did not load: bad crc"), "{}", shown(&app));
+
+        app.world_mut().write_message(VisitOpened { info: info("beta", 2) });
+        app.update();
+        assert!(!shown(&app).contains("!!"), "{}", shown(&app));
+        let failed =
+            WorldOpenFailed { world: WorldId::new("gamma"), visit: VisitId(3), error: OpenError::new("no disk") };
+        app.world_mut().write_message(failed);
+        app.update();
+        assert!(shown(&app).contains("!! could not open gamma: no disk"), "{}", shown(&app));
     }
 }

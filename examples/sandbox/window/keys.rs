@@ -1,6 +1,6 @@
 //! The player's world transitions from the keyboard, sent as the console commands a player would type (so they
-//! print the same lines and follow the same rules): L lists the worlds in the data directory and a digit enters
-//! one (0: a new world); P travels between the overworld and the nether; Esc leaves the world.
+//! print the same lines and follow the same rules): L lists the worlds in the data directory, last saved first,
+//! and a digit enters one (0: a new world); P travels between the overworld and the nether; Esc leaves the world.
 
 use std::path::PathBuf;
 
@@ -38,25 +38,27 @@ pub fn setup(mut commands: Commands) {
     ));
 }
 
-/// The worlds saved under `dir`, sorted (at most nine: one per digit): the folders with a sandbox save (its
-/// primary or previous file) in them, not the data dir's other folders (`agent-sessions`).
+/// The worlds saved under `dir`, the last saved first (at most nine: one per digit): the folders with a sandbox
+/// save (its primary or previous file) in them, not the data dir's other folders (`agent-sessions`).
 fn worlds(dir: &std::path::Path) -> Vec<String> {
+    // When the world was last saved: its newest save file's modification time.
     let saved = |world: &std::path::Path| {
         [format!("{SAVE_DOCUMENT}.json"), format!("{SAVE_DOCUMENT}.json.prev")]
             .iter()
-            .any(|file| world.join(file).is_file())
+            .filter_map(|file| std::fs::metadata(world.join(file)).ok().filter(|meta| meta.is_file()))
+            .map(|meta| meta.modified().unwrap_or(std::time::SystemTime::UNIX_EPOCH))
+            .max()
     };
-    let mut names: Vec<String> = std::fs::read_dir(dir)
+    let mut found: Vec<(std::time::SystemTime, String)> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .filter_map(Result::ok)
-        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()) && saved(&entry.path()))
-        .filter_map(|entry| entry.file_name().into_string().ok())
-        .filter(|name| check_world_name(name).is_ok())
+        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|entry| Some((saved(&entry.path())?, entry.file_name().into_string().ok()?)))
+        .filter(|(_, name)| check_world_name(name).is_ok())
         .collect();
-    names.sort();
-    names.truncate(9);
-    names
+    found.sort_by(|(a_saved, a), (b_saved, b)| b_saved.cmp(a_saved).then_with(|| a.cmp(b)));
+    found.into_iter().take(9).map(|(_, name)| name).collect()
 }
 
 pub fn transitions(
@@ -117,6 +119,7 @@ pub fn transitions(
 pub fn draw_list(
     list: Res<WorldList>,
     focus: Res<Focus>,
+    hud: Res<Hud>,
     mut text: Query<(&mut Text, &mut Visibility), With<WorldListText>>,
 ) {
     if !list.is_changed() && !focus.is_changed() {
@@ -128,7 +131,11 @@ pub fn draw_list(
         return;
     }
     let mut lines = vec!["worlds (a digit enters, Esc closes)".to_string()];
-    lines.extend(list.0.iter().enumerate().map(|(i, name)| format!("{}  {name}", i + 1)));
+    let open = hud.visit().map(|open| open.world.as_str());
+    lines.extend(list.0.iter().enumerate().map(|(i, name)| match open == Some(name.as_str()) {
+        true => format!("{}  {name}  (open: entering it again starts a new visit)", i + 1),
+        false => format!("{}  {name}", i + 1),
+    }));
     lines.push("0  a new world".into());
     text.0 = lines.join("\n");
     *visibility = Visibility::Visible;
@@ -146,6 +153,27 @@ mod tests {
             std::fs::write(data.path().join(folder).join(file), b"{}").unwrap();
         }
         std::fs::create_dir(data.path().join("empty")).unwrap();
-        assert_eq!(worlds(data.path()), ["alpha", "beta"]);
+        let mut listed = worlds(data.path());
+        listed.sort();
+        assert_eq!(listed, ["alpha", "beta"]);
+    }
+
+    #[test]
+    fn the_world_list_shows_the_nine_last_saved_worlds_newest_first() {
+        let data = tempfile::tempdir().unwrap();
+        let start = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        // world-1 .. world-12, world-N saved N minutes after the start; world-2 saved last of all.
+        for n in 1..=12u64 {
+            let folder = data.path().join(format!("world-{n}"));
+            std::fs::create_dir(&folder).unwrap();
+            let file = std::fs::File::create(folder.join("sandbox.json")).unwrap();
+            let minutes = if n == 2 { 100 } else { n };
+            file.set_modified(start + std::time::Duration::from_secs(60 * minutes)).unwrap();
+        }
+        let expected: Vec<String> =
+            ["world-2", "world-12", "world-11", "world-10", "world-9", "world-8", "world-7", "world-6", "world-5"]
+                .map(String::from)
+                .to_vec();
+        assert_eq!(worlds(data.path()), expected, "not by name: world-10 after world-1, world-9 unreachable");
     }
 }

@@ -67,6 +67,8 @@ impl Plugin for SandboxWindow {
             .insert_resource(keys::DataDir(self.data_dir.clone()))
             .init_resource::<WorldView>()
             .init_resource::<Focus>()
+            // Written by the chat module when there is an agent (`--agent`): the panel reads it either way.
+            .add_message::<crate::chat::ChatAnswered>()
             .init_resource::<chunks::ChunkMeshes>()
             .init_resource::<hud::Hud>()
             .init_resource::<chat_panel::ChatPanel>()
@@ -89,7 +91,7 @@ impl Plugin for SandboxWindow {
                 PostUpdate,
                 (
                     (hud::read_messages, hud::draw).chain(),
-                    (chat_panel::read_messages, chat_panel::draw).chain(),
+                    (chat_panel::read_answers, chat_panel::read_messages, chat_panel::draw).chain(),
                     keys::draw_list,
                     requests::answer,
                 )
