@@ -58,6 +58,20 @@ fn long_tool(seen: Arc<Seen>) -> AgentTool<Session> {
     )
 }
 
+/// Arguments that are one of several shapes: schemars makes a `oneOf` with no root `type`.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(tag = "action", rename_all = "snake_case")]
+enum Steer {
+    Left { by: u32 },
+    Right { by: u32 },
+}
+
+fn steer_tool() -> AgentTool<Session> {
+    AgentTool::new("steer", "Steers left or right.", |_: CallContext<Session>, steer: Steer| async move {
+        Ok(json!({ "turned": match steer { Steer::Left { by } => -(by as i64), Steer::Right { by } => by as i64 } }))
+    })
+}
+
 fn game(seen: Arc<Seen>, gate: Gate) -> (RunningGame, McpServer) {
     game_with(seen, gate, |mcp| mcp)
 }
@@ -73,6 +87,7 @@ fn game_with(seen: Arc<Seen>, gate: Gate, configure: fn(McpPlugin) -> McpPlugin)
                 .read_only(),
             )
             .with_tool(long_tool(seen))
+            .with_tool(steer_tool())
             .with_tool(bump_tool("gated", ToolScope::World, Arc::default(), Some(gate)))
             .max_in_flight_per_conversation(2);
         headless_app_with(plugin, configure(McpPlugin::new().port(0).token(TOKEN).max_body_bytes(64 * 1024)))
@@ -246,6 +261,12 @@ fn h12_sessionless_clients_with_the_same_name_never_share_replays_and_a_minted_h
         let forged = b.call_tool(params("bump", json!({ "conversation": "cv-guessed" }))).await.expect("call");
         assert_eq!(domain_error(&forged)["code"], "CONVERSATION_NOT_FOUND");
         let tools = a.list_all_tools().await.expect("tools");
+        for tool in &tools {
+            // The TypeScript SDK refuses the whole list when one tool's schema is not `"type": "object"`.
+            assert_eq!(tool.input_schema.get("type"), Some(&json!("object")), "{}: {:?}", tool.name, tool.input_schema);
+        }
+        let steered = a.call_tool(params("steer", json!({ "action": "left", "by": 2 }))).await.expect("call");
+        assert_eq!(steered.structured_content.expect("structured")["turned"], -2, "an enum of argument shapes works");
         for tool in tools.iter().filter(|tool| tool.name != "begin_conversation") {
             let properties = tool.input_schema.get("properties").and_then(Value::as_object);
             assert!(

@@ -136,6 +136,41 @@ fn a_client_that_resumes_after_its_call_finished_gets_the_result_it_missed() {
     game.stop();
 }
 
+#[test]
+fn a_client_that_resumes_a_stream_it_read_to_its_end_is_told_405_so_it_stops_asking() {
+    let (game, server, _events) = serve(bump_tool("bump", ToolScope::World, Arc::default(), None));
+    let session = open_session(&server);
+    let in_session = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
+
+    // A JSON-RPC error (an unknown tool) read to its end: the TypeScript SDK 1.x takes such a stream for one that
+    // was cut, since it ended without a result, and resumes it.
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"nope","arguments":{}}}"#;
+    let (mut stream, _) = send(&server, "POST", &in_session, call);
+    // Read to its end (the server has finished the stream), keeping the last event id.
+    let (mut last_event_id, mut error) = (None, None);
+    read_until(&mut stream, |line| {
+        if let Some(id) = line.strip_prefix("id:") {
+            last_event_id = Some(id.trim().to_string());
+        }
+        if line.starts_with("data:") && line.contains(r#""id":7"#) {
+            error = Some(line.to_string());
+        }
+        false
+    });
+    assert!(error.expect("the error").contains(r#""error""#));
+    let last_event_id = last_event_id.expect("the stream's events have ids");
+
+    for (last, what) in [(last_event_id.as_str(), "a stream read to its end"), ("0/987654", "a stream not kept")] {
+        let resume = [in_session[0], in_session[1], ("Last-Event-ID", last)];
+        let (_, head) = send(&server, "GET", &resume, "");
+        assert!(head.starts_with("HTTP/1.1 405"), "{what}: {head}");
+    }
+    // The session is fine: it still answers.
+    let (mut pong, _) = send(&server, "POST", &in_session, r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#);
+    read_until(&mut pong, |line| line.contains(r#""id":8"#)).expect("a pong");
+    game.stop();
+}
+
 /// How many reports the `burst` tool makes at once: far more than the server sends before the client's cancel
 /// arrives (the test fails as inconclusive if not).
 const BURST: u32 = 5_000;

@@ -219,10 +219,12 @@ impl McpPlugin {
             StreamableHttpService::new(move || Ok(handler.clone()), sessions.clone(), config);
         let exchanges = Arc::new(Exchanges::default());
         // Outermost last: the token, then the in-flight limit, then rmcp (Host, Origin, body limit); every POST
-        // that reaches rmcp is tracked until its response is sent, for the exit; a session's end is answered 204.
+        // that reaches rmcp is tracked until its response is sent, for the exit; a session's end is answered 204; a
+        // resume with nothing left to send, 405.
         let router = Router::new()
             .nest_service(&self.path, service)
             .layer(axum::middleware::from_fn_with_state(sessions.clone(), super::termination::answer_session_end))
+            .layer(axum::middleware::from_fn_with_state(sessions.clone(), super::sessions::refuse_spent_resumes))
             .layer(axum::middleware::from_fn_with_state(sessions.clone(), super::sessions::bind_to_agent_sessions))
             .layer(axum::middleware::from_fn_with_state(exchanges.clone(), track_exchanges))
             .layer(axum::middleware::from_fn_with_state(self.max_body_bytes, super::parse::refuse_unparsable))

@@ -117,6 +117,10 @@ pub(crate) fn to_mcp_tool(info: &ToolInfo) -> Tool {
         .idempotent(info.annotations.idempotent)
         .open_world(false);
     let mut input = input;
+    // MCP requires an object schema at the root, and the TypeScript SDK (Claude Code, Cursor, the Inspector)
+    // rejects the whole `tools/list` when one tool's has no `"type": "object"`: an enum of argument structs
+    // (`oneOf` of objects) has none of its own.
+    input.entry("type").or_insert_with(|| json!("object"));
     // Every tool takes the handle, also one without arguments of its own (its schema has no `properties`).
     if let Some(properties) = input.entry("properties").or_insert_with(|| json!({})).as_object_mut() {
         properties.entry(CONVERSATION).or_insert(json!({ "type": "string", "description": CONVERSATION_HELP }));

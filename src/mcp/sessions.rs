@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use futures_core::Stream;
 use parking_lot::Mutex;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
@@ -244,6 +244,22 @@ impl ConversationSessions {
         self.logs.lock().get(id)?.streams.get(&request).cloned()
     }
 
+    /// Whether resuming request stream `last_event_id` of open session `id` would send nothing, ever: the
+    /// stream finished and the client saw its last event, or it is no longer kept.
+    fn nothing_to_resume(&self, id: &SessionId, last_event_id: &str) -> bool {
+        let Some((index, request)) = parse_event_id(last_event_id) else { return false };
+        if !self.open.lock().contains_key(id) {
+            return false;
+        }
+        match self.log_of(id, request) {
+            Some(log) => {
+                let state = log.state.lock();
+                state.finished && state.events.iter().all(|event| event_index(event).is_some_and(|i| i <= index))
+            }
+            None => true,
+        }
+    }
+
     /// Starts the two tasks that keep sessions and conversations in step, until `stop`: closing sessions that
     /// expired, and closing the session of a conversation that ended on the game's side.
     pub(crate) fn spawn_upkeep(self: &Arc<Self>, runtime: &tokio::runtime::Handle, stop: CancellationToken) {
@@ -359,6 +375,32 @@ impl ConversationSessions {
         if let Some(tracked) = self.open.lock().get_mut(id) {
             tracked.last_seen = Instant::now();
         }
+    }
+}
+
+/// A `GET` that resumes a request stream with nothing left to send (the client read it to its end, or it is no
+/// longer kept) is answered `405 Method Not Allowed`: the specification's "no stream here". An empty `200` stream
+/// instead makes the TypeScript SDK 1.x, which takes a stream that ended with a JSON-RPC error (not a result) for
+/// one that was cut, try again every `retry` interval for as long as it runs, keeping its session from ever going
+/// idle. A session rmcp does not know is left to rmcp (404).
+pub(crate) async fn refuse_spent_resumes(
+    State(sessions): State<Arc<ConversationSessions>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.method() == axum::http::Method::GET && spent_resume(&sessions, request.headers()) {
+        let allow = [(axum::http::header::ALLOW, "POST, DELETE")];
+        return (axum::http::StatusCode::METHOD_NOT_ALLOWED, allow, "nothing to resume: the stream ended")
+            .into_response();
+    }
+    next.run(request).await
+}
+
+fn spent_resume(sessions: &ConversationSessions, headers: &axum::http::HeaderMap) -> bool {
+    let header = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
+    match (header(HEADER_SESSION_ID), header("last-event-id")) {
+        (Some(id), Some(last)) => sessions.nothing_to_resume(&SessionId::from(id.to_owned()), last),
+        _ => false,
     }
 }
 
