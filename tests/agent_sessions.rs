@@ -496,6 +496,26 @@ fn a_create_dropped_midway_leaves_no_agent_credential_conversation_or_folder() {
 }
 
 #[test]
+fn a_create_awaited_off_tokio_and_dropped_once_its_session_is_ready_leaves_nothing() {
+    use bevy::tasks::{block_on, poll_once};
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let credentials = game.game.with_app(|app| app.world().resource::<McpServer>().credentials().clone());
+    let mut creating = Box::pin(game.sessions.create(agent(&dirs, &[])));
+    assert!(block_on(poll_once(&mut creating)).is_none(), "under way, on the plugin's runtime");
+    // The session's record is its last step: the session is ready (or all but), its result unclaimed.
+    let until = Instant::now() + LIMIT;
+    while !session_folders(&dirs).iter().any(|id| dirs.data.join(id).join("session.json").is_file()) {
+        assert!(Instant::now() < until, "the session was created");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(creating);
+    dirs.wait_no_agents(LIMIT);
+    wait_no_session_folders(&dirs);
+    assert_eq!(credentials.live(), 0, "its credential was revoked");
+}
+
+#[test]
 fn s2_an_agent_that_crashes_mid_turn_fails_the_turn_and_resume_restarts_it_in_the_same_session() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

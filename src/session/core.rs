@@ -367,11 +367,18 @@ impl SessionCore {
                 return;
             }
             if state.link.is_none() {
-                // The connection is still being made: only an exit counts, kept for `connect`.
-                if let BackendEvent::Exited(error) = event {
-                    state.exited_while_connecting = Some(
-                        error.unwrap_or_else(|| ToolError::with_code(ErrorCode::AgentUnavailable, "the agent exited")),
-                    );
+                // The connection is still being made: nothing is published. An exit is kept for `connect`, usage
+                // is kept (a resumed session's agent may report it before it answers); the rest (a straggler of
+                // a load's replay) goes, and a permission request is denied by dropping it.
+                match event {
+                    BackendEvent::Exited(error) => {
+                        state.exited_while_connecting =
+                            Some(error.unwrap_or_else(|| {
+                                ToolError::with_code(ErrorCode::AgentUnavailable, "the agent exited")
+                            }))
+                    }
+                    BackendEvent::Usage(usage) => state.usage = Some(usage),
+                    _ => {}
                 }
                 return;
             }

@@ -75,7 +75,8 @@ impl AgentSessions {
     /// for an ACP agent, that the game serves no MCP); nothing is left running then.
     pub async fn create(&self, config: SessionConfig) -> Result<AgentSession, ToolError> {
         let this = self.clone();
-        self.on_tokio(async move { this.create_here(config).await }).await
+        let created = self.on_tokio(async move { this.create_here(config).await.map(|s| Unclaimed(Some(s))) }).await?;
+        created.claim().ok_or_else(|| ToolError::internal("the created session was lost on its way to the caller"))
     }
 
     async fn create_here(&self, config: SessionConfig) -> Result<AgentSession, ToolError> {
@@ -251,6 +252,26 @@ impl Drop for Unkept<'_> {
         self.host.agent.host().conversations.forget(&self.core.id);
         if self.new {
             self.host.records.remove_new(self.core.id.as_str(), connected);
+        }
+    }
+}
+
+/// A new session on its way to the caller of [`AgentSessions::create`]: awaited off tokio, `create`'s work runs
+/// as a task, and a caller that gave up just as the task finished drops its result with the task's handle. Then
+/// nothing of the session is left, as with [`Unkept`].
+struct Unclaimed(Option<AgentSession>);
+
+impl Unclaimed {
+    fn claim(mut self) -> Option<AgentSession> {
+        self.0.take()
+    }
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        if let Some(session) = self.0.take() {
+            session.sessions.live.lock().remove(&session.core.id);
+            drop(Unkept { host: &session.sessions.host, core: &session.core, new: true });
         }
     }
 }

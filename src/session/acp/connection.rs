@@ -84,6 +84,13 @@ pub(crate) fn spawn(
                             .clone()
                             .or_else(|| request.tool_call.fields.name.clone())
                             .unwrap_or_else(|| request.tool_call.tool_call_id.to_string());
+                        if !updates::can_allow_once(&request.options) {
+                            // Only a standing allow is offered: nobody is asked to give one. Refused, as the
+                            // game's answer would have to be.
+                            tracing::warn!(%tool, "the agent asked permission offering no one-time allow: refused");
+                            let refused = crate::session::backend::PermissionDecision::Deny;
+                            return responder.respond(updates::permission_response(&request.options, refused));
+                        }
                         permissions(BackendEvent::Permission { tool, reply });
                         // The answer may take the player a minute: wait for it outside the dispatch loop.
                         cx.spawn(async move {
@@ -138,10 +145,12 @@ fn agent_gone(error: &agent_client_protocol::Error) -> bool {
 }
 
 /// Whether the agent's answer to `session/resume` or `session/load` says it does not know the session: ACP's
-/// `-32002` (resource not found), or, from agents that use another code, an error that says "not found".
+/// `-32002` (resource not found), or, from agents that use another code, a message that says the session was not
+/// found (not any "not found": an API key, a model or a method not found is the agent's own trouble).
 fn unknown_session(error: &agent_client_protocol::Error) -> bool {
+    let message = error.message.to_ascii_lowercase();
     error.code == agent_client_protocol::ErrorCode::RESOURCE_NOT_FOUND
-        || describe(error).to_ascii_lowercase().contains("not found")
+        || message.contains("session") && (message.contains("not found") || message.contains("unknown"))
 }
 
 fn unavailable(what: &str, error: &agent_client_protocol::Error) -> ToolError {
@@ -353,4 +362,24 @@ async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay) -> Resul
         cx.send_request(request).block_task().await.map_err(|error| unavailable("session/new failed", &error))?;
     let attached = if setup.resume.is_some() { Attached::Replaced } else { Attached::New };
     Ok(Open { session: created.session_id.to_string(), attached, system_prompt_sent, can_close })
+}
+
+#[cfg(test)]
+mod tests {
+    use agent_client_protocol::Error;
+
+    use super::unknown_session;
+
+    #[test]
+    fn only_an_answer_about_the_session_counts_as_an_unknown_session() {
+        assert!(unknown_session(&Error::new(-32002, "resource not found")));
+        assert!(unknown_session(&Error::new(-32603, "Session sess-1 not found")));
+        assert!(unknown_session(&Error::new(-32602, "unknown session id")));
+        for trouble in ["API key not found", "Method not found", "model not found", "provider overloaded"] {
+            assert!(!unknown_session(&Error::new(-32603, trouble)), "{trouble}");
+        }
+        // What the error's data says is not the agent's verdict on the session.
+        let data = Error::new(-32603, "Internal error").data(serde_json::json!("session file not found"));
+        assert!(!unknown_session(&data));
+    }
 }

@@ -64,10 +64,16 @@ pub(crate) fn stop_reason(reason: AcpStopReason) -> StopReason {
     }
 }
 
+/// Whether a request can be allowed once: one that cannot is refused without asking the game (an allow would be
+/// a standing one, which neither the player nor the game's policy gives).
+pub(crate) fn can_allow_once(options: &[PermissionOption]) -> bool {
+    options.iter().any(|option| option.kind == PermissionOptionKind::AllowOnce)
+}
+
 /// The option the decision picks: allow once; reject once (else always: a refusal that outlasts the request
 /// only refuses more). Never "allow always": the player (or the game's policy) allowed this request, not every
-/// later one, so an agent that offers no one-time allow gets the request cancelled, which it treats as a refusal;
-/// as it does when no option fits.
+/// later one (a request without a one-time allow is refused before anyone is asked: [`can_allow_once`]). With
+/// no option that fits, the request is cancelled, which the agent treats as a refusal.
 pub(crate) fn permission_response(
     options: &[PermissionOption],
     decision: PermissionDecision,
@@ -120,5 +126,9 @@ mod tests {
         let only_always = [always[0].clone(), always[2].clone()];
         let allowed = serde_json::to_value(permission_response(&only_always, PermissionDecision::Allow)).unwrap();
         assert_eq!(allowed["outcome"]["outcome"], "cancelled", "no standing allow the player never gave");
+        assert!(!can_allow_once(&only_always), "so nobody is asked: it is refused at once");
+        let refused = serde_json::to_value(permission_response(&only_always, PermissionDecision::Deny)).unwrap();
+        assert_eq!(refused["outcome"]["optionId"], "no");
+        assert!(can_allow_once(&always));
     }
 }
