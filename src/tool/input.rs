@@ -100,13 +100,14 @@ const PROBLEMS_LISTED: usize = 10;
 
 /// `INVALID_INPUT` naming the first argument that breaks the published schema (`details.field`, in the form
 /// `pos.x` or `blocks[2]`) and why (`details.reason`, the validator's words, e.g. "1 is less than the minimum of
-/// 10"). When more than one breaks it, `details.problems` lists them all (up to [`PROBLEMS_LISTED`], each
-/// `{field, reason, schema_keyword}`) and the message names the others, so an agent can mend every one in a
-/// single retry.
+/// 10"). When more than one breaks it, `details.problems` lists them (the first [`PROBLEMS_LISTED`], each
+/// `{field, reason, schema_keyword}`; `details.problems_unlisted` counts the rest) and the message names them, so
+/// an agent can mend them in a single retry.
 pub(crate) fn validate(tool: &str, validator: &jsonschema::Validator, args: &Value) -> Result<(), ToolError> {
     let mut problems = validator.iter_errors(args).map(|error| Problem::of(&error));
     let Some(first) = problems.next() else { return Ok(()) };
-    let others: Vec<Problem> = problems.take(PROBLEMS_LISTED - 1).collect();
+    let others: Vec<Problem> = problems.by_ref().take(PROBLEMS_LISTED - 1).collect();
+    let unlisted = problems.count();
     let Problem { field, reason, keyword } = &first;
     let mut message = if field.is_empty() {
         format!("the arguments of `{tool}` are invalid: {reason}")
@@ -117,6 +118,9 @@ pub(crate) fn validate(tool: &str, validator: &jsonschema::Validator, args: &Val
         let named: Vec<String> = others.iter().map(Problem::short).collect();
         message.push_str(&format!("; also {}", named.join("; ")));
     }
+    if unlisted > 0 {
+        message.push_str(&format!("; and {unlisted} more"));
+    }
     let mut error = ToolError::with_code(ErrorCode::InvalidInput, message)
         .with_detail("field", field)
         .with_detail("reason", reason)
@@ -124,6 +128,9 @@ pub(crate) fn validate(tool: &str, validator: &jsonschema::Validator, args: &Val
     if !others.is_empty() {
         let listed: Vec<Value> = std::iter::once(&first).chain(&others).map(Problem::to_json).collect();
         error = error.with_detail("problems", listed);
+    }
+    if unlisted > 0 {
+        error = error.with_detail("problems_unlisted", unlisted);
     }
     Err(error)
 }
