@@ -126,6 +126,21 @@ fn every_argument_that_breaks_the_schema_is_named_in_one_error_so_one_retry_can_
 }
 
 #[test]
+fn a_tool_with_an_argument_of_a_reserved_name_is_refused_at_registration() {
+    #[derive(Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Tagged {
+        label: String,
+        task_id: String,
+    }
+    let app = app_with(TestGame::default(), vec![]);
+    let tag = AgentTool::new("tag", "Tags.", |_: CallContext<Session>, _: Tagged| async move { Ok(()) });
+    let refused = app.agent().register_tool(tag).expect_err("its task_id would never reach it");
+    assert!(refused.message.contains("`task_id`") && refused.message.contains("`tag`"), "{}", refused.message);
+    assert!(app.agent().tools().iter().all(|tool| tool.name != "tag"), "not registered");
+}
+
+#[test]
 fn schema_reasons_are_readable_for_a_range() {
     let mut app = app_with(TestGame::default(), vec![paddle(Arc::default())]);
     app.enter_world("alpha");

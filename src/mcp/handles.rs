@@ -20,7 +20,7 @@ use crate::error::{ErrorCode, ToolError};
 /// The built-in tool that mints a handle.
 pub(crate) const BEGIN_CONVERSATION: &str = "begin_conversation";
 /// The reserved argument carrying a handle.
-pub(crate) const CONVERSATION: &str = "conversation";
+pub(crate) use crate::tool::CONVERSATION;
 /// How many handles are remembered; the oldest are forgotten beyond (a client that comes back with one gets
 /// `CONVERSATION_NOT_FOUND` and begins another), and their conversations end, so that a long-running game keeps
 /// a bounded number of them.

@@ -12,6 +12,12 @@ use crate::ids::{OperationId, TaskId};
 pub const OPERATION_ID: &str = "operation_id";
 /// The reserved argument carrying the task id.
 pub const TASK_ID: &str = "task_id";
+/// The reserved argument carrying a sessionless MCP client's conversation handle (see `crate::mcp`).
+pub(crate) const CONVERSATION: &str = "conversation";
+
+/// The arguments the transports take out of every call before the tool sees it: a tool may not have its own of
+/// these names (it would never get them).
+pub(crate) const RESERVED: [&str; 3] = [OPERATION_ID, TASK_ID, CONVERSATION];
 
 const OPERATION_HELP: &str = "Optional. A unique id for this operation (e.g. a UUID). If you retry a call with \
 the same operation_id and the same arguments, it runs once and you get the first outcome; different arguments \
