@@ -206,7 +206,10 @@ impl ConversationSessions {
                     // The first event names the stream (its id is `<index>/<request>`): from now on it can be resumed.
                     request = event.event_id.as_deref().and_then(parse_event_id).map(|(_, request)| request);
                     if let Some(request) = request {
-                        logs.lock().entry(session.clone()).or_default().streams.insert(request, log.clone());
+                        // Only into an open session's logs: one closed meanwhile keeps nothing.
+                        if let Some(session) = logs.lock().get_mut(&session) {
+                            session.streams.insert(request, log.clone());
+                        }
                     }
                 }
                 if let Some(live) = log.push(event.clone()) {
@@ -434,6 +437,7 @@ impl SessionManager for ConversationSessions {
         let created = self.inner.create_session().await?;
         let conversation = session_conversation(created.0.as_ref());
         self.open.lock().insert(created.0.clone(), Tracked::new(conversation, Instant::now()));
+        self.logs.lock().entry(created.0.clone()).or_default();
         Ok(created)
     }
 
