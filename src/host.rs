@@ -170,6 +170,8 @@ pub(crate) struct HostShared {
     pub conversations: Arc<ConversationHub>,
     /// Wakes calls waiting for their tool when one is registered.
     pub tool_registered: tokio::sync::Notify,
+    /// Counts tool registrations after start-up: transports tell their clients the list changed.
+    pub tools_changed: tokio::sync::watch::Sender<u64>,
     /// The lifecycle's session type: registered tools must be for it.
     pub session_type: (std::any::TypeId, &'static str),
     /// Counts frames (pump runs): `CallContext::next_frame` waits for it to move.
@@ -195,6 +197,7 @@ impl HostShared {
             config,
             conversations: Arc::new(conversations),
             tool_registered: tokio::sync::Notify::new(),
+            tools_changed: tokio::sync::watch::Sender::new(0),
             session_type,
             frames: tokio::sync::watch::Sender::new(0),
             next_request: AtomicU64::new(1),
@@ -225,6 +228,7 @@ impl HostShared {
         }
         self.tools.insert(tool);
         self.tool_registered.notify_waiters();
+        self.tools_changed.send_modify(|registered| *registered += 1);
         Ok(())
     }
 

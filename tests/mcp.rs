@@ -282,6 +282,43 @@ fn h12_sessionless_clients_with_the_same_name_never_share_replays_and_a_minted_h
     game.stop();
 }
 
+/// A 2025-11-25 client that counts the server's `notifications/tools/list_changed`.
+#[derive(Clone)]
+struct ListWatcher(mpsc::UnboundedSender<()>);
+
+impl ClientHandler for ListWatcher {
+    async fn on_tool_list_changed(&self, _: NotificationContext<RoleClient>) {
+        let _ = self.0.send(());
+    }
+}
+
+#[test]
+fn a_tool_registered_while_the_game_runs_is_announced_to_connected_clients_which_then_list_it() {
+    let (game, server) = game(Arc::default(), Gate::new());
+    let url = server.url().to_string();
+    let agent = game.agent();
+    runtime().block_on(async move {
+        let (tx, mut changed) = mpsc::unbounded_channel();
+        let transport = StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(url).auth_header(TOKEN),
+        );
+        let client = ListWatcher(tx).serve(transport).await.expect("connect (2025-11-25)");
+        let capabilities = client.peer_info().and_then(|info| info.capabilities.tools.clone());
+        assert_eq!(capabilities.and_then(|tools| tools.list_changed), Some(true), "the server says it announces");
+        assert!(!client.list_all_tools().await.expect("tools").iter().any(|tool| tool.name == "late"));
+
+        // A world finished loading and registers its tools.
+        let late = AgentTool::new("late", "Registered late.", |_: CallContext<Session>, _: NoArgs| async move {
+            Ok(json!({ "late": true }))
+        });
+        agent.register_tool(late).expect("registered");
+        tokio::time::timeout(Duration::from_secs(10), changed.recv()).await.expect("announced in time");
+        assert!(client.list_all_tools().await.expect("tools").iter().any(|tool| tool.name == "late"));
+        client.cancel().await.expect("close");
+    });
+    game.stop();
+}
+
 #[test]
 fn busy_over_the_in_flight_limit_is_refused_with_429() {
     let gate = Gate::new();

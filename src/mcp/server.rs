@@ -13,6 +13,7 @@ use rmcp::service::RequestContext;
 use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
 
 use super::credentials::BoundConversation;
 use super::handles::{begin_conversation_tool, Handles, BEGIN_CONVERSATION, CONVERSATION, CONVERSATION_HELP};
@@ -49,6 +50,52 @@ pub(crate) struct GameServer {
     pub handles: Handles,
     /// The open 2025-11-25 sessions.
     pub sessions: Arc<ConversationSessions>,
+    /// The clients of those sessions, told when the tool list changes.
+    pub peers: Peers,
+}
+
+/// The clients of the open 2025-11-25 sessions, as they initialized: each is sent
+/// `notifications/tools/list_changed` when a tool is registered while the game runs (a world that registers its
+/// tools when it has loaded), so that it lists them again. Sessionless (2026-07-28) clients have no channel for
+/// it: they see new tools when they list them.
+#[derive(Clone, Default)]
+pub(crate) struct Peers(Arc<parking_lot::Mutex<Vec<rmcp::Peer<RoleServer>>>>);
+
+impl Peers {
+    fn add(&self, peer: rmcp::Peer<RoleServer>) {
+        let mut peers = self.0.lock();
+        peers.retain(|peer| !peer.is_transport_closed());
+        peers.push(peer);
+    }
+
+    /// Tells every client whose session is open that the tool list changed, each time a tool is registered,
+    /// until `stop`.
+    pub(crate) fn spawn_announcer(
+        &self,
+        agent: &AgentHandle,
+        runtime: &tokio::runtime::Handle,
+        stop: CancellationToken,
+    ) {
+        let mut changed = agent.host().tools_changed.subscribe();
+        let peers = self.clone();
+        runtime.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    changed = changed.changed() => if changed.is_err() { return },
+                }
+                let open: Vec<_> = {
+                    let mut peers = peers.0.lock();
+                    peers.retain(|peer| !peer.is_transport_closed());
+                    peers.clone()
+                };
+                for peer in open {
+                    // A client that went away meanwhile is not the game's problem.
+                    let _ = peer.notify_tool_list_changed().await;
+                }
+            }
+        });
+    }
 }
 
 impl GameServer {
@@ -136,8 +183,12 @@ pub(crate) fn to_mcp_tool(info: &ToolInfo) -> Tool {
 }
 
 impl ServerHandler for GameServer {
+    async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
+        self.peers.add(context.peer);
+    }
+
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build())
             .with_server_info(Implementation::new("bevy_agent_tools", env!("CARGO_PKG_VERSION")))
             .with_instructions(INSTRUCTIONS)
     }
