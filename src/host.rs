@@ -216,16 +216,7 @@ impl HostShared {
                 tool.info().name
             ));
         }
-        let properties = tool.info().input_schema.get("properties").and_then(serde_json::Value::as_object);
-        if let Some(taken) =
-            crate::tool::RESERVED.iter().find(|name| properties.is_some_and(|p| p.contains_key(**name)))
-        {
-            return Err(format!(
-                "agent tool `{}` has an argument named `{taken}`, which the transports take out of every call (it \
-                 would never reach the tool): rename it",
-                tool.info().name
-            ));
-        }
+        crate::tool::check_arguments(tool.info())?;
         self.tools.insert(tool);
         self.tool_registered.notify_waiters();
         self.tools_changed.send_modify(|registered| *registered += 1);

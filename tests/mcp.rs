@@ -66,6 +66,12 @@ enum Steer {
     Right { by: u32 },
 }
 
+/// An argument of any JSON: schemars writes its schema as `true`.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Stash {
+    data: Value,
+}
+
 fn steer_tool() -> AgentTool<Session> {
     AgentTool::new("steer", "Steers left or right.", |_: CallContext<Session>, steer: Steer| async move {
         Ok(json!({ "turned": match steer { Steer::Left { by } => -(by as i64), Steer::Right { by } => by as i64 } }))
@@ -88,6 +94,12 @@ fn game_with(seen: Arc<Seen>, gate: Gate, configure: fn(McpPlugin) -> McpPlugin)
             )
             .with_tool(long_tool(seen))
             .with_tool(steer_tool())
+            .with_tool(
+                AgentTool::new("stash", "Keeps any JSON.", |_: CallContext<Session>, args: Stash| async move {
+                    Ok(json!({ "kept": args.data }))
+                })
+                .read_only(),
+            )
             .with_tool(bump_tool("gated", ToolScope::World, Arc::default(), Some(gate)))
             .max_in_flight_per_conversation(2);
         headless_app_with(plugin, configure(McpPlugin::new().port(0).token(TOKEN).max_body_bytes(64 * 1024)))
@@ -264,6 +276,9 @@ fn h12_sessionless_clients_with_the_same_name_never_share_replays_and_a_minted_h
         for tool in &tools {
             // The TypeScript SDK refuses the whole list when one tool's schema is not `"type": "object"`.
             assert_eq!(tool.input_schema.get("type"), Some(&json!("object")), "{}: {:?}", tool.name, tool.input_schema);
+            // ... and every property's schema to be an object (`true` is not).
+            let properties = tool.input_schema.get("properties").and_then(Value::as_object);
+            assert!(properties.is_some_and(|p| p.values().all(Value::is_object)), "{}: {:?}", tool.name, properties);
         }
         let steered = a.call_tool(params("steer", json!({ "action": "left", "by": 2 }))).await.expect("call");
         assert_eq!(steered.structured_content.expect("structured")["turned"], -2, "an enum of argument shapes works");

@@ -138,6 +138,23 @@ fn a_tool_with_an_argument_of_a_reserved_name_is_refused_at_registration() {
     let refused = app.agent().register_tool(tag).expect_err("its task_id would never reach it");
     assert!(refused.message.contains("`task_id`") && refused.message.contains("`tag`"), "{}", refused.message);
     assert!(app.agent().tools().iter().all(|tool| tool.name != "tag"), "not registered");
+
+    // In one shape of an enum of argument structs too: its fields are arguments at the root of every call.
+    #[derive(Deserialize, JsonSchema)]
+    #[serde(tag = "kind", rename_all = "snake_case")]
+    #[allow(dead_code)]
+    enum Shapes {
+        Plain { label: String },
+        Threaded { conversation: String },
+    }
+    let shaped = AgentTool::new("shaped", "Shapes.", |_: CallContext<Session>, _: Shapes| async move { Ok(()) });
+    let refused = app.agent().register_tool(shaped).expect_err("its conversation would never reach it");
+    assert!(refused.message.contains("`conversation`"), "{}", refused.message);
+
+    // Arguments that cannot be an object: a client always sends one.
+    let unit = AgentTool::new("unit", "Nothing.", |_: CallContext<Session>, _: ()| async move { Ok(()) });
+    let refused = app.agent().register_tool(unit).expect_err("not an object");
+    assert!(refused.message.contains("not an object"), "{}", refused.message);
 }
 
 #[test]

@@ -58,6 +58,9 @@ pub(crate) struct GameServer {
 /// `notifications/tools/list_changed` when a tool is registered while the game runs (a world that registers its
 /// tools when it has loaded), so that it lists them again. Sessionless (2026-07-28) clients have no channel for
 /// it: they see new tools when they list them.
+/// How long an announcement waits for one client's session to take it.
+const ANNOUNCE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[derive(Clone, Default)]
 pub(crate) struct Peers(Arc<parking_lot::Mutex<Vec<rmcp::Peer<RoleServer>>>>);
 
@@ -90,8 +93,12 @@ impl Peers {
                     peers.clone()
                 };
                 for peer in open {
-                    // A client that went away meanwhile is not the game's problem.
-                    let _ = peer.notify_tool_list_changed().await;
+                    // Each on its own, bounded: a client that stopped reading (a suspended process) must not keep
+                    // the others, or later registrations, from being announced. One that went away meanwhile is not
+                    // the game's problem.
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(ANNOUNCE_WAIT, peer.notify_tool_list_changed()).await;
+                    });
                 }
             }
         });
@@ -165,21 +172,34 @@ pub(crate) fn to_mcp_tool(info: &ToolInfo) -> Tool {
         .open_world(false);
     let mut input = input;
     // MCP requires an object schema at the root, and the TypeScript SDK (Claude Code, Cursor, the Inspector)
-    // rejects the whole `tools/list` when one tool's has no `"type": "object"`: an enum of argument structs
-    // (`oneOf` of objects) has none of its own.
-    input.entry("type").or_insert_with(|| json!("object"));
+    // rejects the whole `tools/list` when one tool's is not exactly `"type": "object"`: an enum of argument structs
+    // (`oneOf` of objects) has no type of its own, optional arguments have `["object", "null"]` (a null counts as
+    // `{}`; registration refuses arguments that cannot be an object at all).
+    input.insert("type".into(), json!("object"));
+    // It also refuses a property whose schema is `true` (anything: what schemars writes for `serde_json::Value`).
+    anything_as_empty_schema(&mut input);
     // Every tool takes the handle, also one without arguments of its own (its schema has no `properties`).
     if let Some(properties) = input.entry("properties").or_insert_with(|| json!({})).as_object_mut() {
         properties.entry(CONVERSATION).or_insert(json!({ "type": "string", "description": CONVERSATION_HELP }));
     }
     let mut tool =
         Tool::new(info.name.clone(), info.description.clone(), Arc::new(input)).with_annotations(annotations);
-    if let Value::Object(output) = &info.client_output_schema() {
+    if let Value::Object(mut output) = info.client_output_schema() {
         if output.get("type").and_then(Value::as_str) == Some("object") {
-            tool = tool.with_raw_output_schema(Arc::new(output.clone()));
+            anything_as_empty_schema(&mut output);
+            tool = tool.with_raw_output_schema(Arc::new(output));
         }
     }
     tool
+}
+
+/// Writes the properties whose schema is `true` (any value) as `{}`, which means the same.
+fn anything_as_empty_schema(schema: &mut JsonObject) {
+    if let Some(properties) = schema.get_mut("properties").and_then(Value::as_object_mut) {
+        for property in properties.values_mut().filter(|property| **property == Value::Bool(true)) {
+            *property = json!({});
+        }
+    }
 }
 
 impl ServerHandler for GameServer {

@@ -27,9 +27,9 @@ pub use guard::{check_version, require_confirmation, DestructiveGuard};
 pub(crate) use image::take_images;
 pub use image::ImageContent;
 pub(crate) use registry::ToolRegistry;
+pub(crate) use reserved::check_arguments;
 #[cfg(feature = "mcp")]
 pub(crate) use reserved::CONVERSATION;
-pub(crate) use reserved::RESERVED;
 pub use reserved::{OPERATION_ID, TASK_ID};
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;

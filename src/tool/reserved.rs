@@ -26,6 +26,36 @@ before starting a new operation_id.";
 const TASK_HELP: &str = "Optional. Groups calls into one task (defaults to this conversation); operation ids are \
 scoped to it.";
 
+/// Refuses a tool whose arguments cannot be an object (a client sends an object; MCP publishes an object schema),
+/// or that has an argument of a [`RESERVED`] name, at its root or in one of its shapes (`oneOf`, `anyOf`, `allOf`).
+pub(crate) fn check_arguments(info: &ToolInfo) -> Result<(), String> {
+    let schema = &info.input_schema;
+    let object = match schema.get("type") {
+        None => true,
+        Some(Value::String(kind)) => kind == "object",
+        Some(Value::Array(kinds)) => kinds.iter().any(|kind| kind == "object"),
+        Some(_) => false,
+    };
+    if !object {
+        return Err(format!(
+            "agent tool `{}` takes arguments that are not an object (schema type {}): use a struct, an enum of \
+             structs, or NoArgs",
+            info.name, schema["type"]
+        ));
+    }
+    let shapes = ["oneOf", "anyOf", "allOf"].iter().filter_map(|key| schema.get(*key).and_then(Value::as_array));
+    let objects = std::iter::once(schema).chain(shapes.flatten());
+    let mut names = objects.filter_map(|shape| shape.get("properties").and_then(Value::as_object)).flat_map(Map::keys);
+    match names.find(|name| RESERVED.contains(&name.as_str())) {
+        Some(taken) => Err(format!(
+            "agent tool `{}` has an argument named `{taken}`, which the transports take out of every call (it would \
+             never reach the tool): rename it",
+            info.name
+        )),
+        None => Ok(()),
+    }
+}
+
 impl ToolInfo {
     /// The input schema a client sees: the tool's own, plus `operation_id` and `task_id` for non-read-only tools.
     pub fn client_input_schema(&self) -> Value {
