@@ -54,21 +54,26 @@ pub(crate) struct GameServer {
     pub peers: Peers,
 }
 
+/// How long an announcement waits for one client's session to take it.
+const ANNOUNCE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The clients of the open 2025-11-25 sessions, as they initialized: each is sent
 /// `notifications/tools/list_changed` when a tool is registered while the game runs (a world that registers its
 /// tools when it has loaded), so that it lists them again. Sessionless (2026-07-28) clients have no channel for
 /// it: they see new tools when they list them.
-/// How long an announcement waits for one client's session to take it.
-const ANNOUNCE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
 #[derive(Clone, Default)]
 pub(crate) struct Peers(Arc<parking_lot::Mutex<Vec<rmcp::Peer<RoleServer>>>>);
 
 impl Peers {
     fn add(&self, peer: rmcp::Peer<RoleServer>) {
+        self.open().push(peer);
+    }
+
+    /// The clients, those whose session closed left out.
+    fn open(&self) -> parking_lot::MutexGuard<'_, Vec<rmcp::Peer<RoleServer>>> {
         let mut peers = self.0.lock();
         peers.retain(|peer| !peer.is_transport_closed());
-        peers.push(peer);
+        peers
     }
 
     /// Tells every client whose session is open that the tool list changed, each time a tool is registered,
@@ -87,11 +92,7 @@ impl Peers {
                     () = stop.cancelled() => return,
                     changed = changed.changed() => if changed.is_err() { return },
                 }
-                let open: Vec<_> = {
-                    let mut peers = peers.0.lock();
-                    peers.retain(|peer| !peer.is_transport_closed());
-                    peers.clone()
-                };
+                let open = peers.open().clone();
                 for peer in open {
                     // Each on its own, bounded: a client that stopped reading (a suspended process) must not keep
                     // the others, or later registrations, from being announced. One that went away meanwhile is not

@@ -39,7 +39,7 @@ use axum::response::{IntoResponse, Response};
 use futures_core::Stream;
 use parking_lot::Mutex;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
-use rmcp::transport::common::http_header::HEADER_SESSION_ID;
+use rmcp::transport::common::http_header::{HEADER_LAST_EVENT_ID, HEADER_SESSION_ID};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::session::{ServerSseMessage, SessionId, SessionManager};
 use tokio_util::sync::CancellationToken;
@@ -401,7 +401,7 @@ pub(crate) async fn refuse_spent_resumes(
 
 fn spent_resume(sessions: &ConversationSessions, headers: &axum::http::HeaderMap) -> bool {
     let header = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
-    match (header(HEADER_SESSION_ID), header("last-event-id")) {
+    match (header(HEADER_SESSION_ID), header(HEADER_LAST_EVENT_ID)) {
         (Some(id), Some(last)) => sessions.nothing_to_resume(&SessionId::from(id.to_owned()), last),
         _ => false,
     }

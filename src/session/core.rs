@@ -371,12 +371,7 @@ impl SessionCore {
                 // is kept (a resumed session's agent may report it before it answers); the rest (a straggler of
                 // a load's replay) goes, and a permission request is denied by dropping it.
                 match event {
-                    BackendEvent::Exited(error) => {
-                        state.exited_while_connecting =
-                            Some(error.unwrap_or_else(|| {
-                                ToolError::with_code(ErrorCode::AgentUnavailable, "the agent exited")
-                            }))
-                    }
+                    BackendEvent::Exited(error) => state.exited_while_connecting = Some(exit_error(error)),
                     BackendEvent::Usage(usage) => state.usage = Some(usage),
                     _ => {}
                 }
@@ -422,11 +417,7 @@ impl SessionCore {
                         failure = Some(error);
                     }
                 }
-                BackendEvent::Exited(error) => {
-                    failure = Some(
-                        error.unwrap_or_else(|| ToolError::with_code(ErrorCode::AgentUnavailable, "the agent exited")),
-                    );
-                }
+                BackendEvent::Exited(error) => failure = Some(exit_error(error)),
             }
             let idle = ended_turn.as_ref().map(|_| ConversationStatus::Idle);
             self.host.publish(&self.id, feed, idle);
@@ -611,4 +602,9 @@ impl PermissionBook {
     pub(crate) fn ask(&self, core: &Arc<SessionCore>, tool: String, reply: oneshot::Sender<PermissionDecision>) {
         self.decide(core.id.clone(), core.config.permissions, core.config.timeouts.permission, tool, reply);
     }
+}
+
+/// What an agent's exit fails its session with: the backend's account of it, or that it exited.
+fn exit_error(reported: Option<ToolError>) -> ToolError {
+    reported.unwrap_or_else(|| ToolError::with_code(ErrorCode::AgentUnavailable, "the agent exited"))
 }

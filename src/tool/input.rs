@@ -104,10 +104,11 @@ const PROBLEMS_LISTED: usize = 10;
 /// `{field, reason, schema_keyword}`; `details.problems_unlisted` counts the rest) and the message names them, so
 /// an agent can mend them in a single retry.
 pub(crate) fn validate(tool: &str, validator: &jsonschema::Validator, args: &Value) -> Result<(), ToolError> {
-    let mut problems = validator.iter_errors(args).map(|error| Problem::of(&error));
-    let Some(first) = problems.next() else { return Ok(()) };
-    let others: Vec<Problem> = problems.by_ref().take(PROBLEMS_LISTED - 1).collect();
-    let unlisted = problems.count();
+    let mut errors = validator.iter_errors(args);
+    let Some(first) = errors.next().map(|error| Problem::of(&error)) else { return Ok(()) };
+    let others: Vec<Problem> = errors.by_ref().take(PROBLEMS_LISTED - 1).map(|error| Problem::of(&error)).collect();
+    // Only counted: the rest are not described.
+    let unlisted = errors.count();
     let Problem { field, reason, keyword } = &first;
     let mut message = if field.is_empty() {
         format!("the arguments of `{tool}` are invalid: {reason}")
