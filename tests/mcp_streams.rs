@@ -1,6 +1,7 @@
 //! A call's response stream (MCP 2025-11-25) over raw HTTP, read to its end: a client whose stream was cut comes
 //! back with `Last-Event-ID` after its call finished and still gets the result; a client that cancels a call gets
-//! none of the call's later progress on it; a client that ends its session with `DELETE` is told it ended.
+//! none of the call's later progress on it; a client that ends its session with `DELETE` is told it ended; a client
+//! that stops reading a stream holds up nothing else of its session.
 
 mod common;
 
@@ -282,5 +283,78 @@ fn a_sessionless_request_naming_a_session_id_of_its_own_choosing_is_not_put_in_t
         let conversation = started(named);
         assert!(conversation.starts_with("mcp-request:"), "a conversation of its own, not {conversation}");
     }
+    game.stop();
+}
+
+/// How many reports the `flood` tool makes: megabytes of events, far more than a connection whose client stopped
+/// reading buffers (the test fails as inconclusive if they all fit).
+const FLOOD: u32 = 60_000;
+
+/// Makes [`FLOOD`] progress reports, then succeeds.
+fn flood() -> AgentTool<Session> {
+    AgentTool::new(
+        "flood",
+        "Reports progress many times, then succeeds.",
+        |ctx: CallContext<Session>, _: NoArgs| async move {
+            for step in 1..=FLOOD {
+                ctx.report_progress(f64::from(step), Some(f64::from(FLOOD)), None);
+            }
+            Ok(())
+        },
+    )
+}
+
+/// The send queue of the server's end of `client`'s connection, from the kernel's table (bytes the client has
+/// not taken in yet).
+fn server_send_queue(server: &McpServer, client: &TcpStream) -> Option<u64> {
+    let client_port = client.local_addr().ok()?.port();
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let port = |address: &str| u16::from_str_radix(address.rsplit(':').next()?, 16).ok();
+        (port(fields.get(1)?)? == server.address().port() && port(fields.get(2)?)? == client_port)
+            .then(|| u64::from_str_radix(fields.get(4)?.split(':').next()?, 16).ok())?
+    })
+}
+
+#[test]
+fn a_client_that_stops_reading_its_call_stream_stalls_neither_its_session_nor_the_call_result() {
+    let (game, server, mut events) = serve(flood());
+    let session = open_session(&server);
+    let in_session = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
+
+    // The call's connection takes in its priming event and then nothing: a client that hangs without closing.
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"flood","arguments":{},"_meta":{"progressToken":"p7"}}}"#;
+    let (mut stalled, _) = send(&server, "POST", &in_session, call);
+    let priming = read_until(&mut stalled, |line| line.starts_with("id:")).expect("a priming event");
+    let last_event_id = priming.trim_start_matches("id:").trim().to_string();
+    assert_eq!(next_call_finished(&mut events), None, "the call succeeded");
+    // The server cannot send the client more: the kernel holds megabytes of the stream for the client, and no
+    // more comes (before the fix, from here on the session answered nothing, and the result never went out).
+    let mut last = (0, 0);
+    let full = (0..600).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        let queued = server_send_queue(&server, stalled.get_ref()).unwrap_or(0);
+        last = if queued == last.0 { (queued, last.1 + 1) } else { (queued, 0) };
+        queued > 1 << 20 && last.1 >= 5
+    });
+    assert!(full, "inconclusive: the server's send queue never filled ({} bytes)", last.0);
+
+    // The session still answers.
+    let (mut pong, _) = send(&server, "POST", &in_session, r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#);
+    read_until(&mut pong, |line| line.contains(r#""id":8"#)).expect("a pong");
+    // The client comes back for the rest of the stream and gets the result.
+    let resume = [in_session[0], in_session[1], ("Last-Event-ID", last_event_id.as_str())];
+    let (mut resumed, head) = send(&server, "GET", &resume, "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let result = read_until(&mut resumed, |line| line.starts_with("data:") && line.contains(r#""id":7"#));
+    assert!(result.is_some(), "the result of the call, replayed");
+    // The connection it stopped reading was ended, without the result (a client that reads on comes back too).
+    let mut reports = 0;
+    let on_stalled = read_until(&mut stalled, |line| {
+        reports += u32::from(line.contains("notifications/progress"));
+        line.contains(r#""id":7"#)
+    });
+    assert!(on_stalled.is_none() && reports < FLOOD, "the stalled connection got {reports} reports and the result");
     game.stop();
 }

@@ -68,7 +68,8 @@
 //! whose connection dropped comes back with `GET` and `Last-Event-ID` and gets the events it missed, the result
 //! included, even when the call finished while it was away. The server keeps, per session, the events of the 16
 //! most recent finished requests (each its last 64 events) plus those of requests still running, and drops them
-//! when the session ends.
+//! when the session ends. A client that stops reading a stream without closing it holds up nothing else of its
+//! session: once it has taken in nothing for 5 s while events wait for it, its connection is ended (it can resume).
 //!
 //! Logs: rmcp's own lines (several INFO lines per connection, an ERROR when a client goes away before its
 //! response) are quiet by default on the plugin's threads; set `BEVY_AGENT_TOOLS_RMCP_LOG=info` (or `debug`,
@@ -91,6 +92,7 @@ pub(crate) mod quiet;
 mod security;
 mod server;
 mod sessions;
+mod stream_log;
 mod termination;
 
 pub use credentials::Credentials;

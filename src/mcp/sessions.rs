@@ -19,18 +19,16 @@
 //! whose connection dropped to come back with `Last-Event-ID`; rmcp's manager forgets a stream's events the
 //! moment its response is produced, so a client that came back after that got an empty stream and lost the
 //! result of a call the game had applied. Here every request stream is drained into a [`StreamLog`] whether or
-//! not its client is still connected, and a `GET` with `Last-Event-ID` gets the events after that id, the result
+//! not its client is still connected (or still reading: see [`stream_log`](super::stream_log)), and a `GET` with `Last-Event-ID` gets the events after that id, the result
 //! included, then the live ones if the call still runs. Bounded: per session, the logs of the
 //! [`FINISHED_STREAMS_KEPT`] most recent finished requests (plus those still running, at most the in-flight
-//! limit), each keeping its last [`EVENTS_KEPT`] events (progress older than that is not replayed; the result,
+//! limit), each keeping its last [`EVENTS_KEPT`](super::stream_log::EVENTS_KEPT) events (progress older than that is not replayed; the result,
 //! being last, always is); all dropped when the session closes. Everything else is rmcp's
 //! [`LocalSessionManager`].
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
@@ -46,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::credentials::{BoundConversation, Credentials};
 use super::naming::session_conversation;
+use super::stream_log::{handed_on, parse_event_id, BoxedSseStream, StreamLog, STALL_TIMEOUT};
 use crate::agent::AgentHandle;
 use crate::conversation::{ConversationEvent, ConversationStatus};
 use crate::ids::ConversationId;
@@ -65,93 +64,12 @@ pub(crate) struct ConversationSessions {
 
 /// A finished request stream's events are kept for this many of the session's most recent requests.
 pub(crate) const FINISHED_STREAMS_KEPT: usize = 16;
-/// A request stream keeps at most its last this many events.
-pub(crate) const EVENTS_KEPT: usize = 64;
-/// Events buffered towards a connected client before the log stops feeding it (it can still resume).
-const LIVE_CAPACITY: usize = 64;
-
-type BoxedSseStream = Pin<Box<dyn Stream<Item = ServerSseMessage> + Send + Sync + 'static>>;
-
 /// One session's request streams by rmcp's HTTP request id (the part of an event id after the `/`).
 #[derive(Default)]
 struct SessionLogs {
     streams: HashMap<u64, Arc<StreamLog>>,
     /// Finished streams, oldest first: the oldest goes when there are more than [`FINISHED_STREAMS_KEPT`].
     finished: VecDeque<u64>,
-}
-
-/// The events of one request stream, and the client connection currently fed from it.
-#[derive(Default)]
-struct StreamLog {
-    state: Mutex<LogState>,
-}
-
-#[derive(Default)]
-struct LogState {
-    /// The last [`EVENTS_KEPT`] events, oldest first.
-    events: VecDeque<ServerSseMessage>,
-    /// The connection that gets new events as they come (the original response, or the latest resume).
-    live: Option<tokio::sync::mpsc::Sender<ServerSseMessage>>,
-    finished: bool,
-}
-
-impl StreamLog {
-    /// Keeps `event` and returns the connection to hand it to.
-    fn push(&self, event: ServerSseMessage) -> Option<tokio::sync::mpsc::Sender<ServerSseMessage>> {
-        let mut state = self.state.lock();
-        if state.events.len() >= EVENTS_KEPT {
-            state.events.pop_front();
-        }
-        state.events.push_back(event);
-        state.live.clone()
-    }
-
-    /// The events after `index`, then (if the stream still runs) the live ones: this connection replaces the
-    /// previous one. Taken under one lock, so no event is missed or sent twice.
-    fn resume(&self, index: usize) -> BoxedSseStream {
-        let mut state = self.state.lock();
-        let missed: Vec<ServerSseMessage> =
-            state.events.iter().filter(|event| event_index(event).is_none_or(|i| i > index)).cloned().collect();
-        let live = if state.finished {
-            None
-        } else {
-            let (tx, rx) = tokio::sync::mpsc::channel(LIVE_CAPACITY);
-            state.live = Some(tx);
-            Some(rx)
-        };
-        Box::pin(Replay { missed: missed.into(), live })
-    }
-}
-
-/// The index of an rmcp request-stream event id (`<index>/<http request id>`).
-fn event_index(event: &ServerSseMessage) -> Option<usize> {
-    event.event_id.as_deref()?.split_once('/')?.0.parse().ok()
-}
-
-/// Parses a `Last-Event-ID` of a request stream into (index, HTTP request id).
-fn parse_event_id(id: &str) -> Option<(usize, u64)> {
-    let (index, request) = id.split_once('/')?;
-    Some((index.parse().ok()?, request.parse().ok()?))
-}
-
-/// What a resuming client gets: the events it missed, then the live ones.
-struct Replay {
-    missed: VecDeque<ServerSseMessage>,
-    live: Option<tokio::sync::mpsc::Receiver<ServerSseMessage>>,
-}
-
-impl Stream for Replay {
-    type Item = ServerSseMessage;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<ServerSseMessage>> {
-        if let Some(event) = self.missed.pop_front() {
-            return Poll::Ready(Some(event));
-        }
-        match self.live.as_mut() {
-            Some(live) => live.poll_recv(cx),
-            None => Poll::Ready(None),
-        }
-    }
 }
 
 struct Tracked {
@@ -195,9 +113,8 @@ impl ConversationSessions {
     /// Drains rmcp's stream for a request into a log, whether or not the client stays connected, and returns the
     /// client's view of it.
     fn logged(&self, id: &SessionId, mut inner: BoxedSseStream) -> BoxedSseStream {
-        let (tx, rx) = tokio::sync::mpsc::channel(LIVE_CAPACITY);
-        let log = Arc::new(StreamLog::default());
-        log.state.lock().live = Some(tx);
+        let (log, connection) = StreamLog::connected(STALL_TIMEOUT);
+        let log = Arc::new(log);
         let (logs, session) = (self.logs.clone(), id.clone());
         tokio::spawn(async move {
             let mut request = None;
@@ -212,21 +129,9 @@ impl ConversationSessions {
                         }
                     }
                 }
-                if let Some(live) = log.push(event.clone()) {
-                    if live.send(event).await.is_err() {
-                        // The client went away: keep logging, it may resume.
-                        let mut state = log.state.lock();
-                        if state.live.as_ref().is_some_and(|current| current.same_channel(&live)) {
-                            state.live = None;
-                        }
-                    }
-                }
+                log.feed(event).await;
             }
-            {
-                let mut state = log.state.lock();
-                state.finished = true;
-                state.live = None;
-            }
+            log.finish();
             if let Some(request) = request {
                 let mut logs = logs.lock();
                 if let Some(session) = logs.get_mut(&session) {
@@ -239,7 +144,7 @@ impl ConversationSessions {
                 }
             }
         });
-        Box::pin(Replay { missed: VecDeque::new(), live: Some(rx) })
+        connection
     }
 
     /// The log of request stream `request` of session `id`, if it is still kept.
@@ -255,10 +160,7 @@ impl ConversationSessions {
             return false;
         }
         match self.log_of(id, request) {
-            Some(log) => {
-                let state = log.state.lock();
-                state.finished && state.events.iter().all(|event| event_index(event).is_some_and(|i| i <= index))
-            }
+            Some(log) => log.spent_after(index),
             None => true,
         }
     }
@@ -488,7 +390,8 @@ impl SessionManager for ConversationSessions {
     ) -> impl Future<Output = Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error>> + Send
     {
         self.seen(id);
-        self.inner.create_standalone_stream(id)
+        let inner = self.inner.create_standalone_stream(id);
+        async move { Ok(handed_on(Box::pin(inner.await?), STALL_TIMEOUT)) }
     }
 
     async fn resume(
@@ -503,7 +406,7 @@ impl SessionManager for ConversationSessions {
         match logged {
             Some(stream) => Ok(stream),
             // The standalone stream (`GET` without a request), or a request stream no longer kept: rmcp's.
-            None => Ok(Box::pin(self.inner.resume(id, last_event_id).await?) as BoxedSseStream),
+            None => Ok(handed_on(Box::pin(self.inner.resume(id, last_event_id).await?), STALL_TIMEOUT)),
         }
     }
 }
