@@ -38,11 +38,18 @@ fn python_mcp_client_lists_calls_sees_errors_replays_and_cancels_in_both_protoco
             }
         },
     );
+    // Longer than the Python client's read timeout (httpx's default, 5 s), without a word meanwhile.
+    let slow = AgentTool::new("slow", "Takes 6 s and reports nothing.", |_: CallContext<Session>, _: NoArgs| async {
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        Ok(())
+    })
+    .timeout(Duration::from_secs(30));
     let token = "e2e-token-0123456789abcdef";
     let game = RunningGame::spawn(Duration::from_millis(2), move || {
         let plugin = AgentToolsPlugin::new(TestGame::default())
             .with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None))
-            .with_tool(long);
+            .with_tool(long)
+            .with_tool(slow);
         headless_app_with(plugin, McpPlugin::new().port(0).token(token))
     });
     let url = game.with_app(|app| {
@@ -67,7 +74,7 @@ fn python_mcp_client_lists_calls_sees_errors_replays_and_cancels_in_both_protoco
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!stderr.contains("Session termination failed"), "the client's session ended cleanly:\n{stderr}");
     let checks = stdout.lines().filter(|line| line.contains("\"ok\": true")).count();
-    assert_eq!(checks, 20, "every check passed in both generations:\n{stdout}");
+    assert_eq!(checks, 22, "every check passed in both generations:\n{stdout}");
     for generation in ["auto", "legacy"] {
         ended.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| panic!("{generation}: the handler saw ended()"));
     }

@@ -358,3 +358,30 @@ fn a_client_that_stops_reading_its_call_stream_stalls_neither_its_session_nor_th
     assert!(on_stalled.is_none() && reports < FLOOD, "the stalled connection got {reports} reports and the result");
     game.stop();
 }
+
+#[test]
+fn a_sessionless_call_that_runs_long_is_answered_with_a_stream_kept_alive_until_its_result() {
+    let gate = Gate::new();
+    let tool = bump_tool("gated", ToolScope::World, Arc::default(), Some(gate.clone()));
+    let (game, server, mut events) = serve(tool);
+    let sessionless = [("MCP-Protocol-Version", "2026-07-28"), ("Mcp-Method", "tools/call"), ("Mcp-Name", "gated")];
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"gated","arguments":{"by":3},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#;
+
+    // The call waits at the gate, and the client already has its answer's headers (rmcp sent none until the
+    // result, and clients time out on a silent response: httpx after 5 s by default).
+    let (mut answer, head) = send(&server, "POST", &sessionless, call);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("content-type: text/event-stream"), "{head}");
+    // While it runs, keep-alives (and no answer: it has none yet).
+    let mut events_before = 0;
+    let kept_alive = read_until(&mut answer, |line| {
+        events_before += usize::from(line.starts_with("data:"));
+        line.starts_with(": keep-alive")
+    });
+    assert!(kept_alive.is_some() && events_before == 0, "a keep-alive first, then {events_before} events");
+    gate.open();
+    assert_eq!(next_call_finished(&mut events), None, "the call succeeded");
+    let result = read_until(&mut answer, |line| line.starts_with("data:") && line.contains(r#""id":7"#));
+    assert!(result.expect("the result").contains(r#""counter":3"#));
+    game.stop();
+}

@@ -70,6 +70,8 @@
 //! most recent finished requests (each its last 64 events) plus those of requests still running, and drops them
 //! when the session ends. A client that stops reading a stream without closing it holds up nothing else of its
 //! session: once it has taken in nothing for 5 s while events wait for it, its connection is ended (it can resume).
+//! An answer that takes over a second is a stream with a keep-alive every 2 s (2026-07-28 too, whose answers rmcp
+//! otherwise sends only once it has one).
 //!
 //! Logs: rmcp's own lines (several INFO lines per connection, an ERROR when a client goes away before its
 //! response) are quiet by default on the plugin's threads; set `BEVY_AGENT_TOOLS_RMCP_LOG=info` (or `debug`,
@@ -83,6 +85,7 @@
 mod credentials;
 mod exchanges;
 mod handles;
+mod late_answers;
 mod limit;
 mod listen;
 mod naming;

@@ -200,14 +200,15 @@ impl McpPlugin {
         let config = StreamableHttpServerConfig::default()
             .with_legacy_session_mode(true)
             // 2026-07-28: a call that only returns its result answers as plain JSON (one write, no SSE framing);
-            // one that reports progress first still streams.
+            // one that reports progress first still streams, and so does one that takes over a second
+            // (`late_answers`).
             .with_json_response(true)
             .with_allowed_hosts(hosts)
             .with_allowed_origins(self.allowed_origins.clone())
             // An empty list allows no browser origin (rmcp would otherwise check nothing).
             .enforce_origin_validation()
             .with_max_request_body_bytes(self.max_body_bytes)
-            .with_sse_keep_alive(Some(Duration::from_secs(2)))
+            .with_sse_keep_alive(Some(super::late_answers::KEEP_ALIVE))
             .with_cancellation_token(shutdown.child_token());
         let sessions =
             Arc::new(ConversationSessions::new(agent.clone(), credentials.clone(), self.session_idle_timeout));
@@ -222,9 +223,10 @@ impl McpPlugin {
         let exchanges = Arc::new(Exchanges::default());
         // Outermost last: the token, then the in-flight limit, then rmcp (Host, Origin, body limit); every POST
         // that reaches rmcp is tracked until its response is sent, for the exit; a session's end is answered 204; a
-        // resume with nothing left to send, 405.
+        // resume with nothing left to send, 405; an answer rmcp is slow to give, streamed.
         let router = Router::new()
             .nest_service(&self.path, service)
+            .layer(axum::middleware::from_fn(super::late_answers::stream_late_answers))
             .layer(axum::middleware::from_fn_with_state(sessions.clone(), super::termination::answer_session_end))
             .layer(axum::middleware::from_fn_with_state(sessions.clone(), super::sessions::refuse_spent_resumes))
             .layer(axum::middleware::from_fn_with_state(sessions.clone(), super::sessions::bind_to_agent_sessions))

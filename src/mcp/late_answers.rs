@@ -1,0 +1,183 @@
+//! A request whose answer is a while coming is answered as a stream at once, kept alive until the answer.
+//!
+//! rmcp answers an MCP 2026-07-28 request only once its handler has produced a first message (it needs that
+//! message to pick the HTTP status, and with JSON answers on, the content type): a `tools/call` that runs for
+//! minutes without reporting progress sends its client no byte, not even the headers, until its result. Clients
+//! give up on a silent response long before that: `httpx`, which the Python SDK is given in the usual way to pass a
+//! token, has a 5 s read timeout by default, and Node's `fetch` waits 5 min for headers. So a POST that rmcp has
+//! not answered after [`STREAM_AFTER`] (and whose client accepts an event stream, as MCP clients must) is
+//! answered here: `200`, `text/event-stream`, a keep-alive comment every [`KEEP_ALIVE`], then rmcp's answer as an
+//! event (a JSON answer) or its events (a stream). A client that goes away still cancels the call, as before: the
+//! wait for rmcp's answer is dropped with the response.
+//!
+//! A call that ends sooner is answered exactly as rmcp answers it. 2025-11-25 session requests, which rmcp answers
+//! with a stream at once, never wait this long.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::Request;
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::Response;
+use http_body::Frame;
+
+/// How long rmcp may take to answer before the answer is streamed.
+pub(crate) const STREAM_AFTER: Duration = Duration::from_secs(1);
+/// How often a stream without events sends a comment, so that clients' read timeouts do not fire.
+pub(crate) const KEEP_ALIVE: Duration = Duration::from_secs(2);
+
+const EVENT_STREAM: &str = "text/event-stream";
+
+/// Streams a POST's answer when rmcp is slow to give it (see the module's documentation).
+pub(crate) async fn stream_late_answers(request: Request, next: Next) -> Response {
+    if request.method() != Method::POST || !accepts_event_stream(request.headers()) {
+        return next.run(request).await;
+    }
+    let mut answer: PendingAnswer = Box::pin(next.run(request));
+    tokio::select! {
+        biased;
+        response = &mut answer => response,
+        () = tokio::time::sleep(STREAM_AFTER) => {
+            let mut response = Response::new(Body::new(LateAnswer::new(answer)));
+            let headers = response.headers_mut();
+            headers.insert(header::CONTENT_TYPE, header::HeaderValue::from_static(EVENT_STREAM));
+            headers.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
+            headers.insert("x-accel-buffering", header::HeaderValue::from_static("no"));
+            response
+        }
+    }
+}
+
+fn accepts_event_stream(headers: &HeaderMap) -> bool {
+    headers.get_all(header::ACCEPT).iter().filter_map(|value| value.to_str().ok()).any(|value| {
+        value.split(',').any(|kind| kind.split(';').next().is_some_and(|kind| kind.trim() == EVENT_STREAM))
+    })
+}
+
+type PendingAnswer = Pin<Box<dyn Future<Output = Response> + Send>>;
+
+/// The body of a streamed answer: keep-alives until rmcp answers, then its answer.
+struct LateAnswer {
+    state: State,
+    keep_alive: tokio::time::Interval,
+}
+
+enum State {
+    Waiting(PendingAnswer),
+    /// rmcp answered with a stream: its bytes as they come.
+    Streaming(Body),
+    /// rmcp answered with JSON: gathered, then sent as one event.
+    Gathering(Body, Vec<u8>),
+    Done,
+}
+
+impl LateAnswer {
+    fn new(answer: PendingAnswer) -> Self {
+        let keep_alive = tokio::time::interval_at(tokio::time::Instant::now() + KEEP_ALIVE, KEEP_ALIVE);
+        Self { state: State::Waiting(answer), keep_alive }
+    }
+}
+
+/// rmcp's answer as the rest of the stream.
+fn continuation(response: Response) -> State {
+    let kind = response.headers().get(header::CONTENT_TYPE).and_then(|value| value.to_str().ok()).unwrap_or("");
+    if kind.starts_with(EVENT_STREAM) {
+        State::Streaming(response.into_body())
+    } else if kind.starts_with("application/json") {
+        State::Gathering(response.into_body(), Vec::new())
+    } else {
+        // Not a JSON-RPC message (rmcp's own failure, a plain-text status): nothing a client could read as an
+        // answer, so the stream ends without one, as a cut stream does.
+        tracing::debug!(status = %response.status(), "an MCP answer streamed late was not JSON-RPC: the stream ends without it");
+        State::Done
+    }
+}
+
+/// One JSON-RPC message as a server-sent event (a `data:` line per line of it).
+fn as_event(message: &[u8]) -> Bytes {
+    let mut event = Vec::with_capacity(message.len() + 16);
+    for line in message.split(|byte| *byte == b'\n') {
+        event.extend_from_slice(b"data: ");
+        event.extend_from_slice(line.strip_suffix(b"\r").unwrap_or(line));
+        event.push(b'\n');
+    }
+    event.push(b'\n');
+    Bytes::from(event)
+}
+
+impl http_body::Body for LateAnswer {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        loop {
+            match &mut this.state {
+                State::Waiting(answer) => match answer.as_mut().poll(cx) {
+                    Poll::Ready(response) => {
+                        if response.status() != StatusCode::OK {
+                            tracing::debug!(status = %response.status(), "an MCP answer streamed late had another status");
+                        }
+                        this.state = continuation(response);
+                    }
+                    Poll::Pending => {
+                        return match this.keep_alive.poll_tick(cx) {
+                            Poll::Ready(_) => {
+                                Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b": keep-alive\n\n")))))
+                            }
+                            Poll::Pending => Poll::Pending,
+                        };
+                    }
+                },
+                State::Streaming(body) => return Pin::new(body).poll_frame(cx),
+                State::Gathering(body, gathered) => match Pin::new(body).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if let Ok(data) = frame.into_data() {
+                            gathered.extend_from_slice(&data);
+                        }
+                    }
+                    Poll::Ready(Some(Err(error))) => {
+                        this.state = State::Done;
+                        return Poll::Ready(Some(Err(error)));
+                    }
+                    Poll::Ready(None) => {
+                        let event = as_event(gathered);
+                        this.state = State::Done;
+                        return Poll::Ready(Some(Ok(Frame::data(event))));
+                    }
+                    Poll::Pending => return Poll::Pending,
+                },
+                State::Done => return Poll::Ready(None),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_json_answer_is_one_event_with_a_data_line_per_line() {
+        assert_eq!(&as_event(br#"{"a":1}"#)[..], b"data: {\"a\":1}\n\n");
+        assert_eq!(&as_event(b"{\r\n}")[..], b"data: {\ndata: }\n\n");
+    }
+
+    #[test]
+    fn only_clients_that_accept_an_event_stream_get_one() {
+        let accepts = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::ACCEPT, value.parse().expect("a header value"));
+            accepts_event_stream(&headers)
+        };
+        assert!(accepts("application/json, text/event-stream"));
+        assert!(accepts("text/event-stream;q=0.9"));
+        assert!(!accepts("application/json"));
+        assert!(!accepts("text/event-streams"));
+        assert!(!accepts_event_stream(&HeaderMap::new()));
+    }
+}
