@@ -257,6 +257,32 @@ fn s_a_turn_streams_deltas_and_its_tool_call_changes_the_world_as_the_sessions_o
 }
 
 #[test]
+fn a_message_the_agent_sends_between_turns_is_completed_when_the_next_turn_starts_and_kept_apart_from_it() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("the session starts");
+    let id = session.id().to_string();
+    let turn = game.block_on(session.send_text("later a late thought")).expect("the turn ends");
+    assert_eq!(turn.final_message.as_deref(), Some("more later"));
+    // The agent speaks after its turn ended: streamed as it comes.
+    game.log.wait_for(&format!("delta {id} {id}-m2: a late thought"));
+
+    let next = game.block_on(session.send_text("next")).expect("the turn ends");
+    assert_eq!(next.final_message.as_deref(), Some("You said: next"), "the new turn's message is its own");
+    game.log.wait_for(&format!("message {id} {id}-m3: You said: next"));
+    let messages: Vec<String> =
+        game.log.lines().into_iter().filter(|line| line.starts_with(&format!("message {id} "))).collect();
+    let expected = [
+        format!("message {id} {id}-m1: more later"),
+        format!("message {id} {id}-m2: a late thought"),
+        format!("message {id} {id}-m3: You said: next"),
+    ];
+    assert_eq!(messages, expected, "the message between turns was completed, before the next turn's");
+    game.block_on(session.end());
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
 fn an_agent_that_stays_silent_past_the_mcp_session_idle_timeout_keeps_its_tools() {
     let dirs = Dirs::new();
     let idle = Duration::from_millis(300);

@@ -295,10 +295,14 @@ impl SessionCore {
             let Some(link) = state.link.clone() else {
                 return Err(ToolError::with_code(ErrorCode::AgentUnavailable, "the session's agent is not connected"));
             };
+            // A message the agent sent since the last turn ended is complete now: the new turn's text is not
+            // part of it (and it is not the new turn's message).
+            let mut feed = Vec::new();
+            self.finish_message(&mut state, &mut feed);
+            self.host.publish(&self.id, feed, None);
             state.turns += 1;
             let number = state.turns;
             state.turn = Some(Turn { number, reply, last_message: None });
-            state.message = None;
             let mut blocks = Vec::new();
             if state.system_prompt_pending {
                 state.system_prompt_pending = false;
