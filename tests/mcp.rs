@@ -335,6 +335,36 @@ fn a_tool_registered_while_the_game_runs_is_announced_to_connected_clients_which
 }
 
 #[test]
+fn a_tool_registered_while_the_game_runs_is_announced_to_sessionless_clients_that_listen() {
+    let (game, server) = game(Arc::default(), Gate::new());
+    let url = server.url().to_string();
+    let agent = game.agent();
+    runtime().block_on(async move {
+        let (client, _) = connect(&url, true).await;
+        let capabilities = client.peer_info().and_then(|info| info.capabilities.tools.clone());
+        assert_eq!(capabilities.and_then(|tools| tools.list_changed), Some(true), "the server says it announces");
+        // 2026-07-28 has no session to announce on: the client opens a stream for it.
+        let filter = rmcp::model::SubscriptionFilter::builder().tools_list_changed().build();
+        let mut subscription = client.peer().listen(filter).await.expect("listening");
+        assert_eq!(subscription.acknowledged().tools_list_changed, Some(true), "granted");
+        assert!(!client.list_all_tools().await.expect("tools").iter().any(|tool| tool.name == "late"));
+
+        let late = AgentTool::new("late", "Registered late.", |_: CallContext<Session>, _: NoArgs| async move {
+            Ok(json!({ "late": true }))
+        });
+        agent.register_tool(late).expect("registered");
+        let announced = tokio::time::timeout(Duration::from_secs(10), subscription.next()).await.expect("in time");
+        assert!(
+            matches!(announced, Ok(Some(rmcp::model::ServerNotification::ToolListChangedNotification(_)))),
+            "{announced:?}"
+        );
+        assert!(client.list_all_tools().await.expect("tools").iter().any(|tool| tool.name == "late"));
+        client.cancel().await.expect("close");
+    });
+    game.stop();
+}
+
+#[test]
 fn busy_over_the_in_flight_limit_is_refused_with_429() {
     let gate = Gate::new();
     let (game, server) = game(Arc::default(), gate.clone());

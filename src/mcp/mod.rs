@@ -82,6 +82,7 @@
 //! non-standard `format`s (`uint64`, `int32`, ...) are removed; choices known only at run time can be listed with
 //! [`AgentTool::argument_enum`](crate::AgentTool::argument_enum).
 
+mod announce;
 mod credentials;
 mod exchanges;
 mod handles;

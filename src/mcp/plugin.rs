@@ -214,7 +214,7 @@ impl McpPlugin {
             Arc::new(ConversationSessions::new(agent.clone(), credentials.clone(), self.session_idle_timeout));
         let limit =
             InFlightLimit { agent: agent.clone(), sessions: sessions.clone(), max_body_bytes: self.max_body_bytes };
-        let peers = super::server::Peers::default();
+        let peers = super::announce::Peers::default();
         peers.spawn_announcer(&agent, runtime, shutdown.child_token());
         let handler = GameServer { agent, handles: Default::default(), sessions: sessions.clone(), peers };
         sessions.spawn_upkeep(runtime, shutdown.child_token());

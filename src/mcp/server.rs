@@ -13,7 +13,6 @@ use rmcp::service::RequestContext;
 use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
-use tokio_util::sync::CancellationToken;
 
 use super::credentials::BoundConversation;
 use super::handles::{begin_conversation_tool, Handles, BEGIN_CONVERSATION, CONVERSATION, CONVERSATION_HELP};
@@ -51,59 +50,7 @@ pub(crate) struct GameServer {
     /// The open 2025-11-25 sessions.
     pub sessions: Arc<ConversationSessions>,
     /// The clients of those sessions, told when the tool list changes.
-    pub peers: Peers,
-}
-
-/// How long an announcement waits for one client's session to take it.
-const ANNOUNCE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The clients of the open 2025-11-25 sessions, as they initialized: each is sent
-/// `notifications/tools/list_changed` when a tool is registered while the game runs (a world that registers its
-/// tools when it has loaded), so that it lists them again. Sessionless (2026-07-28) clients have no channel for
-/// it: they see new tools when they list them.
-#[derive(Clone, Default)]
-pub(crate) struct Peers(Arc<parking_lot::Mutex<Vec<rmcp::Peer<RoleServer>>>>);
-
-impl Peers {
-    fn add(&self, peer: rmcp::Peer<RoleServer>) {
-        self.open().push(peer);
-    }
-
-    /// The clients, those whose session closed left out.
-    fn open(&self) -> parking_lot::MutexGuard<'_, Vec<rmcp::Peer<RoleServer>>> {
-        let mut peers = self.0.lock();
-        peers.retain(|peer| !peer.is_transport_closed());
-        peers
-    }
-
-    /// Tells every client whose session is open that the tool list changed, each time a tool is registered,
-    /// until `stop`.
-    pub(crate) fn spawn_announcer(
-        &self,
-        agent: &AgentHandle,
-        runtime: &tokio::runtime::Handle,
-        stop: CancellationToken,
-    ) {
-        let mut changed = agent.host().tools_changed.subscribe();
-        let peers = self.clone();
-        runtime.spawn(async move {
-            loop {
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    changed = changed.changed() => if changed.is_err() { return },
-                }
-                let open = peers.open().clone();
-                for peer in open {
-                    // Each on its own, bounded: a client that stopped reading (a suspended process) must not keep
-                    // the others, or later registrations, from being announced. One that went away meanwhile is not
-                    // the game's problem.
-                    tokio::spawn(async move {
-                        let _ = tokio::time::timeout(ANNOUNCE_WAIT, peer.notify_tool_list_changed()).await;
-                    });
-                }
-            }
-        });
-    }
+    pub peers: super::announce::Peers,
 }
 
 impl GameServer {
@@ -204,6 +151,17 @@ fn anything_as_empty_schema(schema: &mut JsonObject) {
 }
 
 impl ServerHandler for GameServer {
+    fn accepted_subscription_filter(
+        &self,
+        requested: &rmcp::model::SubscriptionFilter,
+    ) -> Option<rmcp::model::SubscriptionFilter> {
+        super::announce::accepted(requested)
+    }
+
+    async fn listen(&self, subscription: rmcp::service::SubscriptionContext) -> Result<(), ErrorData> {
+        super::announce::listen(&self.agent, subscription).await
+    }
+
     async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
         self.peers.add(context.peer);
     }
