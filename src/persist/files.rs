@@ -186,7 +186,9 @@ impl WorldFiles {
     /// serialization overlaps the disk and the final fsync waits only for the tail. Then the header is filled in,
     /// the current primary is kept as `.prev`, and `atomic-write-file` commits: it fsyncs the temporary file,
     /// renames it over the primary and fsyncs the directory (`tempfile::persist` syncs neither). A failure
-    /// anywhere before the rename leaves the previous save as it was, and the temporary file is removed.
+    /// anywhere before the rename leaves the primary as it was, and the temporary file is removed (a failure of
+    /// that last fsync, a full disk say, comes after `.prev` became the primary too: the save before is gone then,
+    /// the primary is not).
     pub(crate) fn write(
         &mut self,
         document: &str,
