@@ -209,7 +209,11 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// [`AgentHandle::register_tool`] or `add_agent_tool`) before it fails with `TOOL_NOT_FOUND`; the call's own
     /// timeout, when it sets one, replaces this wait. By default (and with `Duration::ZERO`) such a call waits only while
     /// the open visit is still loading (up to the default timeout), and is rejected at once otherwise, so that a
-    /// mistyped name does not hang.
+    /// mistyped name does not hang. A call that waits is still bound to the visit open when it was made (rules H5,
+    /// H9): it ends with `VISIT_ENDED` when that visit ends, and a location-scoped one is refused with
+    /// `LOCATION_CHANGED` if the player relocated before its tool appeared; one made with no world open runs in
+    /// the visit open when its tool appears. One still waiting when its wait passes while the world loads gets
+    /// `WORLD_LOADING_TIMEOUT`.
     pub fn tool_wait(mut self, wait: Duration) -> Self {
         self.config.tool_wait = Some(wait);
         self

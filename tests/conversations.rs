@@ -331,6 +331,59 @@ fn while_the_world_loads_a_call_waits_for_the_tool_the_world_registers() {
 }
 
 #[test]
+fn h5_a_call_waiting_for_its_tool_ends_with_its_visit_and_never_runs_in_the_next_one() {
+    // Alpha is still loading when the player leaves it for beta, whose load registers the tool.
+    let game = TestGame { load_async: true, ..Default::default() };
+    let loading = game.loading.clone();
+    let mut app = late_tool_app(game, None);
+    app.enter_world("alpha");
+    let agent = app.agent();
+    let call = agent.conversation("agent").call("world_tool", json!({}));
+    app.run_until("the call waits for its tool", |app| {
+        app.agent().resume("agent").is_ok_and(|resumed| resumed.snapshot.pending_call().is_some())
+    });
+    drop(loading.lock().take());
+    app.exit_world();
+    // It ends with the visit it was made in, at once (not at its deadline, 30 s on).
+    let error = app.run_until_resolved(&call).expect_err("its visit ended");
+    assert_eq!(error.code, ErrorCode::VisitEnded, "{}", error.message);
+    assert_eq!(error.details.world.as_ref().map(|world| world.as_str()), Some("alpha"));
+
+    app.enter_world("beta");
+    let executions = Arc::new(AtomicUsize::new(0));
+    agent.register_tool(bump_tool("world_tool", ToolScope::World, executions.clone(), None)).expect("registers");
+    if let Some(completer) = loading.lock().take() {
+        completer.succeed();
+    }
+    app.step(5);
+    assert_eq!(executions.load(Ordering::SeqCst), 0, "nothing of it ran in beta");
+}
+
+#[test]
+fn h9_a_location_tool_call_waiting_for_its_tool_is_refused_if_the_player_relocated_meanwhile() {
+    let mut app = late_tool_app(TestGame::default(), Some(Duration::MAX));
+    app.enter_world("alpha");
+    let agent = app.agent();
+    let here = agent.conversation("agent").call("late_here", json!({}));
+    let anywhere = agent.conversation("other").call("late_anywhere", json!({}));
+    app.run_until("both calls wait for their tools", |app| {
+        ["agent", "other"].iter().all(|conversation| {
+            app.agent().resume(*conversation).is_ok_and(|resumed| resumed.snapshot.pending_call().is_some())
+        })
+    });
+    app.travel("nether");
+    app.step(2);
+    let executions = Arc::new(AtomicUsize::new(0));
+    agent.register_tool(bump_tool("late_here", ToolScope::Location, executions.clone(), None)).expect("registers");
+    agent.register_tool(bump_tool("late_anywhere", ToolScope::World, Arc::default(), None)).expect("registers");
+    let error = app.run_until_resolved(&here).expect_err("made for the location before the travel");
+    assert_eq!(error.code, ErrorCode::LocationChanged, "{}", error.message);
+    assert_eq!(executions.load(Ordering::SeqCst), 0, "it never ran");
+    // A world-scoped one made in the same visit runs: the visit is the one it was made in.
+    assert_eq!(app.run_until_resolved(&anywhere).expect("runs").value["counter"], 1);
+}
+
+#[test]
 fn the_wait_for_a_tool_counts_toward_the_calls_timeout() {
     let mut app = late_tool_app(TestGame::default(), Some(Duration::MAX));
     app.enter_world("alpha");

@@ -47,6 +47,21 @@ fn h3_call_past_its_timeout_while_loading_gets_world_loading_timeout() {
 }
 
 #[test]
+fn h3_a_call_for_a_tool_the_loading_world_has_not_registered_yet_times_out_with_world_loading_timeout() {
+    let game = loading_game();
+    let loading = game.loading.clone();
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    let call = app
+        .agent()
+        .conversation("a")
+        .request(CallRequest::new("registered_when_loaded", json!({})).timeout(Duration::from_millis(50)));
+    let error = app.run_until_resolved(&call).expect_err("loading never finished");
+    assert_eq!(error.code, ErrorCode::WorldLoadingTimeout, "not TOOL_NOT_FOUND: {}", error.message);
+    drop(loading.lock().take());
+}
+
+#[test]
 fn h3_a_session_that_fails_to_load_fails_waiting_calls_with_internal() {
     let game = loading_game();
     let loading = game.loading.clone();

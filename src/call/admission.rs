@@ -21,6 +21,7 @@ use crate::completion::Completion;
 use crate::error::{ErrorCode, ToolError};
 use crate::host::HostShared;
 use crate::ids::{ConversationId, OperationId, RequestId, TaskId};
+use crate::lifecycle::VisitInfo;
 use crate::panic::{panic_message, CatchUnwind};
 use crate::replay::{canonical_arguments, Begin, ReplayKey};
 use crate::tool::{require_confirmation, BoxFuture, PreparedCall, ToolScope};
@@ -91,23 +92,36 @@ pub(crate) fn admit(
     admit_inner(host, conversation, request, None)
 }
 
-/// [`admit`] a call that arrived at `arrived` (earlier than now for one that waited for its tool): its deadline
-/// counts from then, so the wait is part of its timeout.
+/// Where and when a call that waited for its tool arrived.
+pub(crate) struct Arrival {
+    /// When: its deadline counts from then, so the wait is part of its timeout.
+    pub at: Instant,
+    /// The visit open then, and its location: the call was made for them (rules H5, H9), so it is admitted into
+    /// that visit only, and a location-scoped one only at that location. `None`: no visit was open (it is
+    /// admitted into the visit open when its tool appears, as a call made then would be).
+    pub made_in: Option<VisitInfo>,
+}
+
+/// [`admit`] a call that arrived earlier (one that waited for its tool).
 pub(crate) fn admit_since(
     host: &Arc<HostShared>,
     conversation: &ConversationId,
     request: CallRequest,
-    arrived: Instant,
+    arrival: Arrival,
 ) -> Result<Admitted, ToolError> {
-    admit_inner(host, conversation, request, Some(arrived))
+    admit_inner(host, conversation, request, Some(arrival))
 }
 
 fn admit_inner(
     host: &Arc<HostShared>,
     conversation: &ConversationId,
     request: CallRequest,
-    arrived: Option<Instant>,
+    arrival: Option<Arrival>,
 ) -> Result<Admitted, ToolError> {
+    let (arrived, made_in) = match arrival {
+        Some(arrival) => (Some(arrival.at), arrival.made_in),
+        None => (None, None),
+    };
     let request_id = host.next_request_id();
     let rejected = |mut error: ToolError| {
         error.details.request.get_or_insert(request_id);
@@ -136,6 +150,9 @@ fn admit_inner(
 
     let (life, ready, accepted, seat) = {
         let mut state = host.state.lock();
+        if let Some(made_in) = &made_in {
+            moved_since(made_in, state.visit.as_ref().map(|open| &open.info), info.scope).map_err(rejected)?;
+        }
         let Some(open) = state.visit.as_mut() else {
             return Err(rejected(ToolError::with_code(
                 ErrorCode::NoWorld,
@@ -253,6 +270,39 @@ fn admit_inner(
         host.runtime.spawn(driver);
     }
     Ok(Admitted::Running { life, owner: true, seat })
+}
+
+/// Refuses a call made in visit `made_in` (it waited for its tool) when that visit is no longer the open one, or
+/// when the player relocated since and its tool is location-scoped: it was made for them, not for where the game is
+/// now. Nothing of it runs.
+fn moved_since(made_in: &VisitInfo, open: Option<&VisitInfo>, scope: ToolScope) -> Result<(), ToolError> {
+    let open = match open {
+        Some(open) if open.visit == made_in.visit => open,
+        _ => return Err(visit_ended_while_waiting(made_in)),
+    };
+    let (then, now) = (made_in.location.revision, open.location.revision);
+    if scope == ToolScope::Location && then != now {
+        return Err(ToolError::with_code(
+            ErrorCode::LocationChanged,
+            format!("the player relocated ({then} → {now}) while the call waited for its tool; it was not run"),
+        )
+        .with_detail("current_revision", now));
+    }
+    Ok(())
+}
+
+/// The error of a call made in visit `made_in` whose visit ended while it waited for its tool.
+pub(crate) fn visit_ended_while_waiting(made_in: &VisitInfo) -> ToolError {
+    let mut error = ToolError::with_code(
+        ErrorCode::VisitEnded,
+        format!(
+            "the visit of world `{}` this call was made in ended while it waited for its tool; it was not run",
+            made_in.world
+        ),
+    );
+    error.details.visit = Some(made_in.visit);
+    error.details.world = Some(made_in.world.clone());
+    error
 }
 
 fn conflict(key: &ReplayKey) -> ToolError {

@@ -3,7 +3,9 @@
 //! A call for an unknown tool waits when the open visit is still loading (a world may register its tools when its
 //! session finishes loading), or always when the plugin sets
 //! [`tool_wait`](crate::AgentToolsPlugin::tool_wait). It waits until the tool is registered, or until its wait
-//! passes: then it fails with `TOOL_NOT_FOUND`, saying how long it waited. The wait counts toward the call's own
+//! passes: then it fails with `TOOL_NOT_FOUND`, saying how long it waited (`WORLD_LOADING_TIMEOUT` if the world
+//! is still loading then). A call made while a visit was open is admitted into that visit only (a location-scoped
+//! one at that location only): if the visit ends first, it ends with `VISIT_ENDED` at that frame. The wait counts toward the call's own
 //! timeout: once admitted, its deadline is its arrival plus its timeout. Otherwise an unknown tool is rejected at
 //! once (a typo should not hang). While it waits, the conversation is `WaitingToolResult` and the call shows in
 //! the snapshot's `pending_calls`.
@@ -14,7 +16,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use crate::call::{admit_since, Admitted, CallLife, CallOutcome, CallRequest, CallerSeat};
+use crate::call::{
+    admit_since, visit_ended_while_waiting, Admitted, Arrival, CallLife, CallOutcome, CallRequest, CallerSeat,
+};
 use crate::error::{ErrorCode, ToolError};
 use crate::host::{HostShared, VisitPhase};
 use crate::ids::ConversationId;
@@ -93,7 +97,9 @@ pub(crate) fn wait_for_tool(
 ) -> Arc<WaitingCall> {
     let call =
         Arc::new(WaitingCall { outcome: OnceSignal::new(), cancel: CancellationToken::new(), slot: Mutex::default() });
-    let task = run(host.clone(), conversation.clone(), request, wait, call.clone(), std::time::Instant::now());
+    // The visit open now (if any) is the one it was made for: it is admitted into no other.
+    let arrival = Arrival { at: std::time::Instant::now(), made_in: host.status().map(|status| status.info) };
+    let task = run(host.clone(), conversation.clone(), request, wait, call.clone(), arrival);
     host.runtime.spawn(task);
     call
 }
@@ -104,7 +110,7 @@ async fn run(
     request: CallRequest,
     wait: Duration,
     call: Arc<WaitingCall>,
-    arrived: std::time::Instant,
+    arrival: Arrival,
 ) {
     // If the runtime stops (the game exits) while this waits, the caller still gets an outcome (rule H13).
     let _stopped = OutcomeOnDrop(call.clone());
@@ -115,6 +121,8 @@ async fn run(
         return;
     };
     let deadline = crate::deadline::after_tokio(tokio::time::Instant::now(), wait);
+    // Visits end on frames: a call made in one stops waiting at the frame it ended, not at its deadline.
+    let mut frames = host.frames.subscribe();
     let found = loop {
         let registered = host.tool_registered.notified();
         tokio::pin!(registered);
@@ -122,10 +130,16 @@ async fn run(
         if host.tools.get(&tool).is_ok() {
             break Ok(());
         }
+        if let Some(made_in) = &arrival.made_in {
+            if host.status().is_none_or(|status| status.info.visit != made_in.visit) {
+                break Err(visit_ended_while_waiting(made_in));
+            }
+        }
         tokio::select! {
             biased;
             _ = call.cancel.cancelled() => break Err(cancelled(&conversation, &host)),
             _ = &mut registered => {}
+            _ = frames.changed(), if arrival.made_in.is_some() => {}
             _ = tokio::time::sleep_until(deadline) => break Err(not_registered(&host, &tool, wait)),
         }
     };
@@ -136,7 +150,7 @@ async fn run(
         }
         Ok(()) => {
             tracing::debug!(tool = %tool, conversation = %conversation, "the tool a call waited for was registered");
-            let admitted = admit_since(&host, &conversation, request, arrived);
+            let admitted = admit_since(&host, &conversation, request, arrival);
             // Admission counted the call as executing first: the status never dips between waiting and running.
             hub.pending_finished(&conversation, key);
             match admitted {
@@ -172,6 +186,14 @@ impl Drop for OutcomeOnDrop {
 }
 
 fn not_registered(host: &HostShared, tool: &str, wait: Duration) -> ToolError {
+    if host.status().is_some_and(|status| status.phase == VisitPhase::Loading) {
+        // The world may register it when it has loaded: not a missing tool, a load that took longer.
+        return ToolError::with_code(
+            ErrorCode::WorldLoadingTimeout,
+            format!("the world was still loading after {wait:?}, and tool `{tool}` is not registered yet; try again when it has loaded"),
+        )
+        .with_detail("waited_ms", wait.as_millis() as u64);
+    }
     let mut error = match host.tools.get(tool) {
         Err(error) => error,
         Ok(_) => ToolError::with_code(ErrorCode::ToolNotFound, format!("no tool named `{tool}`")),
