@@ -164,8 +164,9 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     }
 
     /// How long the pump may run `on_client` steps per frame, all step points together (the frame's
-    /// [`AgentToolsSet::Pump`] and the wait after it, see [`StepPoints`]). At least one step runs per frame, in
-    /// the frame's `Pump`.
+    /// [`AgentToolsSet::Pump`] and the wait after it, see [`StepPoints`]). At least one queued step runs per frame,
+    /// in the frame's `Pump`, besides the `every_frame` steps (of which at least one runs, the others taking turns
+    /// when they do not all fit).
     pub fn pump_budget(mut self, budget: Duration) -> Self {
         self.config.pump_budget = budget;
         self

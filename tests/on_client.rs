@@ -322,6 +322,46 @@ fn budget_ten_thousand_steps_run_across_frames_in_fifo_order_and_none_is_lost() 
 }
 
 #[test]
+fn budget_every_frame_steps_that_spend_the_frames_budget_still_leave_a_queued_step_its_turn_each_frame() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let busy =
+        AgentTool::new("busy", "Works every frame until cancelled.", move |ctx: CallContext<Session>, _: NoArgs| {
+            let counted = counted.clone();
+            async move {
+                ctx.every_frame(move |_, _| {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    std::ops::ControlFlow::<()>::Continue(())
+                })
+                .await?;
+                Ok(())
+            }
+        });
+    let bumps = Arc::new(AtomicUsize::new(0));
+    // A zero budget: each frame's budget is spent by its first step, the repeating one.
+    let plugin = AgentToolsPlugin::new(TestGame::default())
+        .pump_budget(Duration::ZERO)
+        .with_tool(busy)
+        .with_tool(bump_tool("bump", ToolScope::World, bumps.clone(), None));
+    let mut app = headless_app(plugin);
+    app.enter_world("alpha");
+    let agent = app.agent();
+    let busy = agent.conversation("a").call("busy", json!({}));
+    app.wait_for_queued_steps(1);
+    app.update();
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the repeating step runs from now on, every frame");
+
+    let bump = agent.conversation("b").call("bump", json!({}));
+    app.wait_for_queued_steps(1);
+    app.update();
+    assert_eq!(bumps.load(Ordering::SeqCst), 1, "the queued step ran in the next frame, not after the repeating one");
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "and so did the repeating step");
+    assert!(app.run_until_resolved(&bump).is_ok());
+    busy.cancel();
+    assert_eq!(code(&app.run_until_resolved(&busy)), Some(ErrorCode::Cancelled));
+}
+
+#[test]
 fn budget_a_frame_stops_once_its_time_is_spent() {
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut app = burst_app(Duration::from_millis(1), order.clone());

@@ -78,8 +78,9 @@ impl PumpWindow {
     }
 }
 
-/// The frame's step point: runs queued steps until the queue is empty or the budget is spent. At least one step
-/// runs per frame, so a zero budget still makes progress; steps that do not fit wait, in order.
+/// The frame's step point: runs queued steps until the queue is empty or the budget is spent. At least one queued
+/// step runs per frame, whatever the `every_frame` steps spent, so a zero budget (or a costly repeating step)
+/// still lets the queue make progress; steps that do not fit wait, in order.
 ///
 /// It opens the frame's budget window: time spent between the previous frame and this one does not count here.
 /// The `every_frame` steps of the previous frame run first, each once; one that is not done waits for the next
@@ -90,6 +91,7 @@ pub(crate) fn run_jobs<L: WorldLifecycle>(world: &mut World) {
         slot.host.frames.send_modify(|frame| *frame += 1);
         let budget = slot.host.config.pump_budget;
         let mut taken = 0;
+        let mut from_queue = 0;
         let mut again = std::mem::take(slot.next_frame.get_mut()).into_iter();
         for job in again.by_ref() {
             taken += 1;
@@ -104,9 +106,10 @@ pub(crate) fn run_jobs<L: WorldLifecycle>(world: &mut World) {
             let due = std::mem::replace(slot.next_frame.get_mut(), late);
             slot.next_frame.get_mut().extend(due);
         }
-        while taken == 0 || started.elapsed() < budget {
+        while from_queue == 0 || started.elapsed() < budget {
             let Ok(job) = slot.jobs.try_recv() else { break };
             taken += 1;
+            from_queue += 1;
             slot.run(world, job);
         }
         // `every_frame` steps that are not done need the next frame: a loop that sleeps between events must run it.
