@@ -256,7 +256,9 @@ fn recheck<'a, S>(life: &CallLife, open: Option<&'a mut OpenSession<S>>) -> Resu
     if Instant::now() >= life.deadline {
         return Err(ToolError::with_code(
             ErrorCode::Timeout,
-            "the call timed out before its main-thread step ran; the step did not run",
+            // Earlier steps of the call may have run: a retained TIMEOUT says its effect is unknown (rule H12).
+            "the call timed out before a main-thread step ran (that step did not run; earlier ones may have): its \
+             effect is unknown: inspect the game's state before retrying",
         ));
     }
     let Some(open) = open.filter(|open| open.info.visit == life.coords.visit.visit) else {
