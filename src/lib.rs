@@ -7,6 +7,7 @@ mod completion;
 mod conversation;
 mod deadline;
 mod error;
+mod exit;
 mod host;
 mod ids;
 mod lifecycle;
@@ -41,11 +42,12 @@ pub use conversation::{
     PermissionRequested, PermissionSettled, Reported, StatusSource, Subscription,
 };
 pub use error::{ErrorCode, ErrorDetails, ToolError};
+pub use exit::ExitSet;
 pub use host::{VisitPhase, VisitStatus};
 pub use ids::{ConversationId, DimensionId, LocationRevision, OperationId, RequestId, TaskId, VisitId, WorldId};
 pub use lifecycle::{Location, OpenError, Opened, VisitInfo, WorldLifecycle};
 pub use persist::{Loaded, StoreError, WorldStore, WorldStorePlugin};
-pub use plugin::{AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet, ExitSet, StepPoints};
+pub use plugin::{AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet, StepPoints};
 pub use replay::ReplayRetention;
 pub use runner::AgentToolsRunnerPlugin;
 pub use runtime::{AgentRuntime, WorkerPriority};

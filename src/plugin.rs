@@ -4,8 +4,6 @@ use std::any::TypeId;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bevy::app::AppExit;
-use bevy::ecs::message::Messages;
 use bevy::ecs::schedule::{InternedScheduleLabel, ScheduleLabel, SingleThreadedExecutor};
 use bevy::prelude::*;
 use bevy::state::state::States;
@@ -16,6 +14,7 @@ use crate::conversation::{
     end_idle_conversations, publish_conversation_messages, CallFinished, CallProgress, CallStarted, ChatDelta,
     ChatError, ChatMessage, ConversationFeed, ConversationStatusChanged, PermissionRequested, PermissionSettled,
 };
+use crate::exit::{stop_on_app_exit, stop_runtime, ExitSet};
 use crate::host::{HostConfig, HostShared};
 use crate::ids::{DimensionId, WorldId};
 use crate::lifecycle::WorldLifecycle;
@@ -74,23 +73,6 @@ pub enum StepPoints {
     /// winit) this is the same as `OncePerFrame`. The default.
     #[default]
     AlsoBetweenFrames,
-}
-
-/// What happens on `AppExit`, in this order, in the `Last` schedule: in-game agent sessions end or disconnect
-/// and their agent processes stop; then the open visit closes (its calls end, `VISIT_ENDED`), its save completes
-/// and the lifecycle shuts down; then transports send the outcomes of the calls that ended and stop; after
-/// `Transport`, the host's runtime stops. All of it is bounded by
-/// [`AgentToolsPlugin::exit_deadline`]. Order a game's own exit work against these: a system in `Last` after
-/// `Host` reads the exit's [`VisitClosed`](crate::VisitClosed) and [`VisitSaved`](crate::VisitSaved) messages (the
-/// app runs no frame after this one; a save still running at the deadline is reported as failed).
-#[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ExitSet {
-    /// In-game agent sessions (`session::AgentSessionsPlugin`, feature `acp` or `openai`).
-    Sessions,
-    /// The host: the visit's exit, every outstanding save, `WorldLifecycle::shutdown`.
-    Host,
-    /// Transports (`mcp::McpPlugin`, feature `mcp`).
-    Transport,
 }
 
 type Follower = dyn Fn(&mut App, Arc<HostShared>) + Send + Sync;
@@ -338,7 +320,7 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
                 held: false,
                 queue: jobs.clone(),
             })
-            .insert_resource(ExitDeadline(self.exit_deadline))
+            .insert_resource(crate::exit::ExitDeadline(self.exit_deadline))
             .insert_resource(ConversationFeed(feed))
             .init_resource::<PendingTransitions>()
             .init_resource::<PumpStats>()
@@ -379,11 +361,11 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
             .add_systems(BetweenFrames, run_jobs_between_frames::<L>)
             .edit_schedule(BetweenFrames, |schedule| {
                 schedule.set_executor(SingleThreadedExecutor::new());
-            })
-            .configure_sets(Last, (ExitSet::Sessions, ExitSet::Host, ExitSet::Transport).chain())
-            .add_systems(Last, stop_on_app_exit::<L>.in_set(ExitSet::Host))
-            // The runtime serves the transports too: it stops once they sent what they owed.
-            .add_systems(Last, stop_runtime.after(ExitSet::Transport));
+            });
+        crate::exit::configure(app);
+        crate::exit::add_exit_systems(app, || stop_on_app_exit::<L>.in_set(ExitSet::Host));
+        // The runtime serves the transports too: it stops once they sent what they owed.
+        crate::exit::add_exit_systems(app, || stop_runtime.after(ExitSet::Transport));
         for follower in &self.followers {
             follower(app, host.clone());
         }
@@ -398,60 +380,6 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
         if let Some(wake) = crate::call::winit_wake(app.world()) {
             app.world().resource::<AgentHandle>().set_wake(wake);
         }
-    }
-}
-
-#[derive(Resource, Clone, Copy)]
-struct ExitDeadline(Duration);
-
-/// Inserted when the exit begins: when it must be over. Transports bound their own stop by it.
-#[derive(Resource, Clone, Copy, Debug)]
-pub(crate) struct ExitStarted {
-    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
-    pub deadline: Instant,
-}
-
-/// On `AppExit`: exits the open visit, waits for every outstanding close completion (bounded, each miss logged
-/// with its world), calls `shutdown` exactly once. The runtime stops later, in [`stop_runtime`].
-fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
-    if world.resource::<Messages<AppExit>>().is_empty() || world.contains_resource::<ExitStarted>() {
-        return;
-    }
-    let deadline = crate::deadline::after(Instant::now(), world.resource::<ExitDeadline>().0);
-    world.insert_resource(ExitStarted { deadline });
-    world.resource_scope(|world, mut slot: Mut<VisitSlot<L>>| {
-        if slot.shut_down {
-            return;
-        }
-        slot.shut_down = true;
-        slot.exit(world);
-        for (info, completion) in slot.closing.drain(..) {
-            // As between frames: logged, and a `VisitSaved` a system after `ExitSet::Host` can read; a save still
-            // running at the deadline is reported as failed (the app does not wait for it).
-            let result =
-                completion.wait_timeout(deadline.saturating_duration_since(Instant::now())).unwrap_or_else(|| {
-                    Err(crate::CompletionError::new("the save did not finish before the exit deadline"))
-                });
-            match &result {
-                Ok(()) => tracing::info!(world = %info.world, visit = %info.visit, "world saved"),
-                Err(error) => {
-                    tracing::error!(world = %info.world, visit = %info.visit, %error, "saving the world failed")
-                }
-            }
-            world.write_message(crate::visit::VisitSaved { info, result });
-        }
-        match slot.lifecycle.shutdown().wait_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Some(Ok(())) => {}
-            Some(Err(error)) => tracing::error!(%error, "the world lifecycle's shutdown failed"),
-            None => tracing::error!("the world lifecycle's shutdown did not finish before the exit deadline"),
-        }
-    });
-}
-
-/// After the transports stopped ([`ExitSet::Transport`]): stops the runtime, giving its tasks a second.
-fn stop_runtime(world: &mut World) {
-    if world.contains_resource::<ExitStarted>() && !world.resource::<AgentRuntime>().is_stopped() {
-        world.resource_mut::<AgentRuntime>().stop(Duration::from_secs(1));
     }
 }
 

@@ -8,10 +8,11 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bevy::prelude::{AppExit, IntoScheduleConfigs, Last, MessageWriter, Res, Resource};
 use bevy_agent_tools::mcp::{McpPlugin, McpServer, McpUnavailable, ERROR_META_KEY, OBSERVED_META_KEY};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
-use bevy_agent_tools::NoArgs;
+use bevy_agent_tools::{ExitSet, NoArgs};
 use common::*;
 use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest, ProgressNotificationParam, ProtocolVersion};
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, NotificationContext, PeerRequestOptions, RunningService};
@@ -697,12 +698,23 @@ fn a_conversation_the_game_ends_closes_its_mcp_session() {
     game.stop();
 }
 
+/// Writes `AppExit` once `Quit` is present.
+#[derive(Resource)]
+struct Quit;
+
+fn quit(quit: Option<Res<Quit>>, mut exit: MessageWriter<AppExit>) {
+    if quit.is_some() {
+        exit.write(AppExit::Success);
+    }
+}
+
 /// DESIGN §5 and H13 over `AppExit` (window closed, Ctrl+C): a call in flight when the game quits reaches its MCP
 /// client with its outcome (`VISIT_ENDED`), not a dropped connection, in both protocol generations, and the game
-/// still exits promptly (well within the exit deadline).
+/// still exits promptly (well within the exit deadline). Also when the `AppExit` is written in `Last` between the
+/// host's exit and the transport's (as Bevy's window-close systems may be): the transport never stops first.
 #[test]
 fn app_exit_sends_every_call_in_flight_its_outcome_before_the_server_stops() {
-    for modern in [false, true] {
+    for (modern, written_in_last) in [(false, false), (true, false), (false, true)] {
         let gate = Gate::new();
         let (game, server) = game(Arc::default(), gate.clone());
         let url = server.url().to_string();
@@ -713,7 +725,12 @@ fn app_exit_sends_every_call_in_flight_its_outcome_before_the_server_stops() {
         runtime.block_on(gate.arrivals(1));
 
         let exiting = std::time::Instant::now();
-        game.stop(); // AppExit, then the game's thread ends
+        if written_in_last {
+            game.send(|app| {
+                app.add_systems(Last, quit.after(ExitSet::Host).before(ExitSet::Transport)).insert_resource(Quit);
+            });
+        }
+        game.stop(); // AppExit (unless the game wrote it already), then the game's thread ends
         let exit_took = exiting.elapsed();
 
         let result = runtime

@@ -306,6 +306,29 @@ fn h6_the_exits_close_and_save_reach_a_system_after_exit_set_host() {
     assert_eq!(read_progress(data.path(), "alpha"), r#"{"count":1}"#);
 }
 
+/// Writes `AppExit` from `Last`, after every exit step ran there, once `Quit` is present.
+#[derive(Resource)]
+struct Quit;
+
+fn quit_late(quit: Option<Res<Quit>>, mut exit: MessageWriter<AppExit>) {
+    if quit.is_some() {
+        exit.write(AppExit::Success);
+    }
+}
+
+#[test]
+fn h6_an_app_exit_written_in_last_after_the_exit_sets_still_closes_and_saves_the_visit_in_that_frame() {
+    let data = tempfile::tempdir().unwrap();
+    let mut app = game(Saves::default(), data.path());
+    app.add_systems(Last, quit_late.after(ExitSet::Transport));
+    app.enter_world("alpha");
+    call(&mut app, "bump");
+    app.insert_resource(Quit);
+    app.update();
+    assert!(app.should_exit().is_some(), "the runner would stop after this frame");
+    assert_eq!(read_progress(data.path(), "alpha"), r#"{"count":1}"#, "the visit was saved before it");
+}
+
 fn read_progress(root: &Path, world: &str) -> String {
     let text = std::fs::read_to_string(root.join(world).join("progress.json")).unwrap_or_default();
     text.lines().nth(1).unwrap_or("<missing>").to_string()

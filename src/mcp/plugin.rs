@@ -21,7 +21,7 @@ use super::server::GameServer;
 use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
 use crate::completion::Completion;
-use crate::plugin::ExitStarted;
+use crate::exit::ExitStarted;
 use crate::runtime::AgentRuntime;
 
 /// Serves the host's tools over MCP (Streamable HTTP). See the [module docs](crate::mcp).
@@ -343,8 +343,8 @@ impl Plugin for McpPlugin {
         };
         match self.start(agent.clone(), runtime.handle()) {
             Ok(server) => {
-                app.insert_resource(server)
-                    .add_systems(Last, stop_on_app_exit.in_set(crate::plugin::ExitSet::Transport));
+                app.insert_resource(server);
+                crate::exit::add_exit_systems(app, || stop_on_app_exit.in_set(crate::exit::ExitSet::Transport));
             }
             Err(error) => {
                 tracing::error!(%error, "the MCP server could not start: the game runs without MCP");

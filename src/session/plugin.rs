@@ -12,9 +12,9 @@ use super::permission::PermissionBook;
 use super::record::Records;
 use super::{AgentSessions, SessionHost};
 use crate::agent::AgentHandle;
+use crate::exit::ExitSet;
 #[cfg(feature = "mcp")]
 use crate::mcp::{McpServer, McpUnavailable};
-use crate::plugin::ExitSet;
 use crate::runtime::AgentRuntime;
 
 /// How long `AppExit` waits for agents to close their sessions and exit: the agent gets its stdin closed, one
@@ -87,8 +87,8 @@ impl Plugin for AgentSessionsPlugin {
         });
         app.insert_resource(AgentSessions::new(host))
             .add_message::<PermissionAnswer>()
-            .add_systems(PostUpdate, apply_permission_answers)
-            .add_systems(Last, disconnect_on_app_exit.in_set(ExitSet::Sessions));
+            .add_systems(PostUpdate, apply_permission_answers);
+        crate::exit::add_exit_systems(app, || disconnect_on_app_exit.in_set(ExitSet::Sessions));
     }
 
     /// `McpPlugin` may have been added after this plugin: its server (or why it has none) is known by now.
