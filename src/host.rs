@@ -172,6 +172,8 @@ pub(crate) struct HostShared {
     pub tool_registered: tokio::sync::Notify,
     /// Counts tool registrations after start-up: transports tell their clients the list changed.
     pub tools_changed: tokio::sync::watch::Sender<u64>,
+    /// The calls made in the open visit that wait for their tool: its exit ends them.
+    pub waiting_calls: crate::conversation::WaitingCalls,
     /// The lifecycle's session type: registered tools must be for it.
     pub session_type: (std::any::TypeId, &'static str),
     /// Counts frames (pump runs): `CallContext::next_frame` waits for it to move.
@@ -198,6 +200,7 @@ impl HostShared {
             conversations: Arc::new(conversations),
             tool_registered: tokio::sync::Notify::new(),
             tools_changed: tokio::sync::watch::Sender::new(0),
+            waiting_calls: Default::default(),
             session_type,
             frames: tokio::sync::watch::Sender::new(0),
             next_request: AtomicU64::new(1),

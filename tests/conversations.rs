@@ -344,8 +344,8 @@ fn h5_a_call_waiting_for_its_tool_ends_with_its_visit_and_never_runs_in_the_next
     });
     drop(loading.lock().take());
     app.exit_world();
-    // It ends with the visit it was made in, at once (not at its deadline, 30 s on).
-    let error = app.run_until_resolved(&call).expect_err("its visit ended");
+    // It ends with the visit it was made in, in the exit's frame (not at its deadline, 30 s on).
+    let error = call.try_outcome().expect("ended by the exit").expect_err("its visit ended");
     assert_eq!(error.code, ErrorCode::VisitEnded, "{}", error.message);
     assert_eq!(error.details.world.as_ref().map(|world| world.as_str()), Some("alpha"));
 
@@ -357,6 +357,22 @@ fn h5_a_call_waiting_for_its_tool_ends_with_its_visit_and_never_runs_in_the_next
     }
     app.step(5);
     assert_eq!(executions.load(Ordering::SeqCst), 0, "nothing of it ran in beta");
+}
+
+#[test]
+fn h5_a_call_waiting_for_its_tool_at_app_exit_ends_with_visit_ended_in_the_exits_frame() {
+    let mut app = late_tool_app(TestGame::default(), Some(Duration::MAX));
+    app.enter_world("alpha");
+    let call = app.agent().conversation("agent").call("never_registered", json!({}));
+    app.run_until("the call waits for its tool", |app| {
+        app.agent().resume("agent").is_ok_and(|resumed| resumed.snapshot.pending_call().is_some())
+    });
+    app.world_mut().write_message(AppExit::Success);
+    app.update();
+    // No frame follows an exit: it ends there, as the visit's running calls do (its client hears why before the
+    // transport stops), not when the runtime stops under it (`INTERNAL`).
+    let error = call.try_outcome().expect("ended by the exit").expect_err("its visit ended");
+    assert_eq!(error.code, ErrorCode::VisitEnded, "{}", error.message);
 }
 
 #[test]

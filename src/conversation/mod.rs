@@ -33,7 +33,7 @@ mod status;
 pub use chat::{ChatDelta, ChatError, ChatMessage, PermissionOutcome, PermissionRequested, PermissionSettled};
 pub use events::{CallFinished, CallProgress, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription};
 pub(crate) use game::{end_idle_conversations, publish_conversation_messages, ConversationFeed};
-pub(crate) use pending::{ended, tool_wait, wait_for_tool, WaitingCall};
+pub(crate) use pending::{ended, tool_wait, wait_for_tool, WaitingCall, WaitingCalls};
 pub(crate) use registry::ConversationHub;
 pub use snapshot::{ActiveCall, ConversationSnapshot, PendingCall};
 pub use status::{ConversationStatus, Reported, StatusSource};

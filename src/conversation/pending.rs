@@ -5,12 +5,12 @@
 //! [`tool_wait`](crate::AgentToolsPlugin::tool_wait). It waits until the tool is registered, or until its wait
 //! passes: then it fails with `TOOL_NOT_FOUND`, saying how long it waited (`WORLD_LOADING_TIMEOUT` if the world
 //! is still loading then). A call made while a visit was open is admitted into that visit only (a location-scoped
-//! one at that location only): if the visit ends first, it ends with `VISIT_ENDED` at that frame. The wait counts toward the call's own
+//! one at that location only): if the visit ends first, it ends with `VISIT_ENDED` as the visit's calls do. The wait counts toward the call's own
 //! timeout: once admitted, its deadline is its arrival plus its timeout. Otherwise an unknown tool is rejected at
 //! once (a typo should not hang). While it waits, the conversation is `WaitingToolResult` and the call shows in
 //! the snapshot's `pending_calls`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -21,7 +21,8 @@ use crate::call::{
 };
 use crate::error::{ErrorCode, ToolError};
 use crate::host::{HostShared, VisitPhase};
-use crate::ids::ConversationId;
+use crate::ids::{ConversationId, VisitId};
+use crate::lifecycle::VisitInfo;
 use crate::signal::OnceSignal;
 
 /// A call that waits for its tool, and then for its outcome.
@@ -77,6 +78,44 @@ impl WaitingCall {
     }
 }
 
+impl WaitingCall {
+    /// Its visit ended before it was admitted: it ends with `error`, and stops waiting. (One admitted meanwhile is
+    /// among the visit's calls, which the exit ends.)
+    fn end_unadmitted(&self, error: ToolError) {
+        if self.slot.lock().life.is_none() {
+            self.outcome.set(Err(error));
+            self.cancel.cancel();
+        }
+    }
+}
+
+/// The calls waiting for their tool that were made in a visit: the visit's exit ends them at once, so their
+/// clients hear `VISIT_ENDED` within the exit (an exit at `AppExit` has no later frame to wake them in).
+#[derive(Default)]
+pub(crate) struct WaitingCalls(Mutex<Vec<(VisitId, Weak<WaitingCall>)>>);
+
+impl WaitingCalls {
+    fn add(&self, visit: VisitId, call: &Arc<WaitingCall>) {
+        let mut calls = self.0.lock();
+        calls.retain(|(_, call)| call.upgrade().is_some_and(|call| !call.outcome.is_set()));
+        calls.push((visit, Arc::downgrade(call)));
+    }
+
+    /// Ends every call made in visit `info` that still waits for its tool, with `VISIT_ENDED`. Called by the exit
+    /// once admission is closed (a call arriving after that is refused at once: [`wait_for_tool`]).
+    pub(crate) fn end_visit(&self, info: &VisitInfo) {
+        let ended: Vec<Weak<WaitingCall>> = {
+            let mut calls = self.0.lock();
+            let (ended, kept): (Vec<_>, Vec<_>) = calls.drain(..).partition(|(visit, _)| *visit == info.visit);
+            *calls = kept;
+            ended.into_iter().map(|(_, call)| call).collect()
+        };
+        for call in ended.iter().filter_map(Weak::upgrade) {
+            call.end_unadmitted(visit_ended_while_waiting(info));
+        }
+    }
+}
+
 /// How long a call for the unknown tool may wait for it, or `None` if it should be rejected at once.
 pub(crate) fn tool_wait(host: &HostShared, request: &CallRequest) -> Option<Duration> {
     let configured = host.config.tool_wait.filter(|wait| !wait.is_zero());
@@ -97,8 +136,28 @@ pub(crate) fn wait_for_tool(
 ) -> Arc<WaitingCall> {
     let call =
         Arc::new(WaitingCall { outcome: OnceSignal::new(), cancel: CancellationToken::new(), slot: Mutex::default() });
-    // The visit open now (if any) is the one it was made for: it is admitted into no other.
-    let arrival = Arrival { at: std::time::Instant::now(), made_in: host.status().map(|status| status.info) };
+    // The visit open now (if any) is the one it was made for: it is admitted into no other, and its exit ends it.
+    // Under the state lock, as the exit's first step is: a call either is among those the exit ends, or finds
+    // the visit closing and is refused.
+    let made_in = {
+        let state = host.state.lock();
+        match state.visit.as_ref() {
+            Some(open) if open.closing => {
+                let error = ToolError::with_code(
+                    ErrorCode::WorldClosed,
+                    format!("world `{}` is closing: calls are no longer admitted", open.info.world),
+                );
+                call.outcome.set(Err(error));
+                return call;
+            }
+            Some(open) => {
+                host.waiting_calls.add(open.info.visit, &call);
+                Some(open.info.clone())
+            }
+            None => None,
+        }
+    };
+    let arrival = Arrival { at: std::time::Instant::now(), made_in };
     let task = run(host.clone(), conversation.clone(), request, wait, call.clone(), arrival);
     host.runtime.spawn(task);
     call
@@ -121,8 +180,6 @@ async fn run(
         return;
     };
     let deadline = crate::deadline::after_tokio(tokio::time::Instant::now(), wait);
-    // Visits end on frames: a call made in one stops waiting at the frame it ended, not at its deadline.
-    let mut frames = host.frames.subscribe();
     let found = loop {
         let registered = host.tool_registered.notified();
         tokio::pin!(registered);
@@ -130,16 +187,10 @@ async fn run(
         if host.tools.get(&tool).is_ok() {
             break Ok(());
         }
-        if let Some(made_in) = &arrival.made_in {
-            if host.status().is_none_or(|status| status.info.visit != made_in.visit) {
-                break Err(visit_ended_while_waiting(made_in));
-            }
-        }
         tokio::select! {
             biased;
             _ = call.cancel.cancelled() => break Err(cancelled(&conversation, &host)),
             _ = &mut registered => {}
-            _ = frames.changed(), if arrival.made_in.is_some() => {}
             _ = tokio::time::sleep_until(deadline) => break Err(not_registered(&host, &tool, wait)),
         }
     };

@@ -134,6 +134,8 @@ impl<L: WorldLifecycle> VisitSlot<L> {
         self.loading = None;
         let Some(open) = self.open.take() else { return };
         let calls = self.host.begin_exit();
+        // Those still waiting for their tool end too (admission is closed: no more join them).
+        self.host.waiting_calls.end_visit(&open.info);
         world.write_message(VisitClosing { info: open.info.clone() });
         for life in calls {
             life.finish(Err(ToolError::with_code(
