@@ -1,17 +1,20 @@
-//! A request whose answer is a while coming is answered as a stream at once, kept alive until the answer.
+//! A sessionless request whose answer is a while coming is answered as a stream at once, kept alive until the
+//! answer.
 //!
 //! rmcp answers an MCP 2026-07-28 request only once its handler has produced a first message (it needs that
 //! message to pick the HTTP status, and with JSON answers on, the content type): a `tools/call` that runs for
 //! minutes without reporting progress sends its client no byte, not even the headers, until its result. Clients
 //! give up on a silent response long before that: `httpx`, which the Python SDK is given in the usual way to pass a
-//! token, has a 5 s read timeout by default, and Node's `fetch` waits 5 min for headers. So a POST that rmcp has
-//! not answered after [`STREAM_AFTER`] (and whose client accepts an event stream, as MCP clients must) is
-//! answered here: `200`, `text/event-stream`, a keep-alive comment every [`KEEP_ALIVE`], then rmcp's answer as an
-//! event (a JSON answer) or its events (a stream). A client that goes away still cancels the call, as before: the
-//! wait for rmcp's answer is dropped with the response.
+//! token, has a 5 s read timeout by default, and Node's `fetch` waits 5 min for headers. So a sessionless request
+//! (no `Mcp-Session-Id`) that rmcp has not answered after [`STREAM_AFTER`], and whose client accepts an event
+//! stream (as MCP clients must), is answered here: `200`, `text/event-stream`, a keep-alive comment every
+//! [`KEEP_ALIVE`], then rmcp's answer as an event (a JSON answer) or its events (a stream). An answer that is not
+//! JSON-RPC (rmcp's own failure, such as the server stopping under the call) becomes a JSON-RPC error for the
+//! request, so the client is told rather than left with a stream that ends without an answer. A client that goes
+//! away still cancels the call, as before: the wait for rmcp's answer is dropped with the response.
 //!
-//! A call that ends sooner is answered exactly as rmcp answers it. 2025-11-25 session requests, which rmcp answers
-//! with a stream at once, never wait this long.
+//! A call that ends sooner is answered exactly as rmcp answers it. A 2025-11-25 session request is left to rmcp:
+//! its answer is a stream from the start, and its errors (a session that ended meanwhile: 404) keep their status.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -20,10 +23,13 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
-use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 use http_body::Frame;
+use rmcp::transport::common::http_header::HEADER_SESSION_ID;
+
+use super::parse::JsonRpcRequestId;
 
 /// How long rmcp may take to answer before the answer is streamed.
 pub(crate) const STREAM_AFTER: Duration = Duration::from_secs(1);
@@ -34,15 +40,17 @@ const EVENT_STREAM: &str = "text/event-stream";
 
 /// Streams a POST's answer when rmcp is slow to give it (see the module's documentation).
 pub(crate) async fn stream_late_answers(request: Request, next: Next) -> Response {
-    if request.method() != Method::POST || !accepts_event_stream(request.headers()) {
+    let id = request.extensions().get::<JsonRpcRequestId>().map(|id| id.0.clone());
+    let sessionless = !request.headers().contains_key(HEADER_SESSION_ID);
+    let (Some(id), true, true) = (id, sessionless, accepts_event_stream(request.headers())) else {
         return next.run(request).await;
-    }
+    };
     let mut answer: PendingAnswer = Box::pin(next.run(request));
     tokio::select! {
         biased;
         response = &mut answer => response,
         () = tokio::time::sleep(STREAM_AFTER) => {
-            let mut response = Response::new(Body::new(LateAnswer::new(answer)));
+            let mut response = Response::new(Body::new(LateAnswer::new(answer, id)));
             let headers = response.headers_mut();
             headers.insert(header::CONTENT_TYPE, header::HeaderValue::from_static(EVENT_STREAM));
             headers.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
@@ -64,6 +72,8 @@ type PendingAnswer = Pin<Box<dyn Future<Output = Response> + Send>>;
 struct LateAnswer {
     state: State,
     keep_alive: tokio::time::Interval,
+    /// The request's JSON-RPC id, for an error in place of an answer that is not JSON-RPC.
+    id: serde_json::Value,
 }
 
 enum State {
@@ -72,13 +82,15 @@ enum State {
     Streaming(Body),
     /// rmcp answered with JSON: gathered, then sent as one event.
     Gathering(Body, Vec<u8>),
+    /// rmcp answered with something else: its text gathered, then sent as a JSON-RPC error.
+    Failed(StatusCode, Body, Vec<u8>),
     Done,
 }
 
 impl LateAnswer {
-    fn new(answer: PendingAnswer) -> Self {
+    fn new(answer: PendingAnswer, id: serde_json::Value) -> Self {
         let keep_alive = tokio::time::interval_at(tokio::time::Instant::now() + KEEP_ALIVE, KEEP_ALIVE);
-        Self { state: State::Waiting(answer), keep_alive }
+        Self { state: State::Waiting(answer), keep_alive, id }
     }
 }
 
@@ -90,12 +102,24 @@ fn continuation(response: Response) -> State {
     } else if kind.starts_with("application/json") {
         State::Gathering(response.into_body(), Vec::new())
     } else {
-        // Not a JSON-RPC message (rmcp's own failure, a plain-text status): nothing a client could read as an
-        // answer, so the stream ends without one, as a cut stream does.
-        tracing::debug!(status = %response.status(), "an MCP answer streamed late was not JSON-RPC: the stream ends without it");
-        State::Done
+        State::Failed(response.status(), response.into_body(), Vec::new())
     }
 }
+
+/// The JSON-RPC error sent for request `id` in place of an answer with `status` and `text` that is not JSON-RPC.
+fn error_for(id: &serde_json::Value, status: StatusCode, text: &[u8]) -> serde_json::Value {
+    let text = String::from_utf8_lossy(text);
+    let text: String = text.trim().chars().take(500).collect();
+    tracing::debug!(%status, %text, "an MCP answer streamed late was not JSON-RPC: sent as a JSON-RPC error");
+    serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": { "code": INTERNAL_ERROR, "message": format!("the server could not answer ({status}): {text}") },
+    })
+}
+
+/// JSON-RPC's internal error.
+const INTERNAL_ERROR: i32 = -32603;
 
 /// One JSON-RPC message as a server-sent event (a `data:` line per line of it).
 fn as_event(message: &[u8]) -> Bytes {
@@ -118,12 +142,7 @@ impl http_body::Body for LateAnswer {
         loop {
             match &mut this.state {
                 State::Waiting(answer) => match answer.as_mut().poll(cx) {
-                    Poll::Ready(response) => {
-                        if response.status() != StatusCode::OK {
-                            tracing::debug!(status = %response.status(), "an MCP answer streamed late had another status");
-                        }
-                        this.state = continuation(response);
-                    }
+                    Poll::Ready(response) => this.state = continuation(response),
                     Poll::Pending => {
                         return match this.keep_alive.poll_tick(cx) {
                             Poll::Ready(_) => {
@@ -151,6 +170,19 @@ impl http_body::Body for LateAnswer {
                     }
                     Poll::Pending => return Poll::Pending,
                 },
+                State::Failed(status, body, gathered) => match Pin::new(body).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if let Ok(data) = frame.into_data() {
+                            gathered.extend_from_slice(&data);
+                        }
+                    }
+                    Poll::Ready(Some(Err(_)) | None) => {
+                        let event = as_event(error_for(&this.id, *status, gathered).to_string().as_bytes());
+                        this.state = State::Done;
+                        return Poll::Ready(Some(Ok(Frame::data(event))));
+                    }
+                    Poll::Pending => return Poll::Pending,
+                },
                 State::Done => return Poll::Ready(None),
             }
         }
@@ -165,6 +197,17 @@ mod tests {
     fn a_json_answer_is_one_event_with_a_data_line_per_line() {
         assert_eq!(&as_event(br#"{"a":1}"#)[..], b"data: {\"a\":1}\n\n");
         assert_eq!(&as_event(b"{\r\n}")[..], b"data: {\ndata: }\n\n");
+    }
+
+    #[test]
+    fn an_answer_that_is_not_json_rpc_becomes_a_json_rpc_error_for_the_request() {
+        let error = error_for(&serde_json::json!(7), StatusCode::INTERNAL_SERVER_ERROR, b"empty response\n");
+        assert_eq!(error["id"], 7);
+        assert_eq!(error["error"]["code"], INTERNAL_ERROR);
+        assert_eq!(
+            error["error"]["message"],
+            "the server could not answer (500 Internal Server Error): empty response"
+        );
     }
 
     #[test]

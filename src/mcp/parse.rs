@@ -17,6 +17,10 @@ pub(crate) const PARSE_ERROR: i32 = -32700;
 /// The JSON-RPC code of an invalid request: JSON, but not a request object.
 pub(crate) const INVALID_REQUEST: i32 = -32600;
 
+/// The `id` of the JSON-RPC request a `POST` carries (in its extensions, for the layers inside this one).
+#[derive(Clone, Debug)]
+pub(crate) struct JsonRpcRequestId(pub serde_json::Value);
+
 /// Refuses a `POST` whose JSON body is not one JSON-RPC message; everything else goes on to rmcp (which also
 /// checks `Content-Type` and `Accept`: a body that is not JSON at all is only ours to refuse when it says it is).
 pub(crate) async fn refuse_unparsable(State(max_body_bytes): State<usize>, request: Request, next: Next) -> Response {
@@ -27,7 +31,7 @@ pub(crate) async fn refuse_unparsable(State(max_body_bytes): State<usize>, reque
     if request.method() != Method::POST || !says_json {
         return next.run(request).await;
     }
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let Ok(bytes) = to_bytes(body, max_body_bytes).await else {
         return (
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -41,9 +45,14 @@ pub(crate) async fn refuse_unparsable(State(max_body_bytes): State<usize>, reque
             INVALID_REQUEST,
             "Invalid Request: JSON-RPC batches are not supported; send one message per request".to_string(),
         )),
-        Ok(value) => serde_json::from_value::<ClientJsonRpcMessage>(value).err().map(|error| {
-            (INVALID_REQUEST, format!("Invalid Request: the body is not a JSON-RPC message MCP knows ({error})"))
-        }),
+        Ok(value) => {
+            if let Some(id) = value.get("id").filter(|_| value.get("method").is_some()) {
+                parts.extensions.insert(JsonRpcRequestId(id.clone()));
+            }
+            serde_json::from_value::<ClientJsonRpcMessage>(value).err().map(|error| {
+                (INVALID_REQUEST, format!("Invalid Request: the body is not a JSON-RPC message MCP knows ({error})"))
+            })
+        }
     };
     match why {
         Some((code, message)) => refused(code, message),
