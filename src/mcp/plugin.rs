@@ -383,7 +383,7 @@ fn stop_on_app_exit(mut exits: MessageReader<AppExit>, server: Res<McpServer>, s
     }
     let now = std::time::Instant::now();
     let deadline = started.map_or(now, |started| started.deadline).max(now + RESPONSE_GRACE);
-    let owed = server.stopping.exchanges.wait_for_ended_calls(deadline);
+    let owed = server.stopping.exchanges.wait_for_ended_calls(deadline, super::stream_log::STALL_TIMEOUT);
     if owed > 0 {
         tracing::warn!(owed, "the MCP server stops with responses still unsent: the exit deadline passed");
     }
