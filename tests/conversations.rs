@@ -284,6 +284,15 @@ fn reconnect_with_a_call_in_flight_gets_the_snapshot_first_then_the_outcome() {
     assert_eq!(statuses(&events), [(S::WaitingToolResult, S::Running, StatusSource::Host)]);
 }
 
+/// Runs frames until the call of each of `conversations` waits for its tool.
+fn waits_for_its_tool(app: &mut App, conversations: &[&str]) {
+    app.run_until("the calls wait for their tools", |app| {
+        conversations.iter().all(|conversation| {
+            app.agent().resume(*conversation).is_ok_and(|resumed| resumed.snapshot.pending_call().is_some())
+        })
+    });
+}
+
 fn late_tool_app(game: TestGame, wait: Option<Duration>) -> App {
     let mut plugin = AgentToolsPlugin::new(game);
     if let Some(wait) = wait {
@@ -300,9 +309,7 @@ fn a_call_for_a_tool_registered_later_completes_once_it_appears() {
     let agent = app.agent();
     let conversation = agent.conversation("agent");
     let call = conversation.call("late_bump", json!({"by": 3}));
-    app.run_until("the call waits for its tool", |app| {
-        app.agent().resume("agent").is_ok_and(|resumed| resumed.snapshot.pending_call().is_some())
-    });
+    waits_for_its_tool(&mut app, &["agent"]);
     assert_eq!(conversation.status(), S::WaitingToolResult);
     assert!(call.try_outcome().is_none(), "not dropped, not rejected: waiting");
 
@@ -339,9 +346,7 @@ fn h5_a_call_waiting_for_its_tool_ends_with_its_visit_and_never_runs_in_the_next
     app.enter_world("alpha");
     let agent = app.agent();
     let call = agent.conversation("agent").call("world_tool", json!({}));
-    app.run_until("the call waits for its tool", |app| {
-        app.agent().resume("agent").is_ok_and(|resumed| resumed.snapshot.pending_call().is_some())
-    });
+    waits_for_its_tool(&mut app, &["agent"]);
     drop(loading.lock().take());
     app.exit_world();
     // It ends with the visit it was made in, in the exit's frame (not at its deadline, 30 s on).
@@ -364,9 +369,7 @@ fn h5_a_call_waiting_for_its_tool_at_app_exit_ends_with_visit_ended_in_the_exits
     let mut app = late_tool_app(TestGame::default(), Some(Duration::MAX));
     app.enter_world("alpha");
     let call = app.agent().conversation("agent").call("never_registered", json!({}));
-    app.run_until("the call waits for its tool", |app| {
-        app.agent().resume("agent").is_ok_and(|resumed| resumed.snapshot.pending_call().is_some())
-    });
+    waits_for_its_tool(&mut app, &["agent"]);
     app.world_mut().write_message(AppExit::Success);
     app.update();
     // No frame follows an exit: it ends there, as the visit's running calls do (its client hears why before the
@@ -382,11 +385,7 @@ fn h9_a_location_tool_call_waiting_for_its_tool_is_refused_if_the_player_relocat
     let agent = app.agent();
     let here = agent.conversation("agent").call("late_here", json!({}));
     let anywhere = agent.conversation("other").call("late_anywhere", json!({}));
-    app.run_until("both calls wait for their tools", |app| {
-        ["agent", "other"].iter().all(|conversation| {
-            app.agent().resume(*conversation).is_ok_and(|resumed| resumed.snapshot.pending_call().is_some())
-        })
-    });
+    waits_for_its_tool(&mut app, &["agent", "other"]);
     app.travel("nether");
     app.step(2);
     let executions = Arc::new(AtomicUsize::new(0));
@@ -406,9 +405,7 @@ fn the_wait_for_a_tool_counts_toward_the_calls_timeout() {
     let agent = app.agent();
     let timeout = Duration::from_secs(30);
     let call = agent.conversation("agent").request(CallRequest::new("late_clock", json!({})).timeout(timeout));
-    app.run_until("the call waits for its tool", |app| {
-        app.agent().resume("agent").is_ok_and(|resumed| resumed.snapshot.pending_call().is_some())
-    });
+    waits_for_its_tool(&mut app, &["agent"]);
     let deadline: Arc<parking_lot::Mutex<Option<std::time::Instant>>> = Arc::default();
     let seen = deadline.clone();
     let clock = AgentTool::new("late_clock", "Says its deadline.", move |ctx: CallContext<Session>, _: NoArgs| {
@@ -430,9 +427,7 @@ fn a_call_that_waited_for_its_tool_past_the_tools_timeout_is_refused_and_nothing
     let conversation = agent.conversation("agent");
     let keyed = || CallRequest::new("brief", json!({})).operation("op-1");
     let call = conversation.request(keyed());
-    app.run_until("the call waits for its tool", |app| {
-        app.agent().resume("agent").is_ok_and(|resumed| resumed.snapshot.pending_call().is_some())
-    });
+    waits_for_its_tool(&mut app, &["agent"]);
     let ran = Arc::new(AtomicUsize::new(0));
     let runs = ran.clone();
     let brief = AgentTool::new("brief", "Has 50 ms.", move |_: CallContext<Session>, _: NoArgs| {

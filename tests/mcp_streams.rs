@@ -176,16 +176,29 @@ fn a_client_that_resumes_a_stream_it_read_to_its_end_is_told_405_so_it_stops_ask
 /// arrives (the test fails as inconclusive if not).
 const BURST: u32 = 5_000;
 
-/// Makes [`BURST`] progress reports at once, then waits for the call to end.
+/// `burst`: makes [`BURST`] progress reports at once, then waits for the call to end.
 fn burst() -> AgentTool<Session> {
+    reporter("burst", BURST, true)
+}
+
+/// `flood`: makes [`FLOOD`] progress reports, then succeeds.
+fn flood() -> AgentTool<Session> {
+    reporter("flood", FLOOD, false)
+}
+
+/// A tool that makes `reports` progress reports at once, then waits for its call to end or succeeds.
+fn reporter(name: &str, reports: u32, then_wait: bool) -> AgentTool<Session> {
     AgentTool::new(
-        "burst",
-        "Reports progress many times at once, then waits.",
-        |ctx: CallContext<Session>, _: NoArgs| async move {
-            for step in 1..=BURST {
-                ctx.report_progress(f64::from(step), Some(f64::from(BURST)), None);
+        name,
+        "Reports progress many times at once.",
+        move |ctx: CallContext<Session>, _: NoArgs| async move {
+            for step in 1..=reports {
+                ctx.report_progress(f64::from(step), Some(f64::from(reports)), None);
             }
-            Err::<(), _>(ctx.ended().await)
+            if then_wait {
+                return Err(ctx.ended().await);
+            }
+            Ok(())
         },
     )
 }
@@ -289,20 +302,6 @@ fn a_sessionless_request_naming_a_session_id_of_its_own_choosing_is_not_put_in_t
 /// How many reports the `flood` tool makes: megabytes of events, far more than a connection whose client stopped
 /// reading buffers (the test fails as inconclusive if they all fit).
 const FLOOD: u32 = 60_000;
-
-/// Makes [`FLOOD`] progress reports, then succeeds.
-fn flood() -> AgentTool<Session> {
-    AgentTool::new(
-        "flood",
-        "Reports progress many times, then succeeds.",
-        |ctx: CallContext<Session>, _: NoArgs| async move {
-            for step in 1..=FLOOD {
-                ctx.report_progress(f64::from(step), Some(f64::from(FLOOD)), None);
-            }
-            Ok(())
-        },
-    )
-}
 
 /// The send queue of the server's end of `client`'s connection, from the kernel's table (bytes the client has
 /// not taken in yet).
