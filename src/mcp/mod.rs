@@ -69,9 +69,10 @@
 //! included, even when the call finished while it was away. The server keeps, per session, the events of the 16
 //! most recent finished requests (each its last 64 events) plus those of requests still running, and drops them
 //! when the session ends. A client that stops reading a stream without closing it holds up nothing else of its
-//! session: once it has taken in nothing for 5 s while events wait for it, its connection is ended (it can resume).
-//! An answer that takes over a second is a stream with a keep-alive every 2 s (2026-07-28 too, whose answers rmcp
-//! otherwise sends only once it has one).
+//! session: once it has taken in nothing for 5 s while events wait for it, its connection gets no more (it ends
+//! after what it was given; the client can resume for the rest).
+//! An answer that takes over a second is a stream with a keep-alive every 2 s (a sessionless 2026-07-28 answer too,
+//! which rmcp otherwise sends only once it has one).
 //!
 //! Logs: rmcp's own lines (several INFO lines per connection, an ERROR when a client goes away before its
 //! response) are quiet by default on the plugin's threads; set `BEVY_AGENT_TOOLS_RMCP_LOG=info` (or `debug`,

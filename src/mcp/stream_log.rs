@@ -71,7 +71,9 @@ impl StreamLog {
             Ok(Ok(())) => {}
             failed => {
                 if failed.is_err() {
-                    tracing::debug!("an MCP client stopped reading a response stream: its connection is ended");
+                    tracing::debug!(
+                        "an MCP client stopped reading a response stream: its connection gets no more events"
+                    );
                 }
                 // Unless a resume has replaced it meanwhile.
                 let mut state = self.state.lock();
@@ -132,7 +134,9 @@ pub(crate) fn handed_on(mut inner: BoxedSseStream, stall_timeout: Duration) -> B
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return,
                 Err(_) => {
-                    tracing::debug!("an MCP client stopped reading its standalone stream: its connection is ended");
+                    tracing::debug!(
+                        "an MCP client stopped reading its standalone stream: its connection gets no more events"
+                    );
                     return;
                 }
             }
