@@ -17,9 +17,10 @@ use crate::visit::VisitSlot;
 /// and their agent processes stop; then the open visit closes (its calls end, `VISIT_ENDED`), its save completes
 /// and the lifecycle shuts down; then transports send the outcomes of the calls that ended and stop; after
 /// `Transport`, the host's runtime stops. All of it is bounded by
-/// [`AgentToolsPlugin::exit_deadline`](crate::AgentToolsPlugin::exit_deadline). Order a game's own exit work against these: a system in `Last` after
-/// `Host` reads the exit's [`VisitClosed`](crate::VisitClosed) and [`VisitSaved`](crate::VisitSaved) messages (the
-/// app runs no frame after this one; a save still running at the deadline is reported as failed).
+/// [`AgentToolsPlugin::exit_deadline`](crate::AgentToolsPlugin::exit_deadline). Order a game's own exit work
+/// against these: a system in `Last` after `Host` reads the exit's [`VisitClosed`](crate::VisitClosed) and
+/// [`VisitSaved`](crate::VisitSaved) messages (the app runs no frame after this one; a save still running at the
+/// deadline is reported as failed).
 ///
 /// An `AppExit` written in `Last` after these sets began (by a system not ordered before them) is not missed: then
 /// the whole exit, in the same order, runs in a schedule right after `Last` in that frame, so the visit is still

@@ -5,9 +5,9 @@
 //! [`tool_wait`](crate::AgentToolsPlugin::tool_wait). It waits until the tool is registered, or until its wait
 //! passes: then it fails with `TOOL_NOT_FOUND`, saying how long it waited (`WORLD_LOADING_TIMEOUT` if the world
 //! is still loading then). A call made while a visit was open is admitted into that visit only (a location-scoped
-//! one at that location only): if the visit ends first, it ends with `VISIT_ENDED` as the visit's calls do. The wait counts toward the call's own
-//! timeout: once admitted, its deadline is its arrival plus its timeout. Otherwise an unknown tool is rejected at
-//! once (a typo should not hang). While it waits, the conversation is `WaitingToolResult` and the call shows in
+//! one at that location only): if the visit ends first, it ends with `VISIT_ENDED` as the visit's calls do. The
+//! wait counts toward the call's own timeout: once admitted, its deadline is its arrival plus its timeout.
+//! Otherwise an unknown tool is rejected at once (a typo should not hang). While it waits, the conversation is `WaitingToolResult` and the call shows in
 //! the snapshot's `pending_calls`.
 
 use std::sync::{Arc, Weak};
@@ -76,9 +76,7 @@ impl WaitingCall {
             life.leave(seat, cancel.then_some(CallLife::CANCELLED_BY_AGENT));
         }
     }
-}
 
-impl WaitingCall {
     /// Its visit ended before it was admitted: it ends with `error`, and stops waiting. (One admitted meanwhile is
     /// among the visit's calls, which the exit ends.)
     fn end_unadmitted(&self, error: ToolError) {

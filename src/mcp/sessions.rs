@@ -19,12 +19,12 @@
 //! whose connection dropped to come back with `Last-Event-ID`; rmcp's manager forgets a stream's events the
 //! moment its response is produced, so a client that came back after that got an empty stream and lost the
 //! result of a call the game had applied. Here every request stream is drained into a [`StreamLog`] whether or
-//! not its client is still connected (or still reading: see [`stream_log`](super::stream_log)), and a `GET` with `Last-Event-ID` gets the events after that id, the result
-//! included, then the live ones if the call still runs. Bounded: per session, the logs of the
-//! [`FINISHED_STREAMS_KEPT`] most recent finished requests (plus those still running, at most the in-flight
-//! limit), each keeping its last [`EVENTS_KEPT`](super::stream_log::EVENTS_KEPT) events (progress older than that is not replayed; the result,
-//! being last, always is); all dropped when the session closes. Everything else is rmcp's
-//! [`LocalSessionManager`].
+//! not its client is still connected (or still reading: see [`stream_log`](super::stream_log)), and a `GET` with
+//! `Last-Event-ID` gets the events after that id, the result included, then the live ones if the call still runs.
+//! Bounded: per session, the logs of the [`FINISHED_STREAMS_KEPT`] most recent finished requests (plus those still
+//! running, at most the in-flight limit), each keeping its last [`EVENTS_KEPT`](super::stream_log::EVENTS_KEPT)
+//! events (progress older than that is not replayed; the result, being last, always is); all dropped when the
+//! session closes. Everything else is rmcp's [`LocalSessionManager`].
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;

@@ -5,8 +5,8 @@ use std::io;
 use crate::ids::WorldId;
 
 /// Called on the store's I/O thread after a document's new content is written to its temporary file (not yet
-/// synced: the commit that follows syncs it), just before it replaces the primary. Returning an error fails the save (the temporary file is discarded and
-/// the previous save stays as it was); blocking here delays it.
+/// synced: the commit that follows syncs it), just before it replaces the primary. Returning an error fails the
+/// save (the temporary file is discarded and the previous save stays as it was); blocking here delays it.
 ///
 /// Install with [`WorldStore::set_write_faults`](super::WorldStore::set_write_faults). Closures implement it:
 ///
