@@ -11,7 +11,7 @@ use bevy::prelude::*;
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{headless_app, AgentTestAppExt, Gate};
 use bevy_agent_tools::{
-    CallFinished, CallProgress, CallRequest, CallStarted, ConversationEvent, ConversationStatus as S,
+    Call, CallFinished, CallProgress, CallRequest, CallStarted, Completer, ConversationEvent, ConversationStatus as S,
     ConversationStatusChanged, NoArgs, Reported, StatusSource, Subscription, VisitClosed, VisitClosing, VisitOpened,
     VisitRelocated, VisitSaved,
 };
@@ -284,6 +284,17 @@ fn reconnect_with_a_call_in_flight_gets_the_snapshot_first_then_the_outcome() {
     assert_eq!(statuses(&events), [(S::WaitingToolResult, S::Running, StatusSource::Host)]);
 }
 
+/// World `alpha` loading (its completer in the slot), and a call of conversation `agent` for `world_tool`, a tool
+/// not registered yet.
+fn calling_world_tool_while_alpha_loads() -> (App, Arc<parking_lot::Mutex<Option<Completer>>>, Call) {
+    let game = TestGame { load_async: true, ..Default::default() };
+    let loading = game.loading.clone();
+    let mut app = late_tool_app(game, None);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("agent").call("world_tool", json!({}));
+    (app, loading, call)
+}
+
 /// Runs frames until the call of each of `conversations` waits for its tool.
 fn waits_for_its_tool(app: &mut App, conversations: &[&str]) {
     app.run_until("the calls wait for their tools", |app| {
@@ -321,12 +332,8 @@ fn a_call_for_a_tool_registered_later_completes_once_it_appears() {
 
 #[test]
 fn while_the_world_loads_a_call_waits_for_the_tool_the_world_registers() {
-    let game = TestGame { load_async: true, ..Default::default() };
-    let loading = game.loading.clone();
-    let mut app = late_tool_app(game, None);
-    app.enter_world("alpha");
+    let (mut app, loading, call) = calling_world_tool_while_alpha_loads();
     let agent = app.agent();
-    let call = agent.conversation("agent").call("world_tool", json!({}));
     app.step(2);
     assert!(call.try_outcome().is_none(), "waiting while the world loads");
 
@@ -340,12 +347,8 @@ fn while_the_world_loads_a_call_waits_for_the_tool_the_world_registers() {
 #[test]
 fn h5_a_call_waiting_for_its_tool_ends_with_its_visit_and_never_runs_in_the_next_one() {
     // Alpha is still loading when the player leaves it for beta, whose load registers the tool.
-    let game = TestGame { load_async: true, ..Default::default() };
-    let loading = game.loading.clone();
-    let mut app = late_tool_app(game, None);
-    app.enter_world("alpha");
+    let (mut app, loading, call) = calling_world_tool_while_alpha_loads();
     let agent = app.agent();
-    let call = agent.conversation("agent").call("world_tool", json!({}));
     waits_for_its_tool(&mut app, &["agent"]);
     drop(loading.lock().take());
     app.exit_world();

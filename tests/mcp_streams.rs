@@ -102,6 +102,21 @@ fn read_until(reader: &mut BufReader<TcpStream>, mut wanted: impl FnMut(&str) ->
     }
 }
 
+/// The session of `in_session` answers a ping.
+fn assert_answers_a_ping(server: &McpServer, in_session: &[(&str, &str); 2]) {
+    let (mut pong, _) = send(server, "POST", in_session, r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#);
+    read_until(&mut pong, |line| line.contains(r#""id":8"#)).expect("a pong");
+}
+
+/// Resumes request stream `last_event_id` of the session of `in_session`; returns the line with the result of the
+/// call with id 7, if it comes.
+fn resumed_result(server: &McpServer, in_session: &[(&str, &str); 2], last_event_id: &str) -> Option<String> {
+    let resume = [in_session[0], in_session[1], ("Last-Event-ID", last_event_id)];
+    let (mut resumed, head) = send(server, "GET", &resume, "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    read_until(&mut resumed, |line| line.starts_with("data:") && line.contains(r#""id":7"#))
+}
+
 #[test]
 fn a_client_that_resumes_after_its_call_finished_gets_the_result_it_missed() {
     let gate = Gate::new();
@@ -124,15 +139,10 @@ fn a_client_that_resumes_after_its_call_finished_gets_the_result_it_missed() {
 
     // The session answers a ping after the call's response went through it: the response was produced, so rmcp's
     // own manager has forgotten the stream by now.
-    let (mut pong, _) = send(&server, "POST", &in_session, r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#);
-    read_until(&mut pong, |line| line.contains(r#""id":8"#)).expect("a pong");
+    assert_answers_a_ping(&server, &in_session);
 
     // The client comes back with the last event id it saw and gets the result.
-    let resume = [in_session[0], in_session[1], ("Last-Event-ID", last_event_id.as_str())];
-    let (mut resumed, head) = send(&server, "GET", &resume, "");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    let result = read_until(&mut resumed, |line| line.starts_with("data:") && line.contains(r#""id":7"#));
-    let result = result.expect("the result of the call, replayed");
+    let result = resumed_result(&server, &in_session, &last_event_id).expect("the result of the call, replayed");
     assert!(result.contains(r#""counter":3"#), "{result}");
     game.stop();
 }
@@ -340,14 +350,9 @@ fn a_client_that_stops_reading_its_call_stream_stalls_neither_its_session_nor_th
     assert!(full, "inconclusive: the server's send queue never filled ({} bytes)", last.0);
 
     // The session still answers.
-    let (mut pong, _) = send(&server, "POST", &in_session, r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#);
-    read_until(&mut pong, |line| line.contains(r#""id":8"#)).expect("a pong");
+    assert_answers_a_ping(&server, &in_session);
     // The client comes back for the rest of the stream and gets the result.
-    let resume = [in_session[0], in_session[1], ("Last-Event-ID", last_event_id.as_str())];
-    let (mut resumed, head) = send(&server, "GET", &resume, "");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    let result = read_until(&mut resumed, |line| line.starts_with("data:") && line.contains(r#""id":7"#));
-    assert!(result.is_some(), "the result of the call, replayed");
+    assert!(resumed_result(&server, &in_session, &last_event_id).is_some(), "the result of the call, replayed");
     // The connection it stopped reading was ended, without the result (a client that reads on comes back too).
     let mut reports = 0;
     let on_stalled = read_until(&mut stalled, |line| {
