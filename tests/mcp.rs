@@ -308,6 +308,19 @@ impl ClientHandler for ListWatcher {
     }
 }
 
+/// A tool a world registers once it has loaded.
+fn late_tool() -> AgentTool<Session> {
+    AgentTool::new("late", "Registered late.", |_: CallContext<Session>, _: NoArgs| async move {
+        Ok(json!({ "late": true }))
+    })
+}
+
+/// The server told `client`, as it initialized, that it announces tool list changes.
+fn assert_says_it_announces<H: ClientHandler>(client: &RunningService<RoleClient, H>) {
+    let capabilities = client.peer_info().and_then(|info| info.capabilities.tools.clone());
+    assert_eq!(capabilities.and_then(|tools| tools.list_changed), Some(true), "the server says it announces");
+}
+
 #[test]
 fn a_tool_registered_while_the_game_runs_is_announced_to_connected_clients_which_then_list_it() {
     let (game, server) = game(Arc::default(), Gate::new());
@@ -319,15 +332,11 @@ fn a_tool_registered_while_the_game_runs_is_announced_to_connected_clients_which
             StreamableHttpClientTransportConfig::with_uri(url).auth_header(TOKEN),
         );
         let client = ListWatcher(tx).serve(transport).await.expect("connect (2025-11-25)");
-        let capabilities = client.peer_info().and_then(|info| info.capabilities.tools.clone());
-        assert_eq!(capabilities.and_then(|tools| tools.list_changed), Some(true), "the server says it announces");
+        assert_says_it_announces(&client);
         assert!(!client.list_all_tools().await.expect("tools").iter().any(|tool| tool.name == "late"));
 
         // A world finished loading and registers its tools.
-        let late = AgentTool::new("late", "Registered late.", |_: CallContext<Session>, _: NoArgs| async move {
-            Ok(json!({ "late": true }))
-        });
-        agent.register_tool(late).expect("registered");
+        agent.register_tool(late_tool()).expect("registered");
         tokio::time::timeout(Duration::from_secs(10), changed.recv()).await.expect("announced in time");
         assert!(client.list_all_tools().await.expect("tools").iter().any(|tool| tool.name == "late"));
         client.cancel().await.expect("close");
@@ -342,18 +351,14 @@ fn a_tool_registered_while_the_game_runs_is_announced_to_sessionless_clients_tha
     let agent = game.agent();
     runtime().block_on(async move {
         let (client, _) = connect(&url, true).await;
-        let capabilities = client.peer_info().and_then(|info| info.capabilities.tools.clone());
-        assert_eq!(capabilities.and_then(|tools| tools.list_changed), Some(true), "the server says it announces");
+        assert_says_it_announces(&client);
         // 2026-07-28 has no session to announce on: the client opens a stream for it.
         let filter = rmcp::model::SubscriptionFilter::builder().tools_list_changed().build();
         let mut subscription = client.peer().listen(filter).await.expect("listening");
         assert_eq!(subscription.acknowledged().tools_list_changed, Some(true), "granted");
         assert!(!client.list_all_tools().await.expect("tools").iter().any(|tool| tool.name == "late"));
 
-        let late = AgentTool::new("late", "Registered late.", |_: CallContext<Session>, _: NoArgs| async move {
-            Ok(json!({ "late": true }))
-        });
-        agent.register_tool(late).expect("registered");
+        agent.register_tool(late_tool()).expect("registered");
         let announced = tokio::time::timeout(Duration::from_secs(10), subscription.next()).await.expect("in time");
         assert!(
             matches!(announced, Ok(Some(rmcp::model::ServerNotification::ToolListChangedNotification(_)))),

@@ -80,10 +80,13 @@ enum State {
     Waiting(PendingAnswer),
     /// rmcp answered with a stream: its bytes as they come.
     Streaming(Body),
-    /// rmcp answered with JSON: gathered, then sent as one event.
-    Gathering(Body, Vec<u8>),
-    /// rmcp answered with something else: its text gathered, then sent as a JSON-RPC error.
-    Failed(StatusCode, Body, Vec<u8>),
+    /// rmcp answered with JSON (`failed: None`), gathered then sent as one event; or with something else (its
+    /// status), whose text is gathered then sent as a JSON-RPC error.
+    Gathering {
+        body: Body,
+        gathered: Vec<u8>,
+        failed: Option<StatusCode>,
+    },
     Done,
 }
 
@@ -100,9 +103,10 @@ fn continuation(response: Response) -> State {
     if kind.starts_with(EVENT_STREAM) {
         State::Streaming(response.into_body())
     } else if kind.starts_with("application/json") {
-        State::Gathering(response.into_body(), Vec::new())
+        State::Gathering { body: response.into_body(), gathered: Vec::new(), failed: None }
     } else {
-        State::Failed(response.status(), response.into_body(), Vec::new())
+        let failed = Some(response.status());
+        State::Gathering { body: response.into_body(), gathered: Vec::new(), failed }
     }
 }
 
@@ -153,31 +157,21 @@ impl http_body::Body for LateAnswer {
                     }
                 },
                 State::Streaming(body) => return Pin::new(body).poll_frame(cx),
-                State::Gathering(body, gathered) => match Pin::new(body).poll_frame(cx) {
+                State::Gathering { body, gathered, failed } => match Pin::new(body).poll_frame(cx) {
                     Poll::Ready(Some(Ok(frame))) => {
                         if let Ok(data) = frame.into_data() {
                             gathered.extend_from_slice(&data);
                         }
                     }
-                    Poll::Ready(Some(Err(error))) => {
+                    Poll::Ready(Some(Err(error))) if failed.is_none() => {
                         this.state = State::Done;
                         return Poll::Ready(Some(Err(error)));
                     }
-                    Poll::Ready(None) => {
-                        let event = as_event(gathered);
-                        this.state = State::Done;
-                        return Poll::Ready(Some(Ok(Frame::data(event))));
-                    }
-                    Poll::Pending => return Poll::Pending,
-                },
-                State::Failed(status, body, gathered) => match Pin::new(body).poll_frame(cx) {
-                    Poll::Ready(Some(Ok(frame))) => {
-                        if let Ok(data) = frame.into_data() {
-                            gathered.extend_from_slice(&data);
-                        }
-                    }
                     Poll::Ready(Some(Err(_)) | None) => {
-                        let event = as_event(error_for(&this.id, *status, gathered).to_string().as_bytes());
+                        let event = match failed {
+                            None => as_event(gathered),
+                            Some(status) => as_event(error_for(&this.id, *status, gathered).to_string().as_bytes()),
+                        };
                         this.state = State::Done;
                         return Poll::Ready(Some(Ok(Frame::data(event))));
                     }
