@@ -190,11 +190,12 @@ impl HostShared {
         session_type: (std::any::TypeId, &'static str),
     ) -> (Arc<Self>, Receiver<Job>, Receiver<ConversationEvent>) {
         let (jobs, queue) = crossbeam_channel::unbounded();
-        let (conversations, feed) = ConversationHub::new(config.idle_timeout);
+        let jobs = JobSender::new(jobs);
+        let (conversations, feed) = ConversationHub::new(config.idle_timeout, jobs.clone());
         let host = Self {
             state: Mutex::new(HostState::default()),
             tools: ToolRegistry::default(),
-            jobs: JobSender::new(jobs),
+            jobs,
             runtime,
             config,
             conversations: Arc::new(conversations),

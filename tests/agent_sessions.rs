@@ -466,12 +466,17 @@ fn s2_an_agent_that_fails_to_start_is_agent_unavailable_with_its_stderr_and_leav
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains("no program `no-such-acp-agent` was found"), "{message}");
 
-    let mut hanging = agent(&dirs, &["--hang-init"]);
-    hanging.timeouts.start = Duration::from_millis(500);
-    let (code, message) = code_of(game.create(hanging));
-    assert_eq!(code, ErrorCode::AgentUnavailable);
-    assert!(message.contains("did not start within"), "{message}");
-    dirs.wait_no_agents(LIMIT);
+    // A start that runs out of time says which answer it waited for (time enough to start the agent and have its
+    // `initialize` answered, in the second case).
+    for (flag, start, waited_for) in [("--hang-init", 500, "initialize"), ("--hang-new-session", 5000, "session/new")] {
+        let mut hanging = agent(&dirs, &[flag]);
+        hanging.timeouts.start = Duration::from_millis(start);
+        let (code, message) = code_of(game.create(hanging));
+        assert_eq!(code, ErrorCode::AgentUnavailable);
+        let said = format!("did not start within {:?} (no answer to {waited_for})", Duration::from_millis(start));
+        assert!(message.contains(&said), "{message}");
+        dirs.wait_no_agents(LIMIT);
+    }
     wait_no_session_folders(&dirs);
     // Whatever their agents said on the way out, the game heard nothing of sessions it never got.
     game.game.with_app(|app| (0..3).for_each(|_| app.update()));

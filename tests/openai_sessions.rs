@@ -38,6 +38,8 @@ enum Reply {
     Status(u16, Option<String>),
     /// An HTTP error with this body, as it is.
     Refusal(u16, &'static str),
+    /// `200` with this whole chat completion as JSON: a server that ignores `stream: true`.
+    Whole(Value),
 }
 
 enum Piece {
@@ -227,6 +229,10 @@ async fn completions(
             .status(StatusCode::from_u16(code).unwrap())
             .header("content-type", "application/json")
             .body(Body::from(body))
+            .unwrap(),
+        Some(Reply::Whole(answer)) => Response::builder()
+            .header("content-type", "application/json; charset=utf-8")
+            .body(Body::from(answer.to_string()))
             .unwrap(),
         Some(Reply::Stream(pieces)) => {
             struct Watch(Arc<AtomicUsize>, bool);
@@ -554,8 +560,15 @@ fn two_tool_calls_in_one_answer_run_in_order_and_both_results_go_back() {
     let second = &server.requests()[1]["messages"];
     let tools: Vec<&Value> = second.as_array().unwrap().iter().filter(|m| m["role"] == "tool").collect();
     assert_eq!(tools.iter().map(|m| m["tool_call_id"].as_str().unwrap()).collect::<Vec<_>>(), ["a", "b"]);
-    assert!(tools[0]["content"].as_str().unwrap().contains("\"counter\":1"));
-    assert!(tools[1]["content"].as_str().unwrap().contains("\"counter\":11"));
+    let results: Vec<Value> =
+        tools.iter().map(|m| serde_json::from_str(m["content"].as_str().unwrap()).unwrap()).collect();
+    assert_eq!((&results[0]["result"]["counter"], &results[1]["result"]["counter"]), (&json!(1), &json!(11)));
+    for result in &results {
+        // H11: each result says the visit and location it observed, as MCP's `_meta` does.
+        let observed = &result["observed"];
+        assert_eq!((&observed["world"], &observed["location"]["revision"]), (&json!("alpha"), &json!(0)), "{result}");
+        assert!(observed["visit"].is_u64(), "{result}");
+    }
 }
 
 #[test]
@@ -581,19 +594,34 @@ fn parallel_tool_calls_that_all_say_index_0_as_ollama_sends_them_run_as_separate
     assert!(results[2].contains("\"counter\":111"), "each with its own arguments: {results:?}");
 }
 
-#[test]
-fn cancelling_a_turn_during_its_tool_call_cancels_the_call_in_the_game_and_the_model_reads_that_next_turn() {
-    let data = tempfile::tempdir().unwrap();
-    let server = Server::start();
-    let game = Game::start(data.path());
-    server.reply(calls(vec![call(0, "h", "held", "{}")]));
-    let session = game.create(endpoint(&server)).expect("starts");
-    let turn = game.block_on(session.start_turn("hold")).expect("sent");
+/// Waits until the model's call reached the `held` tool's gate.
+fn wait_held(game: &Game) {
     let until = Instant::now() + LIMIT;
     while game.gate.arrived() == 0 {
         assert!(Instant::now() < until, "the model's call reached the tool");
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+#[test]
+fn cancelling_a_turn_during_its_tool_call_cancels_the_call_in_the_game_and_the_model_reads_that_next_turn() {
+    cancel_during_held_call("{}");
+}
+
+/// A keyed call (one the model gave an `operation_id`) would go on running if its handle were only dropped.
+#[test]
+fn cancelling_a_turn_during_a_keyed_tool_call_cancels_that_call_too() {
+    cancel_during_held_call(r#"{"operation_id":"u1"}"#);
+}
+
+fn cancel_during_held_call(arguments: &str) {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server.reply(calls(vec![call(0, "h", "held", arguments)]));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let turn = game.block_on(session.start_turn("hold")).expect("sent");
+    wait_held(&game);
     assert!(session.cancel());
     assert_eq!(game.block_on(turn).expect("it ends").stop_reason, StopReason::Cancelled);
     game.gate.open();
@@ -627,6 +655,89 @@ fn ending_a_session_while_its_turn_streams_closes_the_request_and_keeps_the_turn
         ["user: one", "assistant: first", "user: two", "assistant: half an ans", "user: three"],
         "the model remembers what was said before the end, as after a cancel"
     );
+}
+
+#[test]
+fn a_cancel_while_the_turn_waits_for_the_games_observation_stops_it_before_it_is_sent() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let session = game.create(endpoint(&server)).expect("starts");
+    let (ended_tx, ended) = std::sync::mpsc::channel();
+    let (sending, cancelling, runtime) = (session.clone(), session.clone(), game.game.agent().runtime().clone());
+    // On the game's thread: no frame runs meanwhile, and the observation the turn waits for needs one.
+    let cancelled = game.game.with_app(move |_| {
+        runtime.spawn(async move { ended_tx.send(sending.send_text("hello").await) });
+        let until = Instant::now() + LIMIT;
+        while !cancelling.cancel() {
+            assert!(Instant::now() < until, "the turn began");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        cancelling.status()
+    });
+    assert_eq!(cancelled, ConversationStatus::Idle, "nothing ran");
+    let end = ended.recv_timeout(LIMIT).expect("one outcome").expect("the turn's end");
+    assert_eq!((end.stop_reason, end.final_message), (StopReason::Cancelled, None));
+    assert!(server.requests().is_empty(), "its text was never sent");
+    server.reply(says("hi"));
+    assert_eq!(game.block_on(session.send_text("again")).expect("the next turn").final_message.as_deref(), Some("hi"));
+}
+
+#[test]
+fn a_session_ended_during_its_tool_call_tells_the_model_the_game_stopped_the_turn_not_the_player() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server.reply(calls(vec![call(0, "h", "held", "{}")]));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let pending = game.block_on(session.start_turn("hold")).expect("sent");
+    wait_held(&game);
+    game.block_on(session.end());
+    assert_eq!(code_of(game.block_on(pending)).0, ErrorCode::SessionEnded);
+    game.gate.open();
+    game.block_on(session.resume()).expect("resumed");
+    server.reply(says("understood"));
+    game.block_on(session.send_text("again")).expect("the next turn");
+    let results = tool_results(&server, 1);
+    assert!(
+        results.len() == 1 && results[0].contains("the game stopped the turn") && !results[0].contains("player"),
+        "the model is told who stopped it: {results:?}"
+    );
+}
+
+#[test]
+fn a_whole_json_answer_from_a_server_that_ignores_stream_is_read_as_the_stream_it_stands_for() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let call = json!({"id": "w", "type": "function", "function": {"name": "bump", "arguments": "{\"by\":5}"}});
+    server
+        .reply(Reply::Whole(json!({"choices": [{"index": 0, "finish_reason": "tool_calls",
+            "message": {"role": "assistant", "content": null, "tool_calls": [call]}}]})))
+        .reply(Reply::Whole(json!({"choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "added five"}}]})));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let turn = game.block_on(session.send_text("add five")).expect("a turn");
+    assert_eq!((turn.final_message.as_deref(), turn.stop_reason), (Some("added five"), StopReason::EndTurn));
+    let results = tool_results(&server, 1);
+    assert!(
+        results.len() == 1 && results[0].contains("\"counter\":5"),
+        "the call ran, with its arguments: {results:?}"
+    );
+}
+
+#[test]
+fn a_damaged_history_is_kept_aside_when_its_session_starts_anew() {
+    let (data, server, game, session) = after_one_turn();
+    game.block_on(session.end());
+    let history = data.path().join(session.id().as_str()).join("history.json");
+    std::fs::write(&history, b"{not json").unwrap();
+    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Replaced);
+    let aside = data.path().join(session.id().as_str()).join("history.json.unreadable");
+    assert_eq!(std::fs::read(&aside).unwrap(), b"{not json", "what could not be read is still there");
+    server.reply(says("hello again"));
+    game.block_on(session.send_text("two")).expect("a turn");
+    assert_eq!(server.history(1), ["user: two"], "the session started anew");
 }
 
 #[test]
@@ -1085,12 +1196,18 @@ fn a_refusal_in_llama_cpps_or_vllms_own_shape_says_its_status_and_message() {
         400,
         r#"{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}}"#,
     ));
+    let said = |error: &ToolError| (error.details.extra.get("status").cloned(), error.message.clone());
     let error = game.block_on(session.send_text("one")).expect_err("refused");
     assert_eq!(error.code, ErrorCode::AgentUnavailable);
-    assert!(
-        error.message.contains("400") && error.message.contains("exceeds the available context size"),
-        "{}",
-        error.message
+    assert_eq!(
+        said(&error),
+        (
+            Some(json!(400)),
+            format!(
+                "{}/chat/completions refused the request (400: the request exceeds the available context size)",
+                server.url
+            )
+        )
     );
     game.block_on(session.resume()).expect("resumed");
     // vLLM (some versions): the error's fields at the top.
@@ -1099,11 +1216,19 @@ fn a_refusal_in_llama_cpps_or_vllms_own_shape_says_its_status_and_message() {
         r#"{"object":"error","message":"maximum context length is 8192 tokens","type":"BadRequestError","code":400}"#,
     ));
     let error = game.block_on(session.send_text("two")).expect_err("refused");
-    assert!(
-        error.message.contains("400") && error.message.contains("maximum context length is 8192"),
-        "{}",
-        error.message
+    assert_eq!(
+        said(&error),
+        (
+            Some(json!(400)),
+            format!("{}/chat/completions refused the request (400: maximum context length is 8192 tokens)", server.url)
+        )
     );
+    game.block_on(session.resume()).expect("resumed");
+    // Ollama's answer to a base URL without its `/v1`: plain text.
+    server.reply(Reply::Refusal(404, "404 page not found"));
+    let error = game.block_on(session.send_text("three")).expect_err("refused");
+    assert_eq!(said(&error).0, Some(json!(404)));
+    assert!(error.message.contains("answered 404 (404 page not found): check the base URL"), "{}", error.message);
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! A windowed game whose loop sleeps (winit with reactive updates, as `WinitSettings::desktop_app()` sets: a frame
 //! on a window event, else after a long wait) serves an agent's step at once: queueing the step, an `every_frame`
-//! step that is not done, or a handler awaiting the next frame wakes winit's event loop (feature `winit`). Under
-//! Xvfb, rendering on software Vulkan.
+//! step that is not done, a handler awaiting the next frame, or a conversation event on its way to the game's
+//! messages wakes winit's event loop (feature `winit`). Under Xvfb, rendering on software Vulkan.
 
 #![cfg(feature = "window")]
 
@@ -15,7 +15,7 @@ use std::time::Duration;
 use bevy::prelude::*;
 use bevy::winit::{UpdateMode, WinitPlugin, WinitSettings};
 use bevy_agent_tools::prelude::*;
-use bevy_agent_tools::{CallOutcome, NoArgs};
+use bevy_agent_tools::{CallOutcome, ConversationStatusChanged, NoArgs};
 use common::window::Xvfb;
 use common::*;
 use serde_json::json;
@@ -116,26 +116,39 @@ fn a_step_wakes_a_windowed_game_whose_loop_sleeps_and_is_served_at_once() {
         }
     });
 
+    // A conversation event published off the main thread (an in-game agent's reply, a permission prompt, a status)
+    // reaches the game as a Bevy message in the frame its wake brings.
+    let (chat_seen_tx, chat_seen) = mpsc::channel();
+    app.add_systems(Last, move |mut statuses: MessageReader<ConversationStatusChanged>| {
+        if statuses.read().any(|changed| changed.conversation.as_str() == "chat") {
+            let _ = chat_seen_tx.send(());
+        }
+    });
+
     let calls = std::thread::spawn(move || {
         // Creating the window and the software renderer before the first frame can take long on a loaded machine.
         let served = opened.recv_timeout(common::window::WAIT).is_ok().then(|| {
             let conversation = agent.conversation("agent");
             let call = |tool: &str| conversation.call(tool, json!({})).wait_timeout(SERVED_WITHIN);
-            [call("peek"), call("slide"), call("wait_frames"), call("quit")]
+            let (peek, slide, wait) = (call("peek"), call("slide"), call("wait_frames"));
+            agent.conversation("chat").turn_started();
+            let chat = chat_seen.recv_timeout(SERVED_WITHIN).is_ok();
+            (peek, slide, wait, chat, call("quit"))
         });
-        if !served.as_ref().is_some_and(|calls| quit_served(&calls[3])) {
+        if !served.as_ref().is_some_and(|calls| quit_served(&calls.4)) {
             gave_up.store(true, Ordering::Release);
         }
         served
     });
     let exit = app.run();
-    let [peek, slide, wait, quit] =
+    let (peek, slide, wait, chat, quit) =
         calls.join().expect("the agent's thread").expect("the world opened in the first frames");
     // (The first call can also be served by the window's first events; the others come once they are over.)
     let served = "served while the loop slept: queueing its step (or asking for a frame) woke the loop";
     assert_eq!(peek.expect(served).expect("peek succeeds").value["counter"], 0);
     assert!(matches!(slide, Some(Ok(_))), "slide, three frames in a row, {served}: {slide:?}");
     assert!(matches!(wait, Some(Ok(_))), "wait_frames, two frames with no step, {served}: {wait:?}");
+    assert!(chat, "a conversation's status change reached the game while the loop slept: publishing it woke the loop");
     assert!(quit_served(&quit), "quit {served}: {quit:?}");
     assert_eq!(exit, AppExit::Success);
 }

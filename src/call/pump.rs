@@ -315,9 +315,10 @@ mod tests {
             replay_key: None,
             visit: visit(1, 0),
         };
-        let (hub, _feed) = ConversationHub::new(None);
         let (jobs, _queue) = crossbeam_channel::unbounded();
-        CallLife::new(coords, Instant::now(), deadline, None, Arc::new(hub), JobSender::new(jobs))
+        let jobs = JobSender::new(jobs);
+        let (hub, _feed) = ConversationHub::new(None, jobs.clone());
+        CallLife::new(coords, Instant::now(), deadline, None, Arc::new(hub), jobs)
     }
 
     fn later() -> Instant {

@@ -20,7 +20,7 @@ use super::events::{
 };
 use super::snapshot::{ActiveCall, ConversationSnapshot, PendingCall};
 use super::status::{ConversationStatus, Reported, StatusFacts, StatusSource};
-use crate::call::{CallLife, CallOutcome, Progress};
+use crate::call::{CallLife, CallOutcome, JobSender, Progress};
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::{ConversationId, TaskId};
 use crate::lifecycle::VisitInfo;
@@ -99,14 +99,30 @@ impl Orphans {
 pub(crate) struct ConversationHub {
     inner: Mutex<HubInner>,
     /// To the main thread, which writes them as Bevy messages.
-    game: Sender<ConversationEvent>,
+    game: GameFeed,
     idle_timeout: Option<Duration>,
 }
 
+/// The conversation events on their way to the main thread. Each wakes a windowed game's loop (feature `winit`),
+/// as a queued step does: a game with reactive updates shows a reply, or a permission prompt, as it comes.
+pub(crate) struct GameFeed {
+    events: Sender<ConversationEvent>,
+    wake: JobSender,
+}
+
+impl GameFeed {
+    fn send(&self, event: ConversationEvent) {
+        if self.events.send(event).is_ok() {
+            self.wake.wake();
+        }
+    }
+}
+
 impl ConversationHub {
-    pub(crate) fn new(idle_timeout: Option<Duration>) -> (Self, Receiver<ConversationEvent>) {
-        let (game, feed) = crossbeam_channel::unbounded();
-        (Self { inner: Mutex::new(HubInner::default()), game, idle_timeout }, feed)
+    /// The hub, and the main thread's end of its events; `wake` is the queue whose wake the events use too.
+    pub(crate) fn new(idle_timeout: Option<Duration>, wake: JobSender) -> (Self, Receiver<ConversationEvent>) {
+        let (events, feed) = crossbeam_channel::unbounded();
+        (Self { inner: Mutex::new(HubInner::default()), game: GameFeed { events, wake }, idle_timeout }, feed)
     }
 
     /// Opens `id`: creates it `Idle` if unknown, and reactivates it (`Ended → Idle`, by the host) if it ended.
@@ -375,7 +391,7 @@ impl ConversationHub {
 /// Takes `life` off the calls in flight of conversation `id` and publishes its outcome there. Returns whether it
 /// was one of them.
 fn finished(
-    game: &Sender<ConversationEvent>,
+    game: &GameFeed,
     conversations: &mut HashMap<ConversationId, Entry>,
     watchers: &mut Vec<UnboundedSender<ConversationEvent>>,
     id: &ConversationId,
@@ -405,7 +421,7 @@ fn finished(
 
 /// Records `life` as a call in flight of conversation `id`, and publishes it.
 fn start(
-    game: &Sender<ConversationEvent>,
+    game: &GameFeed,
     watchers: &mut Vec<UnboundedSender<ConversationEvent>>,
     id: &ConversationId,
     entry: &mut Entry,
@@ -538,7 +554,7 @@ fn not_found(id: &ConversationId) -> ToolError {
 
 /// Marks the entry ended (publishing once) and takes its calls, to be ended outside the lock.
 fn end_entry(
-    game: &Sender<ConversationEvent>,
+    game: &GameFeed,
     watchers: &mut Vec<UnboundedSender<ConversationEvent>>,
     id: &ConversationId,
     entry: &mut Entry,
@@ -558,7 +574,7 @@ fn end_entry(
 
 /// Recomputes the status from the facts and publishes a change. Returns whether it changed.
 fn update(
-    game: &Sender<ConversationEvent>,
+    game: &GameFeed,
     watchers: &mut Vec<UnboundedSender<ConversationEvent>>,
     id: &ConversationId,
     entry: &mut Entry,
@@ -576,7 +592,7 @@ fn update(
 
 /// Gives the event the conversation's next sequence number and sends it to every subscriber and the game.
 fn publish(
-    game: &Sender<ConversationEvent>,
+    game: &GameFeed,
     watchers: &mut Vec<UnboundedSender<ConversationEvent>>,
     entry: &mut Entry,
     mut event: ConversationEvent,
@@ -585,5 +601,5 @@ fn publish(
     event.set_sequence(entry.sequence);
     entry.subscribers.retain(|subscriber| subscriber.send(event.clone()).is_ok());
     watchers.retain(|watcher| watcher.send(event.clone()).is_ok());
-    let _ = game.send(event);
+    game.send(event);
 }

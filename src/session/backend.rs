@@ -96,6 +96,12 @@ pub(crate) trait Link: Send + Sync {
     fn prompt(&self, turn: u64, blocks: Vec<PromptBlock>) -> Result<(), ToolError>;
     /// Asks the agent to stop the running turn (it still ends it, normally as cancelled).
     fn cancel(&self);
+    /// Stops the running turn because its session ends: the game's doing, not the player's. As
+    /// [`cancel`](Self::cancel), unless the backend tells the model who stopped the turn (the OpenAI-compatible
+    /// one writes it into the history).
+    fn stop_for_end(&self) {
+        self.cancel();
+    }
     /// Closes the connection: ends the backend session first when `end_session` (where the backend offers it,
     /// bounded by the close timeout), then stops the agent. Resolves when the agent process is gone.
     fn close(&self, end_session: bool) -> BoxFuture<()>;

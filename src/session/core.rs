@@ -72,6 +72,33 @@ struct State {
     /// then (the game has no session to hear of yet, and a connect that fails reports it itself); a connect that
     /// succeeds fails the session with it at once.
     exited_while_connecting: Option<ToolError>,
+    /// A turn being started: its text is not sent yet (the game's observation for it is awaited).
+    starting: Option<StartingTurn>,
+    /// Turns started so far, counting those being started: each gets its own number.
+    startings: u64,
+}
+
+#[derive(Clone, Copy)]
+struct StartingTurn {
+    id: u64,
+    /// The player cancelled it before it was sent: it is not.
+    cancelled: bool,
+}
+
+/// A turn being started (the game's observation for it awaited, H14): a cancel meanwhile stops it before its
+/// text is sent, and another text is `SESSION_BUSY` until it started or was given up (this dropped).
+pub(crate) struct TurnStart {
+    core: Arc<SessionCore>,
+    id: u64,
+}
+
+impl Drop for TurnStart {
+    fn drop(&mut self) {
+        let mut state = self.core.state.lock();
+        if state.starting.is_some_and(|starting| starting.id == self.id) {
+            state.starting = None;
+        }
+    }
 }
 
 pub(crate) struct SessionCore {
@@ -106,16 +133,30 @@ impl SessionCore {
                 system_prompt_pending: false,
                 stopped: None,
                 exited_while_connecting: None,
+                starting: None,
+                startings: 0,
             }),
             lifecycle: tokio::sync::Mutex::new(()),
             forgotten: AtomicBool::new(false),
         })
     }
 
-    /// Why a turn could not start now (ended, failed, or a turn running), if it could not: the check
-    /// [`start_turn`](Self::start_turn) makes, for a caller that wants to refuse before preparing a turn.
-    pub(crate) fn turn_refused(&self) -> Result<(), ToolError> {
-        self.refusal(&self.state.lock())
+    /// Begins a turn, to be sent by [`start_turn`](Self::start_turn) once prepared; refused as `start_turn`
+    /// would refuse it (ended, failed, a turn running), or while another is being started.
+    pub(crate) fn begin_turn(self: &Arc<Self>) -> Result<TurnStart, ToolError> {
+        let mut state = self.state.lock();
+        self.refusal(&state)?;
+        if state.starting.is_some() {
+            return Err(ToolError::with_code(
+                ErrorCode::SessionBusy,
+                format!("a turn of session `{}` is being sent: wait for it to end, or cancel it", self.id),
+            )
+            .with_detail("session", &self.id));
+        }
+        state.startings += 1;
+        let id = state.startings;
+        state.starting = Some(StartingTurn { id, cancelled: false });
+        Ok(TurnStart { core: self.clone(), id })
     }
 
     fn refusal(&self, state: &State) -> Result<(), ToolError> {
@@ -287,8 +328,19 @@ impl SessionCore {
         self: &Arc<Self>,
         text: String,
         context: Option<String>,
+        start: TurnStart,
     ) -> Result<oneshot::Receiver<Result<TurnEnd, ToolError>>, ToolError> {
+        let cancelled = {
+            let mut state = self.state.lock();
+            state.starting.take_if(|starting| starting.id == start.id).is_some_and(|starting| starting.cancelled)
+        };
+        drop(start);
         let (reply, outcome) = oneshot::channel();
+        if cancelled {
+            // Cancelled before it was sent: the agent never saw it.
+            let _ = reply.send(Ok(TurnEnd { stop_reason: super::StopReason::Cancelled, final_message: None }));
+            return Ok(outcome);
+        }
         let (number, prompted) = {
             let mut state = self.state.lock();
             self.refusal(&state)?;
@@ -348,7 +400,17 @@ impl SessionCore {
     /// Asks the agent to cancel the running turn. Returns whether a turn was running.
     pub(crate) fn cancel(self: &Arc<Self>) -> bool {
         let number = {
-            let state = self.state.lock();
+            let mut state = self.state.lock();
+            if state.turn.is_none() {
+                // A turn still being started is not sent.
+                return match state.starting.as_mut() {
+                    Some(starting) if !starting.cancelled => {
+                        starting.cancelled = true;
+                        true
+                    }
+                    _ => false,
+                };
+            }
             let (Some(turn), Some(link)) = (&state.turn, &state.link) else { return false };
             link.cancel();
             // After `session/cancel` the agent waits for its pending permission requests' answers: `cancelled`.
@@ -521,7 +583,7 @@ impl SessionCore {
             self.host.permissions.withdraw_all(&self.id, PermissionDecision::Deny);
             // A turn under way stops now, not after the record is saved: no more model requests or tool calls.
             if let (Some(_), Some(link)) = (&state.turn, &state.link) {
-                link.cancel();
+                link.stop_for_end();
             }
             (self.take_connection(&mut state), state.turn.take())
         };

@@ -307,10 +307,11 @@ impl AgentSession {
     }
 
     async fn start_turn_here(&self, text: String) -> Result<PendingTurn, ToolError> {
-        // Refuse before asking the game for its observation: a busy or ended session sends nothing.
-        self.core.turn_refused()?;
+        // Refuse before asking the game for its observation: a busy or ended session sends nothing. A cancel
+        // while the observation is awaited stops the turn before it is sent.
+        let start = self.core.begin_turn()?;
         let context = if self.core.config.input_context { self.observe().await } else { None };
-        let outcome = self.core.start_turn(text, context)?;
+        let outcome = self.core.start_turn(text, context, start)?;
         Ok(PendingTurn { outcome })
     }
 
@@ -325,7 +326,8 @@ impl AgentSession {
     }
 
     /// Cancels the running turn: the agent is asked to stop, and the turn ends (normally with
-    /// [`StopReason::Cancelled`](super::StopReason::Cancelled)). Returns whether a turn was running.
+    /// [`StopReason::Cancelled`](super::StopReason::Cancelled)). A turn still being sent (the game's observation
+    /// for it awaited) is not sent, and ends so at once. Returns whether a turn was running or being sent.
     pub fn cancel(&self) -> bool {
         self.core.cancel()
     }

@@ -166,7 +166,6 @@ impl<L: WorldLifecycle> VisitSlot<L> {
         world.write_message(VisitClosed { info, completion });
     }
 
-    /// Writes [`VisitSaved`] for every close completion that resolved since the last frame.
     /// Reports, once, that the open visit's session failed to load; forgets its readiness once it resolved.
     fn report_load_failure(&mut self, world: &mut World) {
         let Some((info, ready)) = &self.loading else { return };
@@ -178,6 +177,7 @@ impl<L: WorldLifecycle> VisitSlot<L> {
         self.loading = None;
     }
 
+    /// Writes [`VisitSaved`] for every close completion that resolved since the last frame.
     fn report_saved(&mut self, world: &mut World) {
         self.closing.retain(|(info, completion)| {
             let Some(result) = completion.result() else { return true };

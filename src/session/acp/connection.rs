@@ -32,8 +32,13 @@ pub(crate) struct Opened {
     pub system_prompt_sent: bool,
 }
 
+/// The set-up request the connection waits for an answer to (`initialize`, `session/new`, ...): a start that runs
+/// out of time names it.
+pub(crate) type StartStep = Arc<parking_lot::Mutex<&'static str>>;
+
 pub(crate) struct Running {
     pub ready: oneshot::Receiver<Result<Opened, ToolError>>,
+    pub step: StartStep,
     pub task: tokio::task::JoinHandle<()>,
     pub exit: ExitWatch,
 }
@@ -55,6 +60,8 @@ pub(crate) fn spawn(
     let (ready_tx, ready) = oneshot::channel();
     let (exit_tx, exit) = watch::channel(None);
     let replay = Replay::default();
+    let step = StartStep::default();
+    let stepping = step.clone();
     let task = runtime.spawn({
         let sink = sink.clone();
         let exit = exit.clone();
@@ -101,7 +108,7 @@ pub(crate) fn spawn(
                     agent_client_protocol::on_receive_request!(),
                 )
                 .connect_with(agent, async move |cx: ConnectionTo<Agent>| {
-                    let ran = run(cx, setup, inbox, ready_tx, replay, Reports { sink, exit, ending }).await;
+                    let ran = run(cx, setup, inbox, ready_tx, replay, stepping, Reports { sink, exit, ending }).await;
                     if ran.is_ok() {
                         asked_to_close.store(true, Ordering::SeqCst);
                     }
@@ -117,7 +124,7 @@ pub(crate) fn spawn(
             end.report_exit(&gone, &why);
         }
     });
-    (commands, Running { ready, task, exit })
+    (commands, Running { ready, step, task, exit })
 }
 
 /// The error's message and what its data carries (for a process that exited: its status and stderr tail),
@@ -211,9 +218,10 @@ async fn run(
     mut inbox: UnboundedReceiver<Command>,
     ready: oneshot::Sender<Result<Opened, ToolError>>,
     replay: Replay,
+    step: StartStep,
     Reports { sink, exit, ending }: Reports,
 ) -> Result<(), agent_client_protocol::Error> {
-    let opened = match open(&cx, &setup, &replay).await {
+    let opened = match open(&cx, &setup, &replay, &step).await {
         Ok(opened) => opened,
         Err(error) => {
             let _ = ready.send(Err(error));
@@ -286,7 +294,9 @@ struct Open {
 }
 
 /// `initialize`, then a new session or a re-attached one.
-async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay) -> Result<Open, ToolError> {
+async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay, step: &StartStep) -> Result<Open, ToolError> {
+    let at = |request: &'static str| *step.lock() = request;
+    at("initialize");
     // No `fs`, no `terminal`: the agent gets no access to the player's machine through the game.
     let initialize = InitializeRequest::new(ProtocolVersion::V1)
         .client_capabilities(ClientCapabilities::new())
@@ -319,6 +329,7 @@ async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay) -> Resul
     if let Some(id) = &setup.resume {
         let session = SessionId::new(id.clone());
         let resumed = if capabilities.session_capabilities.resume.is_some() {
+            at("session/resume");
             let request = ResumeSessionRequest::new(session, cwd.clone())
                 .mcp_servers(servers.clone())
                 .system_prompt(system_prompt.clone())
@@ -326,6 +337,7 @@ async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay) -> Resul
             Some(cx.send_request(request).block_task().await.map(|_| Attached::Resumed))
         } else if capabilities.load_session {
             // The agent replays the history as updates before it answers: not shown as new chat.
+            at("session/load");
             replay.start();
             let request = LoadSessionRequest::new(session, cwd.clone())
                 .mcp_servers(servers.clone())
@@ -357,6 +369,7 @@ async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay) -> Resul
             _ => {}
         }
     }
+    at("session/new");
     let request = NewSessionRequest::new(cwd).mcp_servers(servers).system_prompt(system_prompt).meta(meta);
     let created =
         cx.send_request(request).block_task().await.map_err(|error| unavailable("session/new failed", &error))?;

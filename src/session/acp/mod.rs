@@ -50,7 +50,7 @@ impl Backend for AcpBackend {
             let start = setup.timeouts.start;
             let close_timeout = setup.timeouts.close;
             let (commands, running) = connection::spawn(agent, setup, sink, &runtime);
-            let connection::Running { ready, task, exit } = running;
+            let connection::Running { ready, step, task, exit } = running;
             let mut starting = Starting { task: task.abort_handle(), done: false };
             let ready = tokio::time::timeout(start, ready).await;
             let failure = match ready {
@@ -71,9 +71,10 @@ impl Backend for AcpBackend {
                 }
                 Err(_elapsed) => {
                     task.abort();
+                    let waited_for = *step.lock();
                     return Err(ToolError::with_code(
                         ErrorCode::AgentUnavailable,
-                        format!("the agent `{described}` did not start within {start:?} (no answer to initialize)"),
+                        format!("the agent `{described}` did not start within {start:?} (no answer to {waited_for})"),
                     )
                     .with_detail("agent", &described));
                 }

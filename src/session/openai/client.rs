@@ -5,10 +5,11 @@
 use std::time::{Duration, SystemTime};
 
 use async_openai::config::OpenAIConfig;
-use async_openai::error::OpenAIError;
+use async_openai::error::{ApiError, ApiErrorResponse, OpenAIError};
 use async_openai::middleware::HttpRequestFactory;
 use async_openai::Client;
 use serde::Deserialize;
+use serde_json::{json, Value};
 
 use super::OpenAiEndpoint;
 use crate::error::{ErrorCode, ToolError};
@@ -73,6 +74,12 @@ pub(crate) struct UsageReport {
 pub(crate) fn api_key(endpoint: &OpenAiEndpoint) -> Result<Option<String>, ToolError> {
     let Some(var) = &endpoint.api_key_env else { return Ok(None) };
     match std::env::var(var) {
+        // (The client would panic building its header from a key with a line break or other control character.)
+        Ok(key) if reqwest::header::HeaderValue::from_str(key.trim()).is_err() => Err(ToolError::with_code(
+            ErrorCode::AgentUnavailable,
+            format!("the API key in the environment variable {var} has characters an HTTP header cannot carry"),
+        )
+        .with_detail("api_key_env", var)),
         Ok(key) if !key.trim().is_empty() => Ok(Some(key.trim().to_string())),
         _ => Err(ToolError::with_code(
             ErrorCode::AgentUnavailable,
@@ -94,10 +101,13 @@ pub(crate) fn build(endpoint: &OpenAiEndpoint, connect_timeout: Duration) -> Res
         ));
     }
     let invalid = |what: String| ToolError::invalid_input("headers", what);
-    // No key: an empty one (`OpenAIConfig` would otherwise read OPENAI_API_KEY behind the game's back).
+    // No key: an empty one; no organization or project (`OpenAIConfig` would otherwise read OPENAI_API_KEY,
+    // OPENAI_ORG_ID and OPENAI_PROJECT_ID behind the game's back, and send them to whatever endpoint this is).
     let mut config = OpenAIConfig::new()
         .with_api_base(endpoint.base_url.clone())
-        .with_api_key(api_key(endpoint)?.unwrap_or_default());
+        .with_api_key(api_key(endpoint)?.unwrap_or_default())
+        .with_org_id("")
+        .with_project_id("");
     for (name, value) in &endpoint.headers {
         let header = reqwest::header::HeaderName::from_bytes(name.as_bytes())
             .map_err(|error| invalid(format!("header name {name:?}: {error}")))?;
@@ -140,7 +150,7 @@ impl Retry {
             let status = response.status();
             let retryable = status.as_u16() == 429 || status.is_server_error();
             if !retryable || attempt >= self.max_retries {
-                return Ok(response);
+                return readable(response).await;
             }
             let asked = response
                 .headers()
@@ -155,6 +165,110 @@ impl Retry {
             tokio::time::sleep(wait).await;
         }
     }
+}
+
+/// The most of a refusal's body read (the message quoted from it is shorter still).
+const REFUSAL_LIMIT: usize = 64 * 1024;
+/// The most of a whole (not streamed) answer read.
+const WHOLE_ANSWER_LIMIT: usize = 16 * 1024 * 1024;
+
+/// The response as the client can read it. A refusal becomes an `ApiError` with its status and message whatever
+/// shape its body has (llama.cpp's numeric `code`, vLLM's fields at the top level, a plain-text 404), where the
+/// client reads only OpenAI's shape and reports any other as a malformed chunk without the status. A whole JSON
+/// answer to the streamed request (a server or proxy that ignores `stream: true`) becomes the stream it stands
+/// for, so that its text and tool calls are not lost.
+async fn readable(response: reqwest::Response) -> Result<reqwest::Response, OpenAIError> {
+    let status = response.status();
+    if !status.is_success() {
+        let body = read_bounded(response, REFUSAL_LIMIT).await?;
+        return Err(OpenAIError::ApiError(ApiErrorResponse { status_code: status, api_error: refusal(&body) }));
+    }
+    let content_type = response.headers().get(reqwest::header::CONTENT_TYPE).and_then(|value| value.to_str().ok());
+    if !content_type.is_some_and(|value| value.trim_start().to_ascii_lowercase().starts_with("application/json")) {
+        return Ok(response);
+    }
+    let body = read_bounded(response, WHOLE_ANSWER_LIMIT).await?;
+    let stream = http::Response::builder()
+        .status(status)
+        .header(reqwest::header::CONTENT_TYPE, "text/event-stream")
+        .body(as_event_stream(&body))
+        .map_err(|error| OpenAIError::InvalidArgument(format!("could not hand on a whole answer: {error}")))?;
+    Ok(reqwest::Response::from(stream))
+}
+
+/// The first `limit` bytes of the response's body.
+async fn read_bounded(mut response: reqwest::Response, limit: usize) -> Result<Vec<u8>, OpenAIError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(OpenAIError::Reqwest)? {
+        let room = limit.saturating_sub(body.len());
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if body.len() >= limit {
+            break;
+        }
+    }
+    Ok(body)
+}
+
+/// A refusal's message, type and code, from OpenAI's `{"error": {...}}`, the same fields at the top level, an
+/// `error` or `detail` string, or the body's text.
+fn refusal(body: &[u8]) -> ApiError {
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    let fields = parsed.as_ref().map(|value| value.get("error").filter(|error| error.is_object()).unwrap_or(value));
+    let text_of = |value: &Value, key: &str| value.get(key).and_then(Value::as_str).map(str::to_string);
+    let message = fields
+        .and_then(|fields| text_of(fields, "message"))
+        .or_else(|| parsed.as_ref().and_then(|value| text_of(value, "error").or_else(|| text_of(value, "detail"))))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_string());
+    let code = fields.and_then(|fields| fields.get("code")).filter(|code| !code.is_null());
+    ApiError {
+        message: if message.is_empty() { "no message".into() } else { message },
+        r#type: fields.and_then(|fields| text_of(fields, "type")),
+        code: code.map(|code| code.as_str().map(str::to_string).unwrap_or_else(|| code.to_string())),
+        ..Default::default()
+    }
+}
+
+/// A whole chat completion as the one streamed chunk it amounts to, then `[DONE]`: each choice's `message`
+/// becomes its `delta` (its tool calls numbered, their arguments as text). Anything else (an `{"error"}` sent
+/// with a `200`, a body that is not JSON) is passed on as the chunk, for the turn to report.
+fn as_event_stream(body: &[u8]) -> Vec<u8> {
+    let chunk = match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(mut answer)) if answer.contains_key("choices") => {
+            let choices = match answer.remove("choices") {
+                Some(Value::Array(choices)) => choices,
+                _ => Vec::new(),
+            };
+            let choices: Vec<Value> = choices.into_iter().map(as_delta).collect();
+            let mut chunk = serde_json::Map::new();
+            chunk.insert("choices".into(), Value::Array(choices));
+            if let Some(usage) = answer.remove("usage") {
+                chunk.insert("usage".into(), usage);
+            }
+            Value::Object(chunk).to_string()
+        }
+        Ok(other) => other.to_string(),
+        // One line, as an event's data must be: the turn reports it as a malformed chunk, quoting it.
+        Err(_) => String::from_utf8_lossy(body).replace(['\r', '\n'], " "),
+    };
+    format!("data: {chunk}\n\ndata: [DONE]\n\n").into_bytes()
+}
+
+/// One choice of a whole answer as a streamed one.
+fn as_delta(mut choice: Value) -> Value {
+    let mut message = choice.get_mut("message").map(Value::take).unwrap_or(Value::Null);
+    if let Some(Value::Array(calls)) = message.get_mut("tool_calls") {
+        for (index, call) in calls.iter_mut().enumerate() {
+            if let Value::Object(call) = call {
+                call.insert("index".into(), index.into());
+                if let Some(arguments) = call.get_mut("function").and_then(|function| function.get_mut("arguments")) {
+                    if !arguments.is_string() {
+                        *arguments = Value::String(arguments.to_string());
+                    }
+                }
+            }
+        }
+    }
+    json!({"delta": message, "finish_reason": choice.get("finish_reason").cloned().unwrap_or(Value::Null)})
 }
 
 /// The wait a `Retry-After` value asks for at `now`: seconds, or an HTTP date (RFC 9110 §10.2.3; one already
@@ -240,6 +354,57 @@ fn source_chain(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_in_any_servers_shape_gives_its_message_and_code() {
+        let openai =
+            br#"{"error":{"message":"Incorrect API key","type":"invalid_request_error","code":"invalid_api_key"}}"#;
+        let refused = refusal(openai);
+        assert_eq!((refused.message.as_str(), refused.code.as_deref()), ("Incorrect API key", Some("invalid_api_key")));
+        assert_eq!(refused.r#type.as_deref(), Some("invalid_request_error"));
+        let llama_cpp =
+            br#"{"error":{"code":400,"message":"exceeds the context size","type":"exceed_context_size_error"}}"#;
+        let refused = refusal(llama_cpp);
+        assert_eq!((refused.message.as_str(), refused.code.as_deref()), ("exceeds the context size", Some("400")));
+        let vllm =
+            br#"{"object":"error","message":"maximum context length is 8192","type":"BadRequestError","code":400}"#;
+        assert_eq!(refusal(vllm).message, "maximum context length is 8192");
+        assert_eq!(refusal(br#"{"error":"model 'x' not found"}"#).message, "model 'x' not found");
+        assert_eq!(refusal(br#"{"detail":"Not Found"}"#).message, "Not Found");
+        assert_eq!(refusal(b"404 page not found\n").message, "404 page not found");
+        assert_eq!(refusal(b"").message, "no message");
+    }
+
+    #[test]
+    fn a_whole_answer_becomes_the_one_chunk_it_stands_for() {
+        let whole = json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": "placing",
+            "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "bump", "arguments": "{\"by\":1}"}},
+                {"id": "b", "type": "function", "function": {"name": "bump", "arguments": {"by": 2}}},
+            ]}}], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}});
+        let stream = String::from_utf8(as_event_stream(whole.to_string().as_bytes())).unwrap();
+        let (first, rest) = stream.split_once("\n\n").unwrap();
+        assert_eq!(rest, "data: [DONE]\n\n");
+        let chunk: Chunk = serde_json::from_str(first.strip_prefix("data: ").unwrap()).unwrap();
+        let choice = &chunk.choices[0];
+        assert_eq!(
+            (choice.delta.content.as_deref(), choice.finish_reason.as_deref()),
+            (Some("placing"), Some("tool_calls"))
+        );
+        let calls = choice.delta.tool_calls.as_ref().unwrap();
+        let read: Vec<_> = calls
+            .iter()
+            .map(|call| {
+                let function = call.function.as_ref().unwrap();
+                (call.index, call.id.as_deref(), function.arguments.as_deref())
+            })
+            .collect();
+        assert_eq!(read, [(Some(0), Some("a"), Some(r#"{"by":1}"#)), (Some(1), Some("b"), Some(r#"{"by":2}"#))]);
+        assert_eq!(chunk.usage.map(|usage| usage.total_tokens), Some(7));
+        let not_json = String::from_utf8(as_event_stream(b"oops\nwhat")).unwrap();
+        assert_eq!(not_json, "data: oops what\n\ndata: [DONE]\n\n");
+    }
 
     #[test]
     fn retry_after_is_seconds_or_an_http_date_and_anything_else_is_no_wait() {

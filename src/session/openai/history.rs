@@ -41,6 +41,11 @@ pub(crate) fn path(session_dir: &Path) -> PathBuf {
     session_dir.join(FILE)
 }
 
+/// Where an unreadable history is kept when its session starts anew (the one kept before it is replaced).
+pub(crate) fn aside(path: &Path) -> PathBuf {
+    path.with_extension("json.unreadable")
+}
+
 /// Reads the history; `Ok(None)` if there is none.
 pub(crate) fn load(path: &Path) -> std::io::Result<Option<History>> {
     match crate::private::read(path) {

@@ -15,7 +15,8 @@
 //!   call running (cancelled in the game), and the turn ends as cancelled. A turn the game stops (past the turn
 //!   timeout, or ended with its session) stops the same way, and what it said and did is kept in the history.
 //! - **History** is the game's ([`history`]): kept under the game's data directory, written atomically after each
-//!   turn, bounded (oldest turns dropped), reloaded by `resume` and by `resume_session` after a restart.
+//!   turn, bounded (oldest turns dropped), reloaded by `resume` and by `resume_session` after a restart (one that
+//!   cannot be read is kept aside, as `history.json.unreadable`, where the session starts anew).
 //! - **Faults**: connection refused and other HTTP failures are `AGENT_UNAVAILABLE` naming the URL; `401`/`403`
 //!   names the key's environment variable; `429` and `5xx` are retried a bounded number of times honouring
 //!   `Retry-After`; an endpoint silent for [`OpenAiEndpoint::stall_timeout`] is `TIMEOUT`; a malformed chunk is
@@ -41,11 +42,12 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::{OpenAiEndpoint, Sampling};
 
-use super::backend::{Attached, BoxFuture, EventSink, Link, PromptBlock, Setup};
+use super::backend::{Attached, BackendEvent, BoxFuture, EventSink, Link, PromptBlock, Setup};
 use super::{Backend, Connected};
 use crate::agent::AgentHandle;
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
+use crate::panic::{panic_message, CatchUnwind};
 use history::History;
 
 /// Opens sessions against one endpoint.
@@ -150,7 +152,18 @@ async fn open_history(
                     .with_detail("agent_error", format!("the stored history is unreadable: {error}")))
             }
             Err(error) => {
-                tracing::warn!(session = %id, %error, "the stored history is unreadable: the session starts anew");
+                // Kept aside, not written over: a file the game could not read now (its permissions, the disk) may
+                // be read later, or by hand.
+                let aside = history::aside(path);
+                if let Err(moved) = std::fs::rename(path, &aside) {
+                    return Err(io(format!(
+                        "the stored history at {} is unreadable ({error}) and could not be kept aside as {} \
+                         ({moved}): it is left as it is and the session is not resumed",
+                        path.display(),
+                        aside.display()
+                    )));
+                }
+                tracing::warn!(session = %id, %error, kept = %aside.display(), "the stored history is unreadable: it is kept aside and the session starts anew");
             }
             Ok(None) => {}
         }
@@ -258,7 +271,8 @@ impl Shared {
 
 struct Running {
     cancel: CancellationToken,
-    /// Set before `cancel` when the game (not the player) stops the turn: the model is told which.
+    /// Set before `cancel` when the game (not the player) stops the turn (its time limit, the session's end or
+    /// failure): the model is told which.
     killed: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -284,7 +298,13 @@ impl Link for OpenAiLink {
         let shared = self.shared.clone();
         let (token, by_game) = (cancel.clone(), killed.clone());
         let task = self.runtime.spawn(async move {
-            let event = turn::run(shared.clone(), turn, blocks, token, by_game).await;
+            // A panic in the loop (a bug) still ends the turn, `INTERNAL`, rather than leaving it to the turn
+            // timeout.
+            let running = CatchUnwind(Box::pin(turn::run(shared.clone(), turn, blocks, token, by_game)));
+            let event = running.await.unwrap_or_else(|panic| BackendEvent::TurnFailed {
+                turn,
+                error: ToolError::internal(format!("the turn's loop panicked: {}", panic_message(&*panic))),
+            });
             (shared.sink)(event);
         });
         *self.running.lock() = Some(Running { cancel, killed, task });
@@ -293,6 +313,13 @@ impl Link for OpenAiLink {
 
     fn cancel(&self) {
         if let Some(running) = self.running.lock().as_ref() {
+            running.cancel.cancel();
+        }
+    }
+
+    fn stop_for_end(&self) {
+        if let Some(running) = self.running.lock().as_ref() {
+            running.killed.store(true, Ordering::SeqCst);
             running.cancel.cancel();
         }
     }
@@ -317,11 +344,8 @@ impl Link for OpenAiLink {
         // No more requests or tool calls from now (the turn stops at its next step, its tool call cancelled in
         // the game); what it said and did is written to the history, as a cancel writes it, within the close
         // timeout, so that the model knows after a resume what it changed in the world.
-        if let Some(running) = self.running.lock().as_ref() {
-            running.killed.store(true, Ordering::SeqCst);
-            // Now, not when the task below first runs: the turn must not start another request or tool call.
-            running.cancel.cancel();
-        }
+        // Now, not when the task below first runs: the turn must not start another request or tool call.
+        self.stop_for_end();
         let stopping = self.runtime.spawn(self.close(false));
         *self.stopping.lock() = Some(stopping);
     }

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::{describe, Chunk};
 use super::Shared;
-use crate::call::CallRequest;
+use crate::call::{CallOutcome, CallRequest};
 use crate::error::{ErrorCode, ToolError};
 use crate::session::backend::{BackendEvent, PromptBlock, StopReason, Usage};
 
@@ -135,15 +135,24 @@ async fn drive(
         for call in &calls {
             // A stop that came while the model answered: no call starts after it.
             cancelled |= cancel.is_cancelled();
-            let result = if cancelled {
-                cancelled_content(killed)
-            } else {
-                tokio::select! {
-                    biased;
-                    result = execute(shared, call, &mut images) => result,
-                    _ = cancel.cancelled() => {
-                        cancelled = true;
-                        cancelled_content(killed)
+            let result = match (cancelled, prepare(call)) {
+                (true, _) => cancelled_content(killed),
+                (false, Err(refused)) => error_content(&refused),
+                (false, Ok(request)) => {
+                    let mut running = shared.agent.conversation_handle(&shared.conversation).request(request);
+                    let outcome = tokio::select! {
+                        biased;
+                        outcome = &mut running => Some(outcome),
+                        _ = cancel.cancelled() => {
+                            cancelled = true;
+                            // Cancelled in the game whether or not it is keyed: a dropped call that carries an
+                            // `operation_id` would go on running. One that ended first keeps its outcome.
+                            (!running.cancel()).then(|| running.try_outcome()).flatten()
+                        }
+                    };
+                    match outcome {
+                        Some(outcome) => answer(shared, outcome, &mut images),
+                        None => cancelled_content(killed),
                     }
                 }
             };
@@ -281,19 +290,16 @@ fn stalled(shared: &Shared) -> ToolError {
     .with_detail("url", &url)
 }
 
-/// Runs one tool call in the game and returns what the model reads: the tool's output as JSON, or
-/// `{"error": {"code", "message", "details"}}` it can act on (an unknown tool, arguments that are not JSON,
-/// and every host rejection included). A tool that is not registered is the host's to judge, as for any agent:
-/// the call waits for it while the world loads (or for the plugin's `tool_wait`); a `TOOL_NOT_FOUND` then lists
-/// the tools there are.
-async fn execute(shared: &Shared, call: &PendingCall, images: &mut Vec<String>) -> String {
+/// The request for one tool call of the model's, or the error it reads instead (arguments that are not a JSON
+/// object, a reserved argument of the wrong shape).
+fn prepare(call: &PendingCall) -> Result<CallRequest, ToolError> {
     let arguments =
         if call.arguments.trim().is_empty() { Ok(json!({})) } else { serde_json::from_str(&call.arguments) };
     let arguments = match arguments {
         Ok(arguments @ Value::Object(_)) => arguments,
-        Ok(_) => return error_content(&ToolError::invalid_input("arguments", "the arguments must be a JSON object")),
+        Ok(_) => return Err(ToolError::invalid_input("arguments", "the arguments must be a JSON object")),
         Err(error) => {
-            return error_content(&ToolError::invalid_input(
+            return Err(ToolError::invalid_input(
                 "arguments",
                 format!(
                     "the arguments are not valid JSON ({error}): send one JSON object matching the tool's parameters"
@@ -301,17 +307,22 @@ async fn execute(shared: &Shared, call: &PendingCall, images: &mut Vec<String>) 
             ))
         }
     };
-    let request = match CallRequest::from_wire(call.name.clone(), arguments) {
-        Ok(request) => request,
-        Err(error) => return error_content(&error),
-    };
-    // Dropping the call (a cancel) cancels it in the game.
-    match shared.agent.conversation_handle(&shared.conversation).request(request).await {
+    CallRequest::from_wire(call.name.clone(), arguments)
+}
+
+/// What the model reads of a tool call's outcome: `{"result": <the tool's output>, "observed": {"visit", "world",
+/// "location": {"dimension", "revision"}}}` (the visit and location the result belongs to, rule H11, as MCP
+/// clients get it in `_meta`), or `{"error": {"code", "message", "details"}}` it can act on (an unknown tool,
+/// arguments that are not JSON, and every host rejection included). A tool that is not registered is the host's
+/// to judge, as for any agent: the call waits for it while the world loads (or for the plugin's `tool_wait`); a
+/// `TOOL_NOT_FOUND` then lists the tools there are.
+fn answer(shared: &Shared, outcome: CallOutcome, images: &mut Vec<String>) -> String {
+    match outcome {
         Ok(output) => {
             let mut value = output.value;
             let sent = shared.endpoint.images.then_some(images);
             summarize_images(&mut value, sent);
-            value.to_string()
+            json!({"result": value, "observed": output.observed}).to_string()
         }
         Err(error) if error.code == ErrorCode::ToolNotFound => {
             let tools = shared.agent.tools();
@@ -326,7 +337,8 @@ async fn execute(shared: &Shared, call: &PendingCall, images: &mut Vec<String>) 
 /// The result of a call the turn's stop cancelled (or never ran): who stopped it.
 fn cancelled_content(killed: &AtomicBool) -> String {
     let why = if killed.load(Ordering::SeqCst) {
-        "the game stopped the turn (past its time limit, or the session failed) before this call ended"
+        "the game stopped the turn (its session ended or failed, or the turn ran past its time limit) before this \
+         call ended"
     } else {
         "the player cancelled the turn"
     };
