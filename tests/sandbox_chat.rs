@@ -188,6 +188,7 @@ fn a_kept_session_is_resumed_by_id_after_a_restart_and_permissions_go_to_the_pla
     first.line_starting(&format!("chat session={kept}: permission: allowed"));
     let settled = format!("chat-permission-settled session={kept} request={request} outcome=allowed");
     assert_eq!(first.seen_or_next(&settled), settled, "the prompt is settled");
+    assert_eq!(agents_alive(&state), 1, "the control: the agent is found while it runs");
     assert!(first.quit().success());
     assert_eq!(agents_alive(&state), 0, "quit stopped the agent, keeping its session");
 
@@ -204,6 +205,14 @@ fn a_kept_session_is_resumed_by_id_after_a_restart_and_permissions_go_to_the_pla
     second.send(&format!("chat-forget {fresh}"));
     assert_eq!(second.line_starting("ok forgot"), format!("ok forgot session={fresh}"));
     assert!(!data.join("agent-sessions").join(&fresh).exists(), "its folder is gone");
+    // The current session forgotten: `status` no longer names it.
+    second.send("status");
+    assert!(second.line_starting("ok world=").contains(&format!("chat={kept} ")), "the control");
+    second.send(&format!("chat-forget {kept}"));
+    assert_eq!(second.line_starting("ok forgot"), format!("ok forgot session={kept}"));
+    second.send("status");
+    let status = second.line_starting("ok world=");
+    assert!(!status.contains("chat="), "{status}");
     assert!(second.quit().success());
 
     let mut plain = Sandbox::start(&data, &[]);

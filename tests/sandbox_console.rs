@@ -190,15 +190,26 @@ fn enter_travel_exit_quit_then_the_world_is_still_there_after_a_restart() {
 
 #[test]
 fn ctrl_c_quits_like_quit_the_visit_closes_and_its_save_completes() {
+    quits_saving_on("-INT");
+}
+
+/// A closed terminal (`SIGHUP`), `kill` or a service manager (`SIGTERM`) end the sandbox as Ctrl+C does.
+#[test]
+fn sigterm_and_sighup_quit_like_ctrl_c_saving_the_visit() {
+    quits_saving_on("-TERM");
+    quits_saving_on("-HUP");
+}
+
+fn quits_saving_on(signal: &str) {
     let data = tempfile::tempdir().expect("temp dir");
     let mut game = Sandbox::start(data.path());
     game.enter_alpha();
-    let interrupted = Command::new("kill").args(["-INT", &game.child.id().to_string()]).status().expect("kill runs");
-    assert!(interrupted.success());
+    let signalled = Command::new("kill").args([signal, &game.child.id().to_string()]).status().expect("kill runs");
+    assert!(signalled.success());
     game.expect("visit-closed world=alpha visit=1");
     game.expect("saved world=alpha visit=1");
-    assert!(data.path().join("alpha").join("sandbox.json").is_file(), "the save is on disk");
-    assert_eq!(game.wait_exit().code(), Some(130), "Ctrl+C's exit code, after the save");
+    assert!(data.path().join("alpha").join("sandbox.json").is_file(), "the save is on disk ({signal})");
+    assert_eq!(game.wait_exit().code(), Some(130), "Ctrl+C's exit code, after the save ({signal})");
 }
 
 #[test]

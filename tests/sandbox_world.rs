@@ -212,6 +212,22 @@ fn travel_during_build_tower_stops_it_with_location_changed_and_the_count_is_kep
 }
 
 #[test]
+fn walking_into_a_column_solid_up_to_the_nether_roof_is_a_wall_the_player_never_climbs_into() {
+    let mut state = WorldState::generate("alpha", palette());
+    let start = state.arrive(Dimension::Nether);
+    let netherrack = state.palette().id("netherrack").expect("in the palette");
+    let next = Pos { x: start.x + 1, ..start };
+    for y in start.y..=127 {
+        state.set(Dimension::Nether, Pos { y, ..next }, netherrack);
+    }
+    assert_eq!(state.walk(Dimension::Nether, 1, 0), start, "a wall: the player stays");
+    assert_eq!(state.player(Dimension::Nether), start);
+    // The control: with one free cell at the top, the step climbs the column.
+    state.set(Dimension::Nether, Pos { y: 127, ..next }, world::AIR);
+    assert_eq!(state.walk(Dimension::Nether, 1, 0), Pos { y: 127, ..next });
+}
+
+#[test]
 fn build_tower_in_the_nether_says_how_many_blocks_fit_under_its_roof() {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut app = sandbox(dir.path());
@@ -335,7 +351,13 @@ fn a_save_from_a_newer_sandbox_is_neither_loaded_nor_saved_over() {
     let refused = err(call(&mut app, "world_info", json!({})));
     assert!(refused.message.contains("newer sandbox"), "{}", refused.message);
     app.exit_world();
-    wait_saved(&mut app);
+    let mut result = None;
+    app.run_until("the visit's save reported", |app| {
+        result = app.world_mut().resource_mut::<Messages<VisitSaved>>().drain().next().map(|saved| saved.result);
+        result.is_some()
+    });
+    let refused = result.and_then(Result::err).map(|error| error.to_string()).expect("not reported as saved");
+    assert!(refused.contains("newer sandbox") && refused.contains("nothing was saved"), "{refused}");
     let after = std::fs::read(dir.path().join("alpha").join("sandbox.json")).expect("the save");
     assert_eq!(before, after, "left as it is");
 }

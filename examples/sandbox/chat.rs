@@ -57,7 +57,6 @@ pub fn with_flags(config: SessionConfig, keep: bool, ask: bool) -> SessionConfig
 #[derive(Resource, Clone)]
 struct Chat {
     commands: UnboundedSender<ChatCommand>,
-    current: Arc<Mutex<Option<AgentSession>>>,
     /// The command task's answers, for [`ChatAnswered`].
     answers: crossbeam_channel::Receiver<ChatAnswered>,
 }
@@ -81,13 +80,11 @@ impl Plugin for ChatPlugin {
         let (answered, answers) = crossbeam_channel::unbounded();
         let current = Arc::new(Mutex::new(None));
         runtime.spawn(run(sessions, config, inbox, current.clone(), answered));
-        app.insert_resource(Chat { commands, current, answers })
+        app.insert_resource(ChatStatus(Some(Arc::new(status_of(current)))))
+            .insert_resource(Chat { commands, answers })
             .add_message::<ChatAnswered>()
             .add_systems(Update, forward_commands)
-            .add_systems(
-                PostUpdate,
-                (print_chat, update_status, publish_answers).after(bevy_agent_tools::AgentToolsSet::Pump),
-            );
+            .add_systems(PostUpdate, (print_chat, publish_answers).after(bevy_agent_tools::AgentToolsSet::Pump));
     }
 }
 
@@ -243,12 +240,15 @@ fn print_chat(
     }
 }
 
-/// Keeps `status`'s chat part current: the session, its status and usage.
-fn update_status(chat: Res<Chat>, mut status: ResMut<ChatStatus>) {
-    let Some(session) = chat.current.lock().clone() else { return };
-    let usage = match session.usage() {
-        Some(usage) => format!("{}/{}", usage.used_tokens, usage.context_tokens),
-        None => "none".into(),
-    };
-    status.0 = Some(format!("chat={} chat-status={} usage={usage}", session.id(), session.status()));
+/// `status`'s chat part, read when it is asked for (so it says what a command answered before it left: after
+/// `ok forgot`, no session): the current session, its status and usage.
+fn status_of(current: Arc<Mutex<Option<AgentSession>>>) -> impl Fn() -> Option<String> + Send + Sync {
+    move || {
+        let session = current.lock().clone()?;
+        let usage = match session.usage() {
+            Some(usage) => format!("{}/{}", usage.used_tokens, usage.context_tokens),
+            None => "none".into(),
+        };
+        Some(format!("chat={} chat-status={} usage={usage}", session.id(), session.status()))
+    }
 }

@@ -192,9 +192,12 @@ pub struct ChatRequest(pub ChatCommand);
 #[cfg_attr(not(feature = "window"), allow(dead_code))] // Read by the window only.
 pub struct WindowRequest(pub WindowCommand);
 
-/// What `status` says of the in-game agent session, kept current by the chat module.
+/// What `status` says of the in-game agent session, read from the chat module when asked (`None` without one).
 #[derive(Resource, Default)]
-pub struct ChatStatus(pub Option<String>);
+pub struct ChatStatus(pub Option<ReadChatStatus>);
+
+/// Reads the chat part of `status` now.
+pub type ReadChatStatus = std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 impl Command {
     /// Decodes one line of input: `Ok(None)` for a blank line (ignored), `Err` with the text of the `error:` line
@@ -347,7 +350,7 @@ fn read_command(
             }
             None => Err("no world is open".into()),
         },
-        Command::Status => Ok(match &chat.status.0 {
+        Command::Status => Ok(match chat.status.0.as_ref().and_then(|read| read()) {
             Some(chat) => format!("{} {chat}", status(&player, &binding, &summary)),
             None => status(&player, &binding, &summary),
         }),

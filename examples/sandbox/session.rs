@@ -50,7 +50,7 @@ impl Visit {
     pub fn state(&mut self) -> Result<&mut WorldState, ToolError> {
         if self.state.is_none() {
             // A save a newer sandbox wrote is neither read as this one's nor saved over.
-            if let Some(format) = self.save.get().map(|doc| doc.format).filter(|format| *format > SAVE_FORMAT) {
+            if let Some(format) = self.newer_save() {
                 return Err(ToolError::internal(format!(
                     "world `{}` was saved by a newer sandbox (save format {format}; this one reads {SAVE_FORMAT}): \
                      it is not loaded, and its save is left as it is",
@@ -68,6 +68,11 @@ impl Visit {
             self.state = Some(state);
         }
         self.state.as_mut().ok_or_else(|| ToolError::internal("the world state vanished"))
+    }
+
+    /// The save's format, if a newer sandbox wrote it.
+    fn newer_save(&self) -> Option<u32> {
+        self.save.get().map(|doc| doc.format).filter(|format| *format > SAVE_FORMAT)
     }
 
     /// Where the player stands, how many notes and changed cells the world has.
@@ -197,9 +202,14 @@ impl WorldLifecycle for Sandbox {
         let Some(state) = session.state else {
             // No tool ran and no frame saw the save loaded: nothing changed, and the files stay as they are. A
             // world that failed to load says so rather than "saved".
-            return match session.ready.result() {
-                Some(Err(error)) => Completion::failed(format!(
+            return match (session.ready.result(), session.newer_save()) {
+                (Some(Err(error)), _) => Completion::failed(format!(
                     "world `{}` did not load ({error}): nothing was saved, its files are as they were",
+                    session.world
+                )),
+                (_, Some(format)) => Completion::failed(format!(
+                    "world `{}` was saved by a newer sandbox (save format {format}): nothing was saved, its files \
+                     are as they were",
                     session.world
                 )),
                 _ => Completion::done(),

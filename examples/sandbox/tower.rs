@@ -117,6 +117,8 @@ async fn tower(ctx: CallContext<Visit>, args: TowerArgs, palette: Arc<Palette>) 
     // One block per frame: the host runs the step once each frame, rechecking the call (a travel, an exit or a
     // cancel stops it before the next block) as it does every main-thread step.
     let placed = Arc::new(AtomicU32::new(0));
+    // Said before the first block too: a travel, an exit or a cancel may end the call before it.
+    ctx.set_detail("placed", 0);
     let (progress, counted, step_log) = (ctx.clone(), placed.clone(), log.clone());
     let built = ctx
         .every_frame(move |_world, visit| {

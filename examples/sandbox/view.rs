@@ -32,6 +32,18 @@ pub struct WorldView {
     pub snapshot_times: Vec<Duration>,
 }
 
+/// The most times kept between two `frames` commands (at 60 frames a second, about half an hour of frames): the
+/// oldest half goes when a window is left running without anyone asking.
+pub const TIMES_KEPT: usize = 100_000;
+
+/// Adds `time` to `times`, within [`TIMES_KEPT`].
+pub fn record_time(times: &mut Vec<Duration>, time: Duration) {
+    if times.len() >= TIMES_KEPT {
+        times.drain(..TIMES_KEPT / 2);
+    }
+    times.push(time);
+}
+
 impl WorldView {
     /// Called by `tick` each frame while the world is loaded.
     pub fn feed(&mut self, visit: VisitId, dimension: Dimension, state: &mut WorldState) {
@@ -62,7 +74,7 @@ impl WorldView {
     fn snapshot(&mut self, state: &WorldState, key: ChunkKey) {
         let started = Instant::now();
         self.snapshots.push(state.chunk_blocks(key));
-        self.snapshot_times.push(started.elapsed());
+        record_time(&mut self.snapshot_times, started.elapsed());
     }
 
     /// Called when the visit closes: nothing is shown until the next one feeds.
@@ -81,6 +93,17 @@ mod tests {
     fn world() -> WorldState {
         let palette = Palette::parse(include_str!("../../assets/palette.json")).expect("the palette");
         WorldState::generate("alpha", Arc::new(palette))
+    }
+
+    #[test]
+    fn times_left_unread_stay_within_their_bound_and_the_newest_are_kept() {
+        let mut times = Vec::new();
+        for n in 0..TIMES_KEPT as u64 * 3 {
+            record_time(&mut times, Duration::from_nanos(n));
+        }
+        assert!(times.len() <= TIMES_KEPT, "{}", times.len());
+        assert_eq!(times.last(), Some(&Duration::from_nanos(TIMES_KEPT as u64 * 3 - 1)));
+        assert!(times.windows(2).all(|pair| pair[0] < pair[1]), "in order");
     }
 
     #[test]

@@ -293,7 +293,8 @@ impl WorldState {
     /// Sets the block at `pos` (in bounds), and returns its new version. The player, if standing in that column,
     /// is pushed up out of a solid block or falls onto the next solid one.
     pub fn set(&mut self, dimension: Dimension, pos: Pos, block: BlockId) -> u64 {
-        let version = self.block(dimension, pos).version + 1;
+        // (A save can hold any version: at the largest it stays there.)
+        let version = self.block(dimension, pos).version.saturating_add(1);
         let layer = &mut self.layers[dimension.index()];
         layer.edits.entry((pos.x, pos.z)).or_default().insert(pos.y, Cell { block, version });
         // The cell's chunk, and a neighbour whose edge ring shows it.
@@ -324,12 +325,16 @@ impl WorldState {
     }
 
     /// Moves the player one step across the ground (dx and dz in -1..=1), climbing or falling to the ground of
-    /// the column they step into; they stay inside the world's bounds.
+    /// the column they step into; they stay inside the world's bounds. A column solid up to the top of the world
+    /// (the nether's roof, over a tower built up to it) is a wall: the player stays where they are.
     pub fn walk(&mut self, dimension: Dimension, dx: i32, dz: i32) -> Pos {
         let from = self.player(dimension);
         let x = (from.x + dx.clamp(-1, 1)).clamp(*XZ_BOUNDS.start(), *XZ_BOUNDS.end());
         let z = (from.z + dz.clamp(-1, 1)).clamp(*XZ_BOUNDS.start(), *XZ_BOUNDS.end());
         let to = self.settle(dimension, Pos { x, y: from.y, z });
+        if self.palette.is_solid(self.block(dimension, to).block) {
+            return from;
+        }
         self.layers[dimension.index()].player = Some(to);
         to
     }

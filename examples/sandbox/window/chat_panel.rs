@@ -71,11 +71,14 @@ pub fn type_keys(
     mut requests: MessageWriter<ChatRequest>,
     agents: Option<Res<AgentSessions>>,
 ) {
+    // On a copy: `Focus` is marked changed only when it changed (the Esc that leaves the world looks for that).
+    let mut now = *focus;
     for key in keys.read().filter(|key| key.state.is_pressed()) {
-        if let Some(command) = panel.press(&key.logical_key, key.key_code, &mut focus, agents.is_some()) {
+        if let Some(command) = panel.press(&key.logical_key, key.key_code, &mut now, agents.is_some()) {
             requests.write(ChatRequest(command));
         }
     }
+    focus.set_if_neq(now);
 }
 
 /// What the chat module answered to the panel's texts: a refused one says so.
@@ -326,6 +329,42 @@ mod tests {
         assert_eq!(sent, [ChatCommand::Say("build a yellow tower on sand".into())]);
         assert_eq!(typed(&mut panel, &mut focus, "n"), [ChatCommand::Deny(7)], "the empty line answers");
         assert!(panel.render().contains("[denied run tests]"), "{}", panel.render());
+    }
+
+    /// The Esc that leaves the world (`keys::transitions`, next in the chain) only counts when the keys before it
+    /// did not change where the keyboard goes: a key that leaves the focus as it was must not mark it changed.
+    #[test]
+    fn keys_that_leave_the_focus_as_it_was_do_not_mark_it_changed() {
+        #[derive(Resource, Default)]
+        struct Seen(Vec<bool>);
+        let mut app = App::new();
+        app.add_message::<KeyboardInput>()
+            .add_message::<ChatRequest>()
+            .init_resource::<Focus>()
+            .init_resource::<ChatPanel>()
+            .init_resource::<Seen>()
+            .add_systems(
+                Update,
+                (type_keys, |focus: Res<Focus>, mut seen: ResMut<Seen>| seen.0.push(focus.is_changed())).chain(),
+            );
+        app.update();
+        let mut press = |key: Key, key_code: KeyCode| {
+            app.world_mut().write_message(KeyboardInput {
+                key_code,
+                logical_key: key,
+                state: bevy::input::ButtonState::Pressed,
+                text: None,
+                repeat: false,
+                window: Entity::PLACEHOLDER,
+            });
+            app.update();
+            *app.world().resource::<Focus>()
+        };
+        assert_eq!(press(Key::Escape, KeyCode::Escape), Focus::World);
+        assert_eq!(press(Key::Character("t".into()), KeyCode::KeyT), Focus::Chat);
+        assert_eq!(press(Key::Escape, KeyCode::Escape), Focus::World);
+        let seen = &app.world().resource::<Seen>().0;
+        assert_eq!(seen[1..], [false, true, true], "changed when the panel opened and when Esc closed it, only");
     }
 
     #[test]

@@ -93,7 +93,7 @@ pub fn sync_chunks(
         let key = snapshot.key;
         let started = Instant::now();
         let mesh = chunk_mesh(&snapshot, &palette.0);
-        shown.mesh_times.push(started.elapsed());
+        crate::view::record_time(&mut shown.mesh_times, started.elapsed());
         let old = shown.entities.remove(&key);
         if let Some(entity) = old {
             commands.entity(entity).despawn();

@@ -12,9 +12,10 @@ use super::chat_panel::ChatPanelText;
 use super::chunks::ChunkMeshes;
 use super::hud::HudText;
 use crate::console::{say, WindowCommand, WindowRequest};
-use crate::view::WorldView;
+use crate::view::{record_time, WorldView};
 
-/// Every frame's length since the last `frames`, and the time the host's systems took in each.
+/// Every frame's length since the last `frames` (the newest [`TIMES_KEPT`](crate::view::TIMES_KEPT)), and the
+/// time the host's systems took in each.
 #[derive(Resource, Default)]
 pub struct FrameTimes {
     frames: Vec<Duration>,
@@ -24,7 +25,7 @@ pub struct FrameTimes {
 
 pub fn record_frame(time: Res<Time<Real>>, mut frames: ResMut<FrameTimes>) {
     if time.delta() > Duration::ZERO {
-        frames.frames.push(time.delta());
+        record_time(&mut frames.frames, time.delta());
     }
 }
 
@@ -37,7 +38,7 @@ pub fn host_started(mut frames: ResMut<FrameTimes>) {
 /// schedule; an upper bound).
 pub fn host_finished(mut frames: ResMut<FrameTimes>) {
     if let Some(started) = frames.host_started.take() {
-        frames.host.push(started.elapsed());
+        record_time(&mut frames.host, started.elapsed());
     }
 }
 
