@@ -299,13 +299,11 @@ pub(crate) fn describe(endpoint: &OpenAiEndpoint, error: OpenAIError) -> ToolErr
         OpenAIError::Reqwest(error) if error.is_connect() => {
             unavailable(format!("could not connect to {url}: {}", source_chain(&error)))
         }
-        // The client's only timeout is its connect timeout (the session's start timeout): silence once connected
-        // is the stall timeout's, which says so itself.
-        OpenAIError::Reqwest(error) if error.is_timeout() => ToolError::with_code(
-            ErrorCode::Timeout,
-            format!("could not connect to {url} in time: {}", source_chain(&error)),
-        )
-        .with_detail("url", &url),
+        // The client's only timeout is its connect timeout (the session's start timeout): the endpoint could not be
+        // reached. Silence once connected is the stall timeout's, which says so itself.
+        OpenAIError::Reqwest(error) if error.is_timeout() => {
+            unavailable(format!("could not connect to {url} in time: {}", source_chain(&error)))
+        }
         OpenAIError::Reqwest(error) => unavailable(format!("the request to {url} failed: {}", source_chain(&error))),
         OpenAIError::ApiError(api) => {
             let status = api.status_code.as_u16();

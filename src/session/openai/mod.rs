@@ -251,7 +251,9 @@ impl Shared {
         request
     }
 
-    /// Adds the turn's messages to the history and writes it (durably, before the turn's end is reported).
+    /// Adds the turn's messages to the history and writes it (durably, before the turn's end is reported). A
+    /// write that fails (a full disk) is logged as an error and the turn still ends: the history in memory goes
+    /// on, and the file keeps the last one written (what a resume after a restart finds).
     async fn commit(&self, messages: Vec<Value>) {
         let snapshot = {
             let mut history = self.history.lock();

@@ -191,7 +191,7 @@ async fn stream_round(
         opened = opening => opened,
     };
     let mut stream: StreamResponse<Chunk> = match opened {
-        Err(_elapsed) => return Err(stalled(shared)),
+        Err(_elapsed) => return Err(stalled(shared, open_bound)),
         Ok(Err(error)) => return Err(describe(endpoint, error)),
         Ok(Ok(stream)) => stream,
     };
@@ -207,7 +207,7 @@ async fn stream_round(
             next = tokio::time::timeout(stall, stream.next()) => next,
         };
         let chunk = match next {
-            Err(_elapsed) => return Err(stalled(shared)),
+            Err(_elapsed) => return Err(stalled(shared, stall)),
             Ok(None) => break,
             Ok(Some(Err(error))) => return Err(describe(endpoint, error)),
             Ok(Some(Ok(chunk))) => chunk,
@@ -281,13 +281,11 @@ async fn stream_round(
     Ok(RoundEnd::Done { text, calls, finish })
 }
 
-fn stalled(shared: &Shared) -> ToolError {
+/// `waited`: the stall timeout, or while the request opens, that and the bounded retries' waits.
+fn stalled(shared: &Shared, waited: std::time::Duration) -> ToolError {
     let url = shared.endpoint.completions_url();
-    ToolError::with_code(
-        ErrorCode::Timeout,
-        format!("{url} sent nothing for {:?}: the request was abandoned", shared.endpoint.stall_timeout),
-    )
-    .with_detail("url", &url)
+    ToolError::with_code(ErrorCode::Timeout, format!("{url} sent nothing for {waited:?}: the request was abandoned"))
+        .with_detail("url", &url)
 }
 
 /// The request for one tool call of the model's, or the error it reads instead (arguments that are not a JSON
