@@ -220,6 +220,7 @@ impl HostShared {
                 tool.info().name
             ));
         }
+        crate::tool::check_name(tool.info())?;
         crate::tool::check_arguments(tool.info())?;
         self.tools.insert(tool);
         self.tool_registered.notify_waiters();

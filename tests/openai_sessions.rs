@@ -51,6 +51,8 @@ enum Piece {
     Stall,
     /// Breaks the connection, as a server that crashed mid-answer.
     Break,
+    /// Ends the body here, cleanly but without `data: [DONE]` (a proxy that closed it mid-answer).
+    Close,
     /// Waits this long before the next piece.
     Wait(Duration),
 }
@@ -257,6 +259,12 @@ async fn completions(
                     Some(Piece::Break) => {
                         watch.1 = true;
                         return Some((Err(std::io::Error::other("the server crashed")), (pieces, watch)));
+                    }
+                    Some(Piece::Close) => {
+                        // Nothing more, and no `[DONE]` (the arm for the end sends it only when this is unset).
+                        watch.1 = true;
+                        pieces.clear();
+                        String::new()
                     }
                     None if !watch.1 => {
                         watch.1 = true;
@@ -1240,6 +1248,20 @@ fn a_connection_broken_mid_answer_fails_the_turn_and_leaves_the_history() {
     assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
     assert_eq!(session.status(), ConversationStatus::Error);
     resumes_with_the_failed_turn_left_out(&game, &server, &session);
+}
+
+#[test]
+fn an_answer_cut_short_before_its_end_fails_the_turn_and_runs_none_of_its_calls() {
+    let (_data, server, game, session) = after_one_turn();
+    server.reply(Reply::Stream(vec![text("half a sen"), call(0, "a", "bump", "{\"by\":1}"), Piece::Close]));
+    let (code, message) = code_of(game.block_on(session.send_text("two")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert_eq!(game.counter(), 0, "the call of an answer cut short never ran");
+    resumes_with_the_failed_turn_left_out(&game, &server, &session);
+    // A server that sends no `[DONE]` after its finish_reason: the answer stands.
+    server.reply(Reply::Stream(vec![text("whole"), finish("stop"), Piece::Close]));
+    let turn = game.block_on(session.send_text("four")).expect("a turn");
+    assert_eq!((turn.final_message.as_deref(), turn.stop_reason), (Some("whole"), StopReason::EndTurn));
 }
 
 #[test]

@@ -94,8 +94,20 @@ fn h12_failed_outcome_is_retained_the_same_way() {
 
 #[test]
 fn h12_changed_arguments_conflict_and_run_nothing_but_reordered_keys_do_not() {
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    #[allow(dead_code)]
+    struct Noted {
+        by: u64,
+        /// Anything: nested keys and numbers, spelt differently from one retry to the next.
+        note: Value,
+    }
     let executions = Arc::new(AtomicUsize::new(0));
-    let mut app = app_with(TestGame::default(), vec![bump_tool("count", ToolScope::World, executions.clone(), None)]);
+    let counted = executions.clone();
+    let count = AgentTool::new("count", "Counts.", move |_: CallContext<Session>, _: Noted| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move { Ok(()) }
+    });
+    let mut app = app_with(TestGame::default(), vec![count]);
     app.enter_world("alpha");
     let conversation = app.agent().conversation("a");
     let args: Value = serde_json::from_str(r#"{"by": 3, "note": {"a": 1, "b": 2.0}}"#).expect("json");

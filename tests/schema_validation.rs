@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::AgentTestAppExt;
-use bevy_agent_tools::DestructiveGuard;
+use bevy_agent_tools::{CallRequest, DestructiveGuard};
 use common::*;
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -155,6 +155,36 @@ fn a_tool_with_an_argument_of_a_reserved_name_is_refused_at_registration() {
     let unit = AgentTool::new("unit", "Nothing.", |_: CallContext<Session>, _: ()| async move { Ok(()) });
     let refused = app.agent().register_tool(unit).expect_err("not an object");
     assert!(refused.message.contains("not an object"), "{}", refused.message);
+}
+
+#[test]
+fn an_argument_the_tool_does_not_have_is_invalid_input_naming_it_rather_than_dropped() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut app = app_with(TestGame::default(), vec![paddle(ran.clone())]);
+    app.enter_world("alpha");
+    let info = app.agent().tools().into_iter().find(|tool| tool.name == "move_paddle").expect("listed");
+    assert_eq!(info.client_input_schema()["additionalProperties"], false, "published as refused");
+    // A misspelt guard field (`expectedVersion` for `expected_version`) would skip the check it asks for.
+    let misspelt = with("expectedVersion", json!(3));
+    let error = app.agent().conversation("a").call("move_paddle", misspelt).try_outcome().expect("at once");
+    let error = error.expect_err("refused");
+    assert_eq!(error.code, ErrorCode::InvalidInput);
+    assert_eq!(error.details.extra["field"], "expectedVersion", "{error:?}");
+    assert_eq!(error.details.extra["schema_keyword"], "additionalProperties", "{error:?}");
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    // The reserved arguments are not the tool's and are still taken (the transports take them out first).
+    let keyed = CallRequest::from_wire("move_paddle", with("operation_id", json!("op-1"))).expect("a request");
+    let call = app.agent().conversation("a").request(keyed);
+    assert!(app.run_until_resolved(&call).is_ok());
+}
+
+#[test]
+fn a_tool_named_as_the_transports_own_is_refused_at_registration() {
+    let app = app_with(TestGame::default(), vec![]);
+    let twin =
+        AgentTool::new("begin_conversation", "Mine.", |_: CallContext<Session>, _: NoArgs| async move { Ok(()) });
+    let refused = app.agent().register_tool(twin).expect_err("clients would see two");
+    assert!(refused.message.contains("`begin_conversation`"), "{}", refused.message);
 }
 
 #[test]

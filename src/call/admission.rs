@@ -129,10 +129,10 @@ fn admit_inner(
         error
     };
     let tool = host.tools.get(&request.tool).map_err(rejected)?;
+    let info = tool.info();
     let confirmed = request.arguments.get("confirm") == Some(&Value::Bool(true));
     let canonical = request.operation.as_ref().map(|_| canonical_arguments(&request.arguments));
     let prepared = tool.prepare(request.arguments).map_err(rejected)?;
-    let info = tool.info();
     if info.requires_confirmation && !confirmed {
         return Err(rejected(require_confirmation(false).unwrap_err()));
     }

@@ -18,7 +18,7 @@ use super::security::generate_token;
 use crate::error::{ErrorCode, ToolError};
 
 /// The built-in tool that mints a handle.
-pub(crate) const BEGIN_CONVERSATION: &str = "begin_conversation";
+pub(crate) use crate::tool::BEGIN_CONVERSATION;
 /// The reserved argument carrying a handle.
 pub(crate) use crate::tool::CONVERSATION;
 /// How many handles are remembered; the oldest are forgotten beyond (a client that comes back with one gets

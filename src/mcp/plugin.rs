@@ -146,7 +146,7 @@ impl McpPlugin {
     /// Checks the configuration as start-up will.
     pub fn validate(&self) -> Result<(), McpConfigError> {
         security::check_bind(self.address, self.allow_non_loopback)?;
-        if self.token.as_deref().is_some_and(|token| token.len() < 16) {
+        if self.token.as_deref().is_some_and(|token| token.chars().count() < 16) {
             return Err(McpConfigError("the MCP token must be at least 16 characters".into()));
         }
         Ok(())

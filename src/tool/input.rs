@@ -6,12 +6,42 @@ use serde_json::Value;
 
 use crate::error::{ErrorCode, ToolError};
 
-/// The JSON schema of `T` as clients get it: schemars' output, made to speak to a model rather than to a Rust
-/// developer (see [`publishable`]).
-pub(crate) fn schema_of<T: JsonSchema>() -> Value {
+/// The JSON schema of a tool's arguments `T` as clients get it: schemars' output, made to speak to a model rather
+/// than to a Rust developer (see [`publishable`]), and closed: an argument the tool does not have is refused with
+/// `INVALID_INPUT` naming it (see [`close`]), rather than dropped by serde without a word (a misspelt
+/// `expectedVersion` would skip the version check it asks for).
+pub(crate) fn input_schema_of<T: JsonSchema>() -> Value {
     let mut schema = schemars::SchemaGenerator::default().into_root_schema_for::<T>().to_value();
     publishable(&mut schema);
+    close(&mut schema);
     schema
+}
+
+/// The JSON schema of a tool's output `O` as clients get it: what `O` serializes to (schemars' serialize
+/// contract: a field serde skips when empty is not `required`, as it would be for deserializing).
+pub(crate) fn output_schema_of<O: JsonSchema>() -> Value {
+    let settings = schemars::generate::SchemaSettings::default().for_serialize();
+    let mut schema = settings.into_generator().into_root_schema_for::<O>().to_value();
+    publishable(&mut schema);
+    schema
+}
+
+/// Keywords at an object schema's root under which it takes other properties, or is made of other schemas: such
+/// a schema is left open.
+const OPEN_KEYWORDS: &[&str] =
+    &["additionalProperties", "patternProperties", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "$ref"];
+
+/// Adds `additionalProperties: false` to a plain object schema (`properties`, and none of [`OPEN_KEYWORDS`]): a
+/// struct of arguments, flattened helpers included (schemars merges their properties). The reserved arguments the
+/// transports take out before validation, and `confirm`, are among the properties clients are shown.
+pub(crate) fn close(schema: &mut Value) {
+    let Value::Object(root) = schema else { return };
+    let plain = root.get("type") == Some(&Value::String("object".into()))
+        && root.get("properties").is_some_and(Value::is_object)
+        && !OPEN_KEYWORDS.iter().any(|keyword| root.contains_key(*keyword));
+    if plain {
+        root.insert("additionalProperties".into(), Value::Bool(false));
+    }
 }
 
 /// The `format`s schemars writes for Rust's integer and float types. JSON Schema 2020-12 defines none of them, so
@@ -277,13 +307,33 @@ mod tests {
 
     #[test]
     fn published_schemas_carry_no_rust_docs_of_the_type_and_no_schemars_formats() {
-        let schema = schema_of::<Args>();
+        let schema = input_schema_of::<Args>();
         let text = schema.to_string();
         assert!(schema.get("description").is_none() && schema.get("title").is_none(), "{schema}");
         assert!(!text.contains("serde(flatten)") && !text.contains("Rust docs"), "{schema}");
         assert!(!text.contains("\"format\""), "no int32/uint64/uint8/float formats: {schema}");
         assert_eq!(schema["properties"]["x"]["description"], "West–east.", "fields keep their docs");
         assert_eq!(schema["properties"]["count"]["minimum"], 0, "bounds stay");
+    }
+
+    #[test]
+    fn argument_schemas_are_closed_and_output_schemas_follow_what_serializes() {
+        assert_eq!(input_schema_of::<Args>()["additionalProperties"], false, "flattened helpers included");
+        #[derive(serde::Serialize, JsonSchema)]
+        #[allow(dead_code)]
+        enum Either {
+            A { a: u8 },
+            B { b: u8 },
+        }
+        assert!(input_schema_of::<Either>().get("additionalProperties").is_none(), "a oneOf root is left as it is");
+        #[derive(serde::Serialize, JsonSchema)]
+        #[allow(dead_code)]
+        struct Out {
+            #[serde(skip_serializing_if = "Vec::is_empty")]
+            warnings: Vec<String>,
+            count: u32,
+        }
+        assert_eq!(output_schema_of::<Out>()["required"], json!(["count"]), "`warnings` may be left out");
     }
 
     #[test]

@@ -27,9 +27,9 @@ pub use guard::{check_version, require_confirmation, DestructiveGuard};
 pub(crate) use image::take_images;
 pub use image::ImageContent;
 pub(crate) use registry::ToolRegistry;
-pub(crate) use reserved::check_arguments;
+pub(crate) use reserved::{check_arguments, check_name};
 #[cfg(feature = "mcp")]
-pub(crate) use reserved::CONVERSATION;
+pub(crate) use reserved::{BEGIN_CONVERSATION, CONVERSATION};
 pub use reserved::{OPERATION_ID, TASK_ID};
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -165,8 +165,8 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
             info: ToolInfo {
                 name,
                 description: description.into(),
-                input_schema: input::schema_of::<A>(),
-                output_schema: input::schema_of::<O>(),
+                input_schema: input::input_schema_of::<A>(),
+                output_schema: input::output_schema_of::<O>(),
                 scope: ToolScope::World,
                 annotations: ToolAnnotations::default(),
                 timeout: None,
@@ -211,7 +211,8 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
     /// Refuses calls without `confirm: true` (`CONFIRMATION_REQUIRED`) before anything runs, and adds `confirm`
     /// to the input schema clients see (also for a tool whose arguments are [`NoArgs`]). For destructive tools.
     ///
-    /// The handler never sees `confirm`: the host checks it. Use this when the whole tool is dangerous; flatten a
+    /// The host checks `confirm`; the handler need not have it (its arguments get it like any other, so a
+    /// flattened [`DestructiveGuard`] sees it too). Use this when the whole tool is dangerous; flatten a
     /// [`DestructiveGuard`] into the arguments instead when the handler decides (for example only some targets
     /// need confirming) or also needs `expected_version`.
     ///
@@ -282,7 +283,15 @@ impl<S: Send + Sync + 'static> ErasedTool for AgentTool<S> {
         if let Some(validator) = validator {
             input::validate(&self.info.name, validator, &args)?;
         }
-        (self.start)(args)
+        // The game's own parsing code runs here (`deserialize_with`, `try_from`, defaults): a panic in it is the
+        // call's `INTERNAL`, as a handler's is.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.start)(args))).unwrap_or_else(|panic| {
+            Err(ToolError::internal(format!(
+                "reading the arguments of `{}` panicked: {}",
+                self.info.name,
+                crate::panic::panic_message(&*panic)
+            )))
+        })
     }
 }
 

@@ -19,6 +19,30 @@ pub(crate) const CONVERSATION: &str = "conversation";
 /// these names (it would never get them).
 pub(crate) const RESERVED: [&str; 3] = [OPERATION_ID, TASK_ID, CONVERSATION];
 
+/// The tool the MCP transport adds to every list (a sessionless client's conversation handle).
+pub(crate) const BEGIN_CONVERSATION: &str = "begin_conversation";
+
+/// Refuses a tool named as the transport's own [`BEGIN_CONVERSATION`] (clients would see two and reach only the
+/// transport's) or with no name; warns of a name some clients cannot call: Anthropic's API takes tool names of 1
+/// to 64 letters, digits, `_` and `-` only (the MCP specification also allows `.`, up to 128).
+pub(crate) fn check_name(info: &ToolInfo) -> Result<(), String> {
+    let name = info.name.as_str();
+    if name.is_empty() {
+        return Err("an agent tool needs a name".into());
+    }
+    if name == BEGIN_CONVERSATION {
+        return Err(format!("an agent tool may not be named `{name}`: the MCP transport has a tool of that name"));
+    }
+    let callable = name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !callable {
+        tracing::warn!(
+            tool = name,
+            "some agents cannot call this tool: name tools with 1 to 64 letters, digits, `_` and `-`"
+        );
+    }
+    Ok(())
+}
+
 const OPERATION_HELP: &str = "Optional. A unique id for this operation (e.g. a UUID). If you retry a call with \
 the same operation_id and the same arguments, it runs once and you get the first outcome; different arguments \
 with the same id are refused (OPERATION_CONFLICT). After a TIMEOUT the effect is unknown: inspect the game \

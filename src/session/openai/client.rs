@@ -11,6 +11,7 @@ use async_openai::Client;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::answer_end::DoneWatch;
 use super::OpenAiEndpoint;
 use crate::error::{ErrorCode, ToolError};
 
@@ -172,7 +173,8 @@ const REFUSAL_LIMIT: usize = 64 * 1024;
 /// The most of a whole (not streamed) answer read.
 const WHOLE_ANSWER_LIMIT: usize = 16 * 1024 * 1024;
 
-/// The response as the client can read it. A refusal becomes an `ApiError` with its status and message whatever
+/// The response as the client can read it. A stream is handed on watched for its end ([`DoneWatch`]). A refusal
+/// becomes an `ApiError` with its status and message whatever
 /// shape its body has (llama.cpp's numeric `code`, vLLM's fields at the top level, a plain-text 404), where the
 /// client reads only OpenAI's shape and reports any other as a malformed chunk without the status. A whole JSON
 /// answer to the streamed request (a server or proxy that ignores `stream: true`) becomes the stream it stands
@@ -185,7 +187,16 @@ async fn readable(response: reqwest::Response) -> Result<reqwest::Response, Open
     }
     let content_type = response.headers().get(reqwest::header::CONTENT_TYPE).and_then(|value| value.to_str().ok());
     if !content_type.is_some_and(|value| value.trim_start().to_ascii_lowercase().starts_with("application/json")) {
-        return Ok(response);
+        // The stream, watched for its end (`answer_end`).
+        let mut watched = http::Response::builder().status(status);
+        if let Some(headers) = watched.headers_mut() {
+            *headers = response.headers().clone();
+        }
+        let body = reqwest::Body::wrap_stream(DoneWatch::new(response.bytes_stream()));
+        let watched = watched
+            .body(body)
+            .map_err(|error| OpenAIError::InvalidArgument(format!("could not hand on the answer: {error}")))?;
+        return Ok(reqwest::Response::from(watched));
     }
     let body = read_bounded(response, WHOLE_ANSWER_LIMIT).await?;
     let stream = http::Response::builder()

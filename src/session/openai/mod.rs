@@ -24,6 +24,7 @@
 //!   the history as it was before that turn, or, if tool calls ran in it, with them and their results and a line
 //!   saying the turn failed: the model then knows what it changed in the world).
 
+mod answer_end;
 mod client;
 mod config;
 mod history;

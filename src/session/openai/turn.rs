@@ -209,6 +209,9 @@ async fn stream_round(
         let chunk = match next {
             Err(_elapsed) => return Err(stalled(shared, stall)),
             Ok(None) => break,
+            // The answer said how it finished: what breaks after that (a server that sends no `[DONE]`) takes
+            // nothing from it.
+            Ok(Some(Err(_))) if finish.is_some() => break,
             Ok(Some(Err(error))) => return Err(describe(endpoint, error)),
             Ok(Some(Ok(chunk))) => chunk,
         };
