@@ -120,9 +120,12 @@ impl ToolInfo {
         if let Some(required) = object.get_mut("required").and_then(Value::as_array_mut) {
             required.retain(|name| name.as_str().is_none_or(|name| !images.iter().any(|image| image == name)));
         }
-        // The definition goes too unless something nested still refers to it.
-        let still_used =
-            object.iter().any(|(key, value)| key != "$defs" && value.to_string().contains("/ImageContent\""));
+        // The definition goes too unless something nested still refers to it: a property, or another definition
+        // (a `Vec<Tile>` whose `Tile` holds an image).
+        let refers = |value: &Value| value.to_string().contains("/ImageContent\"");
+        let defined = object.get("$defs").and_then(Value::as_object);
+        let still_used = object.iter().any(|(key, value)| key != "$defs" && refers(value))
+            || defined.is_some_and(|defs| defs.iter().any(|(name, def)| name != "ImageContent" && refers(def)));
         if let (false, Some(defs)) = (still_used, object.get_mut("$defs").and_then(Value::as_object_mut)) {
             defs.remove("ImageContent");
             if defs.is_empty() {
@@ -154,12 +157,41 @@ impl CallRequest {
 fn take_id(map: &mut Map<String, Value>, field: &str) -> Result<Option<String>, ToolError> {
     match map.remove(field) {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::String(id)) if !id.is_empty() && id.len() <= 256 => Ok(Some(id)),
+        Some(Value::String(id)) if !id.is_empty() && id.chars().count() <= 256 => Ok(Some(id)),
         Some(_) => Err(ToolError::with_code(
             ErrorCode::InvalidInput,
             format!("argument `{field}` is invalid: it must be a string of 1 to 256 characters"),
         )
         .with_detail("field", field)
         .with_detail("reason", "not a string of 1 to 256 characters")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use schemars::JsonSchema;
+    use serde::Serialize;
+
+    use crate::{AgentTool, CallContext, ImageContent, NoArgs};
+
+    #[derive(Serialize, JsonSchema)]
+    struct Tile {
+        thumb: ImageContent,
+    }
+
+    #[derive(Serialize, JsonSchema)]
+    struct View {
+        shot: ImageContent,
+        tiles: Vec<Tile>,
+    }
+
+    #[test]
+    fn an_image_definition_still_referred_to_by_another_definition_stays() {
+        let view = AgentTool::new("view", "Looks.", |_: CallContext<()>, _: NoArgs| async move {
+            Ok(View { shot: ImageContent::png(""), tiles: Vec::new() })
+        });
+        let schema = view.info().client_output_schema();
+        assert!(schema["properties"].get("shot").is_none(), "the top-level image travels as content: {schema}");
+        assert!(schema["$defs"].get("ImageContent").is_some(), "`Tile` still refers to it: {schema}");
     }
 }
