@@ -409,6 +409,30 @@ fn the_session_api_works_awaited_on_an_executor_that_is_not_tokio() {
 }
 
 #[test]
+fn an_agent_that_answers_a_turn_with_an_error_fails_that_turn_only_and_takes_the_next_text() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("the session starts");
+    let id = session.id().to_string();
+    game.block_on(session.send_text("hello")).expect("a turn");
+    let (code, message) = code_of(game.block_on(session.send_text("refuse provider overloaded")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert!(message.contains("provider overloaded"), "the agent's words: {message}");
+    game.log.wait_for(&format!("error {id} AGENT_UNAVAILABLE"));
+    assert_eq!(session.status(), ConversationStatus::Idle, "the session is not failed");
+    assert_eq!(dirs.agents_running(), 1, "its agent is kept");
+    let next = game.block_on(session.send_text("history")).expect("the next text is taken");
+    // (The refused turn is not one it remembers.)
+    assert_eq!(next.final_message.as_deref(), Some("I remember 2 turns"), "by the same agent session");
+
+    // An agent that answers a cancelled turn with ACP's "request cancelled" error: the turn was cancelled.
+    let waiting = game.block_on(session.start_turn("wait-error")).expect("sent");
+    assert!(session.cancel());
+    assert_eq!(game.block_on(waiting).expect("it ends").stop_reason, StopReason::Cancelled);
+    assert_eq!(session.status(), ConversationStatus::Idle);
+}
+
+#[test]
 fn the_status_is_running_while_a_turn_runs_even_one_sent_the_instant_the_last_one_ended() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

@@ -90,7 +90,8 @@ pub enum Attached {
 pub(crate) trait Link: Send + Sync {
     /// The backend's own id of the session (to resume it later).
     fn backend_session(&self) -> &str;
-    /// Sends the player's turn. Its end arrives as [`BackendEvent::TurnEnded`] or [`BackendEvent::TurnFailed`]
+    /// Sends the player's turn. Its end arrives as [`BackendEvent::TurnEnded`], [`BackendEvent::TurnRefused`] or
+    /// [`BackendEvent::TurnFailed`]
     /// with the same `turn`. Called under the session's state lock, like [`cancel`](Self::cancel): it may send
     /// on a channel or spawn a task, never block, and never report through the event sink before it returns.
     fn prompt(&self, turn: u64, blocks: Vec<PromptBlock>) -> Result<(), ToolError>;
@@ -188,8 +189,13 @@ pub(crate) enum BackendEvent {
     Permission { tool: String, reply: oneshot::Sender<PermissionDecision> },
     /// The turn ended.
     TurnEnded { turn: u64, stop: StopReason },
-    /// The turn failed, the agent still running.
+    /// The turn failed and the session with it: the agent is stopped and the status is `Error` until `resume`
+    /// (an OpenAI-compatible endpoint that failed the request; a panic in the turn's loop).
     TurnFailed { turn: u64, error: ToolError },
+    /// The agent answered the turn with an error (its provider's rate limit or overload, a context too long) and
+    /// is still running: the turn fails with `error`, and the session takes the next text.
+    #[cfg_attr(not(feature = "acp"), allow(dead_code))]
+    TurnRefused { turn: u64, error: ToolError },
     /// The connection ended (the agent exited or closed its output); `None` if the backend was asked to close.
     #[cfg_attr(not(feature = "acp"), allow(dead_code))]
     Exited(Option<ToolError>),

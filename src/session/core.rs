@@ -475,7 +475,19 @@ impl SessionCore {
                 BackendEvent::TurnEnded { turn, stop } => {
                     if state.turn.as_ref().is_some_and(|running| running.number == turn) {
                         self.finish_message(&mut state, &mut feed);
-                        ended_turn = state.turn.take().map(|turn| (turn, stop));
+                        ended_turn = state.turn.take().map(|turn| (turn, Ok(stop)));
+                    }
+                }
+                BackendEvent::TurnRefused { turn, error } => {
+                    if state.turn.as_ref().is_some_and(|running| running.number == turn) {
+                        self.finish_message(&mut state, &mut feed);
+                        feed.push(ConversationEvent::ChatError(ChatError {
+                            session: self.id.clone(),
+                            code: error.code.clone(),
+                            message: error.message.clone(),
+                            sequence: 0,
+                        }));
+                        ended_turn = state.turn.take().map(|turn| (turn, Err(error)));
                     }
                 }
                 BackendEvent::TurnFailed { turn, error } => {
@@ -489,8 +501,9 @@ impl SessionCore {
             self.host.publish(&self.id, feed, idle);
         }
         // Commit, then notify: the status is `Idle` before the turn's waiter hears of its end.
-        if let Some((turn, stop)) = ended_turn {
-            let _ = turn.reply.send(Ok(TurnEnd { stop_reason: stop, final_message: turn.last_message }));
+        if let Some((turn, end)) = ended_turn {
+            let end = end.map(|stop_reason| TurnEnd { stop_reason, final_message: turn.last_message });
+            let _ = turn.reply.send(end);
         }
         if let Some(error) = failure {
             self.fail(error);

@@ -22,7 +22,8 @@
 //! - **The session is a conversation** (§6): its id is the conversation's, and its status is the conversation's
 //!   status machine, published as [`ConversationStatusChanged`](crate::ConversationStatusChanged) with sequence
 //!   numbers. `send_text` sets `Running` (source `Host`); while one of its agent's tool calls runs in the game it
-//!   is `WaitingToolResult`; the turn's end sets `Idle`; a backend failure sets `Error`; `end` sets `Ended`, once.
+//!   is `WaitingToolResult`; the turn's end sets `Idle` (also a turn an ACP agent answered with an error of its
+//!   own: the agent stays); a backend failure sets `Error`; `end` sets `Ended`, once.
 //!   Status changes and chat events are published in the order the session decided them, whatever thread they
 //!   came from: a turn's `Idle` never lands after the next turn's `Running`, nor a failure's `Error` after the
 //!   resume that followed it.

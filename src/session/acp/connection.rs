@@ -19,7 +19,7 @@ use tokio::sync::{oneshot, watch};
 use super::updates::{self, Replay};
 use super::{quirks, Command};
 use crate::error::{ErrorCode, ToolError};
-use crate::session::backend::{Attached, BackendEvent, EventSink, PromptBlock, Setup};
+use crate::session::backend::{Attached, BackendEvent, EventSink, PromptBlock, Setup, StopReason};
 
 /// The connection's end, once it ended: `Some(why)` for a failure (exit status, stderr tail), `Some("")` for a
 /// clean end.
@@ -261,8 +261,15 @@ async fn run(
                                 format!("the agent stopped during the turn: {why}"),
                             )))
                         }
+                        // Some agents answer a cancelled prompt with ACP's "request cancelled" error rather than
+                        // the `cancelled` stop reason.
+                        Err(error) if error.code == agent_client_protocol::ErrorCode::REQUEST_CANCELLED => {
+                            BackendEvent::TurnEnded { turn, stop: StopReason::Cancelled }
+                        }
+                        // The agent's own trouble (its provider's rate limit, a context too long): this turn fails,
+                        // the agent stays, and the player may send again.
                         Err(error) => {
-                            BackendEvent::TurnFailed { turn, error: unavailable("the agent failed the turn", &error) }
+                            BackendEvent::TurnRefused { turn, error: unavailable("the agent failed the turn", &error) }
                         }
                     };
                     sink(event);
