@@ -481,12 +481,7 @@ impl SessionCore {
                 BackendEvent::TurnRefused { turn, error } => {
                     if state.turn.as_ref().is_some_and(|running| running.number == turn) {
                         self.finish_message(&mut state, &mut feed);
-                        feed.push(ConversationEvent::ChatError(ChatError {
-                            session: self.id.clone(),
-                            code: error.code.clone(),
-                            message: error.message.clone(),
-                            sequence: 0,
-                        }));
+                        feed.push(self.chat_error(&error));
                         ended_turn = state.turn.take().map(|turn| (turn, Err(error)));
                     }
                 }
@@ -508,6 +503,16 @@ impl SessionCore {
         if let Some(error) = failure {
             self.fail(error);
         }
+    }
+
+    /// What the player is shown of a failed turn.
+    fn chat_error(&self, error: &ToolError) -> ConversationEvent {
+        ConversationEvent::ChatError(ChatError {
+            session: self.id.clone(),
+            code: error.code.clone(),
+            message: error.message.clone(),
+            sequence: 0,
+        })
     }
 
     /// Completes the open message: a `ChatMessage`, and the turn's last message.
@@ -545,12 +550,7 @@ impl SessionCore {
             let link = self.take_connection(&mut state);
             state.stopped.clone_from(&link);
             self.finish_message(&mut state, &mut feed);
-            feed.push(ConversationEvent::ChatError(ChatError {
-                session: self.id.clone(),
-                code: error.code.clone(),
-                message: error.message.clone(),
-                sequence: 0,
-            }));
+            feed.push(self.chat_error(&error));
             self.host.publish(&self.id, feed, Some(ConversationStatus::Error));
             self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
             (link, state.turn.take())
