@@ -330,19 +330,17 @@ impl SessionCore {
         context: Option<String>,
         start: TurnStart,
     ) -> Result<oneshot::Receiver<Result<TurnEnd, ToolError>>, ToolError> {
-        let cancelled = {
-            let mut state = self.state.lock();
-            state.starting.take_if(|starting| starting.id == start.id).is_some_and(|starting| starting.cancelled)
-        };
-        drop(start);
         let (reply, outcome) = oneshot::channel();
-        if cancelled {
-            // Cancelled before it was sent: the agent never saw it.
-            let _ = reply.send(Ok(TurnEnd { stop_reason: super::StopReason::Cancelled, final_message: None }));
-            return Ok(outcome);
-        }
         let (number, prompted) = {
+            // (`start` is dropped after this lock is released: its drop takes it.)
             let mut state = self.state.lock();
+            // Under the lock that makes the turn: a cancel sees the turn being started, or the turn.
+            let starting = state.starting.take_if(|starting| starting.id == start.id);
+            if starting.is_some_and(|starting| starting.cancelled) {
+                // Cancelled before it was sent: the agent never saw it.
+                let _ = reply.send(Ok(TurnEnd { stop_reason: super::StopReason::Cancelled, final_message: None }));
+                return Ok(outcome);
+            }
             self.refusal(&state)?;
             let Some(link) = state.link.clone() else {
                 return Err(ToolError::with_code(ErrorCode::AgentUnavailable, "the session's agent is not connected"));
@@ -480,6 +478,8 @@ impl SessionCore {
                 }
                 BackendEvent::TurnRefused { turn, error } => {
                     if state.turn.as_ref().is_some_and(|running| running.number == turn) {
+                        // Prompts the refused turn left open are its own, not the next turn's.
+                        self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
                         self.finish_message(&mut state, &mut feed);
                         feed.push(self.chat_error(&error));
                         ended_turn = state.turn.take().map(|turn| (turn, Err(error)));

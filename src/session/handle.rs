@@ -327,7 +327,8 @@ impl AgentSession {
 
     /// Cancels the running turn: the agent is asked to stop, and the turn ends (normally with
     /// [`StopReason::Cancelled`](super::StopReason::Cancelled)). A turn still being sent (the game's observation
-    /// for it awaited) is not sent, and ends so at once. Returns whether a turn was running or being sent.
+    /// for it awaited, at most 500 ms) is not sent, and ends so when that wait is over. Returns whether a turn was
+    /// running or being sent.
     pub fn cancel(&self) -> bool {
         self.core.cancel()
     }

@@ -31,13 +31,14 @@ pub(crate) fn output_schema_of<O: JsonSchema>() -> Value {
 const OPEN_KEYWORDS: &[&str] =
     &["additionalProperties", "patternProperties", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "$ref"];
 
-/// Adds `additionalProperties: false` to a plain object schema (`properties`, and none of [`OPEN_KEYWORDS`]): a
-/// struct of arguments, flattened helpers included (schemars merges their properties). The reserved arguments the
-/// transports take out before validation, and `confirm`, are among the properties clients are shown.
+/// Adds `additionalProperties: false` to a plain object schema (none of [`OPEN_KEYWORDS`]): a struct of
+/// arguments, flattened helpers included (schemars merges their properties), or none ([`NoArgs`](crate::NoArgs)).
+/// The reserved arguments the transports take out before validation, and `confirm`, are among the properties
+/// clients are shown. (A field's serde `alias` is not in the schema: a call that uses it is refused.)
 pub(crate) fn close(schema: &mut Value) {
     let Value::Object(root) = schema else { return };
     let plain = root.get("type") == Some(&Value::String("object".into()))
-        && root.get("properties").is_some_and(Value::is_object)
+        && root.get("properties").is_none_or(Value::is_object)
         && !OPEN_KEYWORDS.iter().any(|keyword| root.contains_key(*keyword));
     if plain {
         root.insert("additionalProperties".into(), Value::Bool(false));
@@ -319,6 +320,7 @@ mod tests {
     #[test]
     fn argument_schemas_are_closed_and_output_schemas_follow_what_serializes() {
         assert_eq!(input_schema_of::<Args>()["additionalProperties"], false, "flattened helpers included");
+        assert_eq!(input_schema_of::<crate::NoArgs>()["additionalProperties"], false, "none at all");
         #[derive(serde::Serialize, JsonSchema)]
         #[allow(dead_code)]
         enum Either {

@@ -36,6 +36,11 @@ pub(crate) struct Opened {
 /// out of time names it.
 pub(crate) type StartStep = Arc<parking_lot::Mutex<&'static str>>;
 
+/// The first step: the agent is started and asked to `initialize`.
+fn first_step() -> StartStep {
+    Arc::new(parking_lot::Mutex::new("initialize"))
+}
+
 pub(crate) struct Running {
     pub ready: oneshot::Receiver<Result<Opened, ToolError>>,
     pub step: StartStep,
@@ -60,7 +65,7 @@ pub(crate) fn spawn(
     let (ready_tx, ready) = oneshot::channel();
     let (exit_tx, exit) = watch::channel(None);
     let replay = Replay::default();
-    let step = StartStep::default();
+    let step = first_step();
     let stepping = step.clone();
     let task = runtime.spawn({
         let sink = sink.clone();

@@ -11,8 +11,9 @@ use std::task::{Context, Poll};
 
 use futures_util::Stream;
 
-/// The end marker, as servers send it (with or without the space).
-const MARKERS: [&[u8]; 2] = [b"data: [DONE]", b"data:[DONE]"];
+/// The end marker, as servers send it (with or without the space), at the start of a line: not the same words
+/// inside an answer's text (which is JSON in a `data:` line of its own).
+const MARKERS: [&[u8]; 2] = [b"\ndata: [DONE]", b"\ndata:[DONE]"];
 /// Enough of the previous chunk to find a marker split across two.
 const CARRY: usize = 16;
 
@@ -27,7 +28,8 @@ pub(crate) struct DoneWatch<S> {
 
 impl<S> DoneWatch<S> {
     pub(crate) fn new(body: S) -> Self {
-        Self { body, tail: Vec::new(), done: false, ended: false }
+        // The body's start is a line's start.
+        Self { body, tail: b"\n".to_vec(), done: false, ended: false }
     }
 
     fn scan(&mut self, chunk: &[u8]) {
@@ -111,6 +113,10 @@ mod tests {
         );
         // Split across chunks, and without the space.
         assert_eq!(ends(&["data: {}\n\ndata:[DO", "NE]\n\n"]).len(), 2);
+        assert_eq!(ends(&["data: [DONE]\n\n"]).len(), 1, "at the body's start");
+        // The words inside an answer's text are not its end.
+        let quoted = ends(&["data: {\"content\":\"data: [DONE]\"}\n\n"]);
+        assert_eq!(quoted.last(), Some(&Err(CutShort.to_string())));
         let cut = ends(&["data: {\"choices\":[]}\n\n"]);
         assert_eq!(cut.len(), 2);
         assert_eq!(cut[1], Err(CutShort.to_string()));

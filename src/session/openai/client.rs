@@ -343,7 +343,10 @@ pub(crate) fn describe(endpoint: &OpenAiEndpoint, error: OpenAIError) -> ToolErr
             "{url} sent a malformed chunk ({error}): {}",
             content.chars().take(200).collect::<String>()
         )),
-        OpenAIError::StreamError(error) => unavailable(format!("the stream from {url} broke: {error}")),
+        OpenAIError::StreamError(error) => unavailable(format!(
+            "the stream from {url} broke before the answer's end (a connection closed mid-answer, or a body that \
+             ended without `data: [DONE]` or a finish_reason): {error}"
+        )),
         other => unavailable(format!("the request to {url} failed: {other}")),
     }
 }
