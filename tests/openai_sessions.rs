@@ -736,6 +736,20 @@ fn a_whole_json_answer_from_a_server_that_ignores_stream_is_read_as_the_stream_i
 }
 
 #[test]
+fn a_history_that_cannot_be_saved_is_shown_to_the_player_and_the_turn_still_ends() {
+    let (data, server, game, session) = after_one_turn();
+    let id = session.id().to_string();
+    // Its folder gone (as a full disk or a removed drive would fail the write): the write fails.
+    std::fs::remove_dir_all(data.path().join(&id)).unwrap();
+    server.reply(says("second"));
+    let turn = game.block_on(session.send_text("two")).expect("the turn ends");
+    assert_eq!(turn.final_message.as_deref(), Some("second"));
+    let shown = game.log.wait_for(&format!("error {id} HISTORY_NOT_SAVED"));
+    assert!(shown.contains("could not be saved"), "{shown}");
+    assert_eq!(session.status(), ConversationStatus::Idle, "nothing failed");
+}
+
+#[test]
 fn a_damaged_history_is_kept_aside_when_its_session_starts_anew() {
     let (data, server, game, session) = after_one_turn();
     game.block_on(session.end());

@@ -197,6 +197,10 @@ pub(crate) enum BackendEvent {
     /// is still running: the turn fails with `error`, and the session takes the next text.
     #[cfg_attr(not(feature = "acp"), allow(dead_code))]
     TurnRefused { turn: u64, error: ToolError },
+    /// Something the player should know that fails nothing (an OpenAI-compatible session's history that could
+    /// not be written): shown as a `ChatError`.
+    #[cfg_attr(not(feature = "openai"), allow(dead_code))]
+    Notice(ToolError),
     /// The connection ended (the agent exited or closed its output); `None` if the backend was asked to close.
     #[cfg_attr(not(feature = "acp"), allow(dead_code))]
     Exited(Option<ToolError>),

@@ -490,6 +490,7 @@ impl SessionCore {
                         failure = Some(error);
                     }
                 }
+                BackendEvent::Notice(error) => feed.push(self.chat_error(&error)),
                 BackendEvent::Exited(error) => failure = Some(exit_error(error)),
             }
             let idle = ended_turn.as_ref().map(|_| ConversationStatus::Idle);

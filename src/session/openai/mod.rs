@@ -253,8 +253,9 @@ impl Shared {
     }
 
     /// Adds the turn's messages to the history and writes it (durably, before the turn's end is reported). A
-    /// write that fails (a full disk) is logged as an error and the turn still ends: the history in memory goes
-    /// on, and the file keeps the last one written (what a resume after a restart finds).
+    /// write that fails (a full disk) is logged as an error and shown to the player (a `ChatError`,
+    /// `HISTORY_NOT_SAVED`), and the turn still ends: the history in memory goes on, and the file keeps the last
+    /// one written (what a resume after a restart finds).
     async fn commit(&self, messages: Vec<Value>) {
         let snapshot = {
             let mut history = self.history.lock();
@@ -264,11 +265,26 @@ impl Shared {
         let path = self.history_path.clone();
         let conversation = self.conversation.clone();
         let written = self.runtime.spawn_blocking(move || {
-            if let Err(error) = history::save(&path, &snapshot) {
+            let saved = history::save(&path, &snapshot);
+            if let Err(error) = &saved {
                 tracing::error!(session = %conversation, path = %path.display(), %error, "could not save the session's history");
             }
+            saved.map_err(|error| format!("{}: {error}", path.display()))
         });
-        let _ = written.await;
+        let failed = match written.await {
+            Ok(saved) => saved.err(),
+            Err(error) => Some(error.to_string()),
+        };
+        if let Some(why) = failed {
+            // (A session that ended meanwhile, its folder forgotten, shows nothing: the core drops it.)
+            (self.sink)(BackendEvent::Notice(ToolError::new(
+                "HISTORY_NOT_SAVED",
+                format!(
+                    "the conversation so far could not be saved ({why}): the agent remembers it until the game \
+                     exits, a resume after that starts from the last turn saved"
+                ),
+            )));
+        }
     }
 }
 
