@@ -216,6 +216,25 @@ fn argument_enum_choices_are_enforced_as_published() {
 }
 
 #[test]
+fn argument_enum_on_an_optional_argument_still_takes_null_and_leaving_it_out() {
+    #[derive(Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Trim {
+        colour: Option<String>,
+    }
+    let trim = AgentTool::new("trim", "Trims.", |_: CallContext<Session>, _: Trim| async move { Ok(()) })
+        .argument_enum("colour", ["red", "green"]);
+    let mut app = app_with(TestGame::default(), vec![trim]);
+    app.enter_world("alpha");
+    for args in [json!({ "colour": null }), json!({}), json!({ "colour": "green" })] {
+        let call = app.agent().conversation("a").call("trim", args.clone());
+        assert!(app.run_until_resolved(&call).is_ok(), "{args}");
+    }
+    let error = app.agent().conversation("a").call("trim", json!({ "colour": "blue" })).try_outcome();
+    assert_eq!(error.expect("at once").expect_err("not a choice").details.extra["field"], "colour");
+}
+
+#[test]
 fn requires_confirmation_on_a_tool_without_arguments_publishes_confirm_and_enforces_it() {
     let reset =
         AgentTool::new("reset", "Resets the bricks.", |_: CallContext<Session>, _: NoArgs| async move { Ok(()) })

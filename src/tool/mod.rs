@@ -250,9 +250,17 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
     /// assert_eq!(tool.info().input_schema["properties"]["colour"]["enum"], serde_json::json!(["red", "green"]));
     /// ```
     pub fn argument_enum(mut self, field: &str, values: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        let values: Vec<Value> = values.into_iter().map(|value| Value::String(value.into())).collect();
+        let mut values: Vec<Value> = values.into_iter().map(|value| Value::String(value.into())).collect();
         if let Some(property) = self.info.input_schema.get_mut("properties").and_then(|p| p.get_mut(field)) {
             if let Some(property) = property.as_object_mut() {
+                // An optional argument (`Option<String>`: type `["string", "null"]`) may still be left null.
+                let nullable = match property.get("type") {
+                    Some(Value::Array(types)) => types.iter().any(|kind| kind == "null"),
+                    _ => false,
+                };
+                if nullable {
+                    values.push(Value::Null);
+                }
                 property.insert("enum".into(), Value::Array(values));
             }
         } else {
