@@ -174,11 +174,10 @@ const REFUSAL_LIMIT: usize = 64 * 1024;
 const WHOLE_ANSWER_LIMIT: usize = 16 * 1024 * 1024;
 
 /// The response as the client can read it. A stream is handed on watched for its end ([`DoneWatch`]). A refusal
-/// becomes an `ApiError` with its status and message whatever
-/// shape its body has (llama.cpp's numeric `code`, vLLM's fields at the top level, a plain-text 404), where the
-/// client reads only OpenAI's shape and reports any other as a malformed chunk without the status. A whole JSON
-/// answer to the streamed request (a server or proxy that ignores `stream: true`) becomes the stream it stands
-/// for, so that its text and tool calls are not lost.
+/// becomes an `ApiError` with its status and message whatever shape its body has (llama.cpp's numeric `code`,
+/// vLLM's fields at the top level, a plain-text 404), where the client reads only OpenAI's shape and reports any
+/// other as a malformed chunk without the status. A whole JSON answer to the streamed request (a server or proxy
+/// that ignores `stream: true`) becomes the stream it stands for, so that its text and tool calls are not lost.
 async fn readable(response: reqwest::Response) -> Result<reqwest::Response, OpenAIError> {
     let status = response.status();
     if !status.is_success() {
@@ -188,23 +187,21 @@ async fn readable(response: reqwest::Response) -> Result<reqwest::Response, Open
     let content_type = response.headers().get(reqwest::header::CONTENT_TYPE).and_then(|value| value.to_str().ok());
     if !content_type.is_some_and(|value| value.trim_start().to_ascii_lowercase().starts_with("application/json")) {
         // The stream, watched for its end (`answer_end`).
-        let mut watched = http::Response::builder().status(status);
-        if let Some(headers) = watched.headers_mut() {
-            *headers = response.headers().clone();
-        }
-        let body = reqwest::Body::wrap_stream(DoneWatch::new(response.bytes_stream()));
-        let watched = watched
-            .body(body)
-            .map_err(|error| OpenAIError::InvalidArgument(format!("could not hand on the answer: {error}")))?;
-        return Ok(reqwest::Response::from(watched));
+        let headers = response.headers().clone();
+        return Ok(hand_on(status, headers, reqwest::Body::wrap_stream(DoneWatch::new(response.bytes_stream()))));
     }
     let body = read_bounded(response, WHOLE_ANSWER_LIMIT).await?;
-    let stream = http::Response::builder()
-        .status(status)
-        .header(reqwest::header::CONTENT_TYPE, "text/event-stream")
-        .body(as_event_stream(&body))
-        .map_err(|error| OpenAIError::InvalidArgument(format!("could not hand on a whole answer: {error}")))?;
-    Ok(reqwest::Response::from(stream))
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(reqwest::header::CONTENT_TYPE, reqwest::header::HeaderValue::from_static("text/event-stream"));
+    Ok(hand_on(status, headers, as_event_stream(&body).into()))
+}
+
+/// A response for the client made of these parts.
+fn hand_on(status: reqwest::StatusCode, headers: reqwest::header::HeaderMap, body: reqwest::Body) -> reqwest::Response {
+    let mut response = http::Response::new(body);
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    reqwest::Response::from(response)
 }
 
 /// The first `limit` bytes of the response's body.

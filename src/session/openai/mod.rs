@@ -263,19 +263,15 @@ impl Shared {
             history.clone()
         };
         let path = self.history_path.clone();
-        let conversation = self.conversation.clone();
         let written = self.runtime.spawn_blocking(move || {
-            let saved = history::save(&path, &snapshot);
-            if let Err(error) = &saved {
-                tracing::error!(session = %conversation, path = %path.display(), %error, "could not save the session's history");
-            }
-            saved.map_err(|error| format!("{}: {error}", path.display()))
+            history::save(&path, &snapshot).map_err(|error| format!("{}: {error}", path.display()))
         });
         let failed = match written.await {
             Ok(saved) => saved.err(),
             Err(error) => Some(error.to_string()),
         };
         if let Some(why) = failed {
+            tracing::error!(session = %self.conversation, %why, "could not save the session's history");
             // (A session that ended meanwhile, its folder forgotten, shows nothing: the core drops it.)
             (self.sink)(BackendEvent::Notice(ToolError::new(
                 "HISTORY_NOT_SAVED",
