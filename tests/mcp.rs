@@ -385,7 +385,9 @@ fn busy_over_the_in_flight_limit_is_refused_with_429() {
         };
         let first = call(json!({"operation_id": "op-1"}));
         let second = call(json!({}));
-        opener.arrivals(2).await;
+        tokio::time::timeout(Duration::from_secs(30), opener.arrivals(2))
+            .await
+            .expect("the calls reached their tool in time");
         let third = peer.call_tool(params("gated", json!({}))).await.expect_err("refused");
         assert!(third.to_string().contains("429"), "over the limit is HTTP 429: {third}");
         // A retry of a running operation joins it rather than being refused (the host decides: it adds no call).
@@ -609,7 +611,9 @@ fn deleting_an_mcp_session_ends_its_conversation_and_cancels_its_calls_but_not_t
         let (client, _) = connect(&url, false).await;
         let peer = client.peer().clone();
         let call = tokio::spawn(async move { peer.call_tool(params("gated", json!({}))).await });
-        parked.arrivals(1).await;
+        tokio::time::timeout(Duration::from_secs(30), parked.arrivals(1))
+            .await
+            .expect("the calls reached their tool in time");
         client.cancel().await.expect("the client closes its session (DELETE)");
         let (mut ended, mut cancelled) = (None, false);
         while ended.is_none() || !cancelled {
@@ -657,24 +661,6 @@ fn session_is_open(server: &McpServer, id: &str) -> bool {
     let (status, body) = raw(server, &headers, list);
     assert!(status == 200 || status == 404, "{status}: {body}");
     status == 200
-}
-
-#[test]
-fn an_mcp_session_silent_for_its_idle_timeout_expires_and_ends_its_conversation() {
-    // Long enough that a loaded machine never lets it pass between the client's connect and its call.
-    let (game, server) = game_with(Arc::default(), Gate::new(), |mcp| mcp.session_idle_timeout(Duration::from_secs(3)));
-    let mut events = game.agent().subscribe();
-    let url = server.url().to_string();
-    let session = runtime().block_on(async move {
-        let (client, _) = connect(&url, false).await;
-        client.call_tool(params("bump", json!({}))).await.expect("call");
-        // The client says nothing more (and keeps its session: no DELETE).
-        let session = session_ended(&mut events).await;
-        drop(client);
-        session
-    });
-    assert!(!session_is_open(&server, &session), "the expired session is gone: its client gets 404");
-    game.stop();
 }
 
 #[test]
@@ -729,7 +715,9 @@ fn app_exit_sends_every_call_in_flight_its_outcome_before_the_server_stops() {
         let (client, _) = runtime.block_on(connect(&url, modern));
         let peer = client.peer().clone();
         let call = runtime.spawn(async move { peer.call_tool(params("gated", json!({}))).await });
-        runtime.block_on(gate.arrivals(1));
+        runtime
+            .block_on(async { tokio::time::timeout(Duration::from_secs(30), gate.arrivals(1)).await })
+            .expect("the call reached its tool in time");
 
         let exiting = std::time::Instant::now();
         if written_in_last {

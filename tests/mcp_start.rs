@@ -158,6 +158,22 @@ fn a_refused_configuration_leaves_the_game_running_without_mcp() {
     let error = app.world().resource::<McpUnavailable>().error.to_string();
     assert!(error.contains("at least 16 characters"), "{error}");
     bump_runs(&mut app);
+    // A token no client can send (an HTTP header carries visible ASCII as it is) is refused too, not served.
+    for token in ["ключ-который-не-отправить", "two words but long enough"] {
+        let app = game(McpPlugin::new().port(0).token(token));
+        let error = app.world().resource::<McpUnavailable>().error.to_string();
+        assert!(error.contains("visible ASCII"), "{token}: {error}");
+    }
+}
+
+/// A token read from a file keeps its line break; the token clients send (and the token file) has none.
+#[test]
+fn a_configured_token_read_with_its_line_break_is_the_token_without_it() {
+    let app = game(McpPlugin::new().port(0).token(format!("{TOKEN}\n")));
+    let server = app.world().resource::<McpServer>();
+    assert_eq!(server.token(), TOKEN);
+    let written = std::fs::read_to_string(server.token_file()).expect("the token file");
+    assert_eq!(written.trim_end(), TOKEN);
 }
 
 #[test]

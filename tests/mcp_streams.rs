@@ -62,10 +62,18 @@ fn open_session(server: &McpServer) -> String {
 
 /// A game serving MCP with `tool`, world `alpha` open, and a subscription to its conversation events.
 fn serve(tool: AgentTool<Session>) -> (RunningGame, McpServer, bevy_agent_tools::Subscription) {
+    serve_with(tool, |mcp| mcp)
+}
+
+/// [`serve`], with the MCP server configured by `configure`.
+fn serve_with(
+    tool: AgentTool<Session>,
+    configure: fn(McpPlugin) -> McpPlugin,
+) -> (RunningGame, McpServer, bevy_agent_tools::Subscription) {
     let game = RunningGame::spawn(Duration::from_millis(1), move || {
         headless_app_with(
             AgentToolsPlugin::new(TestGame::default()).with_tool(tool),
-            McpPlugin::new().port(0).token(TOKEN),
+            configure(McpPlugin::new().port(0).token(TOKEN)),
         )
     });
     let server = game.with_app(|app| {
@@ -85,6 +93,21 @@ fn next_call_finished(events: &mut bevy_agent_tools::Subscription) -> Option<Err
             let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("in time");
             if let Some(ConversationEvent::CallFinished(finished)) = event {
                 return finished.code;
+            }
+        }
+    })
+}
+
+/// Waits for a conversation to end; returns its id.
+fn next_conversation_ended(events: &mut bevy_agent_tools::Subscription) -> String {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        loop {
+            let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("in time");
+            if let Some(ConversationEvent::Status(change)) = event {
+                if change.status == bevy_agent_tools::ConversationStatus::Ended {
+                    return change.conversation.to_string();
+                }
             }
         }
     })
@@ -144,6 +167,37 @@ fn a_client_that_resumes_after_its_call_finished_gets_the_result_it_missed() {
     // The client comes back with the last event id it saw and gets the result.
     let result = resumed_result(&server, &in_session, &last_event_id).expect("the result of the call, replayed");
     assert!(result.contains(r#""counter":3"#), "{result}");
+    game.stop();
+}
+
+/// Claude Code never opens a new session after a 404 (its tools are gone until it restarts), and its user may read
+/// for longer than the idle timeout between two calls. A client listening on its session's `GET` stream is there,
+/// however quiet; one that went away without deleting its session (its stream closed) expires, and its
+/// conversation ends.
+#[test]
+fn an_mcp_session_expires_only_once_its_client_stopped_listening_and_stayed_silent() {
+    let idle = Duration::from_secs(1);
+    let tool = bump_tool("bump", ToolScope::World, Arc::default(), None);
+    let (game, server, mut events) = serve_with(tool, |mcp| mcp.session_idle_timeout(Duration::from_secs(1)));
+    let session = open_session(&server);
+    let in_session = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
+    // A call, so that the session has a conversation.
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"bump","arguments":{}}}"#;
+    let (mut answer, _) = send(&server, "POST", &in_session, call);
+    read_until(&mut answer, |line| line.contains(r#""id":7"#)).expect("its result");
+    let (listening, head) = send(&server, "GET", &in_session, "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+
+    // The client says nothing for four idle timeouts (time passing is the point), listening all along.
+    std::thread::sleep(idle * 4);
+    assert_answers_a_ping(&server, &in_session);
+
+    // It goes away without deleting its session: the server learns it at its next keep-alive, and the session
+    // expires an idle timeout later.
+    drop(listening);
+    assert_eq!(next_conversation_ended(&mut events), format!("mcp-session:{session}"));
+    let (_, head) = send(&server, "POST", &in_session, r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#);
+    assert!(head.starts_with("HTTP/1.1 404"), "the expired session is gone: {head}");
     game.stop();
 }
 

@@ -15,6 +15,8 @@
 //!
 //! A call that ends sooner is answered exactly as rmcp answers it. A 2025-11-25 session request is left to rmcp:
 //! its answer is a stream from the start, and its errors (a session that ended meanwhile: 404) keep their status.
+//! So is the `initialize` that opens such a session (it has no session header yet): its answer carries the new
+//! session's id in a header, which an answer made here would not have.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -40,9 +42,7 @@ const EVENT_STREAM: &str = "text/event-stream";
 
 /// Streams a POST's answer when rmcp is slow to give it (see the module's documentation).
 pub(crate) async fn stream_late_answers(request: Request, next: Next) -> Response {
-    let id = request.extensions().get::<JsonRpcRequestId>().map(|id| id.0.clone());
-    let sessionless = !request.headers().contains_key(HEADER_SESSION_ID);
-    let (Some(id), true, true) = (id, sessionless, accepts_event_stream(request.headers())) else {
+    let Some(id) = streams_late(&request) else {
         return next.run(request).await;
     };
     let mut answer: PendingAnswer = Box::pin(next.run(request));
@@ -58,6 +58,15 @@ pub(crate) async fn stream_late_answers(request: Request, next: Next) -> Respons
             response
         }
     }
+}
+
+/// The id of `request` if its answer is streamed when late: a sessionless request (not the `initialize` that opens
+/// a session) whose client accepts an event stream.
+fn streams_late<B>(request: &axum::http::Request<B>) -> Option<serde_json::Value> {
+    let request_id = request.extensions().get::<JsonRpcRequestId>()?;
+    let sessionless = !request.headers().contains_key(HEADER_SESSION_ID);
+    let opens_session = request_id.method == "initialize";
+    (sessionless && !opens_session && accepts_event_stream(request.headers())).then(|| request_id.id.clone())
 }
 
 fn accepts_event_stream(headers: &HeaderMap) -> bool {
@@ -202,6 +211,22 @@ mod tests {
             error["error"]["message"],
             "the server could not answer (500 Internal Server Error): empty response"
         );
+    }
+
+    #[test]
+    fn a_sessionless_request_is_streamed_when_late_but_not_the_initialize_that_opens_a_session() {
+        let request = |method: &str, session: Option<&str>| {
+            let mut request = axum::http::Request::new(());
+            request.headers_mut().insert(header::ACCEPT, "application/json, text/event-stream".parse().expect("valid"));
+            if let Some(session) = session {
+                request.headers_mut().insert(HEADER_SESSION_ID, session.parse().expect("valid"));
+            }
+            request.extensions_mut().insert(JsonRpcRequestId { id: serde_json::json!(1), method: method.into() });
+            request
+        };
+        assert_eq!(streams_late(&request("tools/call", None)), Some(serde_json::json!(1)));
+        assert_eq!(streams_late(&request("tools/call", Some("s1"))), None, "a session's answer is rmcp's");
+        assert_eq!(streams_late(&request("initialize", None)), None, "its answer names the new session");
     }
 
     #[test]

@@ -17,9 +17,14 @@ pub(crate) const PARSE_ERROR: i32 = -32700;
 /// The JSON-RPC code of an invalid request: JSON, but not a request object.
 pub(crate) const INVALID_REQUEST: i32 = -32600;
 
-/// The `id` of the JSON-RPC request a `POST` carries (in its extensions, for the layers inside this one).
+/// The `id` and method of the JSON-RPC request a `POST` carries (in its extensions, for the layers inside this one).
 #[derive(Clone, Debug)]
-pub(crate) struct JsonRpcRequestId(pub serde_json::Value);
+pub(crate) struct JsonRpcRequestId {
+    /// The request's `id`.
+    pub(crate) id: serde_json::Value,
+    /// Its `method` (empty when it is not a string: such a body is refused below).
+    pub(crate) method: String,
+}
 
 /// Refuses a `POST` whose JSON body is not one JSON-RPC message; everything else goes on to rmcp (which also
 /// checks `Content-Type` and `Accept`: a body that is not JSON at all is only ours to refuse when it says it is).
@@ -46,8 +51,9 @@ pub(crate) async fn refuse_unparsable(State(max_body_bytes): State<usize>, reque
             "Invalid Request: JSON-RPC batches are not supported; send one message per request".to_string(),
         )),
         Ok(value) => {
-            if let Some(id) = value.get("id").filter(|_| value.get("method").is_some()) {
-                parts.extensions.insert(JsonRpcRequestId(id.clone()));
+            if let (Some(id), Some(method)) = (value.get("id"), value.get("method")) {
+                let method = method.as_str().unwrap_or_default().to_string();
+                parts.extensions.insert(JsonRpcRequestId { id: id.clone(), method });
             }
             serde_json::from_value::<ClientJsonRpcMessage>(value).err().map(|error| {
                 (INVALID_REQUEST, format!("Invalid Request: the body is not a JSON-RPC message MCP knows ({error})"))

@@ -66,8 +66,10 @@ impl McpPlugin {
         }
     }
 
-    /// How long an MCP 2025-11-25 session may stay silent (no request from its client, no call it made in flight)
-    /// before it expires and its conversation ends. Default 5 minutes; `None` keeps sessions until their
+    /// How long an MCP 2025-11-25 session may stay silent (no request from its client, no call it made in flight,
+    /// and no `GET` stream of its client open) before it expires and its conversation ends. A client that keeps
+    /// its `GET` stream open (Claude Code, the TypeScript and Python SDKs do while they run) keeps its session
+    /// however quiet it is; its idle time starts when it goes away without deleting the session. Default 5 minutes; `None` keeps sessions until their
     /// client deletes them or the conversation ends. An in-game agent's session (its client presented the
     /// session's own token) never expires this way: it closes when the in-game session ends. (2026-07-28 has no sessions: see
     /// [`AgentToolsPlugin::conversation_idle_timeout`](crate::AgentToolsPlugin::conversation_idle_timeout).)
@@ -113,9 +115,10 @@ impl McpPlugin {
         self
     }
 
-    /// Uses this bearer token instead of generating one.
+    /// Uses this bearer token instead of generating one: 16 or more visible ASCII characters (what an HTTP header
+    /// carries as it is). Whitespace around it is dropped, so a token read from a file with its line break works.
     pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(token.into());
+        self.token = Some(token.into().trim().to_string());
         self
     }
 
@@ -146,8 +149,18 @@ impl McpPlugin {
     /// Checks the configuration as start-up will.
     pub fn validate(&self) -> Result<(), McpConfigError> {
         security::check_bind(self.address, self.allow_non_loopback)?;
-        if self.token.as_deref().is_some_and(|token| token.chars().count() < 16) {
-            return Err(McpConfigError("the MCP token must be at least 16 characters".into()));
+        if let Some(token) = self.token.as_deref() {
+            if token.chars().count() < 16 {
+                return Err(McpConfigError("the MCP token must be at least 16 characters".into()));
+            }
+            // A client could never send another (HTTP headers carry visible ASCII as it is): every request would
+            // be refused as having the wrong token.
+            if !token.bytes().all(|byte| byte.is_ascii_graphic()) {
+                return Err(McpConfigError(
+                    "the MCP token must be visible ASCII characters (letters, digits, punctuation), without spaces"
+                        .into(),
+                ));
+            }
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! MCP 2025-11-25 sessions are conversations. The two end together:
 //!
 //! - a client that deletes its session, or a session that expires (no request from its client for the
-//!   configured idle time, and no call in flight), ends its conversation: its calls in flight end with
+//!   configured idle time, no call in flight, and no `GET` stream of its client open), ends its conversation: its calls in flight end with
 //!   `CANCELLED` (a keyed execution another session's retry still waits for goes on for it); the visit is
 //!   untouched;
 //! - a conversation that ends on the game's side (`AgentHandle::end_conversation`, the host's idle timeout) closes
@@ -11,6 +11,10 @@
 //!   session after a 404), and it closes when the in-game session ends.
 //!
 //! A call in flight in any conversation a session's calls used (its own, or one named by a handle) is not silence.
+//! Nor is a client listening on its session's `GET` stream (Claude Code, the TypeScript and Python SDKs and rmcp's
+//! client keep one open while they run): a client can stay quiet for as long as its user does, and Claude Code
+//! never opens a new session after a 404, so expiring its session would take its tools away until it restarts.
+//! The idle time of a session whose client went away without deleting it starts when its stream closes.
 //!
 //! Expiry is ours, not rmcp's: rmcp's own keep-alive closes a session's worker but leaves the session in its
 //! manager, where nothing observes it.
@@ -57,7 +61,7 @@ pub(crate) struct ConversationSessions {
     credentials: Credentials,
     idle_timeout: Option<Duration>,
     /// Each open session's conversation and when its client was last heard from.
-    open: Mutex<HashMap<SessionId, Tracked>>,
+    open: Arc<Mutex<HashMap<SessionId, Tracked>>>,
     /// The events of each session's request streams, for clients that resume.
     logs: Arc<Mutex<HashMap<SessionId, SessionLogs>>>,
 }
@@ -82,6 +86,8 @@ struct Tracked {
     /// The other conversations its calls ran in (`conversation` handles): a call of theirs in flight is not
     /// silence either. At most [`USED_KEPT`], the latest.
     used: VecDeque<ConversationId>,
+    /// Its client's open `GET` streams ([`Listening`]): while one is open, its client is there.
+    listening: usize,
 }
 
 /// How many of the conversations a session's calls named are remembered for its expiry.
@@ -89,7 +95,7 @@ const USED_KEPT: usize = 8;
 
 impl Tracked {
     fn new(conversation: ConversationId, now: Instant) -> Self {
-        Self { conversation, last_seen: now, bound: None, used: VecDeque::new() }
+        Self { conversation, last_seen: now, bound: None, used: VecDeque::new(), listening: 0 }
     }
 
     /// Whether its calls ran in `conversation`.
@@ -107,7 +113,15 @@ impl ConversationSessions {
     pub(crate) fn new(agent: AgentHandle, credentials: Credentials, idle_timeout: Option<Duration>) -> Self {
         let mut inner = LocalSessionManager::default();
         inner.session_config.keep_alive = None;
-        Self { inner, agent, credentials, idle_timeout, open: Mutex::new(HashMap::new()), logs: Arc::default() }
+        Self { inner, agent, credentials, idle_timeout, open: Arc::default(), logs: Arc::default() }
+    }
+
+    /// Session `id`'s `GET` stream, counted as its client listening for as long as it is open.
+    fn listening(&self, id: &SessionId, stream: BoxedSseStream) -> BoxedSseStream {
+        if let Some(tracked) = self.open.lock().get_mut(id) {
+            tracked.listening += 1;
+        }
+        Box::pin(Listening { stream, open: self.open.clone(), id: id.clone() })
     }
 
     /// Drains rmcp's stream for a request into a log, whether or not the client stays connected, and returns the
@@ -226,7 +240,7 @@ impl ConversationSessions {
                 }
                 continue;
             }
-            if now.saturating_duration_since(tracked.last_seen) < idle_timeout {
+            if tracked.listening > 0 || now.saturating_duration_since(tracked.last_seen) < idle_timeout {
                 continue;
             }
             // (A retry waiting for an execution another session's call started, same task and operation id, is a
@@ -278,6 +292,34 @@ impl ConversationSessions {
     /// The client was heard from in session `id` (unknown ids are rmcp's to refuse, not ours to track).
     fn seen(&self, id: &SessionId) {
         if let Some(tracked) = self.open.lock().get_mut(id) {
+            tracked.last_seen = Instant::now();
+        }
+    }
+}
+
+/// A session's `GET` stream while its client has it open. When it closes (the client closed it, or went away) the
+/// session's idle time starts.
+struct Listening {
+    stream: BoxedSseStream,
+    open: Arc<Mutex<HashMap<SessionId, Tracked>>>,
+    id: SessionId,
+}
+
+impl Stream for Listening {
+    type Item = ServerSseMessage;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<ServerSseMessage>> {
+        self.stream.as_mut().poll_next(cx)
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        if let Some(tracked) = self.open.lock().get_mut(&self.id) {
+            tracked.listening = tracked.listening.saturating_sub(1);
             tracked.last_seen = Instant::now();
         }
     }
@@ -391,7 +433,7 @@ impl SessionManager for ConversationSessions {
     {
         self.seen(id);
         let inner = self.inner.create_standalone_stream(id);
-        async move { Ok(handed_on(Box::pin(inner.await?), STALL_TIMEOUT)) }
+        async move { Ok(self.listening(id, handed_on(Box::pin(inner.await?), STALL_TIMEOUT))) }
     }
 
     async fn resume(
@@ -406,7 +448,10 @@ impl SessionManager for ConversationSessions {
         match logged {
             Some(stream) => Ok(stream),
             // The standalone stream (`GET` without a request), or a request stream no longer kept: rmcp's.
-            None => Ok(handed_on(Box::pin(self.inner.resume(id, last_event_id).await?), STALL_TIMEOUT)),
+            None => {
+                let resumed = handed_on(Box::pin(self.inner.resume(id, last_event_id).await?), STALL_TIMEOUT);
+                Ok(self.listening(id, resumed))
+            }
         }
     }
 }
@@ -461,6 +506,45 @@ mod tests {
         let mut expired = sessions.expired(later + timeout);
         expired.sort();
         assert_eq!(expired, vec![busy, silent], "silent for a whole timeout after its call finished");
+    }
+
+    /// A stream with nothing to send, standing for a client's `GET` stream.
+    struct Quiet;
+
+    impl Stream for Quiet {
+        type Item = ServerSseMessage;
+
+        fn poll_next(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<ServerSseMessage>> {
+            std::task::Poll::Pending
+        }
+    }
+
+    /// Claude Code never opens a new session after a 404: a client that stays quiet while its user reads for a
+    /// while must find its session still there. Its open `GET` stream says it is.
+    #[test]
+    fn a_session_whose_client_listens_never_expires_and_its_idle_time_starts_when_it_stops() {
+        let (app, _gate) = held_at_a_gate();
+        let timeout = Duration::from_secs(60);
+        let sessions = ConversationSessions::new(app.agent(), Credentials::default(), Some(timeout));
+        let (listening, silent): (SessionId, SessionId) = ("listening".into(), "silent".into());
+        let start = Instant::now();
+        for id in [&listening, &silent] {
+            sessions.open.lock().insert(id.clone(), Tracked::new(session_conversation(id.as_ref()), start));
+        }
+        let first = sessions.listening(&listening, Box::pin(Quiet));
+        let second = sessions.listening(&listening, Box::pin(Quiet));
+        assert_eq!(sessions.expired(start + timeout * 10), vec![silent.clone()], "a listening client is there");
+        drop(first);
+        assert_eq!(sessions.expired(start + timeout * 10), vec![silent.clone()], "while any of its streams is open");
+        drop(second);
+        let stopped = Instant::now();
+        assert!(!sessions.expired(stopped + timeout / 2).contains(&listening), "its idle time starts now");
+        let mut expired = sessions.expired(stopped + timeout * 2);
+        expired.sort();
+        assert_eq!(expired, vec![listening, silent], "and it expires a whole timeout after");
     }
 
     /// A client reconnected under a new session, retried its keyed call (same task and operation id: it joined
