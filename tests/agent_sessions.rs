@@ -84,6 +84,8 @@ struct Game {
     log: Log,
     gate: Gate,
     executions: Arc<AtomicUsize>,
+    /// `held`'s handlers whose step was answered (run or refused).
+    answered: Arc<AtomicUsize>,
     url: String,
     /// What the world's `input_context` answers next, one per ask.
     observations: Arc<Mutex<Vec<Option<serde_json::Value>>>>,
@@ -152,19 +154,20 @@ impl Game {
     /// [`start`](Self::start), with the MCP server configured by `configure`.
     fn start_with(dirs: &Dirs, configure: fn(McpPlugin) -> McpPlugin) -> Self {
         let gate = Gate::new();
-        let executions = Arc::new(AtomicUsize::new(0));
+        let (executions, answered) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let log = Log::default();
         let observations: Arc<Mutex<Vec<Option<serde_json::Value>>>> = Arc::default();
         let built_observations = observations.clone();
         let lifecycle_record = Arc::new(Record::default());
         let built_record = lifecycle_record.clone();
-        let (data, built_gate, built_executions, built_log) =
-            (dirs.data.clone(), gate.clone(), executions.clone(), log.clone());
+        let (data, built_gate, built_executions, built_answered, built_log) =
+            (dirs.data.clone(), gate.clone(), executions.clone(), answered.clone(), log.clone());
         let game = RunningGame::spawn(Duration::from_millis(2), move || {
             let lifecycle = TestGame { observations: built_observations, record: built_record, ..TestGame::default() };
+            let held = bump_tool_answered("held", ToolScope::World, built_executions, built_answered, Some(built_gate));
             let tools = AgentToolsPlugin::new(lifecycle)
                 .with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None))
-                .with_tool(bump_tool("held", ToolScope::World, built_executions, Some(built_gate)));
+                .with_tool(held);
             let token_file = data.with_extension("token");
             let mut app = headless_app_with(
                 tools,
@@ -181,7 +184,7 @@ impl Game {
             let url = app.world().resource::<bevy_agent_tools::mcp::McpServer>().url().to_string();
             (app.world().resource::<AgentSessions>().clone(), url)
         });
-        Self { game, sessions, log, gate, executions, url, observations, record: lifecycle_record }
+        Self { game, sessions, log, gate, executions, answered, url, observations, record: lifecycle_record }
     }
 
     fn block_on<T>(&self, future: impl std::future::Future<Output = T>) -> T {
@@ -318,6 +321,7 @@ fn s3_a_world_exit_during_the_agents_tool_call_ends_the_call_not_the_turn_and_ap
     let ended = game.block_on(turn).expect("the turn still ends");
     let answer = ended.final_message.expect("a final message");
     assert!(answer.contains("VISIT_ENDED"), "the agent was told: {answer}");
+    wait_answered(&game.answered, 1);
     assert_eq!(game.executions.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing was applied, then or later");
     assert_eq!(session.status(), ConversationStatus::Idle, "the session goes on");
 }
@@ -779,7 +783,7 @@ fn two_resume_sessions_of_one_id_at_once_share_one_session_and_one_agent_that_wo
         .log
         .lines()
         .iter()
-        .any(|line| line.starts_with(&format!("status {id} ")) && line.contains("->Ended")));
+        .any(|line| line.starts_with(&format!("status {id} ")) && line.contains("->ended")));
 }
 
 #[test]

@@ -33,7 +33,8 @@ pub struct AgentSessions {
     host: Arc<SessionHost>,
     live: Arc<Mutex<HashMap<ConversationId, Arc<SessionCore>>>>,
     /// One lock per session id being resumed or forgotten: the second of two concurrent `resume_session`
-    /// calls waits for the first and gets its session, instead of connecting a second agent beside it.
+    /// calls waits for the first and gets its session, instead of connecting a second agent beside it, and a
+    /// `forget` waits for a resume under way (and then ends what it re-attached).
     by_id: IdLocks,
 }
 
@@ -80,6 +81,13 @@ impl AgentSessions {
     }
 
     async fn create_here(&self, config: SessionConfig) -> Result<AgentSession, ToolError> {
+        if !config.auto_end_on_disconnect && self.host.records.in_temporary_dir() {
+            tracing::warn!(
+                data_dir = %self.host.records.data_dir.display(),
+                "a session kept to be resumed after a restart has its record in the system's temporary directory, \
+                 which the system may clean: set AgentSessionsPlugin::data_dir"
+            );
+        }
         let id = ConversationId::new(format!("chat-{}", random_hex()?));
         let core = SessionCore::new(id.clone(), config, self.host.clone(), Phase::Live);
         self.host.agent.host().conversations.open_held(&id);
@@ -143,12 +151,12 @@ impl AgentSessions {
         if id.as_str().is_empty() {
             return Err(ToolError::invalid_input("session", "the session id is empty"));
         }
+        // Every change of an id's place in the live map (`resume_session`, `AgentSession::resume`, this) is made
+        // under the id's lock.
         let _forgetting = self.by_id.lock(&id).await;
         let live = self.live.lock().remove(&id);
         if let Some(core) = &live {
             core.end_and_forget().await;
-            // A `resume` of one of its handles that finished meanwhile put it back.
-            self.live.lock().remove(&id);
         }
         let forgotten = match self.host.records.forget(id.as_str(), live.is_some()).await {
             // A session of this run whose folder could not be made (it failed to start) has nothing on disk.
@@ -357,10 +365,17 @@ impl AgentSession {
     /// failure of the agent's is `AGENT_UNAVAILABLE` and replaces nothing: a later `resume` can still re-attach.
     /// A new credential is minted. A live session is left as it is.
     pub async fn resume(&self) -> Result<Attached, ToolError> {
-        let core = self.core.clone();
-        let attached = self.sessions.on_tokio(async move { core.resume().await }).await?;
-        self.sessions.live.lock().insert(self.core.id.clone(), self.core.clone());
-        Ok(attached)
+        let this = self.clone();
+        self.sessions
+            .on_tokio(async move {
+                // Under the id's lock, as `resume_session` and `forget`: a `forget` cannot end between the re-attach
+                // and the session's return to the live map (it would be put back there forgotten).
+                let _resuming = this.sessions.by_id.lock(&this.core.id).await;
+                let attached = this.core.resume().await?;
+                this.sessions.live.lock().insert(this.core.id.clone(), this.core.clone());
+                Ok(attached)
+            })
+            .await
     }
 
     /// The session's current MCP credential (revoked when it ends). For tests and diagnostics: never show it.

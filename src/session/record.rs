@@ -56,6 +56,12 @@ impl Records {
         }
     }
 
+    /// Whether the records are in the default folder, inside the system's temporary directory (which the system
+    /// may clean), the game having set no `data_dir`.
+    pub(crate) fn in_temporary_dir(&self) -> bool {
+        self.private_root.is_some()
+    }
+
     fn path(&self, id: &str) -> Result<PathBuf, ToolError> {
         check_id(id)?;
         Ok(super::config::session_dir(&self.data_dir, id).join(FILE))

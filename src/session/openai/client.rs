@@ -168,6 +168,8 @@ impl Retry {
     }
 }
 
+/// The shortest key looked for in an endpoint's message to hide it (a shorter one would match ordinary words).
+const MIN_KEY_HIDDEN: usize = 6;
 /// The most of a refusal's body read (the message quoted from it is shorter still).
 const REFUSAL_LIMIT: usize = 64 * 1024;
 /// The most of a whole (not streamed) answer read.
@@ -181,8 +183,7 @@ const WHOLE_ANSWER_LIMIT: usize = 16 * 1024 * 1024;
 async fn readable(response: reqwest::Response) -> Result<reqwest::Response, OpenAIError> {
     let status = response.status();
     if !status.is_success() {
-        let body = read_bounded(response, REFUSAL_LIMIT).await?;
-        return Err(OpenAIError::ApiError(ApiErrorResponse { status_code: status, api_error: refusal(&body) }));
+        return Err(refused(response).await);
     }
     let content_type = response.headers().get(reqwest::header::CONTENT_TYPE).and_then(|value| value.to_str().ok());
     if !content_type.is_some_and(|value| value.trim_start().to_ascii_lowercase().starts_with("application/json")) {
@@ -194,6 +195,16 @@ async fn readable(response: reqwest::Response) -> Result<reqwest::Response, Open
     let mut headers = reqwest::header::HeaderMap::new();
     headers.insert(reqwest::header::CONTENT_TYPE, reqwest::header::HeaderValue::from_static("text/event-stream"));
     Ok(hand_on(status, headers, as_event_stream(&body).into()))
+}
+
+/// A refusal (a response whose status is not a success) as the client's `ApiError`: its status, and the message,
+/// type and code its body gives, whatever its shape ([`refusal`]).
+pub(super) async fn refused(response: reqwest::Response) -> OpenAIError {
+    let status = response.status();
+    match read_bounded(response, REFUSAL_LIMIT).await {
+        Ok(body) => OpenAIError::ApiError(ApiErrorResponse { status_code: status, api_error: refusal(&body) }),
+        Err(error) => error,
+    }
 }
 
 /// A response for the client made of these parts.
@@ -315,7 +326,13 @@ pub(crate) fn describe(endpoint: &OpenAiEndpoint, error: OpenAIError) -> ToolErr
         OpenAIError::Reqwest(error) => unavailable(format!("the request to {url} failed: {}", source_chain(&error))),
         OpenAIError::ApiError(api) => {
             let status = api.status_code.as_u16();
-            let said = api.api_error.message.chars().take(500).collect::<String>();
+            let mut said = api.api_error.message.chars().take(500).collect::<String>();
+            // An endpoint that quotes the key it refused (some proxies do) does not get it shown to the player.
+            if let Ok(Some(key)) = api_key(endpoint) {
+                if key.chars().count() >= MIN_KEY_HIDDEN {
+                    said = said.replace(&key, "[the API key]");
+                }
+            }
             let message = match status {
                 401 | 403 => match &endpoint.api_key_env {
                     Some(var) => format!(

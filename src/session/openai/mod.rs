@@ -18,7 +18,7 @@
 //!   turn, bounded (oldest turns dropped), reloaded by `resume` and by `resume_session` after a restart (one that
 //!   cannot be read is kept aside, as `history.json.unreadable`, where the session starts anew).
 //! - **Faults**: connection refused and other HTTP failures are `AGENT_UNAVAILABLE` naming the URL; `401`/`403`
-//!   names the key's environment variable; `429` and `5xx` are retried a bounded number of times honouring
+//!   names the key's environment variable, with the endpoint's own words (the key hidden where they quote it); `429` and `5xx` are retried a bounded number of times honouring
 //!   `Retry-After`; an endpoint silent for [`OpenAiEndpoint::stall_timeout`] is `TIMEOUT`; a malformed chunk is
 //!   `AGENT_UNAVAILABLE` quoting it. A failed turn fails the session (status `Error`; `resume` reconnects, with
 //!   the history as it was before that turn, or, if tool calls ran in it, with them and their results and a line
@@ -116,16 +116,9 @@ async fn probe(endpoint: &OpenAiEndpoint) -> Result<(), ToolError> {
         request = request.header(name.as_str(), value.as_str());
     }
     match request.send().await {
+        // The endpoint's own words (OpenAI's "Incorrect API key provided", a proxy's "key expired") go with it.
         Ok(response) if matches!(response.status().as_u16(), 401 | 403) => {
-            let status = response.status();
-            let api = async_openai::error::ApiError { message: "unauthorized".into(), ..Default::default() };
-            Err(client::describe(
-                endpoint,
-                async_openai::error::OpenAIError::ApiError(async_openai::error::ApiErrorResponse {
-                    status_code: status,
-                    api_error: api,
-                }),
-            ))
+            Err(client::describe(endpoint, client::refused(response).await))
         }
         Ok(_) => Ok(()),
         Err(error) => Err(client::describe(endpoint, async_openai::error::OpenAIError::Reqwest(error))),
