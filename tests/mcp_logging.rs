@@ -21,6 +21,8 @@ use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
 const TOKEN: &str = "log-token-0123456789abcdef";
+/// What the `speaks` tool logs.
+const SPOKEN: &str = "the speaks tool ran";
 
 /// Every event that reached the game's subscriber: (level, target, message), the message marked when it did not
 /// come from the plugin's worker threads (where the MCP server runs).
@@ -58,7 +60,15 @@ fn rmcp_connection_lines_are_quiet_and_a_stateless_client_disconnect_is_not_an_e
     let game = RunningGame::spawn(Duration::from_millis(1), move || {
         let plugin = AgentToolsPlugin::new(TestGame::default())
             .with_tool(bump_tool("bump", ToolScope::World, Arc::default(), None))
-            .with_tool(bump_tool("gated", ToolScope::World, Arc::default(), Some(tool_gate)));
+            .with_tool(bump_tool("gated", ToolScope::World, Arc::default(), Some(tool_gate)))
+            .with_tool(AgentTool::new(
+                "speaks",
+                "Logs a line from its handler, which runs where the server does.",
+                |_: CallContext<Session>, _: bevy_agent_tools::NoArgs| async move {
+                    tracing::info!("{SPOKEN}");
+                    Ok(())
+                },
+            ));
         headless_app_with(plugin, McpPlugin::new().port(0).token(TOKEN))
     });
     let url = game.with_app(|app| {
@@ -77,6 +87,7 @@ fn rmcp_connection_lines_are_quiet_and_a_stateless_client_disconnect_is_not_an_e
         // A session (2025-11-25): connect, call, leave.
         let client = ().serve(transport(&url)).await.expect("connect");
         client.call_tool(CallToolRequestParams::new("bump")).await.expect("a call");
+        client.call_tool(CallToolRequestParams::new("speaks")).await.expect("a call");
         client.cancel().await.expect("close");
 
         // Stateless (2026-07-28): a call whose client goes away while it runs.
@@ -84,7 +95,9 @@ fn rmcp_connection_lines_are_quiet_and_a_stateless_client_disconnect_is_not_an_e
         let client = ().serve_with_lifecycle(transport(&url), mode).await.expect("connect (2026-07-28)");
         let peer = client.peer().clone();
         let call = tokio::spawn(async move { peer.call_tool(CallToolRequestParams::new("gated")).await });
-        gate.arrivals(1).await;
+        tokio::time::timeout(Duration::from_secs(30), gate.arrivals(1))
+            .await
+            .expect("the calls reached their tool in time");
         call.abort();
         let _ = call.await;
         drop(client);
@@ -114,6 +127,10 @@ fn rmcp_connection_lines_are_quiet_and_a_stateless_client_disconnect_is_not_an_e
         "the game's subscriber got the plugin's own lines: {captured:#?}"
     );
     let server: Vec<_> = captured.iter().filter(|(_, _, message)| !message.starts_with("[not the server]")).collect();
+    assert!(
+        server.iter().any(|(_, _, message)| message == SPOKEN),
+        "the server's threads are heard (else the checks below would pass on nothing): {captured:#?}"
+    );
     let errors: Vec<_> = server.iter().filter(|(level, _, _)| *level == Level::ERROR).collect();
     assert!(errors.is_empty(), "a client going away is not an error: {errors:#?}");
     let rmcp_chatter: Vec<_> =

@@ -93,12 +93,15 @@ struct Held {
 }
 
 impl Hold {
+    /// Counts `who` in, then waits for the release. Its own deadline (against a test that forgets to release) is
+    /// far past [`arrivals`](Self::arrivals)'s: a held writer never lets the next one in before a test waiting
+    /// for both has given up (so a test that saves in line fails, rather than seeing both arrive one by one).
     fn pass(&self, who: &str) {
         let (held, changed) = &*self.0;
         let mut held = held.lock();
         held.arrived.push(who.to_owned());
         changed.notify_all();
-        let deadline = Instant::now() + DEADLINE;
+        let deadline = Instant::now() + DEADLINE * 6;
         while !held.released && !changed.wait_until(&mut held, deadline).timed_out() {}
     }
 

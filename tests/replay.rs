@@ -156,7 +156,7 @@ fn h12_different_task_scope_or_tool_with_the_same_operation_id_are_independent()
 
 #[test]
 fn h12_timed_out_operation_replays_as_timeout_with_effect_unknown_and_does_not_rerun() {
-    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
+    let (mut app, gate, executions, answered) = gated_app_answered("slow", ToolScope::World);
     let conversation = app.agent().conversation("a");
     let request = keyed("slow", json!({}), "op").timeout(Duration::from_millis(30));
     let first = app.run_until_resolved(&conversation.request(request.clone()));
@@ -166,7 +166,7 @@ fn h12_timed_out_operation_replays_as_timeout_with_effect_unknown_and_does_not_r
     let again = conversation.request(request);
     assert_eq!(again.try_outcome(), Some(first), "replayed, not re-run");
     gate.open();
-    app.step(3);
+    app.run_until("the late handler's step answered", |_| answered.load(Ordering::SeqCst) == 1);
     assert_eq!(gate.arrived(), 1, "the handler ran once");
     assert_eq!(executions.load(Ordering::SeqCst), 0, "and its late step never ran");
 }
@@ -276,17 +276,18 @@ struct Parked {
     app: bevy::prelude::App,
     gate: bevy_agent_tools::testing::Gate,
     executions: Arc<AtomicUsize>,
+    answered: Arc<AtomicUsize>,
     a: bevy_agent_tools::Conversation,
     b: bevy_agent_tools::Conversation,
     first: bevy_agent_tools::Call,
 }
 
 fn a_shared_call_parked() -> Parked {
-    let (mut app, gate, executions) = gated_app("slow", ToolScope::World);
+    let (mut app, gate, executions, answered) = gated_app_answered("slow", ToolScope::World);
     let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
     let first = a.request(shared("op"));
     app.run_until("parked", |_| gate.arrived() == 1);
-    Parked { app, gate, executions, a, b, first }
+    Parked { app, gate, executions, answered, a, b, first }
 }
 
 /// The `CallFinished` events of one conversation, by code.
@@ -303,7 +304,7 @@ fn finished(events: &mut Subscription) -> Vec<Option<ErrorCode>> {
 
 #[test]
 fn h12_an_ending_conversation_withdraws_only_its_own_callers_and_the_execution_goes_on_for_another_conversation() {
-    let Parked { mut app, gate, executions, a, b, first } = a_shared_call_parked();
+    let Parked { mut app, gate, executions, a, b, first, .. } = a_shared_call_parked();
     let (_, mut a_events) = a.subscribe().expect("a is open");
     let retry = b.request(shared("op"));
     assert_eq!(retry.request_id(), first.request_id(), "b's retry joined a's execution");
@@ -338,7 +339,7 @@ fn h12_a_conversation_whose_retry_joined_another_ones_execution_ends_and_the_fir
 
 #[test]
 fn h12_the_execution_is_cancelled_once_every_conversation_waiting_for_it_ended_or_cancelled_the_task() {
-    let Parked { mut app, gate, executions, a, b, first } = a_shared_call_parked();
+    let Parked { mut app, gate, executions, answered, a, b, first } = a_shared_call_parked();
     let retry = b.request(shared("op"));
     assert_eq!(b.cancel_task("shared"), 1, "b's caller stopped waiting");
     assert_eq!(code(&retry.try_outcome().expect("ended for b")), Some(ErrorCode::Cancelled));
@@ -346,7 +347,7 @@ fn h12_the_execution_is_cancelled_once_every_conversation_waiting_for_it_ended_o
     a.end().expect("a ends");
     assert_eq!(code(&first.try_outcome().expect("ended for a")), Some(ErrorCode::Cancelled));
     gate.open();
-    app.step(3);
+    app.run_until("the cancelled handler's step answered", |_| answered.load(Ordering::SeqCst) == 1);
     assert_eq!(executions.load(Ordering::SeqCst), 0, "no one waited for it any more: cancelled, its step never ran");
     let again = app.agent().conversation("c").request(shared("op"));
     assert_eq!(code(&app.run_until_resolved(&again)), Some(ErrorCode::Cancelled), "retained as cancelled");
@@ -532,8 +533,13 @@ fn reserved_arguments_are_in_schemas_of_mutating_tools_and_taken_off_the_wire() 
     let tools = app.agent().tools();
     let bump = tools.iter().find(|t| t.name == "bump").expect("bump");
     let schema = bump.client_input_schema();
-    assert!(schema["properties"][OPERATION_ID]["description"].as_str().is_some_and(|d| d.contains("retry")));
+    let help =
+        |schema: &serde_json::Value| schema["properties"][OPERATION_ID]["description"].as_str().map(str::to_owned);
+    assert!(help(&schema).is_some_and(|d| d.contains("retry") && !d.contains("player moved")), "{schema}");
     assert!(schema["properties"][TASK_ID].is_object());
+    // A location-scoped tool's retries are per location (H12's scope): the model is told.
+    let here = tools.iter().find(|t| t.name == "bump_here").expect("bump_here").client_input_schema();
+    assert!(help(&here).is_some_and(|d| d.contains("a retry after the player moved")), "{here}");
     let smash = tools.iter().find(|t| t.name == "smash").expect("smash");
     assert!(smash.client_input_schema()["properties"]["confirm"].is_object());
 

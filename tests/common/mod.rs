@@ -132,9 +132,23 @@ pub struct Bumped {
 
 /// Adds to the session's counter and logs it in the world; counts executions of the main-thread step.
 pub fn bump_tool(name: &str, scope: ToolScope, executions: Arc<AtomicUsize>, gate: Option<Gate>) -> AgentTool<Session> {
+    bump_tool_answered(name, scope, executions, Arc::default(), gate)
+}
+
+/// [`bump_tool`], also counting the handlers whose step was answered (it ran, or the host refused it). A test that
+/// shows a step never ran waits for its answer first: a handler parked at a gate reaches `on_client` only some
+/// time after the gate opens, on a worker thread, so a count read before then is 0 whatever the host does.
+pub fn bump_tool_answered(
+    name: &str,
+    scope: ToolScope,
+    executions: Arc<AtomicUsize>,
+    answered: Arc<AtomicUsize>,
+    gate: Option<Gate>,
+) -> AgentTool<Session> {
     let tool_name = name.to_string();
     AgentTool::new(name, "Adds to the counter.", move |ctx: CallContext<Session>, args: BumpArgs| {
-        let (executions, gate, tool_name) = (executions.clone(), gate.clone(), tool_name.clone());
+        let (executions, answered, gate, tool_name) =
+            (executions.clone(), answered.clone(), gate.clone(), tool_name.clone());
         async move {
             if let Some(gate) = gate {
                 gate.pass().await;
@@ -146,11 +160,21 @@ pub fn bump_tool(name: &str, scope: ToolScope, executions: Arc<AtomicUsize>, gat
                     world.resource_mut::<WorldLog>().0.push((session.visit, tool_name));
                     session.counter
                 })
-                .await?;
-            Ok(Bumped { counter })
+                .await;
+            answered.fetch_add(1, Ordering::SeqCst);
+            Ok(Bumped { counter: counter? })
         }
     })
     .scope(scope)
+}
+
+/// Waits, while the game runs its own frames, until `count` steps were answered ([`bump_tool_answered`]).
+pub fn wait_answered(answered: &AtomicUsize, count: usize) {
+    let until = std::time::Instant::now() + bevy_agent_tools::testing::HARNESS_LIMIT;
+    while answered.load(Ordering::SeqCst) < count {
+        assert!(std::time::Instant::now() < until, "{count} steps were not answered in time");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 /// A game with `bump` (World scope), `bump_here` (Location scope), `panics` and `panics_on_client`.
@@ -208,11 +232,18 @@ pub fn python_mcp_client() -> std::path::PathBuf {
 /// A game in world `alpha` with a World- or Location-scoped `name` tool whose handler parks at the returned gate
 /// before its one step, and a count of the steps that ran.
 pub fn gated_app(name: &str, scope: ToolScope) -> (App, Gate, Arc<AtomicUsize>) {
-    let gate = Gate::new();
-    let executions = Arc::new(AtomicUsize::new(0));
-    let mut app = app_with(TestGame::default(), vec![bump_tool(name, scope, executions.clone(), Some(gate.clone()))]);
-    bevy_agent_tools::testing::AgentTestAppExt::enter_world(&mut app, "alpha");
+    let (app, gate, executions, _) = gated_app_answered(name, scope);
     (app, gate, executions)
+}
+
+/// [`gated_app`], with the count of its handlers whose step was answered ([`bump_tool_answered`]).
+pub fn gated_app_answered(name: &str, scope: ToolScope) -> (App, Gate, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let gate = Gate::new();
+    let (executions, answered) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let tool = bump_tool_answered(name, scope, executions.clone(), answered.clone(), Some(gate.clone()));
+    let mut app = app_with(TestGame::default(), vec![tool]);
+    bevy_agent_tools::testing::AgentTestAppExt::enter_world(&mut app, "alpha");
+    (app, gate, executions, answered)
 }
 
 /// An example of this package (the sandbox, the scripted ACP agent) next to the test's own binary:
