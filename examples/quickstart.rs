@@ -34,7 +34,9 @@ impl WorldLifecycle for Gardens {
 
 #[derive(Deserialize, JsonSchema)]
 struct Plant {
-    /// How many flowers to plant (1 to 100).
+    /// How many flowers to plant. The range is in the published schema and checked before the handler runs
+    /// (`INVALID_INPUT` naming `count` otherwise).
+    #[schemars(range(min = 1, max = 100))]
     count: u32,
 }
 
@@ -45,9 +47,6 @@ struct Flowers {
 
 fn main() {
     let plant = AgentTool::new("plant", "Plants flowers here.", |ctx: CallContext<Garden>, args: Plant| async move {
-        if !(1..=100).contains(&args.count) {
-            return Err(ToolError::invalid_input("count", "must be between 1 and 100"));
-        }
         let flowers = ctx.on_client(move |_world, garden| {
             garden.flowers += args.count;
             garden.flowers

@@ -57,6 +57,14 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// The code named `code`: one of the host's own for its name (`"TIMEOUT"` is [`ErrorCode::Timeout`]), else a
+    /// tool's own ([`ErrorCode::Tool`]).
+    pub fn named(code: impl Into<String>) -> Self {
+        let code = code.into();
+        // The host's codes by their wire names; any other string is the untagged `Tool` variant.
+        serde_json::from_value(Value::String(code.clone())).unwrap_or(Self::Tool(code))
+    }
+
     /// The code as it appears on the wire.
     pub fn as_str(&self) -> &str {
         match self {
@@ -128,9 +136,10 @@ pub struct ToolError {
 }
 
 impl ToolError {
-    /// A domain error with a tool-defined code.
+    /// A domain error with a tool-defined code (`"BLOCK_NOT_FOUND"`). A host's code named here (`"TIMEOUT"`) is
+    /// that code ([`ErrorCode::named`]), equal to the one the host uses.
     pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::with_code(ErrorCode::Tool(code.into()), message)
+        Self::with_code(ErrorCode::named(code), message)
     }
 
     /// An error with one of the host's codes.
@@ -177,3 +186,19 @@ impl fmt::Display for ToolError {
 }
 
 impl std::error::Error for ToolError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_code_named_as_one_of_the_hosts_is_that_code_and_any_other_is_the_tools() {
+        assert_eq!(ToolError::new("TIMEOUT", "slow").code, ErrorCode::Timeout);
+        assert_eq!(ErrorCode::named("NO_WORLD"), ErrorCode::NoWorld);
+        assert_eq!(ErrorCode::named("BLOCK_NOT_FOUND"), ErrorCode::Tool("BLOCK_NOT_FOUND".into()));
+        // Every host code round-trips through its name.
+        for code in [ErrorCode::VersionConflict, ErrorCode::AgentUnavailable, ErrorCode::Internal] {
+            assert_eq!(ErrorCode::named(code.as_str()), code);
+        }
+    }
+}

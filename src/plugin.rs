@@ -133,7 +133,15 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
         }
     }
 
-    /// Registers a tool.
+    /// Registers a tool (a later one of the same name replaces it).
+    ///
+    /// # Panics
+    ///
+    /// At start-up (when the plugin is built), for a tool the host cannot serve, a mistake in the game's set-up:
+    /// an empty name or the MCP transport's own `begin_conversation`; arguments that cannot be an object (`()`:
+    /// use [`NoArgs`](crate::NoArgs)); an argument named `operation_id`, `task_id` or `conversation` in any of
+    /// its shapes (the transports take those out of every call). [`AgentHandle::register_tool`] returns the same
+    /// as an error.
     pub fn with_tool(mut self, tool: AgentTool<L::Session>) -> Self {
         self.tools.push(Arc::new(tool));
         self
@@ -385,8 +393,12 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
 
 /// Registering tools on an `App` that has an [`AgentToolsPlugin`].
 pub trait AgentToolsAppExt {
-    /// Registers `tool`. Panics if no `AgentToolsPlugin` was added before, or if the tool is for another session
-    /// type than the lifecycle's: both are mistakes in the game's set-up, found at start-up.
+    /// Registers `tool`.
+    ///
+    /// # Panics
+    ///
+    /// If no `AgentToolsPlugin` was added before, if the tool is for another session type than the lifecycle's,
+    /// or for any reason [`AgentToolsPlugin::with_tool`] gives: mistakes in the game's set-up, found at start-up.
     fn add_agent_tool<S: Send + Sync + 'static>(&mut self, tool: AgentTool<S>) -> &mut Self;
 
     /// Waits until `until` (returns at once if it passed), running queued main-thread steps as they arrive: the

@@ -361,8 +361,9 @@ fn break_block(palette: Arc<Palette>) -> AgentTool<Visit> {
              be broken.",
             bounds_text()
         ),
+        // `confirm` is the host's to check (`requires_confirmation`, below: every break is dangerous); the
+        // flattened guard brings `expected_version`.
         move |ctx: CallContext<Visit>, args: BreakArgs| async move {
-            args.guard.confirmed()?;
             let (dimension, pos) = (called_in(&ctx)?, args.at.pos()?);
             step(&ctx, move |_, visit| {
                 let state = visit.state()?;

@@ -35,8 +35,15 @@ pub struct ChatMessage {
     pub sequence: u64,
 }
 
-/// A session failed: its backend stopped or could not be reached, or a turn timed out. The session's status is
-/// then `Error` until `session::AgentSession::resume`.
+/// Something went wrong in a session, for the player to see. Three cases, told apart by the session's status
+/// (its [`ConversationStatusChanged`](crate::ConversationStatusChanged) comes with it):
+///
+/// - the session failed (its backend stopped or could not be reached, a turn timed out): its status is then
+///   `Error` until `session::AgentSession::resume`;
+/// - the agent refused one turn (its provider overloaded or rate limiting, the context too long): that turn ends,
+///   the status goes back to `Idle`, and the next text is taken;
+/// - a notice that fails nothing (`HISTORY_NOT_SAVED`: the turn's history could not be written): the session goes
+///   on as it was.
 #[derive(Message, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatError {
     /// The session.

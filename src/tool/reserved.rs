@@ -44,9 +44,13 @@ pub(crate) fn check_name(info: &ToolInfo) -> Result<(), String> {
 }
 
 const OPERATION_HELP: &str = "Optional. A unique id for this operation (e.g. a UUID). If you retry a call with \
-the same operation_id and the same arguments, it runs once and you get the first outcome; different arguments \
-with the same id are refused (OPERATION_CONFLICT). After a TIMEOUT the effect is unknown: inspect the game \
-before starting a new operation_id.";
+the same operation_id and the same arguments in the same task, it runs once and you get the first outcome; \
+different arguments with the same id are refused (OPERATION_CONFLICT). Without an MCP session every call is a \
+task of its own: send the same task_id (or conversation handle) with the retry. After a TIMEOUT the effect is \
+unknown: inspect the game before starting a new operation_id.";
+/// Added to [`OPERATION_HELP`] for a tool that acts where the player is (`ToolScope::Location`).
+const OPERATION_HELP_LOCATION: &str = " This tool acts where the player is: a retry after the player moved \
+elsewhere is a new operation, and runs there.";
 const TASK_HELP: &str = "Optional. Groups calls into one task (defaults to this conversation); operation ids are \
 scoped to it.";
 
@@ -90,7 +94,11 @@ impl ToolInfo {
         if let Some(object) = schema.as_object_mut() {
             let properties = object.entry("properties").or_insert_with(|| Value::Object(Map::new()));
             if let Some(properties) = properties.as_object_mut() {
-                properties.entry(OPERATION_ID).or_insert(json!({ "type": "string", "description": OPERATION_HELP }));
+                let help = match self.scope {
+                    super::ToolScope::Location => format!("{OPERATION_HELP}{OPERATION_HELP_LOCATION}"),
+                    super::ToolScope::World => OPERATION_HELP.to_string(),
+                };
+                properties.entry(OPERATION_ID).or_insert(json!({ "type": "string", "description": help }));
                 properties.entry(TASK_ID).or_insert(json!({ "type": "string", "description": TASK_HELP }));
             }
         }
