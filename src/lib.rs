@@ -57,7 +57,7 @@ pub use tool::{
 };
 pub use visit::{
     EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitClosing, VisitLoadFailed, VisitOpened, VisitRelocated,
-    VisitSaved, WorldBinding, WorldOpenFailed,
+    VisitSaved, VisitSessionExt, WorldBinding, WorldOpenFailed,
 };
 
 /// Internals exposed for the crate's benchmarks only; not part of the API.
@@ -70,7 +70,7 @@ pub mod internals {
 pub mod prelude {
     pub use crate::{
         AgentHandle, AgentTool, AgentToolsAppExt, AgentToolsPlugin, AgentToolsRunnerPlugin, AgentToolsSet, CallContext,
-        Completion, EnterWorld, ErrorCode, ExitWorld, Location, NoArgs, OpenError, Opened, ToolError, ToolScope,
-        TravelTo, VisitInfo, WorldBinding, WorldLifecycle,
+        Completion, DimensionId, EnterWorld, ErrorCode, ExitWorld, Location, NoArgs, OpenError, Opened, ToolError,
+        ToolScope, TravelTo, VisitInfo, VisitSessionExt, WorldBinding, WorldId, WorldLifecycle,
     };
 }

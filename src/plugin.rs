@@ -251,7 +251,38 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     }
 
     /// Follows the game's own `States` type instead of (or besides) messages: `target` says, for each state,
-    /// which world and dimension the player is in (`None`: not in a world). Needs Bevy's `StatesPlugin`.
+    /// which world and dimension the player is in (`None`: not in a world). Each change of the state becomes the
+    /// enter, travel or exit that makes the open visit agree. Needs Bevy's `StatesPlugin` (in `DefaultPlugins`,
+    /// not in `MinimalPlugins`) and the state initialized (`init_state`): without them it follows nothing.
+    ///
+    /// ```
+    /// # use bevy::prelude::*;
+    /// # use bevy::state::app::StatesPlugin;
+    /// # use bevy_agent_tools::prelude::*;
+    /// # struct Game;
+    /// # impl WorldLifecycle for Game {
+    /// #     type Session = ();
+    /// #     fn open(&self, _: &VisitInfo, _: &mut World) -> Result<Opened<()>, OpenError> { Ok(Opened::ready(())) }
+    /// #     fn close(&self, _: (), _: &mut World) -> Completion { Completion::done() }
+    /// # }
+    /// #[derive(States, Clone, PartialEq, Eq, Hash, Debug, Default)]
+    /// enum Screen {
+    ///     #[default]
+    ///     Menu,
+    ///     Playing { save: String, underground: bool },
+    /// }
+    ///
+    /// let mut app = App::new();
+    /// app.add_plugins((MinimalPlugins, StatesPlugin)).init_state::<Screen>().add_plugins(
+    ///     AgentToolsPlugin::new(Game).follow_state(|screen: &Screen| match screen {
+    ///         Screen::Menu => None,
+    ///         Screen::Playing { save, underground } => {
+    ///             let dimension = if *underground { "caves" } else { "surface" };
+    ///             Some((WorldId::new(save.clone()), DimensionId::new(dimension)))
+    ///         }
+    ///     }),
+    /// );
+    /// ```
     pub fn follow_state<S: States>(
         mut self,
         target: impl Fn(&S) -> Option<(WorldId, DimensionId)> + Send + Sync + 'static,

@@ -189,3 +189,28 @@ fn tick_runs_once_per_frame_on_the_open_session_and_never_between_visits() {
     app.step(3);
     assert_eq!(record.ticks.load(Ordering::SeqCst), after_exit, "no tick after the exit");
 }
+
+/// The game's own main-thread code reaches the open visit's one session (H1): what it changes, the tools see, and
+/// what they change, it sees; with no visit open there is none to reach.
+#[test]
+fn h1_the_games_own_code_reaches_the_open_visits_session_and_no_other() {
+    let mut app = app_with(TestGame::default(), vec![]);
+    let lend = |app: &mut App, by: u64| {
+        app.world_mut().with_visit_session::<TestGame, _>(|visit, session, _world| {
+            session.counter += by;
+            (visit.world.clone(), visit.location.dimension.to_string(), session.counter)
+        })
+    };
+    assert_eq!(lend(&mut app, 1), None, "no visit is open");
+    app.enter_world("alpha");
+    let agent = app.agent().conversation("a");
+    assert_eq!(app.run_until_resolved(&agent.call("bump", json!({}))).expect("bumps").value["counter"], 1);
+    assert_eq!(lend(&mut app, 10), Some((WorldId::new("alpha"), "overworld".to_string(), 11)), "the tool's change");
+    assert_eq!(app.run_until_resolved(&agent.call("bump", json!({}))).expect("bumps").value["counter"], 12);
+    app.travel("nether");
+    assert_eq!(lend(&mut app, 0).map(|(_, dimension, _)| dimension), Some("nether".to_string()), "where it is now");
+    app.exit_world();
+    assert_eq!(lend(&mut app, 1), None, "the visit ended");
+    app.enter_world("beta");
+    assert_eq!(lend(&mut app, 1).map(|(world, _, counter)| (world, counter)), Some((WorldId::new("beta"), 1)));
+}

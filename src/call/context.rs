@@ -137,6 +137,9 @@ impl<S: Send + Sync + 'static> CallContext<S> {
     /// The step is queued when `on_client` is called, so steps run in the order they were asked for (FIFO, across
     /// frames when the per-frame budget runs out). Dropping the future does not unqueue the step; its result is
     /// then discarded. Keep steps small: the main thread runs them within a per-frame budget.
+    ///
+    /// A step that can fail returns a `Result` of its own: `ctx.on_client(|world, session| ...).await??` (the
+    /// host's error first, then the step's).
     pub fn on_client<R, F>(&self, step: F) -> impl Future<Output = Result<R, ToolError>> + Send + 'static
     where
         R: Send + 'static,

@@ -1,6 +1,7 @@
 //! Visits: the main-thread side of the host. Applies enter, travel and exit in order, keeps the one session of
 //! the open visit, and calls the game's [`WorldLifecycle`] at the right moments (rules H1–H5).
 
+mod access;
 mod binding;
 mod follow;
 mod messages;
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use bevy::prelude::*;
 use crossbeam_channel::Receiver;
 
+pub use access::VisitSessionExt;
 pub use binding::WorldBinding;
 pub(crate) use follow::{follow_state, StateTarget};
 pub use messages::{
