@@ -465,10 +465,12 @@ fn security_refusals_have_the_right_status_and_say_why() {
     assert_eq!(status, 200, "a local browser origin with the token is served");
     // Bodies that are not one JSON-RPC message: 400 with a JSON-RPC error, as JSON.
     let batch = format!("[{INITIALIZE}, {INITIALIZE}]");
-    for (body, what, code) in [
-        ("{not json", "malformed JSON", -32700),
-        (batch.as_str(), "a batch", -32600),
-        (r#"{"jsonrpc":"2.0","id":[1,2],"method":7}"#, "a wrong JSON-RPC shape", -32600),
+    for (body, what, code, id) in [
+        ("{not json", "malformed JSON", -32700, Value::Null),
+        (batch.as_str(), "a batch", -32600, Value::Null),
+        (r#"{"jsonrpc":"2.0","id":[1,2],"method":7}"#, "a wrong JSON-RPC shape", -32600, Value::Null),
+        // The id could be read: the error answers it (JSON-RPC's null is for an id that cannot be).
+        (r#"{"jsonrpc":"1.0","id":5,"method":"ping"}"#, "another JSON-RPC version", -32600, json!(5)),
     ] {
         let (status, response) = raw(&server, &[("Authorization", &bearer)], body);
         assert_eq!(status, 400, "{what} is a bad request: {response}");
@@ -476,7 +478,7 @@ fn security_refusals_have_the_right_status_and_say_why() {
         let error: Value =
             serde_json::from_str(json).unwrap_or_else(|e| panic!("{what}: a JSON body ({e}): {response}"));
         assert_eq!(error["error"]["code"], code, "{what}: {error}");
-        assert_eq!(error["id"], Value::Null, "{what}: {error}");
+        assert_eq!(error["id"], id, "{what}: {error}");
     }
 
     // The game kept running through all of it.

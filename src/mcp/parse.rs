@@ -44,6 +44,8 @@ pub(crate) async fn refuse_unparsable(State(max_body_bytes): State<usize>, reque
         )
             .into_response();
     };
+    // The request's id where it can be read (a string or a number), for the error's `id`: null otherwise.
+    let mut id = serde_json::Value::Null;
     let why = match serde_json::from_slice::<serde_json::Value>(&bytes) {
         Err(error) => Some((PARSE_ERROR, format!("Parse error: the body is not valid JSON ({error})"))),
         Ok(serde_json::Value::Array(_)) => Some((
@@ -51,6 +53,9 @@ pub(crate) async fn refuse_unparsable(State(max_body_bytes): State<usize>, reque
             "Invalid Request: JSON-RPC batches are not supported; send one message per request".to_string(),
         )),
         Ok(value) => {
+            if let Some(readable) = value.get("id").filter(|id| id.is_string() || id.is_number()) {
+                id = readable.clone();
+            }
             if let (Some(id), Some(method)) = (value.get("id"), value.get("method")) {
                 let method = method.as_str().unwrap_or_default().to_string();
                 parts.extensions.insert(JsonRpcRequestId { id: id.clone(), method });
@@ -61,12 +66,12 @@ pub(crate) async fn refuse_unparsable(State(max_body_bytes): State<usize>, reque
         }
     };
     match why {
-        Some((code, message)) => refused(code, message),
+        Some((code, message)) => refused(id, code, message),
         None => next.run(Request::from_parts(parts, Body::from(bytes))).await,
     }
 }
 
-fn refused(code: i32, message: String) -> Response {
-    let body = json!({ "jsonrpc": "2.0", "id": null, "error": { "code": code, "message": message } });
+fn refused(id: serde_json::Value, code: i32, message: String) -> Response {
+    let body = json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message } });
     (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
