@@ -68,24 +68,41 @@ pub(crate) fn accepted(requested: &SubscriptionFilter) -> Option<SubscriptionFil
     Some(requested.intersection(&SubscriptionFilter::builder().tools_list_changed().build()))
 }
 
+/// How many tools had been registered when a request arrived (in its extensions): a listener compares it with the
+/// count when it starts listening, which is after rmcp has acknowledged the request.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ToolsSeen(u64);
+
+/// Notes in each request how many tools had been registered when it arrived ([`ToolsSeen`]).
+pub(crate) async fn note_tools_seen(
+    axum::extract::State(agent): axum::extract::State<AgentHandle>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let seen = *agent.host().tools_changed.borrow();
+    request.extensions_mut().insert(ToolsSeen(seen));
+    next.run(request).await
+}
+
 /// Serves one `subscriptions/listen` stream (2026-07-28) until its client closes it or the server stops: each time
-/// a tool is registered, `notifications/tools/list_changed` on it. Its exchange is one that may last for ever (the
-/// game's exit does not wait for it to end).
+/// a tool is registered, `notifications/tools/list_changed` on it. A tool registered after the request arrived but
+/// before this listens (rmcp acknowledges the request first, and the client may already act on it) is announced at
+/// once. Its exchange is one that may last for ever (the game's exit does not wait for it to end).
 pub(crate) async fn listen(agent: &AgentHandle, subscription: SubscriptionContext) -> Result<(), ErrorData> {
-    if let Some(exchange) = subscription
-        .request_context()
-        .extensions
-        .get::<axum::http::request::Parts>()
-        .and_then(|parts| parts.extensions.get::<Arc<super::exchanges::Exchange>>())
-    {
+    let parts = subscription.request_context().extensions.get::<axum::http::request::Parts>();
+    if let Some(exchange) = parts.and_then(|parts| parts.extensions.get::<Arc<super::exchanges::Exchange>>()) {
         exchange.answers(Arc::new(|| true));
     }
+    let seen = parts.and_then(|parts| parts.extensions.get::<ToolsSeen>()).map(|seen| seen.0);
     let mut changed = agent.host().tools_changed.subscribe();
     let wanted = subscription.accepted().tools_list_changed == Some(true);
+    let mut missed = wanted && seen.is_some_and(|seen| *changed.borrow_and_update() != seen);
     loop {
-        tokio::select! {
-            () = subscription.cancelled() => return Ok(()),
-            changed = changed.changed(), if wanted => if changed.is_err() { return Ok(()) },
+        if !std::mem::take(&mut missed) {
+            tokio::select! {
+                () = subscription.cancelled() => return Ok(()),
+                changed = changed.changed(), if wanted => if changed.is_err() { return Ok(()) },
+            }
         }
         let announcement = ServerNotification::ToolListChangedNotification(ToolListChangedNotification::default());
         // Bounded, as for sessions: a client that stopped reading is not waited for.

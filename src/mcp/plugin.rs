@@ -227,6 +227,7 @@ impl McpPlugin {
             Arc::new(ConversationSessions::new(agent.clone(), credentials.clone(), self.session_idle_timeout));
         let limit =
             InFlightLimit { agent: agent.clone(), sessions: sessions.clone(), max_body_bytes: self.max_body_bytes };
+        let tools_seen = agent.clone();
         let peers = super::announce::Peers::default();
         peers.spawn_announcer(&agent, runtime, shutdown.child_token());
         let handler = GameServer { agent, handles: Default::default(), sessions: sessions.clone(), peers };
@@ -236,10 +237,13 @@ impl McpPlugin {
         let exchanges = Arc::new(Exchanges::default());
         // Outermost last: the token, then the in-flight limit, then rmcp (Host, Origin, body limit); every POST
         // that reaches rmcp is tracked until its response is sent, for the exit; a session's end is answered 204; a
-        // resume with nothing left to send, 405; an answer rmcp is slow to give, streamed.
+        // resume with nothing left to send, 405; each request notes how many tools were registered when it arrived
+        // (a `subscriptions/listen` acknowledged before it listens announces what it missed); an answer rmcp is
+        // slow to give, streamed.
         let router = Router::new()
             .nest_service(&self.path, service)
             .layer(axum::middleware::from_fn(super::late_answers::stream_late_answers))
+            .layer(axum::middleware::from_fn_with_state(tools_seen, super::announce::note_tools_seen))
             .layer(axum::middleware::from_fn_with_state(sessions.clone(), super::termination::answer_session_end))
             .layer(axum::middleware::from_fn_with_state(sessions.clone(), super::sessions::refuse_spent_resumes))
             .layer(axum::middleware::from_fn_with_state(sessions.clone(), super::sessions::bind_to_agent_sessions))
