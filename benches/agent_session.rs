@@ -9,7 +9,8 @@
 //! - the agent's tool call round trip as the agent measures it around its MCP request, against median(direct)
 //!   (target ≤ 1.1×); and median(tool turn) - median(turn), the whole cost of a tool call in a turn.
 //!
-//! Rounds rotate between the three so that machine noise falls on all of them alike.
+//! Each round takes every measure in turn (in the same order), so that drift over the run falls on all of them
+//! alike.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

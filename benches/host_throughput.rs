@@ -3,8 +3,9 @@
 //! - `agent_handle_trivial_calls`: `AgentHandle` calls per second of a trivial tool (no `on_client`), with many calls
 //!   in flight from a few client threads while the game runs frames at 60 per second on the main thread.
 //! - `pump_frame_100k_queued`: the time of one whole frame (`app.update()`, `MinimalPlugins` + the host) while
-//!   100,000 `on_client` steps are queued, with the default 1 ms pump budget. Also printed: median and max over
-//!   a fixed number of frames, and steps pumped per frame.
+//!   100,000 `on_client` steps are queued, with the default 1 ms pump budget. Also printed, over a fixed number of
+//!   frames: the whole frame's and the pump's own time (`PumpStats::last_frame_time`, the figure BENCHMARKS.md
+//!   reports) as median, p99 and max, and steps pumped per frame.
 //! - Memory per in-flight call with 10,000 calls in flight, and growth after they finish (a counting global
 //!   allocator, sharded per thread so that counting does not serialize the throughput figure).
 
