@@ -1,7 +1,8 @@
 //! Frame time of the windowed sandbox (full `DefaultPlugins`, winit, Bevy's renderer on software Vulkan under
 //! Xvfb) idle, with an agent placing 100 blocks per second over MCP, and with an agent reading the world 200
 //! times per second (`get_block`, an `on_client` step each), in short interleaved phases of one run (each round:
-//! idle, block changes, reads, in that order), each figure pooled over the rounds; and what re-meshing a chunk costs the frame (its snapshot in `tick` and its mesh).
+//! idle, block changes, reads, in that order), each figure pooled over the rounds; and what re-meshing a chunk
+//! costs the frame (its snapshot in `tick` and its mesh).
 //!
 //! ```sh
 //! cargo bench --features window --bench window_frames

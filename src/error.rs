@@ -137,7 +137,8 @@ pub struct ToolError {
 
 impl ToolError {
     /// A domain error with a tool-defined code (`"BLOCK_NOT_FOUND"`). A host's code named here (`"TIMEOUT"`) is
-    /// that code ([`ErrorCode::named`]), equal to the one the host uses.
+    /// that code ([`ErrorCode::named`]), equal to the one the host uses, and treated as the host's would be (a
+    /// tool's own `TOOL_NOT_FOUND` reaches an MCP client as the JSON-RPC error an unknown tool is).
     pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
         Self::with_code(ErrorCode::named(code), message)
     }

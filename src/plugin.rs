@@ -212,7 +212,9 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
 
     /// Ends a conversation that had no call in flight and no activity (a call, a status report, an open) for
     /// `timeout`. Off by default. This is how conversations end over MCP 2026-07-28, which has no sessions; a
-    /// client that comes back later reopens its conversation (`Ended → Idle`). Checked once per frame.
+    /// client that comes back later reopens its conversation (`Ended → Idle`). Checked once per frame. Neither an
+    /// in-game agent session's conversation nor an MCP 2025-11-25 session's (which ends with its session:
+    /// `McpPlugin::session_idle_timeout`) is ended this way.
     pub fn conversation_idle_timeout(mut self, timeout: Duration) -> Self {
         self.config.idle_timeout = Some(timeout);
         self

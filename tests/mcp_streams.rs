@@ -13,7 +13,7 @@ use std::time::Duration;
 use bevy_agent_tools::mcp::{McpPlugin, McpServer};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
-use bevy_agent_tools::{ConversationEvent, NoArgs};
+use bevy_agent_tools::{ConversationEvent, ConversationId, ConversationStatus, NoArgs};
 use common::*;
 
 const TOKEN: &str = "resume-token-0123456789abcdef";
@@ -62,18 +62,19 @@ fn open_session(server: &McpServer) -> String {
 
 /// A game serving MCP with `tool`, world `alpha` open, and a subscription to its conversation events.
 fn serve(tool: AgentTool<Session>) -> (RunningGame, McpServer, bevy_agent_tools::Subscription) {
-    serve_with(tool, |mcp| mcp)
+    serve_with(tool, |host| host, |mcp| mcp)
 }
 
-/// [`serve`], with the MCP server configured by `configure`.
+/// [`serve`], with the host and the MCP server configured by `host` and `mcp`.
 fn serve_with(
     tool: AgentTool<Session>,
-    configure: fn(McpPlugin) -> McpPlugin,
+    host: fn(AgentToolsPlugin<TestGame>) -> AgentToolsPlugin<TestGame>,
+    mcp: fn(McpPlugin) -> McpPlugin,
 ) -> (RunningGame, McpServer, bevy_agent_tools::Subscription) {
     let game = RunningGame::spawn(Duration::from_millis(1), move || {
         headless_app_with(
-            AgentToolsPlugin::new(TestGame::default()).with_tool(tool),
-            configure(McpPlugin::new().port(0).token(TOKEN)),
+            host(AgentToolsPlugin::new(TestGame::default()).with_tool(tool)),
+            mcp(McpPlugin::new().port(0).token(TOKEN)),
         )
     });
     let server = game.with_app(|app| {
@@ -172,25 +173,32 @@ fn a_client_that_resumes_after_its_call_finished_gets_the_result_it_missed() {
 
 /// Claude Code never opens a new session after a 404 (its tools are gone until it restarts), and its user may read
 /// for longer than the idle timeout between two calls. A client listening on its session's `GET` stream is there,
-/// however quiet; one that went away without deleting its session (its stream closed) expires, and its
+/// however quiet: neither the session's idle timeout nor the host's conversation idle timeout (for sessionless
+/// clients) ends it. One that went away without deleting its session (its stream closed) expires, and its
 /// conversation ends.
 #[test]
-fn an_mcp_session_expires_only_once_its_client_stopped_listening_and_stayed_silent() {
-    let idle = Duration::from_secs(1);
+fn an_mcp_session_whose_client_listens_outlives_every_idle_timeout_and_expires_once_it_stopped() {
+    let idle = Duration::from_secs(2);
     let tool = bump_tool("bump", ToolScope::World, Arc::default(), None);
-    let (game, server, mut events) = serve_with(tool, |mcp| mcp.session_idle_timeout(Duration::from_secs(1)));
+    let (game, server, mut events) = serve_with(
+        tool,
+        |host| host.conversation_idle_timeout(Duration::from_millis(300)),
+        |mcp| mcp.session_idle_timeout(Duration::from_secs(2)),
+    );
     let session = open_session(&server);
     let in_session = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
+    let (listening, head) = send(&server, "GET", &in_session, "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     // A call, so that the session has a conversation.
     let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"bump","arguments":{}}}"#;
     let (mut answer, _) = send(&server, "POST", &in_session, call);
     read_until(&mut answer, |line| line.contains(r#""id":7"#)).expect("its result");
-    let (listening, head) = send(&server, "GET", &in_session, "");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 
-    // The client says nothing for four idle timeouts (time passing is the point), listening all along.
-    std::thread::sleep(idle * 4);
+    // The client says nothing for three idle timeouts (time passing is the point), listening all along.
+    std::thread::sleep(idle * 3);
     assert_answers_a_ping(&server, &in_session);
+    let status = game.agent().conversation_status(&ConversationId::new(format!("mcp-session:{session}")));
+    assert_eq!(status, Some(ConversationStatus::Idle), "its conversation goes on");
 
     // It goes away without deleting its session: the server learns it at its next keep-alive, and the session
     // expires an idle timeout later.

@@ -535,11 +535,11 @@ fn reserved_arguments_are_in_schemas_of_mutating_tools_and_taken_off_the_wire() 
     let schema = bump.client_input_schema();
     let help =
         |schema: &serde_json::Value| schema["properties"][OPERATION_ID]["description"].as_str().map(str::to_owned);
-    assert!(help(&schema).is_some_and(|d| d.contains("retry") && !d.contains("player moved")), "{schema}");
+    assert!(help(&schema).is_some_and(|d| d.contains("retry") && !d.contains("player travelled")), "{schema}");
     assert!(schema["properties"][TASK_ID].is_object());
     // A location-scoped tool's retries are per location (H12's scope): the model is told.
     let here = tools.iter().find(|t| t.name == "bump_here").expect("bump_here").client_input_schema();
-    assert!(help(&here).is_some_and(|d| d.contains("a retry after the player moved")), "{here}");
+    assert!(help(&here).is_some_and(|d| d.contains("a retry after the player travelled")), "{here}");
     let smash = tools.iter().find(|t| t.name == "smash").expect("smash");
     assert!(smash.client_input_schema()["properties"]["confirm"].is_object());
 

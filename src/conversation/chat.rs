@@ -40,8 +40,9 @@ pub struct ChatMessage {
 ///
 /// - the session failed (its backend stopped or could not be reached, a turn timed out): its status is then
 ///   `Error` until `session::AgentSession::resume`;
-/// - the agent refused one turn (its provider overloaded or rate limiting, the context too long): that turn ends,
-///   the status goes back to `Idle`, and the next text is taken;
+/// - an ACP agent answered that it could not do one turn (its provider overloaded or rate limiting, the context
+///   too long): that turn ends, the status goes back to `Idle`, and the next text is taken (an OpenAI-compatible
+///   endpoint that still refuses after its retries fails the session, as above);
 /// - a notice that fails nothing (`HISTORY_NOT_SAVED`: the turn's history could not be written): the session goes
 ///   on as it was.
 #[derive(Message, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

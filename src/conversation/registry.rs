@@ -72,7 +72,13 @@ struct HubInner {
     /// The other conversations whose retries joined each execution still in flight, by its request id: its
     /// finish is theirs too.
     joined: HashMap<crate::ids::RequestId, Vec<ConversationId>>,
+    /// Conversations whose life a transport keeps (an MCP 2025-11-25 session's: it ends with its session), which
+    /// the idle timeout leaves alone.
+    transport_owned: Option<TransportOwned>,
 }
+
+/// Whether a conversation's life is its transport's.
+pub(crate) type TransportOwned = Arc<dyn Fn(&ConversationId) -> bool + Send + Sync>;
 
 /// What an end took from the conversation, to be ended outside the lock.
 #[derive(Default)]
@@ -279,17 +285,26 @@ impl ConversationHub {
         Ok(())
     }
 
-    /// Ends every conversation that had no call in flight and no activity for the idle timeout.
+    /// Leaves the conversations `owned` says a transport keeps to that transport: the idle timeout never ends them.
+    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
+    pub(crate) fn leave_to_transport(&self, owned: TransportOwned) {
+        self.inner.lock().transport_owned = Some(owned);
+    }
+
+    /// Ends every conversation that had no call in flight and no activity for the idle timeout (neither one the
+    /// game holds nor one a transport keeps).
     pub(crate) fn end_idle(&self, now: Instant) {
         let Some(timeout) = self.idle_timeout else { return };
         let idle: Vec<ConversationId> = {
             let inner = self.inner.lock();
+            let transport_owned = |id: &ConversationId| inner.transport_owned.as_ref().is_some_and(|owned| owned(id));
             inner
                 .conversations
                 .iter()
-                .filter(|(_, entry)| {
+                .filter(|(id, entry)| {
                     !entry.facts.ended
                         && !entry.held
+                        && !transport_owned(id)
                         && entry.active.is_empty()
                         && entry.pending.is_empty()
                         && now.saturating_duration_since(entry.last_activity) >= timeout

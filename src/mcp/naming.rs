@@ -40,6 +40,11 @@ pub(crate) fn handle_conversation(handle: &str) -> ConversationId {
     ConversationId::new(format!("mcp-handle:{handle}"))
 }
 
+/// Whether `conversation` is an MCP session's (its life is the session's: it ends when the session does).
+pub(crate) fn is_session_conversation(conversation: &ConversationId) -> bool {
+    conversation.as_str().starts_with("mcp-session:")
+}
+
 /// The conversation of MCP session `session`.
 pub(crate) fn session_conversation(session: &str) -> ConversationId {
     ConversationId::new(format!("mcp-session:{session}"))

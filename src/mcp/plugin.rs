@@ -69,10 +69,13 @@ impl McpPlugin {
     /// How long an MCP 2025-11-25 session may stay silent (no request from its client, no call it made in flight,
     /// and no `GET` stream of its client open) before it expires and its conversation ends. A client that keeps
     /// its `GET` stream open (Claude Code, the TypeScript and Python SDKs do while they run) keeps its session
-    /// however quiet it is; its idle time starts when it goes away without deleting the session. Default 5 minutes; `None` keeps sessions until their
-    /// client deletes them or the conversation ends. An in-game agent's session (its client presented the
-    /// session's own token) never expires this way: it closes when the in-game session ends. (2026-07-28 has no sessions: see
-    /// [`AgentToolsPlugin::conversation_idle_timeout`](crate::AgentToolsPlugin::conversation_idle_timeout).)
+    /// however quiet it is; its idle time starts when the server finds the stream closed (the client went away
+    /// without deleting the session; a connection that died without a word is found at a keep-alive the kernel
+    /// gives up on). Default 5 minutes; `None` keeps sessions until their client deletes them or the
+    /// conversation ends. An in-game agent's session (its client presented the session's own token) never
+    /// expires this way: it closes when the in-game session ends. The host's
+    /// [`AgentToolsPlugin::conversation_idle_timeout`](crate::AgentToolsPlugin::conversation_idle_timeout) (for
+    /// 2026-07-28, which has no sessions) never ends a session's conversation.
     pub fn session_idle_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
         self.session_idle_timeout = timeout.into();
         self
@@ -153,8 +156,8 @@ impl McpPlugin {
             if token.chars().count() < 16 {
                 return Err(McpConfigError("the MCP token must be at least 16 characters".into()));
             }
-            // A client could never send another (HTTP headers carry visible ASCII as it is): every request would
-            // be refused as having the wrong token.
+            // A non-ASCII token cannot be sent in an HTTP header as it is, and one with spaces is read back trimmed
+            // and split by some clients: refused at start-up rather than failing every request as a wrong token.
             if !token.bytes().all(|byte| byte.is_ascii_graphic()) {
                 return Err(McpConfigError(
                     "the MCP token must be visible ASCII characters (letters, digits, punctuation), without spaces"
@@ -225,6 +228,9 @@ impl McpPlugin {
             .with_cancellation_token(shutdown.child_token());
         let sessions =
             Arc::new(ConversationSessions::new(agent.clone(), credentials.clone(), self.session_idle_timeout));
+        // A session's conversation ends with its session (its own idle timeout, a DELETE), never by the host's
+        // conversation idle timeout: that would close the session under a quiet client that listens.
+        agent.host().conversations.leave_to_transport(Arc::new(super::naming::is_session_conversation));
         let limit =
             InFlightLimit { agent: agent.clone(), sessions: sessions.clone(), max_body_bytes: self.max_body_bytes };
         let tools_seen = agent.clone();

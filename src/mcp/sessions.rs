@@ -1,11 +1,12 @@
 //! MCP 2025-11-25 sessions are conversations. The two end together:
 //!
 //! - a client that deletes its session, or a session that expires (no request from its client for the
-//!   configured idle time, no call in flight, and no `GET` stream of its client open), ends its conversation: its calls in flight end with
-//!   `CANCELLED` (a keyed execution another session's retry still waits for goes on for it); the visit is
-//!   untouched;
-//! - a conversation that ends on the game's side (`AgentHandle::end_conversation`, the host's idle timeout) closes
-//!   its session, so the client learns it at its next request (HTTP 404) and starts a new one;
+//!   configured idle time, no call in flight, and no `GET` stream of its client open), ends its conversation:
+//!   its calls in flight end with `CANCELLED` (a keyed execution another session's retry still waits for goes on
+//!   for it); the visit is untouched;
+//! - a conversation that the game ends (`AgentHandle::end_conversation`) closes its session, so the client learns
+//!   it at its next request (HTTP 404) and, if it follows the specification, starts a new one; the host's
+//!   conversation idle timeout (for sessionless clients) leaves a session's conversation alone;
 //! - a session whose client presented an in-game agent session's credential is that session's: it never expires
 //!   by silence (the agent may wait for the player's next turn for any time, and some clients never open a new
 //!   session after a 404), and it closes when the in-game session ends.
@@ -226,8 +227,9 @@ impl ConversationSessions {
         });
     }
 
-    /// The sessions whose client has been silent for the idle timeout at `now`, leaving out those with a call in
-    /// flight in any conversation they used (a long tool call is not silence); and those of an in-game agent
+    /// The sessions whose client has been silent for the idle timeout at `now`, leaving out those whose client
+    /// has a `GET` stream open and those with a call in flight in any conversation they used (a long tool call is
+    /// not silence); and those of an in-game agent
     /// session whose credential was revoked (it failed or ended), silent or not, and only those.
     pub(crate) fn expired(&self, now: Instant) -> Vec<SessionId> {
         let Some(idle_timeout) = self.idle_timeout else { return Vec::new() };

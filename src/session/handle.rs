@@ -114,6 +114,10 @@ impl AgentSessions {
         if id.as_str().is_empty() {
             return Err(ToolError::invalid_input("session", "the session id is empty"));
         }
+        // A session of this run is there at once, without waiting for a resume or forget of it under way.
+        if let Some(core) = self.live.lock().get(&id).cloned() {
+            return Ok(AgentSession { core, sessions: self.clone() });
+        }
         let _resuming = self.by_id.lock(&id).await;
         if let Some(core) = self.live.lock().get(&id).cloned() {
             return Ok(AgentSession { core, sessions: self.clone() });
@@ -151,8 +155,8 @@ impl AgentSessions {
         if id.as_str().is_empty() {
             return Err(ToolError::invalid_input("session", "the session id is empty"));
         }
-        // Every change of an id's place in the live map (`resume_session`, `AgentSession::resume`, this) is made
-        // under the id's lock.
+        // Whatever puts a known id back in the live map (`resume_session`, `AgentSession::resume`) does it under
+        // the id's lock: a resume under way finishes first, and none puts the session back after this.
         let _forgetting = self.by_id.lock(&id).await;
         let live = self.live.lock().remove(&id);
         if let Some(core) = &live {

@@ -49,8 +49,8 @@ different arguments with the same id are refused (OPERATION_CONFLICT). Without a
 task of its own: send the same task_id (or conversation handle) with the retry. After a TIMEOUT the effect is \
 unknown: inspect the game before starting a new operation_id.";
 /// Added to [`OPERATION_HELP`] for a tool that acts where the player is (`ToolScope::Location`).
-const OPERATION_HELP_LOCATION: &str = " This tool acts where the player is: a retry after the player moved \
-elsewhere is a new operation, and runs there.";
+const OPERATION_HELP_LOCATION: &str = " This tool acts where the player is: a retry after the player \
+travelled (even back to the same place) is a new operation, and runs where the player is then.";
 const TASK_HELP: &str = "Optional. Groups calls into one task (defaults to this conversation); operation ids are \
 scoped to it.";
 

@@ -201,10 +201,9 @@ async fn readable(response: reqwest::Response) -> Result<reqwest::Response, Open
 /// type and code its body gives, whatever its shape ([`refusal`]).
 pub(super) async fn refused(response: reqwest::Response) -> OpenAIError {
     let status = response.status();
-    match read_bounded(response, REFUSAL_LIMIT).await {
-        Ok(body) => OpenAIError::ApiError(ApiErrorResponse { status_code: status, api_error: refusal(&body) }),
-        Err(error) => error,
-    }
+    // A body that cannot be read still leaves the status (and so what the player is told to check).
+    let body = read_bounded(response, REFUSAL_LIMIT).await.unwrap_or_default();
+    OpenAIError::ApiError(ApiErrorResponse { status_code: status, api_error: refusal(&body) })
 }
 
 /// A response for the client made of these parts.
@@ -326,13 +325,14 @@ pub(crate) fn describe(endpoint: &OpenAiEndpoint, error: OpenAIError) -> ToolErr
         OpenAIError::Reqwest(error) => unavailable(format!("the request to {url} failed: {}", source_chain(&error))),
         OpenAIError::ApiError(api) => {
             let status = api.status_code.as_u16();
-            let mut said = api.api_error.message.chars().take(500).collect::<String>();
+            let mut said = api.api_error.message.clone();
             // An endpoint that quotes the key it refused (some proxies do) does not get it shown to the player.
             if let Ok(Some(key)) = api_key(endpoint) {
                 if key.chars().count() >= MIN_KEY_HIDDEN {
                     said = said.replace(&key, "[the API key]");
                 }
             }
+            let said = said.chars().take(500).collect::<String>();
             let message = match status {
                 401 | 403 => match &endpoint.api_key_env {
                     Some(var) => format!(

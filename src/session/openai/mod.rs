@@ -18,8 +18,9 @@
 //!   turn, bounded (oldest turns dropped), reloaded by `resume` and by `resume_session` after a restart (one that
 //!   cannot be read is kept aside, as `history.json.unreadable`, where the session starts anew).
 //! - **Faults**: connection refused and other HTTP failures are `AGENT_UNAVAILABLE` naming the URL; `401`/`403`
-//!   names the key's environment variable, with the endpoint's own words (the key hidden where they quote it); `429` and `5xx` are retried a bounded number of times honouring
-//!   `Retry-After`; an endpoint silent for [`OpenAiEndpoint::stall_timeout`] is `TIMEOUT`; a malformed chunk is
+//!   names the key's environment variable, with the endpoint's own words (the key hidden where they quote it);
+//!   `429` and `5xx` are retried a bounded number of times honouring `Retry-After`; an endpoint silent for
+//!   [`OpenAiEndpoint::stall_timeout`] is `TIMEOUT`; a malformed chunk is
 //!   `AGENT_UNAVAILABLE` quoting it. A failed turn fails the session (status `Error`; `resume` reconnects, with
 //!   the history as it was before that turn, or, if tool calls ran in it, with them and their results and a line
 //!   saying the turn failed: the model then knows what it changed in the world).
