@@ -203,9 +203,14 @@ fn ending_a_conversation_cancels_its_calls_and_never_touches_the_visit() {
     let record = game.record.clone();
     let ended_seen = Arc::new(AtomicUsize::new(0));
     let seen = ended_seen.clone();
+    // Open: it only counts the handler in (a call that ends before its handler starts never runs it).
+    let watching_started = Gate::new();
+    watching_started.open();
+    let started = watching_started.clone();
     let watcher = AgentTool::new("watch", "Waits until the call ends.", move |ctx: CallContext<Session>, _: NoArgs| {
-        let seen = seen.clone();
+        let (seen, started) = (seen.clone(), started.clone());
         async move {
+            started.pass().await;
             ctx.ended().await;
             seen.fetch_add(1, Ordering::SeqCst);
             Ok(())
@@ -217,7 +222,7 @@ fn ending_a_conversation_cancels_its_calls_and_never_touches_the_visit() {
     let conversation = app.agent().conversation("agent");
     let watching = conversation.call("watch", json!({}));
     let gated = conversation.call("slow_bump", json!({}));
-    app.run_until("the handler is at the gate", |_| gate.arrived() == 1);
+    app.run_until("both handlers started", |_| gate.arrived() == 1 && watching_started.arrived() == 1);
 
     conversation.end().expect("ends");
     for call in [&watching, &gated] {
