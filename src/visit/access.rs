@@ -36,7 +36,8 @@ use crate::lifecycle::{VisitInfo, WorldLifecycle};
 pub trait VisitSessionExt {
     /// Runs `f` with the open visit (its world, visit id and current location), its session, and the rest of the
     /// world, on the main thread, and returns what `f` returns. `None` when no visit of lifecycle `L` is open,
-    /// and inside a tool's step or one of the lifecycle's own methods (which have the session already).
+    /// and inside a tool's step or one of the lifecycle's own methods (which have the session already). A session
+    /// still loading (`Opened::loading`) is lent too, as `tick` gets it: check its readiness yourself.
     fn with_visit_session<L: WorldLifecycle, R>(
         &mut self,
         f: impl FnOnce(&VisitInfo, &mut L::Session, &mut World) -> R,
