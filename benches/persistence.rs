@@ -283,6 +283,10 @@ fn line(name: &str, samples: &Mutex<Vec<Duration>>) -> Duration {
 }
 
 fn summary(case: &str, timings: &Timings) {
+    // A case a filter left out timed nothing: no summary of nothing.
+    if timings.durable.lock().is_empty() || timings.replace.lock().is_empty() {
+        return;
+    }
     let [close, close_p95, _] = percentiles(&timings.close);
     let max = timings.close.lock().iter().max().copied().unwrap_or_default();
     println!("\npersistence summary ({case}: 10 MiB session as JSON, {} bytes encoded):", *timings.bytes.lock());
