@@ -115,12 +115,12 @@ impl AgentSessions {
             return Err(ToolError::invalid_input("session", "the session id is empty"));
         }
         // A session of this run is there at once, without waiting for a resume or forget of it under way.
-        if let Some(core) = self.live.lock().get(&id).cloned() {
-            return Ok(AgentSession { core, sessions: self.clone() });
+        if let Some(session) = self.get(&id) {
+            return Ok(session);
         }
         let _resuming = self.by_id.lock(&id).await;
-        if let Some(core) = self.live.lock().get(&id).cloned() {
-            return Ok(AgentSession { core, sessions: self.clone() });
+        if let Some(session) = self.get(&id) {
+            return Ok(session);
         }
         let record = self.host.records.load(id.as_str()).await?;
         let phase = if record.ended { Phase::Ended } else { Phase::Live };
