@@ -245,20 +245,40 @@ fn h1_reconnecting_mcp_clients_keep_talking_to_the_same_visit() {
     game.stop();
 }
 
+/// A 2026-07-28 client that names itself `name` (version 1.0) in every request's `_meta`.
+#[derive(Clone)]
+struct Named(&'static str);
+
+impl ClientHandler for Named {
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        rmcp::model::ClientConfig::new(Default::default(), rmcp::model::Implementation::new(self.0, "1.0"))
+    }
+}
+
 #[test]
-fn h12_sessionless_clients_with_the_same_name_never_share_replays_and_a_minted_handle_keeps_them_one_conversation() {
+fn h12_a_sessionless_clients_retries_run_once_by_its_name_and_a_minted_handle_keeps_a_conversation_apart() {
     let (game, server) = game(Arc::default(), Gate::new());
     let url = server.url().to_string();
     runtime().block_on(async move {
-        // Two separate 2026-07-28 clients: rmcp's client sends the same clientInfo for both.
+        // Two separate 2026-07-28 clients: rmcp's client sends the same clientInfo for both. And one of another
+        // name.
         let (a, _) = connect(&url, true).await;
         let (b, _) = connect(&url, true).await;
+        let transport = StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(url.as_str()).auth_header(TOKEN),
+        );
+        let mode = ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
+        let other = Named("other").serve_with_lifecycle(transport, mode).await.expect("connect (2026-07-28)");
         let counter =
             |result: rmcp::model::CallToolResult| result.structured_content.expect("structured")["counter"].clone();
         let keyed = json!({ "by": 1, "operation_id": "op-1" });
         let first = counter(a.call_tool(params("bump", keyed.clone())).await.expect("call"));
+        let retried = counter(a.call_tool(params("bump", keyed.clone())).await.expect("call"));
+        assert_eq!(first, retried, "a retry of a sessionless client without a handle runs once (DESIGN §7)");
         let second = counter(b.call_tool(params("bump", keyed.clone())).await.expect("call"));
-        assert_ne!(first, second, "the other client's call ran: it did not get the first one's retained result");
+        assert_eq!(first, second, "a client of the same name and version is the same conversation");
+        let theirs = counter(other.call_tool(params("bump", keyed.clone())).await.expect("call"));
+        assert_ne!(first, theirs, "a client of another name ran its own operation");
 
         let begun = a.call_tool(params("begin_conversation", json!({}))).await.expect("call");
         let handle =
@@ -294,6 +314,7 @@ fn h12_sessionless_clients_with_the_same_name_never_share_replays_and_a_minted_h
         assert!(tools.iter().any(|tool| tool.name == "begin_conversation"));
         a.cancel().await.expect("close");
         b.cancel().await.expect("close");
+        other.cancel().await.expect("close");
     });
     game.stop();
 }
@@ -372,12 +393,19 @@ fn a_tool_registered_while_the_game_runs_is_announced_to_sessionless_clients_tha
 
 #[test]
 fn busy_over_the_in_flight_limit_is_refused_with_429() {
+    for modern in [false, true] {
+        busy_over_the_in_flight_limit_is_refused_with_429_in(modern);
+    }
+}
+
+/// In an MCP session (2025-11-25), or sessionless (2026-07-28), where the client's name makes the conversation.
+fn busy_over_the_in_flight_limit_is_refused_with_429_in(modern: bool) {
     let gate = Gate::new();
     let (game, server) = game(Arc::default(), gate.clone());
     let url = server.url().to_string();
     let opener = gate.clone();
     runtime().block_on(async move {
-        let (client, _) = connect(&url, false).await;
+        let (client, _) = connect(&url, modern).await;
         let peer = client.peer().clone();
         let call = |arguments: Value| {
             let peer = peer.clone();

@@ -74,7 +74,7 @@ fn python_mcp_client_lists_calls_sees_errors_replays_and_cancels_in_both_protoco
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!stderr.contains("Session termination failed"), "the client's session ended cleanly:\n{stderr}");
     let checks = stdout.lines().filter(|line| line.contains("\"ok\": true")).count();
-    assert_eq!(checks, 22, "every check passed in both generations:\n{stdout}");
+    assert_eq!(checks, 24, "every check passed in both generations:\n{stdout}");
     for generation in ["auto", "legacy"] {
         ended.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| panic!("{generation}: the handler saw ended()"));
     }

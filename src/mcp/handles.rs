@@ -4,8 +4,9 @@
 //! A client calls the built-in tool `begin_conversation` once and passes the handle it returns as the
 //! `conversation` argument of its later calls: they are then one conversation, with their own operation-id
 //! replays, in-flight limit and status. Only minted handles are accepted (an unknown one is
-//! `CONVERSATION_NOT_FOUND`), so two clients never share a conversation by choosing the same name. A request
-//! with no handle (and no MCP session) is a conversation of its own, ended with the request.
+//! `CONVERSATION_NOT_FOUND`), so two clients never share a conversation by choosing the same handle. A request
+//! with no handle (and no MCP session) is its client's conversation, shared by every client of the same name
+//! and version (`naming`); one that names no client either is a conversation of its own, ended with the request.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -27,8 +28,9 @@ pub(crate) use crate::tool::CONVERSATION;
 const KEPT: usize = 10_000;
 
 pub(crate) const CONVERSATION_HELP: &str = "Optional. The handle from `begin_conversation`: pass it in every call \
-so that your calls are one conversation (your operation_id retries run once, and no other client's calls are \
-mixed with yours). Not needed when your client keeps an MCP session.";
+so that your calls are one conversation of their own (your operation_id retries run once, and no other client's \
+calls are mixed with yours, not even another copy of your client's). Not needed when your client keeps an MCP \
+session.";
 
 /// The handles minted so far (the newest [`KEPT`]).
 #[derive(Clone)]
@@ -95,8 +97,9 @@ pub(crate) fn begin_conversation_tool() -> Tool {
     Tool::new(
         BEGIN_CONVERSATION,
         "Starts a conversation with the game and returns its handle. Call it once, then pass the handle as the \
-         `conversation` argument of every call, so that your retries with an operation_id run once and your \
-         calls are never mixed with another client's.",
+         `conversation` argument of every call, so that your calls are never mixed with another client's (not \
+         even another copy of your client's) and your retries with an operation_id run once among them. Not \
+         needed when your client keeps an MCP session.",
         Arc::new(as_object(input)),
     )
     .with_raw_output_schema(Arc::new(as_object(output)))

@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use super::credentials::BoundConversation;
 use super::handles::CONVERSATION;
-use super::naming::{conversation_id, session_named};
+use super::naming::{client_identity, conversation_id, session_named, CLIENT_INFO_META};
 use super::security::refusal;
 use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
@@ -45,17 +45,19 @@ pub(crate) async fn limit_in_flight(State(limit): State<InFlightLimit>, request:
         if message.get("method").and_then(Value::as_str) == Some("tools/call") {
             let params = message.get("params");
             let header = parts.headers.get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok());
-            let version = params.and_then(|p| p.get("_meta")).and_then(|m| m.get(PROTOCOL_VERSION_META));
+            let meta = params.and_then(|p| p.get("_meta"));
+            let version = meta.and_then(|m| m.get(PROTOCOL_VERSION_META));
             let session = session_named(header, version.and_then(Value::as_str), |id| limit.sessions.is_open(id));
+            let client = client_identity(meta.and_then(|m| m.get(CLIENT_INFO_META)));
             let arguments = params.and_then(|p| p.get("arguments"));
             let handle = arguments.and_then(|a| a.get(CONVERSATION)).and_then(Value::as_str);
             // A keyed call may be a retry that joins its running operation or gets its retained outcome (it adds
             // no call): the host decides, and answers `BUSY` only for a new execution.
             let keyed = arguments.and_then(|a| a.get(OPERATION_ID)).is_some();
             let bound = parts.extensions.get::<BoundConversation>().map(|bound| &bound.0);
-            // A request of no conversation (sessionless, no handle) is one of its own: nothing to limit yet.
-            // An unknown handle names nobody's conversation: the server refuses it.
-            let conversation = conversation_id(bound, handle, session);
+            // A request of no conversation (sessionless, no handle, no client name) is one of its own: nothing
+            // to limit yet. An unknown handle names nobody's conversation: the server refuses it.
+            let conversation = conversation_id(bound, handle, session, client.as_deref());
             if !keyed && conversation.is_some_and(|conversation| limit.agent.is_busy(&conversation)) {
                 return refusal(
                     StatusCode::TOO_MANY_REQUESTS,

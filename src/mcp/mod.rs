@@ -52,14 +52,18 @@
 //! a JSON-RPC error: a parse error (-32700) for malformed JSON, an invalid request (-32600) for a batch or a
 //! wrong shape.
 //!
-//! Conversations: a 2025-11-25 client's MCP session is its conversation. A sessionless (2026-07-28) client gets
-//! one through a server-minted handle (SEP-2567): the built-in tool `begin_conversation` returns
+//! Conversations: a 2025-11-25 client's MCP session is its conversation. A sessionless (2026-07-28) request
+//! names its client in `_meta` (`io.modelcontextprotocol/clientInfo`), and its conversation is its client's
+//! (DESIGN §7): every request of the same client name and version, with the game's token, is one conversation
+//! (one in-flight limit, and the default task of its operation-id replays), so a retry with the same
+//! `operation_id` runs once without the client doing anything more. Copies of the same client that want to be
+//! kept apart use a server-minted handle (SEP-2567): the built-in tool `begin_conversation` returns
 //! `{"conversation": "cv-..."}`, and the client passes it as the `conversation` argument (in every tool's schema)
-//! of its later calls. Only minted handles pass (`CONVERSATION_NOT_FOUND`); a sessionless request without one is a
-//! conversation of its own, ended with the request, so a conversation (its in-flight limit, and the default task
-//! of its operation-id replays) is never shared between clients by a name they chose; a `task_id` is shared by
-//! every conversation that names it. A request presenting an in-game agent session's credential
-//! ([`Credentials`]) is that session's conversation.
+//! of its later calls. Only minted handles pass (`CONVERSATION_NOT_FOUND`). A sessionless request that names no
+//! client is a conversation of its own, ended with the request. A `task_id` is shared by every conversation that
+//! names it. A request presenting an in-game agent session's credential ([`Credentials`]) is that session's
+//! conversation. The 1,000 client names used most recently keep their conversations open; the conversation of
+//! one used longer ago ends, and opens again when it comes back.
 //!
 //! Progress: every report a handler makes before its result reaches the client (as `notifications/progress`, when
 //! the request carried a progress token) before the result.
@@ -84,6 +88,7 @@
 //! [`AgentTool::argument_enum`](crate::AgentTool::argument_enum).
 
 mod announce;
+mod clients;
 mod credentials;
 mod exchanges;
 mod handles;

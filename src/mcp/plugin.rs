@@ -236,7 +236,13 @@ impl McpPlugin {
         let tools_seen = agent.clone();
         let peers = super::announce::Peers::default();
         peers.spawn_announcer(&agent, runtime, shutdown.child_token());
-        let handler = GameServer { agent, handles: Default::default(), sessions: sessions.clone(), peers };
+        let handler = GameServer {
+            agent,
+            handles: Default::default(),
+            clients: Default::default(),
+            sessions: sessions.clone(),
+            peers,
+        };
         sessions.spawn_upkeep(runtime, shutdown.child_token());
         let service: StreamableHttpService<GameServer, ConversationSessions> =
             StreamableHttpService::new(move || Ok(handler.clone()), sessions.clone(), config);

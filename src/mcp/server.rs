@@ -14,9 +14,12 @@ use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
+use super::clients::ClientConversations;
 use super::credentials::BoundConversation;
 use super::handles::{begin_conversation_tool, Handles, BEGIN_CONVERSATION, CONVERSATION, CONVERSATION_HELP};
-use super::naming::{conversation_id, handle_conversation, session_named};
+use super::naming::{
+    client_conversation, client_identity, conversation_id, handle_conversation, session_named, CLIENT_INFO_META,
+};
 use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
 use crate::call::{CallOutcome, CallRequest, Progress, ProgressSink};
@@ -35,8 +38,9 @@ const INSTRUCTIONS: &str = "Tools act inside a running game. Each call is bound 
 location-scoped tools, the exact location) it was made in: if the player leaves or travels first, the call is \
 refused (VISIT_ENDED, LOCATION_CHANGED) and nothing is applied elsewhere. An error result's text is JSON with a \
 stable `code`, a `message` and `details`. For non-read-only tools, pass an `operation_id` when you may retry: retries run once. After \
-TIMEOUT the effect is unknown: look before you retry. Without an MCP session, call `begin_conversation` once and \
-pass its handle as `conversation` in every call: retries are only recognised within a conversation.";
+TIMEOUT the effect is unknown: look before you retry. Retries are recognised within a conversation: your MCP \
+session, or without one every client of your client's name and version; to keep your calls apart from other \
+copies of your client, call `begin_conversation` once and pass its handle as `conversation` in every call.";
 
 /// Numbers the conversations of sessionless requests without a handle.
 static NEXT_REQUEST: AtomicU64 = AtomicU64::new(1);
@@ -47,6 +51,8 @@ pub(crate) struct GameServer {
     pub agent: AgentHandle,
     /// The conversation handles minted for sessionless clients.
     pub handles: Handles,
+    /// The sessionless clients named by their identity, whose conversations stay open.
+    pub clients: ClientConversations,
     /// The open 2025-11-25 sessions.
     pub sessions: Arc<ConversationSessions>,
     /// The clients of those sessions, told when the tool list changes.
@@ -56,8 +62,8 @@ pub(crate) struct GameServer {
 impl GameServer {
     /// Names the conversation a request belongs to ([`conversation_id`]): its credential's (an in-game agent
     /// session), else its `conversation` handle (checked: only minted handles pass), else its MCP session
-    /// (2025-11-25), else none: a sessionless request without a handle is a conversation of its own, ended with
-    /// the request.
+    /// (2025-11-25), else its client's name and version (a sessionless request's `_meta`), else none: such a
+    /// request is a conversation of its own, ended with the request.
     ///
     /// Every request opens its conversation ([`AgentHandle::conversation`]): a conversation that ended (for
     /// example by the plugin's `conversation_idle_timeout`) is reactivated, so a client that comes back with its
@@ -82,10 +88,17 @@ impl GameServer {
         let version = context.meta.protocol_version();
         let session = session_named(header, version.as_ref().map(|v| v.as_str()), |id| self.sessions.is_open(id));
         let bound = parts.and_then(|p| p.extensions.get::<BoundConversation>()).map(|bound| &bound.0);
-        let id = conversation_id(bound, handle.as_deref(), session);
+        let client = client_identity(context.meta.get(CLIENT_INFO_META));
+        let id = conversation_id(bound, handle.as_deref(), session, client.as_deref());
         if let (Some(session), Some(id), Some(_)) = (session, &id, &handle) {
             // A long call of the handle's conversation keeps the session from expiring.
             self.sessions.used(session, id);
+        }
+        if let Some(client) = client.filter(|client| id.as_ref() == Some(&client_conversation(client))) {
+            if let Some(forgotten) = self.clients.used(&client) {
+                // Its conversation closes (its calls still in flight are cancelled); it reopens if it comes back.
+                let _ = self.agent.end_conversation(&client_conversation(&forgotten));
+            }
         }
         Ok(Named { id, bound: bound.is_some() })
     }
@@ -214,7 +227,7 @@ impl ServerHandler for GameServer {
                 Err(error) => error_result(&error).into(),
             });
         }
-        // A sessionless request without a handle: a conversation of its own, ended with the request.
+        // A sessionless request without a handle or a client name: a conversation of its own, ended with it.
         let anonymous = named.id.is_none();
         let id = named.id.unwrap_or_else(|| {
             ConversationId::new(format!("mcp-request:{}", NEXT_REQUEST.fetch_add(1, Ordering::Relaxed)))

@@ -44,10 +44,9 @@ pub(crate) fn check_name(info: &ToolInfo) -> Result<(), String> {
 }
 
 const OPERATION_HELP: &str = "Optional. A unique id for this operation (e.g. a UUID). If you retry a call with \
-the same operation_id and the same arguments in the same task, it runs once and you get the first outcome; \
-different arguments with the same id are refused (OPERATION_CONFLICT). Without an MCP session every call is a \
-task of its own: send the same task_id (or conversation handle) with the retry. After a TIMEOUT the effect is \
-unknown: inspect the game before starting a new operation_id.";
+the same operation_id and the same arguments in the same task (your conversation, unless you send a task_id), it \
+runs once and you get the first outcome; different arguments with the same id are refused (OPERATION_CONFLICT). \
+After a TIMEOUT the effect is unknown: inspect the game before starting a new operation_id.";
 /// Added to [`OPERATION_HELP`] for a tool that acts where the player is (`ToolScope::Location`).
 const OPERATION_HELP_LOCATION: &str = " This tool acts where the player is: a retry after the player \
 travelled (even back to the same place) is a new operation, and runs where the player is then.";

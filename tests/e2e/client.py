@@ -54,8 +54,14 @@ async def run(mode: str) -> None:
         ok = error.is_error and read.get("code") == "INVALID_INPUT" and read["details"]["field"] == "by"
         check(f"{mode}: domain error", ok and error.structured_content is None, read)
 
-        # Without an MCP session (2026-07-28), a client's calls are one conversation only through a handle the
-        # server minted; with a session the handle changes nothing.
+        # Without a handle, a retry runs once too: in the client's MCP session (2025-11-25), or, sessionless
+        # (2026-07-28), in the conversation of the client's name, which the SDK sends in every request.
+        plain = [await client.call_tool("bump", {"by": 5, "operation_id": f"plain-{mode}"}) for _ in range(2)]
+        once = plain[0].structured_content == plain[1].structured_content
+        check(f"{mode}: replay without a handle runs once", once, [p.structured_content for p in plain])
+
+        # A handle the server minted makes a conversation of its own (apart from other copies of this client);
+        # with a session it is another conversation too.
         begun = await client.call_tool("begin_conversation", {})
         handle = begun.structured_content["conversation"]
         mine = {"conversation": handle}

@@ -32,9 +32,9 @@ async def main() -> None:
     http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=httpx2.Timeout(30.0, read=300.0))
     async with Client(streamable_http_client(URL, http_client=http)) as client:
         if STEP == "place":
-            # Sessionless (2026-07-28): the retries are one conversation's through the handle the game minted.
-            begun = await client.call_tool("begin_conversation", {})
-            mine = {"conversation": begun.structured_content["conversation"], "operation_id": "op-gold"}
+            # Sessionless (2026-07-28): the SDK names the client in every request, and that makes its calls one
+            # conversation, within which a retry with the same operation id runs once.
+            mine = {"operation_id": "op-gold"}
             first = await client.call_tool("place_block", {**GOLD, **mine})
             again = await client.call_tool("place_block", {**GOLD, **mine})
             conflict = await client.call_tool("place_block", {**GOLD, "block": "stone", **mine})
