@@ -310,7 +310,7 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
 #[derive(Resource, Clone, Copy)]
 struct HostSchedule(InternedScheduleLabel);
 
-fn app_schedule(app: &App) -> InternedScheduleLabel {
+pub(crate) fn app_schedule(app: &App) -> InternedScheduleLabel {
     app.world().resource::<HostSchedule>().0
 }
 

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use bevy::ecs::message::MessageId;
 use bevy::prelude::*;
 use bevy_agent_tools::mcp::{McpPlugin, McpServer};
 use bevy_agent_tools::prelude::*;
@@ -33,11 +34,22 @@ fn scripted_agent() -> &'static Path {
 
 /// Everything the game wrote about sessions and conversations, as lines, in the order read.
 #[derive(Resource, Clone, Default)]
-struct Log(Arc<Mutex<Vec<String>>>);
+struct Log(Arc<Mutex<Vec<String>>>, Arc<Mutex<Vec<SessionAnswered>>>);
 
 impl Log {
     fn lines(&self) -> Vec<String> {
         self.0.lock().clone()
+    }
+    /// The answer to `request`, once the game wrote it.
+    fn answer(&self, request: MessageId<SessionRequest>) -> SessionAnswered {
+        let until = Instant::now() + LIMIT;
+        loop {
+            if let Some(answer) = self.1.lock().iter().find(|answer| answer.request == request) {
+                return answer.clone();
+            }
+            assert!(Instant::now() < until, "no answer to request {} in {:#?}", request.id, self.lines());
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
     fn wait_for(&self, what: &str) -> String {
         let until = Instant::now() + LIMIT;
@@ -62,8 +74,9 @@ fn record(
     mut statuses: MessageReader<ConversationStatusChanged>,
     mut started: MessageReader<CallStarted>,
     mut finished: MessageReader<CallFinished>,
+    mut answered: MessageReader<SessionAnswered>,
 ) {
-    let mut log = log.0.lock();
+    let (mut log, mut answers) = (log.0.lock(), log.1.lock());
     log.extend(deltas.read().map(|d| format!("delta {} {}: {}", d.session, d.message, d.text)));
     log.extend(messages.read().map(|m| format!("message {} {}: {}", m.session, m.message, m.text)));
     log.extend(errors.read().map(|e| format!("error {} {}: {}", e.session, e.code, e.message)));
@@ -74,6 +87,11 @@ fn record(
     );
     log.extend(started.read().map(|c| format!("call-started {} {}", c.conversation, c.tool)));
     log.extend(finished.read().map(|c| format!("call-finished {} {} {:?}", c.conversation, c.tool, c.code)));
+    // Last: an answer read in the same frame as the chat its work published is logged after it.
+    for answer in answered.read() {
+        log.push(format!("answered {} {:?}", answer.request.id, answer.outcome));
+        answers.push(answer.clone());
+    }
 }
 
 /// A running game in world `alpha` with `bump` and a `held` bump that parks at `gate`, serving MCP, with
@@ -190,6 +208,13 @@ impl Game {
     fn block_on<T>(&self, future: impl std::future::Future<Output = T>) -> T {
         self.game.agent().runtime().block_on(async {
             tokio::time::timeout(LIMIT, future).await.expect("the session answered within the test's limit")
+        })
+    }
+
+    /// Writes `requests` as messages in one frame, in order; returns their ids.
+    fn requests<const N: usize>(&self, requests: [SessionRequest; N]) -> [MessageId<SessionRequest>; N] {
+        self.game.with_app(|app| {
+            requests.map(|request| app.world_mut().write_message(request).expect("the message is registered"))
         })
     }
 
@@ -324,6 +349,65 @@ fn s3_a_world_exit_during_the_agents_tool_call_ends_the_call_not_the_turn_and_ap
     wait_answered(&game.answered, 1);
     assert_eq!(game.executions.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing was applied, then or later");
     assert_eq!(session.status(), ConversationStatus::Idle, "the session goes on");
+}
+
+#[test]
+fn session_requests_as_messages_run_in_order_per_session_and_each_is_answered_once_after_its_chat() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let say =
+        |session: &ConversationId, text: &str| SessionRequest::Say { session: session.clone(), text: text.into() };
+    let unknown = ConversationId::new("chat-unknown");
+    let [create, nobody] = game.requests([SessionRequest::Create(agent(&dirs, &[])), say(&unknown, "hi")]);
+    let Ok(SessionReply::Created { session: id }) = game.log.answer(create).outcome else {
+        panic!("created: {:#?}", game.log.lines())
+    };
+    assert_eq!(game.log.answer(nobody).outcome.map_err(|e| e.code), Err(ErrorCode::SessionNotFound));
+
+    // Written in one frame: the first text is sent before the second is tried, and the cancel comes after both.
+    let [waiting, busy, cancel] =
+        game.requests([say(&id, "wait"), say(&id, "hello"), SessionRequest::Cancel { session: id.clone() }]);
+    assert_eq!(game.log.answer(busy).outcome.map_err(|e| e.code), Err(ErrorCode::SessionBusy));
+    assert_eq!(game.log.answer(cancel).outcome, Ok(SessionReply::Cancelled { running: true }));
+    let Ok(SessionReply::TurnEnded(cancelled)) = game.log.answer(waiting).outcome else { panic!("a turn's end") };
+    assert_eq!(cancelled.stop_reason, StopReason::Cancelled);
+
+    // A turn's answer comes after the chat and the status change its turn published.
+    let [hello] = game.requests([say(&id, "hello there")]);
+    let Ok(SessionReply::TurnEnded(turn)) = game.log.answer(hello).outcome else { panic!("a turn's end") };
+    assert_eq!(turn.final_message.as_deref(), Some("You said: hello there"));
+    let lines = game.log.lines();
+    let at = |wanted: &dyn Fn(&String) -> bool| lines.iter().position(wanted).expect("logged");
+    let answered = at(&|line| line.starts_with(&format!("answered {} ", hello.id)));
+    assert!(
+        at(&|line| line.starts_with(&format!("message {id} ")) && line.ends_with("You said: hello there")) < answered
+    );
+    assert!(at(&|line| line == &format!("status {id} running->idle Host")) < answered, "{lines:#?}");
+
+    // Ended, a text is refused; resumed, the session goes on with its history (the refused texts never reached
+    // the agent); forgotten, it is gone.
+    let [end, refused, resume, history] = game.requests([
+        SessionRequest::End { session: id.clone() },
+        say(&id, "hello"),
+        SessionRequest::Resume { session: id.clone() },
+        say(&id, "history"),
+    ]);
+    assert_eq!(game.log.answer(end).outcome, Ok(SessionReply::Ended));
+    assert_eq!(game.log.answer(refused).outcome.map_err(|e| e.code), Err(ErrorCode::SessionEnded));
+    assert!(matches!(game.log.answer(resume).outcome, Ok(SessionReply::Resumed(_))));
+    let Ok(SessionReply::TurnEnded(turn)) = game.log.answer(history).outcome else { panic!("a turn's end") };
+    assert_eq!(turn.final_message.as_deref(), Some("I remember 3 turns"));
+    let [forget, gone] = game.requests([SessionRequest::Forget { session: id.clone() }, say(&id, "hello")]);
+    assert_eq!(game.log.answer(forget).outcome, Ok(SessionReply::Forgotten));
+    assert_eq!(game.log.answer(gone).outcome.map_err(|e| e.code), Err(ErrorCode::SessionNotFound));
+    dirs.wait_no_agents(LIMIT);
+
+    let asked = [create, nobody, waiting, busy, cancel, hello, end, refused, resume, history, forget, gone];
+    let answers = game.log.1.lock().clone();
+    for request in asked {
+        assert_eq!(answers.iter().filter(|answer| answer.request == request).count(), 1, "request {}", request.id);
+    }
+    assert_eq!(answers.len(), asked.len(), "nothing else answered");
 }
 
 #[test]

@@ -56,6 +56,7 @@ mod messages;
 mod permission;
 mod plugin;
 mod record;
+mod requests;
 
 #[cfg(feature = "acp")]
 mod acp;
@@ -75,6 +76,7 @@ pub use messages::PermissionAnswer;
 #[cfg(feature = "openai")]
 pub use openai::{OpenAiEndpoint, Sampling};
 pub use plugin::AgentSessionsPlugin;
+pub use requests::{SessionAnswered, SessionReply, SessionRequest};
 
 use serde::{Deserialize, Serialize};
 

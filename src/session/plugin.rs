@@ -10,11 +10,16 @@ use bevy::prelude::*;
 use super::messages::{apply_permission_answers, PermissionAnswer};
 use super::permission::PermissionBook;
 use super::record::Records;
+use super::requests::{
+    serve_session_requests, take_session_answers, write_session_answers, SessionAnswered, SessionRequest,
+    SessionRequests,
+};
 use super::{AgentSessions, SessionHost};
 use crate::agent::AgentHandle;
 use crate::exit::ExitSet;
 #[cfg(feature = "mcp")]
 use crate::mcp::{McpServer, McpUnavailable};
+use crate::plugin::{app_schedule, AgentToolsSet};
 use crate::runtime::AgentRuntime;
 
 /// How long `AppExit` waits for agents to close their sessions and exit: the agent gets its stdin closed, one
@@ -22,7 +27,8 @@ use crate::runtime::AgentRuntime;
 const EXIT_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Adds in-game agent sessions: the [`AgentSessions`] resource, the [`PermissionAnswer`] message (read in
-/// `PostUpdate`; the chat messages, [`ChatDelta`](crate::ChatDelta) and the others, are written with the other
+/// `PostUpdate`), the [`SessionRequest`] and [`SessionAnswered`] messages (the session API for systems; read and
+/// written in the host's schedule, around [`AgentToolsSet::Pump`]; the chat messages, [`ChatDelta`](crate::ChatDelta) and the others, are written with the other
 /// conversation messages, see [`AgentToolsSet`](crate::AgentToolsSet)), and, on `AppExit`, the end (or, for sessions with `auto_end_on_disconnect(false)`, the
 /// disconnection) of every session, with its agent process stopped ([`ExitSet::Sessions`]).
 ///
@@ -85,9 +91,23 @@ impl Plugin for AgentSessionsPlugin {
             permissions: PermissionBook::new(agent.clone(), runtime.clone()),
             runtime,
         });
+        let schedule = app_schedule(app);
         app.insert_resource(AgentSessions::new(host))
+            .init_resource::<SessionRequests>()
             .add_message::<PermissionAnswer>()
-            .add_systems(PostUpdate, apply_permission_answers);
+            .add_message::<SessionRequest>()
+            .add_message::<SessionAnswered>()
+            .add_systems(PostUpdate, apply_permission_answers)
+            .add_systems(
+                schedule,
+                (
+                    (serve_session_requests, take_session_answers)
+                        .chain()
+                        .after(AgentToolsSet::Transitions)
+                        .before(AgentToolsSet::Pump),
+                    write_session_answers.after(AgentToolsSet::Pump),
+                ),
+            );
         crate::exit::add_exit_systems(app, || disconnect_on_app_exit.in_set(ExitSet::Sessions));
     }
 
