@@ -411,6 +411,22 @@ fn session_requests_as_messages_run_in_order_per_session_and_each_is_answered_on
 }
 
 #[test]
+fn the_answer_to_a_session_request_wakes_a_game_loop_that_sleeps_until_something_happens() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let (woken, wakes) = std::sync::mpsc::channel();
+    assert!(game.game.agent().set_wake(move || {
+        let _ = woken.send(());
+    }));
+    while wakes.try_recv().is_ok() {}
+    // Refused at once: no conversation event comes with it, only the answer.
+    let unknown = ConversationId::new("chat-unknown");
+    let [nobody] = game.requests([SessionRequest::Say { session: unknown, text: "hi".into() }]);
+    assert_eq!(game.log.answer(nobody).outcome.map_err(|e| e.code), Err(ErrorCode::SessionNotFound));
+    wakes.recv_timeout(LIMIT).expect("the answer woke the loop");
+}
+
+#[test]
 fn s1_send_text_during_a_turn_is_session_busy_and_nothing_is_sent_and_cancel_ends_the_turn() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
@@ -735,8 +751,8 @@ fn s3_an_ended_session_resumes_with_its_chat_after_a_thousand_other_conversation
     let session = game.create(agent(&dirs, &[])).expect("starts");
     let id = session.id().to_string();
     game.block_on(session.end());
-    // Clients that come and go (each stateless MCP request is a conversation that ends) past the host's
-    // bound on ended conversations it keeps.
+    // Clients that come and go (each stateless MCP request that names no client is a conversation that ends)
+    // past the host's bound on ended conversations it keeps.
     let agent_handle = game.game.agent();
     for n in 0..1_100 {
         let _ = agent_handle.conversation(format!("passing-{n}")).end();

@@ -31,13 +31,14 @@ impl Default for ClientConversations {
 }
 
 impl ClientConversations {
-    fn keeping(kept: usize) -> Self {
+    pub(crate) fn keeping(kept: usize) -> Self {
         Self { recent: Arc::default(), kept }
     }
 
     /// Notes a request of client `identity`; returns the identity forgotten to make room for it, if one was,
-    /// whose conversation the caller ends.
-    pub(crate) fn used(&self, identity: &str) -> Option<String> {
+    /// whose conversation the caller ends: the one used longest ago of those `may_forget` allows (none: all are
+    /// kept until a later request finds one).
+    pub(crate) fn used(&self, identity: &str, may_forget: impl Fn(&str) -> bool) -> Option<String> {
         let mut recent = self.recent.lock();
         recent.clock += 1;
         let now = recent.clock;
@@ -50,7 +51,12 @@ impl ClientConversations {
         if recent.last_used.len() <= self.kept {
             return None;
         }
-        let oldest = recent.last_used.iter().min_by_key(|(_, used)| **used).map(|(identity, _)| identity.clone())?;
+        let oldest = recent
+            .last_used
+            .iter()
+            .filter(|(old, _)| old.as_str() != identity && may_forget(old))
+            .min_by_key(|(_, used)| **used)
+            .map(|(old, _)| old.clone())?;
         recent.last_used.remove(&oldest);
         Some(oldest)
     }
@@ -63,11 +69,21 @@ mod tests {
     #[test]
     fn the_client_used_longest_ago_is_forgotten_once_more_are_kept() {
         let clients = ClientConversations::keeping(2);
-        assert_eq!(clients.used("a/1"), None);
-        assert_eq!(clients.used("b/1"), None);
-        assert_eq!(clients.used("a/1"), None, "a known client adds nothing");
-        assert_eq!(clients.used("c/1").as_deref(), Some("b/1"), "b was used longest ago (a since)");
-        assert_eq!(clients.used("a/1"), None);
-        assert_eq!(clients.used("b/1").as_deref(), Some("c/1"), "a forgotten client comes back");
+        let any = |_: &str| true;
+        assert_eq!(clients.used("a/1", any), None);
+        assert_eq!(clients.used("b/1", any), None);
+        assert_eq!(clients.used("a/1", any), None, "a known client adds nothing");
+        assert_eq!(clients.used("c/1", any).as_deref(), Some("b/1"), "b was used longest ago (a since)");
+        assert_eq!(clients.used("a/1", any), None);
+        assert_eq!(clients.used("b/1", any).as_deref(), Some("c/1"), "a forgotten client comes back");
+    }
+
+    #[test]
+    fn a_client_that_may_not_be_forgotten_is_passed_over_and_the_newest_never_goes() {
+        let clients = ClientConversations::keeping(1);
+        assert_eq!(clients.used("a/1", |_| true), None);
+        assert_eq!(clients.used("b/1", |old| old != "a/1"), None, "a is kept: both stay for now");
+        assert_eq!(clients.used("c/1", |old| old != "a/1").as_deref(), Some("b/1"), "the oldest that may go");
+        assert_eq!(clients.used("d/1", |old| old == "d/1").as_deref(), None, "never the one just used");
     }
 }

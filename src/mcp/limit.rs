@@ -48,7 +48,7 @@ pub(crate) async fn limit_in_flight(State(limit): State<InFlightLimit>, request:
             let meta = params.and_then(|p| p.get("_meta"));
             let version = meta.and_then(|m| m.get(PROTOCOL_VERSION_META));
             let session = session_named(header, version.and_then(Value::as_str), |id| limit.sessions.is_open(id));
-            let client = client_identity(meta.and_then(|m| m.get(CLIENT_INFO_META)));
+            let client = client_identity(version.and_then(Value::as_str), meta.and_then(|m| m.get(CLIENT_INFO_META)));
             let arguments = params.and_then(|p| p.get("arguments"));
             let handle = arguments.and_then(|a| a.get(CONVERSATION)).and_then(Value::as_str);
             // A keyed call may be a retry that joins its running operation or gets its retained outcome (it adds

@@ -40,9 +40,13 @@ pub(crate) fn conversation_id(
     client.map(client_conversation)
 }
 
-/// The identity of the client a request's `_meta` names (`info` is its [`CLIENT_INFO_META`] entry): `name/version`,
-/// without control characters and cut to a bounded length. `None` without a name.
-pub(crate) fn client_identity(info: Option<&Value>) -> Option<String> {
+/// The identity of the client a sessionless request's `_meta` names (`meta_version` is the protocol version it
+/// carries, `info` its [`CLIENT_INFO_META`] entry): `name/version`, without control characters and cut to a
+/// bounded length. `None` without a name, and for a request of a generation with sessions (2025-11-25).
+pub(crate) fn client_identity(meta_version: Option<&str>, info: Option<&Value>) -> Option<String> {
+    if !is_sessionless(meta_version) {
+        return None;
+    }
     let info = info?;
     let clean = |text: &str, chars: usize| text.chars().filter(|c| !c.is_control()).take(chars).collect::<String>();
     let name = clean(info.get("name")?.as_str()?, CLIENT_NAME_CHARS);
@@ -60,8 +64,12 @@ pub(crate) fn session_named<'a>(
     meta_version: Option<&str>,
     is_open: impl FnOnce(&str) -> bool,
 ) -> Option<&'a str> {
-    let sessionless = meta_version.is_some_and(|version| version >= "2026-07-28");
-    header.filter(|id| !sessionless && is_open(id))
+    header.filter(|id| !is_sessionless(meta_version) && is_open(id))
+}
+
+/// Whether a request whose `_meta` carries protocol version `meta_version` is of the sessionless generation.
+fn is_sessionless(meta_version: Option<&str>) -> bool {
+    meta_version.is_some_and(|version| version >= "2026-07-28")
 }
 
 /// The conversation of handle `handle`.
@@ -92,7 +100,7 @@ mod tests {
 
     #[test]
     fn a_client_is_named_by_its_name_and_version_and_a_nameless_one_by_nothing() {
-        let identity = |info: Value| client_identity(Some(&info));
+        let identity = |info: Value| client_identity(Some("2026-07-28"), Some(&info));
         assert_eq!(identity(json!({"name": "mcp", "version": "0.1.0"})).as_deref(), Some("mcp/0.1.0"));
         assert_eq!(identity(json!({"name": "mcp"})).as_deref(), Some("mcp/"));
         assert_eq!(identity(json!({"name": "a\nb\u{7}", "version": "1"})).as_deref(), Some("ab/1"));
@@ -101,7 +109,10 @@ mod tests {
         for nameless in [json!({}), json!({"name": " "}), json!({"name": 7}), json!("mcp")] {
             assert_eq!(identity(nameless.clone()), None, "{nameless}");
         }
-        assert_eq!(client_identity(None), None);
+        assert_eq!(client_identity(Some("2026-07-28"), None), None);
+        let info = json!({"name": "mcp", "version": "1"});
+        assert_eq!(client_identity(Some("2025-11-25"), Some(&info)), None, "a generation with sessions");
+        assert_eq!(client_identity(None, Some(&info)), None, "no version: not sessionless");
     }
 
     #[test]

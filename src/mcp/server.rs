@@ -23,6 +23,7 @@ use super::naming::{
 use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
 use crate::call::{CallOutcome, CallRequest, Progress, ProgressSink};
+use crate::conversation::ConversationStatus;
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
 use crate::tool::{take_images, ToolInfo};
@@ -86,21 +87,30 @@ impl GameServer {
         let parts = context.extensions.get::<axum::http::request::Parts>();
         let header = parts.and_then(|p| p.headers.get(HEADER_SESSION_ID)).and_then(|v| v.to_str().ok());
         let version = context.meta.protocol_version();
-        let session = session_named(header, version.as_ref().map(|v| v.as_str()), |id| self.sessions.is_open(id));
+        let version = version.as_ref().map(|v| v.as_str());
+        let session = session_named(header, version, |id| self.sessions.is_open(id));
         let bound = parts.and_then(|p| p.extensions.get::<BoundConversation>()).map(|bound| &bound.0);
-        let client = client_identity(context.meta.get(CLIENT_INFO_META));
+        let client = client_identity(version, context.meta.get(CLIENT_INFO_META));
         let id = conversation_id(bound, handle.as_deref(), session, client.as_deref());
         if let (Some(session), Some(id), Some(_)) = (session, &id, &handle) {
             // A long call of the handle's conversation keeps the session from expiring.
             self.sessions.used(session, id);
         }
         if let Some(client) = client.filter(|client| id.as_ref() == Some(&client_conversation(client))) {
-            if let Some(forgotten) = self.clients.used(&client) {
-                // Its conversation closes (its calls still in flight are cancelled); it reopens if it comes back.
-                let _ = self.agent.end_conversation(&client_conversation(&forgotten));
-            }
+            note_client(&self.agent, &self.clients, &client);
         }
         Ok(Named { id, bound: bound.is_some() })
+    }
+}
+
+/// Notes a request of sessionless client `client`: the conversation of the client used longest ago beyond the
+/// number kept ends (it reopens if that client comes back), unless it has calls in flight.
+fn note_client(agent: &AgentHandle, clients: &ClientConversations, client: &str) {
+    let running = |client: &str| {
+        agent.conversation_status(&client_conversation(client)) == Some(ConversationStatus::WaitingToolResult)
+    };
+    if let Some(forgotten) = clients.used(client, |old| !running(old)) {
+        let _ = agent.end_conversation(&client_conversation(&forgotten));
     }
 }
 
@@ -375,5 +385,26 @@ mod tests {
         let _ = agent.conversation(other.clone()).end();
         let _ = conversation_for_call(&agent, other.clone(), false);
         assert_eq!(agent.conversation_status(&other), Some(ConversationStatus::Idle));
+    }
+
+    #[test]
+    fn a_client_name_forgotten_beyond_the_bound_ends_its_conversation_unless_calls_of_it_run() {
+        let app = headless_app(AgentToolsPlugin::new(CounterGame));
+        let agent = app.agent();
+        let clients = ClientConversations::keeping(1);
+        let open = |client: &str| {
+            let _ = agent.conversation(client_conversation(client));
+            note_client(&agent, &clients, client);
+        };
+        let status = |client: &str| agent.conversation_status(&client_conversation(client));
+        open("a/1");
+        open("b/1");
+        assert_eq!(status("a/1"), Some(ConversationStatus::Ended), "forgotten: its conversation ended");
+        assert_eq!(status("b/1"), Some(ConversationStatus::Idle));
+
+        agent.host().conversations.host_sets(&client_conversation("b/1"), ConversationStatus::WaitingToolResult);
+        open("c/1");
+        assert_eq!(status("b/1"), Some(ConversationStatus::WaitingToolResult), "a call of it runs: kept");
+        assert_eq!(status("c/1"), Some(ConversationStatus::Idle));
     }
 }

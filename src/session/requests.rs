@@ -3,11 +3,17 @@
 //!
 //! Requests that name a session run in the order they were written (a `Say` then a `Cancel` written in one frame
 //! cancel that turn); a `Create`, and requests for other sessions, run beside them. Each runs on the plugin's
-//! runtime through [`AgentSessions`] and [`AgentSession`](super::AgentSession), so its rules are theirs.
+//! runtime through [`AgentSessions`] and [`AgentSession`](super::AgentSession), so its rules are theirs. Answers
+//! come as the work ends, so not always in the order asked (a `Say` is answered when its turn ends, after a
+//! `Cancel` written after it): match them by [`SessionAnswered::request`] (the id `MessageWriter::write`
+//! returns; a game that writes requests with `Commands` gets none and matches on [`SessionAnswered::asked`]).
 //!
-//! Answers are written in the host's schedule after [`AgentToolsSet::Pump`](crate::AgentToolsSet::Pump), and
+//! Requests are read, and answers written, in the host's schedule (`PostUpdate` unless
+//! [`AgentToolsPlugin::in_schedule`](crate::AgentToolsPlugin::in_schedule) says otherwise, which must run every
+//! frame, as for [`EnterWorld`](crate::EnterWorld)); answers after [`AgentToolsSet::Pump`](crate::AgentToolsSet::Pump),
 //! never before the chat messages their work published: a `Say`'s answer comes with or after the turn's last
-//! [`ChatMessage`](crate::ChatMessage) and its status change.
+//! [`ChatMessage`](crate::ChatMessage) and its status change. An answer wakes a windowed game's loop, as chat
+//! messages do.
 
 use std::collections::HashMap;
 
@@ -20,6 +26,7 @@ use super::backend::Attached;
 use super::{AgentSessions, SessionConfig, TurnEnd};
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
+use crate::panic::{panic_message, CatchUnwind};
 
 /// What a game system asks of its in-game agent sessions. Each request is answered exactly once (while the app
 /// runs) by a [`SessionAnswered`] naming it by the [`MessageId`] that writing it returned.
@@ -177,8 +184,15 @@ pub(crate) fn serve_session_requests(
                 // Ends with the previous request's ordered part (its sender is dropped then, however it ended).
                 let _ = previous.await;
             }
-            let outcome = carry_out(&sessions, asked.clone(), done).await;
-            let _ = answer.send(SessionAnswered { request, asked, outcome });
+            // A panic still gets its answer (and drops `done`: the next request goes on).
+            let outcome = match CatchUnwind(Box::pin(carry_out(&sessions, asked.clone(), done))).await {
+                Ok(outcome) => outcome,
+                Err(panic) => Err(ToolError::internal(format!("the request panicked: {}", panic_message(&*panic)))),
+            };
+            if answer.send(SessionAnswered { request, asked, outcome }).is_ok() {
+                // A game with reactive updates runs the frame that writes it.
+                sessions.host().agent.host().jobs.wake();
+            }
         });
     }
 }

@@ -43,7 +43,8 @@ pub(crate) fn check_name(info: &ToolInfo) -> Result<(), String> {
     Ok(())
 }
 
-const OPERATION_HELP: &str = "Optional. A unique id for this operation (e.g. a UUID). If you retry a call with \
+const OPERATION_HELP: &str = "Optional. A unique id for this operation: use a UUID (without an MCP session, other \
+copies of your client may share your conversation, and so its ids). If you retry a call with \
 the same operation_id and the same arguments in the same task (your conversation, unless you send a task_id), it \
 runs once and you get the first outcome; different arguments with the same id are refused (OPERATION_CONFLICT). \
 After a TIMEOUT the effect is unknown: inspect the game before starting a new operation_id.";
