@@ -514,6 +514,49 @@ fn a_snapshot_that_fails_to_serialize_midway_is_an_encode_error_and_the_previous
     assert!(files.is_empty(), "the partly written temporary file was removed: {files:?}");
 }
 
+/// A body with a velocity: what a physics step can leave NaN.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+struct Body {
+    name: String,
+    velocity: [f32; 2],
+}
+
+#[test]
+fn a_json_save_of_a_nan_or_infinite_float_is_refused_naming_the_field_and_the_previous_save_still_loads() {
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    let world = WorldId::new("drifting");
+    let bodies = vec![Body { name: "moth".into(), velocity: [0.5, -1.0] }; 3];
+    store.save(&world, "bodies", bodies.clone()).wait().unwrap();
+    store.save_records(&world, "records", bodies.clone()).wait().unwrap();
+
+    let mut drifting = bodies.clone();
+    drifting[1].velocity[1] = f32::NAN;
+    // serde_json alone writes NaN as `null`: the save succeeded, and the world then failed to load.
+    let error = runtime.block_on(store.save_async(&world, "bodies", drifting.clone())).unwrap_err();
+    assert!(matches!(error, bevy_agent_tools::StoreError::Encode { .. }), "{error:?}");
+    assert!(error.to_string().contains("NaN or infinite (at `[1].velocity[1]`)"), "{error}");
+    drifting[1].velocity[1] = f32::INFINITY;
+    let error = store.save_records(&world, "records", drifting).wait().unwrap_err();
+    assert!(error.to_string().contains("(at `[1].velocity[1]`)"), "{error}");
+
+    // Encoded on several threads, the same words.
+    let mut many = vec![Body { name: "moth".into(), velocity: [0.5, -1.0] }; 200_000];
+    many[123_456].velocity[0] = f32::NAN;
+    let error = store.save_records(&world, "records", many).wait().unwrap_err();
+    assert!(error.to_string().contains("(at `[123456].velocity[0]`)"), "{error}");
+
+    for document in ["bodies", "records"] {
+        let loaded = runtime.block_on(store.load::<Vec<Body>>(&world, document)).unwrap();
+        assert_eq!(loaded.as_ref(), Some(&bodies), "{document}: the previous save is still the one that loads");
+    }
+    // postcard keeps non-finite floats as they are.
+    let postcard = store.clone().with_codec(bevy_agent_tools::persist::Codec::Postcard);
+    let infinite = vec![Body { name: "far".into(), velocity: [f32::INFINITY, 0.0] }];
+    postcard.save(&world, "far", infinite.clone()).wait().unwrap();
+    assert_eq!(runtime.block_on(postcard.load::<Vec<Body>>(&world, "far")).unwrap(), Some(infinite));
+}
+
 // Codecs.
 
 /// A document with the shapes game state has: many small records, strings, options, nested sequences.

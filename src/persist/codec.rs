@@ -21,7 +21,7 @@ use serde::Serialize;
 /// | --- | --- | --- |
 /// | saves | readable and diffable (an edit by hand breaks the header's checksum: the save then counts as damaged and the previous one loads) | binary: a quarter of JSON's size for the bench's records |
 /// | speed | ~36 ms to encode 190,000 small records (BENCHMARKS.md) | ~5 ms for the same, and fewer bytes to write |
-/// | serde | everything `serde_json` supports; a float that is NaN or infinite is written as `null`, which does not load back into a float (`StoreError::Decode`): keep saved floats finite, or save them with postcard | no self-describing features (below); floats as they are, NaN included |
+/// | serde | everything `serde_json` supports; a float that is NaN or infinite is refused (the save fails with `StoreError::Encode` naming its field, and the previous save stays; JSON would hold it only as `null`, which loads back into no float): keep saved floats finite, or save them with postcard | no self-describing features (below); floats as they are, NaN included |
 /// | schema changes | fields can be added with `#[serde(default)]` | any change to the field list or order breaks old saves |
 ///
 /// # What postcard cannot do
@@ -91,7 +91,7 @@ impl Codec {
     /// Encodes `value` into `out` as it goes (no whole-document buffer).
     pub(crate) fn encode<T: Serialize + ?Sized>(self, value: &T, out: impl Write) -> Result<(), EncodeError> {
         match self {
-            Codec::Json => serde_json::to_writer(out, value).map_err(|error| match error.io_error_kind() {
+            Codec::Json => super::finite::to_writer(out, value).map_err(|error| match error.io_error_kind() {
                 // `From` hands back the writer's own error.
                 Some(_) => EncodeError::Io(io::Error::from(error)),
                 None => EncodeError::Codec(error.to_string()),

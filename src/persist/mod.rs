@@ -38,6 +38,7 @@ mod envelope;
 mod error;
 mod faults;
 mod files;
+mod finite;
 mod loaded;
 mod name;
 mod plugin;

@@ -68,7 +68,7 @@ pub(crate) fn encode<T: Serialize + Sync>(
                     // Threads start at the creator's priority on Linux only: set it everywhere.
                     priority.apply_to_this_thread();
                     while let Some(run) = claims.claim() {
-                        let bytes = encode_caught(codec, runs[run]);
+                        let bytes = encode_caught(codec, runs[run], run * per_run);
                         if bytes.is_err() {
                             claims.stop();
                         }
@@ -102,9 +102,10 @@ enum Failed {
     Panic(Box<dyn std::any::Any + Send>),
 }
 
-/// Encodes a run, catching a panic of a record's `Serialize` so that it fails the run, not the encoding thread.
-fn encode_caught<T: Serialize>(codec: Codec, run: &[T]) -> Encoded {
-    match std::panic::catch_unwind(AssertUnwindSafe(|| encode_run(codec, run))) {
+/// Encodes a run (whose first record is record `first`), catching a panic of a record's `Serialize` so that it
+/// fails the run, not the encoding thread.
+fn encode_caught<T: Serialize>(codec: Codec, run: &[T], first: usize) -> Encoded {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| encode_run(codec, run, first))) {
         Ok(bytes) => bytes.map_err(Failed::Encode),
         Err(payload) => Err(Failed::Panic(payload)),
     }
@@ -138,7 +139,7 @@ fn write_in_order(
 /// Encodes and writes every run on the calling thread, in order.
 fn encode_in_turn<T: Serialize>(codec: Codec, runs: &[&[T]], out: &mut impl Write) -> Result<(), Failed> {
     runs.iter().enumerate().try_for_each(|(index, run)| {
-        let bytes = encode_run(codec, run).map_err(Failed::Encode)?;
+        let bytes = encode_run(codec, run, index * runs[0].len()).map_err(Failed::Encode)?;
         write_run(codec, index, bytes, out).map_err(Failed::Encode)
     })
 }
@@ -242,8 +243,9 @@ fn close(codec: Codec, out: &mut impl Write) -> Result<(), EncodeError> {
 }
 
 /// One run's elements as the codec writes them inside a sequence: postcard puts nothing between elements (and a
-/// tuple has no length), JSON a comma.
-fn encode_run<T: Serialize>(codec: Codec, run: &[T]) -> Result<Vec<u8>, EncodeError> {
+/// tuple has no length), JSON a comma. `first` is the run's first record (a JSON error names the field by its path
+/// in the whole document).
+fn encode_run<T: Serialize>(codec: Codec, run: &[T], first: usize) -> Result<Vec<u8>, EncodeError> {
     let mut bytes = Vec::new();
     match codec {
         Codec::Json => {
@@ -251,7 +253,8 @@ fn encode_run<T: Serialize>(codec: Codec, run: &[T]) -> Result<Vec<u8>, EncodeEr
                 if i > 0 {
                     bytes.push(b',');
                 }
-                serde_json::to_writer(&mut bytes, record).map_err(|error| EncodeError::Codec(error.to_string()))?;
+                super::finite::element_to_writer(&mut bytes, record, first + i)
+                    .map_err(|error| EncodeError::Codec(error.to_string()))?;
             }
         }
         Codec::Postcard => codec.encode(&Elements(run), &mut bytes)?,
