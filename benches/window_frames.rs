@@ -1,7 +1,8 @@
 //! Frame time of the windowed sandbox (full `DefaultPlugins`, winit, Bevy's renderer on software Vulkan under
 //! Xvfb) idle, with an agent placing 100 blocks per second over MCP, and with an agent reading the world 200
-//! times per second (`get_block`, an `on_client` step each), in short interleaved phases of one run (each round:
-//! idle, block changes, reads, in that order), each figure pooled over the rounds; and what re-meshing a chunk
+//! times per second (`get_block`, an `on_client` step each), in short interleaved phases of one run (each round
+//! has the three; their order rotates every round, so no load always follows another), each figure pooled over
+//! the rounds; and what re-meshing a chunk
 //! costs the frame (its snapshot in `tick` and its mesh).
 //!
 //! ```sh
@@ -195,7 +196,9 @@ fn main() {
 
     let mut figures = Vec::new();
     for round in 0..ROUNDS {
-        for phase in [Phase::Idle, Phase::Place100, Phase::Read200] {
+        let mut phases = [Phase::Idle, Phase::Place100, Phase::Read200];
+        phases.rotate_left(round % 3);
+        for phase in phases {
             sandbox.command("frames");
             let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
             match phase {

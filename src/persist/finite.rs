@@ -2,15 +2,17 @@
 //! float: the save would succeed and the world would then fail to load (its older save too, once the value had
 //! been saved twice). The save fails instead, naming the field, and the previous save stays the one that loads.
 //!
-//! [`Finite`] wraps a serializer and hands everything to it unchanged, but a non-finite `f32` or `f64`, which it
-//! refuses. Only a refused save walks its value a second time, to find the field's path for the message.
+//! At no cost to a save without `null`s: the JSON is written as `serde_json` writes it, noting whether it wrote a
+//! `null`. Only then is the value walked again by [`FloatCheck`], which writes nothing and refuses a non-finite
+//! `f32` or `f64` (a `null` may be a `None`, a `()`, or such a float); and only a refused save walks it a third
+//! time, to find the field's path for the message.
 
 use std::fmt::Display;
-use std::io::Write;
+use std::io::{self, Write};
 
-use serde::ser::{self, Error as _, Serialize, Serializer};
+use serde::ser::{self, Serialize, Serializer};
 
-/// The start of the message of a refused float (how a refusal is told apart from the writer's own errors).
+/// The start of the message of a refused float.
 const NOT_FINITE: &str = "a float that is NaN or infinite";
 
 /// Writes `value` as JSON into `out`, refusing a float that is NaN or infinite (the message names its field).
@@ -29,174 +31,173 @@ pub(crate) fn element_to_writer<T: Serialize + ?Sized>(
 }
 
 fn write<T: Serialize + ?Sized>(out: impl Write, value: &T, index: Option<usize>) -> Result<(), serde_json::Error> {
-    let written = value.serialize(Finite(&mut serde_json::Serializer::new(out)));
-    match written {
-        Err(error) if error.is_data() && error.to_string().starts_with(NOT_FINITE) => {
-            // Again, into nothing, to say where it is.
-            let sink = &mut serde_json::Serializer::new(std::io::sink());
-            let path = serde_path_to_error::serialize(value, Finite(sink)).err().map(|error| error.path().to_string());
-            let field = match (index, path) {
-                (_, None) => "?".to_string(),
-                (None, Some(path)) => path,
-                (Some(index), Some(path)) if path == "." => format!("[{index}]"),
-                (Some(index), Some(path)) if path.starts_with('[') => format!("[{index}]{path}"),
-                (Some(index), Some(path)) => format!("[{index}].{path}"),
-            };
-            Err(serde_json::Error::custom(format!(
-                "{NOT_FINITE} (at `{field}`) cannot be saved as JSON (it would load back as null, into no float): keep \
-                 saved floats finite, or save with postcard, which keeps them"
-            )))
-        }
-        written => written,
+    let mut null = false;
+    value.serialize(&mut serde_json::Serializer::with_formatter(out, NullSeen(&mut null)))?;
+    if !null || value.serialize(FloatCheck).is_ok() {
+        return Ok(());
+    }
+    let path = serde_path_to_error::serialize(value, FloatCheck).err().map(|error| error.path().to_string());
+    let field = match (index, path) {
+        (_, None) => "?".to_string(),
+        (None, Some(path)) => path,
+        (Some(index), Some(path)) if path == "." => format!("[{index}]"),
+        (Some(index), Some(path)) if path.starts_with('[') => format!("[{index}]{path}"),
+        (Some(index), Some(path)) => format!("[{index}].{path}"),
+    };
+    Err(ser::Error::custom(format!(
+        "{NOT_FINITE} (at `{field}`) cannot be saved as JSON (it would load back as null, into no float): keep saved \
+         floats finite, or save with postcard, which keeps them"
+    )))
+}
+
+/// `serde_json`'s compact output, noting whether it wrote a `null`.
+struct NullSeen<'a>(&'a mut bool);
+
+impl serde_json::ser::Formatter for NullSeen<'_> {
+    #[inline]
+    fn write_null<W: ?Sized + Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        *self.0 = true;
+        writer.write_all(b"null")
     }
 }
 
-/// A serializer that refuses non-finite floats and otherwise is `S`.
-struct Finite<S>(S);
+/// A serializer that writes nothing and refuses a non-finite float: a value passes it if JSON can hold its floats.
+struct FloatCheck;
 
-/// `T` serialized through [`Finite`].
-struct Checked<'a, T: ?Sized>(&'a T);
+/// Why [`FloatCheck`] refused a value.
+#[derive(Debug)]
+struct Refused(String);
 
-impl<T: Serialize + ?Sized> Serialize for Checked<'_, T> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(Finite(serializer))
+impl Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
-fn finite<E: ser::Error>(finite: bool, value: impl Display) -> Result<(), E> {
-    if finite {
-        Ok(())
-    } else {
-        Err(E::custom(format_args!("{NOT_FINITE} ({value})")))
+impl std::error::Error for Refused {}
+
+impl ser::Error for Refused {
+    fn custom<M: Display>(message: M) -> Self {
+        Refused(message.to_string())
     }
 }
 
 macro_rules! pass {
-    ($($method:ident($($arg:ident: $ty:ty),*);)*) => {
-        $(fn $method(self, $($arg: $ty),*) -> Result<S::Ok, S::Error> {
-            self.0.$method($($arg),*)
+    ($($method:ident($($ty:ty),*);)*) => {
+        $(fn $method(self, $(_: $ty),*) -> Result<(), Refused> {
+            Ok(())
         })*
     };
 }
 
-impl<S: Serializer> Serializer for Finite<S> {
-    type Ok = S::Ok;
-    type Error = S::Error;
-    type SerializeSeq = Finite<S::SerializeSeq>;
-    type SerializeTuple = Finite<S::SerializeTuple>;
-    type SerializeTupleStruct = Finite<S::SerializeTupleStruct>;
-    type SerializeTupleVariant = Finite<S::SerializeTupleVariant>;
-    type SerializeMap = Finite<S::SerializeMap>;
-    type SerializeStruct = Finite<S::SerializeStruct>;
-    type SerializeStructVariant = Finite<S::SerializeStructVariant>;
+impl Serializer for FloatCheck {
+    type Ok = ();
+    type Error = Refused;
+    type SerializeSeq = FloatCheck;
+    type SerializeTuple = FloatCheck;
+    type SerializeTupleStruct = FloatCheck;
+    type SerializeTupleVariant = FloatCheck;
+    type SerializeMap = FloatCheck;
+    type SerializeStruct = FloatCheck;
+    type SerializeStructVariant = FloatCheck;
 
     pass! {
-        serialize_bool(v: bool);
-        serialize_i8(v: i8);
-        serialize_i16(v: i16);
-        serialize_i32(v: i32);
-        serialize_i64(v: i64);
-        serialize_i128(v: i128);
-        serialize_u8(v: u8);
-        serialize_u16(v: u16);
-        serialize_u32(v: u32);
-        serialize_u64(v: u64);
-        serialize_u128(v: u128);
-        serialize_char(v: char);
-        serialize_str(v: &str);
-        serialize_bytes(v: &[u8]);
+        serialize_bool(bool);
+        serialize_i8(i8);
+        serialize_i16(i16);
+        serialize_i32(i32);
+        serialize_i64(i64);
+        serialize_i128(i128);
+        serialize_u8(u8);
+        serialize_u16(u16);
+        serialize_u32(u32);
+        serialize_u64(u64);
+        serialize_u128(u128);
+        serialize_char(char);
+        serialize_str(&str);
+        serialize_bytes(&[u8]);
         serialize_none();
         serialize_unit();
-        serialize_unit_struct(name: &'static str);
-        serialize_unit_variant(name: &'static str, index: u32, variant: &'static str);
+        serialize_unit_struct(&'static str);
+        serialize_unit_variant(&'static str, u32, &'static str);
     }
 
-    fn serialize_f32(self, v: f32) -> Result<S::Ok, S::Error> {
-        finite(v.is_finite(), v)?;
-        self.0.serialize_f32(v)
+    fn serialize_f32(self, v: f32) -> Result<(), Refused> {
+        finite(v.is_finite(), v)
     }
 
-    fn serialize_f64(self, v: f64) -> Result<S::Ok, S::Error> {
-        finite(v.is_finite(), v)?;
-        self.0.serialize_f64(v)
+    fn serialize_f64(self, v: f64) -> Result<(), Refused> {
+        finite(v.is_finite(), v)
     }
 
-    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<S::Ok, S::Error> {
-        self.0.serialize_some(&Checked(value))
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), Refused> {
+        value.serialize(self)
     }
 
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, name: &'static str, value: &T) -> Result<S::Ok, S::Error> {
-        self.0.serialize_newtype_struct(name, &Checked(value))
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Result<(), Refused> {
+        value.serialize(self)
     }
 
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
         self,
-        name: &'static str,
-        index: u32,
-        variant: &'static str,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
         value: &T,
-    ) -> Result<S::Ok, S::Error> {
-        self.0.serialize_newtype_variant(name, index, variant, &Checked(value))
+    ) -> Result<(), Refused> {
+        value.serialize(self)
     }
 
-    fn serialize_seq(self, len: Option<usize>) -> Result<Self::SerializeSeq, S::Error> {
-        self.0.serialize_seq(len).map(Finite)
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self, Refused> {
+        Ok(self)
     }
 
-    fn serialize_tuple(self, len: usize) -> Result<Self::SerializeTuple, S::Error> {
-        self.0.serialize_tuple(len).map(Finite)
+    fn serialize_tuple(self, _: usize) -> Result<Self, Refused> {
+        Ok(self)
     }
 
-    fn serialize_tuple_struct(self, name: &'static str, len: usize) -> Result<Self::SerializeTupleStruct, S::Error> {
-        self.0.serialize_tuple_struct(name, len).map(Finite)
+    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self, Refused> {
+        Ok(self)
     }
 
-    fn serialize_tuple_variant(
-        self,
-        name: &'static str,
-        index: u32,
-        variant: &'static str,
-        len: usize,
-    ) -> Result<Self::SerializeTupleVariant, S::Error> {
-        self.0.serialize_tuple_variant(name, index, variant, len).map(Finite)
+    fn serialize_tuple_variant(self, _: &'static str, _: u32, _: &'static str, _: usize) -> Result<Self, Refused> {
+        Ok(self)
     }
 
-    fn serialize_map(self, len: Option<usize>) -> Result<Self::SerializeMap, S::Error> {
-        self.0.serialize_map(len).map(Finite)
+    fn serialize_map(self, _: Option<usize>) -> Result<Self, Refused> {
+        Ok(self)
     }
 
-    fn serialize_struct(self, name: &'static str, len: usize) -> Result<Self::SerializeStruct, S::Error> {
-        self.0.serialize_struct(name, len).map(Finite)
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, Refused> {
+        Ok(self)
     }
 
-    fn serialize_struct_variant(
-        self,
-        name: &'static str,
-        index: u32,
-        variant: &'static str,
-        len: usize,
-    ) -> Result<Self::SerializeStructVariant, S::Error> {
-        self.0.serialize_struct_variant(name, index, variant, len).map(Finite)
-    }
-
-    fn is_human_readable(&self) -> bool {
-        self.0.is_human_readable()
+    fn serialize_struct_variant(self, _: &'static str, _: u32, _: &'static str, _: usize) -> Result<Self, Refused> {
+        Ok(self)
     }
 }
 
-/// The compound serializers: each element, key, value and field through [`Checked`].
-macro_rules! compound {
-    ($($trait:ident { $($method:ident($($name:ident: $ty:ty,)*);)* })*) => {
-        $(impl<S: ser::$trait> ser::$trait for Finite<S> {
-            type Ok = S::Ok;
-            type Error = S::Error;
+fn finite(finite: bool, value: impl Display) -> Result<(), Refused> {
+    if finite {
+        Ok(())
+    } else {
+        Err(Refused(format!("{NOT_FINITE} ({value})")))
+    }
+}
 
-            $(fn $method<T: Serialize + ?Sized>(&mut self, $($name: $ty,)* value: &T) -> Result<(), S::Error> {
-                self.0.$method($($name,)* &Checked(value))
+/// The compound serializers: every element, key, value and field is checked.
+macro_rules! compound {
+    ($($trait:ident { $($method:ident($($ty:ty,)*);)* })*) => {
+        $(impl ser::$trait for FloatCheck {
+            type Ok = ();
+            type Error = Refused;
+
+            $(fn $method<T: Serialize + ?Sized>(&mut self, $(_: $ty,)* value: &T) -> Result<(), Refused> {
+                value.serialize(FloatCheck)
             })*
 
-            fn end(self) -> Result<S::Ok, S::Error> {
-                self.0.end()
+            fn end(self) -> Result<(), Refused> {
+                Ok(())
             }
         })*
     };
@@ -207,46 +208,9 @@ compound! {
     SerializeTuple { serialize_element(); }
     SerializeTupleStruct { serialize_field(); }
     SerializeTupleVariant { serialize_field(); }
-}
-
-macro_rules! structure {
-    ($($trait:ident)*) => {
-        $(impl<S: ser::$trait> ser::$trait for Finite<S> {
-            type Ok = S::Ok;
-            type Error = S::Error;
-
-            fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), S::Error> {
-                self.0.serialize_field(key, &Checked(value))
-            }
-
-            fn skip_field(&mut self, key: &'static str) -> Result<(), S::Error> {
-                self.0.skip_field(key)
-            }
-
-            fn end(self) -> Result<S::Ok, S::Error> {
-                self.0.end()
-            }
-        })*
-    };
-}
-
-structure! { SerializeStruct SerializeStructVariant }
-
-impl<S: ser::SerializeMap> ser::SerializeMap for Finite<S> {
-    type Ok = S::Ok;
-    type Error = S::Error;
-
-    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), S::Error> {
-        self.0.serialize_key(&Checked(key))
-    }
-
-    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), S::Error> {
-        self.0.serialize_value(&Checked(value))
-    }
-
-    fn end(self) -> Result<S::Ok, S::Error> {
-        self.0.end()
-    }
+    SerializeMap { serialize_key(); serialize_value(); }
+    SerializeStruct { serialize_field(&'static str,); }
+    SerializeStructVariant { serialize_field(&'static str,); }
 }
 
 #[cfg(test)]
