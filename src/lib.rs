@@ -8,6 +8,7 @@ mod conversation;
 mod deadline;
 mod error;
 mod exit;
+mod finite;
 mod host;
 mod ids;
 mod lifecycle;

@@ -58,6 +58,22 @@ fn typescript_mcp_client() -> PathBuf {
     dir
 }
 
+/// What a physics step can leave behind: a float JSON has no spelling for.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+struct Drift {
+    speed: f32,
+    heading: f64,
+}
+
+/// A tool whose output has a NaN: the client, which checks results against the published output schema, must
+/// still get the result (with `null` there).
+fn drift() -> AgentTool<session::Visit> {
+    AgentTool::new("drift", "How the player drifts.", |_: CallContext<session::Visit>, _: NoArgs| async {
+        Ok(Drift { speed: f32::NAN, heading: 1.5 })
+    })
+    .read_only()
+}
+
 #[test]
 fn typescript_mcp_client_reads_every_domain_error_gets_all_progress_cancels_and_resumes_after_a_cut() {
     let client = typescript_mcp_client();
@@ -69,7 +85,8 @@ fn typescript_mcp_client_reads_every_domain_error_gets_all_progress_cancels_and_
         let palette = Arc::new(world::Palette::parse(include_str!("../assets/palette.json")).expect("the palette"));
         let host = tools::all(palette.clone())
             .into_iter()
-            .fold(AgentToolsPlugin::new(session::Sandbox::new(palette)), |host, tool| host.with_tool(tool));
+            .fold(AgentToolsPlugin::new(session::Sandbox::new(palette)), |host, tool| host.with_tool(tool))
+            .with_tool(drift());
         let mut app = App::new();
         app.add_plugins(MinimalPlugins)
             .add_plugins(host)
@@ -112,7 +129,7 @@ fn typescript_mcp_client_reads_every_domain_error_gets_all_progress_cancels_and_
     let transcript = transcript.join("\n");
     assert!(status.success(), "the TypeScript client failed:\n{transcript}\n{stderr}");
     let checks = transcript.lines().filter(|line| line.contains(r#""ok":true"#)).count();
-    assert_eq!(checks, 31, "every check passed:\n{transcript}");
+    assert_eq!(checks, 32, "every check passed:\n{transcript}");
 
     // The aborted tower was cancelled in the game, not left running.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");

@@ -3,17 +3,14 @@
 //! been saved twice). The save fails instead, naming the field, and the previous save stays the one that loads.
 //!
 //! At no cost to a save without `null`s: the JSON is written as `serde_json` writes it, noting whether it wrote a
-//! `null`. Only then is the value walked again by [`FloatCheck`], which writes nothing and refuses a non-finite
-//! `f32` or `f64` (a `null` may be a `None`, a `()`, or such a float); and only a refused save walks it a third
-//! time, to find the field's path for the message.
+//! `null`. Only then is the value walked again for a non-finite `f32` or `f64` ([`crate::finite`], which writes
+//! nothing; a `null` may also be a `None` or a `()`).
 
-use std::fmt::Display;
 use std::io::{self, Write};
 
-use serde::ser::{self, Serialize, Serializer};
+use serde::ser::{self, Serialize};
 
-/// The start of the message of a refused float.
-const NOT_FINITE: &str = "a float that is NaN or infinite";
+use crate::finite::{non_finite, NOT_FINITE};
 
 /// Writes `value` as JSON into `out`, refusing a float that is NaN or infinite (the message names its field).
 pub(crate) fn to_writer<T: Serialize + ?Sized>(out: impl Write, value: &T) -> Result<(), serde_json::Error> {
@@ -33,16 +30,12 @@ pub(crate) fn element_to_writer<T: Serialize + ?Sized>(
 fn write<T: Serialize + ?Sized>(out: impl Write, value: &T, index: Option<usize>) -> Result<(), serde_json::Error> {
     let mut null = false;
     value.serialize(&mut serde_json::Serializer::with_formatter(out, NullSeen(&mut null)))?;
-    if !null || value.serialize(FloatCheck).is_ok() {
-        return Ok(());
-    }
-    let path = serde_path_to_error::serialize(value, FloatCheck).err().map(|error| error.path().to_string());
-    let field = match (index, path) {
-        (_, None) => "?".to_string(),
-        (None, Some(path)) => path,
-        (Some(index), Some(path)) if path == "." => format!("[{index}]"),
-        (Some(index), Some(path)) if path.starts_with('[') => format!("[{index}]{path}"),
-        (Some(index), Some(path)) => format!("[{index}].{path}"),
+    let Some(path) = null.then(|| non_finite(value)).flatten() else { return Ok(()) };
+    let field = match index {
+        None => path,
+        Some(index) if path == "." => format!("[{index}]"),
+        Some(index) if path.starts_with('[') => format!("[{index}]{path}"),
+        Some(index) => format!("[{index}].{path}"),
     };
     Err(ser::Error::custom(format!(
         "{NOT_FINITE} (at `{field}`) cannot be saved as JSON (it would load back as null, into no float): keep saved \
@@ -59,158 +52,6 @@ impl serde_json::ser::Formatter for NullSeen<'_> {
         *self.0 = true;
         writer.write_all(b"null")
     }
-}
-
-/// A serializer that writes nothing and refuses a non-finite float: a value passes it if JSON can hold its floats.
-struct FloatCheck;
-
-/// Why [`FloatCheck`] refused a value.
-#[derive(Debug)]
-struct Refused(String);
-
-impl Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Refused {}
-
-impl ser::Error for Refused {
-    fn custom<M: Display>(message: M) -> Self {
-        Refused(message.to_string())
-    }
-}
-
-macro_rules! pass {
-    ($($method:ident($($ty:ty),*);)*) => {
-        $(fn $method(self, $(_: $ty),*) -> Result<(), Refused> {
-            Ok(())
-        })*
-    };
-}
-
-impl Serializer for FloatCheck {
-    type Ok = ();
-    type Error = Refused;
-    type SerializeSeq = FloatCheck;
-    type SerializeTuple = FloatCheck;
-    type SerializeTupleStruct = FloatCheck;
-    type SerializeTupleVariant = FloatCheck;
-    type SerializeMap = FloatCheck;
-    type SerializeStruct = FloatCheck;
-    type SerializeStructVariant = FloatCheck;
-
-    pass! {
-        serialize_bool(bool);
-        serialize_i8(i8);
-        serialize_i16(i16);
-        serialize_i32(i32);
-        serialize_i64(i64);
-        serialize_i128(i128);
-        serialize_u8(u8);
-        serialize_u16(u16);
-        serialize_u32(u32);
-        serialize_u64(u64);
-        serialize_u128(u128);
-        serialize_char(char);
-        serialize_str(&str);
-        serialize_bytes(&[u8]);
-        serialize_none();
-        serialize_unit();
-        serialize_unit_struct(&'static str);
-        serialize_unit_variant(&'static str, u32, &'static str);
-    }
-
-    fn serialize_f32(self, v: f32) -> Result<(), Refused> {
-        finite(v.is_finite(), v)
-    }
-
-    fn serialize_f64(self, v: f64) -> Result<(), Refused> {
-        finite(v.is_finite(), v)
-    }
-
-    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), Refused> {
-        value.serialize(self)
-    }
-
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Result<(), Refused> {
-        value.serialize(self)
-    }
-
-    fn serialize_newtype_variant<T: Serialize + ?Sized>(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        value: &T,
-    ) -> Result<(), Refused> {
-        value.serialize(self)
-    }
-
-    fn serialize_seq(self, _: Option<usize>) -> Result<Self, Refused> {
-        Ok(self)
-    }
-
-    fn serialize_tuple(self, _: usize) -> Result<Self, Refused> {
-        Ok(self)
-    }
-
-    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self, Refused> {
-        Ok(self)
-    }
-
-    fn serialize_tuple_variant(self, _: &'static str, _: u32, _: &'static str, _: usize) -> Result<Self, Refused> {
-        Ok(self)
-    }
-
-    fn serialize_map(self, _: Option<usize>) -> Result<Self, Refused> {
-        Ok(self)
-    }
-
-    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, Refused> {
-        Ok(self)
-    }
-
-    fn serialize_struct_variant(self, _: &'static str, _: u32, _: &'static str, _: usize) -> Result<Self, Refused> {
-        Ok(self)
-    }
-}
-
-fn finite(finite: bool, value: impl Display) -> Result<(), Refused> {
-    if finite {
-        Ok(())
-    } else {
-        Err(Refused(format!("{NOT_FINITE} ({value})")))
-    }
-}
-
-/// The compound serializers: every element, key, value and field is checked.
-macro_rules! compound {
-    ($($trait:ident { $($method:ident($($ty:ty,)*);)* })*) => {
-        $(impl ser::$trait for FloatCheck {
-            type Ok = ();
-            type Error = Refused;
-
-            $(fn $method<T: Serialize + ?Sized>(&mut self, $(_: $ty,)* value: &T) -> Result<(), Refused> {
-                value.serialize(FloatCheck)
-            })*
-
-            fn end(self) -> Result<(), Refused> {
-                Ok(())
-            }
-        })*
-    };
-}
-
-compound! {
-    SerializeSeq { serialize_element(); }
-    SerializeTuple { serialize_element(); }
-    SerializeTupleStruct { serialize_field(); }
-    SerializeTupleVariant { serialize_field(); }
-    SerializeMap { serialize_key(); serialize_value(); }
-    SerializeStruct { serialize_field(&'static str,); }
-    SerializeStructVariant { serialize_field(&'static str,); }
 }
 
 #[cfg(test)]

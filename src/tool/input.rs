@@ -23,7 +23,31 @@ pub(crate) fn output_schema_of<O: JsonSchema>() -> Value {
     let settings = schemars::generate::SchemaSettings::default().for_serialize();
     let mut schema = settings.into_generator().into_root_schema_for::<O>().to_value();
     publishable(&mut schema);
+    nullable_numbers(&mut schema);
     schema
+}
+
+/// Lets every number of an output schema be `null` too: JSON has no NaN or infinity, and a tool's output with such a
+/// float is sent with `null` there (the plugin logs a warning naming the field). A client that checks results
+/// against the published schema (the TypeScript SDK's, so Claude Code's and Cursor's) would otherwise throw the
+/// whole result away.
+fn nullable_numbers(schema: &mut Value) {
+    match schema {
+        Value::Object(object) => {
+            match object.get_mut("type") {
+                Some(kind) if kind == "number" => *kind = serde_json::json!(["number", "null"]),
+                Some(Value::Array(kinds))
+                    if kinds.iter().any(|k| k == "number") && !kinds.iter().any(|k| k == "null") =>
+                {
+                    kinds.push("null".into())
+                }
+                _ => {}
+            }
+            object.values_mut().for_each(nullable_numbers);
+        }
+        Value::Array(items) => items.iter_mut().for_each(nullable_numbers),
+        _ => {}
+    }
 }
 
 /// Keywords at an object schema's root under which it takes other properties, or is made of other schemas: such

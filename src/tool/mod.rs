@@ -146,15 +146,24 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
         F: Fn(CallContext<S>, A) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<O, ToolError>> + Send + 'static,
     {
+        let name = name.into();
+        let named = name.clone();
         let handler: Arc<Handler<S, A>> = Arc::new(move |ctx, args| {
             let run = handler(ctx, args);
+            let tool = named.clone();
             Box::pin(async move {
                 let output = run.await?;
+                if let Some(field) = crate::finite::non_finite(&output) {
+                    tracing::warn!(
+                        tool,
+                        field,
+                        "the tool's output has a float that is NaN or infinite, which JSON sends as null"
+                    );
+                }
                 serde_json::to_value(output)
                     .map_err(|error| ToolError::internal(format!("the tool's output is not valid JSON: {error}")))
             })
         });
-        let name = name.into();
         let tool_name = name.clone();
         let start = Arc::new(move |args: Value| -> Result<PreparedCall, ToolError> {
             let args: A = input::deserialize(&tool_name, args)?;

@@ -125,6 +125,9 @@ async function main() {
     await need('enter');
     const info = await client.callTool({ name: 'world_info', arguments: {} });
     check('a call', !info.isError && info.structuredContent.world === 'alpha', info.structuredContent);
+    // A NaN in an output travels as null, which the published output schema allows (else callTool() throws).
+    const drift = await client.callTool({ name: 'drift', arguments: {} });
+    check('a NaN in an output', !drift.isError && drift.structuredContent.speed === null && drift.structuredContent.heading === 1.5, drift);
     await expectError(client, 'place_block', { x: 9999, y: 60, z: 0, block: 'stone' }, 'INVALID_INPUT', 'x');
     await expectError(client, 'place_block', { y: 60, z: 0, block: 'stone' }, 'INVALID_INPUT', 'x');
     await expectError(client, 'break_block', { x: 0, y: 60, z: 0 }, 'CONFIRMATION_REQUIRED');
