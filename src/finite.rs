@@ -4,16 +4,26 @@
 use std::fmt::Display;
 
 use serde::ser::{self, Serialize, Serializer};
+use serde_path_to_error::Segment;
 
 /// What [`non_finite`]'s paths are the place of.
 pub(crate) const NOT_FINITE: &str = "a float that is NaN or infinite";
 
-/// The path of a NaN or infinite float in `value` (`[17].velocity[1]`; `.` for the value itself), if it has one.
-/// Walks the value once, writing nothing; a second time, tracking the path, only when it has one.
-pub(crate) fn non_finite<T: Serialize + ?Sized>(value: &T) -> Option<String> {
+/// The path of a NaN or infinite float in `value` (`[17].velocity[1]`; `.` for the value itself), if it has one;
+/// `value` being element `index` of a sequence, its path in the sequence. Walks the value once, writing nothing; a
+/// second time, tracking the path, only when it has one (`?` if that walk found none: a value whose `Serialize`
+/// changed in between, such as shared state the game changed meanwhile).
+pub(crate) fn non_finite<T: Serialize + ?Sized>(value: &T, index: Option<usize>) -> Option<String> {
     value.serialize(FloatCheck).err()?;
-    let refused = serde_path_to_error::serialize(value, FloatCheck).err()?;
-    Some(refused.path().to_string())
+    let Some(refused) = serde_path_to_error::serialize(value, FloatCheck).err() else { return Some("?".into()) };
+    let Some(index) = index else { return Some(refused.path().to_string()) };
+    // As the sequence's own path prints: an index without a separator, anything else after a dot.
+    let mut path = format!("[{index}]");
+    for segment in refused.path() {
+        let separator = if matches!(segment, Segment::Seq { .. }) { "" } else { "." };
+        path.push_str(&format!("{separator}{segment}"));
+    }
+    Some(path)
 }
 
 /// A serializer that writes nothing and refuses a non-finite float: a value passes it if JSON can hold its floats.
@@ -129,6 +139,11 @@ impl Serializer for FloatCheck {
 
     fn serialize_struct_variant(self, _: &'static str, _: u32, _: &'static str, _: usize) -> Result<Self, Refused> {
         Ok(self)
+    }
+
+    /// A string: nothing to check, and nothing to build.
+    fn collect_str<T: Display + ?Sized>(self, _: &T) -> Result<(), Refused> {
+        Ok(())
     }
 }
 

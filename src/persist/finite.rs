@@ -30,13 +30,7 @@ pub(crate) fn element_to_writer<T: Serialize + ?Sized>(
 fn write<T: Serialize + ?Sized>(out: impl Write, value: &T, index: Option<usize>) -> Result<(), serde_json::Error> {
     let mut null = false;
     value.serialize(&mut serde_json::Serializer::with_formatter(out, NullSeen(&mut null)))?;
-    let Some(path) = null.then(|| non_finite(value)).flatten() else { return Ok(()) };
-    let field = match index {
-        None => path,
-        Some(index) if path == "." => format!("[{index}]"),
-        Some(index) if path.starts_with('[') => format!("[{index}]{path}"),
-        Some(index) => format!("[{index}].{path}"),
-    };
+    let Some(field) = null.then(|| non_finite(value, index)).flatten() else { return Ok(()) };
     Err(ser::Error::custom(format!(
         "{NOT_FINITE} (at `{field}`) cannot be saved as JSON (it would load back as null, into no float): keep saved \
          floats finite, or save with postcard, which keeps them"
@@ -102,6 +96,13 @@ mod tests {
         };
         assert_eq!(whole.to_string(), part.to_string());
         assert!(part.to_string().contains("`[1].tags.far[0]`"), "{part}");
+        let nested = vec![vec![0.0, 1.0], vec![2.0, f64::NAN]];
+        let whole = to_writer(Vec::new(), &nested).expect_err("refused").to_string();
+        assert_eq!(whole, element_to_writer(Vec::new(), &nested[1], 1).expect_err("refused").to_string());
+        assert!(whole.contains("`[1][1]`"), "{whole}");
+        let keys = vec![BTreeMap::from([(".".to_string(), f64::NAN)])];
+        let whole = to_writer(Vec::new(), &keys).expect_err("refused").to_string();
+        assert_eq!(whole, element_to_writer(Vec::new(), &keys[0], 0).expect_err("refused").to_string());
         let floats = [1.0, f32::NAN];
         let whole = to_writer(Vec::new(), &floats).expect_err("refused").to_string();
         assert_eq!(whole, element_to_writer(Vec::new(), &floats[1], 1).expect_err("refused").to_string());

@@ -43,7 +43,20 @@ fn nullable_numbers(schema: &mut Value) {
                 }
                 _ => {}
             }
-            object.values_mut().for_each(nullable_numbers);
+            for (key, value) in object.iter_mut() {
+                match key.as_str() {
+                    // Names to schemas: every value is a schema, whatever its name.
+                    "properties" | "$defs" | "definitions" | "patternProperties" | "dependentSchemas" => {
+                        if let Value::Object(named) = value {
+                            named.values_mut().for_each(nullable_numbers);
+                        }
+                    }
+                    // Data (a default, examples, the allowed values), and what a value must not be.
+                    "default" | "examples" | "const" | "enum" | "not" => {}
+                    key if key.starts_with("x-") => {}
+                    _ => nullable_numbers(value),
+                }
+            }
         }
         Value::Array(items) => items.iter_mut().for_each(nullable_numbers),
         _ => {}
@@ -315,6 +328,32 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn every_number_of_an_output_schema_may_be_null_but_data_and_integers_stay_as_they_are() {
+        let mut schema = json!({
+            "type": "object",
+            "properties": {
+                "speed": {"type": "number"},
+                "default": {"type": "number"},
+                "count": {"type": "integer"},
+                "maybe": {"type": ["number", "null"]},
+                "many": {"type": "array", "items": {"$ref": "#/$defs/Point"}},
+                "shape": {"const": {"type": "number"}, "default": {"type": "number"}, "not": {"type": "number"}}
+            },
+            "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "number", "enum": [1.5]}}}}
+        });
+        nullable_numbers(&mut schema);
+        let nullable = json!(["number", "null"]);
+        assert_eq!(schema["properties"]["speed"]["type"], nullable);
+        assert_eq!(schema["properties"]["default"]["type"], nullable, "a property named like a keyword");
+        assert_eq!(schema["properties"]["count"]["type"], "integer");
+        assert_eq!(schema["properties"]["maybe"]["type"], nullable, "not twice");
+        assert_eq!(schema["$defs"]["Point"]["properties"]["x"]["type"], nullable);
+        let shape = &schema["properties"]["shape"];
+        assert_eq!([&shape["const"], &shape["default"], &shape["not"]], [&json!({"type": "number"}); 3]);
+        assert_eq!(schema["type"], "object");
+    }
     use crate::DestructiveGuard;
 
     /// Rust docs here must not reach a model.

@@ -153,7 +153,7 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
             let tool = named.clone();
             Box::pin(async move {
                 let output = run.await?;
-                if let Some(field) = crate::finite::non_finite(&output) {
+                if let Some(field) = crate::finite::non_finite(&output, None) {
                     tracing::warn!(
                         tool,
                         field,
