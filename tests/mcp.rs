@@ -418,6 +418,24 @@ fn busy_over_the_in_flight_limit_is_refused_with_429_in(modern: bool) {
             .expect("the calls reached their tool in time");
         let third = peer.call_tool(params("gated", json!({}))).await.expect_err("refused");
         assert!(third.to_string().contains("429"), "over the limit is HTTP 429: {third}");
+        if modern {
+            // The same conversation (rmcp's client name) over raw HTTP: the refusal's body is the host's error.
+            let info = serde_json::to_value(rmcp::model::ClientConfig::default().client_info).expect("json");
+            let meta = json!({
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {},
+                "io.modelcontextprotocol/clientInfo": info,
+            });
+            let call = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                "params": {"name": "gated", "arguments": {}, "_meta": meta}});
+            let (status, response) = raw(&server, &[("Authorization", &format!("Bearer {TOKEN}"))], &call.to_string());
+            assert_eq!(status, 429, "{response}");
+            let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+            let error: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("a JSON body ({e}): {response}"));
+            assert_eq!((&error["code"], &error["details"]["limit"]), (&json!("BUSY"), &json!(2)), "DESIGN §5: {error}");
+            assert!(error["message"].as_str().is_some_and(|m| m.contains("wait for one")), "{error}");
+            assert!(response.to_ascii_lowercase().contains("retry-after: 1"), "{response}");
+        }
         // A retry of a running operation joins it rather than being refused (the host decides: it adds no call).
         let mut retry = call(json!({"operation_id": "op-1"}));
         let answered = tokio::time::timeout(Duration::from_millis(500), &mut retry).await;

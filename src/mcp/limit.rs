@@ -19,6 +19,8 @@ use super::naming::{client_identity, conversation_id, session_named, CLIENT_INFO
 use super::security::refusal;
 use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
+use crate::error::{ErrorCode, ToolError};
+use crate::ids::ConversationId;
 use crate::tool::OPERATION_ID;
 
 /// Where a sessionless request's `_meta` carries its protocol version.
@@ -31,6 +33,23 @@ pub(crate) struct InFlightLimit {
     /// The open 2025-11-25 sessions: a session id header names a conversation only if it names one of them.
     pub sessions: Arc<ConversationSessions>,
     pub max_body_bytes: usize,
+}
+
+/// HTTP 429 with the host's own error as its body (`{"code": "BUSY", "message", "details"}`, DESIGN §5, and
+/// `"error": "busy"` as the other refusals of the HTTP layer say it), and `Retry-After: 1`.
+fn busy(agent: &AgentHandle, conversation: &ConversationId) -> Response {
+    let error = ToolError::with_code(
+        ErrorCode::Busy,
+        "this conversation already has its limit of calls in flight; wait for one to finish",
+    )
+    .with_detail("conversation", conversation)
+    .with_detail("limit", agent.host().config.max_in_flight);
+    let mut body = serde_json::json!(error);
+    body["error"] = "busy".into();
+    let mut response = refusal(StatusCode::TOO_MANY_REQUESTS, "busy", "");
+    *response.body_mut() = Body::from(body.to_string());
+    response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+    response
 }
 
 pub(crate) async fn limit_in_flight(State(limit): State<InFlightLimit>, request: Request, next: Next) -> Response {
@@ -58,12 +77,9 @@ pub(crate) async fn limit_in_flight(State(limit): State<InFlightLimit>, request:
             // A request of no conversation (sessionless, no handle, no client name) is one of its own: nothing
             // to limit yet. An unknown handle names nobody's conversation: the server refuses it.
             let conversation = conversation_id(bound, handle, session, client.as_deref());
-            if !keyed && conversation.is_some_and(|conversation| limit.agent.is_busy(&conversation)) {
-                return refusal(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "busy",
-                    "this conversation already has its limit of calls in flight; wait for one to finish",
-                );
+            if let Some(conversation) = conversation.filter(|conversation| !keyed && limit.agent.is_busy(conversation))
+            {
+                return busy(&limit.agent, &conversation);
             }
         }
     }
