@@ -42,10 +42,11 @@ impl AgentHandle {
     /// Sets how the host wakes the game's loop when agent work needs a frame (an `on_client` step, an
     /// `every_frame` step, an `on_end` cleanup was queued; an `every_frame` step is not done; a handler awaits
     /// `next_frame`; a conversation event is on its way to the game's messages: a status change, an in-game
-    /// agent's chat or permission request, or the answer to a `SessionRequest`; it may be called while the host holds its own locks, so it must only
-    /// signal the loop, never call back into this handle), for a game whose loop sleeps until something happens: `wake` is called from any thread, the
-    /// main thread included, and should make the loop run a frame soon. With the feature `winit` the plugin sets
-    /// it for Bevy's `WinitPlugin` itself. The first wake set stays: `false` if one was set already.
+    /// agent's chat or permission request, or the answer to a `SessionRequest`; it may be called while the host
+    /// holds its own locks, so it must only signal the loop, never call back into this handle), for a game whose
+    /// loop sleeps until something happens: `wake` is called from any thread, the main thread included, and
+    /// should make the loop run a frame soon. With the feature `winit` the plugin sets it for Bevy's
+    /// `WinitPlugin` itself. The first wake set stays: `false` if one was set already.
     pub fn set_wake(&self, wake: impl Fn() + Send + Sync + 'static) -> bool {
         self.host.jobs.set_wake(Box::new(wake))
     }
