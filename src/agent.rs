@@ -158,7 +158,8 @@ impl Conversation {
     }
 
     /// Calls `tool` with `arguments` (a JSON object). Admission happens now; the returned [`Call`] resolves with
-    /// the outcome.
+    /// the outcome. As over MCP, an `operation_id` or `task_id` among the arguments is the call's (see
+    /// [`CallRequest::from_wire`]), not the tool's.
     pub fn call(&self, tool: impl Into<String>, arguments: Value) -> Call {
         self.request(CallRequest::new(tool, arguments))
     }
@@ -166,9 +167,16 @@ impl Conversation {
     /// Makes a call described in full. On an ended conversation it is rejected (`CANCELLED`, with
     /// `conversation_ended` in its details) until [`resume`](Self::resume). A call for a tool that is not
     /// registered yet may wait for it: see [`AgentToolsPlugin::tool_wait`](crate::AgentToolsPlugin::tool_wait).
-    pub fn request(&self, request: CallRequest) -> Call {
+    ///
+    /// An `operation_id` or `task_id` left in [`CallRequest::arguments`] is taken out into the request (it must
+    /// agree with one set with [`CallRequest::operation`] or [`CallRequest::task`]: `INVALID_INPUT` if not).
+    pub fn request(&self, mut request: CallRequest) -> Call {
         if !self.host.conversations.accepts(&self.id) {
             return Call::ready(None, Err(crate::conversation::ended(&self.id)));
+        }
+        if let Err(mut error) = request.take_wire_ids() {
+            error.details.tool = Some(request.tool);
+            return Call::ready(None, Err(error));
         }
         let wait = self.host.tools.get(&request.tool).is_err().then(|| tool_wait(&self.host, &request)).flatten();
         if let Some(wait) = wait {

@@ -66,6 +66,28 @@ fn h12_duplicate_after_completion_gets_the_retained_outcome_without_running() {
     assert_eq!(first.expect("ok").value["counter"], 5);
 }
 
+#[test]
+fn h12_an_in_process_call_with_operation_id_in_its_arguments_runs_once_as_over_mcp() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let mut app = app_with(TestGame::default(), vec![bump_tool("count", ToolScope::World, executions.clone(), None)]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("a");
+    let args = json!({ "by": 5, OPERATION_ID: "op", TASK_ID: "build" });
+    let first = app.run_until_resolved(&conversation.call("count", args.clone()));
+    let again = conversation.call("count", args);
+    assert_eq!(again.try_outcome(), Some(first.clone()), "the retry is answered from the table");
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+    let same_key = conversation.request(keyed("count", json!({ "by": 5 }), "op").task("build"));
+    assert_eq!(same_key.try_outcome(), Some(first), "the same key, given through the request");
+
+    let twice = keyed("count", json!({ "by": 5, OPERATION_ID: "other" }), "op");
+    let refused = conversation.request(twice).try_outcome().expect("at once").expect_err("two ids");
+    assert_eq!((refused.code, refused.details.extra["field"].clone()), (ErrorCode::InvalidInput, json!(OPERATION_ID)));
+    let empty = conversation.call("count", json!({ "by": 5, OPERATION_ID: "" })).try_outcome().expect("at once");
+    assert_eq!(empty.expect_err("empty id").code, ErrorCode::InvalidInput);
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "nothing refused ran");
+}
+
 #[derive(Default)]
 struct Runs(AtomicUsize);
 
@@ -183,6 +205,30 @@ fn h12_a_call_that_never_started_is_not_retained_so_a_retry_runs() {
     loading.lock().take().expect("completer").succeed();
     let retry = app.run_until_resolved(&conversation.request(keyed("bump", json!({}), "op")));
     assert_eq!(retry.expect("the retry ran").value["counter"], 1);
+}
+
+#[test]
+fn h12_a_cancelled_operation_whose_handler_started_replays_as_cancelled_with_effect_unknown() {
+    let (mut app, gate, _executions) = gated_app("slow", ToolScope::World);
+    let conversation = app.agent().conversation("a");
+    let first = conversation.request(keyed("slow", json!({}), "op"));
+    app.run_until("parked: the handler started", |_| gate.arrived() == 1);
+    assert!(first.cancel());
+    let error = app.run_until_resolved(&first).expect_err("cancelled");
+    assert_eq!((&error.code, error.details.extra.get("effect_unknown")), (&ErrorCode::Cancelled, Some(&json!(true))));
+    assert!(error.message.contains("effect is unknown"), "{}", error.message);
+    let retry = conversation.request(keyed("slow", json!({}), "op"));
+    assert_eq!(retry.try_outcome(), Some(Err(error)), "the retry is told the same, not that nothing happened");
+    gate.open();
+
+    // Cancelled before its handler started: nothing ran, nothing is unknown.
+    let game = TestGame { load_async: true, ..Default::default() };
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    let waiting = app.agent().conversation("a").request(keyed("bump", json!({}), "op"));
+    assert!(waiting.cancel());
+    let error = app.run_until_resolved(&waiting).expect_err("cancelled");
+    assert_eq!((error.code, error.details.extra.get("effect_unknown")), (ErrorCode::Cancelled, None));
 }
 
 #[test]

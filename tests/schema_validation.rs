@@ -256,6 +256,51 @@ fn requires_confirmation_on_a_tool_without_arguments_publishes_confirm_and_enfor
 }
 
 #[test]
+fn requires_confirmation_takes_confirm_out_of_arguments_that_refuse_unknown_fields() {
+    #[derive(Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    struct Strict {
+        row: u32,
+    }
+    #[derive(Deserialize, JsonSchema)]
+    enum Wipe {
+        Row { row: u32 },
+        Column { column: u32 },
+    }
+    let ran = Arc::new(AtomicUsize::new(0));
+    let (strict_ran, wipe_ran) = (ran.clone(), ran.clone());
+    let strict = AgentTool::new("clear_row", "Clears a row.", move |_: CallContext<Session>, args: Strict| {
+        strict_ran.fetch_add(args.row as usize, Ordering::SeqCst);
+        async move { Ok(()) }
+    })
+    .requires_confirmation();
+    let wipe = AgentTool::new("wipe", "Wipes a row or column.", move |_: CallContext<Session>, args: Wipe| {
+        let n = match args {
+            Wipe::Row { row } => row,
+            Wipe::Column { column } => column,
+        };
+        wipe_ran.fetch_add(n as usize, Ordering::SeqCst);
+        async move { Ok(()) }
+    })
+    .requires_confirmation();
+    let mut app = app_with(TestGame::default(), vec![strict, wipe]);
+    app.enter_world("alpha");
+    let agent = app.agent().conversation("a");
+    for (tool, args) in [("clear_row", json!({ "row": 1 })), ("wipe", json!({ "Row": { "row": 10 } }))] {
+        let refused = agent.call(tool, args.clone()).try_outcome().expect("at once");
+        assert_eq!(code(&refused), Some(ErrorCode::ConfirmationRequired), "{tool}");
+        let mut confirmed = args;
+        confirmed["confirm"] = json!(true);
+        let call = agent.call(tool, confirmed);
+        assert!(app.run_until_resolved(&call).is_ok(), "{tool} runs once confirmed");
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 11, "each handler ran once, with its arguments");
+    let mistyped = agent.call("clear_row", json!({ "row": 1, "confirm": "yes" })).try_outcome().expect("at once");
+    let mistyped = mistyped.expect_err("not a boolean");
+    assert_eq!((mistyped.code, mistyped.details.extra["field"].clone()), (ErrorCode::InvalidInput, json!("confirm")));
+}
+
+#[test]
 fn a_flattened_destructive_guard_adds_its_fields_but_never_its_own_doc() {
     #[derive(Deserialize, JsonSchema)]
     #[allow(dead_code)]

@@ -243,6 +243,14 @@ impl CallLife {
             for (key, value) in self.details.lock().iter() {
                 error.details.extra.entry(key.clone()).or_insert_with(|| value.clone());
             }
+            if error.code == ErrorCode::Cancelled && self.handler_started() {
+                // What the handler did before it stopped stays done; a retry of its operation gets this outcome
+                // (rule H12), so it must not read as "nothing happened".
+                error.message.push_str(
+                    "; its handler had started, so its effect is unknown: inspect the game's state before retrying",
+                );
+                error.details.extra.entry("effect_unknown").or_insert(serde_json::Value::Bool(true));
+            }
             error.locate(&self.coords)
         });
         **step = Some(match &outcome {

@@ -38,8 +38,9 @@ pub const ERROR_META_KEY: &str = "bevy_agent_tools/error";
 const INSTRUCTIONS: &str = "Tools act inside a running game. Each call is bound to the world visit (and, for \
 location-scoped tools, the exact location) it was made in: if the player leaves or travels first, the call is \
 refused (VISIT_ENDED, LOCATION_CHANGED) and nothing is applied elsewhere. An error result's text is JSON with a \
-stable `code`, a `message` and `details`. For non-read-only tools, pass an `operation_id` when you may retry: retries run once. After \
-TIMEOUT the effect is unknown: look before you retry. Retries are recognised within a conversation: your MCP \
+stable `code`, a `message` and `details`. For non-read-only tools, pass an `operation_id` when you may retry: \
+retries run once. After TIMEOUT, or CANCELLED with `effect_unknown` in its details, the effect is unknown: look \
+before you retry. Retries are recognised within a conversation: your MCP \
 session, or without one every client of your client's name and version; to keep your calls apart from other \
 copies of your client, call `begin_conversation` once and pass its handle as `conversation` in every call.";
 

@@ -147,6 +147,21 @@ pub(crate) fn object_arguments(tool: &str, mut args: Value) -> Result<Value, Too
     }
 }
 
+/// Takes `confirm` out of the arguments of a tool that
+/// [requires confirmation](crate::AgentTool::requires_confirmation) but whose own arguments do not declare it (the
+/// host has already read it). Refused like a schema violation if it is there and not a boolean.
+pub(crate) fn take_confirm(tool: &str, args: &mut Value) -> Result<(), ToolError> {
+    let Some(confirm) = args.as_object_mut().and_then(|map| map.remove("confirm")) else { return Ok(()) };
+    if confirm.is_boolean() {
+        return Ok(());
+    }
+    let reason = format!("{confirm} is not of type \"boolean\"");
+    Err(ToolError::with_code(ErrorCode::InvalidInput, format!("argument `confirm` of `{tool}` is invalid: {reason}"))
+        .with_detail("field", "confirm")
+        .with_detail("reason", reason)
+        .with_detail("schema_keyword", "type"))
+}
+
 /// The schema a tool publishes, compiled once: calls are checked against exactly what clients were shown
 /// (`minimum`/`maximum`, `enum`, lengths, `pattern`, `required`, types), before the handler runs.
 ///

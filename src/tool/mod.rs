@@ -130,6 +130,10 @@ pub struct AgentTool<S> {
     info: ToolInfo,
     /// The published input schema, compiled at the first call (builder methods may still change it until then).
     validator: OnceLock<Option<jsonschema::Validator>>,
+    /// Whether the handler's own arguments have a `confirm` (a flattened [`DestructiveGuard`]): if not, the host
+    /// takes the `confirm` that [`requires_confirmation`](Self::requires_confirmation) adds out of the arguments
+    /// before they are parsed, so arguments that refuse unknown fields still parse.
+    handler_confirms: bool,
     start: Arc<dyn Fn(Value) -> Result<PreparedCall, ToolError> + Send + Sync>,
     _session: PhantomData<fn(S)>,
 }
@@ -182,6 +186,7 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
                 requires_confirmation: false,
             },
             validator: OnceLock::new(),
+            handler_confirms: false,
             start,
             _session: PhantomData,
         }
@@ -220,10 +225,11 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
     /// Refuses calls without `confirm: true` (`CONFIRMATION_REQUIRED`) before anything runs, and adds `confirm`
     /// to the input schema clients see (also for a tool whose arguments are [`NoArgs`]). For destructive tools.
     ///
-    /// The host checks `confirm`; the handler need not have it (its arguments get it like any other, so a
-    /// flattened [`DestructiveGuard`] sees it too). Use this when the whole tool is dangerous; flatten a
-    /// [`DestructiveGuard`] into the arguments instead when the handler decides (for example only some targets
-    /// need confirming) or also needs `expected_version`.
+    /// The host checks `confirm`; the handler need not have it. If the arguments declare a `confirm` of their own
+    /// (a flattened [`DestructiveGuard`]), they get it like any other argument; if not, the host takes it out
+    /// before they are parsed, so arguments with `#[serde(deny_unknown_fields)]` or an enum of structs work too.
+    /// Use this when the whole tool is dangerous; flatten a [`DestructiveGuard`] into the arguments instead when
+    /// the handler decides (for example only some targets need confirming) or also needs `expected_version`.
     ///
     /// ```
     /// # use bevy_agent_tools::prelude::*;
@@ -233,6 +239,7 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
     /// ```
     pub fn requires_confirmation(mut self) -> Self {
         self.info.requires_confirmation = true;
+        self.handler_confirms = reserved::declares(&self.info.input_schema, "confirm");
         if let Some(schema) = self.info.input_schema.as_object_mut() {
             schema.entry("type").or_insert_with(|| Value::String("object".into()));
             let properties = schema.entry("properties").or_insert_with(|| Value::Object(Default::default()));
@@ -294,7 +301,10 @@ impl<S: Send + Sync + 'static> ErasedTool for AgentTool<S> {
     }
 
     fn prepare(&self, args: Value) -> Result<PreparedCall, ToolError> {
-        let args = input::object_arguments(&self.info.name, args)?;
+        let mut args = input::object_arguments(&self.info.name, args)?;
+        if self.info.requires_confirmation && !self.handler_confirms {
+            input::take_confirm(&self.info.name, &mut args)?;
+        }
         let validator =
             self.validator.get_or_init(|| input::compile_schema(&self.info.name, &self.info.client_input_schema()));
         if let Some(validator) = validator {

@@ -47,7 +47,8 @@ const OPERATION_HELP: &str = "Optional. A unique id for this operation: use a UU
 copies of your client may share your conversation, and so its ids). If you retry a call with \
 the same operation_id and the same arguments in the same task (your conversation, unless you send a task_id), it \
 runs once and you get the first outcome; different arguments with the same id are refused (OPERATION_CONFLICT). \
-After a TIMEOUT the effect is unknown: inspect the game before starting a new operation_id.";
+After a TIMEOUT, or a CANCELLED with effect_unknown in its details, the effect is unknown: inspect the game before \
+starting a new operation_id.";
 /// Added to [`OPERATION_HELP`] for a tool that acts where the player is (`ToolScope::Location`).
 const OPERATION_HELP_LOCATION: &str = " This tool acts where the player is: a retry after the player \
 travelled (even back to the same place) is a new operation, and runs where the player is then.";
@@ -71,10 +72,7 @@ pub(crate) fn check_arguments(info: &ToolInfo) -> Result<(), String> {
             info.name, schema["type"]
         ));
     }
-    let shapes = ["oneOf", "anyOf", "allOf"].iter().filter_map(|key| schema.get(*key).and_then(Value::as_array));
-    let objects = std::iter::once(schema).chain(shapes.flatten());
-    let mut names = objects.filter_map(|shape| shape.get("properties").and_then(Value::as_object)).flat_map(Map::keys);
-    match names.find(|name| RESERVED.contains(&name.as_str())) {
+    match RESERVED.iter().find(|name| declares(schema, name)) {
         Some(taken) => Err(format!(
             "agent tool `{}` has an argument named `{taken}`, which the transports take out of every call (it would \
              never reach the tool): rename it",
@@ -82,6 +80,15 @@ pub(crate) fn check_arguments(info: &ToolInfo) -> Result<(), String> {
         )),
         None => Ok(()),
     }
+}
+
+/// Whether an arguments schema has a property named `name`, at its root or in one of its shapes (`oneOf`,
+/// `anyOf`, `allOf`).
+pub(crate) fn declares(schema: &Value, name: &str) -> bool {
+    let shapes = ["oneOf", "anyOf", "allOf"].iter().filter_map(|key| schema.get(*key).and_then(Value::as_array));
+    let mut objects = std::iter::once(schema).chain(shapes.flatten());
+    objects
+        .any(|shape| shape.get("properties").and_then(Value::as_object).is_some_and(|props| props.contains_key(name)))
 }
 
 impl ToolInfo {
@@ -147,18 +154,40 @@ impl ToolInfo {
 impl CallRequest {
     /// A request from arguments as a transport receives them: `operation_id` and `task_id` are taken out of the
     /// object (they must be non-empty strings) and the rest are the tool's arguments.
+    ///
+    /// Admission does the same to every request (see [`take_wire_ids`](Self::take_wire_ids)), so an in-process
+    /// [`Conversation::call`](crate::Conversation::call) with `operation_id` in its arguments is keyed too.
     pub fn from_wire(tool: impl Into<String>, arguments: Value) -> Result<Self, ToolError> {
-        let tool = tool.into();
-        let mut arguments = arguments;
-        let (mut operation, mut task) = (None, None);
-        if let Value::Object(map) = &mut arguments {
-            operation = take_id(map, OPERATION_ID)?.map(OperationId::from);
-            task = take_id(map, TASK_ID)?.map(TaskId::from);
-        }
         let mut request = CallRequest::new(tool, arguments);
-        request.operation = operation;
-        request.task = task;
+        request.take_wire_ids()?;
         Ok(request)
+    }
+
+    /// Moves `operation_id` and `task_id` from the arguments into the request (they must be non-empty strings of
+    /// at most 256 characters). One given both ways must be the same in both (`INVALID_INPUT` otherwise).
+    pub(crate) fn take_wire_ids(&mut self) -> Result<(), ToolError> {
+        let Value::Object(map) = &mut self.arguments else { return Ok(()) };
+        let operation = take_id(map, OPERATION_ID)?.map(OperationId::from);
+        let task = take_id(map, TASK_ID)?.map(TaskId::from);
+        merge(&mut self.operation, operation, OPERATION_ID)?;
+        merge(&mut self.task, task, TASK_ID)
+    }
+}
+
+fn merge<T: PartialEq>(into: &mut Option<T>, from_arguments: Option<T>, field: &str) -> Result<(), ToolError> {
+    match (into.as_ref(), from_arguments) {
+        (_, None) => Ok(()),
+        (None, found) => {
+            *into = found;
+            Ok(())
+        }
+        (Some(given), Some(found)) if *given == found => Ok(()),
+        (Some(_), Some(_)) => Err(ToolError::with_code(
+            ErrorCode::InvalidInput,
+            format!("argument `{field}` differs from the one the request was given"),
+        )
+        .with_detail("field", field)
+        .with_detail("reason", "given twice, with different values")),
     }
 }
 
