@@ -392,14 +392,14 @@ fn a_tool_registered_while_the_game_runs_is_announced_to_sessionless_clients_tha
 }
 
 #[test]
-fn busy_over_the_in_flight_limit_is_refused_with_429() {
+fn busy_over_the_in_flight_limit_is_the_hosts_busy_error_result_before_the_call_reaches_the_service() {
     for modern in [false, true] {
-        busy_over_the_in_flight_limit_is_refused_with_429_in(modern);
+        busy_over_the_in_flight_limit_in(modern);
     }
 }
 
 /// In an MCP session (2025-11-25), or sessionless (2026-07-28), where the client's name makes the conversation.
-fn busy_over_the_in_flight_limit_is_refused_with_429_in(modern: bool) {
+fn busy_over_the_in_flight_limit_in(modern: bool) {
     let gate = Gate::new();
     let (game, server) = game(Arc::default(), gate.clone());
     let url = server.url().to_string();
@@ -416,10 +416,13 @@ fn busy_over_the_in_flight_limit_is_refused_with_429_in(modern: bool) {
         tokio::time::timeout(Duration::from_secs(30), opener.arrivals(2))
             .await
             .expect("the calls reached their tool in time");
-        let third = peer.call_tool(params("gated", json!({}))).await.expect_err("refused");
-        assert!(third.to_string().contains("429"), "over the limit is HTTP 429: {third}");
+        let third = peer.call_tool(params("gated", json!({}))).await.expect("an error result, not a transport error");
+        assert_eq!(third.is_error, Some(true));
+        let text = third.content.first().and_then(|content| content.as_text()).map(|text| text.text.clone());
+        let error: Value = serde_json::from_str(&text.unwrap_or_default()).expect("the error as JSON text");
+        assert_eq!((&error["code"], &error["details"]["limit"]), (&json!("BUSY"), &json!(2)), "DESIGN §5: {error}");
         if modern {
-            // The same conversation (rmcp's client name) over raw HTTP: the refusal's body is the host's error.
+            // The same conversation (rmcp's client name) over raw HTTP: one JSON-RPC response, for this request.
             let info = serde_json::to_value(rmcp::model::ClientConfig::default().client_info).expect("json");
             let meta = json!({
                 "io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -429,9 +432,11 @@ fn busy_over_the_in_flight_limit_is_refused_with_429_in(modern: bool) {
             let call = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
                 "params": {"name": "gated", "arguments": {}, "_meta": meta}});
             let (status, response) = raw(&server, &[("Authorization", &format!("Bearer {TOKEN}"))], &call.to_string());
-            assert_eq!(status, 429, "{response}");
+            assert_eq!(status, 200, "{response}");
             let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
-            let error: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("a JSON body ({e}): {response}"));
+            let answer: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("a JSON body ({e}): {response}"));
+            assert_eq!((&answer["id"], &answer["result"]["isError"]), (&json!(9), &json!(true)), "{answer}");
+            let error = &answer["result"]["_meta"][ERROR_META_KEY];
             assert_eq!((&error["code"], &error["details"]["limit"]), (&json!("BUSY"), &json!(2)), "DESIGN §5: {error}");
             assert!(error["message"].as_str().is_some_and(|m| m.contains("wait for one")), "{error}");
             assert!(response.to_ascii_lowercase().contains("retry-after: 1"), "{response}");
@@ -443,7 +448,7 @@ fn busy_over_the_in_flight_limit_is_refused_with_429_in(modern: bool) {
         opener.open();
         let first = first.await.expect("joined").expect("ok");
         assert_eq!(first.is_error, Some(false));
-        let retry = retry.await.expect("joined").expect("answered, not refused with 429");
+        let retry = retry.await.expect("joined").expect("answered");
         assert_eq!(retry.structured_content, first.structured_content, "the retry got the operation's outcome");
         assert_eq!(second.await.expect("joined").expect("ok").is_error, Some(false));
         client.cancel().await.expect("close");
@@ -475,6 +480,16 @@ fn raw(server: &McpServer, headers: &[(&str, &str)], body: &str) -> (u16, String
 }
 
 const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+
+#[test]
+fn the_token_is_never_shown_in_full_by_debug() {
+    let (game, server) = game(Arc::default(), Gate::new());
+    let plugin = McpPlugin::new().token(TOKEN);
+    for shown in [format!("{server:?}"), format!("{plugin:?}")] {
+        assert!(!shown.contains(TOKEN) && shown.contains(&TOKEN[..4]), "{shown}");
+    }
+    game.stop();
+}
 
 #[test]
 fn security_refusals_have_the_right_status_and_say_why() {
@@ -525,6 +540,30 @@ fn security_refusals_have_the_right_status_and_say_why() {
             serde_json::from_str(json).unwrap_or_else(|e| panic!("{what}: a JSON body ({e}): {response}"));
         assert_eq!(error["error"]["code"], code, "{what}: {error}");
         assert_eq!(error["id"], id, "{what}: {error}");
+    }
+    // MCP's own method with params that do not fit it: invalid params for that request, not "method not found"
+    // (rmcp alone reads it as a custom request: -32601, and HTTP 404 without a session).
+    let meta = json!({ "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": { "name": "raw", "version": "1" } });
+    for (params, what) in [
+        (json!({ "name": "bump", "arguments": "{\"by\": 1}", "_meta": meta }), "arguments as a string"),
+        (json!({ "name": 7, "arguments": {}, "_meta": meta }), "a numeric tool name"),
+    ] {
+        let body = json!({ "jsonrpc": "2.0", "id": 12, "method": "tools/call", "params": params }).to_string();
+        let headers = [
+            ("Authorization", bearer.as_str()),
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "bump"),
+        ];
+        let (status, response) = raw(&server, &headers, &body);
+        assert_eq!(status, 200, "{what}: {response}");
+        let json = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let error: Value =
+            serde_json::from_str(json).unwrap_or_else(|e| panic!("{what}: a JSON body ({e}): {response}"));
+        assert_eq!((&error["id"], &error["error"]["code"]), (&json!(12), &json!(-32602)), "{what}: {error}");
+        assert!(error["error"]["message"].as_str().is_some_and(|m| m.contains("tools/call")), "{what}: {error}");
     }
 
     // The game kept running through all of it.

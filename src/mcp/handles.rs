@@ -8,13 +8,12 @@
 //! with no handle (and no MCP session) is its client's conversation, shared by every client of the same name
 //! and version (`naming`); one that names no client either is a conversation of its own, ended with the request.
 
-use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use serde_json::json;
 
+use super::recent::RecentNames;
 use super::security::generate_token;
 use crate::error::{ErrorCode, ToolError};
 
@@ -22,9 +21,9 @@ use crate::error::{ErrorCode, ToolError};
 pub(crate) use crate::tool::BEGIN_CONVERSATION;
 /// The reserved argument carrying a handle.
 pub(crate) use crate::tool::CONVERSATION;
-/// How many handles are remembered; the oldest are forgotten beyond (a client that comes back with one gets
-/// `CONVERSATION_NOT_FOUND` and begins another), and their conversations end, so that a long-running game keeps
-/// a bounded number of them.
+/// How many handles are remembered; beyond, the one used longest ago is forgotten (a client that comes back with
+/// it gets `CONVERSATION_NOT_FOUND` and begins another) and its conversation ends, so that a long-running game
+/// keeps a bounded number of them. One whose conversation has calls in flight is never the one forgotten.
 const KEPT: usize = 10_000;
 
 pub(crate) const CONVERSATION_HELP: &str = "Optional. The handle from `begin_conversation`: pass it in every call \
@@ -32,11 +31,10 @@ so that your calls are one conversation of their own (your operation_id retries 
 calls are mixed with yours, not even another copy of your client's). Not needed when your client keeps an MCP \
 session.";
 
-/// The handles minted so far (the newest [`KEPT`]).
+/// The handles minted so far (the [`KEPT`] used most recently, and any whose conversation has calls in flight).
 #[derive(Clone)]
 pub(crate) struct Handles {
-    minted: Arc<Mutex<(HashSet<String>, VecDeque<String>)>>,
-    kept: usize,
+    minted: RecentNames,
 }
 
 impl Default for Handles {
@@ -46,32 +44,22 @@ impl Default for Handles {
 }
 
 impl Handles {
-    /// Remembers the newest `kept` handles.
+    /// Remembers the `kept` handles used most recently.
     fn keeping(kept: usize) -> Self {
-        Self { minted: Arc::default(), kept }
+        Self { minted: RecentNames::keeping(kept) }
     }
 
-    /// A new handle (`cv-` and 32 random bytes in hex), and the handles forgotten to make room for it, whose
-    /// conversations the caller ends.
-    pub(crate) fn mint(&self) -> Result<(String, Vec<String>), ToolError> {
+    /// A new handle (`cv-` and 32 random bytes in hex), and the handle forgotten to make room for it, if one was,
+    /// whose conversation the caller ends: the one used longest ago of those `may_forget` allows.
+    pub(crate) fn mint(&self, may_forget: impl Fn(&str) -> bool) -> Result<(String, Option<String>), ToolError> {
         let handle = format!("cv-{}", generate_token().map_err(|error| ToolError::internal(error.0))?);
-        let mut minted = self.minted.lock();
-        let (known, order) = &mut *minted;
-        known.insert(handle.clone());
-        order.push_back(handle.clone());
-        let mut forgotten = Vec::new();
-        while order.len() > self.kept {
-            if let Some(oldest) = order.pop_front() {
-                known.remove(&oldest);
-                forgotten.push(oldest);
-            }
-        }
+        let forgotten = self.minted.used(&handle, may_forget);
         Ok((handle, forgotten))
     }
 
-    /// Checks a handle a client sent: it must be one this server minted.
+    /// Checks a handle a client sent, and notes its use: it must be one this server minted (and still knows).
     pub(crate) fn check(&self, handle: &str) -> Result<(), ToolError> {
-        if self.minted.lock().0.contains(handle) {
+        if self.minted.touch(handle) {
             return Ok(());
         }
         Err(ToolError::with_code(
@@ -111,21 +99,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_oldest_handles_are_forgotten_and_named_for_their_conversations_to_end() {
+    fn the_handle_used_longest_ago_is_forgotten_and_named_for_its_conversation_to_end() {
         let handles = Handles::keeping(2);
-        let (first, none) = handles.mint().unwrap();
-        assert!(none.is_empty());
-        let (second, _) = handles.mint().unwrap();
-        let (third, forgotten) = handles.mint().unwrap();
-        assert_eq!(forgotten, std::slice::from_ref(&first));
-        assert!(handles.check(&first).is_err());
-        assert!(handles.check(&second).is_ok() && handles.check(&third).is_ok());
+        let any = |_: &str| true;
+        let (first, none) = handles.mint(any).unwrap();
+        assert!(none.is_none());
+        let (second, _) = handles.mint(any).unwrap();
+        assert!(handles.check(&first).is_ok(), "first is used again: second is now the one used longest ago");
+        let (third, forgotten) = handles.mint(any).unwrap();
+        assert_eq!(forgotten.as_ref(), Some(&second));
+        assert!(handles.check(&second).is_err());
+        assert!(handles.check(&first).is_ok() && handles.check(&third).is_ok());
+        let (_, forgotten) = handles.mint(|old| old != first).unwrap();
+        assert_eq!(forgotten.as_ref(), Some(&third), "one that may not go (calls in flight) is passed over");
     }
 
     #[test]
     fn only_minted_handles_pass() {
         let handles = Handles::default();
-        let (minted, _) = handles.mint().unwrap();
+        let (minted, _) = handles.mint(|_| true).unwrap();
         assert!(minted.starts_with("cv-") && minted.len() == 67);
         assert!(handles.check(&minted).is_ok());
         assert_eq!(handles.check("cv-made-up").unwrap_err().code, ErrorCode::ConversationNotFound);

@@ -1,15 +1,18 @@
 //! The per-conversation in-flight limit at the HTTP layer: a `tools/call` from a conversation that already has
-//! its limit of calls in flight is refused with 429 before it reaches the MCP service. (The host enforces the
-//! same limit at admission, as `BUSY`, for calls that race past this check, and for calls with an `operation_id`,
-//! which this check lets through: a retry that joins its running operation adds no call.)
+//! its limit of calls in flight is answered `BUSY` before it reaches the MCP service, as the host's error result
+//! for that request (HTTP 200, one JSON-RPC response, `Retry-After: 1`): a refusal by HTTP status alone reaches
+//! an agent as a transport failure (the Python SDK makes it -32603, the TypeScript SDK throws), with the code
+//! lost. (The host enforces the same limit at admission, as `BUSY`, for calls that race past this check, and for
+//! calls with an `operation_id`, which this check lets through: a retry that joins its running operation adds no
+//! call.)
 
 use std::sync::Arc;
 
 use axum::body::{to_bytes, Body};
 use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use serde_json::Value;
 
@@ -17,6 +20,7 @@ use super::credentials::BoundConversation;
 use super::handles::CONVERSATION;
 use super::naming::{client_identity, conversation_id, session_named, CLIENT_INFO_META};
 use super::security::refusal;
+use super::server::error_result;
 use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
 use crate::error::{ErrorCode, ToolError};
@@ -35,20 +39,19 @@ pub(crate) struct InFlightLimit {
     pub max_body_bytes: usize,
 }
 
-/// HTTP 429 with the host's own error as its body (`{"code": "BUSY", "message", "details"}`, DESIGN §5, and
-/// `"error": "busy"` as the other refusals of the HTTP layer say it), and `Retry-After: 1`.
-fn busy(agent: &AgentHandle, conversation: &ConversationId) -> Response {
+/// The answer to request `id`: the host's `BUSY` as an error tool result (DESIGN §5), exactly as admission would
+/// give it, in a JSON-RPC response with `Retry-After: 1`.
+fn busy(agent: &AgentHandle, conversation: &ConversationId, id: &Value) -> Response {
     let error = ToolError::with_code(
         ErrorCode::Busy,
         "this conversation already has its limit of calls in flight; wait for one to finish",
     )
     .with_detail("conversation", conversation)
     .with_detail("limit", agent.host().config.max_in_flight);
-    let mut body = serde_json::json!(error);
-    body["error"] = "busy".into();
-    let mut response = refusal(StatusCode::TOO_MANY_REQUESTS, "busy", "");
-    *response.body_mut() = Body::from(body.to_string());
-    response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+    let result = serde_json::to_value(error_result(&error)).unwrap_or_else(|_| serde_json::json!({"isError": true}));
+    let body = serde_json::json!({ "jsonrpc": "2.0", "id": id, "result": result });
+    let mut response = (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response();
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     response
 }
 
@@ -61,7 +64,7 @@ pub(crate) async fn limit_in_flight(State(limit): State<InFlightLimit>, request:
         return refusal(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the request body is over the limit");
     };
     if let Ok(message) = serde_json::from_slice::<Value>(&bytes) {
-        if message.get("method").and_then(Value::as_str) == Some("tools/call") {
+        if let (Some("tools/call"), Some(id)) = (message.get("method").and_then(Value::as_str), message.get("id")) {
             let params = message.get("params");
             let header = parts.headers.get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok());
             let meta = params.and_then(|p| p.get("_meta"));
@@ -79,7 +82,7 @@ pub(crate) async fn limit_in_flight(State(limit): State<InFlightLimit>, request:
             let conversation = conversation_id(bound, handle, session, client.as_deref());
             if let Some(conversation) = conversation.filter(|conversation| !keyed && limit.agent.is_busy(conversation))
             {
-                return busy(&limit.agent, &conversation);
+                return busy(&limit.agent, &conversation, id);
             }
         }
     }

@@ -24,8 +24,8 @@
 //! [`McpPlugin::allow_non_loopback`]); a bearer token (generated per run unless set, written to a file readable
 //! only by the user, never logged in full); `Origin` checked against an allow-list (requests without `Origin`, as
 //! non-browser clients send, pass); `Host` checked; a request body limit; the per-conversation in-flight limit of
-//! the host (429 at the HTTP layer, `BUSY` as an error result for a call that races past it). Refusals: 401
-//! (token), 403 (Origin, Host), 413 (body), 429 (in-flight limit).
+//! the host (`BUSY`, an error result for the request, answered at the HTTP layer before the call reaches the MCP
+//! service, or by the host for a call that races past it). Refusals: 401 (token), 403 (Origin, Host), 413 (body).
 //!
 //! A 2025-11-25 client that ends its session with `DELETE` is answered 204 No Content; a `DELETE` (like any
 //! request) naming a session that does not exist any more (the game ended its conversation, or it expired), 404.
@@ -88,7 +88,6 @@
 //! [`AgentTool::argument_enum`](crate::AgentTool::argument_enum).
 
 mod announce;
-mod clients;
 mod credentials;
 mod exchanges;
 mod handles;
@@ -99,6 +98,7 @@ mod naming;
 mod parse;
 mod plugin;
 pub(crate) mod quiet;
+mod recent;
 mod security;
 mod server;
 mod sessions;

@@ -3,19 +3,49 @@
 //! that is not JSON, an invalid request (-32600) for JSON that is not a JSON-RPC message MCP knows. A batch (a JSON
 //! array) is an invalid request too: MCP removed batching in 2025-06-18, and neither protocol generation this
 //! server speaks has it.
+//!
+//! A request for one of MCP's own methods whose params do not fit it (`arguments` sent as a string, a numeric
+//! tool `name`) is answered with invalid params (-32602, saying what does not fit) in a JSON-RPC response: rmcp
+//! would read it as a custom request and answer "method not found" (HTTP 404 without a session, which clients
+//! take for a session that ended).
 
 use axum::body::{to_bytes, Body};
 use axum::extract::{Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use rmcp::model::ClientJsonRpcMessage;
-use serde_json::json;
+use rmcp::model::{CallToolRequest, ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, ListToolsRequest};
+use serde_json::{json, Value};
 
 /// The JSON-RPC code of a parse error: the body is not JSON.
 pub(crate) const PARSE_ERROR: i32 = -32700;
 /// The JSON-RPC code of an invalid request: JSON, but not a request object.
 pub(crate) const INVALID_REQUEST: i32 = -32600;
+/// The JSON-RPC code of invalid params: a method this server knows, with params that do not fit it.
+pub(crate) const INVALID_PARAMS: i32 = -32602;
+
+/// MCP's own request methods, as a client sends them (both generations): none of them is a custom request.
+const MCP_METHODS: &[&str] = &[
+    "initialize",
+    "ping",
+    "server/discover",
+    "tools/list",
+    "tools/call",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+    "logging/setLevel",
+    "subscriptions/listen",
+    "tasks/get",
+    "tasks/list",
+    "tasks/cancel",
+    "tasks/result",
+];
 
 /// The `id` and method of the JSON-RPC request a `POST` carries (in its extensions, for the layers inside this one).
 #[derive(Clone, Debug)]
@@ -60,14 +90,45 @@ pub(crate) async fn refuse_unparsable(State(max_body_bytes): State<usize>, reque
                 let method = method.as_str().unwrap_or_default().to_string();
                 parts.extensions.insert(JsonRpcRequestId { id: id.clone(), method });
             }
-            serde_json::from_value::<ClientJsonRpcMessage>(value).err().map(|error| {
-                (INVALID_REQUEST, format!("Invalid Request: the body is not a JSON-RPC message MCP knows ({error})"))
-            })
+            let params = value.get("params").cloned();
+            match serde_json::from_value::<ClientJsonRpcMessage>(value) {
+                Err(error) => Some((
+                    INVALID_REQUEST,
+                    format!("Invalid Request: the body is not a JSON-RPC message MCP knows ({error})"),
+                )),
+                Ok(JsonRpcMessage::Request(request)) => match &request.request {
+                    ClientRequest::CustomRequest(custom) if MCP_METHODS.contains(&custom.method.as_str()) => {
+                        let body = json!({ "jsonrpc": "2.0", "id": id, "error": {
+                            "code": INVALID_PARAMS,
+                            "message": misfit(&custom.method, params),
+                        }});
+                        let headers = [(header::CONTENT_TYPE, "application/json")];
+                        return (StatusCode::OK, headers, body.to_string()).into_response();
+                    }
+                    _ => None,
+                },
+                Ok(_) => None,
+            }
         }
     };
     match why {
         Some((code, message)) => refused(id, code, message),
         None => next.run(Request::from_parts(parts, Body::from(bytes))).await,
+    }
+}
+
+/// What is wrong with the params of a request for MCP's `method`: serde's words for the methods whose params this
+/// server can name (`tools/call`, `tools/list`), a general one for the rest.
+fn misfit(method: &str, params: Option<Value>) -> String {
+    let request = json!({ "method": method, "params": params });
+    let why = match method {
+        "tools/call" => serde_json::from_value::<CallToolRequest>(request).err(),
+        "tools/list" => serde_json::from_value::<ListToolsRequest>(request).err(),
+        _ => None,
+    };
+    match why {
+        Some(error) => format!("Invalid params: the params of `{method}` do not fit it ({error})"),
+        None => format!("Invalid params: the params of `{method}` do not fit it"),
     }
 }
 

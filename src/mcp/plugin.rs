@@ -27,7 +27,7 @@ use crate::runtime::AgentRuntime;
 /// Serves the host's tools over MCP (Streamable HTTP). See the [module docs](crate::mcp).
 ///
 /// Inserts [`McpServer`] when it serves, or [`McpUnavailable`] when it could not start (the game runs on).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct McpPlugin {
     address: IpAddr,
     port: u16,
@@ -40,6 +40,25 @@ pub struct McpPlugin {
     max_body_bytes: usize,
     session_idle_timeout: Option<Duration>,
     strict_port: bool,
+}
+
+/// Shows the token as its first characters only, as the game's log does.
+impl std::fmt::Debug for McpPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpPlugin")
+            .field("address", &self.address)
+            .field("port", &self.port)
+            .field("path", &self.path)
+            .field("allow_non_loopback", &self.allow_non_loopback)
+            .field("token", &self.token.as_deref().map(security::redacted))
+            .field("token_file", &self.token_file)
+            .field("allowed_origins", &self.allowed_origins)
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("session_idle_timeout", &self.session_idle_timeout)
+            .field("strict_port", &self.strict_port)
+            .finish()
+    }
 }
 
 impl Default for McpPlugin {
@@ -298,7 +317,7 @@ impl McpPlugin {
 }
 
 /// The running MCP server: where it listens and where its token is.
-#[derive(Resource, Clone, Debug)]
+#[derive(Resource, Clone)]
 pub struct McpServer {
     url: String,
     address: SocketAddr,
@@ -310,6 +329,20 @@ pub struct McpServer {
     credentials: Credentials,
     shutdown: CancellationToken,
     stopping: Stopping,
+}
+
+/// Shows the token as its first characters only, as the game's log does.
+impl std::fmt::Debug for McpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpServer")
+            .field("url", &self.url)
+            .field("address", &self.address)
+            .field("replaced_port", &self.replaced_port)
+            .field("token_file", &self.token_file)
+            .field("token", &security::redacted(&self.token))
+            .field("credentials", &self.credentials)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What the exit waits for: the responses of calls that ended, then the server's own end.

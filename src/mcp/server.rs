@@ -14,12 +14,12 @@ use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
-use super::clients::ClientConversations;
 use super::credentials::BoundConversation;
 use super::handles::{begin_conversation_tool, Handles, BEGIN_CONVERSATION, CONVERSATION, CONVERSATION_HELP};
 use super::naming::{
     client_conversation, client_identity, conversation_id, handle_conversation, session_named, CLIENT_INFO_META,
 };
+use super::recent::RecentNames;
 use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
 use crate::call::{CallOutcome, CallRequest, Progress, ProgressSink};
@@ -54,7 +54,7 @@ pub(crate) struct GameServer {
     /// The conversation handles minted for sessionless clients.
     pub handles: Handles,
     /// The sessionless clients named by their identity, whose conversations stay open.
-    pub clients: ClientConversations,
+    pub clients: RecentNames,
     /// The open 2025-11-25 sessions.
     pub sessions: Arc<ConversationSessions>,
     /// The clients of those sessions, told when the tool list changes.
@@ -106,7 +106,7 @@ impl GameServer {
 
 /// Notes a request of sessionless client `client`: the conversation of the client used longest ago beyond the
 /// number kept ends (it reopens if that client comes back), unless it has calls in flight.
-fn note_client(agent: &AgentHandle, clients: &ClientConversations, client: &str) {
+fn note_client(agent: &AgentHandle, clients: &RecentNames, client: &str) {
     let running = |client: &str| {
         agent.conversation_status(&client_conversation(client)) == Some(ConversationStatus::WaitingToolResult)
     };
@@ -224,10 +224,14 @@ impl ServerHandler for GameServer {
             Err(error) => return Ok(error_result(&error).into()),
         };
         if request.name == BEGIN_CONVERSATION {
-            return Ok(match self.handles.mint() {
+            let running = |old: &str| {
+                let status = self.agent.conversation_status(&handle_conversation(old));
+                status == Some(ConversationStatus::WaitingToolResult)
+            };
+            return Ok(match self.handles.mint(|old| !running(old)) {
                 Ok((handle, forgotten)) => {
-                    for old in forgotten {
-                        // Its client can no longer name it: it ends (its calls still in flight are cancelled).
+                    if let Some(old) = forgotten {
+                        // Its client can no longer name it: it ends (it had no calls in flight).
                         let _ = self.agent.end_conversation(&handle_conversation(&old));
                     }
                     let value = json!({ "conversation": handle });
@@ -347,7 +351,7 @@ pub(crate) fn outcome_to_result(outcome: CallOutcome) -> Result<CallToolResult, 
 }
 
 /// A domain error as a tool result: see [`outcome_to_result`].
-fn error_result(error: &ToolError) -> CallToolResult {
+pub(crate) fn error_result(error: &ToolError) -> CallToolResult {
     let error = json!(error);
     let result = CallToolResult::error(vec![ContentBlock::text(error.to_string())]);
     let mut meta = JsonObject::new();
@@ -392,7 +396,7 @@ mod tests {
     fn a_client_name_forgotten_beyond_the_bound_ends_its_conversation_unless_calls_of_it_run() {
         let app = headless_app(AgentToolsPlugin::new(CounterGame));
         let agent = app.agent();
-        let clients = ClientConversations::keeping(1);
+        let clients = RecentNames::keeping(1);
         let open = |client: &str| {
             let _ = agent.conversation(client_conversation(client));
             note_client(&agent, &clients, client);

@@ -1,7 +1,9 @@
-//! The conversations of sessionless clients named by their identity (`naming::client_identity`): a bounded
-//! number stays open. Beyond it, the one used longest ago is forgotten and its conversation ends, so that clients
-//! sending ever new names cannot grow the game's memory; a forgotten client that comes back simply reopens its
-//! conversation.
+//! Names that stand for conversations, with when each was last used, a bounded number of them: the identities of
+//! sessionless clients (`naming::client_identity`) and the handles `begin_conversation` mints (`handles`). Beyond
+//! the bound, the one used longest ago that may go is forgotten and its conversation ends, so that clients sending
+//! ever new names cannot grow the game's memory; one with calls in flight is passed over, so no client's running
+//! calls are cancelled to make room for another's. A forgotten client that comes back simply reopens its
+//! conversation; a forgotten handle is refused (`CONVERSATION_NOT_FOUND`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,9 +13,9 @@ use parking_lot::Mutex;
 /// How many client identities keep their conversation open.
 const KEPT: usize = 1_000;
 
-/// The client identities seen, with when each was last used.
+/// The names seen, with when each was last used.
 #[derive(Clone)]
-pub(crate) struct ClientConversations {
+pub(crate) struct RecentNames {
     recent: Arc<Mutex<Recent>>,
     kept: usize,
 }
@@ -24,15 +26,23 @@ struct Recent {
     clock: u64,
 }
 
-impl Default for ClientConversations {
+impl Default for RecentNames {
     fn default() -> Self {
         Self::keeping(KEPT)
     }
 }
 
-impl ClientConversations {
+impl RecentNames {
     pub(crate) fn keeping(kept: usize) -> Self {
         Self { recent: Arc::default(), kept }
+    }
+
+    /// Notes a use of `identity` if it is known; returns whether it is.
+    pub(crate) fn touch(&self, identity: &str) -> bool {
+        let mut recent = self.recent.lock();
+        recent.clock += 1;
+        let now = recent.clock;
+        recent.last_used.get_mut(identity).map(|used| *used = now).is_some()
     }
 
     /// Notes a request of client `identity`; returns the identity forgotten to make room for it, if one was,
@@ -68,7 +78,7 @@ mod tests {
 
     #[test]
     fn the_client_used_longest_ago_is_forgotten_once_more_are_kept() {
-        let clients = ClientConversations::keeping(2);
+        let clients = RecentNames::keeping(2);
         let any = |_: &str| true;
         assert_eq!(clients.used("a/1", any), None);
         assert_eq!(clients.used("b/1", any), None);
@@ -80,7 +90,7 @@ mod tests {
 
     #[test]
     fn a_client_that_may_not_be_forgotten_is_passed_over_and_the_newest_never_goes() {
-        let clients = ClientConversations::keeping(1);
+        let clients = RecentNames::keeping(1);
         assert_eq!(clients.used("a/1", |_| true), None);
         assert_eq!(clients.used("b/1", |old| old != "a/1"), None, "a is kept: both stay for now");
         assert_eq!(clients.used("c/1", |old| old != "a/1").as_deref(), Some("b/1"), "the oldest that may go");
