@@ -73,7 +73,9 @@ macro_rules! counter_id {
 }
 
 string_id!(
-    /// A save the player can load, e.g. its folder name. Stable across runs.
+    /// A save the player can load, e.g. its folder name. Stable across runs. With a
+    /// [`WorldStore`](crate::persist::WorldStore) it names a directory: 1 to 64 characters of `a-z`, `0-9`, `_`
+    /// and `-` ([`WorldStore::check_world`](crate::persist::WorldStore::check_world)).
     WorldId
 );
 string_id!(

@@ -234,7 +234,7 @@ fn bad_commands_get_one_error_line_each_and_end_of_input_quits_after_saving() {
     let mut game = Sandbox::start(data.path());
     for (command, error) in [
         ("enter Alpha", "error: invalid world name \"Alpha\""),
-        (&format!("enter {}", "x".repeat(33)), "error: invalid world name"),
+        (&format!("enter {}", "x".repeat(65)), "error: invalid world name"),
         ("travel nether", "error: no world is open"),
         ("exit", "error: no world is open"),
         ("dance", "error: unknown command \"dance\""),

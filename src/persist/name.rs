@@ -7,7 +7,7 @@ use super::error::{NameKind, StoreError};
 
 pub(crate) fn max_len(kind: NameKind) -> usize {
     match kind {
-        NameKind::World => 32,
+        NameKind::World => 64,
         NameKind::Document => 64,
     }
 }
@@ -43,10 +43,10 @@ mod tests {
 
     #[test]
     fn names_that_could_escape_the_data_directory_are_refused() {
-        for bad in ["", "..", "a/b", "A", "a.b", "über", &"x".repeat(33), "con", "nul", "aux", "com1", "lpt9"] {
+        for bad in ["", "..", "a/b", "A", "a.b", "über", &"x".repeat(65), "con", "nul", "aux", "com1", "lpt9"] {
             assert!(check(NameKind::World, bad).is_err(), "{bad:?} must be refused");
         }
-        for good in ["alpha", "world-2", "save_1", &"x".repeat(32), "console", "com10", "null"] {
+        for good in ["alpha", "world-2", "save_1", &"x".repeat(64), "console", "com10", "null"] {
             assert!(check(NameKind::World, good).is_ok(), "{good:?} must be accepted");
         }
         let message = check(NameKind::World, "../etc").unwrap_err().to_string();

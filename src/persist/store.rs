@@ -40,6 +40,10 @@ use crate::ids::WorldId;
 ///   [`StoreError::Locked`]. Within this process, visits share the lock through clones of one store, so create
 ///   one store per data directory and clone it. Locks are released when the last clone is dropped, or by the
 ///   OS if the process dies.
+/// - **Names are paths**: a world id names a directory and a document a file in it, so both are 1 to 64
+///   characters of `a-z`, `0-9`, `_` and `-` (a lower-case UUID fits; Windows' device names such as `con` are
+///   refused); anything else is [`StoreError::InvalidName`]. Check a name the player chose with
+///   [`check_world`](Self::check_world) before entering a world by it.
 ///
 /// ```no_run
 /// # use bevy_agent_tools::{WorldId, persist::WorldStore};
@@ -72,6 +76,18 @@ struct WorldQueue {
 }
 
 impl WorldStore {
+    /// Whether `world` can be saved under its id: [`StoreError::InvalidName`] saying why not. Checks the name only
+    /// (no I/O): a game can refuse a save name the player typed before a visit's load fails on it.
+    ///
+    /// ```
+    /// # use bevy_agent_tools::{WorldId, persist::WorldStore};
+    /// assert!(WorldStore::check_world(&WorldId::new("3f2b8c1e-9d4a-4e7b-8f00-6a1d2c3b4e5f")).is_ok());
+    /// assert!(WorldStore::check_world(&WorldId::new("My World")).is_err());
+    /// ```
+    pub fn check_world(world: &WorldId) -> Result<(), StoreError> {
+        name::check(NameKind::World, world.as_str())
+    }
+
     /// A store over `root` (created when first written), running its work on `runtime`. Does no I/O.
     pub fn new(root: impl Into<PathBuf>, runtime: Handle) -> Self {
         Self {
