@@ -66,7 +66,8 @@ impl AgentHandle {
     }
 
     /// Opens the conversation named `id`: a new one starts `Idle`; a known one is reattached; an ended one is
-    /// reactivated (`Ended → Idle`, published by the host). Opening, reconnecting or dropping a conversation never
+    /// reactivated (`Ended → Idle`, published by the host), unless it is an ended in-game agent session's (it stays
+    /// ended until the session is resumed). Opening, reconnecting or dropping a conversation never
     /// opens or closes a visit (rule H1). To reattach without reactivating, and to get a snapshot, use
     /// [`resume`](Self::resume).
     pub fn conversation(&self, id: impl Into<ConversationId>) -> Conversation {
@@ -141,6 +142,12 @@ impl AgentHandle {
     /// The plugin's tokio runtime.
     pub fn runtime(&self) -> &tokio::runtime::Handle {
         &self.host.runtime
+    }
+}
+
+impl std::fmt::Debug for AgentHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentHandle").field("visit", &self.visit()).finish_non_exhaustive()
     }
 }
 
@@ -228,8 +235,16 @@ impl Conversation {
     }
 
     /// The explicit `Ended → Idle`: reactivates this ended conversation (a no-op on an active one).
-    /// `CONVERSATION_NOT_FOUND` if the host no longer knows it.
+    /// `CONVERSATION_NOT_FOUND` if the host no longer knows it; `SESSION_ENDED` for the ended conversation of an
+    /// in-game agent session, which only resuming the session reactivates (`AgentSessions::resume`).
     pub fn resume(&self) -> Result<(), ToolError> {
+        let held = self.host.conversations.is_held(&self.id);
+        if held && self.status() == ConversationStatus::Ended {
+            return Err(ToolError::with_code(
+                ErrorCode::SessionEnded,
+                format!("conversation `{}` is an ended in-game agent session's: resume the session instead", self.id),
+            ));
+        }
         self.host.conversations.reactivate(&self.id)
     }
 
@@ -314,6 +329,12 @@ pub struct Resumed {
     pub snapshot: ConversationSnapshot,
     /// Its events after the snapshot: the first has sequence `snapshot.sequence + 1`.
     pub events: Subscription,
+}
+
+impl std::fmt::Debug for Conversation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conversation").field("id", &self.id).field("status", &self.status()).finish()
+    }
 }
 
 /// A call in flight: a future that resolves with the call's one outcome.
@@ -478,6 +499,15 @@ impl Call {
     /// Stops observing the call without cancelling it.
     pub fn detach(mut self) {
         self.cancel_on_drop = false;
+    }
+}
+
+impl std::fmt::Debug for Call {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Call")
+            .field("request", &self.request)
+            .field("resolved", &self.try_outcome().is_some())
+            .finish_non_exhaustive()
     }
 }
 

@@ -768,3 +768,20 @@ fn registering_a_tool_for_another_session_type_at_run_time_is_an_error_not_a_pan
     assert!(error.message.contains("u32"), "{}", error.message);
     assert!(app.agent().tools().iter().all(|tool| tool.name != "wrong"));
 }
+
+#[test]
+fn the_handles_a_game_keeps_are_debug_and_say_which_call_and_conversation() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let tool = bump_tool("count", ToolScope::World, executions, None);
+    assert!(format!("{tool:?}").contains("\"count\""));
+    let mut app = app_with(TestGame::default(), vec![]);
+    app.enter_world("alpha");
+    let agent = app.agent();
+    let conversation = agent.conversation("debugged");
+    let call = conversation.call("bump", json!({}));
+    assert!(format!("{agent:?}").contains("alpha"), "{agent:?}");
+    assert!(format!("{conversation:?}").contains("debugged"), "{conversation:?}");
+    let shown = format!("{call:?}");
+    assert!(shown.starts_with("Call") && shown.contains("request"), "{shown}");
+    let _ = app.run_until_resolved(&call);
+}

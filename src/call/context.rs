@@ -24,6 +24,18 @@ pub struct CallContext<S> {
     _session: PhantomData<fn(S)>,
 }
 
+impl<S> std::fmt::Debug for CallContext<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let coords = &self.core.life.coords;
+        f.debug_struct("CallContext")
+            .field("request", &coords.request)
+            .field("tool", &coords.tool)
+            .field("conversation", &coords.conversation)
+            .field("visit", &coords.visit)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S> Clone for CallContext<S> {
     fn clone(&self) -> Self {
         Self { core: self.core.clone(), _session: PhantomData }

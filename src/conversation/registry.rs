@@ -131,7 +131,9 @@ impl ConversationHub {
         (Self { inner: Mutex::new(HubInner::default()), game: GameFeed { events, wake }, idle_timeout }, feed)
     }
 
-    /// Opens `id`: creates it `Idle` if unknown, and reactivates it (`Ended → Idle`, by the host) if it ended.
+    /// Opens `id`: creates it `Idle` if unknown, and reactivates it (`Ended → Idle`, by the host) if it ended,
+    /// unless an in-game agent session holds it: only resuming the session reactivates that (DESIGN §6b: an ended
+    /// session is never resumed implicitly).
     pub(crate) fn open(&self, id: &ConversationId) {
         let mut inner = self.inner.lock();
         let now = Instant::now();
@@ -139,11 +141,16 @@ impl ConversationHub {
         let HubInner { conversations, watchers, .. } = &mut *inner;
         let entry = conversations.entry(id.clone()).or_insert_with(|| Entry::new(now));
         entry.last_activity = now;
-        if entry.facts.ended {
+        if entry.facts.ended && !entry.held {
             entry.facts.reactivate();
             entry.ended_at = None;
             update(game, watchers, id, entry, StatusSource::Host);
         }
+    }
+
+    /// Whether an in-game agent session holds `id`.
+    pub(crate) fn is_held(&self, id: &ConversationId) -> bool {
+        self.inner.lock().conversations.get(id).is_some_and(|entry| entry.held)
     }
 
     pub(crate) fn status(&self, id: &ConversationId) -> Option<ConversationStatus> {

@@ -75,6 +75,12 @@ struct WorldQueue {
     files: Mutex<WorldFiles>,
 }
 
+impl std::fmt::Debug for WorldStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorldStore").field("root", &self.root()).field("codec", &self.codec).finish()
+    }
+}
+
 impl WorldStore {
     /// Whether `world` can be saved under its id: [`StoreError::InvalidName`] saying why not. Checks the name only
     /// (no I/O): a game can refuse a save name the player typed before a visit's load fails on it.

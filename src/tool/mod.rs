@@ -291,6 +291,12 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
     }
 }
 
+impl<S> std::fmt::Debug for AgentTool<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentTool").field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
 impl<S: Send + Sync + 'static> ErasedTool for AgentTool<S> {
     fn info(&self) -> &ToolInfo {
         &self.info

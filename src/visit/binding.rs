@@ -20,6 +20,12 @@ pub struct WorldBinding<L: WorldLifecycle> {
     _lifecycle: PhantomData<fn(L)>,
 }
 
+impl<L: WorldLifecycle> std::fmt::Debug for WorldBinding<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorldBinding").field("visit", &self.host.status()).finish()
+    }
+}
+
 impl<L: WorldLifecycle> Clone for WorldBinding<L> {
     fn clone(&self) -> Self {
         Self { host: self.host.clone(), _lifecycle: PhantomData }
