@@ -143,7 +143,7 @@ fn params(tool: &str, arguments: Value) -> CallToolRequestParams {
 }
 
 /// The error of an error result as every client shows it: the JSON in its text block. It is also under
-/// `_meta["bevy_agent_tools/error"]`, and never in `structuredContent` (which would not match the output schema).
+/// `_meta["bevy-agent-tools/error"]`, and never in `structuredContent` (which would not match the output schema).
 fn domain_error(result: &rmcp::model::CallToolResult) -> Value {
     assert_eq!(result.is_error, Some(true), "an error result: {result:?}");
     assert!(result.structured_content.is_none(), "no structuredContent on an error: {result:?}");

@@ -318,7 +318,7 @@ fn check_response(response: &Response, mode: Mode) {
     for message in messages(response) {
         let result = &message["result"];
         if result["isError"] == true {
-            let error = &result["_meta"]["bevy_agent_tools/error"];
+            let error = &result["_meta"]["bevy-agent-tools/error"];
             let code = serde_json::from_value::<ErrorCode>(error["code"].clone());
             let text = result["content"][0]["text"].as_str().and_then(|text| serde_json::from_str::<Value>(text).ok());
             assert!(

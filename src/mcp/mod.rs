@@ -33,15 +33,15 @@
 //! A tool call travels as `tools/call`. A successful result carries the output as `structuredContent` (matching
 //! the tool's published `outputSchema`) and as JSON text; an [`ImageContent`](crate::ImageContent) field of the
 //! output travels once, as image content, and is in neither (nor in the published output schema). The visit and
-//! location it observed are under `_meta["bevy_agent_tools/observed"]` ([`OBSERVED_META_KEY`]).
+//! location it observed are under `_meta["bevy-agent-tools/observed"]` ([`OBSERVED_META_KEY`]).
 //!
 //! A domain error (`NO_WORLD`, `INVALID_INPUT`, `LOCATION_CHANGED`, ...) is a result with `isError: true` whose one
-//! text block is the error as JSON, the same object also under `_meta["bevy_agent_tools/error"]`
+//! text block is the error as JSON, the same object also under `_meta["bevy-agent-tools/error"]`
 //! ([`ERROR_META_KEY`]):
 //!
 //! ```json
 //! {"content": [{"type": "text", "text": "{\"code\":\"INVALID_INPUT\",\"details\":{\"field\":\"x\",\"reason\":\"9999 is greater than the maximum of 255\",\"tool\":\"place_block\",...},\"message\":\"argument `x` of `place_block` is invalid: 9999 is greater than the maximum of 255\"}"}],
-//!  "_meta": {"bevy_agent_tools/error": {"code": "INVALID_INPUT", "message": "...", "details": {"field": "x", ...}}},
+//!  "_meta": {"bevy-agent-tools/error": {"code": "INVALID_INPUT", "message": "...", "details": {"field": "x", ...}}},
 //!  "isError": true}
 //! ```
 //!

@@ -28,12 +28,13 @@ use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
 use crate::tool::{take_images, ToolInfo};
 
-/// The `_meta` key under which results carry the visit and location they observed (rule H11).
-pub const OBSERVED_META_KEY: &str = "bevy_agent_tools/observed";
+/// The `_meta` key under which results carry the visit and location they observed (rule H11). Its prefix follows
+/// MCP's rule for `_meta` keys (labels of letters, digits and hyphens: no `_`).
+pub const OBSERVED_META_KEY: &str = "bevy-agent-tools/observed";
 
 /// The `_meta` key under which an error result carries its error (`{"code", "message", "details"}`), the same
 /// object its text block holds as JSON.
-pub const ERROR_META_KEY: &str = "bevy_agent_tools/error";
+pub const ERROR_META_KEY: &str = "bevy-agent-tools/error";
 
 const INSTRUCTIONS: &str = "Tools act inside a running game. Each call is bound to the world visit (and, for \
 location-scoped tools, the exact location) it was made in: if the player leaves or travels first, the call is \
@@ -324,9 +325,9 @@ async fn notify_progress(context: &RequestContext<RoleServer>, token: Option<&Pr
 ///
 /// - Success: `structuredContent` is the output (conforming to the published output schema), a text block
 ///   carries the same JSON, and each [`ImageContent`](crate::ImageContent) field of the output travels once, as image content (it is
-///   in neither of the other two). `_meta["bevy_agent_tools/observed"]` says which visit and location it saw.
+///   in neither of the other two). `_meta["bevy-agent-tools/observed"]` says which visit and location it saw.
 /// - A domain error: `isError: true`, one text block holding the error as JSON (`{"code", "message",
-///   "details"}`), the same object under `_meta["bevy_agent_tools/error"]`, and no `structuredContent`: clients
+///   "details"}`), the same object under `_meta["bevy-agent-tools/error"]`, and no `structuredContent`: clients
 ///   that check `structuredContent` against the tool's output schema even on errors (the TypeScript SDK, the
 ///   MCP Inspector) would otherwise throw away the error for not matching it.
 /// - An unknown tool: a JSON-RPC error (-32602), as the specification asks.

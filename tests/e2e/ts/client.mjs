@@ -94,7 +94,7 @@ function domainError(result) {
 async function expectError(client, name, args, code, field) {
     const result = await client.callTool({ name, arguments: args });
     const error = domainError(result);
-    const meta = result._meta?.['bevy_agent_tools/error'];
+    const meta = result._meta?.['bevy-agent-tools/error'];
     check(
         `${code}: ${name} answers it through callTool()`,
         error?.code === code &&
