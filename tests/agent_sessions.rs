@@ -310,6 +310,46 @@ fn a_message_the_agent_sends_between_turns_is_completed_when_the_next_turn_start
     dirs.wait_no_agents(LIMIT);
 }
 
+/// The ids of the chat messages in `events`.
+fn message_ids(events: &[ConversationEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|event| match event {
+            ConversationEvent::ChatMessage(message) => Some(message.message.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn chat_message_ids_never_repeat_across_runs_of_a_session_resumed_after_a_restart() {
+    let dirs = Dirs::new();
+    let (id, mut seen) = {
+        let game = Game::start(&dirs);
+        let session = game.create(agent(&dirs, &[]).auto_end_on_disconnect(false)).expect("starts");
+        let mut events = game.game.agent().subscribe();
+        game.block_on(session.send_text("hello")).expect("a turn");
+        (session.id().clone(), message_ids(&events.drain()))
+    };
+    dirs.wait_no_agents(LIMIT);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+
+    for run in 2..=3 {
+        let game = Game::start(&dirs);
+        let session = game.block_on(game.sessions.resume_session(id.clone())).expect("re-attached");
+        let mut events = game.game.agent().subscribe();
+        game.block_on(session.send_text("hello again")).expect("a turn");
+        let this_run = message_ids(&events.drain());
+        assert_eq!(this_run.len(), 1, "run {run}: {this_run:?}");
+        assert!(!seen.contains(&this_run[0]), "run {run} repeats an id of an earlier run: {this_run:?} {seen:?}");
+        assert!(this_run[0].starts_with(id.as_str()), "{this_run:?}");
+        seen.extend(this_run);
+        drop(session);
+        drop(game);
+        dirs.wait_no_agents(LIMIT);
+    }
+}
+
 #[test]
 fn an_agent_that_stays_silent_past_the_mcp_session_idle_timeout_keeps_its_tools() {
     let dirs = Dirs::new();
@@ -814,6 +854,13 @@ fn end_rejects_pending_work_with_session_ended_publishes_ended_once_and_revokes_
     let ended = game.log.lines().iter().filter(|line| line.contains(&id) && line.ends_with("->ended Host")).count();
     assert_eq!(ended, 1, "Ended is published once");
 
+    // Opening the session's conversation (a HUD subscribing to it) never resumes the ended session (§6b).
+    let agent = game.game.agent();
+    let opened = agent.conversation(session.id().clone());
+    assert_eq!((opened.status(), session.status()), (ConversationStatus::Ended, ConversationStatus::Ended));
+    assert_eq!(opened.resume().expect_err("the session's to resume").code, ErrorCode::SessionEnded);
+    assert_eq!(session.status(), ConversationStatus::Ended);
+
     assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
     assert_eq!(session.status(), ConversationStatus::Idle);
     let new_credential = session.credential().expect("a new credential");
@@ -910,18 +957,41 @@ fn an_agent_that_fails_to_reattach_for_reasons_of_its_own_is_agent_unavailable_a
     assert!(message.contains("overloaded"), "the agent's own words: {message}");
     std::fs::remove_file(&trouble).expect("the provider is back");
     let session = game.block_on(game.sessions.resume_session(id.clone())).expect("the same session re-attaches");
+    let history = game.block_on(session.send_text("history")).expect("the turn ends");
+    assert_eq!(history.final_message.as_deref(), Some("I remember 1 turns"), "the agent's own session, kept");
+}
 
-    // Resuming a crashed session while the agent fails: no new agent session replaces the one it remembers.
+#[test]
+fn resume_session_of_a_session_an_agent_says_it_forgot_only_in_its_errors_data_is_session_not_found() {
+    let dirs = Dirs::new();
+    let id = kept_session(&dirs);
+    std::fs::remove_dir_all(&dirs.state).expect("the agent forgets everything");
+    std::fs::create_dir_all(&dirs.state).expect("its state folder");
+    // As agents built on ACP's TypeScript SDK answer: -32603 "Internal error", "Session not found" in `data`.
+    std::fs::write(dirs.state.join("typescript-errors"), "").expect("it words errors as TypeScript agents do");
+    let game = Game::start(&dirs);
+    let (code, message) = code_of(game.block_on(game.sessions.resume_session(id.clone())));
+    assert_eq!(code, ErrorCode::SessionNotFound, "not AGENT_UNAVAILABLE at every try: {message}");
+    assert!(game.sessions.get(&id).is_none());
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
+fn a_resume_that_may_start_anew_replaces_the_session_when_the_agent_refuses_to_reattach_it_with_any_error() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("starts");
+    game.block_on(session.send_text("hello")).expect("a turn");
     assert!(game.block_on(session.send_text("crash")).is_err());
     let before = session.backend_session();
-    std::fs::write(&trouble, "").expect("the agent's provider is down");
-    let (code, _) = code_of(game.block_on(session.resume()));
-    assert_eq!(code, ErrorCode::AgentUnavailable);
-    assert_eq!(session.backend_session(), before, "not replaced by a new agent session");
-    std::fs::remove_file(&trouble).expect("the provider is back");
-    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    // An error that does not say the session is unknown (as some agents word even that): `resume` may start anew,
+    // and does, rather than answering `AGENT_UNAVAILABLE` at every try.
+    std::fs::write(dirs.state.join("resume-fails"), "").expect("the agent refuses to re-attach");
+    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Replaced);
+    assert_ne!(session.backend_session(), before, "a new agent session");
+    assert_eq!(session.status(), ConversationStatus::Idle);
     let history = game.block_on(session.send_text("history")).expect("the turn ends");
-    assert_eq!(history.final_message.as_deref(), Some("I remember 2 turns"), "the agent's own session, kept");
+    assert_eq!(history.final_message.as_deref(), Some("I remember 1 turns"), "the new session's first turn");
 }
 
 /// A session's record names the program its resume starts: one that another user could have written (not this
@@ -1061,6 +1131,70 @@ fn s2_cancelling_a_turn_answers_its_waiting_permission_request_cancelled_so_the_
     assert_eq!(session.status(), ConversationStatus::Idle, "the session stays usable");
     let next = game.block_on(session.send_text("hello")).expect("the next turn runs");
     assert!(next.final_message.is_some());
+}
+
+#[test]
+fn s2_cancelling_a_turn_cancels_its_tool_call_running_in_the_game_and_the_agent_reads_cancelled() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    // Long enough for the agent to read its call's end; without that, only the grace would end the turn.
+    let mut config = agent(&dirs, &[]);
+    config.timeouts.cancel_grace = Duration::from_secs(5);
+    let session = game.create(config).expect("starts");
+    let pending = game.block_on(session.start_turn("call held {}")).expect("sent");
+    game.block_on(game.gate.arrivals(1));
+    assert_eq!(session.status(), ConversationStatus::WaitingToolResult);
+
+    assert!(session.cancel());
+    let turn = game.block_on(pending).expect("the turn ends");
+    let answer = turn.final_message.expect("the agent's last message");
+    assert!(answer.starts_with("held answered: error") && answer.contains("CANCELLED"), "{answer}");
+    game.gate.open();
+    wait_answered(&game.answered, 1);
+    assert_eq!(game.executions.load(Ordering::SeqCst), 0, "the cancelled call never changed the world");
+    assert_eq!(session.status(), ConversationStatus::Idle);
+}
+
+#[test]
+fn s2_a_cancelled_turn_the_agent_never_ends_ends_cancelled_after_the_grace_and_the_agent_is_kept() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let mut config = agent(&dirs, &[]);
+    config.timeouts.cancel_grace = Duration::from_millis(300);
+    let session = game.create(config).expect("starts");
+    let pending = game.block_on(session.start_turn("hang")).expect("sent");
+    assert!(session.cancel());
+    let turn = game.block_on(pending).expect("the turn ends as the player asked, not as a failure");
+    assert_eq!(turn.stop_reason, StopReason::Cancelled);
+    assert_eq!(session.status(), ConversationStatus::Idle);
+    assert_eq!(dirs.agents_running(), 1, "the agent is kept");
+    let next = game.block_on(session.send_text("hello")).expect("the next text is taken");
+    assert_eq!(next.final_message.as_deref(), Some("You said: hello"), "by the same agent");
+}
+
+#[test]
+fn a_permission_prompt_the_agent_leaves_open_when_its_turn_ends_is_withdrawn_with_the_turn() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[]).permissions(PermissionPolicy::AskPlayer)).expect("starts");
+    let mut events = game.game.agent().subscribe();
+    let turn = game.block_on(session.send_text("ask-and-end")).expect("the turn ends");
+    assert_eq!(turn.stop_reason, StopReason::EndTurn);
+    // Everything the turn published came before its outcome.
+    let events = events.drain();
+    let request = events
+        .iter()
+        .find_map(|event| match event {
+            ConversationEvent::PermissionRequested(asked) if &asked.session == session.id() => Some(asked.request),
+            _ => None,
+        })
+        .expect("the prompt was put to the player");
+    let withdrawn = events.iter().any(|event| {
+        matches!(event, ConversationEvent::PermissionSettled(settled)
+            if settled.request == request && settled.outcome == PermissionOutcome::Withdrawn)
+    });
+    assert!(withdrawn, "the prompt is taken down with its turn: {events:#?}");
+    assert!(!game.sessions.answer_permission(request, true), "nobody waits for an answer any more");
 }
 
 #[test]

@@ -1216,6 +1216,118 @@ fn an_answer_with_nothing_in_it_and_no_finish_reason_fails_the_turn_and_leaves_t
     resumes_with_the_failed_turn_left_out(&game, &server, &session);
 }
 
+/// The assistant messages of a session's stored history with no text and no tool calls.
+fn empty_answers_stored(data: &Path, id: &ConversationId) -> Vec<Value> {
+    let stored = std::fs::read(data.join(id.as_str()).join("history.json")).expect("the history");
+    let history: Value = serde_json::from_slice(&stored).expect("JSON");
+    let turns = history["turns"].as_array().cloned().unwrap_or_default();
+    let messages = turns.iter().flat_map(|turn| turn.as_array().cloned().unwrap_or_default());
+    messages
+        .filter(|m| m["role"] == "assistant" && m.get("tool_calls").is_none())
+        .filter(|m| m["content"].is_null() || m["content"] == "")
+        .collect()
+}
+
+#[test]
+fn an_answer_with_a_finish_reason_and_no_text_commits_no_empty_assistant_message() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let session = game.create(endpoint(&server)).expect("starts");
+    server.reply(Reply::Stream(vec![finish("stop")])).reply(says("two answered"));
+    let turn = game.block_on(session.send_text("one")).expect("an empty answer still ends the turn");
+    assert_eq!((turn.stop_reason, turn.final_message), (StopReason::EndTurn, None));
+    assert_eq!(empty_answers_stored(data.path(), session.id()), Vec::<Value>::new(), "what a resume would reload");
+
+    game.block_on(session.send_text("two")).expect("the next turn is taken");
+    assert_eq!(server.history(1), ["user: one\n\ntwo"], "no empty assistant message for strict endpoints to refuse");
+}
+
+#[test]
+fn a_history_saved_with_an_empty_answer_resumes_without_it() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let id = kept_session_told_42(data.path(), &server);
+    // As a turn with an empty answer left it before such answers were kept out of the history.
+    let file = data.path().join(id.as_str()).join("history.json");
+    let mut history: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    history["turns"].as_array_mut().unwrap().push(json!([
+        {"role": "user", "content": "and?"},
+        {"role": "assistant", "content": ""},
+    ]));
+    std::fs::write(&file, serde_json::to_vec(&history).unwrap()).unwrap();
+
+    let game = Game::start(data.path());
+    let resumed = game.block_on(game.sessions.resume_session(id.clone())).expect("re-attached");
+    server.reply(says("42"));
+    game.block_on(resumed.send_text("what was it?")).expect("a turn");
+    assert_eq!(server.history(1), ["user: remember 42", "assistant: noted", "user: and?\n\nwhat was it?"]);
+}
+
+#[test]
+fn an_answer_whose_stream_goes_quiet_after_its_finish_reason_is_complete_after_a_short_grace() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    // Neither `[DONE]` nor the connection's end follows the usage chunk.
+    server.reply(Reply::Stream(vec![text("all "), text("done"), finish("stop"), usage(10, 5), Piece::Stall]));
+    let stall = Duration::from_secs(10);
+    let session = game.create(endpoint(&server).stall_timeout(stall)).expect("starts");
+    let started = Instant::now();
+    let turn = game.block_on(session.send_text("one")).expect("the answer is whole: not TIMEOUT");
+    assert!(started.elapsed() < stall, "well before the stall timeout: {:?}", started.elapsed());
+    assert_eq!((turn.stop_reason, turn.final_message.as_deref()), (StopReason::EndTurn, Some("all done")));
+    assert_eq!(session.usage().map(|usage| usage.used_tokens), Some(15), "the usage chunk was read");
+    server.wait_closed("the quiet request was closed");
+
+    server.reply(says("again"));
+    game.block_on(session.send_text("two")).expect("a turn");
+    assert_eq!(server.history(1), ["user: one", "assistant: all done", "user: two"], "the answer was kept");
+}
+
+#[test]
+fn tool_calls_past_the_per_round_cap_are_not_run_and_the_model_reads_the_cap() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    assert_eq!(endpoint(&server).max_tool_calls_per_round, 32, "the default");
+    server
+        .reply(calls(vec![
+            call(0, "a", "bump", "{\"by\":1}"),
+            call(1, "b", "bump", "{\"by\":1}"),
+            call(2, "c", "bump", "{\"by\":1}"),
+        ]))
+        .reply(says("two of three"));
+    let session = game.create(endpoint(&server).max_tool_calls_per_round(2)).expect("starts");
+    let turn = game.block_on(session.send_text("bump thrice")).expect("ends");
+    assert_eq!(turn.final_message.as_deref(), Some("two of three"));
+    assert_eq!(game.counter(), 2, "the call past the cap never ran");
+    let results: Vec<Value> =
+        tool_results(&server, 1).iter().map(|result| serde_json::from_str(result).unwrap()).collect();
+    assert_eq!(results.len(), 3, "every call has its result, as chat completions require");
+    assert_eq!((&results[0]["result"]["counter"], &results[1]["result"]["counter"]), (&json!(1), &json!(2)));
+    assert_eq!(results[2]["error"]["code"], "BUSY", "{}", results[2]);
+    let message = results[2]["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("at most 2") && message.contains("not run"), "the model is told the cap: {message}");
+}
+
+#[test]
+fn the_token_limit_goes_as_max_completion_tokens_to_an_endpoint_that_names_it_so() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let sampling = Sampling { max_tokens: Some(100), ..Sampling::default() };
+    let local = game.create(endpoint(&server).sampling(sampling.clone())).expect("starts");
+    let reasoning = endpoint(&server).sampling(sampling).token_limit_field(TokenLimitField::MaxCompletionTokens);
+    let reasoning = game.create(reasoning).expect("starts");
+    server.reply(says("a")).reply(says("b"));
+    game.block_on(local.send_text("one")).expect("a turn");
+    game.block_on(reasoning.send_text("one")).expect("a turn");
+    let requests = server.requests();
+    assert_eq!((&requests[0]["max_tokens"], requests[0].get("max_completion_tokens")), (&json!(100), None));
+    assert_eq!((requests[1].get("max_tokens"), &requests[1]["max_completion_tokens"]), (None, &json!(100)));
+}
+
 #[test]
 fn a_refusal_in_llama_cpps_or_vllms_own_shape_says_its_status_and_message() {
     let data = tempfile::tempdir().unwrap();

@@ -14,7 +14,7 @@ use crate::ids::ConversationId;
 pub struct ChatDelta {
     /// The session (its conversation id).
     pub session: ConversationId,
-    /// The message this piece belongs to.
+    /// The message this piece belongs to: an opaque id, unique within the session across every run of the game.
     pub message: String,
     /// The new text.
     pub text: String,
@@ -27,7 +27,7 @@ pub struct ChatDelta {
 pub struct ChatMessage {
     /// The session.
     pub session: ConversationId,
-    /// The message's id (the same as its deltas').
+    /// The message's id (the same as its deltas'): opaque, unique within the session across every run of the game.
     pub message: String,
     /// Its whole text.
     pub text: String,

@@ -41,16 +41,19 @@ pub(crate) struct Setup {
     pub system_prompt: Option<String>,
     /// Re-attach to this backend session instead of creating one.
     pub resume: Option<String>,
-    /// When `resume` cannot be honoured (the agent cannot resume, or says it no longer knows the session): start a
-    /// new session instead of failing with `SESSION_NOT_FOUND`. Other failures are `AGENT_UNAVAILABLE` either way.
+    /// When `resume` cannot be honoured (the agent cannot resume, or refuses to: it no longer knows the session, or
+    /// any other error it answers with): start a new session instead of failing. Without it, a session the agent
+    /// says it does not know is `SESSION_NOT_FOUND`, another refusal `AGENT_UNAVAILABLE`; an agent that went away is
+    /// `AGENT_UNAVAILABLE` either way.
     pub new_if_unresumable: bool,
     /// The session's timeouts.
     pub timeouts: super::SessionTimeouts,
-    /// The in-process agent side of the host: a backend that runs the agent loop in the game calls tools with it.
-    #[cfg_attr(not(feature = "openai"), allow(dead_code))]
+    /// The in-process agent side of the host: a backend that runs the agent loop in the game calls tools with it;
+    /// an ACP backend cancels the session's calls with it when the player cancels a turn.
+    #[cfg_attr(not(any(feature = "openai", feature = "acp")), allow(dead_code))]
     pub agent: crate::agent::AgentHandle,
     /// The session's conversation, under which those calls run.
-    #[cfg_attr(not(feature = "openai"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "openai", feature = "acp")), allow(dead_code))]
     pub conversation: crate::ids::ConversationId,
     /// The session's own directory under the game's data directory (`<data_dir>/<id>`), for what the backend keeps.
     #[cfg_attr(not(feature = "openai"), allow(dead_code))]
@@ -99,7 +102,8 @@ pub(crate) trait Link: Send + Sync {
     fn cancel(&self);
     /// Stops the running turn because its session ends: the game's doing, not the player's. As
     /// [`cancel`](Self::cancel), unless the backend tells the model who stopped the turn (the OpenAI-compatible
-    /// one writes it into the history).
+    /// one writes it into the history) or leaves the turn's tool calls to the end of the session's conversation
+    /// (the ACP one).
     fn stop_for_end(&self) {
         self.cancel();
     }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use super::backend::{Attached, BackendEvent, EventSink, Link, PermissionDecision, PromptBlock, Usage};
+use super::backend::{Attached, BackendEvent, EventSink, Link, PermissionDecision, PromptBlock, StopReason, Usage};
 use super::permission::PermissionBook;
 use super::record::Record;
 use super::{SessionConfig, SessionHost, TurnEnd};
@@ -62,6 +62,9 @@ struct State {
     turns: u64,
     message: Option<OpenMessage>,
     messages: u64,
+    /// Which run of the game this is for the session: 0 in the run that created it, then one more each time a run
+    /// takes it up from its record. Its message ids carry it, so they never repeat across runs.
+    run: u64,
     usage: Option<Usage>,
     /// Whether the system prompt still has to go with the next turn (backends without a system prompt).
     system_prompt_pending: bool,
@@ -129,6 +132,7 @@ impl SessionCore {
                 turns: 0,
                 message: None,
                 messages: 0,
+                run: 0,
                 usage: None,
                 system_prompt_pending: false,
                 stopped: None,
@@ -188,6 +192,14 @@ impl SessionCore {
 
     pub(crate) fn set_backend_session(&self, backend_session: Option<String>) {
         self.state.lock().backend_session = backend_session;
+    }
+
+    /// Takes the session up in this run, from its record (`ended`, `runs` as it says): this run's number is
+    /// written to the record before the session can say anything, so that a message id of this run is never one
+    /// of an earlier run, even one that stopped without a word (a crash).
+    pub(crate) async fn take_up(&self, runs: u64, ended: bool) {
+        self.state.lock().run = runs.saturating_add(1);
+        self.save_record(ended).await;
     }
 
     /// Starts the agent and opens (or re-attaches, with `resume`) the backend session, under a new credential
@@ -373,25 +385,42 @@ impl SessionCore {
         };
         match prompted {
             Err(error) => self.fail(error),
-            Ok(()) => self.watch_turn(number, self.config.timeouts.turn, ErrorCode::Timeout),
+            Ok(()) => self.watch_turn(number, self.config.timeouts.turn),
         }
         Ok(outcome)
     }
 
-    /// Fails turn `number` with `code` if it still runs after `after`: the agent no longer answers, so it is
+    /// Fails turn `number` with `TIMEOUT` if it still runs after `after`: the agent no longer answers, so it is
     /// stopped and the session fails.
-    fn watch_turn(self: &Arc<Self>, number: u64, after: Duration, code: ErrorCode) {
+    fn watch_turn(self: &Arc<Self>, number: u64, after: Duration) {
         let core = Arc::downgrade(self);
         self.host.runtime.spawn(async move {
             tokio::time::sleep(after).await;
             let Some(core) = core.upgrade() else { return };
-            let why = match code {
-                ErrorCode::Cancelled => format!("the agent did not end the cancelled turn within {after:?}"),
-                _ => format!("the agent did not end the turn within {after:?}"),
-            };
+            let why = format!("the agent did not end the turn within {after:?}; it was stopped (resume to restart it)");
             // Only if that turn still runs (checked under the same lock as the failure: not a next turn).
-            let error = ToolError::with_code(code, format!("{why}; it was stopped (resume to restart it)"));
-            core.fail_turn(Some(number), error);
+            core.fail_turn(Some(number), ToolError::with_code(ErrorCode::Timeout, why));
+        });
+    }
+
+    /// Ends turn `number` as cancelled if it still runs after `after` (the cancel grace): the player asked to stop
+    /// it, so it ends as they asked (stop reason `cancelled`, status `Idle`) whether or not the agent says so. The
+    /// agent is kept; an answer it gives later to that turn changes nothing.
+    fn watch_cancelled_turn(self: &Arc<Self>, number: u64, after: Duration) {
+        let core = Arc::downgrade(self);
+        self.host.runtime.spawn(async move {
+            tokio::time::sleep(after).await;
+            let Some(core) = core.upgrade() else { return };
+            let generation = {
+                let state = core.state.lock();
+                if state.turn.as_ref().map(|turn| turn.number) != Some(number) {
+                    return;
+                }
+                state.generation
+            };
+            tracing::warn!(session = %core.id, turn = number, ?after, "the agent did not end the cancelled turn");
+            // As the agent's own end would be (only if that turn still runs, checked again under the lock).
+            core.on_event(generation, BackendEvent::TurnEnded { turn: number, stop: StopReason::Cancelled });
         });
     }
 
@@ -416,7 +445,7 @@ impl SessionCore {
             self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
             turn.number
         };
-        self.watch_turn(number, self.config.timeouts.cancel_grace, ErrorCode::Cancelled);
+        self.watch_cancelled_turn(number, self.config.timeouts.cancel_grace);
         true
     }
 
@@ -451,7 +480,10 @@ impl SessionCore {
                     if !continues {
                         self.finish_message(&mut state, &mut feed);
                         state.messages += 1;
-                        let id = format!("{}-m{}", self.id, state.messages);
+                        let id = match state.run {
+                            0 => format!("{}-m{}", self.id, state.messages),
+                            run => format!("{}-r{run}-m{}", self.id, state.messages),
+                        };
                         state.message = Some(OpenMessage { id, agent_id: message, text: String::new() });
                     }
                     if let Some(open) = state.message.as_mut() {
@@ -472,6 +504,8 @@ impl SessionCore {
                 }
                 BackendEvent::TurnEnded { turn, stop } => {
                     if state.turn.as_ref().is_some_and(|running| running.number == turn) {
+                        // Prompts the agent left open are its ended turn's: the player is not left answering them.
+                        self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
                         self.finish_message(&mut state, &mut feed);
                         ended_turn = state.turn.take().map(|turn| (turn, Ok(stop)));
                     }
@@ -641,12 +675,11 @@ impl SessionCore {
     }
 
     async fn save_record(&self, ended: bool) {
-        let record = Record {
-            id: self.id.to_string(),
-            config: self.config.clone(),
-            backend_session: self.backend_session(),
-            ended,
+        let (backend_session, runs) = {
+            let state = self.state.lock();
+            (state.backend_session.clone(), state.run)
         };
+        let record = Record { id: self.id.to_string(), config: self.config.clone(), backend_session, ended, runs };
         self.host.records.save(record).await;
     }
 

@@ -102,9 +102,9 @@ impl AgentSessions {
     /// from an earlier run (created with `auto_end_on_disconnect(false)`): an ended one stays ended (without
     /// contacting the agent) until [`AgentSession::resume`]; a live one is re-attached at its agent (ACP
     /// `session/resume`, or `session/load`), under a new credential. An empty id is `INVALID_INPUT`; an id neither
-    /// the game nor the agent knows is `SESSION_NOT_FOUND` (nothing is created in its place). An agent that fails
-    /// for reasons of its own (it does not say the session is unknown) is `AGENT_UNAVAILABLE`, and the session is
-    /// kept for a later try.
+    /// the game nor the agent knows is `SESSION_NOT_FOUND` (nothing is created in its place; an ACP agent may say it
+    /// in its error's message or its data). An agent that fails for reasons of its own (it does not say the session
+    /// is unknown) is `AGENT_UNAVAILABLE`, and the session is kept for a later try.
     pub async fn resume_session(&self, id: impl Into<ConversationId>) -> Result<AgentSession, ToolError> {
         let (this, id) = (self.clone(), id.into());
         self.on_tokio(async move { this.resume_session_here(id).await }).await
@@ -126,6 +126,7 @@ impl AgentSessions {
         let phase = if record.ended { Phase::Ended } else { Phase::Live };
         let core = SessionCore::new(id.clone(), record.config.clone(), self.host.clone(), phase);
         core.set_backend_session(record.backend_session.clone());
+        core.take_up(record.runs, record.ended).await;
         self.host.agent.host().conversations.restore_held(&id, record.ended);
         let unkept = Unkept { host: &self.host, core: &core, new: false };
         if !record.ended {
@@ -337,10 +338,12 @@ impl AgentSession {
         }
     }
 
-    /// Cancels the running turn: the agent is asked to stop, and the turn ends (normally with
-    /// [`StopReason::Cancelled`](super::StopReason::Cancelled)). A turn still being sent (the game's observation
-    /// for it awaited, at most 500 ms) is not sent, and ends so when that wait is over. Returns whether a turn was
-    /// running or being sent.
+    /// Cancels the running turn: the agent is asked to stop, the session's tool calls running in the game are
+    /// cancelled (`CANCELLED`), and the turn ends (normally with
+    /// [`StopReason::Cancelled`](super::StopReason::Cancelled); an agent that does not end it within
+    /// [`SessionTimeouts::cancel_grace`](super::SessionTimeouts::cancel_grace) sees it ended so, and is kept). A
+    /// turn still being sent (the game's observation for it awaited, at most 500 ms) is not sent, and ends so when
+    /// that wait is over. Returns whether a turn was running or being sent.
     pub fn cancel(&self) -> bool {
         self.core.cancel()
     }
@@ -364,10 +367,11 @@ impl AgentSession {
     }
 
     /// The explicit `Ended → Idle` (and `Error → Idle`): restarts the agent if it is gone and re-attaches the
-    /// session there (`session/resume` or `session/load`), or starts a new one where the agent cannot (it offers
-    /// neither, or says it does not know the session), which the result says ([`Attached::Replaced`]). Any other
-    /// failure of the agent's is `AGENT_UNAVAILABLE` and replaces nothing: a later `resume` can still re-attach.
-    /// A new credential is minted. A live session is left as it is.
+    /// session there (`session/resume` or `session/load`), or starts a new one where the agent cannot or will not
+    /// (it offers neither, or refuses with an error: that it does not know the session, however it words it, or
+    /// trouble of its own), which the result says ([`Attached::Replaced`]: the agent does not remember the earlier
+    /// conversation). An agent that cannot be started, or goes away meanwhile, is `AGENT_UNAVAILABLE` and replaces
+    /// nothing. A new credential is minted. A live session is left as it is.
     pub async fn resume(&self) -> Result<Attached, ToolError> {
         let this = self.clone();
         self.sessions

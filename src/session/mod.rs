@@ -47,6 +47,10 @@
 //! Messages for a chat box: [`ChatDelta`] (streamed text, grouped by message id), [`ChatMessage`] (a completed
 //! message), [`ChatError`], [`PermissionRequested`] (answer with [`PermissionAnswer`]; a [`PermissionSettled`]
 //! says when it no longer waits, however it ended).
+//!
+//! A message id ([`ChatDelta::message`], [`ChatMessage::message`]) is unique within its session across every run
+//! of the game: a session taken up again after a restart ([`AgentSessions::resume_session`]) never repeats an id
+//! of an earlier run, so a chat box that keeps its messages may key them by it. Treat it as opaque.
 
 mod backend;
 mod config;
@@ -74,7 +78,7 @@ pub use config::{AcpAgentCommand, PermissionPolicy, SessionBackend, SessionConfi
 pub use handle::{AgentSession, AgentSessions, PendingTurn};
 pub use messages::PermissionAnswer;
 #[cfg(feature = "openai")]
-pub use openai::{OpenAiEndpoint, Sampling};
+pub use openai::{OpenAiEndpoint, Sampling, TokenLimitField};
 pub use plugin::AgentSessionsPlugin;
 pub use requests::{SessionAnswered, SessionReply, SessionRequest};
 

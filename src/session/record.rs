@@ -23,6 +23,9 @@ pub(crate) struct Record {
     pub config: SessionConfig,
     pub backend_session: Option<String>,
     pub ended: bool,
+    /// How many runs of the game took the session up after the run that created it (a record without it: none).
+    #[serde(default)]
+    pub runs: u64,
 }
 
 /// Where records live.

@@ -155,7 +155,7 @@ impl CallRequest {
     /// A request from arguments as a transport receives them: `operation_id` and `task_id` are taken out of the
     /// object (they must be non-empty strings) and the rest are the tool's arguments.
     ///
-    /// Admission does the same to every request (see [`take_wire_ids`](Self::take_wire_ids)), so an in-process
+    /// [`Conversation::request`](crate::Conversation::request) does the same to every request, so an in-process
     /// [`Conversation::call`](crate::Conversation::call) with `operation_id` in its arguments is keyed too.
     pub fn from_wire(tool: impl Into<String>, arguments: Value) -> Result<Self, ToolError> {
         let mut request = CallRequest::new(tool, arguments);

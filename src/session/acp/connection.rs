@@ -157,12 +157,39 @@ fn agent_gone(error: &agent_client_protocol::Error) -> bool {
 }
 
 /// Whether the agent's answer to `session/resume` or `session/load` says it does not know the session: ACP's
-/// `-32002` (resource not found), or, from agents that use another code, a message that says the session was not
-/// found (not any "not found": an API key, a model or a method not found is the agent's own trouble).
+/// `-32002` (resource not found), or, from agents that use another code, words that say the session was not found
+/// (not any "not found": an API key, a model or a method not found is the agent's own trouble), in the error's
+/// message or in its data: agents built on ACP's TypeScript SDK answer a thrown "Session not found" with `-32603`
+/// "Internal error", their own words in `data` (as a string, or a string field of an object).
 fn unknown_session(error: &agent_client_protocol::Error) -> bool {
-    let message = error.message.to_ascii_lowercase();
+    let says_so = |text: &str| {
+        let text = text.to_ascii_lowercase();
+        text.contains("session") && (text.contains("not found") || text.contains("unknown"))
+    };
+    let data = match &error.data {
+        Some(serde_json::Value::String(text)) => vec![text.as_str()],
+        Some(serde_json::Value::Object(fields)) => fields.values().filter_map(serde_json::Value::as_str).collect(),
+        _ => Vec::new(),
+    };
     error.code == agent_client_protocol::ErrorCode::RESOURCE_NOT_FOUND
-        || message.contains("session") && (message.contains("not found") || message.contains("unknown"))
+        || says_so(&error.message)
+        || data.into_iter().any(says_so)
+}
+
+/// Cancels the calls of `conversation` still running in the game (`CANCELLED`, saying `why`; a keyed execution a
+/// retry of another conversation still waits for goes on for it, rule H12). Returns how many ended for it.
+fn cancel_calls(agent: &crate::agent::AgentHandle, conversation: &crate::ids::ConversationId, why: &str) -> usize {
+    let host = agent.host();
+    let lives: Vec<Arc<crate::call::CallLife>> = {
+        let state = host.state.lock();
+        let Some(open) = state.visit.as_ref() else { return 0 };
+        open.calls
+            .iter()
+            .filter(|life| host.conversations.live_call(conversation, life.coords.request).is_some())
+            .cloned()
+            .collect()
+    };
+    lives.iter().filter(|life| life.withdraw(conversation, why)).count()
 }
 
 fn unavailable(what: &str, error: &agent_client_protocol::Error) -> ToolError {
@@ -235,6 +262,7 @@ async fn run(
     };
     let session = SessionId::new(opened.session.clone());
     let can_close = opened.can_close;
+    let (agent, conversation) = (setup.agent.clone(), setup.conversation.clone());
     let _ = ready.send(Ok(Opened {
         session: opened.session,
         attached: opened.attached,
@@ -281,8 +309,14 @@ async fn run(
                     ending.turn_ended(&sink, &exit);
                 });
             }
-            Command::Cancel => {
+            Command::Cancel { by_player } => {
                 cx.send_notification(CancelNotification::new(session.clone()))?;
+                // The turn's tool calls running in the game stop too (the agent reads `CANCELLED` as their result),
+                // as an OpenAI-compatible session's do: the world does not go on changing after the player's stop.
+                if by_player {
+                    let stopped = cancel_calls(&agent, &conversation, "the player cancelled the turn");
+                    tracing::debug!(%conversation, stopped, "the cancelled turn's tool calls were cancelled");
+                }
             }
             Command::Close { end_session, close_timeout } => {
                 if end_session && can_close {
@@ -366,19 +400,24 @@ async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay, step: &S
             Some(Err(error)) if agent_gone(&error) => {
                 return Err(unavailable("the agent stopped while re-attaching the session", &error))
             }
-            // The agent's own trouble (auth, rate limit, a failure inside it) says nothing about the session: it
-            // is neither reported unknown nor replaced by a new one, so a retry can still re-attach it.
-            Some(Err(error)) if !unknown_session(&error) => {
-                return Err(unavailable("the agent could not re-attach the session", &error))
+            // The caller may start anew: whatever the agent refused with (that it does not know the session, in
+            // words this crate may not recognize, or trouble of its own), a new session replaces it, rather than
+            // the same refusal at every resume. The result says so (`Replaced`).
+            Some(Err(error)) if setup.new_if_unresumable => {
+                let why = describe(&error);
+                tracing::warn!(session = %id, %why, "the agent refused to re-attach the session: it is replaced");
             }
-            Some(Err(error)) if !setup.new_if_unresumable => {
+            Some(Err(error)) if unknown_session(&error) => {
                 return Err(crate::session::record::not_found(id).with_detail("agent_error", describe(&error)))
             }
+            // The agent's own trouble (auth, rate limit, a failure inside it) says nothing about the session: it
+            // is not reported unknown, so a retry can still re-attach it.
+            Some(Err(error)) => return Err(unavailable("the agent could not re-attach the session", &error)),
             None if !setup.new_if_unresumable => {
                 return Err(crate::session::record::not_found(id)
                     .with_detail("agent_error", "the agent can neither resume nor load sessions"))
             }
-            _ => {}
+            None => {}
         }
     }
     at("session/new");
@@ -402,9 +441,17 @@ mod tests {
         assert!(unknown_session(&Error::new(-32602, "unknown session id")));
         for trouble in ["API key not found", "Method not found", "model not found", "provider overloaded"] {
             assert!(!unknown_session(&Error::new(-32603, trouble)), "{trouble}");
+            let in_data = Error::new(-32603, "Internal error").data(serde_json::json!({ "details": trouble }));
+            assert!(!unknown_session(&in_data), "{trouble} in data");
         }
-        // What the error's data says is not the agent's verdict on the session.
-        let data = Error::new(-32603, "Internal error").data(serde_json::json!("session file not found"));
-        assert!(!unknown_session(&data));
+    }
+
+    #[test]
+    fn an_unknown_session_said_only_in_the_errors_data_as_typescript_agents_say_it_counts() {
+        let internal = || Error::new(-32603, "Internal error");
+        assert!(unknown_session(&internal().data(serde_json::json!("Session sess-1 not found"))));
+        assert!(unknown_session(&internal().data(serde_json::json!({ "details": "Session not found: sess-1" }))));
+        assert!(!unknown_session(&internal()), "a bare internal error says nothing about the session");
+        assert!(!unknown_session(&internal().data(serde_json::json!(["session not found"]))), "only text is read");
     }
 }

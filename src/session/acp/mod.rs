@@ -120,10 +120,12 @@ fn program_exists(program: &str) -> bool {
     dirs.iter().any(|dir| extensions.iter().any(|extension| dir.join(format!("{program}{extension}")).is_file()))
 }
 
-/// A command to the connection's task.
+/// A command to the connection's task. `Cancel` sends `session/cancel`; with `by_player` (the player's cancel, not
+/// an end, which ends them itself with the session's conversation) it cancels the session's tool calls running in
+/// the game too.
 pub(crate) enum Command {
     Prompt { turn: u64, blocks: Vec<PromptBlock> },
-    Cancel,
+    Cancel { by_player: bool },
     Close { end_session: bool, close_timeout: std::time::Duration },
 }
 
@@ -147,7 +149,11 @@ impl Link for AcpLink {
     }
 
     fn cancel(&self) {
-        let _ = self.commands.send(Command::Cancel);
+        let _ = self.commands.send(Command::Cancel { by_player: true });
+    }
+
+    fn stop_for_end(&self) {
+        let _ = self.commands.send(Command::Cancel { by_player: false });
     }
 
     fn close(&self, end_session: bool) -> BoxFuture<()> {

@@ -16,10 +16,14 @@ use crate::session::{SessionBackend, SessionConfig};
 /// environment variable it is read from, at each connection.
 ///
 /// ```
-/// # use bevy_agent_tools::session::{OpenAiEndpoint, SessionConfig};
+/// # use bevy_agent_tools::session::{OpenAiEndpoint, Sampling, SessionConfig, TokenLimitField};
 /// let local = SessionConfig::openai("http://127.0.0.1:11434/v1", "qwen3:4b");
 /// let cloud = SessionConfig::openai_endpoint(
-///     OpenAiEndpoint::new("https://api.openai.com/v1", "gpt-5-mini").api_key_env("OPENAI_API_KEY").max_tool_rounds(12),
+///     OpenAiEndpoint::new("https://api.openai.com/v1", "gpt-5-mini")
+///         .api_key_env("OPENAI_API_KEY")
+///         .max_tool_rounds(12)
+///         .token_limit_field(TokenLimitField::MaxCompletionTokens)
+///         .sampling(Sampling { max_tokens: Some(4096), ..Sampling::default() }),
 /// );
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +43,11 @@ pub struct OpenAiEndpoint {
     /// At most this many rounds of tool calls per turn; the model asking for more ends the turn with
     /// [`StopReason::MaxTurnRequests`](crate::session::StopReason::MaxTurnRequests), the calls not run. Default 8.
     pub max_tool_rounds: u32,
+    /// At most this many of the tool calls of one answer run (at least one); each call past it is not run, and the
+    /// model reads instead an error result (`BUSY`) that states the limit, so it can ask again in its next answer.
+    /// Default 32.
+    #[serde(default = "default_max_tool_calls_per_round")]
+    pub max_tool_calls_per_round: u32,
     /// How long the endpoint may stay silent (before its answer starts, or between two chunks of it) before the
     /// turn fails with `TIMEOUT`. Default 60 s (a local model loading into memory can take that long).
     pub stall_timeout: Duration,
@@ -63,6 +72,35 @@ pub struct OpenAiEndpoint {
     /// take images); otherwise it is summarized in the tool's result as a line saying what it was. Default false.
     #[serde(default)]
     pub images: bool,
+    /// The name of the request's field for [`Sampling::max_tokens`]: `max_tokens` (the default, which local servers
+    /// take) or `max_completion_tokens` (which OpenAI's reasoning models want: they refuse `max_tokens`).
+    #[serde(default)]
+    pub token_limit_field: TokenLimitField,
+}
+
+fn default_max_tool_calls_per_round() -> u32 {
+    32
+}
+
+/// The request field that carries [`Sampling::max_tokens`], as the endpoint names it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenLimitField {
+    /// `max_tokens`: Ollama, llama.cpp's server, LM Studio, vLLM, and OpenAI's older models.
+    #[default]
+    MaxTokens,
+    /// `max_completion_tokens`: OpenAI's newer models (its reasoning models refuse `max_tokens`).
+    MaxCompletionTokens,
+}
+
+impl TokenLimitField {
+    /// The field's name in the request.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MaxTokens => "max_tokens",
+            Self::MaxCompletionTokens => "max_completion_tokens",
+        }
+    }
 }
 
 /// Sampling parameters sent with each request (`None`: the endpoint's default).
@@ -72,7 +110,8 @@ pub struct Sampling {
     pub temperature: Option<f32>,
     /// `top_p`.
     pub top_p: Option<f32>,
-    /// `max_tokens`: the most tokens one answer may have.
+    /// The most tokens one answer may have, sent as `max_tokens` or as `max_completion_tokens` as the endpoint
+    /// wants it ([`OpenAiEndpoint::token_limit_field`]).
     pub max_tokens: Option<u32>,
     /// `seed`, for endpoints that honour it.
     pub seed: Option<i64>,
@@ -91,13 +130,28 @@ impl OpenAiEndpoint {
             headers: Vec::new(),
             sampling: Sampling::default(),
             max_tool_rounds: 8,
+            max_tool_calls_per_round: default_max_tool_calls_per_round(),
             stall_timeout: Duration::from_secs(60),
             max_retries: 3,
             max_retry_wait: Duration::from_secs(20),
             max_history_bytes: 512 * 1024,
             context_window: None,
             images: false,
+            token_limit_field: TokenLimitField::MaxTokens,
         }
+    }
+
+    /// The most tool calls of one answer that run (see [`max_tool_calls_per_round`](Self::max_tool_calls_per_round)).
+    pub fn max_tool_calls_per_round(mut self, calls: u32) -> Self {
+        self.max_tool_calls_per_round = calls;
+        self
+    }
+
+    /// The request field for the answer's token limit (see [`token_limit_field`](Self::token_limit_field)):
+    /// [`TokenLimitField::MaxCompletionTokens`] for OpenAI's reasoning models.
+    pub fn token_limit_field(mut self, field: TokenLimitField) -> Self {
+        self.token_limit_field = field;
+        self
     }
 
     /// Sends tools' images to the model as image parts (for vision models); see [`images`](Self::images).
@@ -179,5 +233,21 @@ impl SessionConfig {
     /// A session with the OpenAI-compatible `endpoint`.
     pub fn openai_endpoint(endpoint: OpenAiEndpoint) -> Self {
         Self::new(SessionBackend::OpenAi(endpoint))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_endpoint_kept_in_a_record_before_the_newer_settings_existed_reads_back_with_their_defaults() {
+        let mut stored = serde_json::to_value(OpenAiEndpoint::new("http://127.0.0.1:11434/v1", "m")).expect("JSON");
+        let fields = stored.as_object_mut().expect("an object");
+        fields.remove("max_tool_calls_per_round");
+        fields.remove("token_limit_field");
+        let endpoint: OpenAiEndpoint = serde_json::from_value(stored).expect("read back");
+        assert_eq!(endpoint, OpenAiEndpoint::new("http://127.0.0.1:11434/v1", "m"));
+        assert_eq!((endpoint.max_tool_calls_per_round, endpoint.token_limit_field), (32, TokenLimitField::MaxTokens));
     }
 }

@@ -5,8 +5,9 @@
 //!   `POST {base_url}/chat/completions` (streamed, `stream_options.include_usage`) with the game's registered
 //!   tools as function tools (the schemas the MCP server publishes, reserved arguments included). Streamed text
 //!   becomes chat deltas, one message per request; streamed tool calls are assembled from their fragments and run
-//!   one after the other in the game through [`AgentHandle`] under the session's conversation (so H1–H14 apply
-//!   and the status is `WaitingToolResult` while one runs; no MCP credential is used); their results go back as
+//!   one after the other (at most [`OpenAiEndpoint::max_tool_calls_per_round`] of one answer; the model reads an
+//!   error for each call past it) in the game through [`AgentHandle`] under the session's conversation (so H1–H14
+//!   apply and the status is `WaitingToolResult` while one runs; no MCP credential is used); their results go back as
 //!   `tool` messages (errors as `{"error": {"code", "message", "details"}}`, which the model can act on: an
 //!   unknown tool or arguments that are not JSON included), and the model is asked again, until it answers
 //!   without tool calls or [`OpenAiEndpoint::max_tool_rounds`] is reached
@@ -20,7 +21,8 @@
 //! - **Faults**: connection refused and other HTTP failures are `AGENT_UNAVAILABLE` naming the URL; `401`/`403`
 //!   names the key's environment variable, with the endpoint's own words (the key hidden where they quote it);
 //!   `429` and `5xx` are retried a bounded number of times honouring `Retry-After`; an endpoint silent for
-//!   [`OpenAiEndpoint::stall_timeout`] is `TIMEOUT`; a malformed chunk is
+//!   [`OpenAiEndpoint::stall_timeout`] is `TIMEOUT` (but an answer that gave its `finish_reason` is complete after
+//!   2 s of silence, whether or not `[DONE]` follows); a malformed chunk is
 //!   `AGENT_UNAVAILABLE` quoting it. A failed turn fails the session (status `Error`; `resume` reconnects, with
 //!   the history as it was before that turn, or, if tool calls ran in it, with them and their results and a line
 //!   saying the turn failed: the model then knows what it changed in the world).
@@ -42,7 +44,7 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-pub use config::{OpenAiEndpoint, Sampling};
+pub use config::{OpenAiEndpoint, Sampling, TokenLimitField};
 
 use super::backend::{Attached, BackendEvent, BoxFuture, EventSink, Link, PromptBlock, Setup};
 use super::{Backend, Connected};
@@ -234,7 +236,7 @@ impl Shared {
             let fields = [
                 ("temperature", sampling.temperature.map(|v| json!(v))),
                 ("top_p", sampling.top_p.map(|v| json!(v))),
-                ("max_tokens", sampling.max_tokens.map(|v| json!(v))),
+                (self.endpoint.token_limit_field.as_str(), sampling.max_tokens.map(|v| json!(v))),
                 ("seed", sampling.seed.map(|v| json!(v))),
             ];
             for (name, value) in fields {
@@ -306,7 +308,13 @@ impl Link for OpenAiLink {
         let killed = Arc::new(AtomicBool::new(false));
         let shared = self.shared.clone();
         let (token, by_game) = (cancel.clone(), killed.clone());
+        // A turn the session gave up on after its cancel (past the cancel grace) may still be winding down: it
+        // ends first (it was cancelled), so that what it keeps lands in the history before this turn reads it.
+        let previous = self.running.lock().take().map(|running| running.task);
         let task = self.runtime.spawn(async move {
+            if let Some(previous) = previous {
+                let _ = previous.await;
+            }
             // A panic in the loop (a bug) still ends the turn, `INTERNAL`, rather than leaving it to the turn
             // timeout.
             let running = CatchUnwind(Box::pin(turn::run(shared.clone(), turn, blocks, token, by_game)));

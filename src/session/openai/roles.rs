@@ -5,8 +5,9 @@ use serde_json::{json, Value};
 /// `messages` with the roles alternating, as strict chat templates want (the Mistral family's under llama.cpp's
 /// `--jinja` refuses two user messages in a row): a run of system messages, or of user messages (the player's
 /// text and the game's context block, a turn cancelled before the model said anything), becomes one, their texts
-/// apart by a blank line, each word for word; a run with an image part in it goes as content parts. Everything
-/// else as it is.
+/// apart by a blank line, each word for word; a run with an image part in it goes as content parts. An assistant
+/// message with no text and no tool calls (a history saved before such answers were left out of it) is dropped:
+/// strict endpoints refuse an empty assistant message. Everything else as it is.
 pub(super) fn alternating(messages: Vec<Value>) -> Vec<Value> {
     fn parts(content: Value) -> Vec<Value> {
         match content {
@@ -18,6 +19,9 @@ pub(super) fn alternating(messages: Vec<Value>) -> Vec<Value> {
     let mut out: Vec<Value> = Vec::with_capacity(messages.len());
     for mut message in messages {
         let role = message["role"].as_str().unwrap_or_default().to_string();
+        if role == "assistant" && says_nothing(&message) {
+            continue;
+        }
         let joins = matches!(role.as_str(), "system" | "user")
             && out.last().is_some_and(|last| last["role"].as_str() == Some(role.as_str()));
         let (Some(last), true) = (out.last_mut(), joins) else {
@@ -33,6 +37,17 @@ pub(super) fn alternating(messages: Vec<Value>) -> Vec<Value> {
         };
     }
     out
+}
+
+/// Whether an assistant message has neither text nor tool calls.
+fn says_nothing(message: &Value) -> bool {
+    let no_text = match &message["content"] {
+        Value::Null => true,
+        Value::String(text) => text.is_empty(),
+        Value::Array(parts) => parts.is_empty(),
+        _ => false,
+    };
+    no_text && message.get("tool_calls").is_none_or(Value::is_null)
 }
 
 #[cfg(test)]
@@ -71,5 +86,29 @@ mod tests {
             json!({"role": "user", "content": "[Game context] day"}),
         ]);
         assert_eq!(texts, [json!({"role": "user", "content": "stop\n\n[Game context] day"})], "text only: a string");
+    }
+
+    #[test]
+    fn an_empty_assistant_message_is_never_sent_so_a_history_saved_with_one_recovers() {
+        let messages = vec![
+            json!({"role": "user", "content": "one"}),
+            json!({"role": "assistant", "content": ""}),
+            json!({"role": "user", "content": "two"}),
+            json!({"role": "assistant", "content": null}),
+            json!({"role": "assistant", "content": []}),
+            json!({"role": "user", "content": "three"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "a"}]}),
+            json!({"role": "tool", "tool_call_id": "a", "content": "1"}),
+        ];
+        let merged = super::alternating(messages);
+        assert_eq!(
+            merged,
+            [
+                json!({"role": "user", "content": "one\n\ntwo\n\nthree"}),
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": "a"}]}),
+                json!({"role": "tool", "tool_call_id": "a", "content": "1"}),
+            ],
+            "the empty answers are gone and the player's texts around them are one message"
+        );
     }
 }

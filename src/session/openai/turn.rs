@@ -26,6 +26,9 @@ struct PendingCall {
     arguments: String,
 }
 
+/// How long a streamed answer that gave its `finish_reason` may stay silent before it is taken as complete.
+const AFTER_FINISH: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How one request's answer ended.
 enum RoundEnd {
     Done { text: String, calls: Vec<PendingCall>, finish: Option<String> },
@@ -105,7 +108,11 @@ async fn drive(
                     ),
                 ));
             }
-            messages.push(json!({"role": "assistant", "content": text}));
+            // An answer with only a finish_reason is no message: an empty assistant message in the history would
+            // make strict endpoints refuse every later request.
+            if !text.is_empty() {
+                messages.push(json!({"role": "assistant", "content": text}));
+            }
             return Ok(stop_reason(finish.as_deref()));
         }
         // The calls are not run, and the history keeps what the model said, without them: past the rounds a turn
@@ -132,11 +139,14 @@ async fn drive(
         messages.push(json!({"role": "assistant", "content": content, "tool_calls": wire_calls}));
         let mut cancelled = false;
         let mut images = Vec::new();
-        for call in &calls {
+        let cap = usize::try_from(shared.endpoint.max_tool_calls_per_round.max(1)).unwrap_or(usize::MAX);
+        for (n, call) in calls.iter().enumerate() {
             // A stop that came while the model answered: no call starts after it.
             cancelled |= cancel.is_cancelled();
             let result = match (cancelled, prepare(call)) {
                 (true, _) => cancelled_content(killed),
+                // Past the cap: not run, and every call still gets its result, as chat completions require.
+                (false, _) if n >= cap => over_cap_content(calls.len(), cap),
                 (false, Err(refused)) => error_content(&refused),
                 (false, Ok(request)) => {
                     let mut running = shared.agent.conversation_handle(&shared.conversation).request(request);
@@ -200,13 +210,17 @@ async fn stream_round(
     let mut calls: Vec<PendingCall> = Vec::new();
     let mut finish = None;
     loop {
+        // Once the answer said how it finished, only what may follow it (the usage chunk, `[DONE]`) is awaited, and
+        // not for long: a server that then keeps the connection open without a word has given its whole answer.
+        let wait = if finish.is_some() { stall.min(AFTER_FINISH) } else { stall };
         let next = tokio::select! {
             biased;
             // Dropping the stream closes the request: the endpoint stops generating.
             _ = cancel.cancelled() => return Ok(RoundEnd::Cancelled { text }),
-            next = tokio::time::timeout(stall, stream.next()) => next,
+            next = tokio::time::timeout(wait, stream.next()) => next,
         };
         let chunk = match next {
+            Err(_elapsed) if finish.is_some() => break,
             Err(_elapsed) => return Err(stalled(shared, stall)),
             Ok(None) => break,
             // The answer said how it finished: what breaks after that (a server that sends no `[DONE]`) takes
@@ -344,6 +358,15 @@ fn cancelled_content(killed: &AtomicBool) -> String {
         "the player cancelled the turn"
     };
     error_content(&ToolError::with_code(ErrorCode::Cancelled, why))
+}
+
+/// The result of a call past [`max_tool_calls_per_round`](super::OpenAiEndpoint::max_tool_calls_per_round).
+fn over_cap_content(asked: usize, cap: usize) -> String {
+    let why = format!(
+        "this answer asked for {asked} tool calls and at most {cap} run per answer: this call was not run; ask for \
+         it again in your next answer if it is still needed"
+    );
+    error_content(&ToolError::with_code(ErrorCode::Busy, why).with_detail("max_tool_calls_per_round", cap))
 }
 
 fn error_content(error: &ToolError) -> String {
