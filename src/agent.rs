@@ -476,7 +476,7 @@ impl Call {
         }
         let Some(life) = &self.life else { return false };
         let Some(seat) = &self.seat else {
-            return life.fail(ErrorCode::Cancelled, CallLife::CANCELLED_BY_AGENT);
+            return life.finish(Err(life.cancelled(CallLife::CANCELLED_BY_AGENT)));
         };
         if life.outcome().is_set() || self.withdrawn.is_cancelled() || self.left.swap(true, Ordering::SeqCst) {
             return false;

@@ -977,21 +977,24 @@ fn resume_session_of_a_session_an_agent_says_it_forgot_only_in_its_errors_data_i
 }
 
 #[test]
-fn a_resume_that_may_start_anew_replaces_the_session_when_the_agent_refuses_to_reattach_it_with_any_error() {
+fn a_resume_while_the_agent_has_trouble_of_its_own_keeps_its_session_for_a_later_resume() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
     let session = game.create(agent(&dirs, &[])).expect("starts");
     game.block_on(session.send_text("hello")).expect("a turn");
     assert!(game.block_on(session.send_text("crash")).is_err());
     let before = session.backend_session();
-    // An error that does not say the session is unknown (as some agents word even that): `resume` may start anew,
-    // and does, rather than answering `AGENT_UNAVAILABLE` at every try.
-    std::fs::write(dirs.state.join("resume-fails"), "").expect("the agent refuses to re-attach");
-    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Replaced);
-    assert_ne!(session.backend_session(), before, "a new agent session");
-    assert_eq!(session.status(), ConversationStatus::Idle);
+    // Resuming a crashed session while the agent's provider fails: no new agent session replaces the one it
+    // remembers (a passing error must not cost the conversation's history).
+    let trouble = dirs.state.join("resume-fails");
+    std::fs::write(&trouble, "").expect("the agent's provider is down");
+    let (code, _) = code_of(game.block_on(session.resume()));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert_eq!(session.backend_session(), before, "not replaced by a new agent session");
+    std::fs::remove_file(&trouble).expect("the provider is back");
+    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
     let history = game.block_on(session.send_text("history")).expect("the turn ends");
-    assert_eq!(history.final_message.as_deref(), Some("I remember 1 turns"), "the new session's first turn");
+    assert_eq!(history.final_message.as_deref(), Some("I remember 3 turns"), "the agent's own session, kept");
 }
 
 /// A session's record names the program its resume starts: one that another user could have written (not this
@@ -1156,7 +1159,7 @@ fn s2_cancelling_a_turn_cancels_its_tool_call_running_in_the_game_and_the_agent_
 }
 
 #[test]
-fn s2_a_cancelled_turn_the_agent_never_ends_ends_cancelled_after_the_grace_and_the_agent_is_kept() {
+fn s2_a_cancelled_turn_the_agent_never_ends_stops_the_agent_after_the_grace_and_resume_restarts_it() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
     let mut config = agent(&dirs, &[]);
@@ -1164,12 +1167,14 @@ fn s2_a_cancelled_turn_the_agent_never_ends_ends_cancelled_after_the_grace_and_t
     let session = game.create(config).expect("starts");
     let pending = game.block_on(session.start_turn("hang")).expect("sent");
     assert!(session.cancel());
-    let turn = game.block_on(pending).expect("the turn ends as the player asked, not as a failure");
-    assert_eq!(turn.stop_reason, StopReason::Cancelled);
-    assert_eq!(session.status(), ConversationStatus::Idle);
-    assert_eq!(dirs.agents_running(), 1, "the agent is kept");
+    // An agent that ignores a cancel could go on calling tools: it is stopped, not kept.
+    let (code, message) = code_of(game.block_on(pending));
+    assert_eq!(code, ErrorCode::Cancelled, "{message}");
+    assert_eq!(session.status(), ConversationStatus::Error);
+    dirs.wait_no_agents(LIMIT);
+    game.block_on(session.resume()).expect("resumed");
     let next = game.block_on(session.send_text("hello")).expect("the next text is taken");
-    assert_eq!(next.final_message.as_deref(), Some("You said: hello"), "by the same agent");
+    assert_eq!(next.final_message.as_deref(), Some("You said: hello"), "by the restarted agent");
 }
 
 #[test]

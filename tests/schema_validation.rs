@@ -301,6 +301,35 @@ fn requires_confirmation_takes_confirm_out_of_arguments_that_refuse_unknown_fiel
 }
 
 #[test]
+fn requires_confirmation_leaves_confirm_to_a_guard_the_arguments_declare_even_behind_a_ref_or_called_twice() {
+    #[derive(Deserialize, JsonSchema)]
+    struct Inner {
+        #[serde(flatten)]
+        guard: DestructiveGuard,
+    }
+    /// A newtype: its schema's root is a `$ref` to `Inner`.
+    #[derive(Deserialize, JsonSchema)]
+    struct Wrapped(Inner);
+    #[derive(Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    struct Strict {}
+    let guarded =
+        AgentTool::new("guarded", "Guarded.", |_: CallContext<Session>, Wrapped(inner): Wrapped| async move {
+            inner.guard.confirmed()
+        })
+        .requires_confirmation();
+    let strict = AgentTool::new("strict", "Strict.", |_: CallContext<Session>, _: Strict| async move { Ok(()) })
+        .requires_confirmation()
+        .requires_confirmation();
+    let mut app = app_with(TestGame::default(), vec![guarded, strict]);
+    app.enter_world("alpha");
+    for tool in ["guarded", "strict"] {
+        let call = app.agent().conversation("a").call(tool, json!({ "confirm": true }));
+        assert!(app.run_until_resolved(&call).is_ok(), "{tool}: confirmed, and the handler's guard sees it");
+    }
+}
+
+#[test]
 fn a_flattened_destructive_guard_adds_its_fields_but_never_its_own_doc() {
     #[derive(Deserialize, JsonSchema)]
     #[allow(dead_code)]

@@ -32,16 +32,10 @@ pub fn say(line: impl Display) {
     let _ = out.flush();
 }
 
-/// World names: 1 to 32 of `a-z 0-9 _ -` (they are directory names).
+/// World names are the store's directory names: [`WorldStore::check_world`]'s rule (1 to 64 of `a-z 0-9 _ -`).
 pub fn check_world_name(name: &str) -> Result<(), String> {
-    let length = name.chars().count();
-    if !(1..=32).contains(&length) {
-        return Err(format!("invalid world name {name:?}: use 1 to 32 characters of a-z, 0-9, _ and - (got {length})"));
-    }
-    if let Some(bad) = name.chars().find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '_' | '-')) {
-        return Err(format!("invalid world name {name:?}: {bad:?} is not allowed; use a-z, 0-9, _ and -"));
-    }
-    Ok(())
+    bevy_agent_tools::persist::WorldStore::check_world(&bevy_agent_tools::WorldId::new(name))
+        .map_err(|error| error.to_string())
 }
 
 /// Reads standard input and answers on standard output. `enter_at_start` is entered before the first command.

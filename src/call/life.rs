@@ -152,7 +152,7 @@ impl CallLife {
         }
         let left = self.callers.leave(seat);
         if left.none_left {
-            return self.end_under(&mut step, Err(ToolError::with_code(ErrorCode::Cancelled, why)));
+            return self.end_under(&mut step, Err(self.cancelled(why)));
         }
         if left.conversation_gone {
             // Every caller of that conversation cancelled: the call goes on for others, not as its call.
@@ -175,7 +175,7 @@ impl CallLife {
         // A retry of `conversation` that joined the call and already left it: the call is not its to end.
         let its_to_end = withdrawal.had_callers || self.coords.conversation == *conversation;
         let stopped = if withdrawal.none_left && its_to_end {
-            self.end_under(&mut step, Err(ToolError::with_code(ErrorCode::Cancelled, why)))
+            self.end_under(&mut step, Err(self.cancelled(why)))
         } else {
             // It goes on without `conversation`, which sees it finish now. Still under the step lock: the
             // conversation's `CallFinished` says what its callers read.
@@ -243,14 +243,6 @@ impl CallLife {
             for (key, value) in self.details.lock().iter() {
                 error.details.extra.entry(key.clone()).or_insert_with(|| value.clone());
             }
-            if error.code == ErrorCode::Cancelled && self.handler_started() {
-                // What the handler did before it stopped stays done; a retry of its operation gets this outcome
-                // (rule H12), so it must not read as "nothing happened".
-                error.message.push_str(
-                    "; its handler had started, so its effect is unknown: inspect the game's state before retrying",
-                );
-                error.details.extra.entry("effect_unknown").or_insert(serde_json::Value::Bool(true));
-            }
             error.locate(&self.coords)
         });
         **step = Some(match &outcome {
@@ -280,6 +272,25 @@ impl CallLife {
 
     fn cleanup_job(&self, cleanups: Vec<Cleanup>, reason: Option<ToolError>) -> Job {
         Job::Cleanup { visit: self.coords.visit.visit, request: self.coords.request, cleanups, reason }
+    }
+
+    /// `CANCELLED` from outside the handler (its callers, its conversation, its task), saying `why`. Once the
+    /// handler started, what it did before it stopped stays done, and a retry of its operation gets this outcome
+    /// (rule H12): it says the effect is unknown (`effect_unknown` in its details), not "nothing happened". (A
+    /// handler's own `CANCELLED` is its own word on what it did.)
+    pub(crate) fn cancelled(&self, why: &str) -> ToolError {
+        let error = ToolError::with_code(ErrorCode::Cancelled, why);
+        if !self.handler_started() {
+            return error;
+        }
+        let mut error = ToolError::with_code(
+            ErrorCode::Cancelled,
+            format!(
+                "{why}; its handler had started, so its effect is unknown: inspect the game's state before retrying"
+            ),
+        );
+        error.details.extra.insert("effect_unknown".into(), serde_json::Value::Bool(true));
+        error
     }
 
     /// Ends the call with an error built from its coordinates.

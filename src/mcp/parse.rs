@@ -42,9 +42,7 @@ const MCP_METHODS: &[&str] = &[
     "logging/setLevel",
     "subscriptions/listen",
     "tasks/get",
-    "tasks/list",
     "tasks/cancel",
-    "tasks/result",
 ];
 
 /// The `id` and method of the JSON-RPC request a `POST` carries (in its extensions, for the layers inside this one).

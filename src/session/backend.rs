@@ -41,10 +41,8 @@ pub(crate) struct Setup {
     pub system_prompt: Option<String>,
     /// Re-attach to this backend session instead of creating one.
     pub resume: Option<String>,
-    /// When `resume` cannot be honoured (the agent cannot resume, or refuses to: it no longer knows the session, or
-    /// any other error it answers with): start a new session instead of failing. Without it, a session the agent
-    /// says it does not know is `SESSION_NOT_FOUND`, another refusal `AGENT_UNAVAILABLE`; an agent that went away is
-    /// `AGENT_UNAVAILABLE` either way.
+    /// When `resume` cannot be honoured (the agent cannot resume, or says it no longer knows the session): start a
+    /// new session instead of failing with `SESSION_NOT_FOUND`. Other failures are `AGENT_UNAVAILABLE` either way.
     pub new_if_unresumable: bool,
     /// The session's timeouts.
     pub timeouts: super::SessionTimeouts,

@@ -164,8 +164,8 @@ pub struct SessionTimeouts {
     /// One turn, from `send_text` to the agent's end of the turn. Default 10 minutes. A turn past it fails with
     /// `TIMEOUT`, and the agent, which no longer answers, is stopped (status `Error`; `resume` restarts it).
     pub turn: Duration,
-    /// After a cancel, how long the agent has to end the turn. Default 10 s; past it the turn ends as cancelled
-    /// without the agent's word (stop reason `cancelled`, status `Idle`), and the agent is kept for the next text.
+    /// After a cancel, how long the agent has to end the turn. Default 10 s; past it, as for `turn` (an agent that
+    /// ignores the cancel is stopped: it could go on calling tools).
     pub cancel_grace: Duration,
     /// How long the player has to answer a permission request ([`PermissionPolicy::AskPlayer`]) before it is
     /// denied. Default 60 s.

@@ -16,7 +16,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use super::backend::{Attached, BackendEvent, EventSink, Link, PermissionDecision, PromptBlock, StopReason, Usage};
+use super::backend::{Attached, BackendEvent, EventSink, Link, PermissionDecision, PromptBlock, Usage};
 use super::permission::PermissionBook;
 use super::record::Record;
 use super::{SessionConfig, SessionHost, TurnEnd};
@@ -385,42 +385,25 @@ impl SessionCore {
         };
         match prompted {
             Err(error) => self.fail(error),
-            Ok(()) => self.watch_turn(number, self.config.timeouts.turn),
+            Ok(()) => self.watch_turn(number, self.config.timeouts.turn, ErrorCode::Timeout),
         }
         Ok(outcome)
     }
 
-    /// Fails turn `number` with `TIMEOUT` if it still runs after `after`: the agent no longer answers, so it is
-    /// stopped and the session fails.
-    fn watch_turn(self: &Arc<Self>, number: u64, after: Duration) {
+    /// Fails turn `number` with `code` if it still runs after `after`: the agent no longer answers (an agent that
+    /// ignores a cancel could go on calling tools), so it is stopped and the session fails.
+    fn watch_turn(self: &Arc<Self>, number: u64, after: Duration, code: ErrorCode) {
         let core = Arc::downgrade(self);
         self.host.runtime.spawn(async move {
             tokio::time::sleep(after).await;
             let Some(core) = core.upgrade() else { return };
-            let why = format!("the agent did not end the turn within {after:?}; it was stopped (resume to restart it)");
-            // Only if that turn still runs (checked under the same lock as the failure: not a next turn).
-            core.fail_turn(Some(number), ToolError::with_code(ErrorCode::Timeout, why));
-        });
-    }
-
-    /// Ends turn `number` as cancelled if it still runs after `after` (the cancel grace): the player asked to stop
-    /// it, so it ends as they asked (stop reason `cancelled`, status `Idle`) whether or not the agent says so. The
-    /// agent is kept; an answer it gives later to that turn changes nothing.
-    fn watch_cancelled_turn(self: &Arc<Self>, number: u64, after: Duration) {
-        let core = Arc::downgrade(self);
-        self.host.runtime.spawn(async move {
-            tokio::time::sleep(after).await;
-            let Some(core) = core.upgrade() else { return };
-            let generation = {
-                let state = core.state.lock();
-                if state.turn.as_ref().map(|turn| turn.number) != Some(number) {
-                    return;
-                }
-                state.generation
+            let why = match code {
+                ErrorCode::Cancelled => format!("the agent did not end the cancelled turn within {after:?}"),
+                _ => format!("the agent did not end the turn within {after:?}"),
             };
-            tracing::warn!(session = %core.id, turn = number, ?after, "the agent did not end the cancelled turn");
-            // As the agent's own end would be (only if that turn still runs, checked again under the lock).
-            core.on_event(generation, BackendEvent::TurnEnded { turn: number, stop: StopReason::Cancelled });
+            // Only if that turn still runs (checked under the same lock as the failure: not a next turn).
+            let error = ToolError::with_code(code, format!("{why}; it was stopped (resume to restart it)"));
+            core.fail_turn(Some(number), error);
         });
     }
 
@@ -445,7 +428,7 @@ impl SessionCore {
             self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
             turn.number
         };
-        self.watch_cancelled_turn(number, self.config.timeouts.cancel_grace);
+        self.watch_turn(number, self.config.timeouts.cancel_grace, ErrorCode::Cancelled);
         true
     }
 

@@ -341,7 +341,7 @@ impl AgentSession {
     /// Cancels the running turn: the agent is asked to stop, the session's tool calls running in the game are
     /// cancelled (`CANCELLED`), and the turn ends (normally with
     /// [`StopReason::Cancelled`](super::StopReason::Cancelled); an agent that does not end it within
-    /// [`SessionTimeouts::cancel_grace`](super::SessionTimeouts::cancel_grace) sees it ended so, and is kept). A
+    /// [`SessionTimeouts::cancel_grace`](super::SessionTimeouts::cancel_grace) is stopped, as for a turn timeout). A
     /// turn still being sent (the game's observation for it awaited, at most 500 ms) is not sent, and ends so when
     /// that wait is over. Returns whether a turn was running or being sent.
     pub fn cancel(&self) -> bool {
@@ -367,11 +367,10 @@ impl AgentSession {
     }
 
     /// The explicit `Ended → Idle` (and `Error → Idle`): restarts the agent if it is gone and re-attaches the
-    /// session there (`session/resume` or `session/load`), or starts a new one where the agent cannot or will not
-    /// (it offers neither, or refuses with an error: that it does not know the session, however it words it, or
-    /// trouble of its own), which the result says ([`Attached::Replaced`]: the agent does not remember the earlier
-    /// conversation). An agent that cannot be started, or goes away meanwhile, is `AGENT_UNAVAILABLE` and replaces
-    /// nothing. A new credential is minted. A live session is left as it is.
+    /// session there (`session/resume` or `session/load`), or starts a new one where the agent cannot (it offers
+    /// neither, or says it does not know the session, in its error's message or its data), which the result says
+    /// ([`Attached::Replaced`]). Any other failure of the agent's is `AGENT_UNAVAILABLE` and replaces nothing: a
+    /// later `resume` can still re-attach. A new credential is minted. A live session is left as it is.
     pub async fn resume(&self) -> Result<Attached, ToolError> {
         let this = self.clone();
         self.sessions

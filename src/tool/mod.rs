@@ -238,8 +238,11 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
     /// assert_eq!(reset.info().input_schema["properties"]["confirm"]["type"], "boolean");
     /// ```
     pub fn requires_confirmation(mut self) -> Self {
+        if !self.info.requires_confirmation {
+            // Before `confirm` is added below: whether the handler's own arguments have it.
+            self.handler_confirms = reserved::declares(&self.info.input_schema, "confirm");
+        }
         self.info.requires_confirmation = true;
-        self.handler_confirms = reserved::declares(&self.info.input_schema, "confirm");
         if let Some(schema) = self.info.input_schema.as_object_mut() {
             schema.entry("type").or_insert_with(|| Value::String("object".into()));
             let properties = schema.entry("properties").or_insert_with(|| Value::Object(Default::default()));

@@ -83,12 +83,26 @@ pub(crate) fn check_arguments(info: &ToolInfo) -> Result<(), String> {
 }
 
 /// Whether an arguments schema has a property named `name`, at its root or in one of its shapes (`oneOf`,
-/// `anyOf`, `allOf`).
+/// `anyOf`, `allOf`, nested), following the schema's own `$ref`s (`#/$defs/...`: a newtype's arguments).
 pub(crate) fn declares(schema: &Value, name: &str) -> bool {
-    let shapes = ["oneOf", "anyOf", "allOf"].iter().filter_map(|key| schema.get(*key).and_then(Value::as_array));
-    let mut objects = std::iter::once(schema).chain(shapes.flatten());
-    objects
-        .any(|shape| shape.get("properties").and_then(Value::as_object).is_some_and(|props| props.contains_key(name)))
+    declares_in(schema, schema, name, 0)
+}
+
+fn declares_in(root: &Value, shape: &Value, name: &str, depth: usize) -> bool {
+    if depth > 16 {
+        return false;
+    }
+    let referred = shape.get("$ref").and_then(Value::as_str).and_then(|pointer| pointer.strip_prefix('#'));
+    if let Some(target) = referred.and_then(|pointer| root.pointer(pointer)) {
+        if declares_in(root, target, name, depth + 1) {
+            return true;
+        }
+    }
+    if shape.get("properties").and_then(Value::as_object).is_some_and(|props| props.contains_key(name)) {
+        return true;
+    }
+    let shapes = ["oneOf", "anyOf", "allOf"].iter().filter_map(|key| shape.get(*key).and_then(Value::as_array));
+    shapes.flatten().any(|inner| declares_in(root, inner, name, depth + 1))
 }
 
 impl ToolInfo {

@@ -400,12 +400,11 @@ async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay, step: &S
             Some(Err(error)) if agent_gone(&error) => {
                 return Err(unavailable("the agent stopped while re-attaching the session", &error))
             }
-            // The caller may start anew: whatever the agent refused with (that it does not know the session, in
-            // words this crate may not recognize, or trouble of its own), a new session replaces it, rather than
-            // the same refusal at every resume. The result says so (`Replaced`).
-            Some(Err(error)) if setup.new_if_unresumable => {
+            // The agent does not know the session (in its message or, as TypeScript agents say it, its data): the
+            // caller may start anew (`Replaced`), or it is `SESSION_NOT_FOUND`.
+            Some(Err(error)) if unknown_session(&error) && setup.new_if_unresumable => {
                 let why = describe(&error);
-                tracing::warn!(session = %id, %why, "the agent refused to re-attach the session: it is replaced");
+                tracing::warn!(session = %id, %why, "the agent no longer knows the session: it is replaced");
             }
             Some(Err(error)) if unknown_session(&error) => {
                 return Err(crate::session::record::not_found(id).with_detail("agent_error", describe(&error)))
