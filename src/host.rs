@@ -286,16 +286,22 @@ impl HostShared {
     /// retries joined. An execution a caller of another conversation (same task) still waits for goes on for it
     /// (rule H12); only this conversation stops waiting. Returns how many calls ended for this conversation.
     pub(crate) fn cancel_task(&self, conversation: &ConversationId, task: &TaskId) -> usize {
+        self.cancel_calls(conversation, Some(task), "the agent cancelled the task")
+    }
+
+    /// Ends the live calls of `conversation` (of one `task` of it, or all) with `CANCELLED`, saying `why`, as
+    /// [`cancel_task`](Self::cancel_task) does. Returns how many calls ended for this conversation.
+    pub(crate) fn cancel_calls(&self, conversation: &ConversationId, task: Option<&TaskId>, why: &str) -> usize {
         let lives: Vec<Arc<CallLife>> = {
             let state = self.state.lock();
             let Some(open) = state.visit.as_ref() else { return 0 };
             open.calls
                 .iter()
-                .filter(|life| &life.coords.task == task)
+                .filter(|life| task.is_none_or(|task| &life.coords.task == task))
                 .filter(|life| self.conversations.live_call(conversation, life.coords.request).is_some())
                 .cloned()
                 .collect()
         };
-        lives.iter().filter(|life| life.withdraw(conversation, "the agent cancelled the task")).count()
+        lives.iter().filter(|life| life.withdraw(conversation, why)).count()
     }
 }

@@ -279,17 +279,13 @@ impl CallLife {
     /// (rule H12): it says the effect is unknown (`effect_unknown` in its details), not "nothing happened". (A
     /// handler's own `CANCELLED` is its own word on what it did.)
     pub(crate) fn cancelled(&self, why: &str) -> ToolError {
-        let error = ToolError::with_code(ErrorCode::Cancelled, why);
-        if !self.handler_started() {
-            return error;
+        let mut error = ToolError::with_code(ErrorCode::Cancelled, why);
+        if self.handler_started() {
+            error.message.push_str(
+                "; its handler had started, so its effect is unknown: inspect the game's state before retrying",
+            );
+            error.details.extra.insert("effect_unknown".into(), serde_json::Value::Bool(true));
         }
-        let mut error = ToolError::with_code(
-            ErrorCode::Cancelled,
-            format!(
-                "{why}; its handler had started, so its effect is unknown: inspect the game's state before retrying"
-            ),
-        );
-        error.details.extra.insert("effect_unknown".into(), serde_json::Value::Bool(true));
         error
     }
 

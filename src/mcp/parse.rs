@@ -96,12 +96,8 @@ pub(crate) async fn refuse_unparsable(State(max_body_bytes): State<usize>, reque
                 )),
                 Ok(JsonRpcMessage::Request(request)) => match &request.request {
                     ClientRequest::CustomRequest(custom) if MCP_METHODS.contains(&custom.method.as_str()) => {
-                        let body = json!({ "jsonrpc": "2.0", "id": id, "error": {
-                            "code": INVALID_PARAMS,
-                            "message": misfit(&custom.method, params),
-                        }});
-                        let headers = [(header::CONTENT_TYPE, "application/json")];
-                        return (StatusCode::OK, headers, body.to_string()).into_response();
+                        // A request the server read: its answer, not a refusal of the body.
+                        return answered_with_error(StatusCode::OK, id, INVALID_PARAMS, misfit(&custom.method, params));
                     }
                     _ => None,
                 },
@@ -110,7 +106,7 @@ pub(crate) async fn refuse_unparsable(State(max_body_bytes): State<usize>, reque
         }
     };
     match why {
-        Some((code, message)) => refused(id, code, message),
+        Some((code, message)) => answered_with_error(StatusCode::BAD_REQUEST, id, code, message),
         None => next.run(Request::from_parts(parts, Body::from(bytes))).await,
     }
 }
@@ -130,7 +126,8 @@ fn misfit(method: &str, params: Option<Value>) -> String {
     }
 }
 
-fn refused(id: serde_json::Value, code: i32, message: String) -> Response {
+/// A JSON-RPC error response for `id`, as JSON, with HTTP `status`.
+fn answered_with_error(status: StatusCode, id: serde_json::Value, code: i32, message: String) -> Response {
     let body = json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message } });
-    (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+    (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }

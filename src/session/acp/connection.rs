@@ -176,22 +176,6 @@ fn unknown_session(error: &agent_client_protocol::Error) -> bool {
         || data.into_iter().any(says_so)
 }
 
-/// Cancels the calls of `conversation` still running in the game (`CANCELLED`, saying `why`; a keyed execution a
-/// retry of another conversation still waits for goes on for it, rule H12). Returns how many ended for it.
-fn cancel_calls(agent: &crate::agent::AgentHandle, conversation: &crate::ids::ConversationId, why: &str) -> usize {
-    let host = agent.host();
-    let lives: Vec<Arc<crate::call::CallLife>> = {
-        let state = host.state.lock();
-        let Some(open) = state.visit.as_ref() else { return 0 };
-        open.calls
-            .iter()
-            .filter(|life| host.conversations.live_call(conversation, life.coords.request).is_some())
-            .cloned()
-            .collect()
-    };
-    lives.iter().filter(|life| life.withdraw(conversation, why)).count()
-}
-
 fn unavailable(what: &str, error: &agent_client_protocol::Error) -> ToolError {
     ToolError::with_code(ErrorCode::AgentUnavailable, format!("{what}: {}", describe(error)))
 }
@@ -314,7 +298,7 @@ async fn run(
                 // The turn's tool calls running in the game stop too (the agent reads `CANCELLED` as their result),
                 // as an OpenAI-compatible session's do: the world does not go on changing after the player's stop.
                 if by_player {
-                    let stopped = cancel_calls(&agent, &conversation, "the player cancelled the turn");
+                    let stopped = agent.host().cancel_calls(&conversation, None, "the player cancelled the turn");
                     tracing::debug!(%conversation, stopped, "the cancelled turn's tool calls were cancelled");
                 }
             }
