@@ -2,18 +2,21 @@
 //! on a window event, else after a long wait) serves an agent's step at once: queueing the step, an `every_frame`
 //! step that is not done, a handler awaiting the next frame, or a conversation event on its way to the game's
 //! messages wakes winit's event loop (feature `winit`). Under Xvfb, rendering on software Vulkan.
-
-#![cfg(feature = "window")]
+//!
+//! The game runs as a windowed game does: in a process of its own, winit on its main thread, and its X server up
+//! until the process has ended (the test binary starts itself again as the game: no test harness, `main` below).
+//! Its exit status is the verdict: a failed assertion, or any fault up to the process's end, fails the test.
 
 mod common;
 
 use std::ops::ControlFlow;
+use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use bevy::prelude::*;
-use bevy::winit::{UpdateMode, WinitPlugin, WinitSettings};
+use bevy::winit::{UpdateMode, WinitSettings};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::{CallOutcome, ConversationStatusChanged, NoArgs};
 use common::window::Xvfb;
@@ -74,20 +77,41 @@ fn quit_served(outcome: &Option<CallOutcome>) -> bool {
     }
 }
 
-#[test]
-fn a_step_wakes_a_windowed_game_whose_loop_sleeps_and_is_served_at_once() {
-    let xvfb = Xvfb::start();
-    // The event loop connects to this X server; nothing else in this test binary reads the environment.
-    std::env::set_var("DISPLAY", &xvfb.display);
-    std::env::remove_var("WAYLAND_DISPLAY");
+/// Set in the child process: it is the game.
+const GAME: &str = "BEVY_AGENT_TOOLS_WINIT_WAKE_GAME";
+const TEST: &str = "a_step_wakes_a_windowed_game_whose_loop_sleeps_and_is_served_at_once";
 
+fn main() -> ExitCode {
+    if std::env::var_os(GAME).is_some() {
+        a_step_wakes_a_windowed_game_whose_loop_sleeps_and_is_served_at_once();
+        return ExitCode::SUCCESS;
+    }
+    let xvfb = Xvfb::start();
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let status = Command::new(exe)
+        .env(GAME, "1")
+        .env("DISPLAY", &xvfb.display)
+        .env_remove("WAYLAND_DISPLAY")
+        .status()
+        .expect("the game starts");
+    drop(xvfb);
+    if status.success() {
+        println!("test {TEST} ... ok");
+        ExitCode::SUCCESS
+    } else {
+        println!("test {TEST} ... FAILED: the game's process ended with {status}");
+        ExitCode::FAILURE
+    }
+}
+
+fn a_step_wakes_a_windowed_game_whose_loop_sleeps_and_is_served_at_once() {
     let mut plugin = AgentToolsPlugin::new(TestGame::default());
     for tool in tools() {
         plugin = plugin.with_tool(tool);
     }
     let mut app = App::new();
     // Bevy's default plugins as a windowed game has them (the renderer on software Vulkan here).
-    app.add_plugins(DefaultPlugins.set(WinitPlugin { run_on_any_thread: true }))
+    app.add_plugins(DefaultPlugins)
         .insert_resource(WinitSettings {
             focused_mode: UpdateMode::reactive_low_power(SLEEP),
             unfocused_mode: UpdateMode::reactive_low_power(SLEEP),
