@@ -62,12 +62,13 @@ fn outcome() -> CallOutcome {
 }
 
 fn filled_table() -> ReplayTable<Arc<()>, CallOutcome> {
-    let retention = ReplayRetention { max_entries: RETAINED, max_age: Duration::from_secs(3600) };
+    let retention =
+        ReplayRetention { max_entries: RETAINED, max_age: Duration::from_secs(3600), max_bytes: usize::MAX };
     let mut table = ReplayTable::new(retention);
     let now = Instant::now();
     for n in 0..RETAINED {
         table.start(key(n), &arguments(n), Arc::new(()));
-        table.complete(&key(n), outcome(), now);
+        table.complete(&key(n), outcome(), 0, now);
     }
     table
 }
@@ -127,7 +128,8 @@ struct Place {
 
 fn duplicate_call(c: &mut Criterion) {
     let tool = AgentTool::new("place_block", "Places.", |_: CallContext<()>, _: Place| async move { Ok(()) });
-    let retention = ReplayRetention { max_entries: RETAINED, max_age: Duration::from_secs(3600) };
+    let retention =
+        ReplayRetention { max_entries: RETAINED, max_age: Duration::from_secs(3600), max_bytes: usize::MAX };
     let mut app = headless_app(AgentToolsPlugin::new(Game).replay_retention(retention).with_tool(tool));
     app.enter_world("bench");
     let conversation = app.agent().conversation("bench");

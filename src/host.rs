@@ -254,17 +254,23 @@ impl HostShared {
     /// Forgets a call that reached its outcome, and retains that outcome for its operation key (if it has one
     /// and its handler started; a call that never ran leaves no trace, so a retry can run).
     pub(crate) fn release_call(&self, life: &CallLife) {
+        // Counted before the lock: an outcome can be large.
+        let retained = life.coords.replay_key.as_ref().filter(|_| life.handler_started());
+        let retained = retained.and_then(|_| life.outcome().get()).map(|outcome| {
+            let bytes = crate::replay::json_bytes(&outcome);
+            (outcome, bytes)
+        });
         let mut state = self.state.lock();
         let Some(open) = state.visit.as_mut().filter(|open| open.info.visit == life.coords.visit.visit) else {
             return;
         };
         open.calls.remove(&life.coords.request);
         if let Some(key) = &life.coords.replay_key {
-            match life.outcome().get() {
-                Some(outcome) if life.handler_started() => {
-                    open.replay.complete(key, (life.coords.request, outcome), std::time::Instant::now())
+            match retained {
+                Some((outcome, bytes)) => {
+                    open.replay.complete(key, (life.coords.request, outcome), bytes, std::time::Instant::now())
                 }
-                _ => open.replay.forget(key, |running| std::ptr::eq(&**running, life)),
+                None => open.replay.forget(key, |running| std::ptr::eq(&**running, life)),
             }
         }
     }

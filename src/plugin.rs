@@ -183,8 +183,8 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
         self
     }
 
-    /// How many outcomes of keyed operations (`operation_id`) a visit retains, and for how long (default 10,000
-    /// entries, 10 minutes).
+    /// How many outcomes of keyed operations (`operation_id`) a visit retains, in how many bytes, and for how long
+    /// (default 10,000 entries, 64 MiB, 10 minutes).
     pub fn replay_retention(mut self, retention: ReplayRetention) -> Self {
         self.config.replay = retention;
         self

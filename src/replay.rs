@@ -5,14 +5,15 @@
 //! same key with other parameters is an error, keys expire), and stricter: duplicates that arrive while the first
 //! runs join it, and a retained timeout says its effect is unknown.
 //!
-//! One table per visit; it ends with its visit. Retention is bounded by count and age; in-flight entries are
-//! never evicted. This is not durable exactly-once execution across reconnections or visits: after a `TIMEOUT`
+//! One table per visit; it ends with its visit. Retention is bounded by count, bytes and age; in-flight entries
+//! are never evicted, and the newest outcome is kept even if it alone is over the byte budget. This is not durable exactly-once execution across reconnections or visits: after a `TIMEOUT`
 //! (effect unknown), inspect the game's state before deliberately starting a new operation id.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::ids::{LocationRevision, OperationId, TaskId};
@@ -33,19 +34,51 @@ pub struct ReplayKey {
 }
 
 /// How long and how many outcomes a visit's table keeps.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use bevy_agent_tools::ReplayRetention;
+/// // Keep outcomes for an hour, in at most 16 MiB.
+/// let retention = ReplayRetention {
+///     max_age: Duration::from_secs(3600),
+///     max_bytes: 16 << 20,
+///     ..ReplayRetention::default()
+/// };
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReplayRetention {
     /// At most this many entries (completed ones are evicted oldest first; in-flight ones never).
     pub max_entries: usize,
     /// Completed entries older than this are dropped.
     pub max_age: Duration,
+    /// At most about this many bytes of keys, arguments and outcomes (as JSON): completed entries are evicted
+    /// oldest first to stay under it, except the newest outcome, which is kept even if it alone is larger.
+    pub max_bytes: usize,
 }
 
 impl Default for ReplayRetention {
-    /// 10,000 entries, 10 minutes.
+    /// 10,000 entries, 64 MiB, 10 minutes.
     fn default() -> Self {
-        Self { max_entries: 10_000, max_age: Duration::from_secs(600) }
+        Self { max_entries: 10_000, max_age: Duration::from_secs(600), max_bytes: 64 << 20 }
     }
+}
+
+/// What a value takes as JSON, in bytes: the size an outcome is counted at in [`ReplayRetention::max_bytes`].
+pub(crate) fn json_bytes(value: &impl Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Serializing an outcome cannot fail (string keys only); a count cut short is still a count.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 enum State<T, O> {
@@ -58,6 +91,15 @@ struct Entry<T, O> {
     arguments: Arc<str>,
     state: State<T, O>,
     generation: u64,
+    /// What it is counted at against [`ReplayRetention::max_bytes`].
+    bytes: usize,
+}
+
+impl ReplayKey {
+    /// What the key is counted at (its text, and the bookkeeping that holds it twice).
+    fn bytes(&self) -> usize {
+        self.tool.len() + self.task.as_str().len() + 2 * self.operation.as_str().len() + 2 * size_of::<Self>()
+    }
 }
 
 /// What admission should do with a keyed call.
@@ -81,12 +123,20 @@ pub struct ReplayTable<T, O> {
     /// Completed entries in completion order: (key, generation, completed at).
     completed: VecDeque<(ReplayKey, u64, Instant)>,
     next_generation: u64,
+    /// What the entries are counted at, in all.
+    bytes: usize,
 }
 
 impl<T: Clone, O: Clone> ReplayTable<T, O> {
     /// An empty table.
     pub fn new(retention: ReplayRetention) -> Self {
-        Self { retention, entries: HashMap::new(), completed: VecDeque::new(), next_generation: 0 }
+        Self { retention, entries: HashMap::new(), completed: VecDeque::new(), next_generation: 0, bytes: 0 }
+    }
+
+    /// What the entries are counted at, in all.
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
     }
 
     #[cfg(test)]
@@ -114,44 +164,63 @@ impl<T: Clone, O: Clone> ReplayTable<T, O> {
         }
     }
 
-    /// Records the execution of a fresh key, evicting the oldest retained outcome if the table is full.
+    /// Records the execution of a fresh key, evicting the oldest retained outcomes if the table is full (by
+    /// count, or by bytes with this entry's key and arguments).
     pub fn start(&mut self, key: ReplayKey, arguments: &str, running: T) {
         if self.entries.len() >= self.retention.max_entries {
-            self.evict_oldest();
+            self.evict_oldest(None);
         }
+        let bytes = key.bytes() + arguments.len() + size_of::<Entry<T, O>>();
+        while self.bytes + bytes > self.retention.max_bytes && self.evict_oldest(None) {}
         self.next_generation += 1;
         let entry = Entry {
             arguments: Arc::from(arguments),
             state: State::InFlight(running),
             generation: self.next_generation,
+            bytes,
         };
-        self.entries.insert(key, entry);
+        self.bytes += bytes;
+        if let Some(replaced) = self.entries.insert(key, entry) {
+            self.bytes -= replaced.bytes;
+        }
     }
 
-    /// Retains the outcome of a finished execution.
-    pub fn complete(&mut self, key: &ReplayKey, outcome: O, now: Instant) {
-        if let Some(entry) = self.entries.get_mut(key) {
-            if matches!(entry.state, State::InFlight(_)) {
-                entry.state = State::Done(outcome);
-                self.completed.push_back((key.clone(), entry.generation, now));
-            }
+    /// Retains the outcome of a finished execution, counted at `outcome_bytes` ([`json_bytes`]); older outcomes
+    /// are evicted while the table is over its byte budget, never this one.
+    pub fn complete(&mut self, key: &ReplayKey, outcome: O, outcome_bytes: usize, now: Instant) {
+        let Some(entry) = self.entries.get_mut(key) else { return };
+        if !matches!(entry.state, State::InFlight(_)) {
+            return;
         }
+        entry.state = State::Done(outcome);
+        entry.bytes += outcome_bytes;
+        let generation = entry.generation;
+        self.bytes += outcome_bytes;
+        self.completed.push_back((key.clone(), generation, now));
+        while self.bytes > self.retention.max_bytes && self.evict_oldest(Some(generation)) {}
     }
 
     /// Forgets an execution that never started its handler, so a retry can run: the key's in-flight entry, if
     /// `is_it` says the entry is that execution's (a retry may already hold the key with an execution of its own).
     pub fn forget(&mut self, key: &ReplayKey, is_it: impl FnOnce(&T) -> bool) {
         if matches!(self.entries.get(key), Some(Entry { state: State::InFlight(running), .. }) if is_it(running)) {
-            self.entries.remove(key);
+            self.remove(key);
+        }
+    }
+
+    fn remove(&mut self, key: &ReplayKey) {
+        if let Some(entry) = self.entries.remove(key) {
+            self.bytes -= entry.bytes;
         }
     }
 
     fn expire(&mut self, now: Instant) {
+        self.drop_stale_completions();
         while let Some((_, _, completed_at)) = self.completed.front() {
             if now.saturating_duration_since(*completed_at) < self.retention.max_age {
                 break;
             }
-            self.evict_oldest();
+            self.evict_oldest(None);
         }
     }
 
@@ -165,15 +234,20 @@ impl<T: Clone, O: Clone> ReplayTable<T, O> {
         }
     }
 
-    /// Evicts the oldest completed entry; false if there is none.
-    fn evict_oldest(&mut self) -> bool {
-        while let Some((key, generation, _)) = self.completed.pop_front() {
-            if self.entries.get(&key).is_some_and(|entry| entry.generation == generation) {
-                self.entries.remove(&key);
-                return true;
+    /// Evicts the oldest completed entry, unless it is generation `keep`; false if there is none to evict.
+    fn evict_oldest(&mut self, keep: Option<u64>) -> bool {
+        self.drop_stale_completions();
+        match self.completed.front() {
+            Some((_, generation, _)) if Some(*generation) != keep => {
+                if let Some((key, _, _)) = self.completed.pop_front() {
+                    self.remove(&key);
+                }
+                // So that the front is a live completion, whose age `expire` reads.
+                self.drop_stale_completions();
+                true
             }
+            _ => false,
         }
-        false
     }
 }
 
@@ -239,14 +313,17 @@ mod tests {
     #[test]
     fn h12_retention_a_million_unique_keys_never_exceed_the_cap() {
         let cap = 10_000;
-        let mut table: ReplayTable<(), u32> =
-            ReplayTable::new(ReplayRetention { max_entries: cap, max_age: Duration::from_secs(3600) });
+        let mut table: ReplayTable<(), u32> = ReplayTable::new(ReplayRetention {
+            max_entries: cap,
+            max_age: Duration::from_secs(3600),
+            ..Default::default()
+        });
         let now = Instant::now();
         for n in 0..1_000_000 {
             let key = key(n);
             assert!(matches!(table.begin(&key, "{}", now), Begin::Fresh));
             table.start(key.clone(), "{}", ());
-            table.complete(&key, 0, now);
+            table.complete(&key, 0, 0, now);
             assert!(table.len() <= cap, "{} entries after {n} keys", table.len());
         }
         assert_eq!(table.len(), cap);
@@ -255,12 +332,15 @@ mod tests {
 
     #[test]
     fn h12_retention_oldest_completed_go_first_and_in_flight_is_never_evicted() {
-        let mut table: ReplayTable<&str, u32> =
-            ReplayTable::new(ReplayRetention { max_entries: 2, max_age: Duration::from_secs(3600) });
+        let mut table: ReplayTable<&str, u32> = ReplayTable::new(ReplayRetention {
+            max_entries: 2,
+            max_age: Duration::from_secs(3600),
+            ..Default::default()
+        });
         let now = Instant::now();
         table.start(key(0), "{}", "running");
         table.start(key(1), "{}", "first");
-        table.complete(&key(1), 1, now);
+        table.complete(&key(1), 1, 0, now);
         assert!(matches!(table.begin(&key(2), "{}", now), Begin::Fresh), "the completed entry made room");
         table.start(key(2), "{}", "running too");
         assert!(matches!(table.begin(&key(0), "{}", now), Begin::Join("running")), "in flight survived");
@@ -269,11 +349,14 @@ mod tests {
 
     #[test]
     fn h12_a_lookup_that_is_not_followed_by_an_execution_evicts_nothing() {
-        let mut table: ReplayTable<&str, u32> =
-            ReplayTable::new(ReplayRetention { max_entries: 1, max_age: Duration::from_secs(3600) });
+        let mut table: ReplayTable<&str, u32> = ReplayTable::new(ReplayRetention {
+            max_entries: 1,
+            max_age: Duration::from_secs(3600),
+            ..Default::default()
+        });
         let now = Instant::now();
         table.start(key(0), "{}", "done");
-        table.complete(&key(0), 7, now);
+        table.complete(&key(0), 7, 0, now);
         // A new key's call is looked up, then refused (say BUSY): the retained outcome stays.
         assert!(matches!(table.begin(&key(1), "{}", now), Begin::Fresh));
         assert!(matches!(table.begin(&key(0), "{}", now), Begin::Retained(7)));
@@ -284,13 +367,60 @@ mod tests {
 
     #[test]
     fn h12_retention_entries_expire_by_age() {
-        let mut table: ReplayTable<(), u32> =
-            ReplayTable::new(ReplayRetention { max_entries: 100, max_age: Duration::from_secs(60) });
+        let mut table: ReplayTable<(), u32> = ReplayTable::new(ReplayRetention {
+            max_entries: 100,
+            max_age: Duration::from_secs(60),
+            ..Default::default()
+        });
         let start = Instant::now();
         table.start(key(0), "{}", ());
-        table.complete(&key(0), 7, start);
+        table.complete(&key(0), 7, 0, start);
         assert!(matches!(table.begin(&key(0), "{}", start + Duration::from_secs(59)), Begin::Retained(7)));
         assert!(matches!(table.begin(&key(0), "{}", start + Duration::from_secs(61)), Begin::Fresh));
         assert_eq!(table.len(), 0);
+    }
+
+    #[test]
+    fn h12_retention_bytes_oldest_outcomes_go_first_and_the_newest_stays_even_if_alone_over() {
+        // Three outcomes of 1,000 bytes (and their keys' few hundred) do not fit; two do.
+        let budget = 3_000;
+        let mut table: ReplayTable<(), u32> =
+            ReplayTable::new(ReplayRetention { max_bytes: budget, ..Default::default() });
+        let now = Instant::now();
+        for n in 0..3 {
+            table.start(key(n), "{}", ());
+            table.complete(&key(n), n as u32, 1_000, now);
+        }
+        assert!(table.bytes() <= budget, "{} bytes", table.bytes());
+        assert!(matches!(table.begin(&key(0), "{}", now), Begin::Fresh), "the oldest went to stay under the budget");
+        assert!(matches!(table.begin(&key(1), "{}", now), Begin::Retained(1)), "the next oldest fits");
+        assert!(matches!(table.begin(&key(2), "{}", now), Begin::Retained(2)), "the newest stayed");
+        // One outcome over the whole budget: everything older goes, it stays (its replay still runs nothing).
+        table.start(key(3), "{}", ());
+        table.complete(&key(3), 3, 2 * budget, now);
+        assert!(matches!(table.begin(&key(3), "{}", now), Begin::Retained(3)));
+        assert!(matches!(table.begin(&key(2), "{}", now), Begin::Fresh));
+        assert_eq!(table.len(), 1);
+    }
+
+    #[test]
+    fn h12_retention_bytes_in_flight_arguments_are_counted_and_never_evicted() {
+        let mut table: ReplayTable<&str, u32> =
+            ReplayTable::new(ReplayRetention { max_bytes: 1_000, ..Default::default() });
+        let now = Instant::now();
+        table.start(key(0), "{}", "done");
+        table.complete(&key(0), 7, 100, now);
+        let large = format!("{{\"text\":\"{}\"}}", "x".repeat(2_000));
+        table.start(key(1), &large, "running");
+        assert!(matches!(table.begin(&key(0), "{}", now), Begin::Fresh), "the retained outcome made room");
+        assert!(matches!(table.begin(&key(1), &large, now), Begin::Join("running")), "in flight is kept");
+        table.forget(&key(1), |_| true);
+        assert_eq!(table.bytes(), 0, "every byte counted in is counted out");
+    }
+
+    #[test]
+    fn h12_retention_an_outcome_is_counted_at_its_json_size() {
+        let outcome = json!({"placed": [1, 2, 3], "note": "x".repeat(100)});
+        assert_eq!(json_bytes(&outcome), serde_json::to_string(&outcome).unwrap().len());
     }
 }
