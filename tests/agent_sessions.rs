@@ -125,7 +125,8 @@ impl Dirs {
     }
 
     /// How many scripted agents of this test are alive (zombies included: an unreaped child is a leak too; a
-    /// zombie cannot be told apart from another test's, so this is an upper bound while other tests run).
+    /// zombie of this test binary cannot be told apart from another of its tests', so this is an upper bound while
+    /// other tests run; another process's zombies are not counted).
     fn agents_alive(&self) -> usize {
         self.agents(true)
     }
@@ -150,6 +151,9 @@ impl Dirs {
                             // A zombie has no cmdline left; its name is still the program's.
                             stat.contains("(scripted_acp_ag")
                                 && stat.split(") ").nth(1).is_some_and(|rest| rest.starts_with('Z'))
+                        })
+                        && std::fs::read_to_string(entry.path().join("status")).is_ok_and(|status| {
+                            status.lines().any(|line| line == format!("PPid:\t{}", std::process::id()))
                         })
             })
             .count()

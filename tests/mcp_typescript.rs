@@ -79,9 +79,10 @@ fn typescript_mcp_client_reads_every_domain_error_gets_all_progress_cancels_and_
     let client = typescript_mcp_client();
     let data = tempfile::tempdir().expect("a data folder");
     let data_dir = data.path().to_path_buf();
-    // 20 ms frames: a 64-block tower takes over a second, time enough for the travel or the cancel the client
-    // sends after its first block to reach the game before it is done, however loaded the machine.
-    let game = RunningGame::spawn(Duration::from_millis(20), move || {
+    // 100 ms frames: a 64-block tower takes six seconds, time enough for the travel or the cancel the client sends
+    // after its first block to reach the game before it is done on a loaded machine; and one progress report (one
+    // block a frame) in flight when the client forgets the call's token, not several (client.mjs checks it).
+    let game = RunningGame::spawn(Duration::from_millis(100), move || {
         let palette = Arc::new(world::Palette::parse(include_str!("../assets/palette.json")).expect("the palette"));
         let host = tools::all(palette.clone())
             .into_iter()

@@ -243,7 +243,7 @@ fn code_of(outcome: &CallOutcome) -> Result<(), String> {
 }
 
 fn wait_until_loaded(app: &App) -> Result<(), TestCaseError> {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while app.agent().visit().is_some_and(|visit| visit.phase == VisitPhase::Loading) {
         prop_assert!(Instant::now() < deadline, "the world did not load in time");
         std::thread::yield_now();

@@ -18,7 +18,7 @@ use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-const DEADLINE: Duration = Duration::from_secs(10);
+const DEADLINE: Duration = Duration::from_secs(30);
 
 /// What a visit saves: how many times tools bumped it, over all visits of the world.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]

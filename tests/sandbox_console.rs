@@ -32,11 +32,14 @@ struct Sandbox {
 
 impl Sandbox {
     fn start(data_dir: &Path) -> Self {
+        Self::start_at(data_dir, 30)
+    }
+
+    /// The sandbox at `tps` frames a second.
+    fn start_at(data_dir: &Path, tps: u32) -> Self {
         let mut child = Command::new(sandbox_binary())
             .args(["--data-dir".as_ref(), data_dir.as_os_str()])
-            // 30 frames a second: a 64-block tower takes two seconds, time enough for a travel or an exit sent
-            // after its first block to reach the game before it is done, however loaded the machine.
-            .args(["--tps", "30", "--port", "0", "--token", TOKEN])
+            .args(["--tps", &tps.to_string(), "--port", "0", "--token", TOKEN])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -301,7 +304,9 @@ fn a_world_whose_saves_are_both_damaged_says_it_failed_to_load_and_is_not_report
 #[test]
 fn an_mcp_agent_places_replays_conflicts_survives_travel_and_exit_and_finds_its_block_after_a_restart() {
     let data = tempfile::tempdir().expect("temp dir");
-    let mut game = Sandbox::start(data.path());
+    // 10 frames a second: a 64-block tower takes six seconds, time enough for a travel or an exit sent after its
+    // first block to reach the game before it is done on a loaded machine.
+    let mut game = Sandbox::start_at(data.path(), 10);
     game.enter_alpha();
 
     let mut agent = Agent::start(&game.url, "place");
