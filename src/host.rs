@@ -288,16 +288,19 @@ impl HostShared {
         }
     }
 
-    /// Ends the live calls of one task of one conversation with `CANCELLED`: its own, and the executions its
-    /// retries joined. An execution a caller of another conversation (same task) still waits for goes on for it
+    /// Ends the live calls of one task of one conversation with `CANCELLED`: its own, those still waiting for
+    /// their tool, and the executions its retries joined. An execution a caller of another conversation (same task) still waits for goes on for it
     /// (rule H12); only this conversation stops waiting. Returns how many calls ended for this conversation.
     pub(crate) fn cancel_task(&self, conversation: &ConversationId, task: &TaskId) -> usize {
         self.cancel_calls(conversation, Some(task), "the agent cancelled the task")
     }
 
     /// Ends the live calls of `conversation` (of one `task` of it, or all) with `CANCELLED`, saying `why`, as
-    /// [`cancel_task`](Self::cancel_task) does. Returns how many calls ended for this conversation.
+    /// [`cancel_task`](Self::cancel_task) does, and its calls still waiting for their tool. Returns how many calls
+    /// ended for this conversation.
     pub(crate) fn cancel_calls(&self, conversation: &ConversationId, task: Option<&TaskId>, why: &str) -> usize {
+        // Calls still waiting for their tool first: one admitted from now on leaves its execution at once.
+        let waiting = self.conversations.cancel_pending(conversation, task);
         let lives: Vec<Arc<CallLife>> = {
             let state = self.state.lock();
             let Some(open) = state.visit.as_ref() else { return 0 };
@@ -308,6 +311,6 @@ impl HostShared {
                 .cloned()
                 .collect()
         };
-        lives.iter().filter(|life| life.withdraw(conversation, why)).count()
+        lives.iter().filter(|life| life.withdraw(conversation, why)).count() + waiting
     }
 }

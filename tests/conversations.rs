@@ -336,6 +336,31 @@ fn a_call_for_a_tool_registered_later_completes_once_it_appears() {
 }
 
 #[test]
+fn cancel_task_ends_that_tasks_call_waiting_for_its_tool_and_not_another_tasks() {
+    let mut app = late_tool_app(TestGame::default(), Some(Duration::MAX));
+    app.enter_world("alpha");
+    let agent = app.agent();
+    let conversation = agent.conversation("agent");
+    let build = conversation.request(CallRequest::new("late_bump", json!({})).task("build"));
+    let own = conversation.call("late_bump", json!({}));
+    app.run_until("both calls wait for their tool", |app| {
+        app.agent().resume("agent").is_ok_and(|resumed| resumed.snapshot.pending_calls.len() == 2)
+    });
+
+    assert_eq!(conversation.cancel_task("build"), 1, "the waiting call of the task counts as ended");
+    // At once: not when its tool comes, nor at its wait's end (none here).
+    let error = app.run_until_resolved(&build).expect_err("cancelled while it waited");
+    assert_eq!(error.code, ErrorCode::Cancelled, "{}", error.message);
+    assert!(own.try_outcome().is_none(), "the conversation's own task still waits");
+
+    let executions = Arc::new(AtomicUsize::new(0));
+    agent.register_tool(bump_tool("late_bump", ToolScope::World, executions.clone(), None)).expect("registers");
+    assert_eq!(app.run_until_resolved(&own).expect("runs once the tool comes").value["counter"], 1);
+    app.step(3);
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "the cancelled call never ran");
+}
+
+#[test]
 fn while_the_world_loads_a_call_waits_for_the_tool_the_world_registers() {
     let (mut app, loading, call) = calling_world_tool_while_alpha_loads();
     let agent = app.agent();

@@ -211,10 +211,15 @@ async fn run(
                         // execution goes on for a caller of another conversation.
                         _ = seat.withdrawn.cancelled() => life.withdrawn_outcome(Some(&seat)),
                         outcome = life.outcome().wait() => outcome,
-                        // This caller stops waiting (the execution ended, or goes on for another caller).
-                        _ = call.cancel.cancelled() => life.outcome().get().unwrap_or_else(|| {
-                            Err(ToolError::with_code(ErrorCode::Cancelled, CallLife::CANCELLED_BY_AGENT).locate(&life.coords))
-                        }),
+                        // This caller stops waiting (the execution ended, or goes on for another caller). Cancelled
+                        // by its conversation or task rather than by `cancel`, it leaves the execution here.
+                        _ = call.cancel.cancelled() => {
+                            call.leave(true);
+                            life.outcome().get().unwrap_or_else(|| {
+                                Err(ToolError::with_code(ErrorCode::Cancelled, CallLife::CANCELLED_BY_AGENT)
+                                    .locate(&life.coords))
+                            })
+                        }
                     }
                 }
                 Ok(Admitted::Retained(_, outcome)) => outcome,

@@ -533,6 +533,23 @@ impl ConversationHub {
         Some(key)
     }
 
+    /// Cancels `id`'s calls still waiting for their tool: all, or those of `task` (a call that named none is of the
+    /// conversation's own task). Returns how many.
+    pub(crate) fn cancel_pending(&self, id: &ConversationId, task: Option<&TaskId>) -> usize {
+        let tokens: Vec<CancellationToken> = {
+            let inner = self.inner.lock();
+            let Some(entry) = inner.conversations.get(id) else { return 0 };
+            let own = TaskId::of_conversation(id);
+            entry
+                .pending
+                .values()
+                .filter(|(call, _)| task.is_none_or(|task| call.task.as_ref().unwrap_or(&own) == task))
+                .map(|(_, token)| token.clone())
+                .collect()
+        };
+        tokens.iter().filter(|token| !token.is_cancelled()).map(|token| token.cancel()).count()
+    }
+
     /// The call stopped waiting for its tool (it was admitted, or gave up).
     pub(crate) fn pending_finished(&self, id: &ConversationId, key: u64) {
         let mut inner = self.inner.lock();
