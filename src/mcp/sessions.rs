@@ -94,6 +94,11 @@ struct Tracked {
 /// How many of the conversations a session's calls named are remembered for its expiry.
 const USED_KEPT: usize = 8;
 
+/// Sessions open at once before a new one makes room: the longest-silent session whose client is not listening,
+/// has no call in flight and is no in-game agent's ends (its client, if it comes back, gets 404 and opens a new one,
+/// as after an expiry). A client that opens a session per call and never deletes it is the usual cause.
+pub(crate) const MAX_SESSIONS: usize = 1_000;
+
 impl Tracked {
     fn new(conversation: ConversationId, now: Instant) -> Self {
         Self { conversation, last_seen: now, bound: None, used: VecDeque::new(), listening: 0 }
@@ -245,18 +250,37 @@ impl ConversationSessions {
             if tracked.listening > 0 || now.saturating_duration_since(tracked.last_seen) < idle_timeout {
                 continue;
             }
-            // (A retry waiting for an execution another session's call started, same task and operation id, is a
-            // call in flight of its conversation too: expiring would cancel the work it waits for.)
-            let waiting = |conversation: &ConversationId| {
-                self.agent.conversation_status(conversation) == Some(ConversationStatus::WaitingToolResult)
-            };
-            if waiting(&tracked.conversation) || tracked.used.iter().any(waiting) {
+            if self.has_calls_in_flight(tracked) {
                 tracked.last_seen = now;
                 continue;
             }
             expired.push(id.clone());
         }
         expired
+    }
+
+    /// Whether a call of the session is in flight in any conversation it used. (A retry waiting for an execution
+    /// another session's call started, same task and operation id, is a call in flight of its conversation too:
+    /// ending the session would cancel the work it waits for.)
+    fn has_calls_in_flight(&self, tracked: &Tracked) -> bool {
+        let waiting = |conversation: &ConversationId| {
+            self.agent.conversation_status(conversation) == Some(ConversationStatus::WaitingToolResult)
+        };
+        waiting(&tracked.conversation) || tracked.used.iter().any(waiting)
+    }
+
+    /// With `max` sessions open, the one to end for a new one: the longest silent of those whose client is not
+    /// listening, with no call in flight, of no in-game agent session. `None` below `max`, or if all are in use.
+    fn to_make_room(&self, max: usize) -> Option<SessionId> {
+        let open = self.open.lock();
+        if open.len() < max {
+            return None;
+        }
+        open.iter()
+            .filter(|(_, tracked)| tracked.bound.is_none() && tracked.listening == 0)
+            .filter(|(_, tracked)| !self.has_calls_in_flight(tracked))
+            .min_by_key(|(_, tracked)| tracked.last_seen)
+            .map(|(id, _)| id.clone())
     }
 
     /// The sessions that end with `conversation`: its own session, and those of the in-game agent session it is
@@ -380,6 +404,10 @@ impl SessionManager for ConversationSessions {
     type Transport = <LocalSessionManager as SessionManager>::Transport;
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        if let Some(room) = self.to_make_room(MAX_SESSIONS) {
+            tracing::info!(session = %room, "{MAX_SESSIONS} MCP sessions open: the longest-silent idle one ends");
+            let _ = self.close_session(&room).await;
+        }
         let created = self.inner.create_session().await?;
         let conversation = session_conversation(created.0.as_ref());
         self.open.lock().insert(created.0.clone(), Tracked::new(conversation, Instant::now()));
@@ -508,6 +536,32 @@ mod tests {
         let mut expired = sessions.expired(later + timeout);
         expired.sort();
         assert_eq!(expired, vec![busy, silent], "silent for a whole timeout after its call finished");
+    }
+
+    #[test]
+    fn a_new_session_over_the_cap_ends_the_longest_silent_idle_one_never_one_in_use() {
+        let (mut app, gate) = held_at_a_gate();
+        let credentials = Credentials::default();
+        let sessions = ConversationSessions::new(app.agent(), credentials, Some(Duration::from_secs(60)));
+        let start = Instant::now();
+        // Oldest first: in use each way a session can be, then two idle ones.
+        let ids: Vec<SessionId> =
+            ["busy", "listening", "bound", "idle-old", "idle-new"].into_iter().map(SessionId::from).collect();
+        for (n, id) in ids.iter().enumerate() {
+            let tracked = Tracked::new(session_conversation(id.as_ref()), start + Duration::from_secs(n as u64));
+            sessions.open.lock().insert(id.clone(), tracked);
+        }
+        let call = app.agent().conversation(session_conversation("busy")).call("held", json!({}));
+        app.run_until("the call is in its handler", |_| gate.arrived() == 1);
+        let _stream = sessions.listening(&ids[1], Box::pin(Quiet));
+        sessions.open.lock().get_mut(&ids[2]).expect("open").bound = Some(("game-agent".into(), "secret".into()));
+
+        assert_eq!(sessions.to_make_room(6), None, "below the cap nothing ends");
+        assert_eq!(sessions.to_make_room(5), Some(ids[3].clone()), "the longest silent of the idle ones");
+        sessions.open.lock().retain(|id, _| !id.as_ref().starts_with("idle"));
+        assert_eq!(sessions.to_make_room(3), None, "a session in use is never ended to make room");
+        gate.open();
+        assert!(app.run_until_resolved(&call).is_ok());
     }
 
     /// A stream with nothing to send, standing for a client's `GET` stream.
