@@ -1339,7 +1339,11 @@ fn a_refusal_in_llama_cpps_or_vllms_own_shape_says_its_status_and_message() {
         400,
         r#"{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}}"#,
     ));
-    let said = |error: &ToolError| (error.details.extra.get("status").cloned(), error.message.clone());
+    // (What follows the endpoint's words, advice for these, is another test's.)
+    let said = |error: &ToolError| {
+        let message = error.message.split_once("): ").map_or(error.message.clone(), |(said, _)| format!("{said})"));
+        (error.details.extra.get("status").cloned(), message)
+    };
     let error = game.block_on(session.send_text("one")).expect_err("refused");
     assert_eq!(error.code, ErrorCode::AgentUnavailable);
     assert_eq!(
@@ -1493,6 +1497,190 @@ fn a_malformed_chunk_is_agent_unavailable_quoting_it() {
     let (code, message) = code_of(game.block_on(session.send_text("hi")));
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains("malformed chunk") && message.contains("choices"), "{message}");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// What strict and local endpoints refuse, and what the player is told then.
+
+/// The `function.arguments` of every tool call in the assistant messages of request `request`.
+fn sent_arguments(server: &Server, request: usize) -> Vec<String> {
+    let requests = server.requests();
+    let messages = requests[request]["messages"].as_array().cloned().unwrap_or_default();
+    let calls = messages.iter().flat_map(|m| m["tool_calls"].as_array().cloned().unwrap_or_default());
+    calls.map(|call| call["function"]["arguments"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn a_tool_call_whose_arguments_are_not_a_json_object_is_sent_back_with_a_json_object_so_later_requests_parse() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server
+        .reply(calls(vec![call(0, "1", "bump", "{by: 1"), call(1, "2", "bump", "")]))
+        .reply(calls(vec![call(0, "3", "bump", "{\"by\": 1}")]))
+        .reply(says("got there"))
+        .reply(says("again"));
+    let session = game.create(endpoint(&server)).expect("starts");
+    game.block_on(session.send_text("go")).expect("a turn");
+    game.block_on(session.send_text("and again")).expect("the next turn, from the saved history");
+    assert_eq!(game.counter(), 2, "the valid calls ran (empty arguments are none)");
+    let invalid: Value = serde_json::from_str(&tool_results(&server, 1)[0]).unwrap();
+    assert_eq!(invalid["error"]["code"], "INVALID_INPUT", "the model still reads why: {invalid}");
+    // As Ollama reads a request's history: each call's arguments parsed as a JSON object, else 400.
+    for request in 1..4 {
+        let sent = sent_arguments(&server, request);
+        let parsed: Vec<Value> = sent.iter().filter_map(|arguments| serde_json::from_str(arguments).ok()).collect();
+        assert!(parsed.len() == sent.len() && parsed.iter().all(Value::is_object), "request {request}: {sent:?}");
+    }
+    let kept: Vec<Value> = sent_arguments(&server, 3).iter().map(|a| serde_json::from_str(a).unwrap()).collect();
+    assert_eq!(kept, [json!({}), json!({}), json!({"by": 1})], "a valid call's arguments are kept as they were");
+}
+
+/// The roles of request `request` as a strict chat template checks them (Mistral's under llama.cpp's `--jinja`):
+/// tool results and assistant messages with tool calls left out, the rest alternating from a user message.
+fn strict_roles_alternate(server: &Server, request: usize) -> bool {
+    let requests = server.requests();
+    let messages = requests[request]["messages"].as_array().cloned().unwrap_or_default();
+    let checked = messages.iter().filter(|m| !matches!(m["role"].as_str(), Some("system" | "tool")));
+    let roles: Vec<String> = checked
+        .filter(|m| m.get("tool_calls").is_none())
+        .map(|m| m["role"].as_str().unwrap_or_default().to_string())
+        .collect();
+    roles.iter().enumerate().all(|(n, role)| role == if n % 2 == 0 { "user" } else { "assistant" })
+}
+
+#[test]
+fn a_turn_that_ended_right_after_its_tool_results_is_followed_by_a_no_reply_answer_so_strict_templates_alternate() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    // The model's answer after the results is empty: the turn ends there, with no assistant text.
+    server.reply(calls(vec![call(0, "1", "bump", "{\"by\": 1}")])).reply(Reply::Stream(vec![finish("stop")]));
+    server.reply(says("done"));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let turn = game.block_on(session.send_text("bump")).expect("a turn");
+    assert_eq!(turn.final_message, None);
+    game.block_on(session.send_text("and now?")).expect("the next turn");
+    assert!(strict_roles_alternate(&server, 2), "{:#?}", server.history(2));
+    assert_eq!(
+        server.history(2)[3..],
+        ["assistant: (no reply)".to_string(), "user: and now?".to_string()],
+        "{:#?}",
+        server.history(2)
+    );
+}
+
+#[test]
+fn a_history_over_the_bound_when_a_request_is_built_is_bounded_in_that_request() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let id = kept_session_told_42(data.path(), &server);
+    // Long turns kept under the default bound, then the model's window set afterwards: 300 tokens, 600 bytes.
+    let dir = data.path().join(id.as_str());
+    let file = dir.join("history.json");
+    let mut history: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    for n in 0..3 {
+        history["turns"].as_array_mut().unwrap().push(json!([
+            {"role": "user", "content": format!("long {n} {}", "x".repeat(300))},
+            {"role": "assistant", "content": format!("answer {n}")},
+        ]));
+    }
+    std::fs::write(&file, serde_json::to_vec(&history).unwrap()).unwrap();
+    let record = std::fs::read_to_string(dir.join("session.json")).unwrap();
+    assert_eq!(record.matches("\"context_window\": null").count(), 1, "{record}");
+    std::fs::write(dir.join("session.json"), record.replace("\"context_window\": null", "\"context_window\": 300"))
+        .unwrap();
+
+    let game = Game::start(data.path());
+    let resumed = game.block_on(game.sessions.resume_session(id.clone())).expect("re-attached");
+    server.reply(says("ok"));
+    game.block_on(resumed.send_text("what was it?")).expect("a turn");
+    let sent = server.history(1);
+    assert_eq!(
+        sent,
+        [
+            "system: [3 earlier turns of this conversation were dropped to keep the history bounded]".to_string(),
+            format!("user: long 2 {}", "x".repeat(300)),
+            "assistant: answer 2".to_string(),
+            "user: what was it?".to_string(),
+        ],
+        "only the newest turn fits in 600 bytes"
+    );
+}
+
+const LLAMA_CPP_TOO_LONG: &str = r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error"}}"#;
+
+#[test]
+fn a_refusal_for_the_contexts_length_is_asked_again_once_with_less_history_then_names_the_setting_that_bounds_it() {
+    let (_data, server, game, session) = after_one_turn();
+    server.reply(Reply::Refusal(400, LLAMA_CPP_TOO_LONG)).reply(says("it fits now"));
+    let turn = game.block_on(session.send_text("two")).expect("a turn, once the history fits");
+    assert_eq!(turn.final_message.as_deref(), Some("it fits now"));
+    assert_eq!(server.history(1), ["user: one", "assistant: first", "user: two"]);
+    assert_eq!(
+        server.history(2),
+        ["system: [1 earlier turns of this conversation were dropped to keep the history bounded]", "user: two"],
+        "asked again without the older half"
+    );
+
+    // Refused again with no history left to leave out: the turn fails, and the player reads what to set.
+    server.reply(Reply::Refusal(400, LLAMA_CPP_TOO_LONG)).reply(Reply::Refusal(400, LLAMA_CPP_TOO_LONG));
+    let (code, message) = code_of(game.block_on(session.send_text("three")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert!(message.contains("exceeds the available context size"), "the endpoint's words: {message}");
+    assert!(message.contains("OpenAiEndpoint::context_window"), "what to set: {message}");
+    assert_eq!(server.requests().len(), 5, "asked again once, not more");
+}
+
+#[test]
+fn a_model_without_tool_support_or_a_server_not_started_for_tools_is_refused_with_what_to_change() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let session = game.create(endpoint(&server)).expect("starts");
+    // Ollama's refusal of a request with tools for a model that has none.
+    server.reply(Reply::Refusal(
+        400,
+        r#"{"error":{"message":"registry.ollama.ai/library/gemma3:4b does not support tools","type":"api_error","param":null,"code":null}}"#,
+    ));
+    let (code, message) = code_of(game.block_on(session.send_text("hi")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert!(message.contains("does not support tools"), "the endpoint's words: {message}");
+    assert!(message.contains("pick a model with tool support"), "what to change: {message}");
+    game.block_on(session.resume()).expect("resumed");
+    // vLLM started without tool calls.
+    server.reply(Reply::Refusal(
+        400,
+        r#"{"object":"error","message":"\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set","type":"BadRequestError","code":400}"#,
+    ));
+    let (_, message) = code_of(game.block_on(session.send_text("hi")));
+    assert!(message.contains("start vLLM with --enable-auto-tool-choice --tool-call-parser"), "{message}");
+}
+
+#[test]
+fn an_answer_that_was_only_reasoning_cut_at_the_token_limit_tells_the_player_nothing_was_answered() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let reasoning = |field: &str| Piece::Data(json!({"choices": [{"index": 0, "delta": {field: "hmm, "}}]}));
+    // Reasoning that lasts longer than the stall timeout, never silent that long.
+    let mut pieces = Vec::new();
+    for n in 0..6 {
+        pieces.extend([
+            reasoning(if n % 2 == 0 { "reasoning_content" } else { "reasoning" }),
+            Piece::Wait(Duration::from_millis(100)),
+        ]);
+    }
+    pieces.push(finish("length"));
+    server.reply(Reply::Stream(pieces)).reply(says("short"));
+    let config = endpoint(&server).stall_timeout(Duration::from_millis(400));
+    let session = game.create(config.sampling(Sampling { max_tokens: Some(64), ..Sampling::default() })).expect("ok");
+    let turn = game.block_on(session.send_text("think")).expect("a turn");
+    assert_eq!((turn.stop_reason, turn.final_message), (StopReason::MaxTokens, None));
+    let shown = game.log.wait_for(&format!("error {} NO_ANSWER", session.id()));
+    assert!(shown.contains("(64, `Sampling::max_tokens`) reasoning and answered nothing"), "{shown}");
+    game.block_on(session.send_text("answer briefly")).expect("the next turn");
+    assert_eq!(server.history(1), ["user: think\n\nanswer briefly"], "no reasoning kept in the history");
 }
 
 // ---------------------------------------------------------------------------------------------------------------

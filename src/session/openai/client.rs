@@ -41,6 +41,12 @@ pub(crate) struct Delta {
     pub content: Option<String>,
     #[serde(default)]
     pub tool_calls: Option<Vec<ToolCallChunk>>,
+    /// A reasoning model's thinking, as llama.cpp's server, vLLM and LM Studio send it.
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
+    /// The same, as Ollama sends it.
+    #[serde(default)]
+    pub reasoning: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -333,6 +339,7 @@ pub(crate) fn describe(endpoint: &OpenAiEndpoint, error: OpenAIError) -> ToolErr
                 }
             }
             let said = said.chars().take(500).collect::<String>();
+            let advice = advice(endpoint, &api.api_error);
             let message = match status {
                 401 | 403 => match &endpoint.api_key_env {
                     Some(var) => format!(
@@ -351,6 +358,10 @@ pub(crate) fn describe(endpoint: &OpenAiEndpoint, error: OpenAIError) -> ToolErr
                 500..=599 => format!("{url} failed ({status}: {said}), still after {} retries", endpoint.max_retries),
                 _ => format!("{url} refused the request ({status}: {said})"),
             };
+            let message = match advice {
+                Some(advice) => format!("{message}: {advice}"),
+                None => message,
+            };
             unavailable(message).with_detail("status", status)
         }
         OpenAIError::JSONDeserialize(error, content) => unavailable(format!(
@@ -363,6 +374,59 @@ pub(crate) fn describe(endpoint: &OpenAiEndpoint, error: OpenAIError) -> ToolErr
         )),
         other => unavailable(format!("the request to {url} failed: {other}")),
     }
+}
+
+/// Whether the endpoint refused the request as longer than the model's context: llama.cpp's server
+/// (`exceed_context_size_error`, "exceeds the available context size"), OpenAI (`context_length_exceeded`), vLLM
+/// ("maximum context length").
+pub(crate) fn too_long(error: &OpenAIError) -> bool {
+    matches!(error, OpenAIError::ApiError(api) if says_too_long(&refusal_words(&api.api_error)))
+}
+
+/// Whether a refusal's words ([`refusal_words`]) say the request is longer than the model's context.
+fn says_too_long(words: &str) -> bool {
+    ["exceed_context_size", "context_length_exceeded", "context size", "context length"]
+        .iter()
+        .any(|marker| words.contains(marker))
+}
+
+/// A refusal's message, type and code, in lower case, for recognising the refusals [`advice`] knows.
+fn refusal_words(api: &ApiError) -> String {
+    let fields = [Some(&api.message), api.r#type.as_ref(), api.code.as_ref()];
+    fields.into_iter().flatten().map(|field| field.to_lowercase()).collect::<Vec<_>>().join(" ")
+}
+
+/// What to do about a refusal that says how the server or the model is set up: one that cannot call tools, a
+/// server not started for them, a conversation longer than the model's context. These refuse every request
+/// alike, and their words alone do not say what to change.
+fn advice(endpoint: &OpenAiEndpoint, api: &ApiError) -> Option<String> {
+    let words = refusal_words(api);
+    if says_too_long(&words) {
+        return Some(
+            "the conversation is longer than the model's context window: set the window's size in tokens on the \
+             session's endpoint, OpenAiEndpoint::context_window (the sandbox's --context-window), and the history \
+             sent is bounded to fit it"
+                .to_string(),
+        );
+    }
+    if words.contains("does not support tools") {
+        return Some(format!(
+            "model `{}` cannot call tools there: pick a model with tool support (for Ollama, `ollama show <model>` \
+             lists `tools` among its capabilities)",
+            endpoint.model
+        ));
+    }
+    if words.contains("--jinja") {
+        return Some("start llama-server with --jinja: tool calls need the model's own chat template".to_string());
+    }
+    if words.contains("enable-auto-tool-choice") {
+        return Some(
+            "start vLLM with --enable-auto-tool-choice --tool-call-parser <the model's parser, e.g. hermes for \
+             Qwen>"
+                .to_string(),
+        );
+    }
+    None
 }
 
 /// An error and its causes (reqwest's own message hides "connection refused" in its source).
@@ -399,6 +463,23 @@ mod tests {
         assert_eq!(refusal(br#"{"detail":"Not Found"}"#).message, "Not Found");
         assert_eq!(refusal(b"404 page not found\n").message, "404 page not found");
         assert_eq!(refusal(b"").message, "no message");
+    }
+
+    #[test]
+    fn a_refusal_that_says_how_the_server_or_model_is_set_up_gets_what_to_change() {
+        let endpoint = OpenAiEndpoint::new("http://127.0.0.1:8080/v1", "m");
+        let advised = |body: &[u8]| advice(&endpoint, &refusal(body)).unwrap_or_default();
+        // llama.cpp's server without `--jinja` (a 500).
+        let jinja = br#"{"error":{"code":500,"message":"tools param requires --jinja flag","type":"server_error"}}"#;
+        assert!(advised(jinja).starts_with("start llama-server with --jinja"), "{}", advised(jinja));
+        let openai = br#"{"error":{"message":"This model's maximum context length is 128000 tokens.","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
+        assert!(advised(openai).contains("OpenAiEndpoint::context_window"), "{}", advised(openai));
+        let api_error = |body: &[u8]| {
+            let status = reqwest::StatusCode::BAD_REQUEST;
+            OpenAIError::ApiError(ApiErrorResponse { status_code: status, api_error: refusal(body) })
+        };
+        assert!(too_long(&api_error(openai)) && !too_long(&api_error(jinja)));
+        assert_eq!(advice(&endpoint, &refusal(br#"{"error":{"message":"bad temperature"}}"#)), None);
     }
 
     #[test]

@@ -16,14 +16,18 @@
 //!   call running (cancelled in the game), and the turn ends as cancelled. A turn the game stops (past the turn
 //!   timeout, or ended with its session) stops the same way, and what it said and did is kept in the history.
 //! - **History** is the game's ([`history`]): kept under the game's data directory, written atomically after each
-//!   turn, bounded (oldest turns dropped), reloaded by `resume` and by `resume_session` after a restart (one that
-//!   cannot be read is kept aside, as `history.json.unreadable`, where the session starts anew).
+//!   turn, bounded (oldest turns dropped when a turn is saved, and left out of each request), reloaded by `resume`
+//!   and by `resume_session` after a restart (one that cannot be read is kept aside, as `history.json.unreadable`,
+//!   where the session starts anew).
 //! - **Faults**: connection refused and other HTTP failures are `AGENT_UNAVAILABLE` naming the URL; `401`/`403`
 //!   names the key's environment variable, with the endpoint's own words (the key hidden where they quote it);
 //!   `429` and `5xx` are retried a bounded number of times honouring `Retry-After`; an endpoint silent for
 //!   [`OpenAiEndpoint::stall_timeout`] is `TIMEOUT` (but an answer that gave its `finish_reason` is complete after
-//!   2 s of silence, whether or not `[DONE]` follows); a malformed chunk is
-//!   `AGENT_UNAVAILABLE` quoting it. A failed turn fails the session (status `Error`; `resume` reconnects, with
+//!   2 s of silence, whether or not `[DONE]` follows); a malformed chunk is `AGENT_UNAVAILABLE` quoting it. A
+//!   refusal that says how the server or model is set up (a model without tool support, llama.cpp without
+//!   `--jinja`, vLLM without `--enable-auto-tool-choice`, a conversation longer than the model's context) says
+//!   what to change; one for the context's length is first asked again, once a round, with the older half of the
+//!   history sent left out. A failed turn fails the session (status `Error`; `resume` reconnects, with
 //!   the history as it was before that turn, or, if tool calls ran in it, with them and their results and a line
 //!   saying the turn failed: the model then knows what it changed in the world).
 
@@ -205,22 +209,26 @@ impl Shared {
             .collect()
     }
 
-    /// The request for the turn's `messages` so far: system prompt, history, then them.
-    fn request(&self, messages: &[Value], tools: &[Value]) -> Value {
+    /// The request for the turn's `messages` so far: system prompt, the newest turns of the history that fit in
+    /// `history_bytes` ([`History::fitting`]: a history saved under a larger bound, or before the context window
+    /// was set, is bounded here), then them. Also the bytes of history it carries.
+    fn request(&self, messages: &[Value], tools: &[Value], history_bytes: usize) -> (Value, usize) {
         let mut all = Vec::new();
         if let Some(prompt) = &self.system_prompt {
             all.push(json!({"role": "system", "content": prompt}));
         }
-        {
+        let sent_bytes = {
             let history = self.history.lock();
-            if history.dropped_turns > 0 {
+            let sent = history.fitting(history_bytes);
+            if sent.left_out > 0 {
                 all.push(json!({"role": "system", "content": format!(
                     "[{} earlier turns of this conversation were dropped to keep the history bounded]",
-                    history.dropped_turns
+                    sent.left_out
                 )}));
             }
-            all.extend(history.messages().cloned());
-        }
+            all.extend(sent.turns.iter().flatten().cloned());
+            sent.bytes
+        };
         all.extend(messages.iter().cloned());
         let mut request = json!({
             "model": self.endpoint.model,
@@ -245,7 +253,7 @@ impl Shared {
                 }
             }
         }
-        request
+        (request, sent_bytes)
     }
 
     /// Adds the turn's messages to the history and writes it (durably, before the turn's end is reported). A

@@ -7,7 +7,10 @@ use serde_json::{json, Value};
 /// text and the game's context block, a turn cancelled before the model said anything), becomes one, their texts
 /// apart by a blank line, each word for word; a run with an image part in it goes as content parts. An assistant
 /// message with no text and no tool calls (a history saved before such answers were left out of it) is dropped:
-/// strict endpoints refuse an empty assistant message. Everything else as it is.
+/// strict endpoints refuse an empty assistant message. A user message right after tool results (a turn that ended
+/// there: an empty answer, a cancel, the token limit; the tools' images) gets [`NO_REPLY`] as the model's answer
+/// before it: those templates check the alternation with tool results and the assistant messages that carry tool
+/// calls left out, so there it would follow the previous user message. Everything else as it is.
 pub(super) fn alternating(messages: Vec<Value>) -> Vec<Value> {
     fn parts(content: Value) -> Vec<Value> {
         match content {
@@ -21,6 +24,9 @@ pub(super) fn alternating(messages: Vec<Value>) -> Vec<Value> {
         let role = message["role"].as_str().unwrap_or_default().to_string();
         if role == "assistant" && says_nothing(&message) {
             continue;
+        }
+        if role == "user" && out.last().is_some_and(awaits_reply) {
+            out.push(json!({"role": "assistant", "content": NO_REPLY}));
         }
         let joins = matches!(role.as_str(), "system" | "user")
             && out.last().is_some_and(|last| last["role"].as_str() == Some(role.as_str()));
@@ -37,6 +43,19 @@ pub(super) fn alternating(messages: Vec<Value>) -> Vec<Value> {
         };
     }
     out
+}
+
+/// The model's answer where it gave none after tool results and a user message follows ([`alternating`]).
+pub(super) const NO_REPLY: &str = "(no reply)";
+
+/// Whether a message leaves the model's reply due, as strict templates count replies: a tool result, or an
+/// assistant message with tool calls (templates that check the alternation leave both out).
+fn awaits_reply(message: &Value) -> bool {
+    match message["role"].as_str() {
+        Some("tool") => true,
+        Some("assistant") => !message.get("tool_calls").is_none_or(Value::is_null),
+        _ => false,
+    }
 }
 
 /// Whether an assistant message has neither text nor tool calls.
@@ -70,7 +89,7 @@ mod tests {
         ];
         let merged = super::alternating(messages);
         let roles: Vec<&str> = merged.iter().map(|m| m["role"].as_str().unwrap()).collect();
-        assert_eq!(roles, ["system", "user", "assistant", "user", "assistant", "tool", "tool"]);
+        assert_eq!(roles, ["system", "user", "assistant", "user", "assistant", "tool", "tool"], "{merged:#?}");
         assert_eq!(merged[0]["content"], "Be brief.\n\n[3 earlier turns were dropped]");
         assert_eq!(merged[1]["content"], "hi", "a lone message is left as it is");
         assert_eq!(
@@ -110,5 +129,44 @@ mod tests {
             ],
             "the empty answers are gone and the player's texts around them are one message"
         );
+    }
+
+    /// The roles as a strict chat template checks them (Mistral's under llama.cpp's `--jinja`): tool results and
+    /// assistant messages with tool calls left out, the rest alternating user, assistant, from the first user one.
+    fn alternate_as_strict_templates_check(messages: &[serde_json::Value]) -> bool {
+        let checked = messages.iter().filter(|m| m["role"] != "system" && m["role"] != "tool");
+        let roles: Vec<&str> =
+            checked.filter(|m| m.get("tool_calls").is_none()).map(|m| m["role"].as_str().unwrap()).collect();
+        roles.iter().enumerate().all(|(n, role)| *role == if n % 2 == 0 { "user" } else { "assistant" })
+    }
+
+    #[test]
+    fn a_user_message_right_after_tool_results_follows_a_no_reply_answer_so_strict_templates_alternate() {
+        let calls = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "a"}]});
+        let result = json!({"role": "tool", "tool_call_id": "a", "content": "1"});
+        // As saved by a turn that ended after its tool results (an empty answer, a cancel), then the next turn; and a
+        // turn whose tools returned images, sent as a user message after their results.
+        let images = json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]});
+        let messages = vec![
+            json!({"role": "user", "content": "one"}),
+            calls.clone(),
+            result.clone(),
+            json!({"role": "assistant", "content": ""}),
+            json!({"role": "user", "content": "two"}),
+            calls.clone(),
+            result.clone(),
+            images,
+            json!({"role": "assistant", "content": "I see it"}),
+            json!({"role": "user", "content": "three"}),
+            calls,
+            result,
+        ];
+        assert!(!alternate_as_strict_templates_check(&messages), "what strict templates refused");
+        let sent = super::alternating(messages);
+        assert!(alternate_as_strict_templates_check(&sent), "{sent:#?}");
+        let no_reply = json!({"role": "assistant", "content": super::NO_REPLY});
+        assert_eq!((&sent[3], &sent[7]), (&no_reply, &no_reply), "{sent:#?}");
+        assert_eq!(sent.len(), 13, "the empty answer dropped, two added, none at the end: {sent:#?}");
+        assert_eq!(sent[12]["role"], "tool", "the model's reply to the last results is the one asked for");
     }
 }

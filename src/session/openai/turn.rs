@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::client::{describe, Chunk};
+use super::client::{describe, too_long, Chunk};
 use super::Shared;
 use crate::call::{CallOutcome, CallRequest};
 use crate::error::{ErrorCode, ToolError};
@@ -31,8 +31,18 @@ const AFTER_FINISH: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How one request's answer ended.
 enum RoundEnd {
-    Done { text: String, calls: Vec<PendingCall>, finish: Option<String> },
-    Cancelled { text: String },
+    /// `reasoned`: the model sent reasoning (`reasoning_content`, `reasoning`), which is neither shown nor kept.
+    Done {
+        text: String,
+        calls: Vec<PendingCall>,
+        finish: Option<String>,
+        reasoned: bool,
+    },
+    Cancelled {
+        text: String,
+    },
+    /// The endpoint refused the request as longer than the model's context (the error says what to set).
+    TooLong(ToolError),
 }
 
 /// Runs turn `turn` to its end and says how it ended. The history gets the turn once it ended (or was cancelled:
@@ -64,6 +74,33 @@ pub(crate) async fn run(
     }
 }
 
+/// A call's arguments as the history keeps them (and every later request sends them): the JSON object the model
+/// wrote, re-serialised, or `{}` for anything else (`{by: 1`, an empty string, an array). Endpoints parse the
+/// arguments of the calls in a request's history, and Ollama refuses the whole request (400 "invalid tool call
+/// arguments") for one that is not an object, so a small model's typo would fail every later turn. The model
+/// still reads, in the call's result, why it did not run.
+fn kept_arguments(arguments: &str) -> String {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(object @ Value::Object(_)) => object.to_string(),
+        _ => "{}".to_string(),
+    }
+}
+
+/// What the player is told when the model's answer was its reasoning alone, cut at the token limit.
+fn thought_to_the_limit(endpoint: &super::OpenAiEndpoint) -> ToolError {
+    let limit = match endpoint.sampling.max_tokens {
+        Some(tokens) => format!("its token limit ({tokens}, `Sampling::max_tokens`)"),
+        None => "the endpoint's token limit".to_string(),
+    };
+    ToolError::new(
+        "NO_ANSWER",
+        format!(
+            "the model spent {limit} reasoning and answered nothing: raise the limit, or turn the model's reasoning \
+             down"
+        ),
+    )
+}
+
 /// What the history says after the tool calls of a turn that failed.
 fn failed_note(error: &ToolError) -> String {
     format!(
@@ -82,31 +119,53 @@ async fn drive(
     cancel: &CancellationToken,
     killed: &AtomicBool,
 ) -> Result<StopReason, ToolError> {
+    // The history's share of each request; halved once per round by a refusal for the context's length.
+    let mut history_bytes = shared.endpoint.history_bound();
     for round in 0.. {
         // Each round offers the tools registered now: a world can register some part-way through a turn.
         let tools = shared.tools();
-        let request = shared.request(messages, &tools);
-        let (text, calls, finish) = match stream_round(shared, turn, round, request, cancel).await? {
+        let mut shrunk = false;
+        let end = loop {
+            let (request, sent) = shared.request(messages, &tools, history_bytes);
+            match stream_round(shared, turn, round, request, cancel).await? {
+                // Asked again once with the older half of what was sent left out: a history kept under a bound
+                // larger than the model's context (`context_window` unset, or set too large) then still goes on.
+                RoundEnd::TooLong(error) if sent > 0 && !shrunk => {
+                    tracing::warn!(session = %shared.conversation, %error, "asking again with less of the history");
+                    history_bytes = sent / 2;
+                    shrunk = true;
+                }
+                RoundEnd::TooLong(error) => return Err(error),
+                end => break end,
+            }
+        };
+        let (text, calls, finish, reasoned) = match end {
             RoundEnd::Cancelled { text } => {
                 if !text.is_empty() {
                     messages.push(json!({"role": "assistant", "content": text}));
                 }
                 return Ok(StopReason::Cancelled);
             }
-            RoundEnd::Done { text, calls, finish } => (text, calls, finish),
+            RoundEnd::Done { text, calls, finish, reasoned } => (text, calls, finish, reasoned),
+            RoundEnd::TooLong(error) => return Err(error),
         };
         if calls.is_empty() {
             if text.is_empty() && finish.is_none() {
                 // Not an answer: some servers end the stream this way after an error they send outside its
                 // `data:` lines (llama.cpp's `error:`). The turn fails.
+                let only = if reasoned { " (only reasoning)" } else { "" };
                 return Err(ToolError::with_code(
                     ErrorCode::AgentUnavailable,
                     format!(
-                        "{} ended its answer with no text, no tool call and no finish_reason: the server likely \
-                         failed (its log says why)",
+                        "{} ended its answer with no text{only}, no tool call and no finish_reason: the server \
+                         likely failed (its log says why)",
                         shared.endpoint.completions_url()
                     ),
                 ));
+            }
+            if text.is_empty() && reasoned && finish.as_deref() == Some("length") {
+                // Else the player sees a turn end `max_tokens` with nothing said, and no clue why.
+                (shared.sink)(BackendEvent::Notice(thought_to_the_limit(&shared.endpoint)));
             }
             // An answer with only a finish_reason is no message: an empty assistant message in the history would
             // make strict endpoints refuse every later request.
@@ -132,7 +191,8 @@ async fn drive(
         let wire_calls: Vec<Value> = calls
             .iter()
             .map(|call| {
-                json!({"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}})
+                let arguments = kept_arguments(&call.arguments);
+                json!({"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}})
             })
             .collect();
         let content = if text.is_empty() { Value::Null } else { Value::String(text) };
@@ -202,6 +262,7 @@ async fn stream_round(
     };
     let mut stream: StreamResponse<Chunk> = match opened {
         Err(_elapsed) => return Err(stalled(shared, open_bound)),
+        Ok(Err(error)) if too_long(&error) => return Ok(RoundEnd::TooLong(describe(endpoint, error))),
         Ok(Err(error)) => return Err(describe(endpoint, error)),
         Ok(Ok(stream)) => stream,
     };
@@ -209,6 +270,7 @@ async fn stream_round(
     let mut text = String::new();
     let mut calls: Vec<PendingCall> = Vec::new();
     let mut finish = None;
+    let mut reasoned = false;
     loop {
         // Once the answer said how it finished, only what may follow it (the usage chunk, `[DONE]`) is awaited, and
         // not for long: a server that then keeps the connection open without a word has given its whole answer.
@@ -248,6 +310,10 @@ async fn stream_round(
             }));
         }
         for choice in chunk.choices {
+            // Reasoning is neither shown nor kept (it would fill the context, and chat templates leave a model's
+            // past reasoning out anyway), but an answer that was nothing else is worth saying so.
+            let reasoning = [&choice.delta.reasoning_content, &choice.delta.reasoning];
+            reasoned |= reasoning.iter().any(|piece| piece.as_deref().is_some_and(|piece| !piece.is_empty()));
             if let Some(piece) = choice.delta.content.filter(|piece| !piece.is_empty()) {
                 text.push_str(&piece);
                 (shared.sink)(BackendEvent::MessageChunk { message: Some(message.clone()), text: piece });
@@ -295,7 +361,7 @@ async fn stream_round(
             call.id = format!("call_{turn}_{round}_{n}");
         }
     }
-    Ok(RoundEnd::Done { text, calls, finish })
+    Ok(RoundEnd::Done { text, calls, finish, reasoned })
 }
 
 /// `waited`: the stall timeout, or while the request opens, that and the bounded retries' waits.
