@@ -498,7 +498,7 @@ fn a_turn_streams_text_and_a_tool_call_split_across_chunks_changes_the_world_und
     assert_eq!(requests[0]["model"], "scripted-model");
     assert_eq!(requests[0]["stream"], true);
     let bump = requests[0]["tools"].as_array().unwrap().iter().find(|t| t["function"]["name"] == "bump").unwrap();
-    assert!(bump["function"]["parameters"]["properties"]["operation_id"].is_object(), "reserved arguments included");
+    assert!(bump["function"]["parameters"]["properties"]["by"].is_object(), "the tool's own arguments: {bump}");
     assert_eq!(server.messages(0)[0], ("system".to_string(), "Be brief.".to_string()));
     assert_eq!(server.messages(0)[1], ("user".to_string(), player.to_string()), "the player's text, word for word");
     let results = tool_results(&server, 1);
@@ -1207,13 +1207,33 @@ fn a_stream_that_stalls_times_out() {
 #[test]
 fn an_answer_with_nothing_in_it_and_no_finish_reason_fails_the_turn_and_leaves_the_history() {
     let (_data, server, game, session) = after_one_turn();
-    // llama.cpp's server reports some failures on an `error:` line, which is not an SSE data line, then ends.
-    let error = "error: {\"code\":500,\"message\":\"the context is full\",\"type\":\"server_error\"}\n\n";
-    server.reply(Reply::Stream(vec![Piece::Raw(error)]));
+    // A comment line (a keep-alive), then `[DONE]`: no text, no call, no finish_reason, and no word of why.
+    server.reply(Reply::Stream(vec![Piece::Raw(": keep-alive\n\n")]));
     let (code, message) = code_of(game.block_on(session.send_text("two")));
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains("no finish_reason"), "{message}");
     resumes_with_the_failed_turn_left_out(&game, &server, &session);
+}
+
+#[test]
+fn an_error_line_llama_cpp_sends_outside_the_data_lines_fails_the_turn_quoting_the_servers_words() {
+    // llama.cpp's server reports a failure mid-stream on an `error:` line, which is not an SSE data line, then
+    // closes without `[DONE]`; and the same followed by `[DONE]`, as a proxy may end it.
+    let error = "error: {\"code\":500,\"message\":\"the KV cache is full\",\"type\":\"server_error\"}\n\n";
+    for end in [Some(Piece::Close), None] {
+        let (_data, server, game, session) = after_one_turn();
+        let mut pieces = vec![text("Let me "), Piece::Raw(error)];
+        pieces.extend(end);
+        server.reply(Reply::Stream(pieces));
+        let (code, message) = code_of(game.block_on(session.send_text("two")));
+        assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+        assert_eq!(
+            message,
+            format!("{}/chat/completions reported an error in its stream (500: the KV cache is full)", server.url),
+            "the endpoint and the server's own words"
+        );
+        resumes_with_the_failed_turn_left_out(&game, &server, &session);
+    }
 }
 
 /// The assistant messages of a session's stored history with no text and no tool calls.
@@ -1575,7 +1595,8 @@ fn a_history_over_the_bound_when_a_request_is_built_is_bounded_in_that_request()
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();
     let id = kept_session_told_42(data.path(), &server);
-    // Long turns kept under the default bound, then the model's window set afterwards: 300 tokens, 600 bytes.
+    // Long turns kept under the default bound, then the model's window set afterwards: 400 tokens, 800 bytes, and
+    // a history over it is cut to its newest turns within 60% of it, 480 bytes.
     let dir = data.path().join(id.as_str());
     let file = dir.join("history.json");
     let mut history: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
@@ -1588,7 +1609,7 @@ fn a_history_over_the_bound_when_a_request_is_built_is_bounded_in_that_request()
     std::fs::write(&file, serde_json::to_vec(&history).unwrap()).unwrap();
     let record = std::fs::read_to_string(dir.join("session.json")).unwrap();
     assert_eq!(record.matches("\"context_window\": null").count(), 1, "{record}");
-    std::fs::write(dir.join("session.json"), record.replace("\"context_window\": null", "\"context_window\": 300"))
+    std::fs::write(dir.join("session.json"), record.replace("\"context_window\": null", "\"context_window\": 400"))
         .unwrap();
 
     let game = Game::start(data.path());
@@ -1604,8 +1625,110 @@ fn a_history_over_the_bound_when_a_request_is_built_is_bounded_in_that_request()
             "assistant: answer 2".to_string(),
             "user: what was it?".to_string(),
         ],
-        "only the newest turn fits in 600 bytes"
+        "only the newest turn fits in 480 bytes"
     );
+}
+
+/// A request's messages after the system message and before the turn's own text: the history it carries, in bytes
+/// of JSON as the bound counts them.
+fn history_bytes_sent(server: &Server, request: usize) -> usize {
+    let requests = server.requests();
+    let messages = requests[request]["messages"].as_array().cloned().unwrap_or_default();
+    messages[1..messages.len() - 1].iter().map(|message| message.to_string().len()).sum()
+}
+
+#[test]
+fn past_its_bound_the_history_sent_starts_alike_from_turn_to_turn_and_a_drop_leaves_room_for_several_turns() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let bound = 2000;
+    let config = SessionConfig::openai_endpoint(endpoint(&server).max_history_bytes(bound)).system_prompt("Be brief.");
+    let session = game.block_on(game.sessions.create(config)).expect("starts");
+    // About 180 bytes a turn: the bound is reached after 11 turns.
+    let turns = 30;
+    for n in 0..turns {
+        server.reply(says(&format!("answer {n:02}")));
+        game.block_on(session.send_text(format!("turn {n:02} {}", "x".repeat(100)))).expect("a turn");
+    }
+    // What a server's cached prompt is reused up to: the system message (the prompt, and the count of dropped turns
+    // once there is one, which the request joins to it) and the first turn's text.
+    let start = |request: usize| server.history(request)[..2].to_vec();
+    let first_drop = (1..turns).find(|&n| start(n)[0] != start(0)[0]).expect("the history went over its bound");
+    let mut changes = 0;
+    for n in first_drop..turns {
+        let (before, now) = (start(n - 1), start(n));
+        assert_eq!(before[0] == now[0], before[1] == now[1], "the count changes only with the turns sent: {now:#?}");
+        if before != now {
+            changes += 1;
+            let sent = history_bytes_sent(&server, n);
+            assert!(sent <= bound * 60 / 100, "a drop leaves 40% of the bound free: {sent} bytes sent");
+        }
+    }
+    let past = turns - first_drop;
+    assert!(changes * 3 <= past, "{changes} changes of the prompt's start in {past} turns past the bound");
+}
+
+#[test]
+fn null_fields_and_content_given_as_parts_are_read_as_missing_and_as_their_text() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let session = game.create(endpoint(&server)).expect("starts");
+    let parts = json!([
+        {"type": "thinking", "thinking": [{"type": "text", "text": "hmm"}]},
+        {"type": "text", "text": "Hello"},
+        {"type": "text", "text": ", world"},
+    ]);
+    server.reply(Reply::Stream(vec![
+        Piece::Data(json!({"id": "x", "choices": null, "usage": null})),
+        Piece::Data(json!({"choices": [{"index": 0, "delta": null, "finish_reason": null}]})),
+        Piece::Data(
+            json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": null, "tool_calls": null}}]}),
+        ),
+        Piece::Data(json!({"choices": [{"index": 0, "delta": {"content": parts}}]})),
+        Piece::Data(json!({"choices": [{"index": 0, "delta": {"content": "!"}, "finish_reason": "stop"}]})),
+        Piece::Data(
+            json!({"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": null, "total_tokens": null}}),
+        ),
+    ]));
+    let turn = game.block_on(session.send_text("hi")).expect("a turn, not a malformed chunk");
+    assert_eq!((turn.final_message.as_deref(), turn.stop_reason), (Some("Hello, world!"), StopReason::EndTurn));
+    assert_eq!(session.usage().map(|usage| usage.used_tokens), Some(12), "a null count is none");
+}
+
+#[test]
+fn the_tools_sent_to_the_model_leave_out_the_reserved_arguments_and_a_call_that_sends_them_is_still_keyed() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let keyed = r#"{"by": 1, "operation_id": "op-1", "task_id": "task-1"}"#;
+    server
+        .reply(calls(vec![call(0, "a", "bump", keyed)]))
+        .reply(calls(vec![call(0, "b", "bump", keyed)]))
+        .reply(says("done"));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let turn = game.block_on(session.send_text("bump once, retrying")).expect("a turn");
+    assert_eq!(turn.final_message.as_deref(), Some("done"));
+
+    let requests = server.requests();
+    let tools = requests[0]["tools"].as_array().cloned().unwrap_or_default();
+    assert!(server.tool_names(0).contains(&"bump".to_string()), "{tools:#?}");
+    for tool in &tools {
+        let parameters = &tool["function"]["parameters"];
+        for reserved in ["operation_id", "task_id", "conversation"] {
+            assert!(parameters["properties"].get(reserved).is_none(), "{reserved} in {parameters}");
+            let required = parameters["required"].as_array().cloned().unwrap_or_default();
+            assert!(!required.contains(&json!(reserved)), "{reserved} required in {parameters}");
+        }
+    }
+    let bump = tools.iter().find(|tool| tool["function"]["name"] == "bump").expect("bump");
+    assert!(bump["function"]["parameters"]["properties"]["by"].is_object(), "the tool's own arguments: {bump}");
+    // The host still takes them out of the arguments and keys the call: the retry with the same id ran once.
+    assert_eq!(game.counter(), 1, "the same operation_id ran once");
+    let results = tool_results(&server, 2);
+    assert_eq!(results.len(), 2, "both calls' results: {results:?}");
+    assert!(results.iter().all(|result| result.contains("\"counter\":1") && !result.contains("error")), "{results:?}");
 }
 
 const LLAMA_CPP_TOO_LONG: &str = r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error"}}"#;
@@ -1620,7 +1743,7 @@ fn a_refusal_for_the_contexts_length_is_asked_again_once_with_less_history_then_
     assert_eq!(
         server.history(2),
         ["system: [1 earlier turns of this conversation were dropped to keep the history bounded]", "user: two"],
-        "asked again without the older half"
+        "asked again with at most half of what was sent"
     );
 
     // Refused again with no history left to leave out: the turn fails, and the player reads what to set.

@@ -4,32 +4,47 @@
 //! lost. The body is watched on its way to the client: if it ends without `data: [DONE]`, the stream ends with an
 //! error, which fails the turn unless its answer had already said how it finished (a `finish_reason`: some
 //! servers send no `[DONE]`).
+//!
+//! The watch also passes on an error the server sent outside the stream's `data:` lines: llama.cpp's server
+//! reports a failure mid-stream as a line `error: {"code": ..., "message": ...}`, then closes. An SSE reader
+//! ignores a field it does not know, so the player would read only that the answer broke off; the line is handed
+//! on as the chunk `data: {"error": ...}` too, which the turn reports with the server's words.
 
 use std::error::Error;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use futures_util::Stream;
+use serde_json::Value;
 
 /// The end marker, as servers send it (with or without the space), at the start of a line: not the same words
 /// inside an answer's text (which is JSON in a `data:` line of its own).
 const MARKERS: [&[u8]; 2] = [b"\ndata: [DONE]", b"\ndata:[DONE]"];
 /// Enough of the previous chunk to find a marker split across two.
 const CARRY: usize = 16;
+/// The field of an error line, at the start of a line.
+const ERROR_FIELD: &[u8] = b"error:";
+/// The most of an error line kept (the message quoted from it is shorter still).
+const ERROR_LINE_LIMIT: usize = 64 * 1024;
 
-/// The answer's body, passed on as it is, with an error at its end if it never said `data: [DONE]`.
+/// The answer's body, passed on as it is (with each error line also as a `data:` chunk), with an error at its end if
+/// it never said `data: [DONE]`.
 pub(crate) struct DoneWatch<S> {
     body: S,
     /// The end of the previous chunk.
     tail: Vec<u8>,
+    /// The current line so far: its start, enough to tell an error line, and all of an error line (up to a bound).
+    line: Vec<u8>,
     done: bool,
+    /// The body gave its last chunk.
+    body_ended: bool,
     ended: bool,
 }
 
 impl<S> DoneWatch<S> {
     pub(crate) fn new(body: S) -> Self {
         // The body's start is a line's start.
-        Self { body, tail: b"\n".to_vec(), done: false, ended: false }
+        Self { body, tail: b"\n".to_vec(), line: Vec::new(), done: false, body_ended: false, ended: false }
     }
 
     fn scan(&mut self, chunk: &[u8]) {
@@ -40,6 +55,43 @@ impl<S> DoneWatch<S> {
         self.done = MARKERS.iter().any(|marker| self.tail.windows(marker.len()).any(|window| window == *marker));
         let keep = self.tail.len().saturating_sub(CARRY);
         self.tail.drain(..keep);
+    }
+
+    /// The chunk with the `data:` chunk of each error line it ends put right after that line, or `None` if it ends
+    /// none.
+    fn with_errors(&mut self, chunk: &[u8]) -> Option<Vec<u8>> {
+        let mut out: Option<Vec<u8>> = None;
+        let mut passed = 0;
+        for (at, &byte) in chunk.iter().enumerate() {
+            if byte != b'\n' {
+                let wanted = self.line.len() < ERROR_FIELD.len()
+                    || (self.line.starts_with(ERROR_FIELD) && self.line.len() < ERROR_LINE_LIMIT);
+                if wanted {
+                    self.line.push(byte);
+                }
+                continue;
+            }
+            if let Some(event) = self.error_event() {
+                let out = out.get_or_insert_with(Vec::new);
+                out.extend_from_slice(&chunk[passed..=at]);
+                out.extend_from_slice(&event);
+                passed = at + 1;
+            }
+            self.line.clear();
+        }
+        let mut out = out?;
+        out.extend_from_slice(&chunk[passed..]);
+        Some(out)
+    }
+
+    /// The `data:` chunk standing for the current line if it is an error line: its text as JSON if it is JSON, else
+    /// as a string. A blank line before it ends any event the line was part of.
+    fn error_event(&self) -> Option<Vec<u8>> {
+        let text = self.line.strip_prefix(ERROR_FIELD)?;
+        let text = String::from_utf8_lossy(text);
+        let text = text.trim();
+        let error = serde_json::from_str::<Value>(text).unwrap_or_else(|_| Value::String(text.to_string()));
+        Some(format!("\ndata: {}\n\n", serde_json::json!({ "error": error })).into_bytes())
     }
 }
 
@@ -58,7 +110,7 @@ impl Error for CutShort {}
 impl<S, B, E> Stream for DoneWatch<S>
 where
     S: Stream<Item = Result<B, E>> + Unpin,
-    B: AsRef<[u8]>,
+    B: AsRef<[u8]> + From<Vec<u8>>,
     E: Into<Box<dyn Error + Send + Sync>>,
 {
     type Item = Result<B, Box<dyn Error + Send + Sync>>;
@@ -67,23 +119,36 @@ where
         if self.ended {
             return Poll::Ready(None);
         }
-        match Pin::new(&mut self.body).poll_next(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Ok(chunk))) => {
-                self.scan(chunk.as_ref());
-                Poll::Ready(Some(Ok(chunk)))
-            }
-            Poll::Ready(Some(Err(error))) => {
-                self.ended = true;
-                Poll::Ready(Some(Err(error.into())))
-            }
-            Poll::Ready(None) => {
-                self.ended = true;
-                match self.done {
-                    true => Poll::Ready(None),
-                    false => Poll::Ready(Some(Err(Box::new(CutShort)))),
+        if !self.body_ended {
+            match Pin::new(&mut self.body).poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(chunk))) => {
+                    self.scan(chunk.as_ref());
+                    let chunk = match self.with_errors(chunk.as_ref()) {
+                        Some(rewritten) => B::from(rewritten),
+                        None => chunk,
+                    };
+                    return Poll::Ready(Some(Ok(chunk)));
+                }
+                Poll::Ready(Some(Err(error))) => {
+                    self.ended = true;
+                    return Poll::Ready(Some(Err(error.into())));
+                }
+                Poll::Ready(None) => {
+                    self.body_ended = true;
+                    // An error line the body ended in, without its line break: its chunk comes before the end.
+                    if let Some(mut event) = self.error_event() {
+                        self.line.clear();
+                        event.insert(0, b'\n');
+                        return Poll::Ready(Some(Ok(B::from(event))));
+                    }
                 }
             }
+        }
+        self.ended = true;
+        match self.done {
+            true => Poll::Ready(None),
+            false => Poll::Ready(Some(Err(Box::new(CutShort)))),
         }
     }
 }
@@ -95,12 +160,13 @@ mod tests {
     use super::*;
 
     fn ends(chunks: &[&'static str]) -> Vec<Result<String, String>> {
-        let body = futures_util::stream::iter(chunks.iter().map(|chunk| Ok::<_, std::io::Error>(chunk.as_bytes())));
+        let body =
+            futures_util::stream::iter(chunks.iter().map(|chunk| Ok::<_, std::io::Error>(chunk.as_bytes().to_vec())));
         let watched = DoneWatch::new(body);
         let runtime = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
         runtime.block_on(
             watched
-                .map(|item| item.map(|bytes| String::from_utf8_lossy(bytes).into_owned()).map_err(|e| e.to_string()))
+                .map(|item| item.map(|bytes| String::from_utf8_lossy(&bytes).into_owned()).map_err(|e| e.to_string()))
                 .collect(),
         )
     }
@@ -120,5 +186,20 @@ mod tests {
         let cut = ends(&["data: {\"choices\":[]}\n\n"]);
         assert_eq!(cut.len(), 2);
         assert_eq!(cut[1], Err(CutShort.to_string()));
+    }
+
+    #[test]
+    fn an_error_line_outside_the_data_lines_is_handed_on_as_an_error_chunk_right_after_it() {
+        // As llama.cpp's server sends it, split across chunks, then closing without `[DONE]`.
+        let ended = ends(&["data: {}\n\ner", "ror: {\"code\":500,\"message\":\"the co", "ntext is full\"}\n\n"]);
+        let error = "\ndata: {\"error\":{\"code\":500,\"message\":\"the context is full\"}}\n\n";
+        assert_eq!(ended[2], Ok(format!("ntext is full\"}}\n{error}\n")), "{ended:#?}");
+        assert_eq!(ended.last(), Some(&Err(CutShort.to_string())));
+        // Not JSON, and without its line break at the body's end.
+        let ended = ends(&["data: {}\n\nerror: out of memory"]);
+        assert_eq!(ended[1], Ok("\n\ndata: {\"error\":\"out of memory\"}\n\n".to_string()), "{ended:#?}");
+        // The words at a line's start inside a data line, or a line that only starts alike, are not one.
+        let ended = ends(&["data: error: {}\n\nerrors: 1\n\n", "data: [DONE]\n\n"]);
+        assert_eq!(ended, [Ok("data: error: {}\n\nerrors: 1\n\n".into()), Ok("data: [DONE]\n\n".into())]);
     }
 }

@@ -15,21 +15,24 @@ use super::answer_end::DoneWatch;
 use super::OpenAiEndpoint;
 use crate::error::{ErrorCode, ToolError};
 
-/// One streamed chunk, as lenient as the servers that send it.
+/// One streamed chunk, as lenient as the servers that send it: a field may be missing or `null` (`#[serde(default)]`
+/// alone covers only a missing one, and some servers send `"choices": null`, `"delta": null` or null token counts),
+/// and text may come as content parts ([`text_or_parts`]).
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct Chunk {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub choices: Vec<Choice>,
     #[serde(default)]
     pub usage: Option<UsageReport>,
-    /// An error reported inside the stream (some servers do, after a `200`).
+    /// An error reported inside the stream (some servers do, after a `200`; llama.cpp's `error:` line comes as
+    /// this too, see [`DoneWatch`]).
     #[serde(default)]
     pub error: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct Choice {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub delta: Delta,
     #[serde(default)]
     pub finish_reason: Option<String>,
@@ -37,7 +40,7 @@ pub(crate) struct Choice {
 
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct Delta {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "text_or_parts")]
     pub content: Option<String>,
     #[serde(default)]
     pub tool_calls: Option<Vec<ToolCallChunk>>,
@@ -69,12 +72,49 @@ pub(crate) struct FunctionChunk {
 
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct UsageReport {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub prompt_tokens: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub completion_tokens: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub total_tokens: u64,
+}
+
+/// A field given as `null` read as its default, as a missing one is.
+fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+/// A message's text: a string, or content parts (`[{"type": "text", "text": ...}]`, as Mistral's API sends it),
+/// whose text parts are read in order and joined; parts of other types (a reasoning model's `thinking`) are left
+/// out, as reasoning is. Anything else is malformed.
+fn text_or_parts<'de, D>(deserializer: D) -> Result<Option<String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    match Option::<Value>::deserialize(deserializer)? {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text)),
+        Some(Value::Array(parts)) => Ok(Some(
+            parts
+                .iter()
+                .filter_map(|part| match part {
+                    Value::String(text) => Some(text.as_str()),
+                    Value::Object(part) if part.get("type").is_none_or(|kind| kind == "text") => {
+                        part.get("text").and_then(Value::as_str)
+                    }
+                    _ => None,
+                })
+                .collect(),
+        )),
+        Some(other) => {
+            Err(serde::de::Error::custom(format!("content is neither text nor an array of content parts: {other}")))
+        }
+    }
 }
 
 /// The API key, read from the variable the game named. `Ok(None)` when it named none.
@@ -331,14 +371,7 @@ pub(crate) fn describe(endpoint: &OpenAiEndpoint, error: OpenAIError) -> ToolErr
         OpenAIError::Reqwest(error) => unavailable(format!("the request to {url} failed: {}", source_chain(&error))),
         OpenAIError::ApiError(api) => {
             let status = api.status_code.as_u16();
-            let mut said = api.api_error.message.clone();
-            // An endpoint that quotes the key it refused (some proxies do) does not get it shown to the player.
-            if let Ok(Some(key)) = api_key(endpoint) {
-                if key.chars().count() >= MIN_KEY_HIDDEN {
-                    said = said.replace(&key, "[the API key]");
-                }
-            }
-            let said = said.chars().take(500).collect::<String>();
+            let said = quoted(endpoint, &api.api_error.message);
             let advice = advice(endpoint, &api.api_error);
             let message = match status {
                 401 | 403 => match &endpoint.api_key_env {
@@ -374,6 +407,33 @@ pub(crate) fn describe(endpoint: &OpenAiEndpoint, error: OpenAIError) -> ToolErr
         )),
         other => unavailable(format!("the request to {url} failed: {other}")),
     }
+}
+
+/// An endpoint's own words as the player reads them: at most 500 characters, and without the API key.
+fn quoted(endpoint: &OpenAiEndpoint, message: &str) -> String {
+    let mut said = message.to_string();
+    // An endpoint that quotes the key it refused (some proxies do) does not get it shown to the player.
+    if let Ok(Some(key)) = api_key(endpoint) {
+        if key.chars().count() >= MIN_KEY_HIDDEN {
+            said = said.replace(&key, "[the API key]");
+        }
+    }
+    said.chars().take(500).collect()
+}
+
+/// An error the endpoint reported inside its stream, after a `200`: an `{"error": ...}` chunk, or llama.cpp's
+/// `error:` line ([`DoneWatch`]). Its message and code read as a refusal's are, whatever its shape, and what to
+/// change where its words say it (a conversation longer than the model's context).
+pub(crate) fn in_stream(endpoint: &OpenAiEndpoint, error: &Value) -> ToolError {
+    let url = endpoint.completions_url();
+    let api = refusal(json!({ "error": error }).to_string().as_bytes());
+    let code = api.code.as_ref().map(|code| format!("{code}: ")).unwrap_or_default();
+    let message = format!("{url} reported an error in its stream ({code}{})", quoted(endpoint, &api.message));
+    let message = match advice(endpoint, &api) {
+        Some(advice) => format!("{message}: {advice}"),
+        None => message,
+    };
+    ToolError::with_code(ErrorCode::AgentUnavailable, message).with_detail("url", &url)
 }
 
 /// Whether the endpoint refused the request as longer than the model's context: llama.cpp's server

@@ -57,7 +57,8 @@ pub struct OpenAiEndpoint {
     /// The longest wait before one retry, whatever `Retry-After` says. Default 20 s.
     pub max_retry_wait: Duration,
     /// The history's bound, in bytes of JSON: past it the oldest turns are dropped (whole turns, never the
-    /// current one; the model is told how many). Default 512 KiB.
+    /// current one; the model is told how many) down to 60% of it, so that the turns after a drop all start alike
+    /// and a local server reuses the prompt it read for the turn before. Default 512 KiB.
     pub max_history_bytes: usize,
     /// The model's context window in tokens, if known: reported in [`Usage::context_tokens`](crate::session::Usage),
     /// and it bounds the history sent with each request to two bytes of JSON per token of the window (at about

@@ -4,6 +4,12 @@
 //! token of it) the oldest whole turns are dropped when a turn is saved, and left out of each request (never
 //! summarized: a summary would need another model request the player did not ask for), and the count of dropped
 //! turns is kept so the model can be told.
+//!
+//! A history over its bound is cut well below it, to [`KEPT_PERCENT`] of it, not to just under it: local servers
+//! (llama.cpp, Ollama) reuse the prompt they read last only as far as the new one starts the same, and a request's
+//! history starts right after the system prompt. Dropping one old turn at every save would change that start at
+//! every turn, and the server would read the whole prompt again each time (minutes on a CPU); cut this way, the
+//! start (and the count of dropped turns the model is told there) changes once every few turns.
 
 use std::path::{Path, PathBuf};
 
@@ -20,35 +26,57 @@ pub(crate) struct History {
     pub dropped_turns: u64,
 }
 
+/// How much of its bound a history over it is cut to, in percent: the rest is room for the turns to come, which
+/// then all start the same as the one before (see the module's documentation).
+pub(crate) const KEPT_PERCENT: usize = 60;
+
 impl History {
-    /// Adds a finished turn, then drops the oldest turns (never this one) while over `max_bytes`.
+    /// Adds a finished turn; then, if the history is over `max_bytes`, drops the oldest turns (never this one)
+    /// until it is within [`KEPT_PERCENT`] of it.
     pub(crate) fn push(&mut self, turn: Vec<Value>, max_bytes: usize) {
         self.turns.push(turn);
-        let mut total: usize = self.turns.iter().map(|turn| size(turn)).sum();
-        while total > max_bytes && self.turns.len() > 1 {
-            total -= size(&self.turns.remove(0));
-            self.dropped_turns = self.dropped_turns.saturating_add(1);
-        }
+        // (`cut` may leave out every turn; the newest stays even alone over the bound.)
+        let start = cut(&self.turns, max_bytes).min(self.turns.len() - 1);
+        self.turns.drain(..start);
+        self.dropped_turns = self.dropped_turns.saturating_add(u64::try_from(start).unwrap_or(u64::MAX));
     }
 
-    /// What one request carries of the history: the newest whole turns whose JSON fits in `max_bytes` (maybe
-    /// none), how many turns are left out in all (those dropped before and the older ones that do not fit now), and
-    /// the bytes kept. Bounded here, not only by [`push`](Self::push), because a history can be over the bound when
-    /// a request is built: one saved under a larger bound, or one the endpoint refused as longer than its context.
+    /// What one request carries of the history: all of it if its JSON fits in `max_bytes`, else (as
+    /// [`push`](Self::push) cuts it) the newest whole turns within [`KEPT_PERCENT`] of `max_bytes` (maybe none),
+    /// how many turns are left out in all (those dropped before and the older ones left out now), and the bytes
+    /// kept. Bounded here, not only by `push`, because a history can be over the bound when a request is built:
+    /// one saved under a larger bound, or one the endpoint refused as longer than its context.
     pub(crate) fn fitting(&self, max_bytes: usize) -> Sent<'_> {
-        let mut bytes = 0usize;
-        let mut start = self.turns.len();
-        for turn in self.turns.iter().rev() {
-            let more = bytes.saturating_add(size(turn));
-            if more > max_bytes {
-                break;
-            }
-            bytes = more;
-            start -= 1;
-        }
+        let start = cut(&self.turns, max_bytes);
+        let turns = &self.turns[start..];
         let left_out = u64::try_from(start).unwrap_or(u64::MAX);
-        Sent { turns: &self.turns[start..], left_out: self.dropped_turns.saturating_add(left_out), bytes }
+        Sent {
+            turns,
+            left_out: self.dropped_turns.saturating_add(left_out),
+            bytes: turns.iter().map(|t| size(t)).sum(),
+        }
     }
+}
+
+/// Where the turns kept under `max_bytes` start: at the first if all fit, else at the first of the newest that fit
+/// in [`KEPT_PERCENT`] of it (`turns.len()` if none does).
+fn cut(turns: &[Vec<Value>], max_bytes: usize) -> usize {
+    let total: usize = turns.iter().map(|turn| size(turn)).sum();
+    if total <= max_bytes {
+        return 0;
+    }
+    // (Not `max_bytes * KEPT_PERCENT / 100`, which overflows for a bound near `usize::MAX`.)
+    let kept = max_bytes / 100 * KEPT_PERCENT + max_bytes % 100 * KEPT_PERCENT / 100;
+    let mut bytes = 0usize;
+    let mut start = turns.len();
+    for turn in turns.iter().rev() {
+        bytes = bytes.saturating_add(size(turn));
+        if bytes > kept {
+            break;
+        }
+        start -= 1;
+    }
+    start
 }
 
 /// The part of the history one request carries ([`History::fitting`]).
@@ -96,28 +124,53 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn the_history_bound_drops_the_oldest_whole_turns_and_never_the_newest() {
+    fn the_history_bound_drops_the_oldest_whole_turns_down_to_well_below_it_and_never_the_newest() {
         let mut history = History::default();
         let turn = |n: u32| vec![json!({"role": "user", "content": format!("turn {n} {}", "x".repeat(100))})];
-        for n in 0..5 {
-            history.push(turn(n), 350);
+        let one = size(&turn(0));
+        let bound = one * 3 + one / 2;
+        for n in 0..4 {
+            history.push(turn(n), bound);
         }
-        assert_eq!(history.turns.len(), 2, "{history:?}");
-        assert_eq!(history.dropped_turns, 3);
-        assert!(history.turns[1][0]["content"].as_str().is_some_and(|text| text.starts_with("turn 4")));
-        history.push(vec![json!({"content": "y".repeat(1000)})], 350);
+        assert_eq!((history.turns.len(), history.dropped_turns), (2, 2), "over by half a turn: {history:?}");
+        let first = |history: &History| history.turns[0][0]["content"].as_str().map(|text| text[..6].to_string());
+        assert_eq!(first(&history).as_deref(), Some("turn 2"));
+        assert!(history.turns.iter().map(|turn| size(turn)).sum::<usize>() <= bound * KEPT_PERCENT / 100);
+        history.push(turn(4), bound);
+        assert_eq!((history.turns.len(), history.dropped_turns), (3, 2), "the next turn fits: nothing dropped");
+        history.push(vec![json!({"content": "y".repeat(1000)})], bound);
         assert_eq!(history.turns.len(), 1, "the newest turn stays even alone over the bound");
     }
 
     #[test]
-    fn a_request_carries_only_the_newest_whole_turns_that_fit_the_bound_it_is_built_with() {
+    fn past_its_bound_the_history_keeps_the_same_start_for_several_turns_between_drops() {
+        let mut history = History::default();
+        let turn = |n: u32| vec![json!({"role": "user", "content": format!("turn {n:02} {}", "x".repeat(100))})];
+        let bound = size(&turn(0)) * 10;
+        let mut starts = Vec::new();
+        for n in 0..60 {
+            history.push(turn(n), bound);
+            starts.push((history.dropped_turns, history.turns[0].clone()));
+        }
+        let changes = starts.windows(2).filter(|pair| pair[0] != pair[1]).count();
+        let drops = starts.windows(2).filter(|pair| pair[0].0 != pair[1].0).count();
+        assert_eq!(changes, drops, "the start changes only when turns are dropped");
+        // 50 turns past the bound; a drop leaves room for 4 more.
+        assert!((8..=11).contains(&drops), "{drops} drops in 50 turns past the bound");
+    }
+
+    #[test]
+    fn a_request_carries_all_of_a_history_within_its_bound_else_the_newest_turns_within_the_kept_share_of_it() {
         let mut history = History { dropped_turns: 2, ..History::default() };
         let turn = |n: u32| vec![json!({"role": "user", "content": format!("turn {n} {}", "x".repeat(100))})];
         for n in 0..4 {
             history.push(turn(n), 1 << 20);
         }
         let one = size(&history.turns[0]);
-        let sent = history.fitting(one * 2 + one / 2);
+        let sent = history.fitting(one * 4);
+        assert_eq!((sent.turns.len(), sent.left_out, sent.bytes), (4, 2, one * 4), "all of it fits");
+        // Over by one byte: cut as a save cuts it, to the newest turns within 60% of it (2.4 turns).
+        let sent = history.fitting(one * 4 - 1);
         assert_eq!((sent.turns, sent.left_out, sent.bytes), (&history.turns[2..], 4, one * 2));
         let sent = history.fitting(one - 1);
         assert_eq!((sent.turns.len(), sent.left_out, sent.bytes), (0, 6, 0), "even the newest, when it is too big");

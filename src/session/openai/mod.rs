@@ -3,7 +3,8 @@
 //!
 //! - **A turn** ([`turn`]): the session's history, the system prompt and the player's text go to
 //!   `POST {base_url}/chat/completions` (streamed, `stream_options.include_usage`) with the game's registered
-//!   tools as function tools (the schemas the MCP server publishes, reserved arguments included). Streamed text
+//!   tools as function tools (the schemas the MCP server publishes, without the reserved arguments: this loop never
+//!   retries a call itself, and their text would fill a small model's context). Streamed text
 //!   becomes chat deltas, one message per request; streamed tool calls are assembled from their fragments and run
 //!   one after the other (at most [`OpenAiEndpoint::max_tool_calls_per_round`] of one answer; the model reads an
 //!   error for each call past it) in the game through [`AgentHandle`] under the session's conversation (so H1–H14
@@ -26,8 +27,9 @@
 //!   2 s of silence, whether or not `[DONE]` follows); a malformed chunk is `AGENT_UNAVAILABLE` quoting it. A
 //!   refusal that says how the server or model is set up (a model without tool support, llama.cpp without
 //!   `--jinja`, vLLM without `--enable-auto-tool-choice`, a conversation longer than the model's context) says
-//!   what to change; one for the context's length is first asked again, once a round, with the older half of the
-//!   history sent left out. A failed turn fails the session (status `Error`; `resume` reconnects, with
+//!   what to change; one for the context's length is first asked again, once a round, with the history sent bounded
+//!   to half of it (and so, cut as any history over its bound is, to its newest turns within 30% of it). A failed
+//!   turn fails the session (status `Error`; `resume` reconnects, with
 //!   the history as it was before that turn, or, if tool calls ran in it, with them and their results and a line
 //!   saying the turn failed: the model then knows what it changed in the world).
 
@@ -56,6 +58,7 @@ use crate::agent::AgentHandle;
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
 use crate::panic::{panic_message, CatchUnwind};
+use crate::tool::{OPERATION_ID, TASK_ID};
 use history::History;
 
 /// Opens sessions against one endpoint.
@@ -180,6 +183,27 @@ async fn open_history(
     Ok((history, attached))
 }
 
+/// A tool's published arguments schema without the reserved arguments (`operation_id`, `task_id`,
+/// `conversation`), in its properties and its required list. They are for clients that retry a call themselves
+/// (the same `operation_id` runs once); this loop never does, and their descriptions, about a kilobyte a tool,
+/// would fill a small local model's context. A model that sends them anyway is still understood: the host takes
+/// them out of the arguments as from any agent's ([`CallRequest::from_wire`](crate::CallRequest::from_wire)).
+fn without_reserved(mut schema: Value) -> Value {
+    let Some(object) = schema.as_object_mut() else { return schema };
+    if let Some(properties) = object.get_mut("properties").and_then(Value::as_object_mut) {
+        RESERVED.iter().for_each(|name| drop(properties.remove(*name)));
+    }
+    if let Some(required) = object.get_mut("required").and_then(Value::as_array_mut) {
+        required.retain(|name| name.as_str().is_none_or(|name| !RESERVED.contains(&name)));
+    }
+    schema
+}
+
+/// The arguments the transports take out of every call (as `crate::tool::reserved::RESERVED`, whose module is
+/// private; `conversation`, the MCP transport's, is named here as text because its constant exists only with the
+/// `mcp` feature).
+const RESERVED: [&str; 3] = [OPERATION_ID, TASK_ID, "conversation"];
+
 /// What the turns of one connection share.
 pub(crate) struct Shared {
     endpoint: OpenAiEndpoint,
@@ -194,7 +218,8 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// The game's tools as function tools: the schemas the MCP server publishes, reserved arguments included.
+    /// The game's tools as function tools: the schemas the MCP server publishes, without the reserved arguments
+    /// ([`without_reserved`]).
     fn tools(&self) -> Vec<Value> {
         self.agent
             .tools()
@@ -203,15 +228,15 @@ impl Shared {
                 json!({"type": "function", "function": {
                     "name": tool.name,
                     "description": tool.description,
-                    "parameters": tool.client_input_schema(),
+                    "parameters": without_reserved(tool.client_input_schema()),
                 }})
             })
             .collect()
     }
 
-    /// The request for the turn's `messages` so far: system prompt, the newest turns of the history that fit in
-    /// `history_bytes` ([`History::fitting`]: a history saved under a larger bound, or before the context window
-    /// was set, is bounded here), then them. Also the bytes of history it carries.
+    /// The request for the turn's `messages` so far: system prompt, the history bounded to `history_bytes`
+    /// ([`History::fitting`]: a history saved under a larger bound, or before the context window was set, is
+    /// bounded here), then them. Also the bytes of history it carries.
     fn request(&self, messages: &[Value], tools: &[Value], history_bytes: usize) -> (Value, usize) {
         let mut all = Vec::new();
         if let Some(prompt) = &self.system_prompt {
@@ -220,6 +245,9 @@ impl Shared {
         let sent_bytes = {
             let history = self.history.lock();
             let sent = history.fitting(history_bytes);
+            // Right after the system prompt: its count changes only when turns are dropped (a history is cut well
+            // below its bound, `history`), and then the first turn after it changes too, so a server's cached
+            // prompt is reused as far as it was anyway.
             if sent.left_out > 0 {
                 all.push(json!({"role": "system", "content": format!(
                     "[{} earlier turns of this conversation were dropped to keep the history bounded]",

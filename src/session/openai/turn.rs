@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::client::{describe, too_long, Chunk};
+use super::client::{describe, in_stream, too_long, Chunk};
 use super::Shared;
 use crate::call::{CallOutcome, CallRequest};
 use crate::error::{ErrorCode, ToolError};
@@ -119,7 +119,8 @@ async fn drive(
     cancel: &CancellationToken,
     killed: &AtomicBool,
 ) -> Result<StopReason, ToolError> {
-    // The history's share of each request; halved once per round by a refusal for the context's length.
+    // The history's share of each request; once a round, half of what was sent, after a refusal for the context's
+    // length.
     let mut history_bytes = shared.endpoint.history_bound();
     for round in 0.. {
         // Each round offers the tools registered now: a world can register some part-way through a turn.
@@ -128,8 +129,9 @@ async fn drive(
         let end = loop {
             let (request, sent) = shared.request(messages, &tools, history_bytes);
             match stream_round(shared, turn, round, request, cancel).await? {
-                // Asked again once with the older half of what was sent left out: a history kept under a bound
-                // larger than the model's context (`context_window` unset, or set too large) then still goes on.
+                // Asked again once with at most half of what was sent (`fitting` cuts it as any history over its
+                // bound, to its newest turns within 60% of that): a history kept under a bound larger than the
+                // model's context (`context_window` unset, or set too large) then still goes on.
                 RoundEnd::TooLong(error) if sent > 0 && !shrunk => {
                     tracing::warn!(session = %shared.conversation, %error, "asking again with less of the history");
                     history_bytes = sent / 2;
@@ -151,8 +153,8 @@ async fn drive(
         };
         if calls.is_empty() {
             if text.is_empty() && finish.is_none() {
-                // Not an answer: some servers end the stream this way after an error they send outside its
-                // `data:` lines (llama.cpp's `error:`). The turn fails.
+                // Not an answer: a server that failed and said nothing of why in the stream (llama.cpp's `error:`
+                // line is read as an error chunk, `answer_end`, and fails the turn with its words before this).
                 let only = if reasoned { " (only reasoning)" } else { "" };
                 return Err(ToolError::with_code(
                     ErrorCode::AgentUnavailable,
@@ -292,10 +294,7 @@ async fn stream_round(
             Ok(Some(Ok(chunk))) => chunk,
         };
         if let Some(error) = chunk.error {
-            return Err(ToolError::with_code(
-                ErrorCode::AgentUnavailable,
-                format!("{} reported an error in its stream: {error}", endpoint.completions_url()),
-            ));
+            return Err(in_stream(endpoint, &error));
         }
         if let Some(usage) = chunk.usage {
             let used = if usage.total_tokens > 0 {
