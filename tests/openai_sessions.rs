@@ -1060,10 +1060,23 @@ fn without_an_api_key_no_authorization_header_is_sent() {
 
 #[test]
 fn a_refused_api_key_names_its_environment_variable_and_the_key_is_sent_as_a_bearer() {
+    // The keys are in the environment from the process's start: this test runs itself again, alone, in a child
+    // process that has them (setting a variable while other tests' threads read the environment is a data race).
+    const TEST: &str = "a_refused_api_key_names_its_environment_variable_and_the_key_is_sent_as_a_bearer";
+    if std::env::var_os("BAT_TEST_RIGHT_KEY").is_none() {
+        let status = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+            .args(["--exact", TEST, "--test-threads=1"])
+            .env("BAT_TEST_WRONG_KEY", "wrong-key")
+            .env("BAT_TEST_RIGHT_KEY", "right-key")
+            .env_remove("BAT_TEST_UNSET_KEY")
+            .status()
+            .expect("the test binary runs");
+        assert!(status.success(), "the test in a process with the keys in its environment: {status}");
+        return;
+    }
     let data = tempfile::tempdir().unwrap();
     let server = Server::with_key(Some("right-key"));
     let game = Game::start(data.path());
-    std::env::set_var("BAT_TEST_WRONG_KEY", "wrong-key");
     let (code, message) = code_of(game.create(endpoint(&server).api_key_env("BAT_TEST_WRONG_KEY")));
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains("BAT_TEST_WRONG_KEY") && message.contains("401"), "{message}");
@@ -1072,7 +1085,6 @@ fn a_refused_api_key_names_its_environment_variable_and_the_key_is_sent_as_a_bea
     let (_, message) = code_of(game.create(endpoint(&server).api_key_env("BAT_TEST_UNSET_KEY")));
     assert!(message.contains("BAT_TEST_UNSET_KEY") && message.contains("not set"), "{message}");
 
-    std::env::set_var("BAT_TEST_RIGHT_KEY", "right-key");
     server.reply(says("hi"));
     let session = game.create(endpoint(&server).api_key_env("BAT_TEST_RIGHT_KEY")).expect("the right key works");
     game.block_on(session.send_text("hello")).expect("a turn");
