@@ -303,7 +303,7 @@ impl HostShared {
         let waiting = self.conversations.cancel_pending(conversation, task);
         let lives: Vec<Arc<CallLife>> = {
             let state = self.state.lock();
-            let Some(open) = state.visit.as_ref() else { return 0 };
+            let Some(open) = state.visit.as_ref() else { return waiting };
             open.calls
                 .iter()
                 .filter(|life| task.is_none_or(|task| &life.coords.task == task))

@@ -1064,14 +1064,16 @@ fn a_refused_api_key_names_its_environment_variable_and_the_key_is_sent_as_a_bea
     // process that has them (setting a variable while other tests' threads read the environment is a data race).
     const TEST: &str = "a_refused_api_key_names_its_environment_variable_and_the_key_is_sent_as_a_bearer";
     if std::env::var_os("BAT_TEST_RIGHT_KEY").is_none() {
-        let status = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        let child = std::process::Command::new(std::env::current_exe().expect("the test binary"))
             .args(["--exact", TEST, "--test-threads=1"])
             .env("BAT_TEST_WRONG_KEY", "wrong-key")
             .env("BAT_TEST_RIGHT_KEY", "right-key")
             .env_remove("BAT_TEST_UNSET_KEY")
-            .status()
+            .output()
             .expect("the test binary runs");
-        assert!(status.success(), "the test in a process with the keys in its environment: {status}");
+        let out = String::from_utf8_lossy(&child.stdout);
+        assert!(child.status.success(), "the test in a process with the keys in its environment: {out}");
+        assert!(out.contains("1 passed"), "the child ran this test (its name is `TEST`): {out}");
         return;
     }
     let data = tempfile::tempdir().unwrap();

@@ -182,6 +182,10 @@ async fn run(
         let registered = host.tool_registered.notified();
         tokio::pin!(registered);
         registered.as_mut().enable();
+        // Cancelled as its tool came (both woke this task): not admitted.
+        if call.cancel.is_cancelled() {
+            break Err(cancelled(&conversation, &host));
+        }
         if host.tools.get(&tool).is_ok() {
             break Ok(());
         }

@@ -99,6 +99,10 @@ const USED_KEPT: usize = 8;
 /// as after an expiry). A client that opens a session per call and never deletes it is the usual cause.
 pub(crate) const MAX_SESSIONS: usize = 1_000;
 
+/// A session heard from (or whose request stream finished) this recently is never ended to make room: its client
+/// may be about to resume a dropped stream, or be still opening it.
+const ROOM_GRACE: Duration = Duration::from_secs(30);
+
 impl Tracked {
     fn new(conversation: ConversationId, now: Instant) -> Self {
         Self { conversation, last_seen: now, bound: None, used: VecDeque::new(), listening: 0 }
@@ -135,7 +139,7 @@ impl ConversationSessions {
     fn logged(&self, id: &SessionId, mut inner: BoxedSseStream) -> BoxedSseStream {
         let (log, connection) = StreamLog::connected(STALL_TIMEOUT);
         let log = Arc::new(log);
-        let (logs, session) = (self.logs.clone(), id.clone());
+        let (logs, open, session) = (self.logs.clone(), self.open.clone(), id.clone());
         tokio::spawn(async move {
             let mut request = None;
             while let Some(event) = std::future::poll_fn(|cx| inner.as_mut().poll_next(cx)).await {
@@ -152,6 +156,10 @@ impl ConversationSessions {
                 log.feed(event).await;
             }
             log.finish();
+            // Its client may come back for the result it missed: not silence until now.
+            if let Some(tracked) = open.lock().get_mut(&session) {
+                tracked.last_seen = Instant::now();
+            }
             if let Some(request) = request {
                 let mut logs = logs.lock();
                 if let Some(session) = logs.get_mut(&session) {
@@ -269,18 +277,24 @@ impl ConversationSessions {
         waiting(&tracked.conversation) || tracked.used.iter().any(waiting)
     }
 
-    /// With `max` sessions open, the one to end for a new one: the longest silent of those whose client is not
-    /// listening, with no call in flight, of no in-game agent session. `None` below `max`, or if all are in use.
-    fn to_make_room(&self, max: usize) -> Option<SessionId> {
-        let open = self.open.lock();
+    /// With `max` sessions open at `now`, the one to end for a new one, taken out of the open ones at once (so
+    /// that sessions created at the same moment each end another): the longest silent of those whose client is
+    /// not listening, with no call in flight, of no in-game agent session, silent for [`ROOM_GRACE`] at least.
+    /// `None` below `max`, or if all are in use.
+    fn to_make_room(&self, max: usize, now: Instant) -> Option<SessionId> {
+        let mut open = self.open.lock();
         if open.len() < max {
             return None;
         }
-        open.iter()
+        let room = open
+            .iter()
             .filter(|(_, tracked)| tracked.bound.is_none() && tracked.listening == 0)
+            .filter(|(_, tracked)| now.saturating_duration_since(tracked.last_seen) >= ROOM_GRACE)
             .filter(|(_, tracked)| !self.has_calls_in_flight(tracked))
             .min_by_key(|(_, tracked)| tracked.last_seen)
-            .map(|(id, _)| id.clone())
+            .map(|(id, _)| id.clone())?;
+        open.remove(&room);
+        Some(room)
     }
 
     /// The sessions that end with `conversation`: its own session, and those of the in-game agent session it is
@@ -404,7 +418,7 @@ impl SessionManager for ConversationSessions {
     type Transport = <LocalSessionManager as SessionManager>::Transport;
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
-        if let Some(room) = self.to_make_room(MAX_SESSIONS) {
+        if let Some(room) = self.to_make_room(MAX_SESSIONS, Instant::now()) {
             tracing::info!(session = %room, "{MAX_SESSIONS} MCP sessions open: the longest-silent idle one ends");
             let _ = self.close_session(&room).await;
         }
@@ -544,22 +558,26 @@ mod tests {
         let credentials = Credentials::default();
         let sessions = ConversationSessions::new(app.agent(), credentials, Some(Duration::from_secs(60)));
         let start = Instant::now();
-        // Oldest first: in use each way a session can be, then two idle ones.
+        let now = start + ROOM_GRACE + Duration::from_secs(10);
+        // Oldest first: in use each way a session can be, then two idle ones, then one heard from just now.
         let ids: Vec<SessionId> =
             ["busy", "listening", "bound", "idle-old", "idle-new"].into_iter().map(SessionId::from).collect();
         for (n, id) in ids.iter().enumerate() {
             let tracked = Tracked::new(session_conversation(id.as_ref()), start + Duration::from_secs(n as u64));
             sessions.open.lock().insert(id.clone(), tracked);
         }
+        let recent = SessionId::from("recent");
+        sessions.open.lock().insert(recent.clone(), Tracked::new(session_conversation("recent"), now));
         let call = app.agent().conversation(session_conversation("busy")).call("held", json!({}));
         app.run_until("the call is in its handler", |_| gate.arrived() == 1);
         let _stream = sessions.listening(&ids[1], Box::pin(Quiet));
         sessions.open.lock().get_mut(&ids[2]).expect("open").bound = Some(("game-agent".into(), "secret".into()));
 
-        assert_eq!(sessions.to_make_room(6), None, "below the cap nothing ends");
-        assert_eq!(sessions.to_make_room(5), Some(ids[3].clone()), "the longest silent of the idle ones");
-        sessions.open.lock().retain(|id, _| !id.as_ref().starts_with("idle"));
-        assert_eq!(sessions.to_make_room(3), None, "a session in use is never ended to make room");
+        assert_eq!(sessions.to_make_room(7, now), None, "below the cap nothing ends");
+        assert_eq!(sessions.to_make_room(6, now), Some(ids[3].clone()), "the longest silent of the idle ones");
+        assert_eq!(sessions.to_make_room(5, now), Some(ids[4].clone()), "taken out at once: the next goes next");
+        assert!(!sessions.open.lock().contains_key(&ids[3]), "the first is no longer open");
+        assert_eq!(sessions.to_make_room(4, now), None, "in use, or heard from within the grace: never ended");
         gate.open();
         assert!(app.run_until_resolved(&call).is_ok());
     }

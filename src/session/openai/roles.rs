@@ -8,9 +8,11 @@ use serde_json::{json, Value};
 /// apart by a blank line, each word for word; a run with an image part in it goes as content parts. An assistant
 /// message with no text and no tool calls (a history saved before such answers were left out of it) is dropped:
 /// strict endpoints refuse an empty assistant message. A user message right after tool results (a turn that ended
-/// there: an empty answer, a cancel, the token limit; the tools' images) gets [`NO_REPLY`] as the model's answer
-/// before it: those templates check the alternation with tool results and the assistant messages that carry tool
-/// calls left out, so there it would follow the previous user message. Everything else as it is.
+/// there: an empty answer, a cancel, the token limit) gets [`NO_REPLY`] as the model's answer before it: those
+/// templates check the alternation with tool results and the assistant messages that carry tool calls left out,
+/// so there it would follow the previous user message. Not the message of the tools' images ([`TOOL_IMAGES`]):
+/// the model's reply to the round is still due after it, and a `(no reply)` would tell it it had answered.
+/// Everything else as it is.
 pub(super) fn alternating(messages: Vec<Value>) -> Vec<Value> {
     fn parts(content: Value) -> Vec<Value> {
         match content {
@@ -25,7 +27,7 @@ pub(super) fn alternating(messages: Vec<Value>) -> Vec<Value> {
         if role == "assistant" && says_nothing(&message) {
             continue;
         }
-        if role == "user" && out.last().is_some_and(awaits_reply) {
+        if role == "user" && out.last().is_some_and(awaits_reply) && !is_tool_images(&message) {
             out.push(json!({"role": "assistant", "content": NO_REPLY}));
         }
         let joins = matches!(role.as_str(), "system" | "user")
@@ -47,6 +49,15 @@ pub(super) fn alternating(messages: Vec<Value>) -> Vec<Value> {
 
 /// The model's answer where it gave none after tool results and a user message follows ([`alternating`]).
 pub(super) const NO_REPLY: &str = "(no reply)";
+
+/// The first text of the user message that carries the tools' images after their results (chat completions take
+/// images in user messages only). The model's reply to the round is still due after it: no [`NO_REPLY`] before it.
+pub(super) const TOOL_IMAGES: &str = "[The images the game's tools returned, in order]";
+
+/// Whether a user message is the one carrying the tools' images ([`TOOL_IMAGES`]).
+fn is_tool_images(message: &Value) -> bool {
+    message["content"][0]["text"].as_str() == Some(TOOL_IMAGES)
+}
 
 /// Whether a message leaves the model's reply due, as strict templates count replies: a tool result, or an
 /// assistant message with tool calls (templates that check the alternation leave both out).
@@ -144,9 +155,7 @@ mod tests {
     fn a_user_message_right_after_tool_results_follows_a_no_reply_answer_so_strict_templates_alternate() {
         let calls = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "a"}]});
         let result = json!({"role": "tool", "tool_call_id": "a", "content": "1"});
-        // As saved by a turn that ended after its tool results (an empty answer, a cancel), then the next turn; and a
-        // turn whose tools returned images, sent as a user message after their results.
-        let images = json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]});
+        // As saved by turns that ended after their tool results (an empty answer, a cancel), then the next turn.
         let messages = vec![
             json!({"role": "user", "content": "one"}),
             calls.clone(),
@@ -155,8 +164,6 @@ mod tests {
             json!({"role": "user", "content": "two"}),
             calls.clone(),
             result.clone(),
-            images,
-            json!({"role": "assistant", "content": "I see it"}),
             json!({"role": "user", "content": "three"}),
             calls,
             result,
@@ -166,7 +173,21 @@ mod tests {
         assert!(alternate_as_strict_templates_check(&sent), "{sent:#?}");
         let no_reply = json!({"role": "assistant", "content": super::NO_REPLY});
         assert_eq!((&sent[3], &sent[7]), (&no_reply, &no_reply), "{sent:#?}");
-        assert_eq!(sent.len(), 13, "the empty answer dropped, two added, none at the end: {sent:#?}");
-        assert_eq!(sent[12]["role"], "tool", "the model's reply to the last results is the one asked for");
+        assert_eq!(sent.len(), 11, "the empty answer dropped, two added, none at the end: {sent:#?}");
+        assert_eq!(sent[10]["role"], "tool", "the model's reply to the last results is the one asked for");
+    }
+
+    #[test]
+    fn the_tools_images_after_their_results_get_no_no_reply_before_them_the_reply_is_still_due() {
+        let calls = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "a"}]});
+        let result = json!({"role": "tool", "tool_call_id": "a", "content": "1"});
+        let images = json!({"role": "user", "content": [
+            {"type": "text", "text": super::TOOL_IMAGES},
+            {"type": "image_url", "image_url": {"url": "data:x"}},
+        ]});
+        let messages = vec![json!({"role": "user", "content": "look"}), calls, result, images.clone()];
+        let sent = super::alternating(messages);
+        assert_eq!(sent.len(), 4, "nothing added: {sent:#?}");
+        assert_eq!(sent[3], images);
     }
 }

@@ -232,7 +232,7 @@ async fn drive(
         }
         if !images.is_empty() {
             // Chat completions take images in user messages only: the tools' images follow their results.
-            let mut parts = vec![json!({"type": "text", "text": "[The images the game's tools returned, in order]"})];
+            let mut parts = vec![json!({"type": "text", "text": super::roles::TOOL_IMAGES})];
             parts.extend(images.into_iter().map(|url| json!({"type": "image_url", "image_url": {"url": url}})));
             messages.push(json!({"role": "user", "content": parts}));
         }
