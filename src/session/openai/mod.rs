@@ -28,7 +28,8 @@
 //!   refusal that says how the server or model is set up (a model without tool support, llama.cpp without
 //!   `--jinja`, vLLM without `--enable-auto-tool-choice`, a conversation longer than the model's context) says
 //!   what to change; one for the context's length is first asked again, once a round, with the history sent bounded
-//!   to half of it (and so, cut as any history over its bound is, to its newest turns within 30% of it). A failed
+//!   to half of it (and so, cut as any history over its bound is, to its newest turns within 30% of it); a share
+//!   the endpoint took bounds the history from then on, for the rest of the session's run. A failed
 //!   turn fails the session (status `Error`; `resume` reconnects, with
 //!   the history as it was before that turn, or, if tool calls ran in it, with them and their results and a line
 //!   saying the turn failed: the model then knows what it changed in the world).
@@ -94,6 +95,7 @@ impl Backend for OpenAiBackend {
                 conversation: setup.conversation.clone(),
                 system_prompt: setup.system_prompt,
                 history: Mutex::new(history),
+                learned_bound: Mutex::new(None),
                 history_path,
                 sink,
                 runtime: runtime.clone(),
@@ -212,12 +214,28 @@ pub(crate) struct Shared {
     conversation: ConversationId,
     system_prompt: Option<String>,
     history: Mutex<History>,
+    /// The history's share of a request that the endpoint took after refusing a larger one as longer than the
+    /// model's context: from then on the history is bounded by it too (this run of the session only), so that
+    /// every later turn is not refused once first, and the prompt's start stays the same from turn to turn.
+    learned_bound: Mutex<Option<usize>>,
     history_path: PathBuf,
     sink: EventSink,
     runtime: tokio::runtime::Handle,
 }
 
 impl Shared {
+    /// What the history is bounded by: the endpoint's bound, or less once the endpoint showed it takes less.
+    fn history_bound(&self) -> usize {
+        let configured = self.endpoint.history_bound();
+        self.learned_bound.lock().map_or(configured, |learned| learned.min(configured))
+    }
+
+    /// The endpoint took a request whose history was `bytes`, after refusing a larger one as too long.
+    fn learn_history_bound(&self, bytes: usize) {
+        let mut learned = self.learned_bound.lock();
+        *learned = Some(learned.map_or(bytes, |before| before.min(bytes)));
+    }
+
     /// The game's tools as function tools: the schemas the MCP server publishes, without the reserved arguments
     /// ([`without_reserved`]).
     fn tools(&self) -> Vec<Value> {
@@ -291,7 +309,7 @@ impl Shared {
     async fn commit(&self, messages: Vec<Value>) {
         let snapshot = {
             let mut history = self.history.lock();
-            history.push(messages, self.endpoint.history_bound());
+            history.push(messages, self.history_bound());
             history.clone()
         };
         let path = self.history_path.clone();

@@ -121,7 +121,7 @@ async fn drive(
 ) -> Result<StopReason, ToolError> {
     // The history's share of each request; once a round, half of what was sent, after a refusal for the context's
     // length.
-    let mut history_bytes = shared.endpoint.history_bound();
+    let mut history_bytes = shared.history_bound();
     for round in 0.. {
         // Each round offers the tools registered now: a world can register some part-way through a turn.
         let tools = shared.tools();
@@ -138,7 +138,13 @@ async fn drive(
                     shrunk = true;
                 }
                 RoundEnd::TooLong(error) => return Err(error),
-                end => break end,
+                end => {
+                    if shrunk {
+                        // Taken: later requests start from this share, and the history is cut to it when saved.
+                        shared.learn_history_bound(history_bytes);
+                    }
+                    break end;
+                }
             }
         };
         let (text, calls, finish, reasoned) = match end {
