@@ -280,8 +280,8 @@ impl Conversation {
     }
 
     /// Cancels every live call of `task` in this conversation (those still waiting for their tool too), and stops
-    /// its retries' waits for executions they joined; returns how many calls ended for this conversation. A keyed execution that a retry from another
-    /// conversation still waits for goes on for it (rule H12).
+    /// its retries' waits for executions they joined; returns how many calls ended for this conversation. A keyed
+    /// execution that a retry from another conversation still waits for goes on for it (rule H12).
     pub fn cancel_task(&self, task: impl Into<TaskId>) -> usize {
         self.host.cancel_task(&self.id, &task.into())
     }

@@ -289,8 +289,8 @@ impl HostShared {
     }
 
     /// Ends the live calls of one task of one conversation with `CANCELLED`: its own, those still waiting for
-    /// their tool, and the executions its retries joined. An execution a caller of another conversation (same task) still waits for goes on for it
-    /// (rule H12); only this conversation stops waiting. Returns how many calls ended for this conversation.
+    /// their tool, and the executions its retries joined. An execution a caller of another conversation (same
+    /// task) still waits for goes on for it (rule H12); only this conversation stops waiting. Returns how many calls ended for this conversation.
     pub(crate) fn cancel_task(&self, conversation: &ConversationId, task: &TaskId) -> usize {
         self.cancel_calls(conversation, Some(task), "the agent cancelled the task")
     }

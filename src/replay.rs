@@ -6,8 +6,9 @@
 //! runs join it, and a retained timeout says its effect is unknown.
 //!
 //! One table per visit; it ends with its visit. Retention is bounded by count, bytes and age; in-flight entries
-//! are never evicted, and the newest outcome is kept even if it alone is over the byte budget. This is not durable exactly-once execution across reconnections or visits: after a `TIMEOUT`
-//! (effect unknown), inspect the game's state before deliberately starting a new operation id.
+//! are never evicted, and the newest outcome is kept even if it alone is over the byte budget. This is not durable
+//! exactly-once execution across reconnections or visits: after a `TIMEOUT` (effect unknown), inspect the game's
+//! state before deliberately starting a new operation id.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;

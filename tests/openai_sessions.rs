@@ -424,11 +424,17 @@ fn code_of<T: std::fmt::Debug>(result: Result<T, ToolError>) -> (ErrorCode, Stri
 }
 
 /// A game with a session on the scripted server, after one turn: "one", answered "first".
-fn after_one_turn() -> (tempfile::TempDir, Server, Game, AgentSession) {
+/// A game with a session on a scripted endpoint (and the data folder it keeps its records in).
+fn started() -> (tempfile::TempDir, Server, Game, AgentSession) {
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();
     let game = Game::start(data.path());
     let session = game.create(endpoint(&server)).expect("starts");
+    (data, server, game, session)
+}
+
+fn after_one_turn() -> (tempfile::TempDir, Server, Game, AgentSession) {
+    let (data, server, game, session) = started();
     server.reply(says("first"));
     game.block_on(session.send_text("one")).expect("a turn");
     (data, server, game, session)
@@ -672,10 +678,7 @@ fn ending_a_session_while_its_turn_streams_closes_the_request_and_keeps_the_turn
 
 #[test]
 fn a_cancel_while_the_turn_waits_for_the_games_observation_stops_it_before_it_is_sent() {
-    let data = tempfile::tempdir().unwrap();
-    let server = Server::start();
-    let game = Game::start(data.path());
-    let session = game.create(endpoint(&server)).expect("starts");
+    let (_data, server, game, session) = started();
     let (ended_tx, ended) = std::sync::mpsc::channel();
     let (sending, cancelling, runtime) = (session.clone(), session.clone(), game.game.agent().runtime().clone());
     // On the game's thread: no frame runs meanwhile, and the observation the turn waits for needs one.
@@ -1264,10 +1267,7 @@ fn empty_answers_stored(data: &Path, id: &ConversationId) -> Vec<Value> {
 
 #[test]
 fn an_answer_with_a_finish_reason_and_no_text_commits_no_empty_assistant_message() {
-    let data = tempfile::tempdir().unwrap();
-    let server = Server::start();
-    let game = Game::start(data.path());
-    let session = game.create(endpoint(&server)).expect("starts");
+    let (data, server, game, session) = started();
     server.reply(Reply::Stream(vec![finish("stop")])).reply(says("two answered"));
     let turn = game.block_on(session.send_text("one")).expect("an empty answer still ends the turn");
     assert_eq!((turn.stop_reason, turn.final_message), (StopReason::EndTurn, None));
@@ -1364,10 +1364,7 @@ fn the_token_limit_goes_as_max_completion_tokens_to_an_endpoint_that_names_it_so
 
 #[test]
 fn a_refusal_in_llama_cpps_or_vllms_own_shape_says_its_status_and_message() {
-    let data = tempfile::tempdir().unwrap();
-    let server = Server::start();
-    let game = Game::start(data.path());
-    let session = game.create(endpoint(&server)).expect("starts");
+    let (_data, server, game, session) = started();
     // llama.cpp's server: `code` is a number (OpenAI's is a string).
     server.reply(Reply::Refusal(
         400,
@@ -1438,10 +1435,7 @@ fn an_answer_cut_short_before_its_end_fails_the_turn_and_runs_none_of_its_calls(
 
 #[test]
 fn finish_reasons_become_stop_reasons_and_a_missing_one_after_text_is_an_end_turn() {
-    let data = tempfile::tempdir().unwrap();
-    let server = Server::start();
-    let game = Game::start(data.path());
-    let session = game.create(endpoint(&server)).expect("starts");
+    let (_data, server, game, session) = started();
     for (finish_reason, stop) in [
         (Some("stop"), StopReason::EndTurn),
         (Some("length"), StopReason::MaxTokens),
@@ -1685,10 +1679,7 @@ fn past_its_bound_the_history_sent_starts_alike_from_turn_to_turn_and_a_drop_lea
 
 #[test]
 fn null_fields_and_content_given_as_parts_are_read_as_missing_and_as_their_text() {
-    let data = tempfile::tempdir().unwrap();
-    let server = Server::start();
-    let game = Game::start(data.path());
-    let session = game.create(endpoint(&server)).expect("starts");
+    let (_data, server, game, session) = started();
     let parts = json!([
         {"type": "thinking", "thinking": [{"type": "text", "text": "hmm"}]},
         {"type": "text", "text": "Hello"},
@@ -1779,10 +1770,7 @@ fn a_refusal_for_the_contexts_length_is_asked_again_once_with_less_history_then_
 
 #[test]
 fn a_model_without_tool_support_or_a_server_not_started_for_tools_is_refused_with_what_to_change() {
-    let data = tempfile::tempdir().unwrap();
-    let server = Server::start();
-    let game = Game::start(data.path());
-    let session = game.create(endpoint(&server)).expect("starts");
+    let (_data, server, game, session) = started();
     // Ollama's refusal of a request with tools for a model that has none.
     server.reply(Reply::Refusal(
         400,
