@@ -515,6 +515,13 @@ fn security_refusals_have_the_right_status_and_say_why() {
     assert_eq!(status, 403, "a foreign Origin is refused");
     let (status, _) = raw(&server, &[("Authorization", &bearer), ("Host", "evil.example")], INITIALIZE);
     assert_eq!(status, 403, "a foreign Host is refused");
+    // MCP's transport: an Origin that is not allowed gets 403, token or not (DNS rebinding: Host, the same).
+    let (status, body) = raw(&server, &[("Origin", "http://evil.example")], INITIALIZE);
+    assert_eq!(status, 403, "a foreign Origin without a token is refused as foreign: {body}");
+    let (status, body) = raw(&server, &[("Authorization", "Bearer wrong"), ("Host", "evil.example")], INITIALIZE);
+    assert_eq!(status, 403, "a foreign Host with a wrong token is refused as foreign: {body}");
+    let (status, body) = raw(&server, &[("Origin", "http://localhost:3000")], INITIALIZE);
+    assert_eq!(status, 401, "an allowed Origin without a token still needs the token: {body}");
     let huge = format!(
         r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"bump","arguments":{{"x":"{}"}}}}}}"#,
         "a".repeat(100_000)

@@ -25,7 +25,8 @@
 //! only by the user, never logged in full); `Origin` checked against an allow-list (requests without `Origin`, as
 //! non-browser clients send, pass); `Host` checked; a request body limit; the per-conversation in-flight limit of
 //! the host (`BUSY`, an error result for the request, answered at the HTTP layer before the call reaches the MCP
-//! service, or by the host for a call that races past it). Refusals: 401 (token), 403 (Origin, Host), 413 (body).
+//! service, or by the host for a call that races past it). Refusals: 403 (Origin, Host: with or without a token),
+//! 401 (token), 413 (body).
 //!
 //! A 2025-11-25 client that ends its session with `DELETE` is answered 204 No Content; a `DELETE` (like any
 //! request) naming a session that does not exist any more (the game ended its conversation, or it expired), 404.

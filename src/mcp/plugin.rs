@@ -266,7 +266,8 @@ impl McpPlugin {
         let service: StreamableHttpService<GameServer, ConversationSessions> =
             StreamableHttpService::new(move || Ok(handler.clone()), sessions.clone(), config);
         let exchanges = Arc::new(Exchanges::default());
-        // Outermost last: the token, then the in-flight limit, then rmcp (Host, Origin, body limit); every POST
+        let rebinding = security::RebindingCheck(service.clone());
+        // Outermost last: the token (after rmcp's Host and Origin check, for a request without one), then the in-flight limit, then rmcp (Host, Origin, body limit); every POST
         // that reaches rmcp is tracked until its response is sent, for the exit; a session's end is answered 204; a
         // resume with nothing left to send, 405; each request notes how many tools were registered when it arrived
         // (a `subscriptions/listen` acknowledged before it listens announces what it missed); an answer rmcp is
@@ -282,7 +283,11 @@ impl McpPlugin {
             .layer(axum::middleware::from_fn_with_state(self.max_body_bytes, super::parse::refuse_unparsable))
             .layer(axum::middleware::from_fn_with_state(limit, limit_in_flight))
             .layer(axum::middleware::from_fn_with_state(
-                security::Bearer { token: Arc::<str>::from(token.as_str()), credentials: credentials.clone() },
+                security::Bearer {
+                    token: Arc::<str>::from(token.as_str()),
+                    credentials: credentials.clone(),
+                    rebinding,
+                },
                 security::require_bearer,
             ));
         let stop = shutdown.clone();

@@ -6,11 +6,15 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use rmcp::transport::streamable_http_server::StreamableHttpService;
+
 use super::credentials::{BoundConversation, Credentials};
+use super::server::GameServer;
+use super::sessions::ConversationSessions;
 
 /// Why the MCP server would not start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,17 +81,42 @@ pub(crate) fn redacted(token: &str) -> String {
     format!("{}…", token.chars().take(4).collect::<String>())
 }
 
-/// What the bearer check accepts: the game's token, and the live per-conversation credentials.
+/// What the bearer check accepts: the game's token, and the live per-conversation credentials; and the service
+/// whose `Host` and `Origin` rules a request without them is held to first.
 #[derive(Clone)]
 pub(crate) struct Bearer {
     pub token: std::sync::Arc<str>,
     pub credentials: Credentials,
+    pub rebinding: RebindingCheck,
+}
+
+/// rmcp's own `Host` and `Origin` check (the allow-lists of [`McpPlugin`](super::McpPlugin)), asked before the
+/// token is refused: a page of another origin, or a DNS-rebound host name, gets 403 whether or not it has a
+/// token, as MCP's transport requires, and by the same rules that apply to a request with one.
+#[derive(Clone)]
+pub(crate) struct RebindingCheck(pub StreamableHttpService<GameServer, ConversationSessions>);
+
+impl RebindingCheck {
+    /// rmcp's refusal of `request`'s `Host` or `Origin` (403; 400 for one it cannot read), if it refuses them.
+    fn refusal(&self, request: &Request) -> impl std::future::Future<Output = Option<Response>> + Send + 'static {
+        // Only the headers go in. Past its checks rmcp answers this method 405 and does nothing else.
+        let mut probe = Request::new(axum::body::Body::empty());
+        *probe.method_mut() = Method::OPTIONS;
+        *probe.uri_mut() = request.uri().clone();
+        *probe.headers_mut() = request.headers().clone();
+        let service = self.0.clone();
+        async move {
+            let response = service.handle(probe).await;
+            matches!(response.status(), StatusCode::FORBIDDEN | StatusCode::BAD_REQUEST)
+                .then(|| response.map(axum::body::Body::new))
+        }
+    }
 }
 
 /// Requires `Authorization: Bearer <token>` (the scheme is case-insensitive, as in HTTP): the game's token, or a
 /// live per-conversation credential, whose conversation is then put in the request's extensions
-/// ([`BoundConversation`]). 401 with a JSON body that says why otherwise. The game's token is compared in
-/// constant time.
+/// ([`BoundConversation`]). Otherwise 403 if the request's `Host` or `Origin` is not allowed
+/// ([`RebindingCheck`]), else 401 with a JSON body that says why. The game's token is compared in constant time.
 pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Request, next: Next) -> Response {
     let reason = match presented_bearer(request.headers()) {
         None => {
@@ -106,7 +135,11 @@ pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Re
             }
         },
     };
-    refusal(StatusCode::UNAUTHORIZED, "unauthorized", reason)
+    let rebinding = bearer.rebinding.refusal(&request);
+    match rebinding.await {
+        Some(forbidden) => forbidden,
+        None => refusal(StatusCode::UNAUTHORIZED, "unauthorized", reason),
+    }
 }
 
 /// The token of a request's `Authorization: Bearer <token>` header (the scheme is case-insensitive, as in HTTP).
