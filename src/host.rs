@@ -300,7 +300,7 @@ impl HostShared {
     /// ended for this conversation.
     pub(crate) fn cancel_calls(&self, conversation: &ConversationId, task: Option<&TaskId>, why: &str) -> usize {
         // Calls still waiting for their tool first: one admitted from now on leaves its execution at once.
-        let waiting = self.conversations.cancel_pending(conversation, task);
+        let waiting = self.conversations.cancel_pending(conversation, task, why);
         let lives: Vec<Arc<CallLife>> = {
             let state = self.state.lock();
             let Some(open) = state.visit.as_ref() else { return waiting };

@@ -336,7 +336,7 @@ fn a_call_for_a_tool_registered_later_completes_once_it_appears() {
 }
 
 #[test]
-fn cancel_task_ends_that_tasks_call_waiting_for_its_tool_and_not_another_tasks() {
+fn cancel_task_ends_that_tasks_call_waiting_for_its_tool_saying_why_and_not_another_tasks() {
     let mut app = late_tool_app(TestGame::default(), Some(Duration::MAX));
     app.enter_world("alpha");
     let agent = app.agent();
@@ -348,9 +348,11 @@ fn cancel_task_ends_that_tasks_call_waiting_for_its_tool_and_not_another_tasks()
     });
 
     assert_eq!(conversation.cancel_task("build"), 1, "the waiting call of the task counts as ended");
-    // At once: not when its tool comes, nor at its wait's end (none here).
+    // At once: not when its tool comes, nor at its wait's end (none here); saying who cancelled what (a player's
+    // cancel of an in-game agent's turn says so the same way).
     let error = app.run_until_resolved(&build).expect_err("cancelled while it waited");
     assert_eq!(error.code, ErrorCode::Cancelled, "{}", error.message);
+    assert_eq!(error.message, "the agent cancelled the task while the call waited for its tool");
     assert!(own.try_outcome().is_none(), "the conversation's own task still waits");
 
     let executions = Arc::new(AtomicUsize::new(0));
@@ -358,6 +360,19 @@ fn cancel_task_ends_that_tasks_call_waiting_for_its_tool_and_not_another_tasks()
     assert_eq!(app.run_until_resolved(&own).expect("runs once the tool comes").value["counter"], 1);
     app.step(3);
     assert_eq!(executions.load(Ordering::SeqCst), 1, "the cancelled call never ran");
+}
+
+#[test]
+fn cancel_task_counts_the_call_waiting_for_its_tool_when_no_world_is_open() {
+    // With no visit open there are no admitted calls to end; the waiting one still ends, and is counted.
+    let mut app = late_tool_app(TestGame::default(), Some(Duration::MAX));
+    let conversation = app.agent().conversation("agent");
+    let build = conversation.request(CallRequest::new("late_bump", json!({})).task("build"));
+    waits_for_its_tool(&mut app, &["agent"]);
+
+    assert_eq!(conversation.cancel_task("build"), 1, "the waiting call of the task counts as ended");
+    let error = app.run_until_resolved(&build).expect_err("cancelled while it waited");
+    assert_eq!(error.code, ErrorCode::Cancelled, "{}", error.message);
 }
 
 #[test]

@@ -29,6 +29,8 @@ use crate::signal::OnceSignal;
 pub(crate) struct WaitingCall {
     pub outcome: OnceSignal<CallOutcome>,
     pub cancel: CancellationToken,
+    /// Why its conversation cancelled it, if it did ([`WaitCancel`]); otherwise its caller did.
+    why: Arc<Mutex<Option<String>>>,
     /// The admitted execution once the tool appeared (with the caller's seat among its callers), and whether the
     /// caller left it.
     slot: Mutex<Slot>,
@@ -87,6 +89,31 @@ impl WaitingCall {
     }
 }
 
+/// How the conversation cancels one of its calls waiting for its tool, saying why (the player cancelled the turn,
+/// the agent the task).
+#[derive(Clone)]
+pub(crate) struct WaitCancel {
+    token: CancellationToken,
+    why: Arc<Mutex<Option<String>>>,
+}
+
+impl WaitCancel {
+    /// Cancels the call, for `why`. Returns whether it was not cancelled yet.
+    pub(crate) fn cancel(&self, why: &str) -> bool {
+        if self.token.is_cancelled() {
+            return false;
+        }
+        self.why.lock().get_or_insert_with(|| why.to_string());
+        self.token.cancel();
+        true
+    }
+
+    /// Cancels the call because its conversation ended (the call's error says so).
+    pub(crate) fn end(&self) {
+        self.token.cancel();
+    }
+}
+
 /// The calls waiting for their tool that were made in a visit: the visit's exit ends them at once, so their
 /// clients hear `VISIT_ENDED` within the exit (an exit at `AppExit` has no later frame to wake them in).
 #[derive(Default)]
@@ -132,8 +159,12 @@ pub(crate) fn wait_for_tool(
     request: CallRequest,
     wait: Duration,
 ) -> Arc<WaitingCall> {
-    let call =
-        Arc::new(WaitingCall { outcome: OnceSignal::new(), cancel: CancellationToken::new(), slot: Mutex::default() });
+    let call = Arc::new(WaitingCall {
+        outcome: OnceSignal::new(),
+        cancel: CancellationToken::new(),
+        why: Arc::default(),
+        slot: Mutex::default(),
+    });
     // The visit open now (if any) is the one it was made for: it is admitted into no other, and its exit ends it.
     // Under the state lock, as the exit's first step is: a call either is among those the exit ends, or finds
     // the visit closing and is refused.
@@ -173,7 +204,8 @@ async fn run(
     let _stopped = OutcomeOnDrop(call.clone());
     let hub = &host.conversations;
     let tool = request.tool.clone();
-    let Some(key) = hub.pending_started(&conversation, &tool, request.task.clone(), call.cancel.clone()) else {
+    let cancel = WaitCancel { token: call.cancel.clone(), why: call.why.clone() };
+    let Some(key) = hub.pending_started(&conversation, &tool, request.task.clone(), cancel) else {
         call.outcome.set(Err(ended(&conversation)));
         return;
     };
@@ -184,14 +216,14 @@ async fn run(
         registered.as_mut().enable();
         // Cancelled as its tool came (both woke this task): not admitted.
         if call.cancel.is_cancelled() {
-            break Err(cancelled(&conversation, &host));
+            break Err(cancelled(&conversation, &host, &call));
         }
         if host.tools.get(&tool).is_ok() {
             break Ok(());
         }
         tokio::select! {
             biased;
-            _ = call.cancel.cancelled() => break Err(cancelled(&conversation, &host)),
+            _ = call.cancel.cancelled() => break Err(cancelled(&conversation, &host, &call)),
             _ = &mut registered => {}
             _ = tokio::time::sleep_until(deadline) => break Err(not_registered(&host, &tool, wait)),
         }
@@ -260,12 +292,15 @@ fn not_registered(host: &HostShared, tool: &str, wait: Duration) -> ToolError {
     error.with_detail("waited_ms", wait.as_millis() as u64)
 }
 
-fn cancelled(conversation: &ConversationId, host: &HostShared) -> ToolError {
-    if host.conversations.accepts(conversation) {
-        ToolError::with_code(ErrorCode::Cancelled, "the agent cancelled the call while it waited for its tool")
-    } else {
-        ended(conversation)
+fn cancelled(conversation: &ConversationId, host: &HostShared, call: &WaitingCall) -> ToolError {
+    if !host.conversations.accepts(conversation) {
+        return ended(conversation);
     }
+    let message = match call.why.lock().as_deref() {
+        Some(why) => format!("{why} while the call waited for its tool"),
+        None => "the agent cancelled the call while it waited for its tool".to_string(),
+    };
+    ToolError::with_code(ErrorCode::Cancelled, message)
 }
 
 /// The error of a call made on an ended conversation.

@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
-use tokio_util::sync::CancellationToken;
 
 use super::events::{
     CallFinished, CallProgress, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription,
 };
+use super::pending::WaitCancel;
 use super::snapshot::{ActiveCall, ConversationSnapshot, PendingCall};
 use super::status::{ConversationStatus, Reported, StatusFacts, StatusSource};
 use crate::call::{CallLife, CallOutcome, JobSender, Progress};
@@ -38,7 +38,7 @@ struct Entry {
     /// Its calls in flight: its own, and the executions of other conversations' calls that its retries joined
     /// (same task and operation id: a call of this conversation too, under the first call's request id).
     active: BTreeMap<crate::ids::RequestId, Arc<CallLife>>,
-    pending: BTreeMap<u64, (PendingCall, CancellationToken)>,
+    pending: BTreeMap<u64, (PendingCall, WaitCancel)>,
     subscribers: Vec<UnboundedSender<ConversationEvent>>,
     last_activity: Instant,
     ended_at: Option<Instant>,
@@ -84,7 +84,7 @@ pub(crate) type TransportOwned = Arc<dyn Fn(&ConversationId) -> bool + Send + Sy
 #[derive(Default)]
 pub(crate) struct Orphans {
     calls: Vec<Arc<CallLife>>,
-    pending: Vec<CancellationToken>,
+    pending: Vec<WaitCancel>,
 }
 
 impl Orphans {
@@ -96,8 +96,8 @@ impl Orphans {
         for life in self.calls {
             life.withdraw(conversation, &why);
         }
-        for token in self.pending {
-            token.cancel();
+        for call in self.pending {
+            call.end();
         }
     }
 }
@@ -519,7 +519,7 @@ impl ConversationHub {
         id: &ConversationId,
         tool: &str,
         task: Option<TaskId>,
-        cancel: CancellationToken,
+        cancel: WaitCancel,
     ) -> Option<u64> {
         let mut inner = self.inner.lock();
         inner.next_pending += 1;
@@ -533,10 +533,10 @@ impl ConversationHub {
         Some(key)
     }
 
-    /// Cancels `id`'s calls still waiting for their tool: all, or those of `task` (a call that named none is of the
-    /// conversation's own task). Returns how many.
-    pub(crate) fn cancel_pending(&self, id: &ConversationId, task: Option<&TaskId>) -> usize {
-        let tokens: Vec<CancellationToken> = {
+    /// Cancels `id`'s calls still waiting for their tool, saying `why`: all, or those of `task` (a call that named
+    /// none is of the conversation's own task). Returns how many.
+    pub(crate) fn cancel_pending(&self, id: &ConversationId, task: Option<&TaskId>, why: &str) -> usize {
+        let calls: Vec<WaitCancel> = {
             let inner = self.inner.lock();
             let Some(entry) = inner.conversations.get(id) else { return 0 };
             let own = TaskId::of_conversation(id);
@@ -547,7 +547,7 @@ impl ConversationHub {
                 .map(|(_, token)| token.clone())
                 .collect()
         };
-        tokens.iter().filter(|token| !token.is_cancelled()).map(|token| token.cancel()).count()
+        calls.iter().filter(|call| call.cancel(why)).count()
     }
 
     /// The call stopped waiting for its tool (it was admitted, or gave up).
