@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
@@ -16,10 +16,10 @@ use axum::response::{IntoResponse, Response};
 use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use serde_json::Value;
 
+use super::connections::read_body;
 use super::credentials::BoundConversation;
 use super::handles::CONVERSATION;
 use super::naming::{client_identity, conversation_id, session_named, CLIENT_INFO_META};
-use super::security::refusal;
 use super::server::error_result;
 use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
@@ -37,6 +37,8 @@ pub(crate) struct InFlightLimit {
     /// The open 2025-11-25 sessions: a session id header names a conversation only if it names one of them.
     pub sessions: Arc<ConversationSessions>,
     pub max_body_bytes: usize,
+    /// How long a request's body may take to arrive (408 past it).
+    pub read_timeout: std::time::Duration,
 }
 
 /// The answer to request `id`: the host's `BUSY` as an error tool result (DESIGN §5), exactly as admission would
@@ -60,8 +62,9 @@ pub(crate) async fn limit_in_flight(State(limit): State<InFlightLimit>, request:
         return next.run(request).await;
     }
     let (parts, body) = request.into_parts();
-    let Ok(bytes) = to_bytes(body, limit.max_body_bytes).await else {
-        return refusal(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the request body is over the limit");
+    let bytes = match read_body(body, limit.max_body_bytes, limit.read_timeout).await {
+        Ok(bytes) => bytes,
+        Err(refused) => return refused,
     };
     if let Ok(message) = serde_json::from_slice::<Value>(&bytes) {
         if let (Some("tools/call"), Some(id)) = (message.get("method").and_then(Value::as_str), message.get("id")) {

@@ -25,8 +25,9 @@
 //! only by the user, never logged in full); `Origin` checked against an allow-list (requests without `Origin`, as
 //! non-browser clients send, pass); `Host` checked; a request body limit; the per-conversation in-flight limit of
 //! the host (`BUSY`, an error result for the request, answered at the HTTP layer before the call reaches the MCP
-//! service, or by the host for a call that races past it). Refusals: 403 (Origin, Host: with or without a token),
-//! 401 (token), 413 (body).
+//! service, or by the host for a call that races past it); at most [`McpPlugin::max_connections`] connections, and
+//! a request that takes over [`McpPlugin::request_read_timeout`] to arrive is let go. Refusals: 403 (Origin, Host:
+//! with or without a token), 401 (token), 413 (body), 408 (a body that stopped coming), 503 (too many connections).
 //!
 //! A 2025-11-25 client that ends its session with `DELETE` is answered 204 No Content; a `DELETE` (like any
 //! request) naming a session that does not exist any more (the game ended its conversation, or it expired), 404.
@@ -89,6 +90,7 @@
 //! [`AgentTool::argument_enum`](crate::AgentTool::argument_enum).
 
 mod announce;
+mod connections;
 mod credentials;
 mod exchanges;
 mod handles;

@@ -5,13 +5,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use axum::Router;
 use bevy::app::AppExit;
 use bevy::prelude::*;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
+use super::connections::ConnectionLimits;
 use super::credentials::Credentials;
 use super::exchanges::{track_exchanges, Exchanges};
 use super::limit::{limit_in_flight, InFlightLimit};
@@ -40,6 +40,7 @@ pub struct McpPlugin {
     max_body_bytes: usize,
     session_idle_timeout: Option<Duration>,
     strict_port: bool,
+    limits: ConnectionLimits,
 }
 
 /// Shows the token as its first characters only, as the game's log does.
@@ -55,6 +56,7 @@ impl std::fmt::Debug for McpPlugin {
             .field("allowed_origins", &self.allowed_origins)
             .field("allowed_hosts", &self.allowed_hosts)
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("limits", &self.limits)
             .field("session_idle_timeout", &self.session_idle_timeout)
             .field("strict_port", &self.strict_port)
             .finish()
@@ -82,6 +84,7 @@ impl McpPlugin {
             max_body_bytes: 1024 * 1024,
             session_idle_timeout: Some(Duration::from_secs(300)),
             strict_port: false,
+            limits: ConnectionLimits { max_connections: 256, request_read_timeout: Duration::from_secs(30) },
         }
     }
 
@@ -168,6 +171,22 @@ impl McpPlugin {
         self
     }
 
+    /// How many connections may be open at once (each client uses a few: one for its `GET` stream, some for its
+    /// requests). A connection over the limit is answered `503` with `Retry-After: 1` and closed. Default 256;
+    /// at least 1.
+    pub fn max_connections(mut self, connections: usize) -> Self {
+        self.limits.max_connections = connections.max(1);
+        self
+    }
+
+    /// How long a request's head, and then its body, may take to arrive once its connection is open or done with
+    /// the previous request; past it the connection is closed (`408` for a body). A response that takes long (a
+    /// call, a `GET` stream) is not bounded by it. Default 30 s.
+    pub fn request_read_timeout(mut self, timeout: Duration) -> Self {
+        self.limits.request_read_timeout = timeout;
+        self
+    }
+
     /// Checks the configuration as start-up will.
     pub fn validate(&self) -> Result<(), McpConfigError> {
         security::check_bind(self.address, self.allow_non_loopback)?;
@@ -250,8 +269,12 @@ impl McpPlugin {
         // A session's conversation ends with its session (its own idle timeout, a DELETE), never by the host's
         // conversation idle timeout: that would close the session under a quiet client that listens.
         agent.host().conversations.leave_to_transport(Arc::new(super::naming::is_session_conversation));
-        let limit =
-            InFlightLimit { agent: agent.clone(), sessions: sessions.clone(), max_body_bytes: self.max_body_bytes };
+        let limit = InFlightLimit {
+            agent: agent.clone(),
+            sessions: sessions.clone(),
+            max_body_bytes: self.max_body_bytes,
+            read_timeout: self.limits.request_read_timeout,
+        };
         let tools_seen = agent.clone();
         let peers = super::announce::Peers::default();
         peers.spawn_announcer(&agent, runtime, shutdown.child_token());
@@ -290,17 +313,10 @@ impl McpPlugin {
                 },
                 security::require_bearer,
             ));
-        let stop = shutdown.clone();
+        let (stop, limits) = (shutdown.clone(), self.limits);
         let (served_tx, served) = Completion::pending();
         runtime.spawn(async move {
-            // Without TCP_NODELAY a response written in two pieces waits for the client's delayed ACK (~40 ms).
-            let listener = listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            let served = axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned()).await;
-            if let Err(error) = served {
-                tracing::error!(%error, "the MCP server stopped");
-            }
+            super::connections::serve(listener, router, limits, stop).await;
             served_tx.succeed();
         });
         let url = format!("http://{address}{}", self.path);

@@ -1,0 +1,137 @@
+//! The server's connections: accepted up to a cap, each served by hyper with a bound on how long a request's head
+//! may take to arrive, so a client that connects and sends nothing (or half a request line) holds nothing for long,
+//! and no number of such clients uses up the descriptors the game needs for its own files.
+//!
+//! A connection over the cap is answered `503 Service Unavailable` with `Retry-After: 1` and closed, without
+//! reading its request. The head's bound also closes a kept-alive connection that sends no next request for that
+//! long (clients open another); a request whose response takes long (a call, a `GET` stream) is not bounded by it.
+//! The body's bound is [`read_body`]'s.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::security::refusal;
+
+/// How the server's connections are bounded.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConnectionLimits {
+    /// Connections open at once; more are answered 503.
+    pub max_connections: usize,
+    /// How long a request's head (and its body, [`read_body`]) may take to arrive, and a kept-alive connection
+    /// may wait for its next request.
+    pub request_read_timeout: Duration,
+}
+
+/// How long answering a connection over the cap may take (a client that does not read is not waited for).
+const REFUSAL_WRITE_LIMIT: Duration = Duration::from_secs(1);
+
+/// Serves `router` on `listener` until `stop`, then lets each connection finish the requests it has in flight and
+/// returns once every connection has closed.
+pub(crate) async fn serve(listener: TcpListener, router: Router, limits: ConnectionLimits, stop: CancellationToken) {
+    let max = limits.max_connections.max(1);
+    let permits = Arc::new(Semaphore::new(max));
+    let full = Arc::new(AtomicBool::new(false));
+    loop {
+        let tcp = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(error) => {
+                    accept_failed(error).await;
+                    continue;
+                }
+            },
+            _ = stop.cancelled() => break,
+        };
+        // Without TCP_NODELAY a response written in two pieces waits for the client's delayed ACK (~40 ms).
+        let _ = tcp.set_nodelay(true);
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            if !full.swap(true, Ordering::Relaxed) {
+                tracing::warn!(max, "the MCP server has its limit of connections open: new ones are answered 503");
+            }
+            tokio::spawn(refuse(tcp, max));
+            continue;
+        };
+        full.store(false, Ordering::Relaxed);
+        let service = TowerToHyperService::new(router.clone());
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut builder = http1::Builder::new();
+            builder.timer(TokioTimer::new()).header_read_timeout(limits.request_read_timeout);
+            let connection = builder.serve_connection(TokioIo::new(tcp), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => return,
+                _ = stop.cancelled() => {}
+            }
+            // Requests in flight finish; an idle connection closes now.
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
+        });
+    }
+    drop(listener);
+    // Every connection holds a permit until it has closed.
+    let _all = permits.acquire_many(max as u32).await;
+}
+
+/// Answers a connection over the cap with 503, without reading its request, and closes it.
+async fn refuse(mut tcp: TcpStream, max: usize) {
+    let body = serde_json::json!({
+        "error": "too_many_connections",
+        "message": format!(
+            "the MCP server has its limit of {max} connections open; try again in a moment \
+             (McpPlugin::max_connections raises the limit)"
+        ),
+    })
+    .to_string();
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: \
+         close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(REFUSAL_WRITE_LIMIT, async {
+        tcp.write_all(response.as_bytes()).await?;
+        tcp.shutdown().await
+    })
+    .await;
+}
+
+/// An accept that failed: one connection's trouble is skipped at once; the listener's own (out of descriptors) is
+/// waited out for a moment, as hyper's servers do, instead of spinning.
+async fn accept_failed(error: std::io::Error) {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    if matches!(error.kind(), ConnectionRefused | ConnectionAborted | ConnectionReset) {
+        return;
+    }
+    tracing::warn!(%error, "the MCP server could not accept a connection; trying again in a second");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+/// Reads a request's whole body: at most `max_bytes` (413 beyond), within `limit` (408 past it: a client that
+/// announced a body and stopped sending it holds its connection no longer).
+pub(crate) async fn read_body(body: Body, max_bytes: usize, limit: Duration) -> Result<Bytes, Response> {
+    match tokio::time::timeout(limit, axum::body::to_bytes(body, max_bytes)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => {
+            Err(refusal(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the request body is over the limit"))
+        }
+        Err(_) => Err(refusal(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            &format!("the request body did not arrive within {limit:?}"),
+        )),
+    }
+}
