@@ -1222,6 +1222,27 @@ fn a_stream_that_stalls_times_out() {
 }
 
 #[test]
+fn an_answer_streamed_past_its_size_or_call_limit_fails_the_turn_instead_of_filling_memory() {
+    let (_data, server, game, session) = started();
+    // 17 MiB of text, in 1 MiB pieces: over the 16 MiB an answer may hold; the rest is never waited for.
+    let megabyte = "a".repeat(1 << 20);
+    let mut pieces: Vec<Piece> = (0..17).map(|_| text(&megabyte)).collect();
+    pieces.push(Piece::Stall);
+    server.reply(Reply::Stream(pieces));
+    let (code, message) = code_of(game.block_on(session.send_text("talk")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert!(message.contains("over 16 MiB"), "{message}");
+
+    // 257 calls in one answer.
+    game.block_on(session.resume()).expect("resumed");
+    server.reply(calls((0..257).map(|n| call(n, &format!("c{n}"), "held", "{}")).collect()));
+    let (code, message) = code_of(game.block_on(session.send_text("call")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert!(message.contains("over 256 tool calls"), "{message}");
+    assert_eq!(game.executions.load(Ordering::SeqCst), 0, "none of them ran");
+}
+
+#[test]
 fn an_answer_with_nothing_in_it_and_no_finish_reason_fails_the_turn_and_leaves_the_history() {
     let (_data, server, game, session) = after_one_turn();
     // A comment line (a keep-alive), then `[DONE]`: no text, no call, no finish_reason, and no word of why.

@@ -48,6 +48,34 @@ struct OpenMessage {
     id: String,
     agent_id: Option<String>,
     text: String,
+    /// Cut at [`MESSAGE_LIMIT`]: nothing more is added.
+    cut: bool,
+}
+
+/// The most of one chat message kept and shown: an agent that streams without end (a loop, between turns or in
+/// one) is cut there, with a line saying so, instead of filling the game's memory.
+const MESSAGE_LIMIT: usize = 1024 * 1024;
+/// What ends a message cut at [`MESSAGE_LIMIT`].
+const MESSAGE_CUT: &str = "\n[the rest of this message was not kept: it passed 1 MiB]";
+
+impl OpenMessage {
+    /// Adds `text` to the message: all of it, or what fits under [`MESSAGE_LIMIT`] and then [`MESSAGE_CUT`], once.
+    /// Returns what was added (to publish), if anything.
+    fn add(&mut self, mut text: String) -> Option<String> {
+        if self.cut {
+            return None;
+        }
+        let room = MESSAGE_LIMIT.saturating_sub(self.text.len());
+        if text.len() > room {
+            let kept = room.saturating_sub(MESSAGE_CUT.len());
+            let at = (0..=kept.min(text.len())).rev().find(|at| text.is_char_boundary(*at)).unwrap_or(0);
+            text.truncate(at);
+            text.push_str(MESSAGE_CUT);
+            self.cut = true;
+        }
+        self.text.push_str(&text);
+        Some(text)
+    }
 }
 
 struct State {
@@ -467,10 +495,11 @@ impl SessionCore {
                             0 => format!("{}-m{}", self.id, state.messages),
                             run => format!("{}-r{run}-m{}", self.id, state.messages),
                         };
-                        state.message = Some(OpenMessage { id, agent_id: message, text: String::new() });
+                        state.message = Some(OpenMessage { id, agent_id: message, text: String::new(), cut: false });
                     }
-                    if let Some(open) = state.message.as_mut() {
-                        open.text.push_str(&text);
+                    if let Some((open, text)) =
+                        state.message.as_mut().and_then(|open| open.add(text).map(|t| (open, t)))
+                    {
                         feed.push(ConversationEvent::ChatDelta(ChatDelta {
                             session: self.id.clone(),
                             message: open.id.clone(),
@@ -703,4 +732,25 @@ impl PermissionBook {
 /// What an agent's exit fails its session with: the backend's account of it, or that it exited.
 fn exit_error(reported: Option<ToolError>) -> ToolError {
     reported.unwrap_or_else(|| ToolError::with_code(ErrorCode::AgentUnavailable, "the agent exited"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message() -> OpenMessage {
+        OpenMessage { id: "m".into(), agent_id: None, text: String::new(), cut: false }
+    }
+
+    #[test]
+    fn a_message_streamed_without_end_is_cut_at_its_limit_once_and_says_so() {
+        let mut open = message();
+        let piece = "é".repeat(300 * 1024); // 600 KiB, two bytes a character: a cut must fall between them
+        assert_eq!(open.add(piece.clone()).as_deref(), Some(piece.as_str()), "under the limit: all of it");
+        let added = open.add(piece.clone()).expect("what fits, then the line saying the rest was cut");
+        assert!(added.ends_with(MESSAGE_CUT) && added.len() < piece.len());
+        assert!(open.text.len() <= MESSAGE_LIMIT, "{}", open.text.len());
+        assert_eq!(open.add("more".into()), None, "nothing is added after the cut");
+        assert_eq!(open.text.matches(MESSAGE_CUT).count(), 1);
+    }
 }

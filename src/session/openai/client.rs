@@ -219,7 +219,7 @@ const MIN_KEY_HIDDEN: usize = 6;
 /// The most of a refusal's body read (the message quoted from it is shorter still).
 const REFUSAL_LIMIT: usize = 64 * 1024;
 /// The most of a whole (not streamed) answer read.
-const WHOLE_ANSWER_LIMIT: usize = 16 * 1024 * 1024;
+pub(crate) const WHOLE_ANSWER_LIMIT: usize = 16 * 1024 * 1024;
 
 /// The response as the client can read it. A stream is handed on watched for its end ([`DoneWatch`]). A refusal
 /// becomes an `ApiError` with its status and message whatever shape its body has (llama.cpp's numeric `code`,

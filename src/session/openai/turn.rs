@@ -28,6 +28,12 @@ struct PendingCall {
 
 /// How long a streamed answer that gave its `finish_reason` may stay silent before it is taken as complete.
 const AFTER_FINISH: std::time::Duration = std::time::Duration::from_secs(2);
+/// The most a streamed answer may hold (its text, its calls' names and arguments), as for a whole one.
+const ANSWER_LIMIT: usize = super::client::WHOLE_ANSWER_LIMIT;
+/// The most tool calls one answer may ask for (those past
+/// [`max_tool_calls_per_round`](super::OpenAiEndpoint::max_tool_calls_per_round) are answered `BUSY`, unrun, and
+/// each answer is a message of the history).
+const MAX_CALLS_PER_ANSWER: usize = 256;
 
 /// How one request's answer ended.
 enum RoundEnd {
@@ -279,7 +285,12 @@ async fn stream_round(
     let mut calls: Vec<PendingCall> = Vec::new();
     let mut finish = None;
     let mut reasoned = false;
+    // What the answer holds so far (a server that streams without end is stopped at the limit, not by memory).
+    let mut held = 0usize;
     loop {
+        if held > ANSWER_LIMIT || calls.len() > MAX_CALLS_PER_ANSWER {
+            return Err(oversized(shared, held, calls.len()));
+        }
         // Once the answer said how it finished, only what may follow it (the usage chunk, `[DONE]`) is awaited, and
         // not for long: a server that then keeps the connection open without a word has given its whole answer.
         let wait = if finish.is_some() { stall.min(AFTER_FINISH) } else { stall };
@@ -320,6 +331,7 @@ async fn stream_round(
             let reasoning = [&choice.delta.reasoning_content, &choice.delta.reasoning];
             reasoned |= reasoning.iter().any(|piece| piece.as_deref().is_some_and(|piece| !piece.is_empty()));
             if let Some(piece) = choice.delta.content.filter(|piece| !piece.is_empty()) {
+                held = held.saturating_add(piece.len());
                 text.push_str(&piece);
                 (shared.sink)(BackendEvent::MessageChunk { message: Some(message.clone()), text: piece });
             }
@@ -349,9 +361,11 @@ async fn stream_round(
                 if let Some(function) = fragment.function {
                     // A name comes once, or in pieces; a server that repeats it whole in every fragment is read once.
                     if let Some(name) = function.name.filter(|name| *name != call.name) {
+                        held = held.saturating_add(name.len());
                         call.name.push_str(&name);
                     }
                     if let Some(arguments) = function.arguments {
+                        held = held.saturating_add(arguments.len());
                         call.arguments.push_str(&arguments);
                     }
                 }
@@ -361,12 +375,31 @@ async fn stream_round(
             }
         }
     }
+    if held > ANSWER_LIMIT || calls.len() > MAX_CALLS_PER_ANSWER {
+        return Err(oversized(shared, held, calls.len()));
+    }
     for (n, call) in calls.iter_mut().enumerate() {
         if call.id.is_empty() {
             call.id = format!("call_{turn}_{round}_{n}");
         }
     }
     Ok(RoundEnd::Done { text, calls, finish, reasoned })
+}
+
+/// An answer that passed [`ANSWER_LIMIT`] or [`MAX_CALLS_PER_ANSWER`].
+fn oversized(shared: &Shared, held: usize, calls: usize) -> ToolError {
+    let url = shared.endpoint.completions_url();
+    let what = if held > ANSWER_LIMIT {
+        format!("over {} MiB of text and tool calls", ANSWER_LIMIT / (1024 * 1024))
+    } else {
+        format!("over {MAX_CALLS_PER_ANSWER} tool calls")
+    };
+    ToolError::with_code(
+        ErrorCode::AgentUnavailable,
+        format!("{url} streamed {what} in one answer: the request was abandoned (a model repeating itself?)"),
+    )
+    .with_detail("url", &url)
+    .with_detail("calls", calls)
 }
 
 /// `waited`: the stall timeout, or while the request opens, that and the bounded retries' waits.
