@@ -190,7 +190,8 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
         self
     }
 
-    /// How many calls one conversation may have in flight at once; more get `BUSY` (default 32).
+    /// How many calls one conversation may have in flight at once; more get `BUSY` (default 32). As many more may
+    /// wait for a tool that is not registered yet ([`tool_wait`](Self::tool_wait)).
     pub fn max_in_flight_per_conversation(mut self, limit: usize) -> Self {
         self.config.max_in_flight = limit;
         self

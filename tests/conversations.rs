@@ -376,6 +376,31 @@ fn cancel_task_counts_the_call_waiting_for_its_tool_when_no_world_is_open() {
 }
 
 #[test]
+fn calls_waiting_for_their_tool_are_held_to_the_in_flight_limit_and_one_more_gets_busy() {
+    let plugin = AgentToolsPlugin::new(TestGame::default()).tool_wait(Duration::MAX).max_in_flight_per_conversation(2);
+    let mut app = headless_app(plugin);
+    app.enter_world("alpha");
+    let agent = app.agent();
+    let conversation = agent.conversation("agent");
+    let waiting = [conversation.call("late_bump", json!({})), conversation.call("late_bump", json!({}))];
+    app.run_until("both calls wait for their tool", |app| {
+        app.agent().resume("agent").is_ok_and(|resumed| resumed.snapshot.pending_calls.len() == 2)
+    });
+
+    let third = conversation.call("late_bump", json!({}));
+    let error = app.run_until_resolved(&third).expect_err("over the limit");
+    assert_eq!(error.code, ErrorCode::Busy, "{}", error.message);
+    assert_eq!(error.details.tool.as_deref(), Some("late_bump"));
+
+    let executions = Arc::new(AtomicUsize::new(0));
+    agent.register_tool(bump_tool("late_bump", ToolScope::World, executions.clone(), None)).expect("registers");
+    for call in &waiting {
+        app.run_until_resolved(call).expect("runs once its tool comes");
+    }
+    assert_eq!(executions.load(Ordering::SeqCst), 2, "the two that waited ran; the refused one never did");
+}
+
+#[test]
 fn while_the_world_loads_a_call_waits_for_the_tool_the_world_registers() {
     let (mut app, loading, call) = calling_world_tool_while_alpha_loads();
     let agent = app.agent();

@@ -7,8 +7,10 @@
 //! is still loading then). A call made while a visit was open is admitted into that visit only (a location-scoped
 //! one at that location only): if the visit ends first, it ends with `VISIT_ENDED` as the visit's calls do. The
 //! wait counts toward the call's own timeout: once admitted, its deadline is its arrival plus its timeout.
-//! Otherwise an unknown tool is rejected at once (a typo should not hang). While it waits, the conversation is `WaitingToolResult` and the call shows in
-//! the snapshot's `pending_calls`.
+//! Otherwise an unknown tool is rejected at once (a typo should not hang). While it waits, the conversation is
+//! `WaitingToolResult` and the call shows in the snapshot's `pending_calls`. A conversation may have as many calls
+//! waiting as it may have in flight ([`max_in_flight_per_conversation`](crate::AgentToolsPlugin::max_in_flight_per_conversation)):
+//! beyond, a call gets `BUSY` at once.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -205,9 +207,17 @@ async fn run(
     let hub = &host.conversations;
     let tool = request.tool.clone();
     let cancel = WaitCancel { token: call.cancel.clone(), why: call.why.clone() };
-    let Some(key) = hub.pending_started(&conversation, &tool, request.task.clone(), cancel) else {
-        call.outcome.set(Err(ended(&conversation)));
-        return;
+    let key = match hub.pending_started(&conversation, &tool, request.task.clone(), cancel, host.config.max_in_flight) {
+        None => Err(ended(&conversation)),
+        Some(started) => started,
+    };
+    let key = match key {
+        Ok(key) => key,
+        Err(mut error) => {
+            error.details.tool.get_or_insert_with(|| tool.clone());
+            call.outcome.set(Err(error));
+            return;
+        }
     };
     let deadline = crate::deadline::after_tokio(tokio::time::Instant::now(), wait);
     let found = loop {

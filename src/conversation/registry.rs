@@ -513,24 +513,34 @@ impl ConversationHub {
         finished(&self.game, conversations, watchers, id, life, &cancelled)
     }
 
-    /// Records a call that waits for its tool. `None` if the conversation ended (or is unknown).
+    /// Records a call that waits for its tool. `None` if the conversation ended (or is unknown); `Some(Err)` with
+    /// `BUSY` if it already has `limit` calls waiting for their tools (they count as calls in flight do, apart).
     pub(crate) fn pending_started(
         &self,
         id: &ConversationId,
         tool: &str,
         task: Option<TaskId>,
         cancel: WaitCancel,
-    ) -> Option<u64> {
+        limit: usize,
+    ) -> Option<Result<u64, ToolError>> {
         let mut inner = self.inner.lock();
         inner.next_pending += 1;
         let key = inner.next_pending;
         let HubInner { conversations, watchers, .. } = &mut *inner;
         let entry = conversations.get_mut(id).filter(|entry| !entry.facts.ended)?;
+        if entry.pending.len() >= limit {
+            let waiting = entry.pending.len();
+            let error = ToolError::with_code(
+                ErrorCode::Busy,
+                format!("this conversation already has {waiting} calls waiting for their tools; wait for one to end"),
+            );
+            return Some(Err(error.with_detail("limit", limit)));
+        }
         entry.pending.insert(key, (PendingCall { tool: tool.to_string(), task }, cancel));
         entry.facts.calls += 1;
         entry.last_activity = Instant::now();
         update(&self.game, watchers, id, entry, StatusSource::Host);
-        Some(key)
+        Some(Ok(key))
     }
 
     /// Cancels `id`'s calls still waiting for their tool, saying `why`: all, or those of `task` (a call that named
