@@ -9,8 +9,10 @@
 //! wait counts toward the call's own timeout: once admitted, its deadline is its arrival plus its timeout.
 //! Otherwise an unknown tool is rejected at once (a typo should not hang). While it waits, the conversation is
 //! `WaitingToolResult` and the call shows in the snapshot's `pending_calls`. A conversation may have as many calls
-//! waiting as it may have in flight ([`max_in_flight_per_conversation`](crate::AgentToolsPlugin::max_in_flight_per_conversation)):
-//! beyond, a call gets `BUSY` at once.
+//! waiting as it may have in flight ([`AgentToolsPlugin::max_in_flight_per_conversation`]): beyond, a call gets
+//! `BUSY` at once.
+//!
+//! [`AgentToolsPlugin::max_in_flight_per_conversation`]: crate::AgentToolsPlugin::max_in_flight_per_conversation
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
