@@ -93,7 +93,7 @@ impl McpPlugin {
     /// its `GET` stream open (Claude Code, the TypeScript and Python SDKs do while they run) keeps its session
     /// however quiet it is; its idle time starts when the server finds the stream closed (the client went away
     /// without deleting the session; a connection that died without a word is found at a keep-alive the kernel
-    /// gives up on). Default 5 minutes; `None` keeps sessions until their client deletes them or the
+    /// gives up on), or finds that its client stopped reading it (for 5 s, with events waiting). Default 5 minutes; `None` keeps sessions until their client deletes them or the
     /// conversation ends. An in-game agent's session (its client presented the session's own token) never
     /// expires this way: it closes when the in-game session ends. The host's
     /// [`AgentToolsPlugin::conversation_idle_timeout`](crate::AgentToolsPlugin::conversation_idle_timeout) (for

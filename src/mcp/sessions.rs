@@ -33,6 +33,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -126,12 +127,17 @@ impl ConversationSessions {
         Self { inner, agent, credentials, idle_timeout, open: Arc::default(), logs: Arc::default() }
     }
 
-    /// Session `id`'s `GET` stream, counted as its client listening for as long as it is open.
+    /// Session `id`'s `GET` stream from rmcp, handed on to its client ([`handed_on`]), counted as its client
+    /// listening until it is let go: the client went away, or stopped reading it.
     fn listening(&self, id: &SessionId, stream: BoxedSseStream) -> BoxedSseStream {
         if let Some(tracked) = self.open.lock().get_mut(id) {
             tracked.listening += 1;
         }
-        Box::pin(Listening { stream, open: self.open.clone(), id: id.clone() })
+        let listening =
+            Arc::new(Listening { open: self.open.clone(), id: id.clone(), stopped: AtomicBool::new(false) });
+        // Whichever goes first: the connection's stream (the client went away), or the hand-on (it stopped reading).
+        let stream = handed_on(stream, STALL_TIMEOUT, StopsListening(listening.clone()));
+        Box::pin(ListeningStream { stream, _stops: StopsListening(listening) })
     }
 
     /// Drains rmcp's stream for a request into a log, whether or not the client stays connected, and returns the
@@ -337,15 +343,43 @@ impl ConversationSessions {
     }
 }
 
-/// A session's `GET` stream while its client has it open. When it closes (the client closed it, or went away) the
-/// session's idle time starts.
+/// A session's client listening on its `GET` stream. When it stops (it closed the stream, went away, or stopped
+/// reading it) the session's idle time starts.
 struct Listening {
-    stream: BoxedSseStream,
     open: Arc<Mutex<HashMap<SessionId, Tracked>>>,
     id: SessionId,
+    stopped: AtomicBool,
 }
 
-impl Stream for Listening {
+impl Listening {
+    /// The client stopped listening on this stream (counted once).
+    fn stop(&self) {
+        if self.stopped.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        if let Some(tracked) = self.open.lock().get_mut(&self.id) {
+            tracked.listening = tracked.listening.saturating_sub(1);
+            tracked.last_seen = Instant::now();
+        }
+    }
+}
+
+/// Stops the [`Listening`] when dropped.
+struct StopsListening(Arc<Listening>);
+
+impl Drop for StopsListening {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+/// The connection's side of a `GET` stream.
+struct ListeningStream {
+    stream: BoxedSseStream,
+    _stops: StopsListening,
+}
+
+impl Stream for ListeningStream {
     type Item = ServerSseMessage;
 
     fn poll_next(
@@ -353,15 +387,6 @@ impl Stream for Listening {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<ServerSseMessage>> {
         self.stream.as_mut().poll_next(cx)
-    }
-}
-
-impl Drop for Listening {
-    fn drop(&mut self) {
-        if let Some(tracked) = self.open.lock().get_mut(&self.id) {
-            tracked.listening = tracked.listening.saturating_sub(1);
-            tracked.last_seen = Instant::now();
-        }
     }
 }
 
@@ -477,7 +502,7 @@ impl SessionManager for ConversationSessions {
     {
         self.seen(id);
         let inner = self.inner.create_standalone_stream(id);
-        async move { Ok(self.listening(id, handed_on(Box::pin(inner.await?), STALL_TIMEOUT))) }
+        async move { Ok(self.listening(id, Box::pin(inner.await?))) }
     }
 
     async fn resume(
@@ -492,10 +517,7 @@ impl SessionManager for ConversationSessions {
         match logged {
             Some(stream) => Ok(stream),
             // The standalone stream (`GET` without a request), or a request stream no longer kept: rmcp's.
-            None => {
-                let resumed = handed_on(Box::pin(self.inner.resume(id, last_event_id).await?), STALL_TIMEOUT);
-                Ok(self.listening(id, resumed))
-            }
+            None => Ok(self.listening(id, Box::pin(self.inner.resume(id, last_event_id).await?))),
         }
     }
 }
@@ -555,6 +577,7 @@ mod tests {
     #[test]
     fn a_new_session_over_the_cap_ends_the_longest_silent_idle_one_never_one_in_use() {
         let (mut app, gate) = held_at_a_gate();
+        let _runtime = app.agent().host().runtime.enter();
         let credentials = Credentials::default();
         let sessions = ConversationSessions::new(app.agent(), credentials, Some(Duration::from_secs(60)));
         let start = Instant::now();
@@ -601,6 +624,7 @@ mod tests {
     #[test]
     fn a_session_whose_client_listens_never_expires_and_its_idle_time_starts_when_it_stops() {
         let (app, _gate) = held_at_a_gate();
+        let _runtime = app.agent().host().runtime.enter();
         let timeout = Duration::from_secs(60);
         let sessions = ConversationSessions::new(app.agent(), Credentials::default(), Some(timeout));
         let (listening, silent): (SessionId, SessionId) = ("listening".into(), "silent".into());
@@ -619,6 +643,51 @@ mod tests {
         let mut expired = sessions.expired(stopped + timeout * 2);
         expired.sort();
         assert_eq!(expired, vec![listening, silent], "and it expires a whole timeout after");
+    }
+
+    /// rmcp's side of a `GET` stream: what it sends into a bounded channel (waiting while it is full).
+    struct Rmcp(tokio::sync::mpsc::Receiver<ServerSseMessage>);
+
+    impl Stream for Rmcp {
+        type Item = ServerSseMessage;
+
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<ServerSseMessage>> {
+            self.0.poll_recv(cx)
+        }
+    }
+
+    /// A client that keeps its `GET` stream's connection open but reads nothing from it is not listening: once its
+    /// stream is let go (after [`STALL_TIMEOUT`]), the session's idle time starts, as if it had closed it.
+    #[test]
+    fn a_client_that_stops_reading_its_get_stream_no_longer_keeps_its_session() {
+        let (app, _gate) = held_at_a_gate();
+        let runtime = app.agent().host().runtime.clone();
+        let _runtime = runtime.enter();
+        let timeout = Duration::from_secs(60);
+        let sessions = ConversationSessions::new(app.agent(), Credentials::default(), Some(timeout));
+        let id: SessionId = "stalled".into();
+        let start = Instant::now();
+        sessions.open.lock().insert(id.clone(), Tracked::new(session_conversation(id.as_ref()), start));
+        let (rmcp, inner) = tokio::sync::mpsc::channel(16);
+        let _connection = sessions.listening(&id, Box::pin(Rmcp(inner)));
+        assert!(sessions.expired(start + timeout * 10).is_empty(), "listening");
+
+        // Events come; the client's connection stays open and takes none of them.
+        let event = || {
+            ServerSseMessage::from_message(rmcp::model::ServerJsonRpcMessage::notification(
+                rmcp::model::ServerNotification::ToolListChangedNotification(Default::default()),
+            ))
+        };
+        runtime.block_on(async {
+            let sends = async { while rmcp.send(event()).await.is_ok() {} };
+            tokio::time::timeout(STALL_TIMEOUT * 4, sends).await.expect("rmcp's stream was let go");
+        });
+        let stopped = Instant::now();
+        assert!(!sessions.expired(stopped + timeout / 2).contains(&id), "its idle time starts when it was let go");
+        assert_eq!(sessions.expired(stopped + timeout * 2), vec![id], "then it expires as a silent session does");
     }
 
     /// A client reconnected under a new session, retried its keyed call (same task and operation id: it joined

@@ -118,31 +118,40 @@ impl StreamLog {
 /// Hands rmcp's standalone stream on to its connection: once the connection is gone, or its client takes in
 /// nothing for `stall_timeout` while events wait for it, rmcp's stream is let go, so rmcp drops what that client
 /// would have been sent next instead of waiting for it, and makes the client's next `GET` the session's standalone
-/// stream again, replaying what it kept.
-pub(crate) fn handed_on(mut inner: BoxedSseStream, stall_timeout: Duration) -> BoxedSseStream {
+/// stream again, replaying what it kept. `held` is kept until then: dropped when rmcp's stream ends or is let go,
+/// just before rmcp's stream is dropped.
+pub(crate) fn handed_on(inner: BoxedSseStream, stall_timeout: Duration, held: impl Send + 'static) -> BoxedSseStream {
     let (tx, rx) = mpsc::channel(LIVE_CAPACITY);
     tokio::spawn(async move {
-        loop {
-            let event = tokio::select! {
-                event = std::future::poll_fn(|cx| inner.as_mut().poll_next(cx)) => event,
-                // Let go the moment the client disconnects, not at the next event: until rmcp's stream is
-                // dropped, rmcp takes the session's standalone stream for alive and makes a new `GET` an idle one.
-                () = tx.closed() => return,
-            };
-            let Some(event) = event else { return };
-            match tokio::time::timeout(stall_timeout, tx.send(event)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return,
-                Err(_) => {
-                    tracing::debug!(
-                        "an MCP client stopped reading its standalone stream: its connection gets no more events"
-                    );
-                    return;
-                }
-            }
-        }
+        let mut inner = inner;
+        hand_on(&mut inner, &tx, stall_timeout).await;
+        drop(held);
+        drop(inner);
     });
     Box::pin(Replay { missed: VecDeque::new(), live: Some(rx) })
+}
+
+/// Sends `inner`'s events on `tx` until it ends, `tx`'s receiver is gone, or takes nothing for `stall_timeout`.
+async fn hand_on(inner: &mut BoxedSseStream, tx: &mpsc::Sender<ServerSseMessage>, stall_timeout: Duration) {
+    loop {
+        let event = tokio::select! {
+            event = std::future::poll_fn(|cx| inner.as_mut().poll_next(cx)) => event,
+            // Let go the moment the client disconnects, not at the next event: until rmcp's stream is
+            // dropped, rmcp takes the session's standalone stream for alive and makes a new `GET` an idle one.
+            () = tx.closed() => return,
+        };
+        let Some(event) = event else { return };
+        match tokio::time::timeout(stall_timeout, tx.send(event)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return,
+            Err(_) => {
+                tracing::debug!(
+                    "an MCP client stopped reading its standalone stream: its connection gets no more events"
+                );
+                return;
+            }
+        }
+    }
 }
 
 /// The index of an rmcp request-stream event id (`<index>/<http request id>`).
@@ -259,7 +268,7 @@ mod tests {
             // rmcp's side: a bounded channel, as its session worker sends into (waiting while it is full).
             let (rmcp, inner) = mpsc::channel::<ServerSseMessage>(16);
             let inner: BoxedSseStream = Box::pin(Replay { missed: VecDeque::new(), live: Some(inner) });
-            let connection = handed_on(inner, STALL);
+            let connection = handed_on(inner, STALL, ());
             // Its client reads nothing. rmcp's sends end (delivered or refused) rather than wait for ever.
             let sends = async {
                 for index in 0..1_000 {
@@ -276,7 +285,8 @@ mod tests {
     fn a_standalone_stream_lets_rmcp_go_the_moment_its_client_disconnects() {
         runtime().block_on(async {
             let (rmcp, inner) = mpsc::channel::<ServerSseMessage>(16);
-            let connection = handed_on(Box::pin(Replay { missed: VecDeque::new(), live: Some(inner) }), STALL_TIMEOUT);
+            let connection =
+                handed_on(Box::pin(Replay { missed: VecDeque::new(), live: Some(inner) }), STALL_TIMEOUT, ());
             drop(connection);
             // With no event sent: rmcp sees the stream closed, and makes the client's next GET the live one.
             tokio::time::timeout(Duration::from_secs(10), rmcp.closed()).await.expect("let go at once");
