@@ -3,12 +3,18 @@
 
 use std::time::{Duration, Instant};
 
-/// About a century: later than anything a running game waits for, and representable by every platform's clock.
+/// About a century: later than anything a running game waits for.
 const NEVER: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+/// Nearer horizons, for a clock that cannot say a century from now (FreeBSD's, say): still far past any game's run.
+const NEARER: [Duration; 2] = [Duration::from_secs(30 * 365 * 24 * 60 * 60), Duration::from_secs(365 * 24 * 60 * 60)];
 
-/// `wait` after `from`, or a century after it when `wait` is longer than the clock can say.
+/// `wait` after `from`, or a century after it (or as far as the clock can say) when `wait` is longer.
 pub(crate) fn after(from: Instant, wait: Duration) -> Instant {
-    from.checked_add(wait.min(NEVER)).unwrap_or(from)
+    let wait = wait.min(NEVER);
+    std::iter::once(wait)
+        .chain(NEARER.into_iter().filter(|nearer| *nearer < wait))
+        .find_map(|wait| from.checked_add(wait))
+        .unwrap_or(from)
 }
 
 /// [`after`] for tokio's clock.
