@@ -528,6 +528,8 @@ fn security_refusals_have_the_right_status_and_say_why() {
     );
     let (status, _) = raw(&server, &[("Authorization", &bearer)], &huge);
     assert_eq!(status, 413, "an oversized body is refused");
+    let (status, _) = raw(&server, &[("Authorization", &bearer), ("Origin", "http://evil.example")], &huge);
+    assert_eq!(status, 403, "a foreign Origin is refused before anything else is looked at");
 
     let (status, _) = raw(&server, &[("Authorization", &bearer), ("Origin", "http://localhost:3000")], INITIALIZE);
     assert_eq!(status, 200, "a local browser origin with the token is served");

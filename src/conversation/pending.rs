@@ -104,10 +104,12 @@ pub(crate) struct WaitCancel {
 impl WaitCancel {
     /// Cancels the call, for `why`. Returns whether it was not cancelled yet.
     pub(crate) fn cancel(&self, why: &str) -> bool {
+        // Under the reason's lock: of two cancels at once, one counts, and its reason is the one given.
+        let mut given = self.why.lock();
         if self.token.is_cancelled() {
             return false;
         }
-        self.why.lock().get_or_insert_with(|| why.to_string());
+        *given = Some(why.to_string());
         self.token.cancel();
         true
     }

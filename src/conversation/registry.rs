@@ -534,7 +534,7 @@ impl ConversationHub {
                 ErrorCode::Busy,
                 format!("this conversation already has {waiting} calls waiting for their tools; wait for one to end"),
             );
-            return Some(Err(error.with_detail("limit", limit)));
+            return Some(Err(error.with_detail("limit", limit).with_detail("conversation", id)));
         }
         entry.pending.insert(key, (PendingCall { tool: tool.to_string(), task }, cancel));
         entry.facts.calls += 1;

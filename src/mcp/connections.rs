@@ -18,7 +18,7 @@ use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -37,11 +37,18 @@ pub(crate) struct ConnectionLimits {
 
 /// How long answering a connection over the cap may take (a client that does not read is not waited for).
 const REFUSAL_WRITE_LIMIT: Duration = Duration::from_secs(1);
+/// How much of the refused connection's request is read (and thrown away) after the answer, so that closing it
+/// does not reset the connection before its client has read the answer.
+const REFUSAL_DRAIN: u64 = 64 * 1024;
+/// The most connections a limit may ask for: "no limit" in practice, and what the permits can count
+/// ([`Semaphore::MAX_PERMITS`], and `u32` for waiting on all of them).
+const MAX_CONNECTIONS: usize =
+    if Semaphore::MAX_PERMITS < u32::MAX as usize { Semaphore::MAX_PERMITS } else { u32::MAX as usize };
 
 /// Serves `router` on `listener` until `stop`, then lets each connection finish the requests it has in flight and
 /// returns once every connection has closed.
 pub(crate) async fn serve(listener: TcpListener, router: Router, limits: ConnectionLimits, stop: CancellationToken) {
-    let max = limits.max_connections.max(1);
+    let max = limits.max_connections.clamp(1, MAX_CONNECTIONS);
     let permits = Arc::new(Semaphore::new(max));
     let full = Arc::new(AtomicBool::new(false));
     loop {
@@ -104,7 +111,8 @@ async fn refuse(mut tcp: TcpStream, max: usize) {
     );
     let _ = tokio::time::timeout(REFUSAL_WRITE_LIMIT, async {
         tcp.write_all(response.as_bytes()).await?;
-        tcp.shutdown().await
+        tcp.shutdown().await?;
+        tokio::io::copy(&mut (&mut tcp).take(REFUSAL_DRAIN), &mut tokio::io::sink()).await
     })
     .await;
 }

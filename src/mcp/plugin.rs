@@ -84,7 +84,7 @@ impl McpPlugin {
             max_body_bytes: 1024 * 1024,
             session_idle_timeout: Some(Duration::from_secs(300)),
             strict_port: false,
-            limits: ConnectionLimits { max_connections: 256, request_read_timeout: Duration::from_secs(30) },
+            limits: ConnectionLimits { max_connections: 256, request_read_timeout: Duration::from_secs(120) },
         }
     }
 
@@ -93,9 +93,10 @@ impl McpPlugin {
     /// its `GET` stream open (Claude Code, the TypeScript and Python SDKs do while they run) keeps its session
     /// however quiet it is; its idle time starts when the server finds the stream closed (the client went away
     /// without deleting the session; a connection that died without a word is found at a keep-alive the kernel
-    /// gives up on), or finds that its client stopped reading it (for 5 s, with events waiting). Default 5 minutes; `None` keeps sessions until their client deletes them or the
-    /// conversation ends. An in-game agent's session (its client presented the session's own token) never
-    /// expires this way: it closes when the in-game session ends. The host's
+    /// gives up on), or finds that its client stopped reading it (for 5 s, with events waiting). Default 5
+    /// minutes; `None` keeps sessions until their client deletes them or the conversation ends. An in-game
+    /// agent's session (its client presented the session's own token) never expires this way: it closes when the
+    /// in-game session ends. The host's
     /// [`AgentToolsPlugin::conversation_idle_timeout`](crate::AgentToolsPlugin::conversation_idle_timeout) (for
     /// 2026-07-28, which has no sessions) never ends a session's conversation.
     pub fn session_idle_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
@@ -173,17 +174,20 @@ impl McpPlugin {
 
     /// How many connections may be open at once (each client uses a few: one for its `GET` stream, some for its
     /// requests). A connection over the limit is answered `503` with `Retry-After: 1` and closed. Default 256;
-    /// at least 1.
+    /// at least 1 (`usize::MAX`: as many as the system allows).
     pub fn max_connections(mut self, connections: usize) -> Self {
         self.limits.max_connections = connections.max(1);
         self
     }
 
     /// How long a request's head, and then its body, may take to arrive once its connection is open or done with
-    /// the previous request; past it the connection is closed (`408` for a body). A response that takes long (a
-    /// call, a `GET` stream) is not bounded by it. Default 30 s.
+    /// the previous request; past it the connection is closed (`408` for a body). So it also closes a kept-alive
+    /// connection that stays idle that long: the default, 120 s, is longer than HTTP clients keep idle
+    /// connections for reuse (reqwest, which rmcp's client uses: 90 s; Node: 4 s; httpx: 5 s), so none sends a
+    /// request on a connection the server is closing. A response that takes long (a call, a `GET` stream) is not
+    /// bounded by it. At least 1 s.
     pub fn request_read_timeout(mut self, timeout: Duration) -> Self {
-        self.limits.request_read_timeout = timeout;
+        self.limits.request_read_timeout = timeout.max(Duration::from_secs(1));
         self
     }
 
@@ -290,7 +294,7 @@ impl McpPlugin {
             StreamableHttpService::new(move || Ok(handler.clone()), sessions.clone(), config);
         let exchanges = Arc::new(Exchanges::default());
         let rebinding = security::RebindingCheck(service.clone());
-        // Outermost last: the token (after rmcp's Host and Origin check, for a request without one), then the in-flight limit, then rmcp (Host, Origin, body limit); every POST
+        // Outermost last: rmcp's Host and Origin check (asked first, and again by rmcp), the token, then the in-flight limit, then rmcp (Host, Origin, body limit); every POST
         // that reaches rmcp is tracked until its response is sent, for the exit; a session's end is answered 204; a
         // resume with nothing left to send, 405; each request notes how many tools were registered when it arrived
         // (a `subscriptions/listen` acknowledged before it listens announces what it missed); an answer rmcp is
@@ -306,13 +310,10 @@ impl McpPlugin {
             .layer(axum::middleware::from_fn_with_state(self.max_body_bytes, super::parse::refuse_unparsable))
             .layer(axum::middleware::from_fn_with_state(limit, limit_in_flight))
             .layer(axum::middleware::from_fn_with_state(
-                security::Bearer {
-                    token: Arc::<str>::from(token.as_str()),
-                    credentials: credentials.clone(),
-                    rebinding,
-                },
+                security::Bearer { token: Arc::<str>::from(token.as_str()), credentials: credentials.clone() },
                 security::require_bearer,
-            ));
+            ))
+            .layer(axum::middleware::from_fn_with_state(rebinding, security::refuse_foreign));
         let (stop, limits) = (shutdown.clone(), self.limits);
         let (served_tx, served) = Completion::pending();
         runtime.spawn(async move {

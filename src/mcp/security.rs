@@ -81,18 +81,16 @@ pub(crate) fn redacted(token: &str) -> String {
     format!("{}…", token.chars().take(4).collect::<String>())
 }
 
-/// What the bearer check accepts: the game's token, and the live per-conversation credentials; and the service
-/// whose `Host` and `Origin` rules a request without them is held to first.
+/// What the bearer check accepts: the game's token, and the live per-conversation credentials.
 #[derive(Clone)]
 pub(crate) struct Bearer {
     pub token: std::sync::Arc<str>,
     pub credentials: Credentials,
-    pub rebinding: RebindingCheck,
 }
 
-/// rmcp's own `Host` and `Origin` check (the allow-lists of [`McpPlugin`](super::McpPlugin)), asked before the
-/// token is refused: a page of another origin, or a DNS-rebound host name, gets 403 whether or not it has a
-/// token, as MCP's transport requires, and by the same rules that apply to a request with one.
+/// rmcp's own `Host` and `Origin` check (the allow-lists of [`McpPlugin`](super::McpPlugin)), asked before
+/// anything else: a page of another origin, or a DNS-rebound host name, gets 403 whatever else its request holds
+/// (a token or not, a body over the limit, ...), as MCP's transport requires, by exactly rmcp's rules.
 #[derive(Clone)]
 pub(crate) struct RebindingCheck(pub StreamableHttpService<GameServer, ConversationSessions>);
 
@@ -115,8 +113,8 @@ impl RebindingCheck {
 
 /// Requires `Authorization: Bearer <token>` (the scheme is case-insensitive, as in HTTP): the game's token, or a
 /// live per-conversation credential, whose conversation is then put in the request's extensions
-/// ([`BoundConversation`]). Otherwise 403 if the request's `Host` or `Origin` is not allowed
-/// ([`RebindingCheck`]), else 401 with a JSON body that says why. The game's token is compared in constant time.
+/// ([`BoundConversation`]). 401 with a JSON body that says why otherwise. The game's token is compared in
+/// constant time.
 pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Request, next: Next) -> Response {
     let reason = match presented_bearer(request.headers()) {
         None => {
@@ -135,10 +133,15 @@ pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Re
             }
         },
     };
-    let rebinding = bearer.rebinding.refusal(&request);
-    match rebinding.await {
+    refusal(StatusCode::UNAUTHORIZED, "unauthorized", reason)
+}
+
+/// Refuses a request whose `Host` or `Origin` is not allowed ([`RebindingCheck`]), before anything else.
+pub(crate) async fn refuse_foreign(State(check): State<RebindingCheck>, request: Request, next: Next) -> Response {
+    let refused = check.refusal(&request);
+    match refused.await {
         Some(forbidden) => forbidden,
-        None => refusal(StatusCode::UNAUTHORIZED, "unauthorized", reason),
+        None => next.run(request).await,
     }
 }
 

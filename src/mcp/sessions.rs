@@ -15,7 +15,8 @@
 //! Nor is a client listening on its session's `GET` stream (Claude Code, the TypeScript and Python SDKs and rmcp's
 //! client keep one open while they run): a client can stay quiet for as long as its user does, and Claude Code
 //! never opens a new session after a 404, so expiring its session would take its tools away until it restarts.
-//! The idle time of a session whose client went away without deleting it starts when its stream closes.
+//! The idle time of a session whose client went away without deleting it starts when its stream closes, or when
+//! its client is found to have stopped reading it (its stream is then let go: [`handed_on`]).
 //!
 //! Expiry is ours, not rmcp's: rmcp's own keep-alive closes a session's worker but leaves the session in its
 //! manager, where nothing observes it.
@@ -88,7 +89,7 @@ struct Tracked {
     /// The other conversations its calls ran in (`conversation` handles): a call of theirs in flight is not
     /// silence either. At most [`USED_KEPT`], the latest.
     used: VecDeque<ConversationId>,
-    /// Its client's open `GET` streams ([`Listening`]): while one is open, its client is there.
+    /// Its client's `GET` streams open and read ([`Listening`]): while there is one, its client is there.
     listening: usize,
 }
 

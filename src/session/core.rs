@@ -65,10 +65,10 @@ impl OpenMessage {
         if self.cut {
             return None;
         }
-        let room = MESSAGE_LIMIT.saturating_sub(self.text.len());
+        // Room is kept for the cut's line: a message never passes the limit.
+        let room = (MESSAGE_LIMIT - MESSAGE_CUT.len()).saturating_sub(self.text.len());
         if text.len() > room {
-            let kept = room.saturating_sub(MESSAGE_CUT.len());
-            let at = (0..=kept.min(text.len())).rev().find(|at| text.is_char_boundary(*at)).unwrap_or(0);
+            let at = (0..=room).rev().find(|at| text.is_char_boundary(*at)).unwrap_or(0);
             text.truncate(at);
             text.push_str(MESSAGE_CUT);
             self.cut = true;
@@ -752,5 +752,11 @@ mod tests {
         assert!(open.text.len() <= MESSAGE_LIMIT, "{}", open.text.len());
         assert_eq!(open.add("more".into()), None, "nothing is added after the cut");
         assert_eq!(open.text.matches(MESSAGE_CUT).count(), 1);
+
+        // Filled to just under the cut's line: the next piece is the line alone, and the message is at the limit.
+        let mut full = message();
+        full.add("a".repeat(MESSAGE_LIMIT - MESSAGE_CUT.len())).expect("fits");
+        assert_eq!(full.add("b".into()).as_deref(), Some(MESSAGE_CUT));
+        assert_eq!(full.text.len(), MESSAGE_LIMIT);
     }
 }

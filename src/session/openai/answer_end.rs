@@ -26,6 +26,9 @@ const CARRY: usize = 16;
 const ERROR_FIELD: &[u8] = b"error:";
 /// The most of an error line kept (the message quoted from it is shorter still).
 const ERROR_LINE_LIMIT: usize = 64 * 1024;
+/// The most one event (the bytes up to a blank line) may take: the SSE reader keeps an event whole until it ends,
+/// so a server that streams one without end would otherwise fill memory while the stall timeout never fires.
+const EVENT_LIMIT: usize = super::client::WHOLE_ANSWER_LIMIT;
 
 /// The answer's body, passed on as it is (with each error line also as a `data:` chunk), with an error at its end if
 /// it never said `data: [DONE]`.
@@ -39,12 +42,38 @@ pub(crate) struct DoneWatch<S> {
     /// The body gave its last chunk.
     body_ended: bool,
     ended: bool,
+    /// Bytes since the last blank line (the current event's), and whether the last line so far was empty.
+    in_event: usize,
+    blank: bool,
 }
 
 impl<S> DoneWatch<S> {
     pub(crate) fn new(body: S) -> Self {
         // The body's start is a line's start.
-        Self { body, tail: b"\n".to_vec(), line: Vec::new(), done: false, body_ended: false, ended: false }
+        Self {
+            body,
+            tail: b"\n".to_vec(),
+            line: Vec::new(),
+            done: false,
+            body_ended: false,
+            ended: false,
+            in_event: 0,
+            blank: true,
+        }
+    }
+
+    /// Counts `chunk` into the current event. Returns whether the event is still within [`EVENT_LIMIT`].
+    fn within_event_limit(&mut self, chunk: &[u8]) -> bool {
+        for &byte in chunk {
+            match byte {
+                b'\n' if self.blank => self.in_event = 0,
+                b'\n' => self.blank = true,
+                b'\r' => {}
+                _ => self.blank = false,
+            }
+            self.in_event += 1;
+        }
+        self.in_event <= EVENT_LIMIT
     }
 
     fn scan(&mut self, chunk: &[u8]) {
@@ -95,6 +124,18 @@ impl<S> DoneWatch<S> {
     }
 }
 
+/// The error a body ends with once one event passed [`EVENT_LIMIT`].
+#[derive(Debug)]
+pub(crate) struct EventTooLong;
+
+impl std::fmt::Display for EventTooLong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "one event of the answer passed {} MiB without ending: the answer was abandoned", EVENT_LIMIT >> 20)
+    }
+}
+
+impl Error for EventTooLong {}
+
 /// The error a body that ended without `data: [DONE]` ends with.
 #[derive(Debug)]
 pub(crate) struct CutShort;
@@ -123,6 +164,10 @@ where
             match Pin::new(&mut self.body).poll_next(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(chunk))) => {
+                    if !self.within_event_limit(chunk.as_ref()) {
+                        self.ended = true;
+                        return Poll::Ready(Some(Err(Box::new(EventTooLong))));
+                    }
                     self.scan(chunk.as_ref());
                     let chunk = match self.with_errors(chunk.as_ref()) {
                         Some(rewritten) => B::from(rewritten),
@@ -186,6 +231,31 @@ mod tests {
         let cut = ends(&["data: {\"choices\":[]}\n\n"]);
         assert_eq!(cut.len(), 2);
         assert_eq!(cut[1], Err(CutShort.to_string()));
+    }
+
+    /// What comes of `chunks`: each chunk's length, or the error.
+    fn lengths(chunks: Vec<Vec<u8>>) -> Vec<Result<usize, String>> {
+        let watched = DoneWatch::new(futures_util::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>)));
+        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+        runtime
+            .block_on(watched.map(|item| item.map(|bytes: Vec<u8>| bytes.len()).map_err(|e| e.to_string())).collect())
+    }
+
+    #[test]
+    fn an_event_streamed_without_end_stops_the_answer_at_the_event_limit_and_many_events_do_not() {
+        let megabyte = vec![b'a'; 1 << 20];
+        let endless: Vec<Vec<u8>> = std::iter::once(b"data: ".to_vec()).chain(vec![megabyte.clone(); 17]).collect();
+        let read = lengths(endless);
+        assert_eq!(read.last(), Some(&Err(EventTooLong.to_string())), "{:?}", read.len());
+        assert_eq!(read.len(), 17, "stopped at the chunk that passed the limit, not read on");
+
+        // As much in events that end (a blank line, `\r\n` ones too): all of it is read.
+        let mut event = b"data: ".to_vec();
+        event.extend_from_slice(&megabyte);
+        event.extend_from_slice(b"\r\n\r\n");
+        let read = lengths(vec![event; 17]);
+        assert_eq!(read.len(), 18);
+        assert_eq!(read.last(), Some(&Err(CutShort.to_string())), "the body's own end, not the limit");
     }
 
     #[test]
