@@ -50,6 +50,21 @@ impl<S: Subscriber> Layer<S> for Captured {
     }
 }
 
+/// A request from a page of another origin, without a token; its status.
+fn foreign_request(address: std::net::SocketAddr) -> u16 {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {address}\r\nOrigin: http://evil.example\r\nContent-Type: application/json\r\n\
+         Content-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+    );
+    stream.write_all(request.as_bytes()).expect("write");
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response.split_whitespace().nth(1).and_then(|status| status.parse().ok()).unwrap_or(0)
+}
+
 #[test]
 fn rmcp_connection_lines_are_quiet_and_a_stateless_client_disconnect_is_not_an_error() {
     let captured = Captured::default();
@@ -116,6 +131,11 @@ fn rmcp_connection_lines_are_quiet_and_a_stateless_client_disconnect_is_not_an_e
         client.call_tool(CallToolRequestParams::new("bump")).await.expect("a call");
         client.cancel().await.expect("close");
     });
+    // A web page of another origin sending request after request: each is refused 403.
+    let address = game.with_app(|app| app.world().resource::<McpServer>().address());
+    for _ in 0..20 {
+        assert_eq!(foreign_request(address), 403);
+    }
     gate.open();
     game.stop();
 
@@ -133,6 +153,8 @@ fn rmcp_connection_lines_are_quiet_and_a_stateless_client_disconnect_is_not_an_e
     );
     let errors: Vec<_> = server.iter().filter(|(level, _, _)| *level == Level::ERROR).collect();
     assert!(errors.is_empty(), "a client going away is not an error: {errors:#?}");
+    let refusals = server.iter().filter(|(_, _, message)| message.starts_with("rejected request with")).count();
+    assert_eq!(refusals, 1, "one warning for 20 refused requests in a few seconds, not one each: {captured:#?}");
     let rmcp_chatter: Vec<_> =
         server.iter().filter(|(level, target, _)| target.starts_with("rmcp") && *level > Level::WARN).collect();
     assert!(rmcp_chatter.is_empty(), "rmcp's INFO lines are quiet by default: {rmcp_chatter:#?}");
