@@ -1117,6 +1117,22 @@ fn permission_requests_are_denied_by_default_and_the_player_can_allow_or_let_the
 }
 
 #[test]
+fn an_agent_asking_permission_in_a_loop_puts_at_most_16_requests_to_the_player_and_the_rest_are_denied() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    // Long enough for all 20 requests to reach the game before the first of those put to the player times out.
+    let mut config = agent(&dirs, &[]).permissions(PermissionPolicy::AskPlayer);
+    config.timeouts.permission = Duration::from_secs(5);
+    let session = game.create(config).expect("starts");
+    let id = session.id().to_string();
+    let turn = game.block_on(session.send_text("ask-many 20")).expect("the turn ends");
+    // Unanswered, the 16 put to the player time out (denied); the 4 past the cap were denied at once.
+    assert_eq!(turn.final_message.as_deref(), Some(r#"permissions: {"denied":20}"#));
+    let asked = game.log.lines().iter().filter(|line| line.starts_with(&format!("permission {id} "))).count();
+    assert_eq!(asked, 16, "only 16 prompts reached the player: {:#?}", game.log.lines());
+}
+
+#[test]
 fn s2_cancelling_a_turn_answers_its_waiting_permission_request_cancelled_so_the_turn_ends() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

@@ -1,5 +1,6 @@
-//! Permission requests from agents: decided by the session's policy, or put to the player with a deadline. A
-//! request put to the player is published ([`PermissionRequested`]) and, however it ends, settled once
+//! Permission requests from agents: decided by the session's policy, or put to the player with a deadline (at most
+//! [`MAX_WAITING_PER_SESSION`] of a session at once; past it, denied without asking). A request put to the player
+//! is published ([`PermissionRequested`]) and, however it ends, settled once
 //! ([`PermissionSettled`]): answered, timed out, or withdrawn with its turn or session.
 //!
 //! The book's lock is taken after a session's state lock (a request is put, or withdrawn, under it) and before
@@ -17,6 +18,10 @@ use super::PermissionPolicy;
 use crate::agent::AgentHandle;
 use crate::conversation::{ConversationEvent, PermissionOutcome, PermissionRequested, PermissionSettled};
 use crate::ids::ConversationId;
+
+/// The most requests of one session put to the player at once: past it, the agent's next request is denied
+/// without asking (an agent that asks in a loop does not fill the player's screen with prompts).
+const MAX_WAITING_PER_SESSION: usize = 16;
 
 struct Asked {
     session: ConversationId,
@@ -73,6 +78,16 @@ impl PermissionBook {
                 {
                     // Published before anyone can take it out: its settlement follows it.
                     let mut waiting = self.waiting.lock();
+                    if waiting.values().filter(|asked| asked.session == session).count() >= MAX_WAITING_PER_SESSION {
+                        tracing::warn!(
+                            %session,
+                            request,
+                            "the agent has {MAX_WAITING_PER_SESSION} permission requests waiting for the player: \
+                             this one is denied without asking"
+                        );
+                        let _ = reply.send(PermissionDecision::Deny);
+                        return;
+                    }
                     waiting.insert(request, Asked { session, reply });
                     self.agent.host().conversations.publish_chat(ConversationEvent::PermissionRequested(requested));
                 }
