@@ -369,8 +369,7 @@ fn a_sessionless_request_naming_a_session_id_of_its_own_choosing_is_not_put_in_t
     game.stop();
 }
 
-/// How many reports the `flood` tool makes: megabytes of events, far more than a connection whose client stopped
-/// reading buffers (the test fails as inconclusive if they all fit).
+/// How many reports the `flood` tool makes, all at once: far more than may wait to be sent.
 const FLOOD: u32 = 60_000;
 
 /// The send queue of the server's end of `client`'s connection, from the kernel's table (bytes the client has
@@ -386,14 +385,31 @@ fn server_send_queue(server: &McpServer, client: &TcpStream) -> Option<u64> {
     })
 }
 
+/// How many reports `heavy` makes, each with a [`HEAVY_MESSAGE`]-byte message: tens of megabytes of events, far
+/// more than a connection whose client stopped reading buffers (the test fails as inconclusive if they all fit),
+/// and fewer than may wait to be sent (none is merged).
+const HEAVY: u32 = 2_000;
+const HEAVY_MESSAGE: usize = 32 * 1024;
+
+/// `heavy`: makes [`HEAVY`] large progress reports, then succeeds.
+fn heavy() -> AgentTool<Session> {
+    AgentTool::new("heavy", "Reports large progress.", |ctx: CallContext<Session>, _: NoArgs| async move {
+        let message = "x".repeat(HEAVY_MESSAGE);
+        for step in 1..=HEAVY {
+            ctx.report_progress(f64::from(step), Some(f64::from(HEAVY)), Some(message.clone()));
+        }
+        Ok(())
+    })
+}
+
 #[test]
 fn a_client_that_stops_reading_its_call_stream_stalls_neither_its_session_nor_the_call_result() {
-    let (game, server, mut events) = serve(flood());
+    let (game, server, mut events) = serve(heavy());
     let session = open_session(&server);
     let in_session = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
 
     // The call's connection takes in its priming event and then nothing: a client that hangs without closing.
-    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"flood","arguments":{},"_meta":{"progressToken":"p7"}}}"#;
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"heavy","arguments":{},"_meta":{"progressToken":"p7"}}}"#;
     let (mut stalled, _) = send(&server, "POST", &in_session, call);
     let priming = read_until(&mut stalled, |line| line.starts_with("id:")).expect("a priming event");
     let last_event_id = priming.trim_start_matches("id:").trim().to_string();
@@ -419,7 +435,7 @@ fn a_client_that_stops_reading_its_call_stream_stalls_neither_its_session_nor_th
         reports += u32::from(line.contains("notifications/progress"));
         line.contains(r#""id":7"#)
     });
-    assert!(on_stalled.is_none() && reports < FLOOD, "the stalled connection got {reports} reports and the result");
+    assert!(on_stalled.is_none() && reports < HEAVY, "the stalled connection got {reports} reports and the result");
     game.stop();
 }
 
@@ -447,5 +463,33 @@ fn a_sessionless_call_that_runs_long_is_answered_with_a_stream_kept_alive_until_
     assert_eq!(next_call_finished(&mut events), None, "the call succeeded");
     let result = read_until(&mut answer, |line| line.starts_with("data:") && line.contains(r#""id":7"#));
     assert!(result.expect("the result").contains(r#""counter":3"#));
+    game.stop();
+}
+
+#[test]
+fn progress_made_faster_than_the_client_takes_it_is_merged_into_the_latest_report_in_order() {
+    let (game, server, _events) = serve(flood());
+    let session = open_session(&server);
+    let in_session = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"flood","arguments":{},"_meta":{"progressToken":"p7"}}}"#;
+    let (mut stream, _) = send(&server, "POST", &in_session, call);
+    let mut reports = Vec::new();
+    let result = read_until(&mut stream, |line| {
+        let Some(message) =
+            line.strip_prefix("data:").and_then(|data| serde_json::from_str::<serde_json::Value>(data).ok())
+        else {
+            return false;
+        };
+        if message["method"] == "notifications/progress" {
+            reports.extend(message["params"]["progress"].as_f64());
+        }
+        message["id"] == 7
+    });
+    assert!(result.is_some_and(|line| line.contains("result")), "the call's result, after its reports");
+    // The tool made its reports at once, far faster than they go out: many were merged, none reordered, the last
+    // kept.
+    assert!(reports.len() < FLOOD as usize, "{} of {FLOOD} reports sent one by one", reports.len());
+    assert!(reports.windows(2).all(|pair| pair[0] < pair[1]), "in order");
+    assert_eq!(reports.last(), Some(&f64::from(FLOOD)), "ending with the latest report");
     game.stop();
 }

@@ -100,6 +100,7 @@ mod listen;
 mod naming;
 mod parse;
 mod plugin;
+mod progress;
 pub(crate) mod quiet;
 mod recent;
 mod security;

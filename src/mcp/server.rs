@@ -19,6 +19,7 @@ use super::handles::{begin_conversation_tool, Handles, BEGIN_CONVERSATION, CONVE
 use super::naming::{
     client_conversation, client_identity, conversation_id, handle_conversation, session_named, CLIENT_INFO_META,
 };
+use super::progress::{ProgressQueue, SEND_LIMIT};
 use super::recent::RecentNames;
 use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
@@ -269,12 +270,11 @@ impl GameServer {
             Ok(call_request) => call_request,
             Err(error) => return Ok(error_result(&error).into()),
         };
-        let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel();
-        let progress_token = context.meta.get_progress_token();
+        let queue = Arc::new(ProgressQueue::default());
+        let mut progress_token = context.meta.get_progress_token();
         if progress_token.is_some() {
-            call_request = call_request.progress(ProgressSink::new(move |progress| {
-                let _ = progress_tx.send(progress);
-            }));
+            let queue = queue.clone();
+            call_request = call_request.progress(ProgressSink::new(move |progress| queue.push(progress)));
         }
         let mut call = conversation.request(call_request);
         if let Some(exchange) = context
@@ -291,7 +291,7 @@ impl GameServer {
         let outcome = loop {
             tokio::select! {
                 biased;
-                Some(progress) = progress_rx.recv() => notify_progress(context, progress_token.as_ref(), progress).await,
+                progress = queue.next() => notify_progress(context, &mut progress_token, progress).await,
                 outcome = &mut call => break outcome,
                 _ = context.ct.cancelled(), if !cancelled => {
                     cancelled = true;
@@ -299,8 +299,8 @@ impl GameServer {
                 }
             }
         };
-        while let Ok(progress) = progress_rx.try_recv() {
-            notify_progress(context, progress_token.as_ref(), progress).await;
+        while let Some(progress) = queue.pop() {
+            notify_progress(context, &mut progress_token, progress).await;
         }
         outcome_to_result(outcome).map(Into::into)
     }
@@ -308,17 +308,21 @@ impl GameServer {
 
 /// Sends one progress report as `notifications/progress` (nothing without a token; a client that went away is not
 /// an error here: the call's own cancellation handles it). Nothing once the client cancelled the request: it has
-/// forgotten the token (the TypeScript SDK reports progress for a forgotten token as an error).
-async fn notify_progress(context: &RequestContext<RoleServer>, token: Option<&ProgressToken>, progress: Progress) {
-    let Some(token) = token.filter(|_| !context.ct.is_cancelled()) else { return };
-    let mut param = ProgressNotificationParam::new(token.clone(), progress.progress);
+/// forgotten the token (the TypeScript SDK reports progress for a forgotten token as an error). A client that
+/// does not take a report within [`SEND_LIMIT`] gets none of the call's later ones (`token` is taken).
+async fn notify_progress(context: &RequestContext<RoleServer>, token: &mut Option<ProgressToken>, progress: Progress) {
+    let Some(sending) = token.as_ref().filter(|_| !context.ct.is_cancelled()) else { return };
+    let mut param = ProgressNotificationParam::new(sending.clone(), progress.progress);
     if let Some(total) = progress.total {
         param = param.with_total(total);
     }
     if let Some(message) = progress.message {
         param = param.with_message(message);
     }
-    let _ = context.peer.notify_progress(param).await;
+    if tokio::time::timeout(SEND_LIMIT, context.peer.notify_progress(param)).await.is_err() {
+        tracing::debug!("an MCP client took no progress report for {SEND_LIMIT:?}: the call's later ones are dropped");
+        *token = None;
+    }
 }
 
 /// Maps a call's outcome onto MCP.
