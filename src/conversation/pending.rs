@@ -211,11 +211,8 @@ async fn run(
     let hub = &host.conversations;
     let tool = request.tool.clone();
     let cancel = WaitCancel { token: call.cancel.clone(), why: call.why.clone() };
-    let key = match hub.pending_started(&conversation, &tool, request.task.clone(), cancel, host.config.max_in_flight) {
-        None => Err(ended(&conversation)),
-        Some(started) => started,
-    };
-    let key = match key {
+    let started = hub.pending_started(&conversation, &tool, request.task.clone(), cancel, host.config.max_in_flight);
+    let key = match started.unwrap_or_else(|| Err(ended(&conversation))) {
         Ok(key) => key,
         Err(mut error) => {
             error.details.tool.get_or_insert_with(|| tool.clone());

@@ -3,11 +3,10 @@
 //! and no number of such clients uses up the descriptors the game needs for its own files.
 //!
 //! A connection over the cap is answered `503 Service Unavailable` with `Retry-After: 1` and closed, without
-//! reading its request. The head's bound also closes a kept-alive connection that sends no next request for that
+//! serving its request. The head's bound also closes a kept-alive connection that sends no next request for that
 //! long (clients open another); a request whose response takes long (a call, a `GET` stream) is not bounded by it.
 //! The body's bound is [`read_body`]'s.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,7 +49,8 @@ const MAX_CONNECTIONS: usize =
 pub(crate) async fn serve(listener: TcpListener, router: Router, limits: ConnectionLimits, stop: CancellationToken) {
     let max = limits.max_connections.clamp(1, MAX_CONNECTIONS);
     let permits = Arc::new(Semaphore::new(max));
-    let full = Arc::new(AtomicBool::new(false));
+    // Whether the cap was reached and not left since (to warn once each time).
+    let mut full = false;
     loop {
         let tcp = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -65,13 +65,13 @@ pub(crate) async fn serve(listener: TcpListener, router: Router, limits: Connect
         // Without TCP_NODELAY a response written in two pieces waits for the client's delayed ACK (~40 ms).
         let _ = tcp.set_nodelay(true);
         let Ok(permit) = permits.clone().try_acquire_owned() else {
-            if !full.swap(true, Ordering::Relaxed) {
+            if !std::mem::replace(&mut full, true) {
                 tracing::warn!(max, "the MCP server has its limit of connections open: new ones are answered 503");
             }
             tokio::spawn(refuse(tcp, max));
             continue;
         };
-        full.store(false, Ordering::Relaxed);
+        full = false;
         let service = TowerToHyperService::new(router.clone());
         let stop = stop.clone();
         tokio::spawn(async move {

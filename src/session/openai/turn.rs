@@ -288,9 +288,6 @@ async fn stream_round(
     // What the answer holds so far (a server that streams without end is stopped at the limit, not by memory).
     let mut held = 0usize;
     loop {
-        if held > ANSWER_LIMIT || calls.len() > MAX_CALLS_PER_ANSWER {
-            return Err(oversized(shared, held, calls.len()));
-        }
         // Once the answer said how it finished, only what may follow it (the usage chunk, `[DONE]`) is awaited, and
         // not for long: a server that then keeps the connection open without a word has given its whole answer.
         let wait = if finish.is_some() { stall.min(AFTER_FINISH) } else { stall };
@@ -374,9 +371,9 @@ async fn stream_round(
                 finish = choice.finish_reason;
             }
         }
-    }
-    if held > ANSWER_LIMIT || calls.len() > MAX_CALLS_PER_ANSWER {
-        return Err(oversized(shared, held, calls.len()));
+        if held > ANSWER_LIMIT || calls.len() > MAX_CALLS_PER_ANSWER {
+            return Err(oversized(shared, held, calls.len()));
+        }
     }
     for (n, call) in calls.iter_mut().enumerate() {
         if call.id.is_empty() {
