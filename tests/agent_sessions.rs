@@ -824,6 +824,26 @@ fn s2_a_turn_the_agent_never_ends_times_out_and_the_agent_is_stopped() {
 }
 
 #[test]
+fn s2_a_session_that_fails_mid_call_cancels_its_tool_call_running_in_the_game_which_never_applies() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let mut config = agent(&dirs, &[]);
+    config.timeouts.turn = Duration::from_millis(500);
+    let session = game.create(config).expect("the session starts");
+    let pending = game.block_on(session.start_turn("call held {}")).expect("sent");
+    game.block_on(game.gate.arrivals(1));
+    // The turn times out while its call is held: the session fails and its agent is stopped.
+    let (code, message) = code_of(game.block_on(pending));
+    assert_eq!(code, ErrorCode::Timeout, "{message}");
+    assert_eq!(session.status(), ConversationStatus::Error);
+    game.gate.open();
+    wait_answered(&game.answered, 1);
+    assert_eq!(game.executions.load(Ordering::SeqCst), 0, "the failed session's call never changed the world");
+    game.block_on(session.resume()).expect("resumed");
+    assert_eq!(session.status(), ConversationStatus::Idle, "no call of the failed turn is left in flight");
+}
+
+#[test]
 fn a_close_timeout_as_long_as_the_clock_allows_still_ends_the_session_and_its_agent() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
