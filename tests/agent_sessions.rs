@@ -1137,6 +1137,25 @@ fn permission_requests_are_denied_by_default_and_the_player_can_allow_or_let_the
 }
 
 #[test]
+fn permission_requests_for_the_games_own_tools_are_allowed_without_asking_under_any_policy() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    for policy in [PermissionPolicy::Deny, PermissionPolicy::AskPlayer] {
+        let session = game.create(agent(&dirs, &[]).permissions(policy)).expect("starts");
+        let before = game.counter();
+        let turn = game.block_on(session.send_text("ask-call bump {}")).expect("the turn ends");
+        let answer = turn.final_message.expect("the agent's last message");
+        assert!(answer.starts_with("bump answered: {") && !answer.contains("error"), "{policy:?}: {answer}");
+        assert_eq!(game.counter(), before + 1, "{policy:?}: the game's tool ran");
+    }
+    assert!(
+        !game.log.lines().iter().any(|line| line.starts_with("permission ")),
+        "the player was never asked: {:?}",
+        game.log.lines()
+    );
+}
+
+#[test]
 fn an_agent_asking_permission_in_a_loop_puts_at_most_16_requests_to_the_player_and_the_rest_are_denied() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

@@ -280,6 +280,24 @@ fn a_switch_given_a_value_is_refused_rather_than_turned_on() {
 }
 
 #[test]
+fn a_flag_that_would_change_nothing_with_the_others_given_is_refused_rather_than_dropped() {
+    let refused: [(&[&str], &str); 6] = [
+        (&["--agent-keep"], "--agent-keep"),
+        (&["--ask-permissions"], "--ask-permissions"),
+        (&["--api-key-env", "OPENAI_API_KEY"], "--api-key-env"),
+        (&["--context-window", "4096"], "--context-window"),
+        (&["--agent", "some-agent --acp", "--context-window", "4096"], "--context-window"),
+        (&["--agent-openai", "http://127.0.0.1:9/v1", "--model", "m", "--ask-permissions"], "--ask-permissions"),
+    ];
+    for (flags, named) in refused {
+        let out = Command::new(sandbox_binary()).args(flags).stdin(Stdio::null()).output().expect("the sandbox runs");
+        assert_eq!(out.status.code(), Some(2), "{flags:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&format!("{named} is for")), "{flags:?}: {stderr}");
+    }
+}
+
+#[test]
 fn a_world_whose_saves_are_both_damaged_says_it_failed_to_load_and_is_not_reported_saved() {
     let data = tempfile::tempdir().expect("temp dir");
     let alpha = data.path().join("alpha");

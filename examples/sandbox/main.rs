@@ -16,9 +16,10 @@
 //! The frame rate is then the display's, not `--tps`.
 //!
 //! `--agent-openai` (build with `--features openai`) runs the agent loop in the game against an OpenAI-compatible
-//! endpoint (e.g. `http://127.0.0.1:11434/v1` for Ollama), with the API key from `OPENAI_API_KEY` if it is set,
-//! or from the variable `--api-key-env` names; `--context-window` gives the model's window in tokens, which the
-//! history sent is kept within (Ollama's default is 4,096).
+//! endpoint (e.g. `http://127.0.0.1:11434/v1` for Ollama), with the API key from the variable `--api-key-env`
+//! names (none without it: a key is never sent unasked); `--context-window` gives the model's window in tokens,
+//! which the history sent is kept within (Ollama's default is 4,096). A flag that would change nothing with the
+//! others given (`--agent-keep` without an agent, `--context-window` with `--agent`, ...) is refused.
 //!
 //! Worlds are saved under the data directory (default `sandbox-data/`), one directory per world, as one document
 //! (`sandbox.json`: changed blocks with their versions, notes, the player's position in each dimension) written
@@ -104,6 +105,7 @@ impl Args {
             ask_permissions: false,
             window: false,
         };
+        let mut tps_given = false;
         while let Some(word) = words.next() {
             let (flag, inline) = match word.split_once('=') {
                 Some((flag, value)) => (flag.to_string(), Some(value.to_string())),
@@ -151,6 +153,7 @@ impl Args {
                     args.world = Some(value);
                 }
                 "--tps" => {
+                    tps_given = true;
                     args.tps =
                         value.parse().ok().filter(|tps| (1..=1000).contains(tps)).ok_or_else(|| {
                             format!("--tps: {value:?} is not a number of ticks per second in 1..=1000")
@@ -181,6 +184,28 @@ impl Args {
         if args.agent_openai.is_some() != args.model.is_some() {
             return Err("--agent-openai URL needs --model NAME (and --model needs --agent-openai)".into());
         }
+        // A flag that would change nothing is refused, not silently dropped.
+        let agent_flags = [("--agent-keep", args.agent_keep), ("--ask-permissions", args.ask_permissions)];
+        let openai_flags =
+            [("--api-key-env", args.api_key_env.is_some()), ("--context-window", args.context_window.is_some())];
+        if args.agent.is_none() && args.agent_openai.is_none() {
+            if let Some((flag, _)) = agent_flags.iter().chain(&openai_flags).find(|(_, given)| *given) {
+                return Err(format!("{flag} is for an in-game agent: give --agent or --agent-openai too"));
+            }
+        }
+        if args.agent.is_some() {
+            if let Some((flag, _)) = openai_flags.iter().find(|(_, given)| *given) {
+                return Err(format!("{flag} is for --agent-openai (an ACP agent reads its own configuration)"));
+            }
+        }
+        if args.agent_openai.is_some() && args.ask_permissions {
+            return Err("--ask-permissions is for an ACP agent (--agent): a model behind --agent-openai asks no \
+                        permission, it calls the game's tools only"
+                .into());
+        }
+        if args.window && tps_given {
+            return Err("--tps does not apply with --window: the window's frames run at the display's rate".into());
+        }
         Ok(Some(args))
     }
 
@@ -209,11 +234,10 @@ fn openai_config(
     if let Some(tokens) = context_window {
         endpoint = endpoint.context_window(tokens);
     }
-    // The key: from the variable named, else from OPENAI_API_KEY when it is set (local servers need none).
-    match api_key_env {
-        Some(var) => endpoint = endpoint.api_key_env(var),
-        None if std::env::var_os("OPENAI_API_KEY").is_some() => endpoint = endpoint.api_key_env("OPENAI_API_KEY"),
-        None => {}
+    // The key: only from the variable named. Never taken from OPENAI_API_KEY unasked: it would go to whatever
+    // endpoint this is (a local server, a LAN host over plain HTTP).
+    if let Some(var) = api_key_env {
+        endpoint = endpoint.api_key_env(var);
     }
     Ok(SessionConfig::openai_endpoint(endpoint).system_prompt(
         "You are in a voxel sandbox game. Act through the game's tools; the player reads your messages in the \

@@ -188,8 +188,10 @@ impl Default for SessionTimeouts {
 
 /// What to answer when the agent asks permission for one of its own actions (ACP `session/request_permission`:
 /// a coding agent about to run a command, edit a file, or call a tool it considers sensitive). The game's own
-/// tools are guarded by the host's rules, not by this. A model behind the OpenAI-compatible backend has no actions
-/// of its own (it can only call the game's tools), so with that backend the policy is never consulted.
+/// tools are guarded by the host's rules, not by this: a request for one of them (named `mcp__game__TOOL`, as
+/// Claude Code's adapter asks before each MCP tool) is allowed without asking, whatever the policy. A model
+/// behind the OpenAI-compatible backend has no actions of its own (it can only call the game's tools), so with
+/// that backend the policy is never consulted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PermissionPolicy {

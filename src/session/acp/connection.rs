@@ -96,6 +96,12 @@ pub(crate) fn spawn(
                             .clone()
                             .or_else(|| request.tool_call.fields.name.clone())
                             .unwrap_or_else(|| request.tool_call.tool_call_id.to_string());
+                        if updates::is_game_tool(&tool) {
+                            // One of the game's own tools, reached through the game's MCP server: guarded by the
+                            // host's rules (H1–H14, its confirmations), not by the permission policy.
+                            tracing::debug!(%tool, "the agent asked permission for a game tool: allowed");
+                            return responder.respond(updates::game_tool_response(&request.options));
+                        }
                         if !updates::can_allow_once(&request.options) {
                             // Only a standing allow is offered: nobody is asked to give one. Refused, as the
                             // game's answer would have to be.
@@ -342,7 +348,7 @@ async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay, step: &S
     }
     let endpoint = setup.require_mcp()?;
     let servers = vec![McpServer::Http(
-        McpServerHttp::new("game", endpoint.url.clone())
+        McpServerHttp::new(updates::GAME_SERVER, endpoint.url.clone())
             .headers(vec![HttpHeader::new("Authorization", format!("Bearer {}", endpoint.credential))]),
     )];
     let cwd = setup.working_directory.clone();

@@ -64,6 +64,22 @@ pub(crate) fn stop_reason(reason: AcpStopReason) -> StopReason {
     }
 }
 
+/// The name the game's MCP server is given in `session/new`.
+pub(crate) const GAME_SERVER: &str = "game";
+
+/// Whether a permission request is for one of the game's own tools: agents name an MCP tool
+/// `mcp__<server>__<tool>` (Claude Code's adapter asks before each MCP tool it has no standing rule for).
+pub(crate) fn is_game_tool(tool: &str) -> bool {
+    let server = tool.strip_prefix("mcp__").and_then(|rest| rest.strip_prefix(GAME_SERVER));
+    server.is_some_and(|rest| rest.len() > 2 && rest.starts_with("__"))
+}
+
+/// The answer to a permission request for one of the game's own tools: allowed (once where the agent offers
+/// that, else always: each of the game's calls meets the host's rules whatever the agent remembers).
+pub(crate) fn game_tool_response(options: &[PermissionOption]) -> RequestPermissionResponse {
+    pick(options, &[PermissionOptionKind::AllowOnce, PermissionOptionKind::AllowAlways])
+}
+
 /// Whether a request can be allowed once: one that cannot is refused without asking the game (an allow would be
 /// a standing one, which neither the player nor the game's policy gives).
 pub(crate) fn can_allow_once(options: &[PermissionOption]) -> bool {
@@ -83,6 +99,11 @@ pub(crate) fn permission_response(
         PermissionDecision::Deny => &[PermissionOptionKind::RejectOnce, PermissionOptionKind::RejectAlways],
         PermissionDecision::Cancelled => &[],
     };
+    pick(options, preferred)
+}
+
+/// The first option of the first kind in `preferred` the agent offers; with none, the request is cancelled.
+fn pick(options: &[PermissionOption], preferred: &[PermissionOptionKind]) -> RequestPermissionResponse {
     let chosen = preferred
         .iter()
         .find_map(|kind| options.iter().find(|option| option.kind == *kind).map(|option| option.option_id.clone()));
@@ -112,6 +133,17 @@ mod tests {
         assert_eq!(cancelled["outcome"]["outcome"], "cancelled");
         let cancelled = serde_json::to_value(permission_response(&options, PermissionDecision::Cancelled)).unwrap();
         assert_eq!(cancelled["outcome"]["outcome"], "cancelled", "a cancelled turn's request picks no option");
+    }
+
+    #[test]
+    fn a_request_for_a_game_tool_is_one_named_after_the_games_server_and_is_allowed() {
+        assert!(is_game_tool("mcp__game__place_block"));
+        for other in ["mcp__game__", "mcp__gamer__x", "mcp__other__place_block", "place_block", "run rm -rf /"] {
+            assert!(!is_game_tool(other), "{other}");
+        }
+        let only_always = vec![PermissionOption::new("always", "Always", PermissionOptionKind::AllowAlways)];
+        let allowed = serde_json::to_value(game_tool_response(&only_always)).unwrap();
+        assert_eq!(allowed["outcome"]["optionId"], "always");
     }
 
     #[test]
