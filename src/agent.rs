@@ -124,9 +124,10 @@ impl AgentHandle {
     }
 
     /// Ends conversation `id` (its calls in flight end with `CANCELLED`, as [`Conversation::end`] says; the visit
-    /// is untouched). Ending an ended conversation succeeds; an unknown one is `CONVERSATION_NOT_FOUND`.
+    /// is untouched). Ending an ended conversation succeeds; an unknown one is `CONVERSATION_NOT_FOUND`; an
+    /// in-game agent session's is `INVALID_INPUT` (end the session instead, which ends its conversation).
     pub fn end_conversation(&self, id: &ConversationId) -> Result<(), ToolError> {
-        self.host.conversations.end(id)
+        self.host.conversations.end_unheld(id)
     }
 
     /// Whether `conversation` has its limit of calls in flight (its next call would get `BUSY`).
@@ -220,7 +221,8 @@ impl Conversation {
 
     /// Reports a status the agent side observed, with its own per-conversation `sequence` number: a report whose
     /// sequence is not newer than the last one seen for this conversation is ignored ([`Reported::Stale`]).
-    /// Reporting `Ended` ends the conversation, as [`end`](Self::end) does. Only a resume leaves `Ended`.
+    /// Reporting `Ended` ends the conversation, as [`end`](Self::end) does (and is [`Reported::Refused`] for an
+    /// in-game agent session's conversation, as `end` is). Only a resume leaves `Ended`.
     pub fn report(&self, status: ConversationStatus, sequence: u64) -> Reported {
         self.host.conversations.report(&self.id, status, Some(sequence))
     }
@@ -229,9 +231,10 @@ impl Conversation {
     /// fires). A keyed execution that a retry from another conversation still waits for (same task and operation
     /// id) goes on for that retry: only this conversation's callers stop waiting (rule H12). Never touches the
     /// visit. Ending an ended conversation succeeds without a second event. `CONVERSATION_NOT_FOUND` if the host
-    /// no longer knows it.
+    /// no longer knows it. `INVALID_INPUT` for an in-game agent session's conversation: ending it here would leave
+    /// the session live with its agent and credential; end the session (`AgentSession::end`), which ends it.
     pub fn end(&self) -> Result<(), ToolError> {
-        self.host.conversations.end(&self.id)
+        self.host.conversations.end_unheld(&self.id)
     }
 
     /// The explicit `Ended → Idle`: reactivates this ended conversation (a no-op on an active one).

@@ -18,6 +18,7 @@ use bevy_agent_tools::session::*;
 use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
 use bevy_agent_tools::{
     CallFinished, CallStarted, ConversationEvent, ConversationId, ConversationStatus, ConversationStatusChanged,
+    Reported,
 };
 use common::*;
 use parking_lot::Mutex;
@@ -841,6 +842,27 @@ fn s2_a_session_that_fails_mid_call_cancels_its_tool_call_running_in_the_game_wh
     assert_eq!(game.executions.load(Ordering::SeqCst), 0, "the failed session's call never changed the world");
     game.block_on(session.resume()).expect("resumed");
     assert_eq!(session.status(), ConversationStatus::Idle, "no call of the failed turn is left in flight");
+}
+
+#[test]
+fn a_sessions_conversation_is_ended_only_by_ending_the_session_never_alone_through_the_agent_handle() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("starts");
+    let agent = game.game.agent();
+    let (code, message) = code_of(agent.end_conversation(session.id()));
+    assert_eq!(code, ErrorCode::InvalidInput, "{message}");
+    assert!(message.contains("end the session"), "{message}");
+    let (code, _) = code_of(agent.conversation(session.id().clone()).end());
+    assert_eq!(code, ErrorCode::InvalidInput);
+    assert_eq!(agent.conversation(session.id().clone()).report(ConversationStatus::Ended, 1), Reported::Refused);
+    // The session is untouched: it takes text, and its tool calls run in its conversation.
+    assert_eq!(session.status(), ConversationStatus::Idle);
+    let turn = game.block_on(session.send_text("call bump {}")).expect("the turn ends");
+    let answer = turn.final_message.expect("the agent's last message");
+    assert!(answer.starts_with("bump answered: {") && !answer.contains("error"), "{answer}");
+    game.block_on(session.end());
+    assert_eq!(agent.conversation_status(session.id()), Some(ConversationStatus::Ended));
 }
 
 #[test]

@@ -182,6 +182,10 @@ impl ConversationHub {
             if sequence <= entry.agent_sequence {
                 return Reported::Stale;
             }
+            if status == ConversationStatus::Ended && entry.held {
+                // The session ends its conversation (`end_unheld`), with its agent and credential.
+                return Reported::Refused;
+            }
             entry.agent_sequence = sequence;
             entry.last_activity = Instant::now();
             if status == ConversationStatus::Ended {
@@ -281,15 +285,35 @@ impl ConversationHub {
     /// Ends `id` (by the host): publishes `Ended` once, ends its calls. Ending an ended conversation succeeds
     /// without a second event.
     pub(crate) fn end(&self, id: &ConversationId) -> Result<(), ToolError> {
+        self.end_checked(id, false)
+    }
+
+    fn end_checked(&self, id: &ConversationId, refuse_held: bool) -> Result<(), ToolError> {
         let orphans = {
             let mut inner = self.inner.lock();
             let HubInner { conversations, watchers, .. } = &mut *inner;
             let entry = conversations.get_mut(id).ok_or_else(|| not_found(id))?;
+            if refuse_held && entry.held {
+                return Err(ToolError::with_code(
+                    ErrorCode::InvalidInput,
+                    format!(
+                        "conversation `{id}` is an in-game agent session's: end the session (`AgentSession::end`, \
+                         `SessionRequest::End`), which ends its conversation with its agent"
+                    ),
+                )
+                .with_detail("conversation", id));
+            }
             end_entry(&self.game, watchers, id, entry, StatusSource::Host)
         };
         orphans.end(id);
         self.forget_old_ended();
         Ok(())
+    }
+
+    /// [`end`](Self::end) as the public API asks it: an in-game agent session's conversation is ended by ending the
+    /// session (its agent stopped, its credential revoked), never alone.
+    pub(crate) fn end_unheld(&self, id: &ConversationId) -> Result<(), ToolError> {
+        self.end_checked(id, true)
     }
 
     /// Leaves the conversations `owned` says a transport keeps to that transport: the idle timeout never ends them.

@@ -382,7 +382,7 @@ mod tests {
         let agent = app.agent();
         let session = ConversationId::new("session-ended");
         agent.host().conversations.open_held(&session);
-        let _ = agent.end_conversation(&session);
+        let _ = agent.host().conversations.end(&session);
 
         let conversation = conversation_for_call(&agent, session.clone(), true);
         assert_eq!(agent.conversation_status(&session), Some(ConversationStatus::Ended), "not reopened");

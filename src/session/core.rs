@@ -654,7 +654,7 @@ impl SessionCore {
         };
         // Publishes `Ended` once and ends the session's tool calls still in flight (`CANCELLED`); the visit is
         // untouched (S3).
-        let _ = self.host.agent.end_conversation(&self.id);
+        let _ = self.host.agent.host().conversations.end(&self.id);
         if let Some(turn) = turn {
             let _ = turn.reply.send(Err(self.ended_error()));
         }
