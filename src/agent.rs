@@ -82,6 +82,13 @@ impl AgentHandle {
         Conversation { host: self.host.clone(), id: id.clone() }
     }
 
+    /// Conversation `id`, created `Idle` if unknown; an ended one stays ended (its calls are refused).
+    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
+    pub(crate) fn conversation_unless_ended(&self, id: &ConversationId) -> Conversation {
+        self.host.conversations.open_unless_ended(id);
+        Conversation { host: self.host.clone(), id: id.clone() }
+    }
+
     /// Reattaches to a conversation the host knows, as it is (an ended one stays ended): returns its
     /// authoritative [`ConversationSnapshot`] (status, active and pending calls, visit and revision) and a
     /// [`Subscription`] that delivers every event after the snapshot, without gaps or duplicates.

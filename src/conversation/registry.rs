@@ -148,6 +148,14 @@ impl ConversationHub {
         }
     }
 
+    /// Creates `id` `Idle` if unknown, and notes its activity; an ended one stays ended.
+    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
+    pub(crate) fn open_unless_ended(&self, id: &ConversationId) {
+        let mut inner = self.inner.lock();
+        let now = Instant::now();
+        inner.conversations.entry(id.clone()).or_insert_with(|| Entry::new(now)).last_activity = now;
+    }
+
     /// Whether an in-game agent session holds `id`.
     pub(crate) fn is_held(&self, id: &ConversationId) -> bool {
         self.inner.lock().conversations.get(id).is_some_and(|entry| entry.held)

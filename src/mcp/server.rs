@@ -17,7 +17,8 @@ use serde_json::{json, Value};
 use super::credentials::BoundConversation;
 use super::handles::{begin_conversation_tool, Handles, BEGIN_CONVERSATION, CONVERSATION, CONVERSATION_HELP};
 use super::naming::{
-    client_conversation, client_identity, conversation_id, handle_conversation, session_named, CLIENT_INFO_META,
+    client_conversation, client_identity, conversation_id, handle_conversation, is_session_conversation, session_named,
+    CLIENT_INFO_META,
 };
 use super::progress::{ProgressQueue, SEND_LIMIT};
 use super::recent::RecentNames;
@@ -125,10 +126,15 @@ struct Named {
 
 /// The conversation a call runs in. One bound to an in-game agent session is never reopened by a call: once the
 /// session ended, a request that passed the bearer check just before its credential was revoked is refused
-/// (the conversation ended), instead of reopening it behind the session's back and running a tool.
+/// (the conversation ended), instead of reopening it behind the session's back and running a tool. Nor is an
+/// MCP session's own: it ends with its session, or when the game ends it, and then its session closes (its
+/// client's next request gets 404); a request that arrives before the session is closed is refused, rather
+/// than reopening a conversation the game ended (and which nothing would end again).
 fn conversation_for_call(agent: &AgentHandle, id: ConversationId, bound: bool) -> crate::agent::Conversation {
     if bound {
         agent.conversation_handle(&id)
+    } else if is_session_conversation(&id) {
+        agent.conversation_unless_ended(&id)
     } else {
         agent.conversation(id)
     }
@@ -372,7 +378,7 @@ mod tests {
     use crate::AgentToolsPlugin;
 
     #[test]
-    fn a_call_bound_to_an_ended_session_never_reopens_its_conversation_and_is_refused() {
+    fn a_call_bound_to_an_ended_session_or_in_an_ended_mcp_sessions_conversation_never_reopens_it_and_is_refused() {
         let noop =
             crate::AgentTool::new("noop", "Does nothing.", |_: crate::CallContext<u64>, _: crate::NoArgs| async {
                 Ok(())
@@ -390,8 +396,19 @@ mod tests {
         let error = app.run_until_resolved(&call).expect_err("refused: its session ended");
         assert_eq!(error.code, crate::ErrorCode::Cancelled, "{error:?}");
 
-        // Control: a conversation no credential binds reopens, as MCP clients expect.
-        let other = ConversationId::new("mcp-session:x");
+        // An MCP session's own conversation, ended by the game: a request arriving before its session closes
+        // neither reopens it nor runs; a new session's conversation is created as usual.
+        let ended = super::super::naming::session_conversation("ended-by-the-game");
+        let _ = conversation_for_call(&agent, ended.clone(), false);
+        assert_eq!(agent.conversation_status(&ended), Some(ConversationStatus::Idle), "created by its first call");
+        agent.end_conversation(&ended).expect("known");
+        let late = conversation_for_call(&agent, ended.clone(), false).call("noop", serde_json::json!({}));
+        let error = app.run_until_resolved(&late).expect_err("refused: the game ended it");
+        assert_eq!(error.code, crate::ErrorCode::Cancelled, "{error:?}");
+        assert_eq!(agent.conversation_status(&ended), Some(ConversationStatus::Ended), "not reopened");
+
+        // Control: a conversation named by a handle or a client's name reopens, as MCP clients expect.
+        let other = ConversationId::new("mcp-client:x/1");
         let _ = agent.conversation(other.clone()).end();
         let _ = conversation_for_call(&agent, other.clone(), false);
         assert_eq!(agent.conversation_status(&other), Some(ConversationStatus::Idle));
