@@ -162,6 +162,31 @@ fn out_of_order_and_duplicate_sequence_numbers_are_ignored() {
 }
 
 #[test]
+fn a_conversation_the_host_forgot_goes_on_numbering_its_events_after_its_last_when_it_comes_back() {
+    let mut app = app_with(TestGame::default(), vec![]);
+    app.enter_world("alpha");
+    let agent = app.agent();
+    let conversation = agent.conversation("comes-back");
+    let (_, mut events) = conversation.subscribe().expect("known");
+    for (n, status) in [S::Running, S::Idle, S::Running].into_iter().enumerate() {
+        conversation.report(status, n as u64 + 1);
+    }
+    conversation.end().expect("ended");
+    let last = drain(&mut events).last().map(ConversationEvent::sequence).expect("its events");
+    // Enough others end after it that the host no longer keeps it.
+    for n in 0..1_100 {
+        agent.conversation(format!("other-{n}")).end().expect("ended");
+    }
+    assert!(agent.resume("comes-back").is_err(), "forgotten");
+
+    let mut all = agent.subscribe();
+    let back = agent.conversation("comes-back");
+    back.report(S::Running, 1);
+    let sequences: Vec<u64> = all.drain().iter().map(ConversationEvent::sequence).collect();
+    assert!(!sequences.is_empty() && sequences.iter().all(|sequence| *sequence > last), "{sequences:?} after {last}");
+}
+
+#[test]
 fn after_the_last_sequence_number_every_report_is_stale_and_nothing_panics() {
     let mut app = app_with(TestGame::default(), vec![]);
     app.enter_world("alpha");

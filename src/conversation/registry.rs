@@ -17,6 +17,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use super::events::{
     CallFinished, CallProgress, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription,
 };
+use super::forgotten::Forgotten;
 use super::pending::WaitCancel;
 use super::snapshot::{ActiveCall, ConversationSnapshot, PendingCall};
 use super::status::{ConversationStatus, Reported, StatusFacts, StatusSource};
@@ -75,6 +76,27 @@ struct HubInner {
     /// Conversations whose life a transport keeps (an MCP 2025-11-25 session's: it ends with its session), which
     /// the idle timeout leaves alone.
     transport_owned: Option<TransportOwned>,
+    /// Where a forgotten conversation's events go on if it comes back.
+    forgotten: Forgotten,
+}
+
+impl HubInner {
+    /// Conversation `id`, created `Idle` if unknown (its events numbered after those of a forgotten one).
+    fn entry(&mut self, id: &ConversationId, now: Instant) -> &mut Entry {
+        let Self { conversations, forgotten, .. } = self;
+        conversations.entry(id.clone()).or_insert_with(|| {
+            let mut entry = Entry::new(now);
+            entry.sequence = forgotten.start_of(id);
+            entry
+        })
+    }
+
+    /// Forgets conversation `id`, keeping where its events go on.
+    fn forget(&mut self, id: &ConversationId) {
+        if let Some(entry) = self.conversations.remove(id) {
+            self.forgotten.remember(id.clone(), entry.sequence);
+        }
+    }
 }
 
 /// Whether a conversation's life is its transport's.
@@ -138,8 +160,9 @@ impl ConversationHub {
         let mut inner = self.inner.lock();
         let now = Instant::now();
         let game = &self.game;
+        inner.entry(id, now);
         let HubInner { conversations, watchers, .. } = &mut *inner;
-        let entry = conversations.entry(id.clone()).or_insert_with(|| Entry::new(now));
+        let Some(entry) = conversations.get_mut(id) else { return };
         entry.last_activity = now;
         if entry.facts.ended && !entry.held {
             entry.facts.reactivate();
@@ -153,7 +176,7 @@ impl ConversationHub {
     pub(crate) fn open_unless_ended(&self, id: &ConversationId) {
         let mut inner = self.inner.lock();
         let now = Instant::now();
-        inner.conversations.entry(id.clone()).or_insert_with(|| Entry::new(now)).last_activity = now;
+        inner.entry(id, now).last_activity = now;
     }
 
     /// Whether an in-game agent session holds `id`.
@@ -232,7 +255,7 @@ impl ConversationHub {
     pub(crate) fn restore_held(&self, id: &ConversationId, ended: bool) {
         let mut inner = self.inner.lock();
         let now = Instant::now();
-        let entry = inner.conversations.entry(id.clone()).or_insert_with(|| Entry::new(now));
+        let entry = inner.entry(id, now);
         entry.held = true;
         if ended && !entry.facts.ended {
             entry.facts.ended = true;
@@ -251,7 +274,7 @@ impl ConversationHub {
     /// Forgets `id`, which never became a session (its agent failed to start) or whose session the game forgot
     /// (it ended first): nothing is published.
     pub(crate) fn forget(&self, id: &ConversationId) {
-        self.inner.lock().conversations.remove(id);
+        self.inner.lock().forget(id);
     }
 
     /// A status the host sets on behalf of a conversation the game drives (an in-game agent session's turn
@@ -620,7 +643,7 @@ impl ConversationHub {
         ended.sort();
         let excess = ended.len() - ENDED_KEPT;
         for (_, id) in ended.into_iter().take(excess) {
-            inner.conversations.remove(&id);
+            inner.forget(&id);
         }
     }
 }

@@ -1,0 +1,67 @@
+//! [`Forgotten`]: where the event sequence of a conversation the host forgot goes on if it comes back.
+//!
+//! The host keeps a bounded number of ended conversations; a client may come back to one it forgot (an MCP client
+//! after a thousand others ended, by its handle or its name). Its events must go on numbering after its last
+//! ones: a HUD ignores an event whose sequence is not newer than the last it saw (DESIGN §6). The last sequence of
+//! each of the [`FORGOTTEN_KEPT`] most recently forgotten conversations is kept by id; beyond that, every new
+//! conversation starts after the highest sequence of those no longer kept, so none ever restarts below it.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::ids::ConversationId;
+
+/// How many forgotten conversations' last sequence numbers are kept by id.
+pub(crate) const FORGOTTEN_KEPT: usize = 4096;
+
+/// The last sequence numbers of forgotten conversations.
+#[derive(Default)]
+pub(crate) struct Forgotten {
+    last: HashMap<ConversationId, u64>,
+    /// The order they were forgotten in (an id re-created and forgotten again may appear twice: its earlier place
+    /// only lets it go sooner, which raises `floor`, never lowers a number).
+    order: VecDeque<ConversationId>,
+    /// The highest last sequence of the conversations no longer kept by id.
+    floor: u64,
+}
+
+impl Forgotten {
+    /// Notes that conversation `id` was forgotten after its event `sequence`.
+    pub(crate) fn remember(&mut self, id: ConversationId, sequence: u64) {
+        self.last.insert(id.clone(), sequence);
+        self.order.push_back(id);
+        while self.order.len() > FORGOTTEN_KEPT {
+            let Some(old) = self.order.pop_front() else { break };
+            if let Some(sequence) = self.last.remove(&old) {
+                self.floor = self.floor.max(sequence);
+            }
+        }
+    }
+
+    /// The sequence number conversation `id`, created now, starts after: its own last if it was forgotten,
+    /// else at least that of every conversation no longer kept.
+    pub(crate) fn start_of(&mut self, id: &ConversationId) -> u64 {
+        self.last.remove(id).unwrap_or(0).max(self.floor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_conversation_created_again_goes_on_after_its_last_sequence_even_once_no_longer_kept_by_id() {
+        let mut forgotten = Forgotten::default();
+        let id = |n: usize| ConversationId::new(format!("c{n}"));
+        assert_eq!(forgotten.start_of(&id(0)), 0, "a new conversation starts at the beginning");
+        forgotten.remember(id(0), 40);
+        assert_eq!(forgotten.start_of(&id(0)), 40);
+        forgotten.remember(id(0), 45);
+        for n in 1..=FORGOTTEN_KEPT {
+            forgotten.remember(id(n), 3);
+        }
+        assert_eq!(forgotten.last.len(), FORGOTTEN_KEPT, "bounded");
+        assert_eq!(forgotten.start_of(&id(0)), 45, "no longer kept by id: after the floor");
+        assert_eq!(forgotten.start_of(&id(FORGOTTEN_KEPT + 1)), 45, "every new one starts there too");
+        assert_eq!(forgotten.start_of(&id(7)), 45);
+    }
+}
