@@ -77,6 +77,9 @@ pub enum StepPoints {
 
 type Follower = dyn Fn(&mut App, Arc<HostShared>) + Send + Sync;
 
+/// The name of a followed state that the app, once built, does not have (it was never initialized).
+type StateCheck = dyn Fn(&App) -> Option<&'static str> + Send + Sync;
+
 /// Adds the agent-tools host for one [`WorldLifecycle`].
 ///
 /// ```no_run
@@ -103,6 +106,7 @@ pub struct AgentToolsPlugin<L: WorldLifecycle> {
     schedule: InternedScheduleLabel,
     exit_deadline: Duration,
     followers: Vec<Arc<Follower>>,
+    state_checks: Vec<Arc<StateCheck>>,
     step_points: StepPoints,
 }
 
@@ -129,6 +133,7 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
             schedule: PostUpdate.intern(),
             exit_deadline: Duration::from_secs(30),
             followers: Vec::new(),
+            state_checks: Vec::new(),
             step_points: StepPoints::default(),
         }
     }
@@ -303,6 +308,8 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
                     .in_set(AgentToolsSet::Transitions),
             );
         }));
+        self.state_checks
+            .push(Arc::new(|app: &App| (!app.world().contains_resource::<State<S>>()).then(std::any::type_name::<S>)));
         self
     }
 }
@@ -413,12 +420,21 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
         }
     }
 
-    /// In a windowed app (feature `winit`), agent work that needs a frame wakes winit's loop (see
-    /// [`AgentHandle::set_wake`]), so a game with reactive updates (`WinitSettings::desktop_app()`) runs that
-    /// frame instead of sleeping until the next window event. Plugins are all built by now, so the order in which
-    /// the game added them does not matter.
-    #[cfg(feature = "winit")]
+    /// Warns about a state given to [`follow_state`](Self::follow_state) that was never initialized (it would
+    /// never be followed: every call would get `NO_WORLD`). In a windowed app (feature `winit`), agent work that
+    /// needs a frame wakes winit's loop (see [`AgentHandle::set_wake`]), so a game with reactive updates
+    /// (`WinitSettings::desktop_app()`) runs that frame instead of sleeping until the next window event. Plugins
+    /// are all built by now, so the order in which the game added them does not matter.
     fn finish(&self, app: &mut App) {
+        for missing in self.state_checks.iter().filter_map(|check| check(app)) {
+            tracing::warn!(
+                state = missing,
+                "AgentToolsPlugin::follow_state: the app has no `State<{missing}>`, so it is never followed and \
+                 agents' calls get NO_WORLD: initialize it (`app.init_state::<{missing}>()`, with Bevy's \
+                 `StatesPlugin`, which `MinimalPlugins` lacks)"
+            );
+        }
+        #[cfg(feature = "winit")]
         if let Some(wake) = crate::call::winit_wake(app.world()) {
             app.world().resource::<AgentHandle>().set_wake(wake);
         }

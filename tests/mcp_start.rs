@@ -13,8 +13,6 @@ use bevy_agent_tools::mcp::{McpPlugin, McpServer, McpUnavailable};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{headless_app_with, AgentTestAppExt};
 use common::*;
-use parking_lot::Mutex;
-use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
 const TOKEN: &str = "start-test-token-0123456789";
 
@@ -24,9 +22,7 @@ fn game(mcp: McpPlugin) -> App {
 
 /// The game, and the WARN and ERROR lines its start-up logged.
 fn game_logged(mcp: McpPlugin) -> (App, Vec<String>) {
-    let captured = Captured::default();
-    let subscriber = tracing_subscriber::registry().with(captured.clone());
-    let app = tracing::subscriber::with_default(subscriber, || {
+    common::warnings::with_warnings(|| {
         let tools = AgentToolsPlugin::new(TestGame::default()).with_tool(bump_tool(
             "bump",
             ToolScope::World,
@@ -34,29 +30,7 @@ fn game_logged(mcp: McpPlugin) -> (App, Vec<String>) {
             None,
         ));
         headless_app_with(tools, mcp)
-    });
-    let lines = captured.0.lock().clone();
-    (app, lines)
-}
-
-/// WARN and ERROR events with their fields, as text.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<String>>>);
-
-impl<S: tracing::Subscriber> Layer<S> for Captured {
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        struct Fields(String);
-        impl tracing::field::Visit for Fields {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                self.0.push_str(&format!(" {}={value:?}", field.name()));
-            }
-        }
-        if *event.metadata().level() <= tracing::Level::WARN {
-            let mut fields = Fields(event.metadata().level().to_string());
-            event.record(&mut fields);
-            self.0.lock().push(fields.0);
-        }
-    }
+    })
 }
 
 /// An `initialize` over raw HTTP; returns the response's status line.

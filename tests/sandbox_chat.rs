@@ -218,6 +218,6 @@ fn a_kept_session_is_resumed_by_id_after_a_restart_and_permissions_go_to_the_pla
     let mut plain = Sandbox::start(&data, &[]);
     plain.seen_or_next("visit-opened");
     plain.send("say hello");
-    assert_eq!(plain.line_starting("error: "), "error: no agent configured (start with --agent \"COMMAND ARGS\")");
+    assert!(plain.line_starting("error: ").starts_with("error: no agent configured (start with --agent"));
     assert!(plain.quit().success());
 }

@@ -143,6 +143,31 @@ enum Screen {
 }
 
 #[test]
+fn a_followed_state_the_app_never_initialized_is_warned_about_when_the_app_is_built() {
+    let follow = || {
+        AgentToolsPlugin::new(TestGame::default()).follow_state::<Screen>(|screen| match screen {
+            Screen::Menu => None,
+            Screen::Playing { save, dimension } => Some(((*save).into(), (*dimension).into())),
+        })
+    };
+    let build = |init: bool| {
+        common::warnings::with_warnings(|| {
+            let mut app = App::new();
+            app.add_plugins((MinimalPlugins, bevy::state::app::StatesPlugin, follow()));
+            if init {
+                app.init_state::<Screen>();
+            }
+            app.finish();
+        })
+        .1
+    };
+    let warned = build(false);
+    assert!(warned.iter().any(|line| line.contains("State<") && line.contains("init_state")), "{warned:?}");
+    let initialized = build(true);
+    assert!(!initialized.iter().any(|line| line.contains("follow_state")), "{initialized:?}");
+}
+
+#[test]
 fn a_followed_states_type_drives_enter_travel_and_exit() {
     let game = TestGame::default();
     let record = game.record.clone();

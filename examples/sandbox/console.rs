@@ -348,7 +348,9 @@ fn read_command(
             Some(chat) => format!("{} {chat}", status(&player, &binding, &summary)),
             None => status(&player, &binding, &summary),
         }),
-        Command::Chat(_) => Err("no agent configured (start with --agent \"COMMAND ARGS\")".into()),
+        Command::Chat(_) => Err("no agent configured (start with --agent \"COMMAND ARGS\", or --agent-openai URL \
+                                 --model NAME with --features openai)"
+            .into()),
         Command::Window(_) => Err("no window (start with --window)".into()),
         Command::Quit => {
             quit(&mut player, &mut exit);

@@ -325,6 +325,13 @@ fn main() -> AppExit {
         (Some(server), _) => {
             say(format_args!("mcp: {}", server.url()));
             say(format_args!("token: {}", server.token()));
+            // Another copy has the port: this one's URL and token file are not the README's.
+            if let Some(taken) = server.replaced_port() {
+                say(format_args!(
+                    "mcp-port-taken: {taken} (another program has it); token-file: {}",
+                    server.token_file().display()
+                ));
+            }
         }
         // The console, the saves and in-process tools work without it.
         (None, unavailable) => {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod lines;
+pub mod warnings;
 pub mod window;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -179,7 +179,10 @@ impl ChatPanel {
             Focus::World if code == KeyCode::KeyT => {
                 *focus = Focus::Chat;
                 if !agent {
-                    self.status = Some("no agent: start the sandbox with --agent \"COMMAND ARGS\"".into());
+                    self.status = Some(
+                        "no agent: start the sandbox with --agent \"COMMAND ARGS\" or --agent-openai URL --model NAME"
+                            .into(),
+                    );
                 }
             }
             Focus::Chat => match key {
