@@ -169,6 +169,29 @@ fn the_player_chats_with_an_agent_that_builds_through_the_game_and_quit_leaves_n
 }
 
 #[test]
+fn an_agent_that_failed_to_start_is_started_again_by_chat_resume_once_what_stopped_it_is_fixed() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let state = root.path().join("agent-state");
+    std::fs::create_dir_all(&state).expect("the agent's state folder");
+    std::fs::write(state.join("start-fails"), b"").expect("the agent fails at start");
+    let mut game = Sandbox::start(&root.path().join("data"), &agent_flag(&state, ""));
+    let failed = game.line_starting("chat-error session=none ");
+    assert!(failed.contains("code=AGENT_UNAVAILABLE") && failed.contains("no API key"), "{failed}");
+    game.send("say hello");
+    let refused = game.line_starting("error: ");
+    assert!(refused.contains("chat-resume tries again"), "{refused}");
+
+    std::fs::remove_file(state.join("start-fails")).expect("fixed");
+    game.send("chat-resume");
+    let started = game.line_starting("ok ");
+    assert!(started.starts_with("ok started session="), "{started}");
+    game.send("say hello");
+    game.line_starting("ok sent");
+    game.line_starting(&format!("chat session={}: You said: hello", started.trim_start_matches("ok started session=")));
+    assert!(game.quit().success());
+}
+
+#[test]
 fn a_kept_session_is_resumed_by_id_after_a_restart_and_permissions_go_to_the_player() {
     let root = tempfile::tempdir().expect("temp dir");
     let (data, state) = (root.path().join("data"), root.path().join("state"));

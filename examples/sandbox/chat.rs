@@ -106,14 +106,11 @@ async fn run(
     current: Arc<Mutex<Option<AgentSession>>>,
     answered: crossbeam_channel::Sender<ChatAnswered>,
 ) {
-    match sessions.create(config).await {
-        Ok(session) => {
-            say(format_args!("chat-status session={} status=idle previous=none", session.id()));
-            *current.lock() = Some(session);
-        }
-        Err(error) => {
-            say(format_args!("chat-error session=none code={} message={}", error.code, one_line(&error.message)))
-        }
+    if let Err(error) = start(&sessions, &config, &current).await {
+        say(format_args!("chat-error session=none code={} message={}", error.code, one_line(&error.message)));
+        // The window's chat panel shows it too (it has no console line to point at).
+        let why = format!("the agent did not start: {} {}", error.code, one_line(&error.message));
+        let _ = answered.send(ChatAnswered { command: ChatCommand::Resume(None), answer: Err(why) });
     }
     while let Some(command) = inbox.recv().await {
         let asked = command.clone();
@@ -138,9 +135,12 @@ async fn run(
             },
             (ChatCommand::Allow(request), _) => answer_permission(&sessions, request, true),
             (ChatCommand::Deny(request), _) => answer_permission(&sessions, request, false),
+            // The agent failed to start (a slow first `npx`, a missing key fixed since): try again.
+            (ChatCommand::Resume(None), None) => start(&sessions, &config, &current).await,
             (_, None) => Err(ToolError::with_code(
                 bevy_agent_tools::ErrorCode::AgentUnavailable,
-                "there is no agent session: it failed to start (see the chat-error line) or was forgotten",
+                "there is no agent session: it failed to start (see the chat-error line; chat-resume tries again) \
+                 or was forgotten",
             )),
             (ChatCommand::Say(text), Some(session)) => match session.start_turn(text).await {
                 Ok(turn) => {
@@ -183,6 +183,19 @@ async fn run(
         };
         let _ = answered.send(ChatAnswered { command: asked, answer });
     }
+}
+
+/// Creates the session the command line asked for and makes it the current one.
+async fn start(
+    sessions: &AgentSessions,
+    config: &SessionConfig,
+    current: &Mutex<Option<AgentSession>>,
+) -> Result<String, ToolError> {
+    let session = sessions.create(config.clone()).await?;
+    say(format_args!("chat-status session={} status=idle previous=none", session.id()));
+    let started = format!("started session={}", session.id());
+    *current.lock() = Some(session);
+    Ok(started)
 }
 
 fn answer_permission(sessions: &AgentSessions, request: u64, allow: bool) -> Result<String, ToolError> {

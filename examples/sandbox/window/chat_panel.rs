@@ -208,10 +208,12 @@ impl ChatPanel {
         None
     }
 
-    /// A refused text says so after the player's line.
+    /// A refused text says so after the player's line; an agent that could not start (or resume) says why.
     fn answered(&mut self, answered: &ChatAnswered) {
-        if let (ChatCommand::Say(_), Err(why)) = (&answered.command, &answered.answer) {
-            self.push(format!("[not sent: {why}]"));
+        match (&answered.command, &answered.answer) {
+            (ChatCommand::Say(_), Err(why)) => self.push(format!("[not sent: {why}]")),
+            (ChatCommand::Resume(_), Err(why)) => self.push(format!("[{why}]")),
+            _ => {}
         }
     }
 
