@@ -608,7 +608,7 @@ impl SessionCore {
         }
         // The agent is gone, so are its tool calls still running in the game: nobody would read their results,
         // and the world must not go on changing for a turn that failed (as a cancelled turn's calls stop).
-        let why = format!("the in-game agent session failed ({}): its tool calls stop with it", error.code);
+        let why = format!("the game stopped the call: its in-game agent session failed ({})", error.code);
         let stopped = self.host.agent.host().cancel_calls(&self.id, None, &why);
         tracing::debug!(session = %self.id, stopped, "the failed session's tool calls were cancelled");
         if let Some(turn) = turn {
