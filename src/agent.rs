@@ -11,7 +11,7 @@ use bevy::prelude::Resource;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::call::{admit, Admitted, CallLife, CallOutcome, CallRequest, CallerSeat, InputContext, Job};
+use crate::call::{admit, Admitted, CallLife, CallOutcome, CallRequest, CallerSeat, InputContext, Job, Left};
 use crate::conversation::{
     tool_wait, wait_for_tool, ConversationSnapshot, ConversationStatus, Reported, Subscription, WaitingCall,
 };
@@ -391,7 +391,7 @@ impl Call {
         }
     }
 
-    fn running(life: Arc<CallLife>, seat: Option<CallerSeat>, owner: bool) -> Self {
+    pub(crate) fn running(life: Arc<CallLife>, seat: Option<CallerSeat>, owner: bool) -> Self {
         let mut call = Self::empty();
         call.request = Some(life.coords.request);
         call.cancel_on_drop = owner && life.coords.operation.is_none();
@@ -491,19 +491,17 @@ impl Call {
         if life.outcome().is_set() || self.withdrawn.is_cancelled() || self.left.swap(true, Ordering::SeqCst) {
             return false;
         }
-        if life.leave(seat, Some(CallLife::CANCELLED_BY_AGENT)) {
+        match life.leave(seat, Some(CallLife::CANCELLED_BY_AGENT)) {
             // The last caller waiting: the execution ended, `CANCELLED`.
-            return true;
+            Left::EndedIt => true,
+            // It ended first: this caller gets its outcome.
+            Left::AlreadyEnded => false,
+            // Other callers still wait for the execution: this one stopped waiting (its seat says so).
+            Left::StoppedWaiting => {
+                life.outcome().nudge();
+                true
+            }
         }
-        if life.outcome().is_set() {
-            // It ended meanwhile: this caller gets its outcome.
-            return false;
-        }
-        // Other callers still wait for the execution: this one stops waiting.
-        seat.mark_cancelled();
-        self.withdrawn.cancel();
-        life.outcome().nudge();
-        true
     }
 
     /// Stops observing the call without cancelling it.

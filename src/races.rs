@@ -13,6 +13,10 @@
 //! - A retry of an operation whose first call ended before its handler started (the world still loading),
 //!   against that call's end and release: the retry runs anew (or joined the first while it waited), never gets
 //!   the first's outcome, and keeps its own replay entry (H12).
+//! - The idle timeout ending a conversation as a call of it is admitted: the call is refused or runs on, never
+//!   admitted and then cancelled.
+//! - A caller of a shared execution cancelling it as it finishes: the caller reads what its conversation's
+//!   `CallFinished` said (H13).
 //! - An old visit's save against the next visit's load of the same world: the load runs after the save,
 //!   whatever order their tasks are scheduled in (H7).
 
@@ -24,6 +28,7 @@ use std::time::Duration;
 use crossbeam_channel::Receiver;
 use serde_json::json;
 
+use crate::agent::Call;
 use crate::call::{admit, Admitted, CallCore, CallLife, CallOutput, CallRequest, Job};
 use crate::conversation::{ConversationEvent, ConversationStatus};
 use crate::error::{ErrorCode, ToolError};
@@ -75,13 +80,18 @@ struct Fixture {
 /// A host with a visit open and one conversation, and a tool `noop` (its handler never runs here: the runtime is
 /// idle, so every call stays in flight until something ends it).
 fn fixture() -> Fixture {
+    fixture_with(None)
+}
+
+/// [`fixture`], with the conversations' idle timeout.
+fn fixture_with(idle_timeout: Option<Duration>) -> Fixture {
     let config = HostConfig {
         default_timeout: Duration::from_secs(600),
         pump_budget: Duration::from_millis(1),
         replay: ReplayRetention::default(),
         max_in_flight: 32,
         tool_wait: None,
-        idle_timeout: None,
+        idle_timeout,
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
     let (host, jobs, feed) = HostShared::new(runtime.handle().clone(), config, (TypeId::of::<()>(), "()"));
@@ -405,6 +415,75 @@ fn h12_a_conversation_ending_as_its_shared_execution_finishes_never_cancels_it_f
             })
             .collect();
         assert_eq!(seen, vec![read.err().map(|error| error.code)], "one CallFinished, saying what the caller reads");
+    });
+}
+
+/// A caller of a shared execution cancels just as it finishes: what the caller reads is what its conversation's
+/// `CallFinished` said (both `CANCELLED`, or both the execution's outcome), whatever the order.
+#[test]
+fn h13_a_caller_cancelling_its_shared_execution_as_it_finishes_reads_what_its_call_finished_event_said() {
+    explore(|| {
+        let fixture = fixture();
+        let other = ConversationId::new("other");
+        fixture.host.conversations.open(&other);
+        let shared = || CallRequest::new("noop", json!({})).operation("op").task("shared");
+        let Ok(Admitted::Running { life, .. }) = admit(&fixture.host, &fixture.conversation, shared()) else {
+            panic!("admitted")
+        };
+        let Ok(Admitted::Running { life: joined, seat, owner: false }) = admit(&fixture.host, &other, shared()) else {
+            panic!("joined")
+        };
+        let retry = Call::running(joined, Some(seat), false);
+        let cancelling = shuttle::thread::spawn(move || {
+            retry.cancel();
+            retry
+        });
+        let finishing = {
+            let life = life.clone();
+            let output = CallOutput { value: json!("done"), observed: life.coords.visit.clone() };
+            shuttle::thread::spawn(move || life.finish(Ok(output)))
+        };
+        let retry = cancelling.join().expect("cancel");
+        assert!(finishing.join().expect("finish"), "the execution's own outcome is its only one");
+        let read = retry.try_outcome().expect("the retry has its outcome");
+        let seen: Vec<Option<ErrorCode>> = fixture
+            .feed
+            .try_iter()
+            .filter_map(|event| match event {
+                ConversationEvent::CallFinished(finished) if finished.conversation == other => Some(finished.code),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(seen, vec![read.err().map(|error| error.code)], "one CallFinished, saying what the caller reads");
+    });
+}
+
+/// The idle timeout ends a conversation just as a call of it is admitted: the call is either refused (the
+/// conversation had ended before the call was one of its calls) or runs on, never started in the conversation and
+/// then cancelled by an idleness it ended.
+#[test]
+fn an_idle_conversation_ending_as_a_call_of_it_is_admitted_never_cancels_that_call() {
+    explore(|| {
+        let fixture = fixture_with(Some(Duration::from_secs(1)));
+        let ending = {
+            let host = fixture.host.clone();
+            // An hour on: idle by the clock, whatever the call does to its last activity.
+            let later = std::time::Instant::now() + Duration::from_secs(3_600);
+            shuttle::thread::spawn(move || host.conversations.end_idle(later))
+        };
+        let admitted = call(&fixture);
+        ending.join().expect("end_idle");
+        let started = fixture.feed.try_iter().any(|event| matches!(event, ConversationEvent::CallStarted(_)));
+        match admitted {
+            Ok(life) if started => {
+                assert!(!life.outcome().is_set(), "started, then cancelled: {:?}", life.outcome().get());
+                let status = fixture.host.conversations.status(&fixture.conversation);
+                assert_eq!(status, Some(ConversationStatus::WaitingToolResult));
+            }
+            // Refused: the conversation had ended (at admission, or before the call was recorded in it).
+            Ok(life) => assert_eq!(code(&life), Some(ErrorCode::Cancelled)),
+            Err(error) => assert_eq!(error.code, ErrorCode::Cancelled, "{error:?}"),
+        }
     });
 }
 

@@ -17,13 +17,17 @@ pub(crate) use controlled::{Mutex, MutexGuard};
 
 #[cfg(feature = "shuttle")]
 mod controlled {
+    use std::ops::{Deref, DerefMut};
     use std::sync::PoisonError;
 
     /// shuttle's mutex with `parking_lot`'s API (no poisoning: a panic fails the shuttle test anyway).
     #[derive(Default)]
     pub(crate) struct Mutex<T>(shuttle::sync::Mutex<T>);
 
-    pub(crate) type MutexGuard<'a, T> = shuttle::sync::MutexGuard<'a, T>;
+    /// shuttle's guard, which also lets another thread run just after it unlocks (shuttle switches threads only
+    /// at its own operations: without this, what a thread does between an unlock and its next lock would look
+    /// atomic to the tests, where real threads can be preempted).
+    pub(crate) struct MutexGuard<'a, T>(Option<shuttle::sync::MutexGuard<'a, T>>);
 
     impl<T> Mutex<T> {
         pub(crate) fn new(value: T) -> Self {
@@ -31,7 +35,34 @@ mod controlled {
         }
 
         pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
-            self.0.lock().unwrap_or_else(PoisonError::into_inner)
+            MutexGuard(Some(self.0.lock().unwrap_or_else(PoisonError::into_inner)))
+        }
+    }
+
+    impl<T> Deref for MutexGuard<'_, T> {
+        type Target = T;
+
+        fn deref(&self) -> &T {
+            match &self.0 {
+                Some(guard) => guard,
+                None => unreachable!("a guard is held until it is dropped"),
+            }
+        }
+    }
+
+    impl<T> DerefMut for MutexGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            match &mut self.0 {
+                Some(guard) => guard,
+                None => unreachable!("a guard is held until it is dropped"),
+            }
+        }
+    }
+
+    impl<T> Drop for MutexGuard<'_, T> {
+        fn drop(&mut self) {
+            self.0 = None;
+            shuttle::thread::yield_now();
         }
     }
 }

@@ -138,27 +138,34 @@ impl CallLife {
 
     /// The caller of `seat` leaves (each leaves once). With `cancel` (why), it cancelled the call: that ends the
     /// call when no other caller is left waiting for it, so a retry that gives up never cancels the work another
-    /// caller still waits for. Without, it only stopped observing (a keyed call dropped so that its retry can join
-    /// it): the call runs on. Returns whether this ended the call.
-    pub(crate) fn leave(&self, seat: &CallerSeat, cancel: Option<&str>) -> bool {
+    /// caller still waits for; otherwise the caller stops waiting, and reads `CANCELLED` from now on, decided under
+    /// the same lock as the call's end (so it reads what its conversation's `CallFinished` said, even when the
+    /// call finishes just after). Without, it only stopped observing (a keyed call dropped so that its retry can
+    /// join it): the call runs on.
+    pub(crate) fn leave(&self, seat: &CallerSeat, cancel: Option<&str>) -> Left {
         let Some(why) = cancel else {
             self.callers.leave(seat);
-            return false;
+            return Left::StoppedWaiting;
         };
         // Under the step lock, as an end (see `withdraw`).
         let mut step = self.lock_for_end();
         if self.outcome.is_set() {
-            return false;
+            return Left::AlreadyEnded;
         }
         let left = self.callers.leave(seat);
         if left.none_left {
-            return self.end_under(&mut step, Err(self.cancelled(why)));
+            return match self.end_under(&mut step, Err(self.cancelled(why))) {
+                true => Left::EndedIt,
+                false => Left::AlreadyEnded,
+            };
         }
         if left.conversation_gone {
             // Every caller of that conversation cancelled: the call goes on for others, not as its call.
             self.hub.call_withdrawn(seat.conversation(), self);
         }
-        false
+        seat.mark_cancelled();
+        seat.withdrawn.cancel();
+        Left::StoppedWaiting
     }
 
     /// `conversation` ended or cancelled the call's task (`why`): its callers stop waiting, with `CANCELLED`.
@@ -384,4 +391,16 @@ impl StepGuard<'_> {
         let outcome = DEFERRED.with(RefCell::take).unwrap_or(Err(error));
         self.life.finish_locked(&mut self.guard, outcome);
     }
+}
+
+/// What a caller's [`CallLife::leave`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Left {
+    /// It cancelled the call: no other caller was waiting for it.
+    EndedIt,
+    /// The call goes on for other callers (or this one only stopped observing it): a caller that cancelled reads
+    /// `CANCELLED` from now on.
+    StoppedWaiting,
+    /// The call had already ended: the caller reads its outcome.
+    AlreadyEnded,
 }

@@ -18,7 +18,7 @@ pub use admission::CallRequest;
 pub(crate) use admission::{admit, admit_since, visit_ended_while_waiting, Admitted, Arrival};
 pub(crate) use callers::CallerSeat;
 pub use context::{CallContext, Ended};
-pub(crate) use life::{CallCoordinates, CallLife};
+pub(crate) use life::{CallCoordinates, CallLife, Left};
 pub use life::{CallOutcome, CallOutput};
 pub use progress::{Progress, ProgressSink};
 pub use pump::PumpStats;

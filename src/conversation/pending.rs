@@ -262,10 +262,15 @@ async fn run(
                         // by its conversation or task rather than by `cancel`, it leaves the execution here.
                         _ = call.cancel.cancelled() => {
                             call.leave(true);
-                            life.outcome().get().unwrap_or_else(|| {
-                                Err(ToolError::with_code(ErrorCode::Cancelled, CallLife::CANCELLED_BY_AGENT)
-                                    .locate(&life.coords))
-                            })
+                            // Whoever left first (this task, or `cancel` on the caller's thread) decided under
+                            // the call's lock: stopped waiting (the seat says so), or it had ended.
+                            match seat.withdrawn.is_cancelled() {
+                                true => life.withdrawn_outcome(Some(&seat)),
+                                false => life.outcome().get().unwrap_or_else(|| {
+                                    Err(ToolError::with_code(ErrorCode::Cancelled, CallLife::CANCELLED_BY_AGENT)
+                                        .locate(&life.coords))
+                                }),
+                            }
                         }
                     }
                 }

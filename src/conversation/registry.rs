@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::sync::Mutex;
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::Mutex;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use super::events::{
@@ -316,35 +316,52 @@ impl ConversationHub {
     /// Ends `id` (by the host): publishes `Ended` once, ends its calls. Ending an ended conversation succeeds
     /// without a second event.
     pub(crate) fn end(&self, id: &ConversationId) -> Result<(), ToolError> {
-        self.end_checked(id, false)
+        self.end_if(id, |_| Ok(true)).map(|_| ())
     }
 
-    fn end_checked(&self, id: &ConversationId, refuse_held: bool) -> Result<(), ToolError> {
+    /// Ends `id` if `still` says so, decided under the same lock as the end (a call admitted meanwhile is seen).
+    /// Returns whether it ended it.
+    fn end_if(
+        &self,
+        id: &ConversationId,
+        still: impl FnOnce(&Entry) -> Result<bool, ToolError>,
+    ) -> Result<bool, ToolError> {
         let orphans = {
             let mut inner = self.inner.lock();
             let HubInner { conversations, watchers, .. } = &mut *inner;
             let entry = conversations.get_mut(id).ok_or_else(|| not_found(id))?;
-            if refuse_held && entry.held {
-                return Err(ToolError::with_code(
-                    ErrorCode::InvalidInput,
-                    format!(
-                        "conversation `{id}` is an in-game agent session's: end the session (`AgentSession::end`, \
-                         `SessionRequest::End`), which ends its conversation with its agent"
-                    ),
-                )
-                .with_detail("conversation", id));
+            if !still(entry)? {
+                return Ok(false);
             }
             end_entry(&self.game, watchers, id, entry, StatusSource::Host)
         };
         orphans.end(id);
         self.forget_old_ended();
-        Ok(())
+        Ok(true)
+    }
+
+    /// Ends `id` unless a call of it is in flight or waits for its tool, decided under the lock a call's admission
+    /// takes (an MCP client's conversation it no longer names). Returns whether it ended it.
+    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
+    pub(crate) fn end_unless_busy(&self, id: &ConversationId) -> bool {
+        self.end_if(id, |entry| Ok(entry.active.is_empty() && entry.pending.is_empty())).unwrap_or(false)
     }
 
     /// [`end`](Self::end) as the public API asks it: an in-game agent session's conversation is ended by ending the
     /// session (its agent stopped, its credential revoked), never alone.
     pub(crate) fn end_unheld(&self, id: &ConversationId) -> Result<(), ToolError> {
-        self.end_checked(id, true)
+        let refuse = |entry: &Entry| match entry.held {
+            false => Ok(true),
+            true => Err(ToolError::with_code(
+                ErrorCode::InvalidInput,
+                format!(
+                    "conversation `{id}` is an in-game agent session's: end the session (`AgentSession::end`, \
+                     `SessionRequest::End`), which ends its conversation with its agent"
+                ),
+            )
+            .with_detail("conversation", id)),
+        };
+        self.end_if(id, refuse).map(|_| ())
     }
 
     /// Leaves the conversations `owned` says a transport keeps to that transport: the idle timeout never ends them.
@@ -363,20 +380,15 @@ impl ConversationHub {
             inner
                 .conversations
                 .iter()
-                .filter(|(id, entry)| {
-                    !entry.facts.ended
-                        && !entry.held
-                        && !transport_owned(id)
-                        && entry.active.is_empty()
-                        && entry.pending.is_empty()
-                        && now.saturating_duration_since(entry.last_activity) >= timeout
-                })
+                .filter(|(id, entry)| !entry.held && !transport_owned(id) && is_idle(entry, now, timeout))
                 .map(|(id, _)| id.clone())
                 .collect()
         };
         for id in idle {
-            tracing::info!(conversation = %id, ?timeout, "the conversation was idle too long; it ended");
-            let _ = self.end(&id);
+            // Checked again as it ends: a call admitted since (from another thread) keeps it.
+            if self.end_if(&id, |entry| Ok(is_idle(entry, now, timeout))).unwrap_or(false) {
+                tracing::info!(conversation = %id, ?timeout, "the conversation was idle too long; it ended");
+            }
         }
     }
 
@@ -646,6 +658,14 @@ impl ConversationHub {
             inner.forget(&id);
         }
     }
+}
+
+/// Whether `entry` has been idle for `timeout` at `now`: not ended, no call in flight or waiting, no activity.
+fn is_idle(entry: &Entry, now: Instant, timeout: Duration) -> bool {
+    !entry.facts.ended
+        && entry.active.is_empty()
+        && entry.pending.is_empty()
+        && now.saturating_duration_since(entry.last_activity) >= timeout
 }
 
 fn not_found(id: &ConversationId) -> ToolError {

@@ -114,7 +114,8 @@ fn note_client(agent: &AgentHandle, clients: &RecentNames, client: &str) {
         agent.conversation_status(&client_conversation(client)) == Some(ConversationStatus::WaitingToolResult)
     };
     if let Some(forgotten) = clients.used(client, |old| !running(old)) {
-        let _ = agent.end_conversation(&client_conversation(&forgotten));
+        // Not if a call of it was admitted since it was chosen (that call is not cancelled).
+        agent.host().conversations.end_unless_busy(&client_conversation(&forgotten));
     }
 }
 
@@ -239,8 +240,9 @@ impl ServerHandler for GameServer {
             return Ok(match self.handles.mint(|old| !running(old)) {
                 Ok((handle, forgotten)) => {
                     if let Some(old) = forgotten {
-                        // Its client can no longer name it: it ends (it had no calls in flight).
-                        let _ = self.agent.end_conversation(&handle_conversation(&old));
+                        // Its client can no longer name it: it ends, as it had no call in flight (a call admitted
+                        // since it was chosen is not cancelled: the conversation then stays).
+                        self.agent.host().conversations.end_unless_busy(&handle_conversation(&old));
                     }
                     let value = json!({ "conversation": handle });
                     let mut result = CallToolResult::success(vec![ContentBlock::text(value.to_string())]);
