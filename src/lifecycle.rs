@@ -91,6 +91,11 @@ impl<S> From<S> for Opened<S> {
 /// not block on files, network or locks held by I/O (rule H3): start I/O on a runtime and hand back a
 /// [`Completion`] instead.
 ///
+/// A panic in `open`, `close` or `input_context` is caught, since each failure has a defined outcome: no visit
+/// ([`WorldOpenFailed`](crate::WorldOpenFailed)), a failed save completion, an `INTERNAL` call. One in `tick`,
+/// `relocated` or `shutdown` is not: it takes the game down as a panic in any of the game's systems does (a
+/// `tick` that panics would panic again every frame, and a session left half-changed is not safe to save).
+///
 /// ```
 /// use bevy::prelude::World;
 /// use bevy_agent_tools::prelude::*;

@@ -1,5 +1,6 @@
-//! A panic in the game's own lifecycle callbacks never takes the game down: `open` (H4: reported as
-//! `WorldOpenFailed`, no session held), `close` (its completion fails and says so), `input_context` (`INTERNAL`).
+//! A panic in the lifecycle callbacks whose failure has a defined outcome never takes the game down: `open` (H4:
+//! reported as `WorldOpenFailed`, no session held), `close` (its completion fails and says so), `input_context`
+//! (`INTERNAL`). (`tick`, `relocated` and `shutdown` are not caught: see `WorldLifecycle`.)
 
 use bevy::ecs::message::Messages;
 use bevy::prelude::*;
