@@ -221,7 +221,9 @@ fn a_kept_session_is_resumed_by_id_after_a_restart_and_permissions_go_to_the_pla
     second.send("chat-resume chat-00000000deadbeef");
     assert!(second.line_starting("error: ").starts_with("error: SESSION_NOT_FOUND "));
     second.send(&format!("chat-resume {kept}"));
-    assert_eq!(second.line_starting("ok attached"), format!("ok attached session={kept} status=idle"));
+    let attached = format!("ok attached session={kept} status=idle ended={fresh}");
+    assert_eq!(second.line_starting("ok attached"), attached, "the session it replaced ended");
+    assert_eq!(agents_alive(&state), 1, "only the attached session's agent runs");
     second.send("say history");
     second.line_starting(&format!("chat session={kept}: I remember 2 turns"));
     // The fresh session of this run, never used again: deleted for good.

@@ -116,10 +116,15 @@ async fn run(
         let asked = command.clone();
         let session = current.lock().clone();
         let answer = match (command, session) {
-            (ChatCommand::Resume(Some(id)), _) => match sessions.resume_session(id).await {
+            (ChatCommand::Resume(Some(id)), previous) => match sessions.resume_session(id).await {
                 Ok(session) => {
-                    let answer = format!("attached session={} status={}", session.id(), session.status());
-                    *current.lock() = Some(session);
+                    let mut answer = format!("attached session={} status={}", session.id(), session.status());
+                    *current.lock() = Some(session.clone());
+                    // The session it replaces ends (its agent stops; a kept one can be resumed by its id).
+                    if let Some(previous) = previous.filter(|previous| previous.id() != session.id()) {
+                        previous.end().await;
+                        answer.push_str(&format!(" ended={}", previous.id()));
+                    }
                     Ok(answer)
                 }
                 Err(error) => Err(error),
