@@ -315,6 +315,7 @@ impl ConversationHub {
 impl ConversationHub {
     /// Ends `id` (by the host): publishes `Ended` once, ends its calls. Ending an ended conversation succeeds
     /// without a second event.
+    #[cfg_attr(not(any(feature = "acp", feature = "openai")), allow(dead_code))]
     pub(crate) fn end(&self, id: &ConversationId) -> Result<(), ToolError> {
         self.end_if(id, |_| Ok(true)).map(|_| ())
     }
