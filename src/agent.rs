@@ -60,6 +60,12 @@ impl AgentHandle {
         self.host.tools.list()
     }
 
+    /// Whether a tool named `name` is registered.
+    #[cfg_attr(not(feature = "acp"), allow(dead_code))]
+    pub(crate) fn is_registered(&self, name: &str) -> bool {
+        self.host.tools.get(name).is_ok()
+    }
+
     /// The open visit, for observers.
     pub fn visit(&self) -> Option<VisitStatus> {
         self.host.status()
@@ -187,7 +193,7 @@ impl Conversation {
     /// agree with one set with [`CallRequest::operation`] or [`CallRequest::task`]: `INVALID_INPUT` if not).
     pub fn request(&self, mut request: CallRequest) -> Call {
         if !self.host.conversations.accepts(&self.id) {
-            return Call::ready(None, Err(crate::conversation::ended(&self.id)));
+            return Call::ready(None, Err(self.host.conversations.refusal(&self.id)));
         }
         if let Err(mut error) = request.take_wire_ids() {
             error.details.tool = Some(request.tool);

@@ -75,6 +75,7 @@ pub(crate) fn spawn(
             let (end, gone, asked_to_close) = (ending.clone(), sink.clone(), ending.closing.clone());
             let notifications = sink.clone();
             let permissions = sink.clone();
+            let registered = setup.agent.clone();
             let replaying = replay.clone();
             let ended = Client
                 .v1()
@@ -96,7 +97,7 @@ pub(crate) fn spawn(
                             .clone()
                             .or_else(|| request.tool_call.fields.name.clone())
                             .unwrap_or_else(|| request.tool_call.tool_call_id.to_string());
-                        if updates::is_game_tool(&tool) {
+                        if updates::is_game_tool(&request.tool_call.fields, |name| registered.is_registered(name)) {
                             // One of the game's own tools, reached through the game's MCP server: guarded by the
                             // host's rules (H1–H14, its confirmations), not by the permission policy.
                             tracing::debug!(%tool, "the agent asked permission for a game tool: allowed");
