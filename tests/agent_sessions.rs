@@ -840,8 +840,17 @@ fn s2_a_session_that_fails_mid_call_cancels_its_tool_call_running_in_the_game_wh
     game.gate.open();
     wait_answered(&game.answered, 1);
     assert_eq!(game.executions.load(Ordering::SeqCst), 0, "the failed session's call never changed the world");
+    // Nor does a call that reaches its conversation after the failure (a request that passed the credential check
+    // just before the credential was revoked), until the session is resumed.
+    let conversation = game.game.agent().conversation(session.id().clone());
+    let (code, message) = code_of(game.block_on(conversation.call("bump", serde_json::json!({}))));
+    assert_eq!(code, ErrorCode::Cancelled, "{message}");
+    assert!(message.contains("failed"), "{message}");
+    let before = game.counter();
     game.block_on(session.resume()).expect("resumed");
     assert_eq!(session.status(), ConversationStatus::Idle, "no call of the failed turn is left in flight");
+    game.block_on(conversation.call("bump", serde_json::json!({}))).expect("resumed: its calls run again");
+    assert_eq!(game.counter(), before + 1);
 }
 
 #[test]

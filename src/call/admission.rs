@@ -192,7 +192,7 @@ fn admit_inner(
                         // Under the state lock, as a start: a conversation that ends withdraws this caller too.
                         if !host.conversations.call_joined(conversation, &life) {
                             life.leave(&seat, None);
-                            return Err(rejected(crate::conversation::ended(conversation)));
+                            return Err(rejected(host.conversations.refusal(conversation)));
                         }
                         return Ok(Admitted::Running { life, owner: false, seat });
                     }
@@ -246,7 +246,7 @@ fn admit_inner(
         (life, open.ready.clone(), accepted, seat)
     };
     if !accepted {
-        life.finish(Err(crate::conversation::ended(conversation)));
+        life.finish(Err(host.conversations.refusal(conversation)));
     }
     let span = tracing::info_span!(
         "agent_tool_call",

@@ -212,7 +212,7 @@ async fn run(
     let tool = request.tool.clone();
     let cancel = WaitCancel { token: call.cancel.clone(), why: call.why.clone() };
     let started = hub.pending_started(&conversation, &tool, request.task.clone(), cancel, host.config.max_in_flight);
-    let key = match started.unwrap_or_else(|| Err(ended(&conversation))) {
+    let key = match started.unwrap_or_else(|| Err(hub.refusal(&conversation))) {
         Ok(key) => key,
         Err(mut error) => {
             error.details.tool.get_or_insert_with(|| tool.clone());
@@ -310,7 +310,7 @@ fn not_registered(host: &HostShared, tool: &str, wait: Duration) -> ToolError {
 
 fn cancelled(conversation: &ConversationId, host: &HostShared, call: &WaitingCall) -> ToolError {
     if !host.conversations.accepts(conversation) {
-        return ended(conversation);
+        return host.conversations.refusal(conversation);
     }
     let message = match call.why.lock().as_deref() {
         Some(why) => format!("{why} while the call waited for its tool"),

@@ -45,6 +45,9 @@ struct Entry {
     ended_at: Option<Instant>,
     /// Owned by the game (an in-game agent session): only the game ends it, never the idle timeout.
     held: bool,
+    /// Its in-game agent session failed: it takes no calls until the session is resumed (its agent is being
+    /// stopped, and a request that passed the credential check just before it was revoked must not run).
+    suspended: bool,
 }
 
 impl Entry {
@@ -60,7 +63,13 @@ impl Entry {
             last_activity: now,
             ended_at: None,
             held: false,
+            suspended: false,
         }
+    }
+
+    /// Whether a call of it may be admitted.
+    fn takes_calls(&self) -> bool {
+        !self.facts.ended && !self.suspended
     }
 }
 
@@ -179,6 +188,20 @@ impl ConversationHub {
         inner.entry(id, now).last_activity = now;
     }
 
+    /// Why a call of `id` is refused, once [`accepts`](Self::accepts) (or a call's start) said it is.
+    pub(crate) fn refusal(&self, id: &ConversationId) -> ToolError {
+        let suspended = self.inner.lock().conversations.get(id).is_some_and(|e| e.suspended && !e.facts.ended);
+        if !suspended {
+            return super::ended(id);
+        }
+        ToolError::with_code(
+            ErrorCode::Cancelled,
+            format!("the in-game agent session `{id}` failed: it calls no tools until it is resumed"),
+        )
+        .with_detail("conversation", id)
+        .with_detail("session_failed", true)
+    }
+
     /// Whether an in-game agent session holds `id`.
     pub(crate) fn is_held(&self, id: &ConversationId) -> bool {
         self.inner.lock().conversations.get(id).is_some_and(|entry| entry.held)
@@ -269,6 +292,14 @@ impl ConversationHub {
     pub(crate) fn publish_chat(&self, event: ConversationEvent) {
         let id = event.conversation().clone();
         self.publish_chat_then_set(&id, vec![event], None);
+    }
+
+    /// Stops (or, `false`, resumes) admitting calls of the in-game agent session `id`, which failed (or went live
+    /// again). Its calls already admitted are the session's to cancel.
+    pub(crate) fn suspend(&self, id: &ConversationId, suspended: bool) {
+        if let Some(entry) = self.inner.lock().conversations.get_mut(id) {
+            entry.suspended = suspended;
+        }
     }
 
     /// Forgets `id`, which never became a session (its agent failed to start) or whose session the game forgot
@@ -387,7 +418,7 @@ impl ConversationHub {
         };
         for id in idle {
             // Checked again as it ends: a call admitted since (from another thread) keeps it.
-            if self.end_if(&id, |entry| Ok(is_idle(entry, now, timeout))).unwrap_or(false) {
+            if self.end_if(&id, |entry| Ok(!entry.held && is_idle(entry, now, timeout))).unwrap_or(false) {
                 tracing::info!(conversation = %id, ?timeout, "the conversation was idle too long; it ended");
             }
         }
@@ -439,9 +470,9 @@ impl ConversationHub {
         Subscription { events }
     }
 
-    /// Whether `id` may make calls now (it is known and not ended).
+    /// Whether `id` may make calls now (it is known, not ended, and not a failed in-game session's).
     pub(crate) fn accepts(&self, id: &ConversationId) -> bool {
-        self.inner.lock().conversations.get(id).is_some_and(|entry| !entry.facts.ended)
+        self.inner.lock().conversations.get(id).is_some_and(Entry::takes_calls)
     }
 
     /// Records an admitted call (under the host's state lock). Returns false if the conversation ended
@@ -450,7 +481,7 @@ impl ConversationHub {
         let mut inner = self.inner.lock();
         let HubInner { conversations, watchers, .. } = &mut *inner;
         let id = &life.coords.conversation;
-        let Some(entry) = conversations.get_mut(id).filter(|entry| !entry.facts.ended) else { return false };
+        let Some(entry) = conversations.get_mut(id).filter(|entry| entry.takes_calls()) else { return false };
         entry.last_activity = entry.last_activity.max(life.started);
         start(&self.game, watchers, id, entry, life);
         true
@@ -462,7 +493,7 @@ impl ConversationHub {
     pub(crate) fn call_joined(&self, id: &ConversationId, life: &Arc<CallLife>) -> bool {
         let mut inner = self.inner.lock();
         let HubInner { conversations, watchers, joined, .. } = &mut *inner;
-        let Some(entry) = conversations.get_mut(id).filter(|entry| !entry.facts.ended) else { return false };
+        let Some(entry) = conversations.get_mut(id).filter(|entry| entry.takes_calls()) else { return false };
         entry.last_activity = Instant::now();
         // Already its call (a retry in the call's own conversation), or already finished: its caller reads the
         // outcome, nothing to record.
@@ -595,7 +626,7 @@ impl ConversationHub {
         inner.next_pending += 1;
         let key = inner.next_pending;
         let HubInner { conversations, watchers, .. } = &mut *inner;
-        let entry = conversations.get_mut(id).filter(|entry| !entry.facts.ended)?;
+        let entry = conversations.get_mut(id).filter(|entry| entry.takes_calls())?;
         if entry.pending.len() >= limit {
             let waiting = entry.pending.len();
             let error = ToolError::with_code(

@@ -307,6 +307,7 @@ impl SessionCore {
     /// The status change of a session going live from `phase`, published under the state lock: a failed one
     /// goes `Idle`, an ended one's conversation is reopened (`Ended → Idle`), a new one is `Idle` already.
     fn reopen(&self, phase: &Phase) -> Result<(), ToolError> {
+        self.host.agent.host().conversations.suspend(&self.id, false);
         match phase {
             Phase::Live => Ok(()),
             Phase::Failed(_) => {
@@ -594,6 +595,8 @@ impl SessionCore {
                 return;
             }
             state.phase = Phase::Failed(error.clone());
+            // Before the credential is revoked: a request that passed its check just before is refused too.
+            self.host.agent.host().conversations.suspend(&self.id, true);
             let link = self.take_connection(&mut state);
             state.stopped.clone_from(&link);
             self.finish_message(&mut state, &mut feed);
