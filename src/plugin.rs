@@ -308,8 +308,12 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
                     .in_set(AgentToolsSet::Transitions),
             );
         }));
-        self.state_checks
-            .push(Arc::new(|app: &App| (!app.world().contains_resource::<State<S>>()).then(std::any::type_name::<S>)));
+        // Every way of setting a state up (`init_state`, `insert_state`, `add_sub_state`, `add_computed_state`) adds
+        // its transition messages; a sub-state's or computed state's `State<S>` only exists while its source allows.
+        self.state_checks.push(Arc::new(|app: &App| {
+            let set_up = app.world().contains_resource::<bevy::ecs::message::Messages<StateTransitionEvent<S>>>();
+            (!set_up).then(std::any::type_name::<S>)
+        }));
         self
     }
 }

@@ -179,7 +179,7 @@ fn an_agent_that_failed_to_start_is_started_again_by_chat_resume_once_what_stopp
     assert!(failed.contains("code=AGENT_UNAVAILABLE") && failed.contains("no API key"), "{failed}");
     game.send("say hello");
     let refused = game.line_starting("error: ");
-    assert!(refused.contains("chat-resume tries again"), "{refused}");
+    assert!(refused.contains("chat-resume starts one"), "{refused}");
 
     std::fs::remove_file(state.join("start-fails")).expect("fixed");
     game.send("chat-resume");

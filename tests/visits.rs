@@ -165,6 +165,23 @@ fn a_followed_state_the_app_never_initialized_is_warned_about_when_the_app_is_bu
     assert!(warned.iter().any(|line| line.contains("State<") && line.contains("init_state")), "{warned:?}");
     let initialized = build(true);
     assert!(!initialized.iter().any(|line| line.contains("follow_state")), "{initialized:?}");
+
+    // A sub-state set up right has no `State<S>` until its source allows: no warning either.
+    let (_, sub_state) = common::warnings::with_warnings(|| {
+        let follow = AgentToolsPlugin::new(TestGame::default()).follow_state::<Paused>(|_| None);
+        let mut app = App::new();
+        app.add_plugins((MinimalPlugins, bevy::state::app::StatesPlugin, follow));
+        app.init_state::<Screen>().add_sub_state::<Paused>();
+        app.finish();
+    });
+    assert!(!sub_state.iter().any(|line| line.contains("follow_state")), "{sub_state:?}");
+}
+
+#[derive(SubStates, Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[source(Screen = Screen::Menu)]
+enum Paused {
+    #[default]
+    No,
 }
 
 #[test]

@@ -120,7 +120,7 @@ async fn run(
                 Ok(session) => {
                     let mut answer = format!("attached session={} status={}", session.id(), session.status());
                     *current.lock() = Some(session.clone());
-                    // The session it replaces ends (its agent stops; a kept one can be resumed by its id).
+                    // The session it replaces ends (its agent stops; a kept one stays on disk, ended).
                     if let Some(previous) = previous.filter(|previous| previous.id() != session.id()) {
                         previous.end().await;
                         answer.push_str(&format!(" ended={}", previous.id()));
@@ -144,8 +144,8 @@ async fn run(
             (ChatCommand::Resume(None), None) => start(&sessions, &config, &current).await,
             (_, None) => Err(ToolError::with_code(
                 bevy_agent_tools::ErrorCode::AgentUnavailable,
-                "there is no agent session: it failed to start (see the chat-error line; chat-resume tries again) \
-                 or was forgotten",
+                "there is no agent session: it failed to start (see the chat-error line) or was forgotten; \
+                 chat-resume starts one",
             )),
             (ChatCommand::Say(text), Some(session)) => match session.start_turn(text).await {
                 Ok(turn) => {
