@@ -133,6 +133,35 @@ fn code(life: &CallLife) -> Option<ErrorCode> {
     outcome.err().map(|error| error.code)
 }
 
+/// Opens a second conversation, `other`, beside the fixture's.
+fn other_conversation(fixture: &Fixture) -> ConversationId {
+    let other = ConversationId::new("other");
+    fixture.host.conversations.open(&other);
+    other
+}
+
+/// The keyed request two conversations make to share one execution (same tool, task and operation id).
+fn shared_request() -> CallRequest {
+    CallRequest::new("noop", json!({})).operation("op").task("shared")
+}
+
+/// A thread that finishes `life` with a success; it returns whether that was the call's outcome.
+fn finish_ok(life: &Arc<CallLife>) -> shuttle::thread::JoinHandle<bool> {
+    let life = life.clone();
+    let output = CallOutput { value: json!("done"), observed: life.coords.visit.clone() };
+    shuttle::thread::spawn(move || life.finish(Ok(output)))
+}
+
+/// The codes of the `CallFinished` events of `conversation` published so far.
+fn finished_codes(feed: &Receiver<ConversationEvent>, conversation: &ConversationId) -> Vec<Option<ErrorCode>> {
+    feed.try_iter()
+        .filter_map(|event| match event {
+            ConversationEvent::CallFinished(finished) if &finished.conversation == conversation => Some(finished.code),
+            _ => None,
+        })
+        .collect()
+}
+
 fn finished_events(feed: &Receiver<ConversationEvent>, life: &CallLife) -> usize {
     feed.try_iter()
         .filter(|event| matches!(event, ConversationEvent::CallFinished(f) if f.request == life.coords.request))
@@ -378,13 +407,13 @@ fn h7_the_next_visits_load_runs_after_the_old_visits_save_whatever_the_schedule(
 fn h12_a_conversation_ending_as_its_shared_execution_finishes_never_cancels_it_for_the_other_one() {
     explore(|| {
         let fixture = fixture();
-        let other = ConversationId::new("other");
-        fixture.host.conversations.open(&other);
-        let shared = || CallRequest::new("noop", json!({})).operation("op").task("shared");
-        let Ok(Admitted::Running { life, seat, .. }) = admit(&fixture.host, &fixture.conversation, shared()) else {
+        let other = other_conversation(&fixture);
+        let Ok(Admitted::Running { life, seat, .. }) = admit(&fixture.host, &fixture.conversation, shared_request())
+        else {
             panic!("admitted")
         };
-        let Ok(Admitted::Running { life: joined, owner: false, .. }) = admit(&fixture.host, &other, shared()) else {
+        let Ok(Admitted::Running { life: joined, owner: false, .. }) = admit(&fixture.host, &other, shared_request())
+        else {
             panic!("joined")
         };
         assert!(Arc::ptr_eq(&life, &joined));
@@ -392,11 +421,7 @@ fn h12_a_conversation_ending_as_its_shared_execution_finishes_never_cancels_it_f
             let (host, conversation) = (fixture.host.clone(), fixture.conversation.clone());
             shuttle::thread::spawn(move || host.conversations.end(&conversation).expect("known"))
         };
-        let finishing = {
-            let life = life.clone();
-            let output = CallOutput { value: json!("done"), observed: life.coords.visit.clone() };
-            shuttle::thread::spawn(move || life.finish(Ok(output)))
-        };
+        let finishing = finish_ok(&life);
         ending.join().expect("end");
         assert!(finishing.join().expect("finish"), "the execution's own outcome is its only one");
         assert!(life.outcome().get().is_some_and(|outcome| outcome.is_ok()), "the other conversation gets it");
@@ -404,16 +429,7 @@ fn h12_a_conversation_ending_as_its_shared_execution_finishes_never_cancels_it_f
             true => life.withdrawn_outcome(Some(&seat)),
             false => life.outcome().get().expect("set"),
         };
-        let seen: Vec<Option<ErrorCode>> = fixture
-            .feed
-            .try_iter()
-            .filter_map(|event| match event {
-                ConversationEvent::CallFinished(finished) if finished.conversation == fixture.conversation => {
-                    Some(finished.code)
-                }
-                _ => None,
-            })
-            .collect();
+        let seen = finished_codes(&fixture.feed, &fixture.conversation);
         assert_eq!(seen, vec![read.err().map(|error| error.code)], "one CallFinished, saying what the caller reads");
     });
 }
@@ -424,13 +440,12 @@ fn h12_a_conversation_ending_as_its_shared_execution_finishes_never_cancels_it_f
 fn h13_a_caller_cancelling_its_shared_execution_as_it_finishes_reads_what_its_call_finished_event_said() {
     explore(|| {
         let fixture = fixture();
-        let other = ConversationId::new("other");
-        fixture.host.conversations.open(&other);
-        let shared = || CallRequest::new("noop", json!({})).operation("op").task("shared");
-        let Ok(Admitted::Running { life, .. }) = admit(&fixture.host, &fixture.conversation, shared()) else {
+        let other = other_conversation(&fixture);
+        let Ok(Admitted::Running { life, .. }) = admit(&fixture.host, &fixture.conversation, shared_request()) else {
             panic!("admitted")
         };
-        let Ok(Admitted::Running { life: joined, seat, owner: false }) = admit(&fixture.host, &other, shared()) else {
+        let Ok(Admitted::Running { life: joined, seat, owner: false }) = admit(&fixture.host, &other, shared_request())
+        else {
             panic!("joined")
         };
         let retry = Call::running(joined, Some(seat), false);
@@ -438,22 +453,11 @@ fn h13_a_caller_cancelling_its_shared_execution_as_it_finishes_reads_what_its_ca
             retry.cancel();
             retry
         });
-        let finishing = {
-            let life = life.clone();
-            let output = CallOutput { value: json!("done"), observed: life.coords.visit.clone() };
-            shuttle::thread::spawn(move || life.finish(Ok(output)))
-        };
+        let finishing = finish_ok(&life);
         let retry = cancelling.join().expect("cancel");
         assert!(finishing.join().expect("finish"), "the execution's own outcome is its only one");
         let read = retry.try_outcome().expect("the retry has its outcome");
-        let seen: Vec<Option<ErrorCode>> = fixture
-            .feed
-            .try_iter()
-            .filter_map(|event| match event {
-                ConversationEvent::CallFinished(finished) if finished.conversation == other => Some(finished.code),
-                _ => None,
-            })
-            .collect();
+        let seen = finished_codes(&fixture.feed, &other);
         assert_eq!(seen, vec![read.err().map(|error| error.code)], "one CallFinished, saying what the caller reads");
     });
 }
@@ -493,22 +497,18 @@ fn an_idle_conversation_ending_as_a_call_of_it_is_admitted_never_cancels_that_ca
 fn h12_a_retry_joining_as_its_execution_finishes_never_stays_in_flight_for_its_conversation() {
     explore(|| {
         let fixture = fixture();
-        let other = ConversationId::new("other");
-        fixture.host.conversations.open(&other);
-        let shared = || CallRequest::new("noop", json!({})).operation("op").task("shared");
-        let Ok(Admitted::Running { life, .. }) = admit(&fixture.host, &fixture.conversation, shared()) else {
+        let other = other_conversation(&fixture);
+        let Ok(Admitted::Running { life, .. }) = admit(&fixture.host, &fixture.conversation, shared_request()) else {
             panic!("admitted")
         };
         // Its handler started: a finished execution is retained for retries.
         assert!(life.begin_handler());
-        let finishing = {
-            let life = life.clone();
-            let output = CallOutput { value: json!("done"), observed: life.coords.visit.clone() };
-            shuttle::thread::spawn(move || life.finish(Ok(output)))
-        };
+        let finishing = finish_ok(&life);
         let joining = {
             let (host, other) = (fixture.host.clone(), other.clone());
-            shuttle::thread::spawn(move || admit(&host, &other, shared()).map(|_| ()).map_err(|error| error.code))
+            shuttle::thread::spawn(move || {
+                admit(&host, &other, shared_request()).map(|_| ()).map_err(|error| error.code)
+            })
         };
         assert!(finishing.join().expect("finish"));
         assert_eq!(joining.join().expect("join"), Ok(()), "joined, or got the retained outcome");
