@@ -1,8 +1,8 @@
 //! The locks at the places where threads meet: a call's step lock (a main-thread step against an end from any
 //! thread), its callers' book (retries joining and leaving), the host's state (admission and release against
 //! exit), the conversations' hub (a call recorded against its conversation ending), and a world's turn in the
-//! store (a save against the next load). `parking_lot`'s normally; under the `shuttle` feature, shuttle's, so the race tests
-//! in `races` can explore thread interleavings through them and replay a failing schedule.
+//! store (a save against the next load). `parking_lot`'s normally; under the `shuttle` feature, shuttle's, so
+//! the race tests in `races` can explore thread interleavings through them and replay a failing schedule.
 
 #[cfg(not(feature = "shuttle"))]
 pub(crate) use parking_lot::{Mutex, MutexGuard};

@@ -140,8 +140,8 @@ impl CallLife {
     /// call when no other caller is left waiting for it, so a retry that gives up never cancels the work another
     /// caller still waits for; otherwise the caller stops waiting, and reads `CANCELLED` from now on, decided under
     /// the same lock as the call's end (so the last caller of a conversation to leave reads what that
-    /// conversation's `CallFinished` said, even when the call finishes just after). Without, it only stopped observing (a keyed call dropped so that its retry can
-    /// join it): the call runs on.
+    /// conversation's `CallFinished` said, even when the call finishes just after). Without, it only stopped
+    /// observing (a keyed call dropped so that its retry can join it): the call runs on.
     pub(crate) fn leave(&self, seat: &CallerSeat, cancel: Option<&str>) -> Left {
         let Some(why) = cancel else {
             self.callers.leave(seat);

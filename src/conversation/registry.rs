@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::sync::Mutex;
 use crossbeam_channel::{Receiver, Sender};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
@@ -25,6 +24,7 @@ use crate::call::{CallLife, CallOutcome, JobSender, Progress};
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::{ConversationId, TaskId};
 use crate::lifecycle::VisitInfo;
+use crate::sync::Mutex;
 
 /// How many ended conversations are remembered (so that resuming one says "ended", not "not found").
 const ENDED_KEPT: usize = 1024;
@@ -90,14 +90,9 @@ struct HubInner {
 }
 
 impl HubInner {
-    /// Conversation `id`, created `Idle` if unknown (its events numbered after those of a forgotten one).
+    /// Conversation `id`, created `Idle` if unknown ([`entry_in`]).
     fn entry(&mut self, id: &ConversationId, now: Instant) -> &mut Entry {
-        let Self { conversations, forgotten, .. } = self;
-        conversations.entry(id.clone()).or_insert_with(|| {
-            let mut entry = Entry::new(now);
-            entry.sequence = forgotten.start_of(id);
-            entry
-        })
+        entry_in(&mut self.conversations, &mut self.forgotten, id, now)
     }
 
     /// Forgets conversation `id`, keeping where its events go on.
@@ -106,6 +101,21 @@ impl HubInner {
             self.forgotten.remember(id.clone(), entry.sequence);
         }
     }
+}
+
+/// Conversation `id` of `conversations`, created `Idle` if unknown, its events numbered after those of a
+/// conversation `forgotten` by that id.
+fn entry_in<'a>(
+    conversations: &'a mut HashMap<ConversationId, Entry>,
+    forgotten: &mut Forgotten,
+    id: &ConversationId,
+    now: Instant,
+) -> &'a mut Entry {
+    conversations.entry(id.clone()).or_insert_with(|| {
+        let mut entry = Entry::new(now);
+        entry.sequence = forgotten.start_of(id);
+        entry
+    })
 }
 
 /// Whether a conversation's life is its transport's.
@@ -169,9 +179,8 @@ impl ConversationHub {
         let mut inner = self.inner.lock();
         let now = Instant::now();
         let game = &self.game;
-        inner.entry(id, now);
-        let HubInner { conversations, watchers, .. } = &mut *inner;
-        let Some(entry) = conversations.get_mut(id) else { return };
+        let HubInner { conversations, watchers, forgotten, .. } = &mut *inner;
+        let entry = entry_in(conversations, forgotten, id, now);
         entry.last_activity = now;
         if entry.facts.ended && !entry.held {
             entry.facts.reactivate();

@@ -5,8 +5,8 @@
 //! On the plugin's runtime threads (where rmcp runs) events of the `rmcp` targets below WARN are dropped, as are
 //! rmcp's two errors for a response nobody waits for any more, and all but one every 10 s of its warnings for a
 //! request refused for its `Host` or `Origin` (a web page can send those as fast as it likes). Everything else,
-//! the game's own events from the same threads included, goes to the game's subscriber unchanged. To see rmcp's lines, set the environment
-//! variable `BEVY_AGENT_TOOLS_RMCP_LOG` to a level (`info`, `debug`, `trace`): rmcp's events at that level and
+//! the game's own events from the same threads included, goes to the game's subscriber unchanged. To see rmcp's
+//! lines, set the environment variable `BEVY_AGENT_TOOLS_RMCP_LOG` to a level (`info`, `debug`, `trace`): rmcp's events at that level and
 //! above pass (and then the game's own filter decides, e.g. `RUST_LOG=rmcp=debug`); `off` drops them all.
 
 use std::sync::Mutex;
