@@ -516,3 +516,45 @@ fn h12_a_retry_joining_as_its_execution_finishes_never_stays_in_flight_for_its_c
         assert_ne!(fixture.host.conversations.status(&other), Some(ConversationStatus::WaitingToolResult));
     });
 }
+
+/// An MCP client's conversation its transport stops naming (a handle forgotten) as a call of it is admitted: the
+/// call is never cancelled for it, and the conversation ends once that call finishes, rather than staying open
+/// with nothing left to name it.
+#[test]
+fn a_conversation_no_longer_named_ends_once_the_call_admitted_meanwhile_finishes() {
+    explore(|| {
+        let fixture = fixture();
+        let ending = {
+            let (host, id) = (fixture.host.clone(), fixture.conversation.clone());
+            shuttle::thread::spawn(move || host.conversations.end_once_idle(&id))
+        };
+        let admitted = call(&fixture);
+        let ended_now = ending.join().expect("end_once_idle");
+        let status = || fixture.host.conversations.status(&fixture.conversation);
+        match admitted {
+            Ok(life) if !life.outcome().is_set() => {
+                assert!(!ended_now, "a conversation with a call in flight ended");
+                assert_eq!(status(), Some(ConversationStatus::WaitingToolResult));
+                assert!(finish_ok(&life).join().expect("finish"), "the call's own outcome");
+            }
+            // Refused: the conversation had ended before the call was one of its calls.
+            Ok(life) => assert_eq!(code(&life), Some(ErrorCode::Cancelled)),
+            Err(error) => assert_eq!(error.code, ErrorCode::Cancelled, "{error:?}"),
+        }
+        assert_eq!(status(), Some(ConversationStatus::Ended), "ended once its last call finished");
+    });
+}
+
+/// The same conversation named again (its client came back) before that call finishes: it stays open.
+#[test]
+fn a_conversation_named_again_before_its_last_call_finishes_stays_open() {
+    once(|| {
+        let fixture = fixture();
+        let life = call(&fixture).expect("admitted");
+        assert!(!fixture.host.conversations.end_once_idle(&fixture.conversation), "a call is in flight");
+        fixture.host.conversations.open(&fixture.conversation);
+        assert!(finish_ok(&life).join().expect("finish"));
+        let status = fixture.host.conversations.status(&fixture.conversation);
+        assert_eq!(status, Some(ConversationStatus::Idle), "named again, it stays");
+    });
+}

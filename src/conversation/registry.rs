@@ -48,6 +48,9 @@ struct Entry {
     /// Its in-game agent session failed: it takes no calls until the session is resumed (its agent is being
     /// stopped, and a request that passed the credential check just before it was revoked must not run).
     suspended: bool,
+    /// Its transport no longer names it, but a call of it was in flight: it ends when its last call finishes
+    /// (unless it is named again first).
+    end_when_idle: bool,
 }
 
 impl Entry {
@@ -64,6 +67,7 @@ impl Entry {
             ended_at: None,
             held: false,
             suspended: false,
+            end_when_idle: false,
         }
     }
 
@@ -182,6 +186,7 @@ impl ConversationHub {
         let HubInner { conversations, watchers, forgotten, .. } = &mut *inner;
         let entry = entry_in(conversations, forgotten, id, now);
         entry.last_activity = now;
+        entry.end_when_idle = false;
         if entry.facts.ended && !entry.held {
             entry.facts.reactivate();
             entry.ended_at = None;
@@ -365,7 +370,7 @@ impl ConversationHub {
     fn end_if(
         &self,
         id: &ConversationId,
-        still: impl FnOnce(&Entry) -> Result<bool, ToolError>,
+        still: impl FnOnce(&mut Entry) -> Result<bool, ToolError>,
     ) -> Result<bool, ToolError> {
         let orphans = {
             let mut inner = self.inner.lock();
@@ -381,17 +386,24 @@ impl ConversationHub {
         Ok(true)
     }
 
-    /// Ends `id` unless a call of it is in flight or waits for its tool, decided under the lock a call's admission
-    /// takes (an MCP client's conversation it no longer names). Returns whether it ended it.
+    /// Ends `id` once no call of it is in flight or waits for its tool: now if none is (decided under the lock a
+    /// call's admission takes), else when its last one finishes, unless it is [opened](Self::open) again first (an
+    /// MCP client's conversation its transport no longer names: a call admitted just before is not cancelled, and
+    /// the conversation does not outlive it). Returns whether it ended now.
     #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
-    pub(crate) fn end_unless_busy(&self, id: &ConversationId) -> bool {
-        self.end_if(id, |entry| Ok(entry.active.is_empty() && entry.pending.is_empty())).unwrap_or(false)
+    pub(crate) fn end_once_idle(&self, id: &ConversationId) -> bool {
+        self.end_if(id, |entry| {
+            let idle = entry.active.is_empty() && entry.pending.is_empty();
+            entry.end_when_idle = !idle;
+            Ok(idle)
+        })
+        .unwrap_or(false)
     }
 
     /// [`end`](Self::end) as the public API asks it: an in-game agent session's conversation is ended by ending the
     /// session (its agent stopped, its credential revoked), never alone.
     pub(crate) fn end_unheld(&self, id: &ConversationId) -> Result<(), ToolError> {
-        let refuse = |entry: &Entry| match entry.held {
+        let refuse = |entry: &mut Entry| match entry.held {
             false => Ok(true),
             true => Err(ToolError::with_code(
                 ErrorCode::InvalidInput,
@@ -546,7 +558,22 @@ fn finished(
     };
     publish(game, watchers, entry, ConversationEvent::CallFinished(finished));
     update(game, watchers, id, entry, StatusSource::Host);
+    end_if_due(game, watchers, id, entry);
     true
+}
+
+/// Ends `entry` if its last call just finished and it was to [end once idle](ConversationHub::end_once_idle).
+fn end_if_due(
+    game: &GameFeed,
+    watchers: &mut Vec<UnboundedSender<ConversationEvent>>,
+    id: &ConversationId,
+    entry: &mut Entry,
+) {
+    if entry.end_when_idle && entry.active.is_empty() && entry.pending.is_empty() {
+        entry.end_when_idle = false;
+        // No call of it is left to end.
+        let _no_calls = end_entry(game, watchers, id, entry, StatusSource::Host);
+    }
 }
 
 /// Records `life` as a call in flight of conversation `id`, and publishes it.
@@ -677,6 +704,7 @@ impl ConversationHub {
             entry.facts.calls = entry.facts.calls.saturating_sub(1);
             entry.last_activity = Instant::now();
             update(&self.game, watchers, id, entry, StatusSource::Host);
+            end_if_due(&self.game, watchers, id, entry);
         }
     }
 

@@ -114,8 +114,8 @@ fn note_client(agent: &AgentHandle, clients: &RecentNames, client: &str) {
         agent.conversation_status(&client_conversation(client)) == Some(ConversationStatus::WaitingToolResult)
     };
     if let Some(forgotten) = clients.used(client, |old| !running(old)) {
-        // Not if a call of it was admitted since it was chosen (that call is not cancelled).
-        agent.host().conversations.end_unless_busy(&client_conversation(&forgotten));
+        // A call of it admitted since it was chosen is not cancelled: it ends when that call finishes.
+        agent.host().conversations.end_once_idle(&client_conversation(&forgotten));
     }
 }
 
@@ -241,8 +241,8 @@ impl ServerHandler for GameServer {
                 Ok((handle, forgotten)) => {
                     if let Some(old) = forgotten {
                         // Its client can no longer name it: it ends, as it had no call in flight (a call admitted
-                        // since it was chosen is not cancelled: the conversation then stays).
-                        self.agent.host().conversations.end_unless_busy(&handle_conversation(&old));
+                        // since it was chosen is not cancelled: the conversation then ends when that call does).
+                        self.agent.host().conversations.end_once_idle(&handle_conversation(&old));
                     }
                     let value = json!({ "conversation": handle });
                     let mut result = CallToolResult::success(vec![ContentBlock::text(value.to_string())]);
