@@ -1171,13 +1171,19 @@ fn permission_requests_are_denied_by_default_and_the_player_can_allow_or_let_the
 fn permission_requests_for_the_games_own_tools_are_allowed_without_asking_under_any_policy() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
-    for policy in [PermissionPolicy::Deny, PermissionPolicy::AskPlayer] {
+    // As Claude Code's adapter names the tool, and as Gemini CLI titles it.
+    for (policy, ask) in [
+        (PermissionPolicy::Deny, "ask-call"),
+        (PermissionPolicy::AskPlayer, "ask-call"),
+        (PermissionPolicy::Deny, "ask-call-gemini"),
+        (PermissionPolicy::AskPlayer, "ask-call-gemini"),
+    ] {
         let session = game.create(agent(&dirs, &[]).permissions(policy)).expect("starts");
         let before = game.counter();
-        let turn = game.block_on(session.send_text("ask-call bump {}")).expect("the turn ends");
+        let turn = game.block_on(session.send_text(&format!("{ask} bump {{}}"))).expect("the turn ends");
         let answer = turn.final_message.expect("the agent's last message");
-        assert!(answer.starts_with("bump answered: {") && !answer.contains("error"), "{policy:?}: {answer}");
-        assert_eq!(game.counter(), before + 1, "{policy:?}: the game's tool ran");
+        assert!(answer.starts_with("bump answered: {") && !answer.contains("error"), "{policy:?} {ask}: {answer}");
+        assert_eq!(game.counter(), before + 1, "{policy:?} {ask}: the game's tool ran");
     }
     assert!(
         !game.log.lines().iter().any(|line| line.starts_with("permission ")),

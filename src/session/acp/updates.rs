@@ -67,19 +67,24 @@ pub(crate) fn stop_reason(reason: AcpStopReason) -> StopReason {
 /// The name the game's MCP server is given in `session/new`.
 pub(crate) const GAME_SERVER: &str = "game";
 
-/// Whether a permission request is for one of the game's own tools (`registered` says whether a name is one):
-/// agents name an MCP tool `mcp__<server>__<tool>` (Claude Code's adapter asks before each MCP tool it has no
-/// standing rule for, titling the request with that name). The request's programmatic `name` decides where it
-/// has one, else its title; either must be exactly a registered tool's full name, and the request of no kind but
-/// `other` (an agent may title a shell command's request with the command itself, which a model could make
-/// start with a game tool's name: such a request is of kind `execute`).
+/// Whether a permission request is for one of the game's own tools (`registered` says whether a name is one).
+/// Agents that ask before an MCP tool they have no standing rule for name it in one of two forms, which the
+/// request's programmatic `name` must be exactly where it has one, else its title:
+/// - `mcp__<server>__<tool>`: Claude Code's adapter;
+/// - `<tool> (<server> MCP Server)`: Gemini CLI (its title for an MCP tool, `DiscoveredMCPTool`).
+///
+/// The request must be of no kind but `other`: an agent may title a shell command's request with the command
+/// itself, which a model could make read like a game tool's name, and such a request is of kind `execute`.
 pub(crate) fn is_game_tool(fields: &ToolCallUpdateFields, registered: impl Fn(&str) -> bool) -> bool {
     if !matches!(fields.kind, None | Some(ToolKind::Other)) {
         return false;
     }
-    let named = fields.name.as_deref().or(fields.title.as_deref());
-    let tool = named.and_then(|named| named.strip_prefix("mcp__")).and_then(|rest| rest.strip_prefix(GAME_SERVER));
-    tool.and_then(|rest| rest.strip_prefix("__")).is_some_and(registered)
+    let Some(named) = fields.name.as_deref().or(fields.title.as_deref()) else { return false };
+    let claude = named.strip_prefix("mcp__").and_then(|rest| rest.strip_prefix(GAME_SERVER));
+    let claude = claude.and_then(|rest| rest.strip_prefix("__"));
+    let gemini = named.strip_suffix(" MCP Server)").and_then(|rest| rest.strip_suffix(GAME_SERVER));
+    let gemini = gemini.and_then(|rest| rest.strip_suffix(" ("));
+    claude.or(gemini).is_some_and(registered)
 }
 
 /// The answer to a permission request for one of the game's own tools: allowed (once where the agent offers
@@ -149,7 +154,13 @@ mod tests {
         let titled = |title: &str| ToolCallUpdateFields::new().title(title);
         assert!(is_game_tool(&titled("mcp__game__place_block"), registered));
         assert!(is_game_tool(&titled("mcp__game__look").kind(ToolKind::Other), registered));
+        assert!(is_game_tool(&titled("place_block (game MCP Server)").kind(ToolKind::Other), registered));
         for other in [
+            "unknown (game MCP Server)",
+            "place_block (other MCP Server)",
+            "place_block (game MCP Server) ",
+            " (game MCP Server)",
+            "rm -rf /; place_block (game MCP Server)",
             "mcp__game__",
             "mcp__game__unknown",
             "mcp__gamer__look",
@@ -163,6 +174,7 @@ mod tests {
         }
         // A shell command titled with a game tool's name is still a shell command.
         assert!(!is_game_tool(&titled("mcp__game__look").kind(ToolKind::Execute), registered));
+        assert!(!is_game_tool(&titled("look (game MCP Server)").kind(ToolKind::Execute), registered));
         // The programmatic name decides over the title.
         let renamed = titled("mcp__game__look").name("run_shell_command");
         assert!(!is_game_tool(&renamed, registered));
