@@ -117,6 +117,20 @@ struct Script {
     key: Option<String>,
     /// The `Authorization` header of every request, as sent.
     authorizations: Arc<Mutex<Vec<Option<String>>>>,
+    /// How many more requests get llama.cpp's `503 Loading model` (every route answers so until its model loads).
+    loading: Arc<AtomicUsize>,
+}
+
+/// llama.cpp's server's answer to every request while its model loads (`middleware_server_state`).
+const LOADING_MODEL: &str = r#"{"error":{"message":"Loading model","type":"unavailable_error","code":503}}"#;
+
+/// llama.cpp's `503 Loading model`, if the script still has some to give.
+fn still_loading(script: &Script) -> Option<Response> {
+    let left = script.loading.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    left.is_ok().then(|| {
+        let response = Response::builder().status(503).header("content-type", "application/json");
+        response.body(Body::from(LOADING_MODEL)).unwrap()
+    })
 }
 
 struct Server {
@@ -205,6 +219,9 @@ fn unauthorized(script: &Script, headers: &HeaderMap) -> Option<Response> {
 }
 
 async fn models(axum::extract::State(script): axum::extract::State<Script>, headers: HeaderMap) -> Response {
+    if let Some(loading) = still_loading(&script) {
+        return loading;
+    }
     unauthorized(&script, &headers)
         .unwrap_or_else(|| Response::new(Body::from(json!({"object": "list", "data": []}).to_string())))
 }
@@ -214,6 +231,9 @@ async fn completions(
     headers: HeaderMap,
     body: String,
 ) -> Response {
+    if let Some(loading) = still_loading(&script) {
+        return loading;
+    }
     if let Some(refused) = unauthorized(&script, &headers) {
         return refused;
     }
@@ -1046,6 +1066,34 @@ fn a_refused_connection_is_agent_unavailable_and_names_the_url() {
     // The URL named is the one requested (the model list, at start-up), once.
     assert!(message.contains(&format!("could not connect to {url}/models:")), "{message}");
     assert_eq!(message.matches("http://").count(), 2, "the URL, and reqwest's own mention of it: {message}");
+}
+
+#[test]
+fn a_server_still_loading_its_model_is_waited_for_within_the_start_timeout() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    // Six answers of `503 Loading model` (3 s at the probe's pace), then the model is there.
+    server.script.loading.store(6, Ordering::SeqCst);
+    server.reply(says("ready"));
+    let session = game.create(endpoint(&server)).expect("starts once the model has loaded");
+    let turn = game.block_on(session.send_text("hello")).expect("the first turn");
+    assert_eq!(turn.final_message.as_deref(), Some("ready"));
+    assert_eq!(server.script.loading.load(Ordering::SeqCst), 0, "asked until it was ready");
+}
+
+#[test]
+fn a_server_still_loading_when_the_start_timeout_passes_fails_create_saying_so() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    server.script.loading.store(usize::MAX, Ordering::SeqCst);
+    let timeouts = SessionTimeouts { start: Duration::from_secs(2), ..Default::default() };
+    let config = SessionConfig::openai_endpoint(endpoint(&server)).timeouts(timeouts);
+    let (code, message) = code_of(game.block_on(game.sessions.create(config)));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert!(message.contains("Loading model") && message.contains("503"), "the server's words: {message}");
+    assert!(message.contains("SessionTimeouts::start"), "what to do: {message}");
 }
 
 #[test]

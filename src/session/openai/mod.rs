@@ -44,6 +44,7 @@ mod turn;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_openai::config::OpenAIConfig;
 use async_openai::Client;
@@ -80,12 +81,7 @@ impl Backend for OpenAiBackend {
         let runtime = self.runtime.clone();
         Box::pin(async move {
             let client = client::build(&endpoint, setup.timeouts.start)?;
-            tokio::time::timeout(setup.timeouts.start, probe(&endpoint)).await.unwrap_or_else(|_| {
-                Err(ToolError::with_code(
-                    ErrorCode::AgentUnavailable,
-                    format!("{} did not answer within {:?}", endpoint.base_url, setup.timeouts.start),
-                ))
-            })?;
+            probe(&endpoint, setup.timeouts.start).await?;
             let history_path = history::path(&setup.session_dir);
             let (history, attached) = open_history(&history_path, &setup, &runtime).await?;
             let shared = Arc::new(Shared {
@@ -114,27 +110,63 @@ impl Backend for OpenAiBackend {
     }
 }
 
-/// Asks `GET {base_url}/models` once, so that an endpoint that is not there, or refuses the key, fails `create`
-/// rather than the first turn. Other answers (some servers have no such route) are fine.
-async fn probe(endpoint: &OpenAiEndpoint) -> Result<(), ToolError> {
+/// How often the endpoint is asked again while it answers `503` at start-up.
+const NOT_READY_POLL: Duration = Duration::from_millis(500);
+
+/// Asks `GET {base_url}/models`, so that an endpoint that is not there, or refuses the key, fails `create` rather
+/// than the first turn. Other answers (some servers have no such route) are fine, except `503`: llama.cpp's server
+/// answers every route so (`Loading model`) until its model has loaded, so it is asked again until it answers
+/// otherwise or `start` has passed.
+async fn probe(endpoint: &OpenAiEndpoint, start: Duration) -> Result<(), ToolError> {
+    let deadline = tokio::time::Instant::now() + start;
     let http = reqwest::Client::builder()
         .build()
         .map_err(|error| ToolError::internal(format!("could not build the HTTP client: {error}")))?;
-    let mut request = http.get(format!("{}/models", endpoint.base_url));
-    if let Some(key) = client::api_key(endpoint)? {
-        request = request.bearer_auth(key);
-    }
-    for (name, value) in &endpoint.headers {
-        request = request.header(name.as_str(), value.as_str());
-    }
-    match request.send().await {
-        // The endpoint's own words (OpenAI's "Incorrect API key provided", a proxy's "key expired") go with it.
-        Ok(response) if matches!(response.status().as_u16(), 401 | 403) => {
-            Err(client::describe(endpoint, client::refused(response).await))
+    let key = client::api_key(endpoint)?;
+    let mut not_ready: Option<ToolError> = None;
+    loop {
+        let mut request = http.get(format!("{}/models", endpoint.base_url));
+        if let Some(key) = &key {
+            request = request.bearer_auth(key);
         }
-        Ok(_) => Ok(()),
-        Err(error) => Err(client::describe(endpoint, async_openai::error::OpenAIError::Reqwest(error))),
+        for (name, value) in &endpoint.headers {
+            request = request.header(name.as_str(), value.as_str());
+        }
+        let Ok(answer) = tokio::time::timeout_at(deadline, request.send()).await else {
+            return Err(not_ready.map_or_else(|| silent(endpoint, start), |said| still_not_ready(said, start)));
+        };
+        match answer {
+            // The endpoint's own words (OpenAI's "Incorrect API key provided", a proxy's "key expired") go with it.
+            Ok(response) if matches!(response.status().as_u16(), 401 | 403) => {
+                return Err(client::describe(endpoint, client::refused(response).await))
+            }
+            Ok(response) if response.status().as_u16() == 503 => {
+                let said = client::describe(endpoint, client::refused(response).await);
+                if tokio::time::Instant::now() + NOT_READY_POLL >= deadline {
+                    return Err(still_not_ready(said, start));
+                }
+                tracing::debug!(url = %endpoint.base_url, message = %said.message, "the endpoint is not ready yet");
+                not_ready = Some(said);
+                tokio::time::sleep(NOT_READY_POLL).await;
+            }
+            Ok(_) => return Ok(()),
+            Err(error) => return Err(client::describe(endpoint, async_openai::error::OpenAIError::Reqwest(error))),
+        }
     }
+}
+
+fn silent(endpoint: &OpenAiEndpoint, start: Duration) -> ToolError {
+    ToolError::with_code(ErrorCode::AgentUnavailable, format!("{} did not answer within {start:?}", endpoint.base_url))
+}
+
+/// The endpoint still answered `503` when the start timeout ran out (`said` is its last answer, described).
+fn still_not_ready(said: ToolError, start: Duration) -> ToolError {
+    let message = format!(
+        "{} It was still not ready after {start:?} (a server answers so while it loads its model): for a large \
+         model, raise `SessionTimeouts::start`",
+        said.message
+    );
+    ToolError { message, ..said }
 }
 
 /// The history to start from: a new session's empty one (written at once, so that `resume_session` finds it),
