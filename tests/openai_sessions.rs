@@ -1885,6 +1885,27 @@ fn an_answer_that_was_only_reasoning_cut_at_the_token_limit_tells_the_player_not
     assert_eq!(server.history(1), ["user: think\n\nanswer briefly"], "no reasoning kept in the history");
 }
 
+#[test]
+fn a_models_reasoning_goes_back_with_the_tool_calls_it_led_to_under_the_field_it_came_in() {
+    for field in ["reasoning_content", "reasoning"] {
+        let (_data, server, game, session) = after_one_turn();
+        let thought = |piece: &str| Piece::Data(json!({"choices": [{"index": 0, "delta": {field: piece}}]}));
+        // As vLLM in transition sends it: the same thinking under the other field too, read once.
+        let other = if field == "reasoning" { "reasoning_content" } else { "reasoning" };
+        let echoed = Piece::Data(json!({"choices": [{"index": 0, "delta": {other: "ignored"}}]}));
+        server
+            .reply(calls(vec![thought("I should "), echoed, thought("bump it."), call(0, "c1", "bump", "{}")]))
+            .reply(says("done"));
+        game.block_on(session.send_text("two")).expect("a turn");
+        let requests = server.requests();
+        let messages = requests[2]["messages"].as_array().expect("messages").clone();
+        let with_calls: Vec<&Value> = messages.iter().filter(|m| m.get("tool_calls").is_some()).collect();
+        assert_eq!(with_calls.len(), 1, "{messages:#?}");
+        assert_eq!(with_calls[0][field], "I should bump it.", "{field}: {messages:#?}");
+        assert!(with_calls[0].get(other).is_none(), "{field}: {messages:#?}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The sandbox, end to end.
 

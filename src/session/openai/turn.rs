@@ -37,18 +37,48 @@ const MAX_CALLS_PER_ANSWER: usize = 256;
 
 /// How one request's answer ended.
 enum RoundEnd {
-    /// `reasoned`: the model sent reasoning (`reasoning_content`, `reasoning`), which is neither shown nor kept.
     Done {
         text: String,
         calls: Vec<PendingCall>,
         finish: Option<String>,
-        reasoned: bool,
+        reasoning: Reasoning,
     },
     Cancelled {
         text: String,
     },
     /// The endpoint refused the request as longer than the model's context (the error says what to set).
     TooLong(ToolError),
+}
+
+/// A reasoning model's thinking in one answer (`reasoning_content` as llama.cpp's server, DeepSeek and Kimi send
+/// it, or `reasoning` as Ollama and newer vLLM do: the first of the two the answer used, so that a server sending both
+/// is read once). Never shown. Sent back, under the same field, with the tool calls it led to: DeepSeek's and
+/// Kimi's thinking modes refuse a tool call's message without it, and models such as gpt-oss were trained to see
+/// it there. An answer without tool calls keeps only its text (DeepSeek's reasoner refuses reasoning elsewhere).
+#[derive(Default)]
+struct Reasoning {
+    field: Option<&'static str>,
+    text: String,
+}
+
+impl Reasoning {
+    /// Adds what `delta` brings of it; returns the bytes added.
+    fn add(&mut self, delta: &super::client::Delta) -> usize {
+        let pieces = [("reasoning_content", &delta.reasoning_content), ("reasoning", &delta.reasoning)];
+        let mut added = 0;
+        for (field, piece) in pieces {
+            let Some(piece) = piece.as_deref().filter(|piece| !piece.is_empty()) else { continue };
+            if *self.field.get_or_insert(field) == field {
+                self.text.push_str(piece);
+                added += piece.len();
+            }
+        }
+        added
+    }
+
+    fn any(&self) -> bool {
+        !self.text.is_empty()
+    }
 }
 
 /// Runs turn `turn` to its end and says how it ended. The history gets the turn once it ended (or was cancelled:
@@ -153,21 +183,21 @@ async fn drive(
                 }
             }
         };
-        let (text, calls, finish, reasoned) = match end {
+        let (text, calls, finish, reasoning) = match end {
             RoundEnd::Cancelled { text } => {
                 if !text.is_empty() {
                     messages.push(json!({"role": "assistant", "content": text}));
                 }
                 return Ok(StopReason::Cancelled);
             }
-            RoundEnd::Done { text, calls, finish, reasoned } => (text, calls, finish, reasoned),
+            RoundEnd::Done { text, calls, finish, reasoning } => (text, calls, finish, reasoning),
             RoundEnd::TooLong(error) => return Err(error),
         };
         if calls.is_empty() {
             if text.is_empty() && finish.is_none() {
                 // Not an answer: a server that failed and said nothing of why in the stream (llama.cpp's `error:`
                 // line is read as an error chunk, `answer_end`, and fails the turn with its words before this).
-                let only = if reasoned { " (only reasoning)" } else { "" };
+                let only = if reasoning.any() { " (only reasoning)" } else { "" };
                 return Err(ToolError::with_code(
                     ErrorCode::AgentUnavailable,
                     format!(
@@ -177,7 +207,7 @@ async fn drive(
                     ),
                 ));
             }
-            if text.is_empty() && reasoned && finish.as_deref() == Some("length") {
+            if text.is_empty() && reasoning.any() && finish.as_deref() == Some("length") {
                 // Else the player sees a turn end `max_tokens` with nothing said, and no clue why.
                 (shared.sink)(BackendEvent::Notice(thought_to_the_limit(&shared.endpoint)));
             }
@@ -210,7 +240,11 @@ async fn drive(
             })
             .collect();
         let content = if text.is_empty() { Value::Null } else { Value::String(text) };
-        messages.push(json!({"role": "assistant", "content": content, "tool_calls": wire_calls}));
+        let mut message = json!({"role": "assistant", "content": content, "tool_calls": wire_calls});
+        if let (Some(field), true) = (reasoning.field, reasoning.any()) {
+            message[field] = Value::String(reasoning.text);
+        }
+        messages.push(message);
         let mut cancelled = false;
         let mut images = Vec::new();
         let cap = usize::try_from(shared.endpoint.max_tool_calls_per_round.max(1)).unwrap_or(usize::MAX);
@@ -284,7 +318,7 @@ async fn stream_round(
     let mut text = String::new();
     let mut calls: Vec<PendingCall> = Vec::new();
     let mut finish = None;
-    let mut reasoned = false;
+    let mut reasoning = Reasoning::default();
     // What the answer holds so far (a server that streams without end is stopped at the limit, not by memory).
     let mut held = 0usize;
     loop {
@@ -323,10 +357,7 @@ async fn stream_round(
             }));
         }
         for choice in chunk.choices {
-            // Reasoning is neither shown nor kept (it would fill the context, and chat templates leave a model's
-            // past reasoning out anyway), but an answer that was nothing else is worth saying so.
-            let reasoning = [&choice.delta.reasoning_content, &choice.delta.reasoning];
-            reasoned |= reasoning.iter().any(|piece| piece.as_deref().is_some_and(|piece| !piece.is_empty()));
+            held = held.saturating_add(reasoning.add(&choice.delta));
             if let Some(piece) = choice.delta.content.filter(|piece| !piece.is_empty()) {
                 held = held.saturating_add(piece.len());
                 text.push_str(&piece);
@@ -380,14 +411,14 @@ async fn stream_round(
             call.id = format!("call_{turn}_{round}_{n}");
         }
     }
-    Ok(RoundEnd::Done { text, calls, finish, reasoned })
+    Ok(RoundEnd::Done { text, calls, finish, reasoning })
 }
 
 /// An answer that passed [`ANSWER_LIMIT`] or [`MAX_CALLS_PER_ANSWER`].
 fn oversized(shared: &Shared, held: usize, calls: usize) -> ToolError {
     let url = shared.endpoint.completions_url();
     let what = if held > ANSWER_LIMIT {
-        format!("over {} MiB of text and tool calls", ANSWER_LIMIT / (1024 * 1024))
+        format!("over {} MiB of text, reasoning and tool calls", ANSWER_LIMIT / (1024 * 1024))
     } else {
         format!("over {MAX_CALLS_PER_ANSWER} tool calls")
     };
