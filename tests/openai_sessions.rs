@@ -1808,7 +1808,7 @@ fn the_tools_sent_to_the_model_leave_out_the_reserved_arguments_and_a_call_that_
 const LLAMA_CPP_TOO_LONG: &str = r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error"}}"#;
 
 #[test]
-fn a_refusal_for_the_contexts_length_is_asked_again_once_with_less_history_then_names_the_setting_that_bounds_it() {
+fn a_refusal_for_the_contexts_length_is_asked_again_once_with_less_history_then_says_what_to_change() {
     let (_data, server, game, session) = after_one_turn();
     server.reply(Reply::Refusal(400, LLAMA_CPP_TOO_LONG)).reply(says("it fits now"));
     let turn = game.block_on(session.send_text("two")).expect("a turn, once the history fits");
@@ -1833,8 +1833,48 @@ fn a_refusal_for_the_contexts_length_is_asked_again_once_with_less_history_then_
     let (code, message) = code_of(game.block_on(session.send_text("four")));
     assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
     assert!(message.contains("exceeds the available context size"), "the endpoint's words: {message}");
-    assert!(message.contains("OpenAiEndpoint::context_window"), "what to set: {message}");
     assert!(server.requests().len() <= before + 2, "asked again once, not more");
+    // Asked again without the earlier turns: what is left is not the history's to fix.
+    assert_eq!(server.history(server.requests().len() - 1).last().map(String::as_str), Some("user: four"));
+    assert!(message.contains("larger context (llama.cpp's -c"), "what to change: {message}");
+}
+
+#[test]
+fn a_context_overflow_reported_in_the_stream_is_asked_again_with_less_history() {
+    let (_data, server, game, session) = after_one_turn();
+    // As llama.cpp's server answered an over-long streamed request before it refused them up front (and SGLang
+    // still does): 200, then the error as the stream's first event.
+    let error = json!({"code": 400, "message": "the request exceeds the available context size, try increasing it",
+        "type": "exceed_context_size_error"});
+    server.reply(Reply::Stream(vec![Piece::Data(json!({ "error": error }))])).reply(says("fits"));
+    let turn = game.block_on(session.send_text("two")).expect("a turn, once the history fits");
+    assert_eq!(turn.final_message.as_deref(), Some("fits"));
+    assert_eq!(server.history(1), ["user: one", "assistant: first", "user: two"]);
+    assert!(!server.history(2).contains(&"user: one".to_string()), "asked again shorter: {:?}", server.history(2));
+}
+
+#[test]
+fn a_request_too_long_without_any_history_says_the_server_context_or_the_tools_not_the_history_bound() {
+    let (_data, server, game, session) = started();
+    server.reply(Reply::Refusal(400, LLAMA_CPP_TOO_LONG));
+    let (code, message) = code_of(game.block_on(session.send_text("hi")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert_eq!(server.requests().len(), 1, "nothing to shorten: not asked again");
+    assert!(message.contains("exceeds the available context size"), "the endpoint's words: {message}");
+    assert!(message.contains("fewer tools") && message.contains("-c"), "what to change: {message}");
+    assert!(!message.contains("context_window"), "the history's bound is not the cause: {message}");
+
+    // With a window set and still refused at half the history: the window is more than the server gives.
+    let (_data, server, game, _) = started();
+    let session = game.create(endpoint(&server).context_window(100_000)).expect("starts");
+    // Enough turns that half the history still holds some of them.
+    for n in 0..10 {
+        server.reply(says("an answer"));
+        game.block_on(session.send_text(format!("turn {n}"))).expect("a turn");
+    }
+    server.reply(Reply::Refusal(400, LLAMA_CPP_TOO_LONG)).reply(Reply::Refusal(400, LLAMA_CPP_TOO_LONG));
+    let (_, message) = code_of(game.block_on(session.send_text("two")));
+    assert!(message.contains("context_window (100000 tokens) is likely more than the server gives"), "{message}");
 }
 
 #[test]
@@ -1883,6 +1923,26 @@ fn an_answer_that_was_only_reasoning_cut_at_the_token_limit_tells_the_player_not
     assert!(shown.contains("(64, `Sampling::max_tokens`) reasoning and answered nothing"), "{shown}");
     game.block_on(session.send_text("answer briefly")).expect("the next turn");
     assert_eq!(server.history(1), ["user: think\n\nanswer briefly"], "no reasoning kept in the history");
+}
+
+#[test]
+fn an_empty_first_answer_tells_the_player_the_model_answered_nothing() {
+    let (_data, server, game, session) = started();
+    // LM Studio's answer to a prompt longer than the context it loaded the model with: no delta, `stop`.
+    server.reply(Reply::Stream(vec![finish("stop"), usage(5000, 0)]));
+    let turn = game.block_on(session.send_text("hello")).expect("the turn ends");
+    assert_eq!((turn.stop_reason, turn.final_message), (StopReason::EndTurn, None));
+    let shown = game.log.wait_for(&format!("error {} NO_ANSWER", session.id()));
+    assert!(shown.contains("answered nothing (finish_reason `stop`)"), "{shown}");
+    // After a tool call, saying nothing more is the model's choice: no notice.
+    server.reply(calls(vec![call(0, "c1", "bump", "{}")])).reply(Reply::Stream(vec![finish("stop")]));
+    game.block_on(session.send_text("bump it")).expect("the turn ends");
+    server.reply(says("marker"));
+    game.block_on(session.send_text("again")).expect("the turn ends");
+    // Chat reaches the game in order: once the last answer is there, so is any notice before it.
+    game.log.wait_for(": marker");
+    let notices = game.log.lines().iter().filter(|line| line.contains("NO_ANSWER")).count();
+    assert_eq!(notices, 1, "{:#?}", game.log.lines());
 }
 
 #[test]

@@ -456,19 +456,39 @@ fn refusal_words(api: &ApiError) -> String {
     fields.into_iter().flatten().map(|field| field.to_lowercase()).collect::<Vec<_>>().join(" ")
 }
 
+/// Whether an error the endpoint reported in its stream says the request is longer than the model's context
+/// (llama.cpp's server said so in the stream before it refused such requests up front, SGLang still does).
+pub(crate) fn in_stream_too_long(error: &Value) -> bool {
+    says_too_long(&refusal_words(&refusal(json!({ "error": error }).to_string().as_bytes())))
+}
+
+/// What to do about a request longer than the model's context, which the turn asked again with at most half of
+/// the history (`history_sent` is what the last request carried of it, in bytes).
+pub(crate) fn too_long_advice(endpoint: &OpenAiEndpoint, history_sent: usize) -> String {
+    let server_context = "start the server with a larger context (llama.cpp's -c, Ollama's num_ctx, vLLM's \
+                          --max-model-len)";
+    match endpoint.context_window {
+        _ if history_sent == 0 => format!(
+            "the system prompt, the tools' descriptions and the player's text alone are longer than the model's \
+             context window, with no earlier turns: {server_context}, or offer the model fewer tools"
+        ),
+        None => "the conversation is longer than the model's context window: set the window's size in tokens on \
+                 the session's endpoint, OpenAiEndpoint::context_window (the sandbox's --context-window), and the \
+                 history sent is bounded to fit it"
+            .to_string(),
+        Some(window) => format!(
+            "the request is longer than the model's context window even with {history_sent} bytes of history: \
+             OpenAiEndpoint::context_window ({window} tokens) is likely more than the server gives the model \
+             ({server_context}, or set the window the server has)"
+        ),
+    }
+}
+
 /// What to do about a refusal that says how the server or the model is set up: one that cannot call tools, a
-/// server not started for them, a conversation longer than the model's context. These refuse every request
-/// alike, and their words alone do not say what to change.
+/// server not started for them. These refuse every request alike, and their words alone do not say what to
+/// change. (A request longer than the model's context is the turn's to advise on: [`too_long_advice`].)
 fn advice(endpoint: &OpenAiEndpoint, api: &ApiError) -> Option<String> {
     let words = refusal_words(api);
-    if says_too_long(&words) {
-        return Some(
-            "the conversation is longer than the model's context window: set the window's size in tokens on the \
-             session's endpoint, OpenAiEndpoint::context_window (the sandbox's --context-window), and the history \
-             sent is bounded to fit it"
-                .to_string(),
-        );
-    }
     if words.contains("does not support tools") {
         return Some(format!(
             "model `{}` cannot call tools there: pick a model with tool support (for Ollama, `ollama show <model>` \

@@ -137,6 +137,19 @@ fn thought_to_the_limit(endpoint: &super::OpenAiEndpoint) -> ToolError {
     )
 }
 
+/// What the player is told when the model's first answer of a turn was empty.
+fn answered_nothing(endpoint: &super::OpenAiEndpoint, finish: Option<&str>) -> ToolError {
+    let finish = finish.unwrap_or("none");
+    ToolError::new(
+        "NO_ANSWER",
+        format!(
+            "{} answered nothing (finish_reason `{finish}`): a server may do so when the conversation is longer than \
+             the context it loaded the model with (LM Studio's context length, llama.cpp's -c); its log says more",
+            endpoint.completions_url()
+        ),
+    )
+}
+
 /// What the history says after the tool calls of a turn that failed.
 fn failed_note(error: &ToolError) -> String {
     format!(
@@ -173,7 +186,10 @@ async fn drive(
                     history_bytes = sent / 2;
                     shrunk = true;
                 }
-                RoundEnd::TooLong(error) => return Err(error),
+                RoundEnd::TooLong(error) => {
+                    let advice = super::client::too_long_advice(&shared.endpoint, sent);
+                    return Err(ToolError { message: format!("{}: {advice}", error.message), ..error });
+                }
                 end => {
                     if shrunk {
                         // Taken: later requests start from this share, and the history is cut to it when saved.
@@ -210,6 +226,11 @@ async fn drive(
             if text.is_empty() && reasoning.any() && finish.as_deref() == Some("length") {
                 // Else the player sees a turn end `max_tokens` with nothing said, and no clue why.
                 (shared.sink)(BackendEvent::Notice(thought_to_the_limit(&shared.endpoint)));
+            } else if text.is_empty() && round == 0 {
+                // Nothing at all to what the player said (LM Studio answers so to a prompt longer than the context
+                // it loaded the model with): the turn would end with no word. After tool calls, an empty answer is
+                // a model that had nothing to add.
+                (shared.sink)(BackendEvent::Notice(answered_nothing(&shared.endpoint, finish.as_deref())));
             }
             // An answer with only a finish_reason is no message: an empty assistant message in the history would
             // make strict endpoints refuse every later request.
@@ -342,6 +363,10 @@ async fn stream_round(
             Ok(Some(Ok(chunk))) => chunk,
         };
         if let Some(error) = chunk.error {
+            // Before any of the answer: the request was refused, and one too long is asked again shorter.
+            if text.is_empty() && calls.is_empty() && super::client::in_stream_too_long(&error) {
+                return Ok(RoundEnd::TooLong(in_stream(endpoint, &error)));
+            }
             return Err(in_stream(endpoint, &error));
         }
         if let Some(usage) = chunk.usage {
