@@ -1168,6 +1168,46 @@ fn permission_requests_are_denied_by_default_and_the_player_can_allow_or_let_the
 }
 
 #[test]
+fn an_agent_that_needs_a_sign_in_says_which_methods_it_offers_and_signs_in_with_the_one_the_game_chose() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    // Nobody chose a method: the start fails saying what the agent offers and how to sign in.
+    let error = game.create(agent(&dirs, &["--require-auth"])).expect_err("needs a sign-in");
+    assert_eq!(error.code, ErrorCode::AgentUnavailable, "{error:?}");
+    assert!(error.message.contains("needs you to sign in"), "{}", error.message);
+    assert!(error.message.contains("`scripted-key` (Use SCRIPTED_AGENT_KEY: Requires setting"), "{}", error.message);
+    assert!(error.message.contains("`scripted-login` (Log in, in a terminal)"), "{}", error.message);
+    assert!(error.message.contains("SessionConfig::auth_method"), "{}", error.message);
+    assert_eq!(error.details.extra.get("auth_required"), Some(&serde_json::json!(true)));
+    let methods = error.details.extra.get("auth_methods");
+    assert_eq!(methods, Some(&serde_json::json!(["scripted-key", "scripted-login"])));
+
+    // A method the game cannot use (run in a terminal) or one not offered: said so, before any session.
+    for (chosen, says) in [("scripted-login", "in a terminal"), ("nope", "offers no sign-in method `nope`")] {
+        let config = agent(&dirs, &["--require-auth"]).auth_method(chosen);
+        let error = game.create(config).expect_err("not usable");
+        assert!(error.message.contains(says), "{chosen}: {}", error.message);
+    }
+    // The chosen method, whose key is missing from the agent's environment: the agent's words.
+    let config = agent(&dirs, &["--require-auth"]).auth_method("scripted-key");
+    let error = game.create(config).expect_err("no key");
+    assert!(error.message.contains("signing in to the agent with `scripted-key` failed"), "{}", error.message);
+    assert!(error.message.contains("SCRIPTED_AGENT_KEY is not set"), "{}", error.message);
+
+    // With the key there, the game signs in and the session works.
+    let config = agent(&dirs, &["--require-auth"]).auth_method("scripted-key").env("SCRIPTED_AGENT_KEY", "k");
+    let session = game.create(config).expect("signed in, started");
+    let turn = game.block_on(session.send_text("hello")).expect("a turn");
+    assert_eq!(turn.final_message.as_deref(), Some("You said: hello"));
+
+    // A turn refused for a sign-in (a login that expired) says so too; the session takes the next text.
+    let (code, message) = code_of(game.block_on(session.send_text("needs-sign-in")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert!(message.contains("needs you to sign in") && message.contains("`scripted-key`"), "{message}");
+    game.block_on(session.send_text("again")).expect("the next turn");
+}
+
+#[test]
 fn permission_requests_for_the_games_own_tools_are_allowed_without_asking_under_any_policy() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

@@ -33,13 +33,17 @@ pub struct ChatPlugin {
     pub config: SessionConfig,
 }
 
-/// The session's configuration for an ACP agent's command line.
-pub fn acp_config(agent: &[String]) -> Option<SessionConfig> {
+/// The session's configuration for an ACP agent's command line, and the sign-in method `--agent-auth` chose.
+pub fn acp_config(agent: &[String], auth_method: Option<&str>) -> Option<SessionConfig> {
     let (program, args) = agent.split_first()?;
-    Some(SessionConfig::acp(program, args.iter().cloned()).system_prompt(
+    let config = SessionConfig::acp(program, args.iter().cloned()).system_prompt(
         "You are in a voxel sandbox game. Act through the game's MCP tools (server `game`); the player reads your \
          messages in the game's console.",
-    ))
+    );
+    Some(match auth_method {
+        Some(method) => config.auth_method(method),
+        None => config,
+    })
 }
 
 /// Applies `--agent-keep` (the session survives the game's exit, to `chat-resume ID` after a restart) and

@@ -5,7 +5,8 @@
 //!
 //! ```sh
 //! cargo run --example sandbox -- [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N]
-//!     [--agent "COMMAND ARGS" | --agent-openai URL --model NAME [--api-key-env VAR] [--context-window TOKENS]]
+//!     [--agent "COMMAND ARGS" [--agent-auth METHOD] | --agent-openai URL --model NAME [--api-key-env VAR]
+//!     [--context-window TOKENS]]
 //!     [--agent-keep]
 //!     [--ask-permissions] [--window]
 //! ```
@@ -14,6 +15,9 @@
 //! agents' calls and conversations, and a chat panel (T) for the in-game agent; WASD walks, the mouse orbits and
 //! zooms, L lists worlds, P travels between dimensions, Esc leaves the world; closing the window is `quit`.
 //! The frame rate is then the display's, not `--tps`.
+//!
+//! `--agent-auth METHOD` signs in to the ACP agent with one of the methods it offers (for example Codex's
+//! `openai-api-key`, which reads `OPENAI_API_KEY`); an agent that needs a sign-in without it says which it offers.
 //!
 //! `--agent-openai` (build with `--features openai`) runs the agent loop in the game against an OpenAI-compatible
 //! endpoint (e.g. `http://127.0.0.1:11434/v1` for Ollama), with the API key from the variable `--api-key-env`
@@ -63,7 +67,7 @@ use session::Sandbox;
 use world::Palette;
 
 const USAGE: &str = "usage: sandbox [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N] \
-[--agent \"COMMAND ARGS\" | --agent-openai URL --model NAME [--api-key-env VAR] [--context-window TOKENS]] \
+[--agent \"COMMAND ARGS\" [--agent-auth METHOD] | --agent-openai URL --model NAME [--api-key-env VAR] [--context-window TOKENS]] \
 [--agent-keep] [--ask-permissions] \
 [--window]";
 
@@ -76,6 +80,8 @@ struct Args {
     tps: u32,
     /// The in-game agent's command line, split shell-style.
     agent: Option<Vec<String>>,
+    /// `--agent-auth METHOD`: the sign-in method for the ACP agent.
+    agent_auth: Option<String>,
     /// `--agent-openai URL`, `--model NAME`, `--api-key-env VAR`: an OpenAI-compatible endpoint instead.
     agent_openai: Option<String>,
     model: Option<String>,
@@ -97,6 +103,7 @@ impl Args {
             world: None,
             tps: 60,
             agent: None,
+            agent_auth: None,
             agent_openai: None,
             model: None,
             api_key_env: None,
@@ -166,6 +173,10 @@ impl Args {
                     }
                     args.agent = Some(words);
                 }
+                "--agent-auth" if value.trim().is_empty() => {
+                    return Err("--agent-auth: name one of the agent's sign-in methods".into())
+                }
+                "--agent-auth" => args.agent_auth = Some(value),
                 "--agent-openai" => args.agent_openai = Some(value),
                 "--model" => args.model = Some(value),
                 "--api-key-env" => args.api_key_env = Some(value),
@@ -186,6 +197,11 @@ impl Args {
         }
         // A flag that would change nothing is refused, not silently dropped.
         let agent_flags = [("--agent-keep", args.agent_keep), ("--ask-permissions", args.ask_permissions)];
+        if args.agent_auth.is_some() && args.agent.is_none() {
+            return Err("--agent-auth is for an ACP agent: give --agent too (an --agent-openai endpoint takes \
+                        --api-key-env)"
+                .into());
+        }
         let openai_flags =
             [("--api-key-env", args.api_key_env.is_some()), ("--context-window", args.context_window.is_some())];
         if args.agent.is_none() && args.agent_openai.is_none() {
@@ -212,7 +228,7 @@ impl Args {
     /// The in-game agent session the command line asks for, if any.
     fn session_config(&self) -> Result<Option<SessionConfig>, String> {
         let config = match (&self.agent, &self.agent_openai, &self.model) {
-            (Some(agent), _, _) => chat::acp_config(agent),
+            (Some(agent), _, _) => chat::acp_config(agent, self.agent_auth.as_deref()),
             (None, Some(url), Some(model)) => {
                 Some(openai_config(url, model, self.api_key_env.as_deref(), self.context_window)?)
             }

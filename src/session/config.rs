@@ -49,6 +49,7 @@ impl SessionConfig {
             program: program.into(),
             args: args.into_iter().map(Into::into).collect(),
             env: Vec::new(),
+            auth_method: None,
         }))
     }
 
@@ -92,6 +93,20 @@ impl SessionConfig {
     /// The permission policy (default [`PermissionPolicy::Deny`]).
     pub fn permissions(mut self, policy: PermissionPolicy) -> Self {
         self.permissions = policy;
+        self
+    }
+
+    /// Signs in to the agent with `method`, one of the methods it offers (ACP `authenticate`, before the session
+    /// is created or resumed): for example Codex's adapter's `openai-api-key`, which reads `OPENAI_API_KEY` from
+    /// the agent's environment. Without one the game never signs in on its own (a method may open a browser or
+    /// bill an API key): an agent that needs a sign-in fails the start, or the turn, with `AGENT_UNAVAILABLE`
+    /// listing the methods it offers (details `auth_required`, `auth_methods`). Only for ACP agents; other
+    /// backends ignore it.
+    pub fn auth_method(mut self, method: impl Into<String>) -> Self {
+        #[allow(irrefutable_let_patterns)]
+        if let SessionBackend::Acp(command) = &mut self.backend {
+            command.auth_method = Some(method.into());
+        }
         self
     }
 
@@ -142,6 +157,9 @@ pub struct AcpAgentCommand {
     pub args: Vec<String>,
     /// Extra environment variables, on top of the game's environment.
     pub env: Vec<(String, String)>,
+    /// The sign-in method to use, one the agent offers (see [`SessionConfig::auth_method`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_method: Option<String>,
 }
 
 impl std::fmt::Display for AcpAgentCommand {

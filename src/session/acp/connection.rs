@@ -16,6 +16,7 @@ use agent_client_protocol::{AcpAgent, Agent, Client};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::{oneshot, watch};
 
+use super::auth::SignIn;
 use super::updates::{self, Replay};
 use super::{quirks, Command};
 use crate::error::{ErrorCode, ToolError};
@@ -58,6 +59,7 @@ pub(crate) async fn wait_exit(mut exit: ExitWatch) -> Option<String> {
 pub(crate) fn spawn(
     agent: AcpAgent,
     setup: Setup,
+    auth_method: Option<String>,
     sink: EventSink,
     runtime: &tokio::runtime::Handle,
 ) -> (UnboundedSender<Command>, Running) {
@@ -120,7 +122,8 @@ pub(crate) fn spawn(
                     agent_client_protocol::on_receive_request!(),
                 )
                 .connect_with(agent, async move |cx: ConnectionTo<Agent>| {
-                    let ran = run(cx, setup, inbox, ready_tx, replay, stepping, Reports { sink, exit, ending }).await;
+                    let start = Start { ready: ready_tx, replay, step: stepping, auth_method };
+                    let ran = run(cx, setup, inbox, start, Reports { sink, exit, ending }).await;
                     if ran.is_ok() {
                         asked_to_close.store(true, Ordering::SeqCst);
                     }
@@ -235,16 +238,23 @@ impl Ending {
     }
 }
 
+/// What set-up reports to and goes by: where its outcome goes, the replay of a loaded session, the step it waits
+/// for, and the sign-in method the game chose.
+struct Start {
+    ready: oneshot::Sender<Result<Opened, ToolError>>,
+    replay: Replay,
+    step: StartStep,
+    auth_method: Option<String>,
+}
+
 async fn run(
     cx: ConnectionTo<Agent>,
     setup: Setup,
     mut inbox: UnboundedReceiver<Command>,
-    ready: oneshot::Sender<Result<Opened, ToolError>>,
-    replay: Replay,
-    step: StartStep,
+    Start { ready, replay, step, auth_method }: Start,
     Reports { sink, exit, ending }: Reports,
 ) -> Result<(), agent_client_protocol::Error> {
-    let opened = match open(&cx, &setup, &replay, &step).await {
+    let opened = match open(&cx, &setup, auth_method.as_deref(), &replay, &step).await {
         Ok(opened) => opened,
         Err(error) => {
             let _ = ready.send(Err(error));
@@ -253,6 +263,7 @@ async fn run(
     };
     let session = SessionId::new(opened.session.clone());
     let can_close = opened.can_close;
+    let sign_in = opened.sign_in;
     let (agent, conversation) = (setup.agent.clone(), setup.conversation.clone());
     let _ = ready.send(Ok(Opened {
         session: opened.session,
@@ -268,6 +279,7 @@ async fn run(
                     .collect();
                 let sent = cx.send_request(PromptRequest::new(session.clone(), prompt));
                 let (sink, exit, ending) = (sink.clone(), exit.clone(), ending.clone());
+                let sign_in = sign_in.clone();
                 ending.turns.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
                     let event = match sent.block_task().await {
@@ -290,10 +302,13 @@ async fn run(
                         Err(error) if error.code == agent_client_protocol::ErrorCode::REQUEST_CANCELLED => {
                             BackendEvent::TurnEnded { turn, stop: StopReason::Cancelled }
                         }
-                        // The agent's own trouble (its provider's rate limit, a context too long): this turn fails,
-                        // the agent stays, and the player may send again.
+                        // The agent's own trouble (a sign-in it needs, its provider's rate limit, a context too long):
+                        // this turn fails, the agent stays, and the player may send again.
                         Err(error) => {
-                            BackendEvent::TurnRefused { turn, error: unavailable("the agent failed the turn", &error) }
+                            let error = sign_in
+                                .required(&error)
+                                .unwrap_or_else(|| unavailable("the agent failed the turn", &error));
+                            BackendEvent::TurnRefused { turn, error }
                         }
                     };
                     sink(event);
@@ -328,10 +343,17 @@ struct Open {
     attached: Attached,
     system_prompt_sent: bool,
     can_close: bool,
+    sign_in: SignIn,
 }
 
 /// `initialize`, then a new session or a re-attached one.
-async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay, step: &StartStep) -> Result<Open, ToolError> {
+async fn open(
+    cx: &ConnectionTo<Agent>,
+    setup: &Setup,
+    auth_method: Option<&str>,
+    replay: &Replay,
+    step: &StartStep,
+) -> Result<Open, ToolError> {
     let at = |request: &'static str| *step.lock() = request;
     at("initialize");
     // No `fs`, no `terminal`: the agent gets no access to the player's machine through the game.
@@ -340,6 +362,14 @@ async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay, step: &S
         .client_info(Implementation::new("bevy_agent_tools", env!("CARGO_PKG_VERSION")));
     let info: InitializeResponse =
         cx.send_request(initialize).block_task().await.map_err(|error| unavailable("initialize failed", &error))?;
+    let sign_in = SignIn::new(info.auth_methods.clone());
+    if let Some(chosen) = auth_method {
+        at("authenticate");
+        sign_in.authenticate(cx, chosen).await?;
+    }
+    let refused = |what: &str, error: &agent_client_protocol::Error| {
+        sign_in.required(error).unwrap_or_else(|| unavailable(what, error))
+    };
     let capabilities = &info.agent_capabilities;
     if !capabilities.mcp_capabilities.http {
         return Err(ToolError::with_code(
@@ -387,7 +417,10 @@ async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay, step: &S
             None
         };
         match resumed {
-            Some(Ok(attached)) => return Ok(Open { session: id.clone(), attached, system_prompt_sent, can_close }),
+            Some(Ok(attached)) => {
+                let sign_in = sign_in.clone();
+                return Ok(Open { session: id.clone(), attached, system_prompt_sent, can_close, sign_in });
+            }
             Some(Err(error)) if agent_gone(&error) => {
                 return Err(unavailable("the agent stopped while re-attaching the session", &error))
             }
@@ -402,7 +435,7 @@ async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay, step: &S
             }
             // The agent's own trouble (auth, rate limit, a failure inside it) says nothing about the session: it
             // is not reported unknown, so a retry can still re-attach it.
-            Some(Err(error)) => return Err(unavailable("the agent could not re-attach the session", &error)),
+            Some(Err(error)) => return Err(refused("the agent could not re-attach the session", &error)),
             None if !setup.new_if_unresumable => {
                 return Err(crate::session::record::not_found(id)
                     .with_detail("agent_error", "the agent can neither resume nor load sessions"))
@@ -412,10 +445,9 @@ async fn open(cx: &ConnectionTo<Agent>, setup: &Setup, replay: &Replay, step: &S
     }
     at("session/new");
     let request = NewSessionRequest::new(cwd).mcp_servers(servers).system_prompt(system_prompt).meta(meta);
-    let created =
-        cx.send_request(request).block_task().await.map_err(|error| unavailable("session/new failed", &error))?;
+    let created = cx.send_request(request).block_task().await.map_err(|error| refused("session/new failed", &error))?;
     let attached = if setup.resume.is_some() { Attached::Replaced } else { Attached::New };
-    Ok(Open { session: created.session_id.to_string(), attached, system_prompt_sent, can_close })
+    Ok(Open { session: created.session_id.to_string(), attached, system_prompt_sent, can_close, sign_in })
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! the agent offers it) when the session ends. `session/update` notifications become chat deltas, message
 //! boundaries and usage; `session/request_permission` goes to the session's policy.
 
+mod auth;
 mod connection;
 mod quirks;
 mod updates;
@@ -45,11 +46,12 @@ impl Backend for AcpBackend {
         let agent = AcpAgent::new(config);
         let described = self.command.to_string();
         let program = self.command.program.clone();
+        let auth_method = self.command.auth_method.clone();
         let runtime = self.runtime.clone();
         Box::pin(async move {
             let start = setup.timeouts.start;
             let close_timeout = setup.timeouts.close;
-            let (commands, running) = connection::spawn(agent, setup, sink, &runtime);
+            let (commands, running) = connection::spawn(agent, setup, auth_method, sink, &runtime);
             let connection::Running { ready, step, task, exit } = running;
             let mut starting = Starting { task: task.abort_handle(), done: false };
             let ready = tokio::time::timeout(start, ready).await;
@@ -88,16 +90,14 @@ impl Backend for AcpBackend {
             task.abort();
             let mut why = match exited {
                 Ok(Some(exit)) => format!("{}; {exit}", failure.message),
-                _ => failure.message,
+                _ => failure.message.clone(),
             };
             if !program_exists(&program) {
                 why = format!("no program `{program}` was found (neither a file at that path nor on PATH); {why}");
             }
-            Err(ToolError::with_code(
-                ErrorCode::AgentUnavailable,
-                format!("the agent `{described}` could not start: {why}"),
-            )
-            .with_detail("agent", &described))
+            // Its details stay (a sign-in's methods, the URL).
+            let message = format!("the agent `{described}` could not start: {why}");
+            Err(ToolError { message, ..failure }.with_detail("agent", &described))
         })
     }
 }
