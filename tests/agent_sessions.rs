@@ -1430,16 +1430,23 @@ fn the_players_text_reaches_the_agent_as_one_block_word_for_word_and_the_system_
 fn resume_reattaches_with_session_load_where_that_is_all_the_agent_offers_and_says_so_when_it_cannot() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
-    let loading = game.create(agent(&dirs, &["--load-only"])).expect("starts");
-    let id = loading.id().to_string();
-    assert!(game.block_on(loading.send_text("crash")).is_err());
-    assert_eq!(game.block_on(loading.resume()).expect("resumed"), Attached::Loaded);
-    let history = game.block_on(loading.send_text("history")).expect("the turn ends");
-    assert_eq!(history.final_message.as_deref(), Some("I remember 2 turns"), "the same agent session, loaded");
-    assert!(
-        !game.log.lines().iter().any(|line| line.contains(&id) && line.contains("(replayed history)")),
-        "the agent's replay of the history is not shown as new chat"
-    );
+    // Replayed before the agent answers the load, or (as Gemini CLI does) after.
+    for flags in [&["--load-only"][..], &["--load-only", "--late-replay"]] {
+        let loading = game.create(agent(&dirs, flags)).expect("starts");
+        let id = loading.id().to_string();
+        assert!(game.block_on(loading.send_text("crash")).is_err());
+        assert_eq!(game.block_on(loading.resume()).expect("resumed"), Attached::Loaded);
+        let history = game.block_on(loading.send_text("history")).expect("the turn ends");
+        assert_eq!(history.final_message.as_deref(), Some("I remember 2 turns"), "the same agent session, loaded");
+        // Chat reaches the game in order: once the turn's end is there (its first without a crash), so is
+        // anything before it.
+        game.log.wait_for(&format!("status {id} running->idle"));
+        assert!(
+            !game.log.lines().iter().any(|line| line.contains(&id) && line.contains("(replayed history)")),
+            "{flags:?}: the agent's replay of the history is not shown as new chat: {:#?}",
+            game.log.lines()
+        );
+    }
 
     let forgetful = game.create(agent(&dirs, &["--no-resume"])).expect("starts");
     let before = forgetful.backend_session();

@@ -273,6 +273,8 @@ async fn run(
     while let Some(command) = inbox.recv().await {
         match command {
             Command::Prompt { turn, blocks } => {
+                // Whatever a loaded session's replay still sends after this is the turn's.
+                replay.stop();
                 let prompt = blocks
                     .into_iter()
                     .map(|PromptBlock::Text(text)| ContentBlock::Text(TextContent::new(text)))
@@ -403,7 +405,8 @@ async fn open(
                 .meta(meta.clone());
             Some(cx.send_request(request).block_task().await.map(|_| Attached::Resumed))
         } else if capabilities.load_session {
-            // The agent replays the history as updates before it answers: not shown as new chat.
+            // The agent replays the history as updates, before it answers or (Gemini CLI) after: not shown as new
+            // chat, until the first prompt is sent (or the load failed).
             at("session/load");
             replay.start();
             let request = LoadSessionRequest::new(session, cwd.clone())
@@ -411,7 +414,9 @@ async fn open(
                 .system_prompt(system_prompt.clone())
                 .meta(meta.clone());
             let loaded = cx.send_request(request).block_task().await.map(|_| Attached::Loaded);
-            replay.stop();
+            if loaded.is_err() {
+                replay.stop();
+            }
             Some(loaded)
         } else {
             None

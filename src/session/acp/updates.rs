@@ -11,7 +11,8 @@ use agent_client_protocol::v1::schema::{
 
 use crate::session::backend::{BackendEvent, EventSink, PermissionDecision, StopReason, Usage};
 
-/// Set while the agent replays a loaded session's history: those updates are not new chat.
+/// Set while the agent may be replaying a loaded session's history (from `session/load` until the first prompt,
+/// since Gemini CLI replays after it answers the load): those updates are not new chat.
 #[derive(Clone, Default)]
 pub(crate) struct Replay(Arc<AtomicBool>);
 
