@@ -192,7 +192,7 @@ fn an_agent_that_failed_to_start_is_started_again_by_chat_resume_once_what_stopp
 }
 
 #[test]
-fn a_kept_session_is_resumed_by_id_after_a_restart_and_permissions_go_to_the_player() {
+fn a_kept_session_is_reattached_at_the_next_start_or_by_id_and_permissions_go_to_the_player() {
     let root = tempfile::tempdir().expect("temp dir");
     let (data, state) = (root.path().join("data"), root.path().join("state"));
     let keep = |more: &str| {
@@ -215,7 +215,15 @@ fn a_kept_session_is_resumed_by_id_after_a_restart_and_permissions_go_to_the_pla
     assert!(first.quit().success());
     assert_eq!(agents_alive(&state), 0, "quit stopped the agent, keeping its session");
 
+    // The next start with the same flags re-attaches it: the same agent session, its first turn remembered.
     let mut second = Sandbox::start(&data, &keep(""));
+    assert_eq!(session_of(&second.line_starting("chat-status ")), kept, "re-attached, not a new one");
+    second.send("say history");
+    second.line_starting(&format!("chat session={kept}: I remember 2 turns"));
+    assert!(second.quit().success());
+
+    // Other agent flags: a new session (kept in its place); the old one can still be re-attached by its id.
+    let mut second = Sandbox::start(&data, &keep("--no-system-prompt"));
     let fresh = session_of(&second.line_starting("chat-status "));
     assert_ne!(fresh, kept);
     second.send("chat-resume chat-00000000deadbeef");
@@ -225,7 +233,7 @@ fn a_kept_session_is_resumed_by_id_after_a_restart_and_permissions_go_to_the_pla
     assert_eq!(second.line_starting("ok attached"), attached, "the session it replaced ended");
     assert_eq!(agents_alive(&state), 1, "only the attached session's agent runs");
     second.send("say history");
-    second.line_starting(&format!("chat session={kept}: I remember 2 turns"));
+    second.line_starting(&format!("chat session={kept}: I remember 3 turns"));
     // The fresh session of this run, never used again: deleted for good.
     second.send(&format!("chat-forget {fresh}"));
     assert_eq!(second.line_starting("ok forgot"), format!("ok forgot session={fresh}"));

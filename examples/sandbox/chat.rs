@@ -13,7 +13,12 @@
 //!
 //! Commands are handled one at a time, in order, by one task (a `say` right after another sees the first turn
 //! running); their answers (`ok ...`, `error: ...`) come from there.
+//!
+//! With `--agent-keep` the session outlives the sandbox: its id is noted in `kept-session.json` in the data
+//! directory, with the session's configuration, and the next start with the same agent flags re-attaches it
+//! (with other flags, or if it cannot be re-attached, a new one is created and noted instead).
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bevy::prelude::*;
@@ -31,6 +36,15 @@ use crate::console::{say, ChatCommand, ChatRequest, ChatStatus};
 pub struct ChatPlugin {
     /// The session to create: its backend, and the flags (`--agent-keep`, `--ask-permissions`) already applied.
     pub config: SessionConfig,
+    /// With `--agent-keep`: where the kept session is noted, to re-attach it at the next start.
+    pub kept: Option<PathBuf>,
+}
+
+/// The note of the kept session: its id, and the configuration it was created with.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct KeptNote {
+    session: String,
+    config: SessionConfig,
 }
 
 /// The session's configuration for an ACP agent's command line, and the sign-in method `--agent-auth` chose.
@@ -46,7 +60,7 @@ pub fn acp_config(agent: &[String], auth_method: Option<&str>) -> Option<Session
     })
 }
 
-/// Applies `--agent-keep` (the session survives the game's exit, to `chat-resume ID` after a restart) and
+/// Applies `--agent-keep` (the session survives the game's exit, re-attached at the next start) and
 /// `--ask-permissions` (the player answers the agent's permission requests).
 pub fn with_flags(config: SessionConfig, keep: bool, ask: bool) -> SessionConfig {
     let config = config.auto_end_on_disconnect(!keep);
@@ -78,12 +92,14 @@ pub struct ChatAnswered {
 impl Plugin for ChatPlugin {
     fn build(&self, app: &mut App) {
         let config = self.config.clone();
+        let kept = self.kept.clone();
         let sessions = app.world().resource::<AgentSessions>().clone();
         let runtime = app.world().resource::<AgentRuntime>().handle().clone();
         let (commands, inbox) = unbounded_channel();
         let (answered, answers) = crossbeam_channel::unbounded();
         let current = Arc::new(Mutex::new(None));
-        runtime.spawn(run(sessions, config, inbox, current.clone(), answered));
+        let opening = Opening { sessions, config, kept };
+        runtime.spawn(run(opening, inbox, current.clone(), answered));
         app.insert_resource(ChatStatus(Some(Arc::new(status_of(current)))))
             .insert_resource(Chat { commands, answers })
             .add_message::<ChatAnswered>()
@@ -102,15 +118,23 @@ fn forward_commands(mut requests: MessageReader<ChatRequest>, chat: Res<Chat>) {
     }
 }
 
-/// Creates the session, then handles the player's commands in order.
-async fn run(
+/// What opens the player's session: the sessions, the configuration, and where a kept one is noted.
+struct Opening {
     sessions: AgentSessions,
     config: SessionConfig,
+    kept: Option<PathBuf>,
+}
+
+/// Opens the session (re-attaching the kept one, with `--agent-keep`), then handles the player's commands in
+/// order.
+async fn run(
+    opening: Opening,
     mut inbox: UnboundedReceiver<ChatCommand>,
     current: Arc<Mutex<Option<AgentSession>>>,
     answered: crossbeam_channel::Sender<ChatAnswered>,
 ) {
-    if let Err(error) = start(&sessions, &config, &current).await {
+    let sessions = opening.sessions.clone();
+    if let Err(error) = reattach_kept(&opening, &current).await {
         say(format_args!("chat-error session=none code={} message={}", error.code, one_line(&error.message)));
         // The window's chat panel shows it too (it has no console line to point at).
         let why = format!("the agent did not start: {} {}", error.code, one_line(&error.message));
@@ -145,7 +169,7 @@ async fn run(
             (ChatCommand::Allow(request), _) => answer_permission(&sessions, request, true),
             (ChatCommand::Deny(request), _) => answer_permission(&sessions, request, false),
             // The agent failed to start (a slow first `npx`, a missing key fixed since): try again.
-            (ChatCommand::Resume(None), None) => start(&sessions, &config, &current).await,
+            (ChatCommand::Resume(None), None) => start(&opening, &current).await,
             (_, None) => Err(ToolError::with_code(
                 bevy_agent_tools::ErrorCode::AgentUnavailable,
                 "there is no agent session: it failed to start (see the chat-error line) or was forgotten; \
@@ -194,17 +218,43 @@ async fn run(
     }
 }
 
-/// Creates the session the command line asked for and makes it the current one.
-async fn start(
-    sessions: &AgentSessions,
-    config: &SessionConfig,
-    current: &Mutex<Option<AgentSession>>,
-) -> Result<String, ToolError> {
-    let session = sessions.create(config.clone()).await?;
+/// Re-attaches the session the last run with the same configuration kept, if there is one and it can be;
+/// otherwise [`start`]s one.
+async fn reattach_kept(opening: &Opening, current: &Mutex<Option<AgentSession>>) -> Result<String, ToolError> {
+    let note = opening.kept.as_deref().and_then(read_note).filter(|note| note.config == opening.config);
+    if let Some(KeptNote { session: id, .. }) = note {
+        match opening.sessions.resume_session(id.as_str()).await {
+            Ok(session) => {
+                say(format_args!("chat-status session={} status={} previous=none", session.id(), session.status()));
+                *current.lock() = Some(session);
+                return Ok(format!("attached session={id}"));
+            }
+            Err(error) => warn!(session = %id, %error, "the kept session could not be re-attached: starting anew"),
+        }
+    }
+    start(opening, current).await
+}
+
+/// Creates the session the command line asked for and makes it the current one (noted, with `--agent-keep`).
+async fn start(opening: &Opening, current: &Mutex<Option<AgentSession>>) -> Result<String, ToolError> {
+    let session = opening.sessions.create(opening.config.clone()).await?;
     say(format_args!("chat-status session={} status=idle previous=none", session.id()));
+    if let Some(path) = &opening.kept {
+        let note = KeptNote { session: session.id().to_string(), config: opening.config.clone() };
+        let written = serde_json::to_vec_pretty(&note).map_err(std::io::Error::other);
+        if let Err(error) = written.and_then(|bytes| std::fs::write(path, bytes)) {
+            warn!(path = %path.display(), %error, "could not note the kept session: the next start makes a new one");
+        }
+    }
     let started = format!("started session={}", session.id());
     *current.lock() = Some(session);
     Ok(started)
+}
+
+/// The kept session's note, if there is a readable one.
+fn read_note(path: &Path) -> Option<KeptNote> {
+    let bytes = std::fs::read(path).ok()?;
+    serde_json::from_slice(&bytes).map_err(|error| warn!(path = %path.display(), %error, "unreadable note")).ok()
 }
 
 fn answer_permission(sessions: &AgentSessions, request: u64, allow: bool) -> Result<String, ToolError> {

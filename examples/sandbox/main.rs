@@ -358,7 +358,7 @@ fn main() -> AppExit {
     }
     if let Some(config) = session {
         app.add_plugins(AgentSessionsPlugin::new().data_dir(args.data_dir.join("agent-sessions")))
-            .add_plugins(ChatPlugin { config });
+            .add_plugins(ChatPlugin { config, kept: args.agent_keep.then(|| args.data_dir.join("kept-session.json")) });
     }
 
     app.run()
