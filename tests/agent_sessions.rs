@@ -1194,6 +1194,11 @@ fn an_agent_that_needs_a_sign_in_says_which_methods_it_offers_and_signs_in_with_
     assert!(error.message.contains("signing in to the agent with `scripted-key` failed"), "{}", error.message);
     assert!(error.message.contains("SCRIPTED_AGENT_KEY is not set"), "{}", error.message);
 
+    // An agent that needs no sign-in is not signed in (that would replace the person's own login): the method
+    // chosen is not even looked at.
+    let config = agent(&dirs, &[]).auth_method("scripted-key");
+    game.create(config).expect("no sign-in needed, none made");
+
     // With the key there, the game signs in and the session works.
     let config = agent(&dirs, &["--require-auth"]).auth_method("scripted-key").env("SCRIPTED_AGENT_KEY", "k");
     let session = game.create(config).expect("signed in, started");
@@ -1204,6 +1209,7 @@ fn an_agent_that_needs_a_sign_in_says_which_methods_it_offers_and_signs_in_with_
     let (code, message) = code_of(game.block_on(session.send_text("needs-sign-in")));
     assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
     assert!(message.contains("needs you to sign in") && message.contains("`scripted-key`"), "{message}");
+    assert!(message.contains("the stored login expired"), "the agent's own words: {message}");
     game.block_on(session.send_text("again")).expect("the next turn");
 }
 

@@ -67,8 +67,8 @@ use session::Sandbox;
 use world::Palette;
 
 const USAGE: &str = "usage: sandbox [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N] \
-[--agent \"COMMAND ARGS\" [--agent-auth METHOD] | --agent-openai URL --model NAME [--api-key-env VAR] [--context-window TOKENS]] \
-[--agent-keep] [--ask-permissions] \
+[--agent \"COMMAND ARGS\" [--agent-auth METHOD] | --agent-openai URL --model NAME [--api-key-env VAR] \
+[--context-window TOKENS]] [--agent-keep] [--ask-permissions] \
 [--window]";
 
 /// The command line.

@@ -231,6 +231,7 @@ impl ConversationHub {
         let HubInner { conversations, watchers, .. } = &mut *inner;
         let entry = conversations.get_mut(id).ok_or_else(|| not_found(id))?;
         entry.last_activity = Instant::now();
+        entry.end_when_idle = false;
         if entry.facts.ended {
             entry.facts.reactivate();
             entry.ended_at = None;
@@ -570,7 +571,6 @@ fn end_if_due(
     entry: &mut Entry,
 ) {
     if entry.end_when_idle && entry.active.is_empty() && entry.pending.is_empty() {
-        entry.end_when_idle = false;
         // No call of it is left to end.
         let _no_calls = end_entry(game, watchers, id, entry, StatusSource::Host);
     }
@@ -753,6 +753,7 @@ fn end_entry(
     entry: &mut Entry,
     source: StatusSource,
 ) -> Orphans {
+    entry.end_when_idle = false;
     if entry.facts.ended {
         return Orphans::default();
     }

@@ -96,12 +96,13 @@ impl SessionConfig {
         self
     }
 
-    /// Signs in to the agent with `method`, one of the methods it offers (ACP `authenticate`, before the session
-    /// is created or resumed): for example Codex's adapter's `openai-api-key`, which reads `OPENAI_API_KEY` from
-    /// the agent's environment. Without one the game never signs in on its own (a method may open a browser or
-    /// bill an API key): an agent that needs a sign-in fails the start, or the turn, with `AGENT_UNAVAILABLE`
-    /// listing the methods it offers (details `auth_required`, `auth_methods`). Only for ACP agents; other
-    /// backends ignore it.
+    /// Signs in to the agent with `method`, one of the methods it offers, when the agent says it needs a sign-in
+    /// to create or resume the session (ACP `authenticate`, then the session is asked for again): for example
+    /// Codex's adapter's `openai-api-key`, which reads `OPENAI_API_KEY` from the agent's environment (and stores
+    /// it as Codex's login). An agent that needs none is not signed in. Without a method the game never signs in
+    /// on its own (a method may open a browser or bill an API key): an agent that needs a sign-in fails the
+    /// start, or the turn, with `AGENT_UNAVAILABLE` listing the methods it offers (details `auth_required`,
+    /// `auth_methods`). Only for ACP agents; other backends ignore it.
     pub fn auth_method(mut self, method: impl Into<String>) -> Self {
         #[allow(irrefutable_let_patterns)]
         if let SessionBackend::Acp(command) = &mut self.backend {
@@ -148,8 +149,9 @@ impl SessionBackend {
     }
 }
 
-/// The command line of an ACP agent.
+/// The command line of an ACP agent (made with [`SessionConfig::acp`]; fields may be added).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct AcpAgentCommand {
     /// The program (looked up on `PATH`).
     pub program: String,

@@ -1,9 +1,10 @@
 //! Signing in to an ACP agent. Agents that need a sign-in (Codex's adapter without a stored login, Gemini CLI
 //! before one was chosen, Claude's adapter without a login) answer `session/new` or the first prompt with ACP's
 //! `auth_required` (`-32000`) and list the methods they offer in `initialize`. The game never picks one on its
-//! own (a method may open a browser, or bill an API key): it signs in with the method the game chose
-//! ([`SessionConfig::auth_method`](crate::session::SessionConfig::auth_method)), and otherwise tells the player
-//! what the agent offers and how to sign in.
+//! own (a method may open a browser, or bill an API key): when the agent asks, it signs in with the method the game
+//! chose ([`SessionConfig::auth_method`](crate::session::SessionConfig::auth_method)) and asks for the session
+//! again, and otherwise tells the player what the agent offers and how to sign in. It never signs in unasked: a
+//! sign-in replaces the login the person already has (Codex's stored ChatGPT login).
 
 use agent_client_protocol::v1::schema::{AuthMethod, AuthenticateRequest, AuthenticateResponse};
 use agent_client_protocol::v1::ConnectionTo;
@@ -57,10 +58,29 @@ impl SignIn {
         })
     }
 
-    /// The error for an agent's answer that it needs a sign-in, or `None` for any other error.
+    /// The error for an agent's answer that it needs a sign-in, or `None` for any other error. The agent's own
+    /// words go with it where it said more than ACP's default (Claude's adapter says why a login cannot be used).
     pub(crate) fn required(&self, error: &agent_client_protocol::Error) -> Option<ToolError> {
-        (error.code == agent_client_protocol::ErrorCode::AUTH_REQUIRED)
-            .then(|| self.error("the agent needs you to sign in (ACP auth_required)".to_string()))
+        if error.code != agent_client_protocol::ErrorCode::AUTH_REQUIRED {
+            return None;
+        }
+        let said = error.message.trim();
+        let said = (!said.is_empty() && !said.eq_ignore_ascii_case("authentication required")).then_some(said);
+        let data = error.data.as_ref().filter(|data| !data.is_null()).map(|data| match data {
+            serde_json::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        });
+        let words: Vec<String> = said.map(str::to_string).into_iter().chain(data).collect();
+        let what = match words.is_empty() {
+            true => "the agent needs you to sign in (ACP auth_required)".to_string(),
+            false => format!("the agent needs you to sign in (ACP auth_required: {})", words.join(": ")),
+        };
+        Some(self.error(what))
+    }
+
+    /// Whether `error` is the agent asking for a sign-in ([`required`](Self::required)).
+    pub(crate) fn asked_in(error: &ToolError) -> bool {
+        error.details.extra.get("auth_required") == Some(&serde_json::Value::Bool(true))
     }
 
     /// `what` went wrong, then what the agent offers and how to sign in.

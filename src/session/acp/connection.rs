@@ -365,10 +365,28 @@ async fn open(
     let info: InitializeResponse =
         cx.send_request(initialize).block_task().await.map_err(|error| unavailable("initialize failed", &error))?;
     let sign_in = SignIn::new(info.auth_methods.clone());
-    if let Some(chosen) = auth_method {
-        at("authenticate");
-        sign_in.authenticate(cx, chosen).await?;
+    // Signed in only when the agent asks for it: a sign-in replaces the login the person may have (Codex's stored
+    // ChatGPT login, Gemini's chosen method).
+    match (attach(cx, setup, &info, &sign_in, replay, step).await, auth_method) {
+        (Err(error), Some(chosen)) if SignIn::asked_in(&error) => {
+            at("authenticate");
+            sign_in.authenticate(cx, chosen).await?;
+            attach(cx, setup, &info, &sign_in, replay, step).await
+        }
+        (attached, _) => attached,
     }
+}
+
+/// A new session, or the one `setup` re-attaches.
+async fn attach(
+    cx: &ConnectionTo<Agent>,
+    setup: &Setup,
+    info: &InitializeResponse,
+    sign_in: &SignIn,
+    replay: &Replay,
+    step: &StartStep,
+) -> Result<Open, ToolError> {
+    let at = |request: &'static str| *step.lock() = request;
     let refused = |what: &str, error: &agent_client_protocol::Error| {
         sign_in.required(error).unwrap_or_else(|| unavailable(what, error))
     };
@@ -452,6 +470,7 @@ async fn open(
     let request = NewSessionRequest::new(cwd).mcp_servers(servers).system_prompt(system_prompt).meta(meta);
     let created = cx.send_request(request).block_task().await.map_err(|error| refused("session/new failed", &error))?;
     let attached = if setup.resume.is_some() { Attached::Replaced } else { Attached::New };
+    let sign_in = sign_in.clone();
     Ok(Open { session: created.session_id.to_string(), attached, system_prompt_sent, can_close, sign_in })
 }
 

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use agent_client_protocol::v1::schema::{
     ContentBlock, PermissionOption, PermissionOptionKind, RequestPermissionOutcome, RequestPermissionResponse,
-    SelectedPermissionOutcome, SessionUpdate, StopReason as AcpStopReason, ToolCallUpdateFields, ToolKind,
+    SelectedPermissionOutcome, SessionUpdate, StopReason as AcpStopReason, ToolCallContent, ToolCallUpdateFields,
+    ToolKind,
 };
 
 use crate::session::backend::{BackendEvent, EventSink, PermissionDecision, StopReason, Usage};
@@ -72,7 +73,10 @@ pub(crate) const GAME_SERVER: &str = "game";
 /// Agents that ask before an MCP tool they have no standing rule for name it in one of two forms, which the
 /// request's programmatic `name` must be exactly where it has one, else its title:
 /// - `mcp__<server>__<tool>`: Claude Code's adapter;
-/// - `<tool> (<server> MCP Server)`: Gemini CLI (its title for an MCP tool, `DiscoveredMCPTool`).
+/// - `<tool> (<server> MCP Server)`: Gemini CLI (its title for an MCP tool, `DiscoveredMCPTool`). Gemini titles
+///   the request of *any* MCP tool with a string argument `command` with that argument instead, which a model
+///   could set to this form: so the request's content (Gemini's: the arguments as JSON, or the names of the first
+///   five when they are long) must show no `command` argument.
 ///
 /// The request must be of no kind but `other`: an agent may title a shell command's request with the command
 /// itself, which a model could make read like a game tool's name, and such a request is of kind `execute`.
@@ -84,8 +88,33 @@ pub(crate) fn is_game_tool(fields: &ToolCallUpdateFields, registered: impl Fn(&s
     let claude = named.strip_prefix("mcp__").and_then(|rest| rest.strip_prefix(GAME_SERVER));
     let claude = claude.and_then(|rest| rest.strip_prefix("__"));
     let gemini = named.strip_suffix(" MCP Server)").and_then(|rest| rest.strip_suffix(GAME_SERVER));
-    let gemini = gemini.and_then(|rest| rest.strip_suffix(" ("));
+    let gemini = gemini.and_then(|rest| rest.strip_suffix(" (")).filter(|_| shows_no_command(fields));
     claude.or(gemini).is_some_and(registered)
+}
+
+/// Whether a Gemini CLI permission request's content shows the tool's arguments, without one named `command`.
+fn shows_no_command(fields: &ToolCallUpdateFields) -> bool {
+    let texts: Vec<&str> = fields
+        .content
+        .iter()
+        .flatten()
+        .filter_map(|content| match content {
+            ToolCallContent::Content(content) => match &content.content {
+                ContentBlock::Text(text) => Some(text.text.as_str()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    let no_command = |text: &&str| match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(arguments)) => !arguments.contains_key("command"),
+        // Long arguments: `[Payload omitted due to length with parameters: a, b, ...]` (the first five names).
+        _ => text.strip_prefix("[Payload omitted due to length").is_some_and(|rest| {
+            let names = rest.strip_prefix(" with parameters: ").unwrap_or("").trim_end_matches(']');
+            !names.ends_with("...") && names.split(", ").all(|name| name != "command")
+        }),
+    };
+    !texts.is_empty() && texts.iter().all(no_command)
 }
 
 /// The answer to a permission request for one of the game's own tools: allowed (once where the agent offers
@@ -155,7 +184,6 @@ mod tests {
         let titled = |title: &str| ToolCallUpdateFields::new().title(title);
         assert!(is_game_tool(&titled("mcp__game__place_block"), registered));
         assert!(is_game_tool(&titled("mcp__game__look").kind(ToolKind::Other), registered));
-        assert!(is_game_tool(&titled("place_block (game MCP Server)").kind(ToolKind::Other), registered));
         for other in [
             "unknown (game MCP Server)",
             "place_block (other MCP Server)",
@@ -179,6 +207,39 @@ mod tests {
         // The programmatic name decides over the title.
         let renamed = titled("mcp__game__look").name("run_shell_command");
         assert!(!is_game_tool(&renamed, registered));
+    }
+
+    #[test]
+    fn a_gemini_request_for_a_game_tool_is_recognised_only_where_its_title_cannot_be_a_command_argument() {
+        let registered = |tool: &str| tool == "place_block";
+        let gemini = |content: Option<&str>| {
+            let fields = ToolCallUpdateFields::new().title("place_block (game MCP Server)").kind(ToolKind::Other);
+            let text = |text: &str| {
+                let block = ContentBlock::Text(agent_client_protocol::v1::schema::TextContent::new(text));
+                ToolCallContent::Content(agent_client_protocol::v1::schema::Content::new(block))
+            };
+            match content {
+                Some(content) => fields.content(vec![text(content)]),
+                None => fields,
+            }
+        };
+        assert!(is_game_tool(&gemini(Some(r#"{"x":1,"y":2}"#)), registered));
+        assert!(is_game_tool(&gemini(Some("{}")), registered));
+        assert!(is_game_tool(&gemini(Some("[Payload omitted due to length with parameters: x, y]")), registered));
+        // Another MCP tool whose `command` argument a model set to the title: Gemini titles its request so.
+        assert!(!is_game_tool(&gemini(Some(r#"{"command":"place_block (game MCP Server)"}"#)), registered));
+        assert!(!is_game_tool(
+            &gemini(Some("[Payload omitted due to length with parameters: x, command]")),
+            registered
+        ));
+        let six = "[Payload omitted due to length with parameters: a, b, c, d, e, ...]";
+        assert!(!is_game_tool(&gemini(Some(six)), registered), "a sixth argument could be `command`");
+        assert!(!is_game_tool(&gemini(None), registered), "arguments not shown");
+        assert!(!is_game_tool(&gemini(Some("not the arguments")), registered));
+    }
+
+    #[test]
+    fn a_game_tools_request_offering_only_allow_always_is_answered_with_it() {
         let only_always = vec![PermissionOption::new("always", "Always", PermissionOptionKind::AllowAlways)];
         let allowed = serde_json::to_value(game_tool_response(&only_always)).unwrap();
         assert_eq!(allowed["outcome"]["optionId"], "always");

@@ -463,11 +463,17 @@ pub(crate) fn in_stream_too_long(error: &Value) -> bool {
 }
 
 /// What to do about a request longer than the model's context, which the turn asked again with at most half of
-/// the history (`history_sent` is what the last request carried of it, in bytes).
-pub(crate) fn too_long_advice(endpoint: &OpenAiEndpoint, history_sent: usize) -> String {
+/// the history (`history_sent` is what the last request carried of it, in bytes; `round` the turn's round, past
+/// 0 once it carries the turn's own tool calls and results).
+pub(crate) fn too_long_advice(endpoint: &OpenAiEndpoint, history_sent: usize, round: u32) -> String {
     let server_context = "start the server with a larger context (llama.cpp's -c, Ollama's num_ctx, vLLM's \
                           --max-model-len)";
     match endpoint.context_window {
+        _ if history_sent == 0 && round > 0 => format!(
+            "this turn's tool calls and their results, with the system prompt, the tools' descriptions and the \
+             player's text, are longer than the model's context window (a tool's result may be too large for it): \
+             {server_context}, or have the tools return less"
+        ),
         _ if history_sent == 0 => format!(
             "the system prompt, the tools' descriptions and the player's text alone are longer than the model's \
              context window, with no earlier turns: {server_context}, or offer the model fewer tools"
@@ -553,7 +559,8 @@ mod tests {
         let jinja = br#"{"error":{"code":500,"message":"tools param requires --jinja flag","type":"server_error"}}"#;
         assert!(advised(jinja).starts_with("start llama-server with --jinja"), "{}", advised(jinja));
         let openai = br#"{"error":{"message":"This model's maximum context length is 128000 tokens.","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
-        assert!(advised(openai).contains("OpenAiEndpoint::context_window"), "{}", advised(openai));
+        // An overflow is the turn's to advise on (`too_long_advice`): it knows what the request carried.
+        assert_eq!(advice(&endpoint, &refusal(openai)), None);
         let api_error = |body: &[u8]| {
             let status = reqwest::StatusCode::BAD_REQUEST;
             OpenAIError::ApiError(ApiErrorResponse { status_code: status, api_error: refusal(body) })

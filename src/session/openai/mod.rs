@@ -118,7 +118,7 @@ const NOT_READY_POLL: Duration = Duration::from_millis(500);
 /// answers every route so (`Loading model`) until its model has loaded, so it is asked again until it answers
 /// otherwise or `start` has passed.
 async fn probe(endpoint: &OpenAiEndpoint, start: Duration) -> Result<(), ToolError> {
-    let deadline = tokio::time::Instant::now() + start;
+    let deadline = crate::deadline::after_tokio(tokio::time::Instant::now(), start);
     let http = reqwest::Client::builder()
         .build()
         .map_err(|error| ToolError::internal(format!("could not build the HTTP client: {error}")))?;
@@ -132,25 +132,33 @@ async fn probe(endpoint: &OpenAiEndpoint, start: Duration) -> Result<(), ToolErr
         for (name, value) in &endpoint.headers {
             request = request.header(name.as_str(), value.as_str());
         }
-        let Ok(answer) = tokio::time::timeout_at(deadline, request.send()).await else {
+        // Sent, and a refusal's body read, within the start timeout.
+        let asked = async {
+            match request.send().await {
+                // The endpoint's own words (OpenAI's "Incorrect API key provided", a proxy's "key expired").
+                Ok(response) if matches!(response.status().as_u16(), 401 | 403 | 503) => {
+                    let not_ready = response.status().as_u16() == 503;
+                    (not_ready, Err(client::describe(endpoint, client::refused(response).await)))
+                }
+                Ok(_) => (false, Ok(())),
+                Err(error) => {
+                    (false, Err(client::describe(endpoint, async_openai::error::OpenAIError::Reqwest(error))))
+                }
+            }
+        };
+        let Ok(answer) = tokio::time::timeout_at(deadline, asked).await else {
             return Err(not_ready.map_or_else(|| silent(endpoint, start), |said| still_not_ready(said, start)));
         };
         match answer {
-            // The endpoint's own words (OpenAI's "Incorrect API key provided", a proxy's "key expired") go with it.
-            Ok(response) if matches!(response.status().as_u16(), 401 | 403) => {
-                return Err(client::describe(endpoint, client::refused(response).await))
-            }
-            Ok(response) if response.status().as_u16() == 503 => {
-                let said = client::describe(endpoint, client::refused(response).await);
-                if tokio::time::Instant::now() + NOT_READY_POLL >= deadline {
+            (true, Err(said)) => {
+                if deadline.saturating_duration_since(tokio::time::Instant::now()) <= NOT_READY_POLL {
                     return Err(still_not_ready(said, start));
                 }
                 tracing::debug!(url = %endpoint.base_url, message = %said.message, "the endpoint is not ready yet");
                 not_ready = Some(said);
                 tokio::time::sleep(NOT_READY_POLL).await;
             }
-            Ok(_) => return Ok(()),
-            Err(error) => return Err(client::describe(endpoint, async_openai::error::OpenAIError::Reqwest(error))),
+            (_, answer) => return answer,
         }
     }
 }

@@ -51,10 +51,12 @@ enum RoundEnd {
 }
 
 /// A reasoning model's thinking in one answer (`reasoning_content` as llama.cpp's server, DeepSeek and Kimi send
-/// it, or `reasoning` as Ollama and newer vLLM do: the first of the two the answer used, so that a server sending both
-/// is read once). Never shown. Sent back, under the same field, with the tool calls it led to: DeepSeek's and
-/// Kimi's thinking modes refuse a tool call's message without it, and models such as gpt-oss were trained to see
-/// it there. An answer without tool calls keeps only its text (DeepSeek's reasoner refuses reasoning elsewhere).
+/// it, or `reasoning` as Ollama, Groq and newer vLLM do: the first of the two the answer used, so that a server
+/// sending both is read once). Never shown. Sent back with the tool calls it led to when it came as
+/// `reasoning_content`: DeepSeek's and Kimi's thinking modes refuse a tool call's message without it, and
+/// llama.cpp gives it to the templates of models trained to see it there (gpt-oss). Never as `reasoning`, which
+/// Groq refuses in a request. An answer without tool calls keeps only its text (DeepSeek's reasoner refuses
+/// reasoning elsewhere).
 #[derive(Default)]
 struct Reasoning {
     field: Option<&'static str>,
@@ -187,7 +189,7 @@ async fn drive(
                     shrunk = true;
                 }
                 RoundEnd::TooLong(error) => {
-                    let advice = super::client::too_long_advice(&shared.endpoint, sent);
+                    let advice = super::client::too_long_advice(&shared.endpoint, sent, round);
                     return Err(ToolError { message: format!("{}: {advice}", error.message), ..error });
                 }
                 end => {
@@ -262,8 +264,8 @@ async fn drive(
             .collect();
         let content = if text.is_empty() { Value::Null } else { Value::String(text) };
         let mut message = json!({"role": "assistant", "content": content, "tool_calls": wire_calls});
-        if let (Some(field), true) = (reasoning.field, reasoning.any()) {
-            message[field] = Value::String(reasoning.text);
+        if reasoning.field == Some("reasoning_content") && reasoning.any() {
+            message["reasoning_content"] = Value::String(reasoning.text);
         }
         messages.push(message);
         let mut cancelled = false;
