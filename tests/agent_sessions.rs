@@ -954,6 +954,21 @@ fn resume_session_after_a_restart_reattaches_a_kept_session_and_an_ended_one_sta
     assert_eq!(code, ErrorCode::InvalidInput);
 }
 
+#[test]
+fn at_exit_a_session_that_is_not_kept_leaves_nothing_on_disk_and_a_kept_one_stays() {
+    let dirs = Dirs::new();
+    let (unkept, kept) = {
+        let game = Game::start(&dirs);
+        let unkept = game.create(agent(&dirs, &[])).expect("starts");
+        game.block_on(unkept.send_text("hello")).expect("a turn");
+        let kept = game.create(agent(&dirs, &[]).auto_end_on_disconnect(false)).expect("starts");
+        assert!(dirs.data.join(unkept.id().as_str()).join("session.json").exists(), "the control: its record");
+        (unkept.id().clone(), kept.id().clone())
+    };
+    assert!(!dirs.data.join(unkept.as_str()).exists(), "nothing resumes it after the game: its folder is gone");
+    assert!(dirs.data.join(kept.as_str()).join("session.json").exists(), "kept for resume_session");
+}
+
 /// A kept session (`auto_end_on_disconnect(false)`) of a game that then stopped, its agent gone.
 fn kept_session(dirs: &Dirs) -> ConversationId {
     let id = {

@@ -188,8 +188,9 @@ impl AgentSessions {
     }
 
     /// The game disconnects from every session (on `AppExit`): a session created with
-    /// `auto_end_on_disconnect` ends, with its agent's session; the others are only disconnected, kept for
-    /// `resume_session`. Every agent process is gone when this returns, or `deadline` passed.
+    /// `auto_end_on_disconnect` ends, with its agent's session, and what the game kept of it is deleted (nothing
+    /// resumes it after the game); the others are only disconnected, kept for `resume_session`. Every agent process
+    /// is gone when this returns, or `deadline` passed.
     pub(crate) fn disconnect_all(&self, deadline: Duration) {
         let cores: Vec<Arc<SessionCore>> = self.live.lock().drain().map(|(_, core)| core).collect();
         if cores.is_empty() {
@@ -197,10 +198,15 @@ impl AgentSessions {
         }
         let (done, all_done) = crossbeam_channel::bounded(cores.len());
         for core in cores {
-            let done = done.clone();
+            let (done, host) = (done.clone(), self.host.clone());
             self.host.runtime.spawn(async move {
                 let end_session = core.config.auto_end_on_disconnect;
                 core.end(end_session).await;
+                if end_session {
+                    if let Err(error) = host.records.forget(core.id.as_str(), true).await {
+                        tracing::warn!(session = %core.id, %error, "could not delete an ended session's folder");
+                    }
+                }
                 let _ = done.send(());
             });
         }
