@@ -106,7 +106,8 @@ pub(crate) fn aside(path: &Path) -> PathBuf {
 /// Reads the history; `Ok(None)` if there is none.
 pub(crate) fn load(path: &Path) -> std::io::Result<Option<History>> {
     match crate::private::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(std::io::Error::other),
+        // A file that is not a history is `InvalidData` (or `UnexpectedEof`, cut short).
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(std::io::Error::from),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(error) => Err(error),
     }

@@ -193,9 +193,28 @@ async fn open_history(
             Ok(None) if !setup.new_if_unresumable => {
                 return Err(crate::session::record::not_found(id).with_detail("agent_error", "no stored history"))
             }
+            // Damaged: its chat cannot be re-attached, as an ACP agent's unknown session cannot.
+            Err(error)
+                if !setup.new_if_unresumable
+                    && matches!(error.kind(), std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof) =>
+            {
+                return Err(ToolError::with_code(
+                    ErrorCode::SessionNotFound,
+                    format!(
+                        "session `{id}`'s stored history at {} is damaged ({error}): its chat cannot be resumed; \
+                         create a new session (forget this one to delete it)",
+                        path.display()
+                    ),
+                )
+                .with_detail("session", id.as_str()))
+            }
+            // The file could not be read now (its permissions, the disk): the session is kept for a later try.
             Err(error) if !setup.new_if_unresumable => {
-                return Err(crate::session::record::not_found(id)
-                    .with_detail("agent_error", format!("the stored history is unreadable: {error}")))
+                return Err(io(format!(
+                    "could not read session `{id}`'s stored history at {} ({error}): the session is kept, try again",
+                    path.display()
+                ))
+                .with_detail("session", id.as_str()))
             }
             Err(error) => {
                 // Kept aside, not written over: a file the game could not read now (its permissions, the disk) may
