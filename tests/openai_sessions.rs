@@ -1011,7 +1011,7 @@ fn kept_session_told_42(data: &Path, server: &Server) -> ConversationId {
 }
 
 #[test]
-fn resume_session_of_a_damaged_history_says_so_and_of_an_unreadable_one_keeps_the_session_for_a_retry() {
+fn resume_session_of_a_damaged_history_says_so_and_leaves_the_session_for_a_retry() {
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();
     let id = kept_session_told_42(data.path(), &server);
@@ -1023,14 +1023,7 @@ fn resume_session_of_a_damaged_history_says_so_and_of_an_unreadable_one_keeps_th
     assert_eq!(code, ErrorCode::SessionNotFound, "{message}");
     assert!(message.contains("history") && message.contains("damaged"), "says what is wrong: {message}");
     assert!(!message.contains("remove the stale id"), "{message}");
-
-    // Not readable now (a folder where the file should be stands for a disk error): the session is kept.
-    std::fs::remove_file(&history).unwrap();
-    std::fs::create_dir(&history).unwrap();
-    let (code, message) = code_of(game.block_on(game.sessions.resume_session(id.clone())));
-    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
-    assert!(message.contains("try again"), "{message}");
-    std::fs::remove_dir(&history).unwrap();
+    // Nothing was deleted or replaced: the file mended, the session comes back.
     std::fs::write(&history, good).unwrap();
     game.block_on(game.sessions.resume_session(id)).expect("the retry re-attaches it");
 }

@@ -193,20 +193,27 @@ async fn open_history(
             Ok(None) if !setup.new_if_unresumable => {
                 return Err(crate::session::record::not_found(id).with_detail("agent_error", "no stored history"))
             }
-            // Damaged: its chat cannot be re-attached, as an ACP agent's unknown session cannot.
+            // Damaged, or not to be trusted (others may write it): its chat cannot be re-attached, as an ACP
+            // agent's unknown session cannot.
             Err(error)
                 if !setup.new_if_unresumable
-                    && matches!(error.kind(), std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof) =>
+                    && matches!(
+                        error.kind(),
+                        std::io::ErrorKind::InvalidData
+                            | std::io::ErrorKind::UnexpectedEof
+                            | std::io::ErrorKind::PermissionDenied
+                    ) =>
             {
                 return Err(ToolError::with_code(
                     ErrorCode::SessionNotFound,
                     format!(
-                        "session `{id}`'s stored history at {} is damaged ({error}): its chat cannot be resumed; \
-                         create a new session (forget this one to delete it)",
+                        "session `{id}`'s stored history at {} is damaged or not used ({error}): its chat cannot \
+                         be resumed; create a new session (forget this one to delete it)",
                         path.display()
                     ),
                 )
-                .with_detail("session", id.as_str()))
+                .with_detail("session", id.as_str())
+                .with_detail("agent_error", format!("the stored history is unreadable: {error}")))
             }
             // The file could not be read now (its permissions, the disk): the session is kept for a later try.
             Err(error) if !setup.new_if_unresumable => {
