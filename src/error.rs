@@ -42,7 +42,8 @@ pub enum ErrorCode {
     ConversationNotFound,
     /// A handler panicked or an invariant broke. The game keeps running.
     Internal,
-    /// `send_text` while the in-game agent session's turn is running: nothing was sent.
+    /// `send_text` while the in-game agent session's turn is running: nothing was sent. Also `resume_session` or
+    /// `forget` of a session another copy of the game has open (a session is open in one copy at a time).
     SessionBusy,
     /// The in-game agent session ended: pending work was dropped, and nothing but `resume` works until it is resumed.
     SessionEnded,

@@ -981,6 +981,29 @@ fn kept_session(dirs: &Dirs) -> ConversationId {
 }
 
 #[test]
+fn a_kept_session_is_open_in_one_copy_of_the_game_at_a_time() {
+    let dirs = Dirs::new();
+    let id = kept_session(&dirs);
+    let (first, second) = (Game::start(&dirs), Game::start(&dirs));
+    let session = first.block_on(first.sessions.resume_session(id.clone())).expect("re-attached in one copy");
+    // The other copy (sharing the data directory) is refused, not given a second agent on the same session.
+    let (code, message) = code_of(second.block_on(second.sessions.resume_session(id.clone())));
+    assert_eq!(code, ErrorCode::SessionBusy, "{message}");
+    assert!(message.contains("another copy of the game"), "{message}");
+    assert_eq!(dirs.agents_running(), 1, "one agent on it");
+    let (code, _) = code_of(second.block_on(second.sessions.forget(id.clone())));
+    assert_eq!(code, ErrorCode::SessionBusy, "not deleted under the copy that has it");
+    assert!(dirs.data.join(id.as_str()).join("session.json").exists());
+    // The first copy lets it go when it exits: the other one can take it then.
+    drop(session);
+    drop(first);
+    dirs.wait_no_agents(LIMIT);
+    let resumed = second.block_on(second.sessions.resume_session(id)).expect("free now");
+    let turn = second.block_on(resumed.send_text("history")).expect("the turn ends");
+    assert_eq!(turn.final_message.as_deref(), Some("I remember 1 turns"), "the same agent session");
+}
+
+#[test]
 fn two_resume_sessions_of_one_id_at_once_share_one_session_and_one_agent_that_works() {
     let dirs = Dirs::new();
     let id = kept_session(&dirs);

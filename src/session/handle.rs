@@ -92,6 +92,7 @@ impl AgentSessions {
         let core = SessionCore::new(id.clone(), config, self.host.clone(), Phase::Live);
         self.host.agent.host().conversations.open_held(&id);
         let unkept = Unkept { host: &self.host, core: &core, new: true };
+        self.host.hold(&id).await?;
         core.connect(None, false).await?;
         unkept.keep();
         self.live.lock().insert(id, core.clone());
@@ -123,6 +124,8 @@ impl AgentSessions {
             return Ok(session);
         }
         let record = self.host.records.load(id.as_str()).await?;
+        // Before anything of it is touched: another copy of the game may have it open.
+        self.host.hold(&id).await?;
         let phase = if record.ended { Phase::Ended } else { Phase::Live };
         let core = SessionCore::new(id.clone(), record.config.clone(), self.host.clone(), phase);
         core.set_backend_session(record.backend_session.clone());
@@ -159,10 +162,16 @@ impl AgentSessions {
         // Whatever puts a known id back in the live map (`resume_session`, `AgentSession::resume`) does it under
         // the id's lock: a resume under way finishes first, and none puts the session back after this.
         let _forgetting = self.by_id.lock(&id).await;
+        if self.get(&id).is_none() {
+            // Not deleted under another copy of the game that has it open.
+            self.host.check_free(&id).await?;
+        }
         let live = self.live.lock().remove(&id);
         if let Some(core) = &live {
             core.end_and_forget().await;
         }
+        // Before its folder goes (on Windows an open file keeps it).
+        self.host.in_use.let_go(id.as_str());
         let forgotten = match self.host.records.forget(id.as_str(), live.is_some()).await {
             // A session of this run whose folder could not be made (it failed to start) has nothing on disk.
             Err(error) if error.code == ErrorCode::SessionNotFound && live.is_some() => Ok(()),
@@ -202,6 +211,7 @@ impl AgentSessions {
             self.host.runtime.spawn(async move {
                 let end_session = core.config.auto_end_on_disconnect;
                 core.end(end_session).await;
+                host.in_use.let_go(core.id.as_str());
                 if end_session {
                     if let Err(error) = host.records.forget(core.id.as_str(), true).await {
                         tracing::warn!(session = %core.id, %error, "could not delete an ended session's folder");
@@ -269,6 +279,7 @@ impl Drop for Unkept<'_> {
     fn drop(&mut self) {
         let connected = self.core.abandon();
         self.host.agent.host().conversations.forget(&self.core.id);
+        self.host.in_use.let_go(self.core.id.as_str());
         if self.new {
             self.host.records.remove_new(self.core.id.as_str(), connected);
         }

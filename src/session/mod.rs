@@ -56,6 +56,7 @@ mod backend;
 mod config;
 mod core;
 mod handle;
+mod in_use;
 mod messages;
 mod permission;
 mod plugin;
@@ -117,9 +118,37 @@ pub(crate) struct SessionHost {
     pub runtime: tokio::runtime::Handle,
     pub records: Records,
     pub permissions: PermissionBook,
+    /// The sessions this copy of the game has open (each locked in its folder).
+    pub in_use: in_use::InUse,
 }
 
 impl SessionHost {
+    /// Holds session `id` for this copy of the game ([`in_use`]), making its folder if needed: `SESSION_BUSY` if
+    /// another copy has it open.
+    pub(crate) async fn hold(&self, id: &ConversationId) -> Result<(), ToolError> {
+        let (records, in_use, id) = (self.records.clone(), self.in_use.clone(), id.to_string());
+        let held = self.runtime.spawn_blocking(move || {
+            let dir = records
+                .session_dir(&id)
+                .map_err(|error| ToolError::internal(format!("could not make session `{id}`'s folder: {error}")))?;
+            in_use.hold(&id, &dir)
+        });
+        held.await.map_err(|error| ToolError::internal(format!("could not lock the session: {error}")))?
+    }
+
+    /// Fails with `SESSION_BUSY` if another copy of the game has session `id` open (checked, not kept: for a
+    /// session this copy is about to delete). An id without a folder passes.
+    pub(crate) async fn check_free(&self, id: &ConversationId) -> Result<(), ToolError> {
+        let (records, in_use, id) = (self.records.clone(), self.in_use.clone(), id.to_string());
+        let checked = self.runtime.spawn_blocking(move || {
+            let Some(dir) = records.existing_dir(&id) else { return Ok(()) };
+            in_use.hold(&id, &dir)?;
+            in_use.let_go(&id);
+            Ok(())
+        });
+        checked.await.map_err(|error| ToolError::internal(format!("could not check the session: {error}")))?
+    }
+
     /// The MCP endpoint with a new credential for the session (revoke it with [`revoke`](Self::revoke)), or why
     /// the game serves no MCP. A session created while the app is being built waits, up to `wait`, for the app's
     /// `finish`, where the server is looked up.

@@ -92,6 +92,7 @@ impl Plugin for AgentSessionsPlugin {
             records: Records::new(self.data_dir.clone(), runtime.clone()),
             permissions: PermissionBook::new(agent.clone(), runtime.clone()),
             runtime,
+            in_use: Default::default(),
         });
         let schedule = app_schedule(app);
         app.insert_resource(AgentSessions::new(host))

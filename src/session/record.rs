@@ -82,6 +82,13 @@ impl Records {
         Ok(dir)
     }
 
+    /// Session `id`'s folder if it exists (and `id` is one the game mints).
+    pub(crate) fn existing_dir(&self, id: &str) -> Option<PathBuf> {
+        check_id(id).ok()?;
+        let dir = super::config::session_dir(&self.data_dir, id);
+        std::fs::symlink_metadata(&dir).is_ok_and(|meta| meta.is_dir()).then_some(dir)
+    }
+
     /// Writes `record` on a blocking thread (file I/O never blocks the main thread or the runtime) and resolves
     /// when it is durable, so records of one session are written in the order they were made. A failure is
     /// logged: the session goes on, only its resumption after a restart is lost.
@@ -166,18 +173,48 @@ impl Records {
     }
 }
 
-/// Removes `dir` and what is in it; a folder already gone is removed. A file that lands meanwhile (a history
-/// written at the end of a turn, an agent writing in its working directory as it is stopped): again, three times.
+/// Removes `dir` and what is in it; a folder already gone is removed. The record goes last: a removal that fails
+/// part-way (a file the agent left read-only, one still open on Windows) leaves the record, so the session is
+/// still known and `forget` can be asked again. A file that lands meanwhile (a history written at the end of a
+/// turn, an agent writing in its working directory as it is stopped): again, three times.
 fn remove_folder(dir: &Path) -> std::io::Result<()> {
     let mut attempts = 0;
     loop {
-        match std::fs::remove_dir_all(dir) {
+        match remove_record_last(dir, &remove_entry) {
             Ok(()) => return Ok(()),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(_) if attempts < 3 => attempts += 1,
             Err(error) => return Err(error),
         }
     }
+}
+
+/// Removes one entry of a session's folder (`is_dir`: a folder, not a link to one).
+fn remove_entry(path: &Path, is_dir: bool) -> std::io::Result<()> {
+    match is_dir {
+        true => std::fs::remove_dir_all(path),
+        false => std::fs::remove_file(path),
+    }
+}
+
+/// Removes what is in `dir` but the record (with `remove`), then the record, then `dir`.
+fn remove_record_last(dir: &Path, remove: &dyn Fn(&Path, bool) -> std::io::Result<()>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_name() == FILE {
+            continue;
+        }
+        // Not followed: a link is removed, never what it points to.
+        match remove(&entry.path(), entry.file_type()?.is_dir()) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
+    }
+    match std::fs::remove_file(dir.join(FILE)) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+        _ => {}
+    }
+    std::fs::remove_dir(dir)
 }
 
 pub(crate) fn not_found(id: &str) -> ToolError {
@@ -213,6 +250,38 @@ mod tests {
         let records = Records::new(Some(PathBuf::from("data/agent-sessions")), runtime.handle().clone());
         assert!(records.data_dir.is_absolute(), "{}", records.data_dir.display());
         assert!(records.data_dir.ends_with("data/agent-sessions"));
+    }
+
+    #[test]
+    fn a_folder_removal_that_fails_part_way_keeps_the_record_so_it_can_be_asked_again() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let session = dir.path().join("chat-1");
+        std::fs::create_dir_all(session.join("workspace").join("stuck")).expect("made");
+        std::fs::write(session.join(FILE), b"{}").expect("written");
+        std::fs::write(session.join("history.json"), b"[]").expect("written");
+        // The working directory cannot be removed now (a file the agent left read-only, one open on Windows).
+        let stuck = |path: &Path, is_dir: bool| match path.ends_with("workspace") {
+            true => Err(std::io::Error::from(std::io::ErrorKind::PermissionDenied)),
+            false => remove_entry(path, is_dir),
+        };
+        assert!(remove_record_last(&session, &stuck).is_err());
+        assert!(session.join(FILE).exists(), "the record stays while anything else is left");
+        remove_folder(&session).expect("asked again, it goes");
+        assert!(!session.exists());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_link_in_a_session_folder_is_removed_and_never_followed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let session = dir.path().join("chat-1");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).expect("made");
+        std::fs::write(outside.join("keep"), b"x").expect("written");
+        std::fs::create_dir(&session).expect("made");
+        std::os::unix::fs::symlink(&outside, session.join("link")).expect("linked");
+        remove_folder(&session).expect("removed");
+        assert!(outside.join("keep").exists(), "what the link pointed to is untouched");
     }
 
     #[test]
