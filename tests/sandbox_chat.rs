@@ -192,6 +192,27 @@ fn an_agent_that_failed_to_start_is_started_again_by_chat_resume_once_what_stopp
 }
 
 #[test]
+fn a_kept_session_whose_agent_fails_to_start_is_tried_again_by_chat_resume_not_replaced() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let (data, state) = (root.path().join("data"), root.path().join("state"));
+    let mut flags = agent_flag(&state, "");
+    flags.push("--agent-keep".to_string());
+    let mut first = Sandbox::start(&data, &flags);
+    let kept = session_of(&first.line_starting("chat-status "));
+    assert!(first.quit().success());
+
+    // The agent cannot start now (its key expired, say): the kept session is not replaced by a new one.
+    std::fs::write(state.join("start-fails"), b"").expect("written");
+    let mut second = Sandbox::start(&data, &flags);
+    let failed = second.line_starting("chat-error ");
+    assert!(failed.contains("code=AGENT_UNAVAILABLE"), "{failed}");
+    std::fs::remove_file(state.join("start-fails")).expect("removed");
+    second.send("chat-resume");
+    assert_eq!(second.line_starting("ok "), format!("ok attached session={kept}"), "the kept one, tried again");
+    assert!(second.quit().success());
+}
+
+#[test]
 fn a_kept_session_is_reattached_at_the_next_start_or_by_id_and_permissions_go_to_the_player() {
     let root = tempfile::tempdir().expect("temp dir");
     let (data, state) = (root.path().join("data"), root.path().join("state"));

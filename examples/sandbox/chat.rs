@@ -15,8 +15,10 @@
 //! running); their answers (`ok ...`, `error: ...`) come from there.
 //!
 //! With `--agent-keep` the session outlives the sandbox: its id is noted in `kept-session.json` in the data
-//! directory, with the session's configuration, and the next start with the same agent flags re-attaches it
-//! (with other flags, or if it cannot be re-attached, a new one is created and noted instead).
+//! directory, with the session's configuration, and the next start with the same agent flags re-attaches it.
+//! With other flags, or if it is gone, a new one is created and noted instead; if another copy of the sandbox has
+//! it open, this copy chats in a session of its own; if its agent fails, `chat-resume` tries again. `chat-resume
+//! ID` notes the session it attaches.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,7 +26,7 @@ use std::sync::Arc;
 use bevy::prelude::*;
 use bevy_agent_tools::session::{AgentSession, AgentSessions, Attached, PermissionPolicy, SessionConfig};
 use bevy_agent_tools::{
-    AgentRuntime, ChatError, ChatMessage, ConversationEvent, ConversationStatusChanged, PermissionRequested,
+    AgentRuntime, ChatError, ChatMessage, ConversationEvent, ConversationStatusChanged, ErrorCode, PermissionRequested,
     PermissionSettled, ToolError,
 };
 use parking_lot::Mutex;
@@ -147,6 +149,7 @@ async fn run(
             (ChatCommand::Resume(Some(id)), previous) => match sessions.resume_session(id).await {
                 Ok(session) => {
                     let mut answer = format!("attached session={} status={}", session.id(), session.status());
+                    note_kept(&opening, session.id().as_str());
                     *current.lock() = Some(session.clone());
                     // The session it replaces ends (its agent stops; a kept one stays on disk, ended).
                     if let Some(previous) = previous.filter(|previous| previous.id() != session.id()) {
@@ -169,9 +172,9 @@ async fn run(
             (ChatCommand::Allow(request), _) => answer_permission(&sessions, request, true),
             (ChatCommand::Deny(request), _) => answer_permission(&sessions, request, false),
             // The agent failed to start (a slow first `npx`, a missing key fixed since): try again.
-            (ChatCommand::Resume(None), None) => start(&opening, &current).await,
+            (ChatCommand::Resume(None), None) => reattach_kept(&opening, &current).await,
             (_, None) => Err(ToolError::with_code(
-                bevy_agent_tools::ErrorCode::AgentUnavailable,
+                ErrorCode::AgentUnavailable,
                 "there is no agent session: it failed to start (see the chat-error line) or was forgotten; \
                  chat-resume starts one",
             )),
@@ -229,26 +232,46 @@ async fn reattach_kept(opening: &Opening, current: &Mutex<Option<AgentSession>>)
                 *current.lock() = Some(session);
                 return Ok(format!("attached session={id}"));
             }
-            Err(error) => warn!(session = %id, %error, "the kept session could not be re-attached: starting anew"),
+            // Gone (forgotten, or its agent no longer knows it): a new one is kept in its place.
+            Err(error) if error.code == ErrorCode::SessionNotFound => {
+                warn!(session = %id, %error, "the kept session is gone: starting anew");
+            }
+            // Open in another copy of the sandbox: this copy chats in a session of its own, not noted.
+            Err(error) if error.code == ErrorCode::SessionBusy => {
+                warn!(session = %id, %error, "the kept session is open elsewhere: starting one for this copy");
+                return start(opening, current, false).await;
+            }
+            // The agent's own trouble: the kept session stays, for `chat-resume` to try again.
+            Err(error) => return Err(error),
         }
     }
-    start(opening, current).await
+    start(opening, current, true).await
 }
 
-/// Creates the session the command line asked for and makes it the current one (noted, with `--agent-keep`).
-async fn start(opening: &Opening, current: &Mutex<Option<AgentSession>>) -> Result<String, ToolError> {
+/// Creates the session the command line asked for and makes it the current one (with `--agent-keep` and `note`,
+/// noted as the kept one).
+async fn start(opening: &Opening, current: &Mutex<Option<AgentSession>>, note: bool) -> Result<String, ToolError> {
     let session = opening.sessions.create(opening.config.clone()).await?;
     say(format_args!("chat-status session={} status=idle previous=none", session.id()));
-    if let Some(path) = &opening.kept {
-        let note = KeptNote { session: session.id().to_string(), config: opening.config.clone() };
-        let written = serde_json::to_vec_pretty(&note).map_err(std::io::Error::other);
-        if let Err(error) = written.and_then(|bytes| std::fs::write(path, bytes)) {
-            warn!(path = %path.display(), %error, "could not note the kept session: the next start makes a new one");
-        }
+    if note {
+        note_kept(opening, session.id().as_str());
     }
     let started = format!("started session={}", session.id());
     *current.lock() = Some(session);
     Ok(started)
+}
+
+/// With `--agent-keep`, notes session `id` as the one the next start re-attaches (written aside, then renamed
+/// over the last note: a crash leaves one or the other).
+fn note_kept(opening: &Opening, id: &str) {
+    let Some(path) = &opening.kept else { return };
+    let note = KeptNote { session: id.to_string(), config: opening.config.clone() };
+    let aside = path.with_extension("json.new");
+    let written = serde_json::to_vec_pretty(&note).map_err(std::io::Error::other);
+    let written = written.and_then(|bytes| std::fs::write(&aside, bytes)).and_then(|()| std::fs::rename(&aside, path));
+    if let Err(error) = written {
+        warn!(path = %path.display(), %error, "could not note the kept session: the next start makes a new one");
+    }
 }
 
 /// The kept session's note, if there is a readable one.

@@ -92,8 +92,9 @@ impl AgentSessions {
         let core = SessionCore::new(id.clone(), config, self.host.clone(), Phase::Live);
         self.host.agent.host().conversations.open_held(&id);
         let unkept = Unkept { host: &self.host, core: &core, new: true };
-        self.host.hold(&id).await?;
+        let holding = self.host.hold(&id, true).await?;
         core.connect(None, false).await?;
+        holding.keep();
         unkept.keep();
         self.live.lock().insert(id, core.clone());
         Ok(AgentSession { core, sessions: self.clone() })
@@ -123,9 +124,9 @@ impl AgentSessions {
         if let Some(session) = self.get(&id) {
             return Ok(session);
         }
+        // Before its record is read: another copy of the game may have it open, and write it as it exits.
+        let holding = self.host.hold(&id, false).await?;
         let record = self.host.records.load(id.as_str()).await?;
-        // Before anything of it is touched: another copy of the game may have it open.
-        self.host.hold(&id).await?;
         let phase = if record.ended { Phase::Ended } else { Phase::Live };
         let core = SessionCore::new(id.clone(), record.config.clone(), self.host.clone(), phase);
         core.set_backend_session(record.backend_session.clone());
@@ -138,6 +139,7 @@ impl AgentSessions {
             };
             core.connect(Some(backend_session), false).await?;
         }
+        holding.keep();
         unkept.keep();
         // Under the id's lock: no other resume of `id` is under way, so this one is the session's only core.
         self.live.lock().insert(id, core.clone());
@@ -162,21 +164,23 @@ impl AgentSessions {
         // Whatever puts a known id back in the live map (`resume_session`, `AgentSession::resume`) does it under
         // the id's lock: a resume under way finishes first, and none puts the session back after this.
         let _forgetting = self.by_id.lock(&id).await;
-        if self.get(&id).is_none() {
-            // Not deleted under another copy of the game that has it open.
-            self.host.check_free(&id).await?;
-        }
+        // Locked until its folder is gone: not deleted under another copy of the game that has it open, nor
+        // resumed there meanwhile. (An id without a folder is the record's to answer for.)
+        let holding = match self.host.hold(&id, false).await {
+            Err(error) if error.code == ErrorCode::SessionNotFound => None,
+            holding => Some(holding?),
+        };
         let live = self.live.lock().remove(&id);
         if let Some(core) = &live {
             core.end_and_forget().await;
         }
-        // Before its folder goes (on Windows an open file keeps it).
-        self.host.in_use.let_go(id.as_str());
         let forgotten = match self.host.records.forget(id.as_str(), live.is_some()).await {
             // A session of this run whose folder could not be made (it failed to start) has nothing on disk.
             Err(error) if error.code == ErrorCode::SessionNotFound && live.is_some() => Ok(()),
             forgotten => forgotten,
         };
+        self.host.in_use.let_go(id.as_str());
+        drop(holding);
         if forgotten.is_ok() {
             // Its conversation (ended above, or restored ended from the record) goes too: the host keeps a
             // session's conversation, unlike other ended ones, only while the session can be resumed.
@@ -211,12 +215,12 @@ impl AgentSessions {
             self.host.runtime.spawn(async move {
                 let end_session = core.config.auto_end_on_disconnect;
                 core.end(end_session).await;
-                host.in_use.let_go(core.id.as_str());
                 if end_session {
                     if let Err(error) = host.records.forget(core.id.as_str(), true).await {
                         tracing::warn!(session = %core.id, %error, "could not delete an ended session's folder");
                     }
                 }
+                host.in_use.let_go(core.id.as_str());
                 let _ = done.send(());
             });
         }

@@ -1,12 +1,13 @@
-//! A session is open in one copy of the game at a time: each copy holds a lock on the session's folder
-//! (`<data_dir>/<id>/session.lock`, `flock` on Unix, `LockFileEx` on Windows) while it has the session, so a
-//! second copy of the game (or a second app sharing the data directory) that resumes the same kept session is
-//! refused (`SESSION_BUSY`) instead of running a second agent on it and writing over its history. The lock goes
-//! with the process, however it ends.
+//! A session is open in one copy of the game at a time: each copy locks the session's folder (`<data_dir>/<id>`,
+//! `flock` on the folder itself) while it has the session, so a second copy of the game (or a second app sharing
+//! the data directory) that resumes or forgets the same kept session is refused (`SESSION_BUSY`) instead of
+//! running a second agent on it, writing over its history, or deleting it under the first. The lock goes with the
+//! process, however it ends; nothing is written for it, so deleting the folder leaves nothing behind (a copy that
+//! comes after the deletion finds no folder: `SESSION_NOT_FOUND`). On Unix only: elsewhere (and on file systems
+//! without locks) sessions are not locked.
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions, TryLockError};
-use std::io::{Read, Seek, Write};
+use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -14,72 +15,109 @@ use parking_lot::Mutex;
 
 use crate::error::{ErrorCode, ToolError};
 
-const LOCK_FILE: &str = "session.lock";
+/// A lock on a session's folder, taken on a blocking thread and kept by [`InUse::keep`] (dropped, it lets go).
+pub(crate) struct Lock {
+    _folder: Option<File>,
+}
 
-/// The sessions this copy of the game holds, by id.
+/// The sessions this copy of the game has open, by id.
 #[derive(Clone, Default)]
 pub(crate) struct InUse {
-    held: Arc<Mutex<HashMap<String, File>>>,
+    held: Arc<Mutex<HashMap<String, Lock>>>,
 }
 
 impl InUse {
-    /// Takes session `id`'s lock in its folder `dir` (which exists), unless this copy holds it already.
-    /// `SESSION_BUSY` if another copy holds it.
-    pub(crate) fn hold(&self, id: &str, dir: &Path) -> Result<(), ToolError> {
-        let mut held = self.held.lock();
-        if held.contains_key(id) {
-            return Ok(());
-        }
-        let path = dir.join(LOCK_FILE);
-        let unusable = |error: std::io::Error| {
-            ToolError::internal(format!("could not lock session `{id}` ({}): {error}", path.display()))
-        };
-        let mut file =
-            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(unusable)?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                let mut text = String::new();
-                let holder: Option<u32> = file.read_to_string(&mut text).ok().and_then(|_| text.trim().parse().ok());
-                let by = holder.map(|pid| format!(" (process {pid})")).unwrap_or_default();
-                return Err(ToolError::with_code(
-                    ErrorCode::SessionBusy,
-                    format!(
-                        "session `{id}` is open in another copy of the game{by}: a session is open in one at a \
-                         time; close it there first"
-                    ),
-                )
-                .with_detail("session", id)
-                .with_detail("holder_pid", holder));
-            }
-            Err(TryLockError::Error(error)) => return Err(unusable(error)),
-        }
-        // The pid is only for the other copy's error message: best effort.
-        let _ = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| write!(file, "{}", std::process::id()));
-        held.insert(id.to_string(), file);
-        Ok(())
+    /// Whether this copy holds session `id`.
+    pub(crate) fn holds(&self, id: &str) -> bool {
+        self.held.lock().contains_key(id)
     }
 
-    /// Lets session `id` go (before its folder is deleted: on Windows an open file keeps it).
+    /// Keeps `lock` as session `id`'s (one already kept stays).
+    pub(crate) fn keep(&self, id: &str, lock: Lock) {
+        self.held.lock().entry(id.to_string()).or_insert(lock);
+    }
+
+    /// Lets session `id` go.
     pub(crate) fn let_go(&self, id: &str) {
         self.held.lock().remove(id);
     }
 }
 
-#[cfg(test)]
+/// Locks session `id`'s folder `dir` (blocking: call it on a blocking thread). `SESSION_NOT_FOUND` if the folder
+/// is not there, `SESSION_BUSY` if another copy of the game holds it.
+pub(crate) fn lock(id: &str, dir: &Path) -> Result<Lock, ToolError> {
+    #[cfg(unix)]
+    {
+        use std::fs::TryLockError;
+        let folder = match File::open(dir) {
+            Ok(folder) => folder,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Err(super::record::not_found(id));
+            }
+            Err(error) => return Err(unlockable(id, dir, error)),
+        };
+        match folder.try_lock() {
+            Ok(()) => Ok(Lock { _folder: Some(folder) }),
+            Err(TryLockError::WouldBlock) => Err(ToolError::with_code(
+                ErrorCode::SessionBusy,
+                format!(
+                    "session `{id}` is open in another copy of the game: a session is open in one at a time; close \
+                     it there first"
+                ),
+            )
+            .with_detail("session", id)),
+            // A file system without locks (some network mounts): not locked, as elsewhere.
+            Err(TryLockError::Error(error)) if unsupported(&error) => {
+                tracing::warn!(session = id, %error, "the session's folder cannot be locked here: not locked");
+                Ok(Lock { _folder: None })
+            }
+            Err(TryLockError::Error(error)) => Err(unlockable(id, dir, error)),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        if !dir.is_dir() {
+            return Err(super::record::not_found(id));
+        }
+        Ok(Lock { _folder: None })
+    }
+}
+
+#[cfg(unix)]
+fn unsupported(error: &std::io::Error) -> bool {
+    error.kind() == std::io::ErrorKind::Unsupported
+        || matches!(error.raw_os_error(), Some(code) if code == libc::ENOLCK || code == libc::EOPNOTSUPP)
+}
+
+#[cfg(unix)]
+fn unlockable(id: &str, dir: &Path, error: std::io::Error) -> ToolError {
+    ToolError::with_code(
+        ErrorCode::AgentUnavailable,
+        format!("could not lock session `{id}`'s folder {}: {error}", dir.display()),
+    )
+    .with_detail("session", id)
+}
+
+#[cfg(all(test, unix))]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_session_held_by_one_copy_is_busy_for_another_until_it_lets_go() {
+    fn a_session_held_by_one_copy_is_busy_for_another_until_it_lets_go_and_gone_once_deleted() {
         let dir = tempfile::tempdir().expect("temp dir");
+        let folder = dir.path().join("chat-1");
+        std::fs::create_dir(&folder).expect("made");
         let (first, second) = (InUse::default(), InUse::default());
-        first.hold("chat-1", dir.path()).expect("free");
-        first.hold("chat-1", dir.path()).expect("held already by this copy");
-        let busy = second.hold("chat-1", dir.path()).expect_err("held by the first");
+        first.keep("chat-1", lock("chat-1", &folder).expect("free"));
+        assert!(first.holds("chat-1"));
+        let busy = lock("chat-1", &folder).err().expect("held by the first");
         assert_eq!(busy.code, ErrorCode::SessionBusy);
-        assert!(busy.message.contains(&format!("process {}", std::process::id())), "{}", busy.message);
         first.let_go("chat-1");
-        second.hold("chat-1", dir.path()).expect("free again");
+        second.keep("chat-1", lock("chat-1", &folder).expect("free again"));
+        // Deleted while held (as `forget` does): the next copy finds nothing, and nothing is left behind.
+        std::fs::remove_dir(&folder).expect("removed while locked");
+        second.let_go("chat-1");
+        assert_eq!(lock("chat-1", &folder).err().expect("gone").code, ErrorCode::SessionNotFound);
+        assert!(!folder.exists());
     }
 }

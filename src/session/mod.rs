@@ -122,31 +122,65 @@ pub(crate) struct SessionHost {
     pub in_use: in_use::InUse,
 }
 
+/// A session this copy of the game locked ([`SessionHost::hold`]): let go when dropped, unless kept.
+pub(crate) struct Holding<'a> {
+    host: &'a SessionHost,
+    id: ConversationId,
+    armed: bool,
+}
+
+impl Holding<'_> {
+    /// The session is this copy's now: its lock stays until it is let go ([`in_use::InUse::let_go`]).
+    pub(crate) fn keep(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.host.in_use.let_go(self.id.as_str());
+        }
+    }
+}
+
 impl SessionHost {
-    /// Holds session `id` for this copy of the game ([`in_use`]), making its folder if needed: `SESSION_BUSY` if
-    /// another copy has it open.
-    pub(crate) async fn hold(&self, id: &ConversationId) -> Result<(), ToolError> {
-        let (records, in_use, id) = (self.records.clone(), self.in_use.clone(), id.to_string());
-        let held = self.runtime.spawn_blocking(move || {
-            let dir = records
-                .session_dir(&id)
-                .map_err(|error| ToolError::internal(format!("could not make session `{id}`'s folder: {error}")))?;
-            in_use.hold(&id, &dir)
+    /// Locks session `id` for this copy of the game ([`in_use`]): a `new` one's folder is made first, else it
+    /// must be there (`SESSION_NOT_FOUND`); `SESSION_BUSY` if another copy has it open. The lock is let go when
+    /// the guard drops, unless it is [kept](Holding::keep); one this copy held already is left as it is.
+    pub(crate) async fn hold(&self, id: &ConversationId, new: bool) -> Result<Holding<'_>, ToolError> {
+        if self.in_use.holds(id.as_str()) {
+            return Ok(Holding { host: self, id: id.clone(), armed: false });
+        }
+        let (records, name) = (self.records.clone(), id.to_string());
+        let unavailable = self.folder_error(id);
+        // The lock comes back as the task's result: a caller that gave up meanwhile drops it, unlocked.
+        let locked = self.runtime.spawn_blocking(move || {
+            let dir = match new {
+                true => records.session_dir(&name).map_err(unavailable)?,
+                false => records.existing_dir(&name).ok_or_else(|| record::not_found(&name))?,
+            };
+            in_use::lock(&name, &dir)
         });
-        held.await.map_err(|error| ToolError::internal(format!("could not lock the session: {error}")))?
+        let lock =
+            locked.await.map_err(|error| ToolError::internal(format!("could not lock the session: {error}")))??;
+        self.in_use.keep(id.as_str(), lock);
+        Ok(Holding { host: self, id: id.clone(), armed: true })
     }
 
-    /// Fails with `SESSION_BUSY` if another copy of the game has session `id` open (checked, not kept: for a
-    /// session this copy is about to delete). An id without a folder passes.
-    pub(crate) async fn check_free(&self, id: &ConversationId) -> Result<(), ToolError> {
-        let (records, in_use, id) = (self.records.clone(), self.in_use.clone(), id.to_string());
-        let checked = self.runtime.spawn_blocking(move || {
-            let Some(dir) = records.existing_dir(&id) else { return Ok(()) };
-            in_use.hold(&id, &dir)?;
-            in_use.let_go(&id);
-            Ok(())
-        });
-        checked.await.map_err(|error| ToolError::internal(format!("could not check the session: {error}")))?
+    /// What a folder of session `id` that could not be made reads as.
+    fn folder_error(&self, id: &ConversationId) -> impl FnOnce(std::io::Error) -> ToolError + Send + 'static {
+        let dir = config::session_dir(&self.records.data_dir, id.as_str());
+        move |error| {
+            ToolError::with_code(
+                ErrorCode::AgentUnavailable,
+                format!(
+                    "could not create the session's folder {}: {error} (`AgentSessionsPlugin::data_dir` chooses \
+                     another place)",
+                    dir.display()
+                ),
+            )
+        }
     }
 
     /// The MCP endpoint with a new credential for the session (revoke it with [`revoke`](Self::revoke)), or why
