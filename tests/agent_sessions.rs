@@ -969,6 +969,26 @@ fn at_exit_a_session_that_is_not_kept_leaves_nothing_on_disk_and_a_kept_one_stay
     assert!(dirs.data.join(kept.as_str()).join("session.json").exists(), "kept for resume_session");
 }
 
+#[test]
+fn a_session_not_kept_that_a_game_which_did_not_exit_left_behind_is_deleted_at_the_next_start() {
+    let dirs = Dirs::new();
+    let (left, kept) = (kept_session(&dirs), kept_session(&dirs));
+    // As a game that crashed leaves a session it did not keep: its record, marked not kept.
+    let record = dirs.data.join(left.as_str()).join("session.json");
+    let text = std::fs::read_to_string(&record).expect("its record");
+    assert_eq!(text.matches("\"auto_end_on_disconnect\": false").count(), 1, "{text}");
+    std::fs::write(&record, text.replace("\"auto_end_on_disconnect\": false", "\"auto_end_on_disconnect\": true"))
+        .expect("written");
+    let game = Game::start(&dirs);
+    let until = Instant::now() + LIMIT;
+    while dirs.data.join(left.as_str()).exists() {
+        assert!(Instant::now() < until, "the left-behind session was not deleted");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(dirs.data.join(kept.as_str()).join("session.json").exists(), "a kept one stays");
+    game.block_on(game.sessions.resume_session(kept)).expect("and resumes");
+}
+
 /// A kept session (`auto_end_on_disconnect(false)`) of a game that then stopped, its agent gone.
 fn kept_session(dirs: &Dirs) -> ConversationId {
     let id = {

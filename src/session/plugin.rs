@@ -94,6 +94,9 @@ impl Plugin for AgentSessionsPlugin {
             runtime,
             in_use: Default::default(),
         });
+        // What a game that did not exit cleanly left of sessions it did not keep.
+        let records = host.records.clone();
+        host.runtime.spawn_blocking(move || records.sweep_unkept());
         let schedule = app_schedule(app);
         app.insert_resource(AgentSessions::new(host))
             .init_resource::<SessionRequests>()

@@ -82,6 +82,37 @@ impl Records {
         Ok(dir)
     }
 
+    /// Deletes (blocking) the folders of sessions that were not kept (`auto_end_on_disconnect`) and that no copy
+    /// of the game has open: a game that did not exit cleanly (a crash, a kill) could not delete them itself, and
+    /// nothing resumes them. On Unix only, where a session open in another copy is known by its lock.
+    pub(crate) fn sweep_unkept(&self) {
+        #[cfg(unix)]
+        {
+            let Ok(entries) = std::fs::read_dir(&self.data_dir) else { return };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if check_id(&name).is_err() || !entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                    continue;
+                }
+                // Open in a copy of the game (this one included), or gone: not ours to delete.
+                let Ok(_lock) = super::in_use::lock(&name, &entry.path()) else { continue };
+                let record = crate::private::read(&entry.path().join(FILE)).ok();
+                let record: Option<Record> = record.and_then(|bytes| serde_json::from_slice(&bytes).ok());
+                if !record.is_some_and(|record| record.config.auto_end_on_disconnect) {
+                    continue;
+                }
+                match remove_folder(&entry.path()) {
+                    Ok(()) => {
+                        tracing::info!(session = %name, "deleted a session that was not kept, left by a game that did not exit")
+                    }
+                    Err(error) => {
+                        tracing::warn!(session = %name, %error, "could not delete a session that was not kept")
+                    }
+                }
+            }
+        }
+    }
+
     /// Session `id`'s folder if it exists (and `id` is one the game mints).
     pub(crate) fn existing_dir(&self, id: &str) -> Option<PathBuf> {
         check_id(id).ok()?;
