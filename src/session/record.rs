@@ -103,7 +103,7 @@ impl Records {
                 }
                 match remove_folder(&entry.path()) {
                     Ok(()) => {
-                        tracing::info!(session = %name, "deleted a session that was not kept, left by a game that did not exit")
+                        tracing::info!(session = %name, "deleted a session not kept, left by a game that did not exit")
                     }
                     Err(error) => {
                         tracing::warn!(session = %name, %error, "could not delete a session that was not kept")
