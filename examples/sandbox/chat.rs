@@ -121,6 +121,7 @@ fn forward_commands(mut requests: MessageReader<ChatRequest>, chat: Res<Chat>) {
 }
 
 /// What opens the player's session: the sessions, the configuration, and where a kept one is noted.
+#[derive(Clone)]
 struct Opening {
     sessions: AgentSessions,
     config: SessionConfig,
@@ -236,10 +237,12 @@ async fn reattach_kept(opening: &Opening, current: &Mutex<Option<AgentSession>>)
             Err(error) if error.code == ErrorCode::SessionNotFound => {
                 warn!(session = %id, %error, "the kept session is gone: starting anew");
             }
-            // Open in another copy of the sandbox: this copy chats in a session of its own, not noted.
+            // Open in another copy of the sandbox: this copy chats in a session of its own, not noted, and not
+            // kept (nothing would name it after).
             Err(error) if error.code == ErrorCode::SessionBusy => {
                 warn!(session = %id, %error, "the kept session is open elsewhere: starting one for this copy");
-                return start(opening, current, false).await;
+                let unkept = Opening { config: opening.config.clone().auto_end_on_disconnect(true), ..opening.clone() };
+                return start(&unkept, current, false).await;
             }
             // The agent's own trouble: the kept session stays, for `chat-resume` to try again.
             Err(error) => return Err(error),
@@ -266,7 +269,7 @@ async fn start(opening: &Opening, current: &Mutex<Option<AgentSession>>, note: b
 fn note_kept(opening: &Opening, id: &str) {
     let Some(path) = &opening.kept else { return };
     let note = KeptNote { session: id.to_string(), config: opening.config.clone() };
-    let aside = path.with_extension("json.new");
+    let aside = path.with_extension(format!("json.{}.new", std::process::id()));
     let written = serde_json::to_vec_pretty(&note).map_err(std::io::Error::other);
     let written = written.and_then(|bytes| std::fs::write(&aside, bytes)).and_then(|()| std::fs::rename(&aside, path));
     if let Err(error) = written {

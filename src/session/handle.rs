@@ -283,7 +283,7 @@ impl Drop for Unkept<'_> {
     fn drop(&mut self) {
         let connected = self.core.abandon();
         self.host.agent.host().conversations.forget(&self.core.id);
-        self.host.in_use.let_go(self.core.id.as_str());
+        // (Its lock is its `Holding`'s to let go: one this call did not take is another's.)
         if self.new {
             self.host.records.remove_new(self.core.id.as_str(), connected);
         }

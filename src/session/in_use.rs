@@ -13,11 +13,22 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::error::{ErrorCode, ToolError};
+use crate::error::ToolError;
 
 /// A lock on a session's folder, taken on a blocking thread and kept by [`InUse::keep`] (dropped, it lets go).
+/// Where the folder cannot be locked (no locks on its file system), it holds nothing.
 pub(crate) struct Lock {
-    _folder: Option<File>,
+    // Held for its lock; read by the start-up sweep (Unix only).
+    #[cfg_attr(not(unix), allow(dead_code))]
+    folder: Option<File>,
+}
+
+impl Lock {
+    /// Whether the folder is really locked (another copy of the game would be refused).
+    #[cfg_attr(not(unix), allow(dead_code))]
+    pub(crate) fn is_real(&self) -> bool {
+        self.folder.is_some()
+    }
 }
 
 /// The sessions this copy of the game has open, by id.
@@ -57,9 +68,9 @@ pub(crate) fn lock(id: &str, dir: &Path) -> Result<Lock, ToolError> {
             Err(error) => return Err(unlockable(id, dir, error)),
         };
         match folder.try_lock() {
-            Ok(()) => Ok(Lock { _folder: Some(folder) }),
+            Ok(()) => Ok(Lock { folder: Some(folder) }),
             Err(TryLockError::WouldBlock) => Err(ToolError::with_code(
-                ErrorCode::SessionBusy,
+                crate::error::ErrorCode::SessionBusy,
                 format!(
                     "session `{id}` is open in another copy of the game: a session is open in one at a time; close \
                      it there first"
@@ -69,7 +80,7 @@ pub(crate) fn lock(id: &str, dir: &Path) -> Result<Lock, ToolError> {
             // A file system without locks (some network mounts): not locked, as elsewhere.
             Err(TryLockError::Error(error)) if unsupported(&error) => {
                 tracing::warn!(session = id, %error, "the session's folder cannot be locked here: not locked");
-                Ok(Lock { _folder: None })
+                Ok(Lock { folder: None })
             }
             Err(TryLockError::Error(error)) => Err(unlockable(id, dir, error)),
         }
@@ -79,7 +90,7 @@ pub(crate) fn lock(id: &str, dir: &Path) -> Result<Lock, ToolError> {
         if !dir.is_dir() {
             return Err(super::record::not_found(id));
         }
-        Ok(Lock { _folder: None })
+        Ok(Lock { folder: None })
     }
 }
 
@@ -92,7 +103,7 @@ fn unsupported(error: &std::io::Error) -> bool {
 #[cfg(unix)]
 fn unlockable(id: &str, dir: &Path, error: std::io::Error) -> ToolError {
     ToolError::with_code(
-        ErrorCode::AgentUnavailable,
+        crate::error::ErrorCode::AgentUnavailable,
         format!("could not lock session `{id}`'s folder {}: {error}", dir.display()),
     )
     .with_detail("session", id)
@@ -101,6 +112,7 @@ fn unlockable(id: &str, dir: &Path, error: std::io::Error) -> ToolError {
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
+    use crate::error::ErrorCode;
 
     #[test]
     fn a_session_held_by_one_copy_is_busy_for_another_until_it_lets_go_and_gone_once_deleted() {

@@ -94,11 +94,14 @@ impl Records {
                 if check_id(&name).is_err() || !entry.file_type().is_ok_and(|kind| kind.is_dir()) {
                     continue;
                 }
-                // Open in a copy of the game (this one included), or gone: not ours to delete.
-                let Ok(_lock) = super::in_use::lock(&name, &entry.path()) else { continue };
-                let record = crate::private::read(&entry.path().join(FILE)).ok();
-                let record: Option<Record> = record.and_then(|bytes| serde_json::from_slice(&bytes).ok());
-                if !record.is_some_and(|record| record.config.auto_end_on_disconnect) {
+                // Read first without the lock: a kept session, or a folder whose record is not written yet, is
+                // never locked here (a lock would refuse this copy's own resume or create of it meanwhile).
+                if !self.unkept_record(&entry.path()) {
+                    continue;
+                }
+                // Open in a copy of the game (this one included), gone, or not lockable here: not ours to delete.
+                let Ok(lock) = super::in_use::lock(&name, &entry.path()) else { continue };
+                if !lock.is_real() || !self.unkept_record(&entry.path()) {
                     continue;
                 }
                 match remove_folder(&entry.path()) {
@@ -111,6 +114,14 @@ impl Records {
                 }
             }
         }
+    }
+
+    /// Whether the folder `dir` holds a readable record of a session that was not kept.
+    #[cfg(unix)]
+    fn unkept_record(&self, dir: &Path) -> bool {
+        let record = crate::private::read(&dir.join(FILE)).ok();
+        let record: Option<Record> = record.and_then(|bytes| serde_json::from_slice(&bytes).ok());
+        record.is_some_and(|record| record.config.auto_end_on_disconnect)
     }
 
     /// Session `id`'s folder if it exists (and `id` is one the game mints).
