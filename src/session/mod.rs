@@ -122,6 +122,18 @@ pub(crate) struct SessionHost {
     pub in_use: in_use::InUse,
 }
 
+/// A session's folder `dir` (or one in it) could not be made.
+fn folder_unavailable(dir: &std::path::Path, error: std::io::Error) -> ToolError {
+    ToolError::with_code(
+        ErrorCode::AgentUnavailable,
+        format!(
+            "could not create the session's folder {}: {error} (`AgentSessionsPlugin::data_dir` chooses another \
+             place)",
+            dir.display()
+        ),
+    )
+}
+
 /// A session this copy of the game locked ([`SessionHost::hold`]): let go when dropped, unless kept.
 pub(crate) struct Holding<'a> {
     host: &'a SessionHost,
@@ -171,16 +183,7 @@ impl SessionHost {
     /// What a folder of session `id` that could not be made reads as.
     fn folder_error(&self, id: &ConversationId) -> impl FnOnce(std::io::Error) -> ToolError + Send + 'static {
         let dir = config::session_dir(&self.records.data_dir, id.as_str());
-        move |error| {
-            ToolError::with_code(
-                ErrorCode::AgentUnavailable,
-                format!(
-                    "could not create the session's folder {}: {error} (`AgentSessionsPlugin::data_dir` chooses \
-                     another place)",
-                    dir.display()
-                ),
-            )
-        }
+        move |error| folder_unavailable(&dir, error)
     }
 
     /// The MCP endpoint with a new credential for the session (revoke it with [`revoke`](Self::revoke)), or why
@@ -238,22 +241,9 @@ impl SessionHost {
     /// The session's folder (`<data_dir>/<id>`, the user's alone) and its own working directory in it, created
     /// empty: `<data_dir>/<id>/workspace`.
     pub(crate) fn session_dirs(&self, id: &ConversationId) -> Result<(PathBuf, PathBuf), ToolError> {
-        let unavailable = |dir: &std::path::Path, error: std::io::Error| {
-            ToolError::with_code(
-                ErrorCode::AgentUnavailable,
-                format!(
-                    "could not create the session's folder {}: {error} (`AgentSessionsPlugin::data_dir` chooses \
-                     another place)",
-                    dir.display()
-                ),
-            )
-        };
-        let session_dir = self
-            .records
-            .session_dir(id.as_str())
-            .map_err(|error| unavailable(&config::session_dir(&self.records.data_dir, id.as_str()), error))?;
+        let session_dir = self.records.session_dir(id.as_str()).map_err(self.folder_error(id))?;
         let workspace = session_dir.join("workspace");
-        std::fs::create_dir_all(&workspace).map_err(|error| unavailable(&workspace, error))?;
+        std::fs::create_dir_all(&workspace).map_err(|error| folder_unavailable(&workspace, error))?;
         Ok((session_dir, workspace))
     }
 
