@@ -145,16 +145,29 @@ impl Server {
     }
 
     fn with_key(key: Option<&str>) -> Self {
+        let (server, listen) = Self::not_listening_yet(key);
+        listen();
+        server
+    }
+
+    /// A server whose port is bound but refuses connections until `listen` is called (as vLLM's does until its
+    /// model has loaded).
+    fn not_listening_yet(key: Option<&str>) -> (Self, impl FnOnce()) {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let script = Script { key: key.map(str::to_string), ..Default::default() };
         let app = axum::Router::new()
             .route("/v1/models", get(models))
             .route("/v1/chat/completions", post(completions))
             .with_state(script.clone());
-        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-        let url = format!("http://{}/v1", listener.local_addr().unwrap());
-        runtime.spawn(async move { axum::serve(listener, app).await });
-        Self { url, script, _runtime: runtime }
+        let socket = runtime.block_on(async { tokio::net::TcpSocket::new_v4() }).unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let url = format!("http://{}/v1", socket.local_addr().unwrap());
+        let handle = runtime.handle().clone();
+        let listen = move || {
+            let listener = handle.block_on(async { socket.listen(1024) }).unwrap();
+            handle.spawn(async move { axum::serve(listener, app).await });
+        };
+        (Self { url, script, _runtime: runtime }, listen)
     }
 
     fn reply(&self, reply: Reply) -> &Self {
@@ -1078,12 +1091,34 @@ fn a_refused_connection_is_agent_unavailable_and_names_the_url() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let game = Game::start(data.path());
     let url = format!("http://127.0.0.1:{port}/v1");
-    let (code, message) = code_of(game.create(OpenAiEndpoint::new(&url, "m")));
+    let timeouts = SessionTimeouts { start: Duration::from_secs(1), ..Default::default() };
+    let config = SessionConfig::openai_endpoint(OpenAiEndpoint::new(&url, "m")).timeouts(timeouts);
+    let (code, message) = code_of(game.block_on(game.sessions.create(config)));
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains(&url) && message.contains("connect"), "{message}");
     // The URL named is the one requested (the model list, at start-up), once.
     assert!(message.contains(&format!("could not connect to {url}/models:")), "{message}");
+    assert!(message.contains("Connection refused"), "the cause: {message}");
     assert_eq!(message.matches("http://").count(), 2, "the URL, and reqwest's own mention of it: {message}");
+    assert!(message.contains("Nothing accepted a connection there for 1s"), "how long it was asked: {message}");
+}
+
+#[test]
+fn a_server_not_listening_yet_is_waited_for_within_the_start_timeout() {
+    let data = tempfile::tempdir().unwrap();
+    let (server, listen) = Server::not_listening_yet(None);
+    let game = Game::start(data.path());
+    server.reply(says("ready"));
+    let sessions = game.sessions.clone();
+    let config = SessionConfig::openai_endpoint(endpoint(&server));
+    let create = game.game.agent().runtime().spawn(async move { sessions.create(config).await });
+    // Its connections are refused meanwhile: `create` waits for it (it failed at once before).
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!create.is_finished(), "create waits while nothing listens");
+    listen();
+    let session = game.block_on(create).expect("joined").expect("starts once the server listens");
+    let turn = game.block_on(session.send_text("hello")).expect("the first turn");
+    assert_eq!(turn.final_message.as_deref(), Some("ready"));
 }
 
 #[test]

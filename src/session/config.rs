@@ -179,6 +179,8 @@ impl std::fmt::Display for AcpAgentCommand {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionTimeouts {
     /// Starting the agent, up to its answer to `initialize` and to the session's creation or resumption.
+    /// For an OpenAI-compatible endpoint, how long it is asked again while it answers `503` (llama.cpp's server
+    /// loading its model) or refuses connections (vLLM listens only once its model has loaded).
     /// Default 30 s (agents started through `npx` can be slow the first time).
     pub start: Duration,
     /// One turn, from `send_text` to the agent's end of the turn. Default 10 minutes. A turn past it fails with

@@ -20,6 +20,8 @@
 //!   turn, bounded (oldest turns dropped when a turn is saved, and left out of each request), reloaded by `resume`
 //!   and by `resume_session` after a restart (one that cannot be read is kept aside, as `history.json.unreadable`,
 //!   where the session starts anew).
+//! - **Start** ([`probe`]): the endpoint is asked for its model list first, and asked again while it answers
+//!   `503` or refuses connections (loading its model), within the session's start timeout.
 //! - **Faults**: connection refused and other HTTP failures are `AGENT_UNAVAILABLE` naming the URL; `401`/`403`
 //!   names the key's environment variable, with the endpoint's own words (the key hidden where they quote it);
 //!   `429` and `5xx` are retried a bounded number of times honouring `Retry-After`; an endpoint silent for
@@ -38,13 +40,13 @@ mod answer_end;
 mod client;
 mod config;
 mod history;
+mod probe;
 mod roles;
 mod turn;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_openai::config::OpenAIConfig;
 use async_openai::Client;
@@ -81,7 +83,7 @@ impl Backend for OpenAiBackend {
         let runtime = self.runtime.clone();
         Box::pin(async move {
             let client = client::build(&endpoint, setup.timeouts.start)?;
-            probe(&endpoint, setup.timeouts.start).await?;
+            probe::probe(&endpoint, setup.timeouts.start).await?;
             let history_path = history::path(&setup.session_dir);
             let (history, attached) = open_history(&history_path, &setup, &runtime).await?;
             let shared = Arc::new(Shared {
@@ -108,73 +110,6 @@ impl Backend for OpenAiBackend {
             Ok((Arc::new(link) as Arc<dyn Link>, attached, true))
         })
     }
-}
-
-/// How often the endpoint is asked again while it answers `503` at start-up.
-const NOT_READY_POLL: Duration = Duration::from_millis(500);
-
-/// Asks `GET {base_url}/models`, so that an endpoint that is not there, or refuses the key, fails `create` rather
-/// than the first turn. Other answers (some servers have no such route) are fine, except `503`: llama.cpp's server
-/// answers every route so (`Loading model`) until its model has loaded, so it is asked again until it answers
-/// otherwise or `start` has passed.
-async fn probe(endpoint: &OpenAiEndpoint, start: Duration) -> Result<(), ToolError> {
-    let deadline = crate::deadline::after_tokio(tokio::time::Instant::now(), start);
-    let http = reqwest::Client::builder()
-        .build()
-        .map_err(|error| ToolError::internal(format!("could not build the HTTP client: {error}")))?;
-    let key = client::api_key(endpoint)?;
-    let mut not_ready: Option<ToolError> = None;
-    loop {
-        let mut request = http.get(format!("{}/models", endpoint.base_url));
-        if let Some(key) = &key {
-            request = request.bearer_auth(key);
-        }
-        for (name, value) in &endpoint.headers {
-            request = request.header(name.as_str(), value.as_str());
-        }
-        // Sent, and a refusal's body read, within the start timeout.
-        let asked = async {
-            match request.send().await {
-                // The endpoint's own words (OpenAI's "Incorrect API key provided", a proxy's "key expired").
-                Ok(response) if matches!(response.status().as_u16(), 401 | 403 | 503) => {
-                    let not_ready = response.status().as_u16() == 503;
-                    (not_ready, Err(client::describe(endpoint, client::refused(response).await)))
-                }
-                Ok(_) => (false, Ok(())),
-                Err(error) => {
-                    (false, Err(client::describe(endpoint, async_openai::error::OpenAIError::Reqwest(error))))
-                }
-            }
-        };
-        let Ok(answer) = tokio::time::timeout_at(deadline, asked).await else {
-            return Err(not_ready.map_or_else(|| silent(endpoint, start), |said| still_not_ready(said, start)));
-        };
-        match answer {
-            (true, Err(said)) => {
-                if deadline.saturating_duration_since(tokio::time::Instant::now()) <= NOT_READY_POLL {
-                    return Err(still_not_ready(said, start));
-                }
-                tracing::debug!(url = %endpoint.base_url, message = %said.message, "the endpoint is not ready yet");
-                not_ready = Some(said);
-                tokio::time::sleep(NOT_READY_POLL).await;
-            }
-            (_, answer) => return answer,
-        }
-    }
-}
-
-fn silent(endpoint: &OpenAiEndpoint, start: Duration) -> ToolError {
-    ToolError::with_code(ErrorCode::AgentUnavailable, format!("{} did not answer within {start:?}", endpoint.base_url))
-}
-
-/// The endpoint still answered `503` when the start timeout ran out (`said` is its last answer, described).
-fn still_not_ready(said: ToolError, start: Duration) -> ToolError {
-    let message = format!(
-        "{} It was still not ready after {start:?} (a server answers so while it loads its model): for a large \
-         model, raise `SessionTimeouts::start`",
-        said.message
-    );
-    ToolError { message, ..said }
 }
 
 /// The history to start from: a new session's empty one (written at once, so that `resume_session` finds it),
