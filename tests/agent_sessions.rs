@@ -1275,12 +1275,14 @@ fn an_agent_that_needs_a_sign_in_says_which_methods_it_offers_and_signs_in_with_
 fn permission_requests_for_the_games_own_tools_are_allowed_without_asking_under_any_policy() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
-    // As Claude Code's adapter names the tool, and as Gemini CLI titles it.
+    // As Claude Code's adapter names the tool, as Gemini CLI titles it, and as Codex's adapter asks.
     for (policy, ask) in [
         (PermissionPolicy::Deny, "ask-call"),
         (PermissionPolicy::AskPlayer, "ask-call"),
         (PermissionPolicy::Deny, "ask-call-gemini"),
         (PermissionPolicy::AskPlayer, "ask-call-gemini"),
+        (PermissionPolicy::Deny, "ask-call-codex"),
+        (PermissionPolicy::AskPlayer, "ask-call-codex"),
     ] {
         let session = game.create(agent(&dirs, &[]).permissions(policy)).expect("starts");
         let before = game.counter();

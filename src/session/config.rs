@@ -210,8 +210,9 @@ impl Default for SessionTimeouts {
 
 /// What to answer when the agent asks permission for one of its own actions (ACP `session/request_permission`:
 /// a coding agent about to run a command, edit a file, or call a tool it considers sensitive). The game's own
-/// tools are guarded by the host's rules, not by this: a request for one of them (named `mcp__game__TOOL`, as
-/// Claude Code's adapter asks before each MCP tool) is allowed without asking, whatever the policy. A model
+/// tools are guarded by the host's rules, not by this: a request for one of them (as Claude Code's adapter asks
+/// before each MCP tool, naming it `mcp__game__TOOL`; as Gemini CLI asks, titled `TOOL (game MCP Server)`; as
+/// Codex asks before each one not marked read-only) is allowed without asking, whatever the policy. A model
 /// behind the OpenAI-compatible backend has no actions of its own (it can only call the game's tools), so with
 /// that backend the policy is never consulted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
