@@ -303,35 +303,58 @@ impl Conversation {
     }
 
     /// Records one input (a player prompt, or an agent turn that says it is one) and asks the open session for
-    /// its observation on the main thread (rule H14). Each input asks once; no earlier answer is reused. Resolves
-    /// by the host's default timeout at the latest.
+    /// its observation on the main thread (rule H14). Each input asks once; no earlier answer is reused. A session
+    /// still loading (`Opened::loading`) is asked once it has loaded, as a call's steps wait for it (H3):
+    /// `WORLD_LOADING_TIMEOUT` if it has not by then, `INTERNAL` if its load failed. Resolves by the host's
+    /// default timeout at the latest.
     pub fn observe_input(&self) -> impl Future<Output = Result<InputContext, ToolError>> + Send + 'static {
         let host = self.host.clone();
         async move {
-            let visit = {
+            let (visit, ready) = {
                 let state = host.state.lock();
                 match state.visit.as_ref() {
                     None => return Err(ToolError::with_code(ErrorCode::NoWorld, "no world is open")),
                     Some(open) if open.closing => {
                         return Err(ToolError::with_code(ErrorCode::WorldClosed, "the world is closing"))
                     }
-                    Some(open) => open.info.visit,
+                    Some(open) => (open.info.visit, open.ready.clone()),
                 }
             };
-            let (reply, answer) = tokio::sync::oneshot::channel();
-            if host.jobs.send(Job::InputContext { visit, reply }).is_err() {
-                return Err(ToolError::with_code(ErrorCode::VisitEnded, "the game stopped"));
-            }
             let timeout = host.config.default_timeout;
-            let waited = host.runtime.spawn(async move { tokio::time::timeout(timeout, answer).await });
-            match waited.await {
-                Ok(Ok(Ok(answer))) => answer,
-                Ok(Ok(Err(_))) => {
-                    Err(ToolError::with_code(ErrorCode::VisitEnded, "the visit ended before the input was observed"))
+            let jobs = host.jobs.clone();
+            let observed = async move {
+                let deadline = crate::deadline::after_tokio(tokio::time::Instant::now(), timeout);
+                if let Some(ready) = ready {
+                    match tokio::time::timeout_at(deadline, ready.finished()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(error)) => {
+                            return Err(ToolError::internal(format!("the world failed to load: {error}")))
+                        }
+                        Err(_) => {
+                            return Err(ToolError::with_code(
+                                ErrorCode::WorldLoadingTimeout,
+                                format!("the world was still loading after {timeout:?}"),
+                            ))
+                        }
+                    }
                 }
-                Ok(Err(_)) => Err(ToolError::with_code(ErrorCode::Timeout, format!("no frame ran within {timeout:?}"))),
-                Err(_) => Err(ToolError::with_code(ErrorCode::VisitEnded, "the game stopped")),
-            }
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                if jobs.send(Job::InputContext { visit, reply }).is_err() {
+                    return Err(ToolError::with_code(ErrorCode::VisitEnded, "the game stopped"));
+                }
+                match tokio::time::timeout_at(deadline, answer).await {
+                    Ok(Ok(answer)) => answer,
+                    Ok(Err(_)) => Err(ToolError::with_code(
+                        ErrorCode::VisitEnded,
+                        "the visit ended before the input was observed",
+                    )),
+                    Err(_) => Err(ToolError::with_code(ErrorCode::Timeout, format!("no frame ran within {timeout:?}"))),
+                }
+            };
+            host.runtime
+                .spawn(observed)
+                .await
+                .unwrap_or_else(|_| Err(ToolError::with_code(ErrorCode::VisitEnded, "the game stopped")))
         }
     }
 }

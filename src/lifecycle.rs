@@ -126,7 +126,8 @@ pub trait WorldLifecycle: Send + Sync + 'static {
         let _ = (session, world);
     }
 
-    /// Called after dimension travel, on the same session. `to.revision` is `from.revision + 1`.
+    /// Called after dimension travel, on the same session. `to.revision` is `from.revision + 1`. A travel while the
+    /// world loads calls it with the session still loading (`Opened::loading`).
     fn relocated(&self, session: &mut Self::Session, from: &Location, to: &Location, world: &mut World) {
         let _ = (session, from, to, world);
     }

@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bevy::prelude::*;
@@ -98,4 +99,38 @@ fn h3_exit_during_loading_ends_waiting_calls() {
     let call = app.agent().conversation("a").call("bump", json!({}));
     app.exit_world();
     assert_eq!(code(&app.run_until_resolved(&call)), Some(ErrorCode::VisitEnded));
+}
+
+#[test]
+fn h3_input_context_waits_for_a_loading_world_and_is_asked_of_it_once_loaded() {
+    let game = loading_game();
+    let (loading, record) = (game.loading.clone(), game.record.clone());
+    *game.observations.lock() = vec![Some(json!({ "looking_at": "oak_log" }))];
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    let observing = app.agent().runtime().spawn(app.agent().conversation("a").observe_input());
+    app.step(20);
+    assert!(!observing.is_finished(), "the input waits for the session to load");
+    assert_eq!(record.input_asks.load(Ordering::SeqCst), 0, "a session still loading is not asked");
+
+    loading.lock().take().expect("open handed out a completer").succeed();
+    let observed = app.run_future(async move { observing.await.map_err(|e| e.to_string()) });
+    let observed = observed.expect("joined").expect("observed once loaded");
+    assert_eq!(observed.observation.map(|o| o["looking_at"].clone()), Some(json!("oak_log")));
+    assert_eq!(record.input_asks.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn h3_input_context_of_a_world_that_fails_to_load_is_internal_and_asks_nothing() {
+    let game = loading_game();
+    let (loading, record) = (game.loading.clone(), game.record.clone());
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    let observing = app.agent().runtime().spawn(app.agent().conversation("a").observe_input());
+    loading.lock().take().expect("completer").fail("region file unreadable");
+    let error = app.run_future(async move { observing.await.map_err(|e| e.to_string()) });
+    let error = error.expect("joined").expect_err("load failed");
+    assert_eq!(error.code, ErrorCode::Internal);
+    assert!(error.message.contains("region file unreadable"), "{}", error.message);
+    assert_eq!(record.input_asks.load(Ordering::SeqCst), 0);
 }
