@@ -310,32 +310,32 @@ impl Conversation {
     pub fn observe_input(&self) -> impl Future<Output = Result<InputContext, ToolError>> + Send + 'static {
         let host = self.host.clone();
         async move {
-            let (visit, ready) = {
+            let (visit, ready, exiting) = {
                 let state = host.state.lock();
                 match state.visit.as_ref() {
                     None => return Err(ToolError::with_code(ErrorCode::NoWorld, "no world is open")),
                     Some(open) if open.closing => {
                         return Err(ToolError::with_code(ErrorCode::WorldClosed, "the world is closing"))
                     }
-                    Some(open) => (open.info.visit, open.ready.clone()),
+                    Some(open) => (open.info.visit, open.ready.clone(), open.exiting.clone()),
                 }
             };
             let timeout = host.config.default_timeout;
             let jobs = host.jobs.clone();
+            let left = || ToolError::with_code(ErrorCode::VisitEnded, "the visit ended before the input was observed");
             let observed = async move {
                 let deadline = crate::deadline::after_tokio(tokio::time::Instant::now(), timeout);
                 if let Some(ready) = ready {
-                    match tokio::time::timeout_at(deadline, ready.finished()).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(error)) => {
-                            return Err(ToolError::internal(format!("the world failed to load: {error}")))
-                        }
-                        Err(_) => {
-                            return Err(ToolError::with_code(
-                                ErrorCode::WorldLoadingTimeout,
-                                format!("the world was still loading after {timeout:?}"),
-                            ))
-                        }
+                    tokio::select! {
+                        biased;
+                        () = exiting.cancelled() => return Err(left()),
+                        loaded = ready.finished() => if let Err(error) = loaded {
+                            return Err(ToolError::internal(format!("the world failed to load: {error}")));
+                        },
+                        () = tokio::time::sleep_until(deadline) => return Err(ToolError::with_code(
+                            ErrorCode::WorldLoadingTimeout,
+                            format!("the world was still loading after {timeout:?}"),
+                        )),
                     }
                 }
                 let (reply, answer) = tokio::sync::oneshot::channel();
@@ -344,15 +344,16 @@ impl Conversation {
                 }
                 match tokio::time::timeout_at(deadline, answer).await {
                     Ok(Ok(answer)) => answer,
-                    Ok(Err(_)) => Err(ToolError::with_code(
-                        ErrorCode::VisitEnded,
-                        "the visit ended before the input was observed",
+                    Ok(Err(_)) => Err(left()),
+                    Err(_) => Err(ToolError::with_code(
+                        ErrorCode::Timeout,
+                        format!("the game did not answer within {timeout:?}"),
                     )),
-                    Err(_) => Err(ToolError::with_code(ErrorCode::Timeout, format!("no frame ran within {timeout:?}"))),
                 }
             };
-            host.runtime
-                .spawn(observed)
+            // Dropped with the returned future (an in-game session stops waiting after 500 ms): the game is not
+            // asked later for an input that went without its observation.
+            crate::runtime::on_tokio(&host.runtime, observed)
                 .await
                 .unwrap_or_else(|_| Err(ToolError::with_code(ErrorCode::VisitEnded, "the game stopped")))
         }

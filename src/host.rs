@@ -45,6 +45,8 @@ pub(crate) struct OpenVisit {
     /// The session's readiness, when it loads asynchronously.
     pub ready: Option<Completion>,
     pub closing: bool,
+    /// Cancelled as the visit's exit begins (with `closing`), for what waits on the visit outside a call.
+    pub exiting: tokio_util::sync::CancellationToken,
     pub calls: LiveCalls,
     /// Keyed operations of this visit (rule H12); it ends with the visit.
     pub replay: ReplayTable<Arc<CallLife>, (RequestId, CallOutcome)>,
@@ -282,6 +284,7 @@ impl HostShared {
         match state.visit.as_mut() {
             Some(visit) => {
                 visit.closing = true;
+                visit.exiting.cancel();
                 visit.calls.take_all()
             }
             None => Vec::new(),

@@ -106,6 +106,7 @@ fn fixture_with(idle_timeout: Option<Duration>) -> Fixture {
         info,
         ready: None,
         closing: false,
+        exiting: Default::default(),
         calls: Default::default(),
         replay: ReplayTable::new(ReplayRetention::default()),
     });

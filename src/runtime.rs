@@ -60,7 +60,6 @@ impl AgentRuntime {
 /// or the game's own), else on `runtime`, aborted if the returned future is dropped first. So an async API of the
 /// crate can be awaited from any executor (Bevy's task pools, `block_on`) and not only from tokio. `Err` when
 /// the work panicked or the runtime stopped under it.
-#[cfg_attr(not(any(feature = "acp", feature = "openai")), allow(dead_code))]
 pub(crate) async fn on_tokio<T: Send + 'static>(
     runtime: &tokio::runtime::Handle,
     work: impl Future<Output = T> + Send + 'static,

@@ -1284,7 +1284,9 @@ fn permission_requests_for_the_games_own_tools_are_allowed_without_asking_under_
         (PermissionPolicy::Deny, "ask-call-codex"),
         (PermissionPolicy::AskPlayer, "ask-call-codex"),
     ] {
-        let session = game.create(agent(&dirs, &[]).permissions(policy)).expect("starts");
+        // Codex's requests are read so only from an agent that says it is Codex's adapter.
+        let name: &[&str] = if ask == "ask-call-codex" { &["--name", "codex-acp"] } else { &[] };
+        let session = game.create(agent(&dirs, name).permissions(policy)).expect("starts");
         let before = game.counter();
         let turn = game.block_on(session.send_text(&format!("{ask} bump {{}}"))).expect("the turn ends");
         let answer = turn.final_message.expect("the agent's last message");
@@ -1296,6 +1298,21 @@ fn permission_requests_for_the_games_own_tools_are_allowed_without_asking_under_
         "the player was never asked: {:?}",
         game.log.lines()
     );
+}
+
+#[test]
+fn a_request_shaped_as_codexs_approval_from_another_agent_goes_to_the_permission_policy() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    // Another agent may put a model's own arguments in a request's raw input: its requests are never read as
+    // Codex's, so the default policy denies this one and the game's tool does not run.
+    for name in [&["--name", "claude-agent-acp"][..], &[]] {
+        let session = game.create(agent(&dirs, name)).expect("starts");
+        let before = game.counter();
+        let turn = game.block_on(session.send_text("ask-call-codex bump {}")).expect("the turn ends");
+        assert_eq!(turn.final_message.as_deref(), Some("permission: denied"), "{name:?}");
+        assert_eq!(game.counter(), before, "{name:?}: the tool did not run");
+    }
 }
 
 #[test]

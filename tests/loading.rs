@@ -134,3 +134,37 @@ fn h3_input_context_of_a_world_that_fails_to_load_is_internal_and_asks_nothing()
     assert!(error.message.contains("region file unreadable"), "{}", error.message);
     assert_eq!(record.input_asks.load(Ordering::SeqCst), 0);
 }
+
+#[test]
+fn h3_input_context_awaited_when_the_player_leaves_a_loading_world_is_visit_ended_at_once() {
+    let game = loading_game();
+    let (loading, record) = (game.loading.clone(), game.record.clone());
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    let observing = app.agent().runtime().spawn(app.agent().conversation("a").observe_input());
+    app.step(3);
+    // The load never finishes (its completer is kept): only the exit can end the wait before the timeout.
+    app.exit_world();
+    let error = app.run_future(async move { observing.await.map_err(|e| e.to_string()) });
+    let error = error.expect("joined").expect_err("left");
+    assert_eq!(error.code, ErrorCode::VisitEnded, "{error:?}");
+    assert_eq!(record.input_asks.load(Ordering::SeqCst), 0);
+    drop(loading.lock().take());
+}
+
+#[test]
+fn h14_an_input_whose_observation_is_no_longer_awaited_is_not_observed_once_the_world_loads() {
+    let game = loading_game();
+    let (loading, record) = (game.loading.clone(), game.record.clone());
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    // An in-game session stops waiting for the observation after 500 ms and sends its text without one.
+    let observing = app.agent().runtime().spawn(app.agent().conversation("a").observe_input());
+    app.step(3);
+    observing.abort();
+    loading.lock().take().expect("completer").succeed();
+    // The next input is observed: every job sent before it has run by the time it answers.
+    let next = app.run_future(app.agent().conversation("a").observe_input());
+    next.expect("the next input is observed");
+    assert_eq!(record.input_asks.load(Ordering::SeqCst), 1, "only the input still awaited was observed");
+}

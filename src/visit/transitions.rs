@@ -85,6 +85,7 @@ impl<L: WorldLifecycle> VisitSlot<L> {
                     info: info.clone(),
                     ready: opened.ready,
                     closing: false,
+                    exiting: Default::default(),
                     calls: Default::default(),
                     replay: ReplayTable::new(self.host.config.replay),
                 });

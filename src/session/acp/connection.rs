@@ -79,6 +79,8 @@ pub(crate) fn spawn(
             let permissions = sink.clone();
             let registered = setup.agent.clone();
             let replaying = replay.clone();
+            let agent_name = AgentName::default();
+            let named = agent_name.clone();
             let ended = Client
                 .v1()
                 .name("bevy_agent_tools")
@@ -99,7 +101,10 @@ pub(crate) fn spawn(
                             .clone()
                             .or_else(|| request.tool_call.fields.name.clone())
                             .unwrap_or_else(|| request.tool_call.tool_call_id.to_string());
-                        if updates::is_game_tool(&request.tool_call.fields, |name| registered.is_registered(name)) {
+                        let agent = named.get().map(String::as_str);
+                        if updates::is_game_tool(&request.tool_call.fields, |name| registered.is_registered(name))
+                            || updates::codex_approves_game_tool(&request.tool_call, agent)
+                        {
                             // One of the game's own tools, reached through the game's MCP server: guarded by the
                             // host's rules (H1–H14, its confirmations), not by the permission policy.
                             tracing::debug!(%tool, "the agent asked permission for a game tool: allowed");
@@ -122,7 +127,7 @@ pub(crate) fn spawn(
                     agent_client_protocol::on_receive_request!(),
                 )
                 .connect_with(agent, async move |cx: ConnectionTo<Agent>| {
-                    let start = Start { ready: ready_tx, replay, step: stepping, auth_method };
+                    let start = Start { ready: ready_tx, replay, step: stepping, auth_method, agent_name };
                     let ran = run(cx, setup, inbox, start, Reports { sink, exit, ending }).await;
                     if ran.is_ok() {
                         asked_to_close.store(true, Ordering::SeqCst);
@@ -245,16 +250,20 @@ struct Start {
     replay: Replay,
     step: StartStep,
     auth_method: Option<String>,
+    agent_name: AgentName,
 }
+
+/// The agent's name, from its answer to `initialize` (some requests are read as one agent sends them).
+type AgentName = Arc<std::sync::OnceLock<String>>;
 
 async fn run(
     cx: ConnectionTo<Agent>,
     setup: Setup,
     mut inbox: UnboundedReceiver<Command>,
-    Start { ready, replay, step, auth_method }: Start,
+    Start { ready, replay, step, auth_method, agent_name }: Start,
     Reports { sink, exit, ending }: Reports,
 ) -> Result<(), agent_client_protocol::Error> {
-    let opened = match open(&cx, &setup, auth_method.as_deref(), &replay, &step).await {
+    let opened = match open(&cx, &setup, auth_method.as_deref(), &replay, &step, &agent_name).await {
         Ok(opened) => opened,
         Err(error) => {
             let _ = ready.send(Err(error));
@@ -355,6 +364,7 @@ async fn open(
     auth_method: Option<&str>,
     replay: &Replay,
     step: &StartStep,
+    agent_name: &AgentName,
 ) -> Result<Open, ToolError> {
     let at = |request: &'static str| *step.lock() = request;
     at("initialize");
@@ -364,6 +374,9 @@ async fn open(
         .client_info(Implementation::new("bevy_agent_tools", env!("CARGO_PKG_VERSION")));
     let info: InitializeResponse =
         cx.send_request(initialize).block_task().await.map_err(|error| unavailable("initialize failed", &error))?;
+    if let Some(agent) = &info.agent_info {
+        let _ = agent_name.set(agent.name.clone());
+    }
     let sign_in = SignIn::new(info.auth_methods.clone());
     // Signed in only when the agent asks for it: a sign-in replaces the login the person may have (Codex's stored
     // ChatGPT login, Gemini's chosen method).
