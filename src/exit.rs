@@ -99,7 +99,8 @@ pub(crate) struct ExitStarted {
 }
 
 /// On `AppExit`: exits the open visit, waits for every outstanding close completion (bounded, each miss logged
-/// with its world), calls `shutdown` exactly once. The runtime stops later, in [`stop_runtime`].
+/// with its world), calls `shutdown` exactly once, then waits for every operation of the [`WorldStore`]
+/// (crate::persist::WorldStore), if there is one (bounded by the same deadline). The runtime stops later, in [`stop_runtime`].
 pub(crate) fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
     if world.resource::<Messages<AppExit>>().is_empty() || world.contains_resource::<ExitStarted>() {
         return;
@@ -133,6 +134,13 @@ pub(crate) fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
             None => tracing::error!("the world lifecycle's shutdown did not finish before the exit deadline"),
         }
     });
+    // Saves the game started itself (an autosave, a save in `shutdown`) finish too, within the same deadline:
+    // the runtime stops next, and a save it cut short would be lost. Each reports its own outcome.
+    if let Some(store) = world.get_resource::<crate::persist::WorldStore>() {
+        if store.flush().wait_timeout(deadline.saturating_duration_since(Instant::now())).is_none() {
+            tracing::error!("saves of the world store did not finish before the exit deadline");
+        }
+    }
 }
 
 /// After the transports stopped ([`ExitSet::Transport`]): stops the runtime, giving its tasks a second.

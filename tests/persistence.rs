@@ -279,6 +279,32 @@ fn shutdown_on_app_exit_waits_for_both_saves_then_calls_shutdown_once() {
     assert_eq!(shutdowns.load(Ordering::SeqCst), 1, "shutdown is called exactly once");
 }
 
+#[test]
+fn h6_app_exit_waits_for_a_save_the_game_started_itself() {
+    let data = tempfile::tempdir().unwrap();
+    let mut app = game(Saves::default(), data.path());
+    let store = store(&app);
+    let hold = held_writes(&store);
+    // An autosave of the game's own, not a visit's close: still writing when the player quits.
+    let autosave = store.save(&WorldId::new("alpha"), "autosave", Progress { count: 7 });
+    assert_eq!(hold.arrivals(1), ["alpha"], "the autosave is writing");
+    // Held past the second the runtime gives its tasks when it stops (a slow disk), far below the exit's 30 s.
+    let releasing = {
+        let hold = hold.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1500));
+            hold.release();
+        })
+    };
+    app.world_mut().write_message(AppExit::Success);
+    app.update();
+    assert_eq!(autosave.result(), Some(Ok(())), "the exit waited for the autosave");
+    let path = store.document_path(&WorldId::new("alpha"), "autosave").expect("valid names");
+    let saved = std::fs::read_to_string(&path).expect("the autosave is on disk");
+    assert!(saved.ends_with(r#"{"count":7}"#), "{saved}");
+    releasing.join().expect("released");
+}
+
 /// What a system after `ExitSet::Host` read on the exit's frame.
 #[derive(Resource, Default)]
 struct ReadAfterExit(Vec<String>);
@@ -446,6 +472,34 @@ fn damaged_save_falls_back_to_the_previous_one_with_a_warning() {
         damage(&path, how);
         assert_eq!(load(&world).unwrap(), Some(Progress { count: 1 }), "{how}: the last good save survives");
     }
+}
+
+#[test]
+fn a_save_that_cannot_be_read_falls_back_to_the_previous_one_and_a_failed_commit_leaves_no_temporary_file() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let store = WorldStore::new(data.path(), runtime.handle().clone());
+    let world = WorldId::new("unreadable");
+    store.save(&world, "progress", Progress { count: 1 }).wait().unwrap();
+    store.save(&world, "progress", Progress { count: 2 }).wait().unwrap();
+    // The primary cannot be read (as a bad sector's: here a folder in its place).
+    let path = store.document_path(&world, "progress").unwrap();
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    let loaded = runtime.block_on(store.load::<Progress>(&world, "progress"));
+    assert_eq!(loaded.unwrap(), Some(Progress { count: 1 }), "falls back to the previous save");
+
+    // A save cannot replace a folder: it fails, and its temporary file does not stay behind to fill the disk.
+    let error = store.save(&world, "progress", Progress { count: 3 }).wait().unwrap_err();
+    assert!(error.message().contains("committing"), "{error}");
+    let left: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "no temporary file left: {left:?}");
+    let loaded = runtime.block_on(store.load::<Progress>(&world, "progress"));
+    assert_eq!(loaded.unwrap(), Some(Progress { count: 1 }), "the previous save is kept");
 }
 
 #[test]

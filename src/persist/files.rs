@@ -187,8 +187,8 @@ impl WorldFiles {
     /// the current primary is kept as `.prev`, and `atomic-write-file` commits: it fsyncs the temporary file,
     /// renames it over the primary and fsyncs the directory (`tempfile::persist` syncs neither). A failure
     /// anywhere before the rename leaves the primary as it was, and the temporary file is removed (a failure of
-    /// that last fsync, a full disk say, comes after `.prev` became the primary too: the save before is gone then,
-    /// the primary is not).
+    /// the commit's fsync, a full disk say, comes after `.prev` became the primary too: the save before is gone
+    /// then, the primary is not).
     pub(crate) fn write(
         &mut self,
         document: &str,
@@ -223,7 +223,13 @@ impl WorldFiles {
             faults.before_commit(&self.world, document).map_err(|e| self.error("writing", &path, e))?;
         }
         self.keep_previous(document)?;
-        file.commit().map_err(|e| self.error("committing", &path, e))?;
+        if let Err(error) = file.commit() {
+            // `atomic-write-file` leaves its temporary file once its commit began (a failed fsync, a full disk):
+            // removed here, or each failed save would fill the disk further. This world's writes take turns, so
+            // no other temporary file of it is in use.
+            self.remove_leftover_temporaries();
+            return Err(self.error("committing", &path, error));
+        }
         self.intact.insert(document.to_string());
         Ok(())
     }
@@ -241,7 +247,11 @@ impl WorldFiles {
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                Err(e) => return Err(self.error("reading", &primary, e)),
+                // A bad sector: damaged as far as a save can tell (it is replaced, and `.prev` kept).
+                Err(e) => {
+                    tracing::warn!(world = %self.world, document, error = %e, "the current save cannot be read; keeping the previous one");
+                    return Ok(());
+                }
             }
         }
         let previous = self.previous(document);
@@ -274,7 +284,8 @@ impl WorldFiles {
                 Err(damage) => damage,
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => "missing".to_string(),
-            Err(e) => return Err(self.error("reading", &primary, e)),
+            // A bad sector, or a folder in its place: the previous save is tried, as for damage.
+            Err(e) => format!("unreadable ({e})"),
         };
         self.intact.remove(document);
         let previous = self.previous(document);
@@ -290,7 +301,7 @@ impl WorldFiles {
                 Err(previous_damage) => previous_damage,
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => "missing".to_string(),
-            Err(e) => return Err(self.error("reading", &previous, e)),
+            Err(e) => format!("unreadable ({e})"),
         };
         if damage == "missing" && previous_damage == "missing" {
             return Ok(None);
