@@ -275,11 +275,11 @@ fn s_a_turn_streams_deltas_and_its_tool_call_changes_the_world_as_the_sessions_o
     let statuses: Vec<&String> = lines.iter().filter(|line| line.starts_with("status")).collect();
     let expected = [
         format!("status {id} idle->running Host"),
-        format!("status {id} running->idle Host"),
+        format!("status {id} running->idle Agent"),
         format!("status {id} idle->running Host"),
         format!("status {id} running->waiting_tool_result Host"),
         format!("status {id} waiting_tool_result->running Host"),
-        format!("status {id} running->idle Host"),
+        format!("status {id} running->idle Agent"),
     ];
     assert_eq!(statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>(), expected.each_ref().map(|s| s.as_str()));
     // The message before the tool call ended at it; the one after is the turn's last.
@@ -427,7 +427,7 @@ fn session_requests_as_messages_run_in_order_per_session_and_each_is_answered_on
     assert!(
         at(&|line| line.starts_with(&format!("message {id} ")) && line.ends_with("You said: hello there")) < answered
     );
-    assert!(at(&|line| line == &format!("status {id} running->idle Host")) < answered, "{lines:#?}");
+    assert!(at(&|line| line == &format!("status {id} running->idle Agent")) < answered, "{lines:#?}");
 
     // Ended, a text is refused; resumed, the session goes on with its history (the refused texts never reached
     // the agent); forgotten, it is gone.

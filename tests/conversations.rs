@@ -181,9 +181,18 @@ fn a_conversation_the_host_forgot_goes_on_numbering_its_events_after_its_last_wh
 
     let mut all = agent.subscribe();
     let back = agent.conversation("comes-back");
-    back.report(S::Running, 1);
-    let sequences: Vec<u64> = all.drain().iter().map(ConversationEvent::sequence).collect();
+    // As one never forgotten: it comes back ended and reopens (a HUD that saw it end sees it reopen), and its
+    // agent's reports go on after its last too.
+    assert_eq!(back.report(S::Running, 1), Reported::Stale, "a report from before it was forgotten");
+    assert_eq!(back.report(S::Running, 4), Reported::Changed);
+    let seen = all.drain();
+    let sequences: Vec<u64> = seen.iter().map(ConversationEvent::sequence).collect();
     assert!(!sequences.is_empty() && sequences.iter().all(|sequence| *sequence > last), "{sequences:?} after {last}");
+    assert_eq!(
+        statuses(&seen),
+        [(S::Ended, S::Idle, StatusSource::Host), (S::Idle, S::Running, StatusSource::Agent)],
+        "reopened from ended, as it was last seen"
+    );
 }
 
 #[test]

@@ -16,7 +16,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use super::events::{
     CallFinished, CallProgress, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription,
 };
-use super::forgotten::Forgotten;
+use super::forgotten::{Forgotten, Last};
 use super::pending::WaitCancel;
 use super::snapshot::{ActiveCall, ConversationSnapshot, PendingCall};
 use super::status::{ConversationStatus, Reported, StatusFacts, StatusSource};
@@ -102,13 +102,15 @@ impl HubInner {
     /// Forgets conversation `id`, keeping where its events go on.
     fn forget(&mut self, id: &ConversationId) {
         if let Some(entry) = self.conversations.remove(id) {
-            self.forgotten.remember(id.clone(), entry.sequence);
+            let last =
+                Last { sequence: entry.sequence, agent_sequence: entry.agent_sequence, ended: entry.facts.ended };
+            self.forgotten.remember(id.clone(), last);
         }
     }
 }
 
-/// Conversation `id` of `conversations`, created `Idle` if unknown, its events numbered after those of a
-/// conversation `forgotten` by that id.
+/// Conversation `id` of `conversations`, created `Idle` if unknown, or, if the host forgot it, as it was
+/// forgotten (ended, with its sequences: its events and its agent's reports go on after them).
 fn entry_in<'a>(
     conversations: &'a mut HashMap<ConversationId, Entry>,
     forgotten: &mut Forgotten,
@@ -117,7 +119,13 @@ fn entry_in<'a>(
 ) -> &'a mut Entry {
     conversations.entry(id.clone()).or_insert_with(|| {
         let mut entry = Entry::new(now);
-        entry.sequence = forgotten.start_of(id);
+        let last = forgotten.start_of(id);
+        (entry.sequence, entry.agent_sequence) = (last.sequence, last.agent_sequence);
+        if last.ended {
+            entry.facts.ended = true;
+            entry.status = ConversationStatus::Ended;
+            entry.ended_at = Some(now);
+        }
         entry
     })
 }
@@ -299,6 +307,11 @@ impl ConversationHub {
             entry.facts.ended = true;
             entry.status = ConversationStatus::Ended;
             entry.ended_at = Some(now);
+        } else if !ended && entry.facts.ended {
+            // Forgotten ended, as another conversation by that id: the record says what it is now.
+            entry.facts.reactivate();
+            entry.status = ConversationStatus::Idle;
+            entry.ended_at = None;
         }
     }
 
@@ -306,7 +319,7 @@ impl ConversationHub {
     /// sequence. Ignored for an unknown conversation.
     pub(crate) fn publish_chat(&self, event: ConversationEvent) {
         let id = event.conversation().clone();
-        self.publish_chat_then_set(&id, vec![event], None);
+        self.publish_chat_then_set(&id, vec![event], None, StatusSource::Host);
     }
 
     /// Stops (or, `false`, resumes) admitting calls of the in-game agent session `id`, which failed (or went live
@@ -324,20 +337,22 @@ impl ConversationHub {
     }
 
     /// A status the host sets on behalf of a conversation the game drives (an in-game agent session's turn
-    /// started or ended, its backend failed): applied like an agent's report, published with source `Host`.
+    /// started, its backend failed): applied like an agent's report, published with source `Host`.
     /// `Ended` is not set this way: see [`end`](Self::end).
     pub(crate) fn host_sets(&self, id: &ConversationId, status: ConversationStatus) -> Reported {
-        self.publish_chat_then_set(id, Vec::new(), Some(status))
+        self.publish_chat_then_set(id, Vec::new(), Some(status), StatusSource::Host)
     }
 
     /// Publishes `events` of an in-game agent session, then sets `status` as [`host_sets`](Self::host_sets)
-    /// does, as one step: whoever sees the last of them (a reply completed, an error) and then asks for the
-    /// status gets the status that follows them.
+    /// does but with `source` (`Agent` for what its agent reported: the end of a turn), as one step: whoever
+    /// sees the last of them (a reply completed, an error) and then asks for the status gets the status that
+    /// follows them.
     pub(crate) fn publish_chat_then_set(
         &self,
         id: &ConversationId,
         events: Vec<ConversationEvent>,
         status: Option<ConversationStatus>,
+        source: StatusSource,
     ) -> Reported {
         let mut inner = self.inner.lock();
         let HubInner { conversations, watchers, .. } = &mut *inner;
@@ -350,7 +365,7 @@ impl ConversationHub {
         if status == ConversationStatus::Ended || !entry.facts.agent_reports(status) {
             return Reported::Refused;
         }
-        if update(&self.game, watchers, id, entry, StatusSource::Host) {
+        if update(&self.game, watchers, id, entry, source) {
             Reported::Changed
         } else {
             Reported::Unchanged

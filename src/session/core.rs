@@ -20,8 +20,8 @@ use super::backend::{Attached, BackendEvent, EventSink, Link, PermissionDecision
 use super::permission::PermissionBook;
 use super::record::Record;
 use super::{SessionConfig, SessionHost, TurnEnd};
-use crate::conversation::ConversationStatus;
 use crate::conversation::{ChatDelta, ChatError, ChatMessage, ConversationEvent};
+use crate::conversation::{ConversationStatus, StatusSource};
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
 
@@ -390,7 +390,7 @@ impl SessionCore {
             // part of it (and it is not the new turn's message).
             let mut feed = Vec::new();
             self.finish_message(&mut state, &mut feed);
-            self.host.publish(&self.id, feed, None);
+            self.host.publish(&self.id, feed, None, StatusSource::Host);
             state.turns += 1;
             let number = state.turns;
             state.turn = Some(Turn { number, reply, last_message: None });
@@ -541,7 +541,8 @@ impl SessionCore {
                 BackendEvent::Exited(error) => failure = Some(exit_error(error)),
             }
             let idle = ended_turn.as_ref().map(|_| ConversationStatus::Idle);
-            self.host.publish(&self.id, feed, idle);
+            // The turn's end is the agent's word.
+            self.host.publish(&self.id, feed, idle, StatusSource::Agent);
         }
         // Commit, then notify: the status is `Idle` before the turn's waiter hears of its end.
         if let Some((turn, end)) = ended_turn {
@@ -601,7 +602,7 @@ impl SessionCore {
             state.stopped.clone_from(&link);
             self.finish_message(&mut state, &mut feed);
             feed.push(self.chat_error(&error));
-            self.host.publish(&self.id, feed, Some(ConversationStatus::Error));
+            self.host.publish(&self.id, feed, Some(ConversationStatus::Error), StatusSource::Host);
             self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
             (link, state.turn.take())
         };
@@ -646,7 +647,7 @@ impl SessionCore {
             state.phase = Phase::Ended;
             let mut feed = Vec::new();
             self.finish_message(&mut state, &mut feed);
-            self.host.publish(&self.id, feed, None);
+            self.host.publish(&self.id, feed, None, StatusSource::Host);
             // Before `Ended`: a prompt the player sees goes before its session does.
             self.host.permissions.withdraw_all(&self.id, PermissionDecision::Deny);
             // A turn under way stops now, not after the record is saved: no more model requests or tool calls.

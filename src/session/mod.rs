@@ -22,8 +22,10 @@
 //! - **The session is a conversation** (§6): its id is the conversation's, and its status is the conversation's
 //!   status machine, published as [`ConversationStatusChanged`](crate::ConversationStatusChanged) with sequence
 //!   numbers. `send_text` sets `Running` (source `Host`); while one of its agent's tool calls runs in the game it
-//!   is `WaitingToolResult`; the turn's end sets `Idle` (also a turn an ACP agent answered with an error of its
-//!   own: the agent stays); a backend failure sets `Error`; `end` sets `Ended`, once.
+//!   is `WaitingToolResult` (`Host`); the turn's end, as the agent reports it, sets `Idle` (source `Agent`; also
+//!   a turn an ACP agent answered with an error of its own: the agent stays); a backend failure the game
+//!   detects (the agent exited, a turn timed out, an endpoint failed) sets `Error` (`Host`); `end` sets `Ended`
+//!   (`Host`), once.
 //!   Status changes and chat events are published in the order the session decided them, whatever thread they
 //!   came from: a turn's `Idle` never lands after the next turn's `Running`, nor a failure's `Error` after the
 //!   resume that followed it.
@@ -227,15 +229,16 @@ impl SessionHost {
         self.agent.host().conversations.host_sets(id, status);
     }
 
-    /// Publishes a session's chat events, then its status, as one step (see
+    /// Publishes a session's chat events, then its status (with `source`), as one step (see
     /// `ConversationHub::publish_chat_then_set`).
     pub(crate) fn publish(
         &self,
         id: &ConversationId,
         events: Vec<crate::conversation::ConversationEvent>,
         status: Option<ConversationStatus>,
+        source: crate::StatusSource,
     ) {
-        self.agent.host().conversations.publish_chat_then_set(id, events, status);
+        self.agent.host().conversations.publish_chat_then_set(id, events, status, source);
     }
 
     /// The session's folder (`<data_dir>/<id>`, the user's alone) and its own working directory in it, created
