@@ -297,6 +297,10 @@ fn h12_a_sessionless_clients_retries_run_once_by_its_name_and_a_minted_handle_ke
         for tool in &tools {
             // The TypeScript SDK refuses the whole list when one tool's schema is not `"type": "object"`.
             assert_eq!(tool.input_schema.get("type"), Some(&json!("object")), "{}: {:?}", tool.name, tool.input_schema);
+            // Anthropic's API (Claude Code) refuses alternatives at the root: an enum of shapes is one object.
+            for keyword in ["oneOf", "anyOf", "allOf"] {
+                assert!(!tool.input_schema.contains_key(keyword), "{}: {:?}", tool.name, tool.input_schema);
+            }
             // ... and every property's schema to be an object (`true` is not).
             let properties = tool.input_schema.get("properties").and_then(Value::as_object);
             assert!(properties.is_some_and(|p| p.values().all(Value::is_object)), "{}: {:?}", tool.name, properties);

@@ -142,7 +142,8 @@ fn conversation_for_call(agent: &AgentHandle, id: ConversationId, bound: bool) -
 }
 
 pub(crate) fn to_mcp_tool(info: &ToolInfo) -> Tool {
-    let input = match info.client_input_schema() {
+    // One object for the model APIs behind the clients, which refuse alternatives at a tool's root.
+    let input = match crate::tool::flat_root(info.client_input_schema()) {
         Value::Object(schema) => schema,
         _ => JsonObject::new(),
     };

@@ -1,6 +1,7 @@
 //! Tool definitions: name, description, typed arguments with a JSON schema, typed output, scope, annotations
 //! and timeout, and the registry the host looks them up in.
 
+mod flat_root;
 mod guard;
 mod image;
 pub(crate) mod input;
@@ -22,8 +23,10 @@ use serde_json::Value;
 use crate::call::{CallContext, CallCore};
 use crate::error::ToolError;
 
-pub use guard::{check_version, require_confirmation, DestructiveGuard};
 #[cfg(feature = "mcp")]
+#[cfg(any(feature = "mcp", feature = "openai"))]
+pub(crate) use flat_root::flat_root;
+pub use guard::{check_version, require_confirmation, DestructiveGuard};
 pub(crate) use image::take_images;
 pub use image::ImageContent;
 pub(crate) use registry::ToolRegistry;

@@ -247,7 +247,7 @@ impl Shared {
                 json!({"type": "function", "function": {
                     "name": tool.name,
                     "description": tool.description,
-                    "parameters": without_reserved(tool.client_input_schema()),
+                    "parameters": crate::tool::flat_root(without_reserved(tool.client_input_schema())),
                 }})
             })
             .collect()
