@@ -23,10 +23,10 @@ use serde_json::Value;
 use crate::call::{CallContext, CallCore};
 use crate::error::ToolError;
 
-#[cfg(feature = "mcp")]
 #[cfg(any(feature = "mcp", feature = "openai"))]
 pub(crate) use flat_root::flat_root;
 pub use guard::{check_version, require_confirmation, DestructiveGuard};
+#[cfg(feature = "mcp")]
 pub(crate) use image::take_images;
 pub use image::ImageContent;
 pub(crate) use registry::ToolRegistry;
