@@ -3,6 +3,11 @@
 //! most [`BACKLOG`] wait: a new report then takes the place of the latest one waiting, so what the client reads is
 //! still in order, ends with the latest report, and memory does not grow with the tool's rate. A client that takes
 //! none of them for [`STALL_TIMEOUT`] gets no more of this call's reports.
+//!
+//! MCP wants each report's progress to be a number greater than the last one's: a report that is not finite is
+//! dropped (JSON has no NaN: it would be sent as `null`, which the TypeScript SDK refuses), and one that does not
+//! go forward is dropped too, unless it says something new (a tool that repeats its count to update its message),
+//! which is then sent with the least progress greater than the last.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -19,19 +24,29 @@ pub(crate) const BACKLOG: usize = 4_096;
 /// The reports of one call not yet sent.
 #[derive(Default)]
 pub(crate) struct ProgressQueue {
-    reports: Mutex<VecDeque<Progress>>,
+    reports: Mutex<Reports>,
     added: Notify,
 }
 
+#[derive(Default)]
+struct Reports {
+    waiting: VecDeque<Progress>,
+    /// The last report queued.
+    last: Option<Progress>,
+}
+
 impl ProgressQueue {
-    /// Queues `report` (in place of the latest one waiting, if [`BACKLOG`] wait).
+    /// Queues `report` (in place of the latest one waiting, if [`BACKLOG`] wait), made to go forward as the
+    /// module's doc says, or drops it.
     pub(crate) fn push(&self, report: Progress) {
         {
             let mut reports = self.reports.lock();
-            let full = reports.len() >= BACKLOG;
-            match reports.back_mut() {
+            let Some(report) = forward(reports.last.as_ref(), report) else { return };
+            reports.last = Some(report.clone());
+            let full = reports.waiting.len() >= BACKLOG;
+            match reports.waiting.back_mut() {
                 Some(latest) if full => *latest = report,
-                _ => reports.push_back(report),
+                _ => reports.waiting.push_back(report),
             }
         }
         self.added.notify_one();
@@ -39,7 +54,7 @@ impl ProgressQueue {
 
     /// The oldest report waiting, if any.
     pub(crate) fn pop(&self) -> Option<Progress> {
-        self.reports.lock().pop_front()
+        self.reports.lock().waiting.pop_front()
     }
 
     /// The oldest report waiting, once there is one. Cancel-safe: a report is taken only when it is returned.
@@ -52,6 +67,23 @@ impl ProgressQueue {
             added.await;
         }
     }
+}
+
+/// `report` as it may follow `last`: `None` if it is not finite, or does not go forward and says nothing new.
+fn forward(last: Option<&Progress>, mut report: Progress) -> Option<Progress> {
+    if !report.progress.is_finite() {
+        return None;
+    }
+    report.total = report.total.filter(|total| total.is_finite());
+    let Some(last) = last else { return Some(report) };
+    if report.progress > last.progress {
+        return Some(report);
+    }
+    if report.message.is_none() || report.message == last.message {
+        return None;
+    }
+    report.progress = last.progress.next_up();
+    report.progress.is_finite().then_some(report)
 }
 
 /// How long one report may take to be handed to the client before the call's later reports are dropped.
@@ -73,5 +105,30 @@ mod tests {
         assert!(sent.windows(2).all(|pair| pair[0] < pair[1]), "in order: {sent:?}");
         assert_eq!(sent[..BACKLOG - 1], (1..BACKLOG).map(|step| step as f64).collect::<Vec<_>>()[..]);
         assert_eq!(sent.last(), Some(&f64::from(made)), "the latest report is the last sent");
+    }
+
+    #[test]
+    fn every_report_sent_goes_forward_and_is_finite() {
+        let queue = ProgressQueue::default();
+        let report = |progress: f64, message: Option<&str>| Progress {
+            progress,
+            total: Some(f64::INFINITY),
+            message: message.map(str::to_string),
+        };
+        queue.push(report(f64::NAN, None));
+        queue.push(report(1.0, Some("placing")));
+        queue.push(report(1.0, Some("placing")));
+        queue.push(report(1.0, Some("placed the first block")));
+        queue.push(report(0.5, None));
+        queue.push(report(f64::INFINITY, None));
+        queue.push(report(2.0, None));
+        let sent: Vec<Progress> = std::iter::from_fn(|| queue.pop()).collect();
+        let values: Vec<f64> = sent.iter().map(|report| report.progress).collect();
+        assert!(values.windows(2).all(|pair| pair[0] < pair[1]), "each greater than the last: {values:?}");
+        let messages: Vec<Option<&str>> = sent.iter().map(|report| report.message.as_deref()).collect();
+        assert_eq!(messages, [Some("placing"), Some("placed the first block"), None], "what is new is kept");
+        assert_eq!((values[0], values[2]), (1.0, 2.0));
+        assert!(values[1] > 1.0 && values[1] < 1.0 + 1e-9, "the least step forward: {}", values[1]);
+        assert!(sent.iter().all(|report| report.total.is_none()), "an infinite total is left out");
     }
 }
