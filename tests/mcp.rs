@@ -462,10 +462,14 @@ fn busy_over_the_in_flight_limit_in(modern: bool) {
 
 /// One raw HTTP/1.1 exchange; returns the status code and body.
 fn raw(server: &McpServer, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    raw_method(server, "POST", headers, body)
+}
+
+fn raw_method(server: &McpServer, method: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(server.address()).expect("connect");
     stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
     let mut request = format!(
-        "POST /mcp HTTP/1.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        "{method} /mcp HTTP/1.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
         body.len()
     );
     if !headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("host")) {
@@ -535,8 +539,29 @@ fn security_refusals_have_the_right_status_and_say_why() {
     let (status, _) = raw(&server, &[("Authorization", &bearer), ("Origin", "http://evil.example")], &huge);
     assert_eq!(status, 403, "a foreign Origin is refused before anything else is looked at");
 
-    let (status, _) = raw(&server, &[("Authorization", &bearer), ("Origin", "http://localhost:3000")], INITIALIZE);
+    let (status, response) =
+        raw(&server, &[("Authorization", &bearer), ("Origin", "http://localhost:3000")], INITIALIZE);
     assert_eq!(status, 200, "a local browser origin with the token is served");
+    // ... and the page may read the answer and its session id (CORS), after a preflight that needs no token.
+    let lower = response.to_ascii_lowercase();
+    assert!(lower.contains("access-control-allow-origin: http://localhost:3000"), "{response}");
+    assert!(lower.contains("access-control-expose-headers: mcp-session-id"), "{response}");
+    let asks = [
+        ("Origin", "http://localhost:3000"),
+        ("Access-Control-Request-Method", "POST"),
+        ("Access-Control-Request-Headers", "authorization, content-type, mcp-protocol-version"),
+    ];
+    let (status, response) = raw_method(&server, "OPTIONS", &asks, "");
+    assert_eq!(status, 204, "a preflight from an allowed origin is answered: {response}");
+    let lower = response.to_ascii_lowercase();
+    assert!(lower.contains("access-control-allow-origin: http://localhost:3000"), "{response}");
+    assert!(lower.contains("access-control-allow-headers: authorization, content-type"), "{response}");
+    assert!(lower.contains("mcp-protocol-version") && lower.contains("access-control-allow-methods"), "{response}");
+    let (status, response) = raw_method(&server, "OPTIONS", &[asks[1], ("Origin", "http://evil.example")], "");
+    assert_eq!(status, 403, "not from another origin: {response}");
+    assert!(!response.to_ascii_lowercase().contains("access-control-allow-origin"), "{response}");
+    let (_, response) = raw(&server, &[("Authorization", &bearer)], INITIALIZE);
+    assert!(!response.to_ascii_lowercase().contains("access-control"), "no CORS without Origin: {response}");
     // Bodies that are not one JSON-RPC message: 400 with a JSON-RPC error, as JSON.
     let batch = format!("[{INITIALIZE}, {INITIALIZE}]");
     for (body, what, code, id) in [

@@ -160,7 +160,9 @@ impl McpPlugin {
     }
 
     /// Browser origins allowed to call (patterns like `http://localhost:*`); an empty list allows none. Requests
-    /// without `Origin` (every client that is not a web page) pass.
+    /// without `Origin` (every client that is not a web page) pass. Pages of an allowed origin get CORS (their
+    /// preflight answered, the answer readable), so a browser client such as the MCP Inspector's direct
+    /// connection works; each of their requests still needs the token.
     pub fn allowed_origins(mut self, origins: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.allowed_origins = origins.into_iter().map(Into::into).collect();
         self
@@ -294,7 +296,8 @@ impl McpPlugin {
             StreamableHttpService::new(move || Ok(handler.clone()), sessions.clone(), config);
         let exchanges = Arc::new(Exchanges::default());
         let rebinding = security::RebindingCheck(service.clone());
-        // Outermost last: rmcp's Host and Origin check (asked first, and again by rmcp), the token, then the in-flight limit, then rmcp (Host, Origin, body limit); every POST
+        // Outermost last: rmcp's Host and Origin check (asked first, and again by rmcp), CORS for the allowed web
+        // pages (a preflight answered), the token, then the in-flight limit, then rmcp (Host, Origin, body limit); every POST
         // that reaches rmcp is tracked until its response is sent, for the exit; a session's end is answered 204; a
         // resume with nothing left to send, 405; each request notes how many tools were registered when it arrived
         // (a `subscriptions/listen` acknowledged before it listens announces what it missed); an answer rmcp is
@@ -313,6 +316,7 @@ impl McpPlugin {
                 security::Bearer { token: Arc::<str>::from(token.as_str()), credentials: credentials.clone() },
                 security::require_bearer,
             ))
+            .layer(axum::middleware::from_fn(security::cors))
             .layer(axum::middleware::from_fn_with_state(rebinding, security::refuse_foreign));
         let (stop, limits) = (shutdown.clone(), self.limits);
         let (served_tx, served) = Completion::pending();

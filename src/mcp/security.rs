@@ -145,6 +145,41 @@ pub(crate) async fn refuse_foreign(State(check): State<RebindingCheck>, request:
     }
 }
 
+/// The headers a web page's request may carry (the preflight is answered with those it asks for, among these).
+const CORS_REQUEST_HEADERS: &str =
+    "authorization, content-type, accept, last-event-id, mcp-session-id, mcp-protocol-version";
+/// The response headers a web page may read.
+const CORS_EXPOSED_HEADERS: &str = "mcp-session-id, mcp-protocol-version, www-authenticate, retry-after";
+
+/// CORS for the web pages whose `Origin` is allowed ([`McpPlugin::allowed_origins`](super::McpPlugin::allowed_origins);
+/// others were refused before this, 403): a browser asks before a request with `Authorization` or a JSON body
+/// (a preflight `OPTIONS`, which carries no token: answered here, 204), and shows the page an answer only if it
+/// names the page's origin. So the MCP Inspector's direct connection, or a web page of the developer's own,
+/// works as any other client; the token is still required for every request but the preflight. A request without
+/// `Origin` (every client that is not a web page) is left as it is.
+pub(crate) async fn cors(request: Request, next: Next) -> Response {
+    let Some(origin) = request.headers().get(header::ORIGIN).cloned() else { return next.run(request).await };
+    let preflight =
+        request.method() == Method::OPTIONS && request.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let mut response = if preflight {
+        let mut response = StatusCode::NO_CONTENT.into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::ACCESS_CONTROL_ALLOW_METHODS, header::HeaderValue::from_static("GET, POST, DELETE"));
+        headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, header::HeaderValue::from_static(CORS_REQUEST_HEADERS));
+        headers.insert(header::ACCESS_CONTROL_MAX_AGE, header::HeaderValue::from_static("600"));
+        response
+    } else {
+        let mut response = next.run(request).await;
+        let exposed = header::HeaderValue::from_static(CORS_EXPOSED_HEADERS);
+        response.headers_mut().insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, exposed);
+        response
+    };
+    let headers = response.headers_mut();
+    headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    headers.append(header::VARY, header::HeaderValue::from_static("Origin"));
+    response
+}
+
 /// The token of a request's `Authorization: Bearer <token>` header (the scheme is case-insensitive, as in HTTP).
 pub(crate) fn presented_bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
     headers
