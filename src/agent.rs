@@ -88,7 +88,8 @@ impl AgentHandle {
         Conversation { host: self.host.clone(), id: id.clone() }
     }
 
-    /// Conversation `id`, created `Idle` if unknown; an ended one stays ended (its calls are refused).
+    /// Conversation `id`, created `Idle` if unknown; an ended one stays ended (its calls are refused), as does one
+    /// the host forgot after it ended.
     #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
     pub(crate) fn conversation_unless_ended(&self, id: &ConversationId) -> Conversation {
         self.host.conversations.open_unless_ended(id);

@@ -99,8 +99,8 @@ pub(crate) struct ExitStarted {
 }
 
 /// On `AppExit`: exits the open visit, waits for every outstanding close completion (bounded, each miss logged
-/// with its world), calls `shutdown` exactly once, then waits for every operation of the [`WorldStore`]
-/// (crate::persist::WorldStore), if there is one (bounded by the same deadline). The runtime stops later, in [`stop_runtime`].
+/// with its world), calls `shutdown` exactly once, then waits for every operation of the
+/// [`WorldStore`](crate::persist::WorldStore), if there is one (bounded by the same deadline). The runtime stops later, in [`stop_runtime`].
 pub(crate) fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
     if world.resource::<Messages<AppExit>>().is_empty() || world.contains_resource::<ExitStarted>() {
         return;

@@ -549,14 +549,14 @@ fn security_refusals_have_the_right_status_and_say_why() {
     let asks = [
         ("Origin", "http://localhost:3000"),
         ("Access-Control-Request-Method", "POST"),
-        ("Access-Control-Request-Headers", "authorization, content-type, mcp-protocol-version"),
+        ("Access-Control-Request-Headers", "authorization, content-type, mcp-protocol-version, mcp-method"),
     ];
     let (status, response) = raw_method(&server, "OPTIONS", &asks, "");
     assert_eq!(status, 204, "a preflight from an allowed origin is answered: {response}");
     let lower = response.to_ascii_lowercase();
     assert!(lower.contains("access-control-allow-origin: http://localhost:3000"), "{response}");
     assert!(lower.contains("access-control-allow-headers: authorization, content-type"), "{response}");
-    assert!(lower.contains("mcp-protocol-version") && lower.contains("access-control-allow-methods"), "{response}");
+    assert!(lower.contains("mcp-method") && lower.contains("access-control-allow-methods"), "{response}");
     let (status, response) = raw_method(&server, "OPTIONS", &[asks[1], ("Origin", "http://evil.example")], "");
     assert_eq!(status, 403, "not from another origin: {response}");
     assert!(!response.to_ascii_lowercase().contains("access-control-allow-origin"), "{response}");

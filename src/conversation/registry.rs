@@ -94,7 +94,7 @@ struct HubInner {
 }
 
 impl HubInner {
-    /// Conversation `id`, created `Idle` if unknown ([`entry_in`]).
+    /// Conversation `id`, created `Idle` if unknown, or ended if the host forgot it ended ([`entry_in`]).
     fn entry(&mut self, id: &ConversationId, now: Instant) -> &mut Entry {
         entry_in(&mut self.conversations, &mut self.forgotten, id, now)
     }
@@ -202,7 +202,8 @@ impl ConversationHub {
         }
     }
 
-    /// Creates `id` `Idle` if unknown, and notes its activity; an ended one stays ended.
+    /// Creates `id` `Idle` if unknown, and notes its activity; an ended one stays ended (one the host forgot after
+    /// it ended too).
     #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
     pub(crate) fn open_unless_ended(&self, id: &ConversationId) {
         let mut inner = self.inner.lock();

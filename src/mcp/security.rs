@@ -145,7 +145,7 @@ pub(crate) async fn refuse_foreign(State(check): State<RebindingCheck>, request:
     }
 }
 
-/// The headers a web page's request may carry (the preflight is answered with those it asks for, among these).
+/// The headers a web page's request may carry, when its preflight does not say which it will.
 const CORS_REQUEST_HEADERS: &str =
     "authorization, content-type, accept, last-event-id, mcp-session-id, mcp-protocol-version";
 /// The response headers a web page may read.
@@ -162,10 +162,14 @@ pub(crate) async fn cors(request: Request, next: Next) -> Response {
     let preflight =
         request.method() == Method::OPTIONS && request.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
     let mut response = if preflight {
+        // The headers it asks for (2026-07-28's `Mcp-Method` and `Mcp-Name`, one the person added): the origin is
+        // allowed, and every request but this one still needs the token.
+        let asked = request.headers().get(header::ACCESS_CONTROL_REQUEST_HEADERS).cloned();
+        let allowed = asked.unwrap_or(header::HeaderValue::from_static(CORS_REQUEST_HEADERS));
         let mut response = StatusCode::NO_CONTENT.into_response();
         let headers = response.headers_mut();
         headers.insert(header::ACCESS_CONTROL_ALLOW_METHODS, header::HeaderValue::from_static("GET, POST, DELETE"));
-        headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, header::HeaderValue::from_static(CORS_REQUEST_HEADERS));
+        headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, allowed);
         headers.insert(header::ACCESS_CONTROL_MAX_AGE, header::HeaderValue::from_static("600"));
         response
     } else {

@@ -38,7 +38,10 @@ use serde::Serialize;
 /// - adding, removing or reordering fields of a saved type makes older saves of that type undecodable (no
 ///   `#[serde(default)]` rescue): version your document (for example an enum with one variant per version, or a
 ///   new document name) when its type changes;
-/// - its errors are terse (`"Hit the end of buffer, expected more data"`), without the serializer's own message.
+/// - its errors are terse (`"Hit the end of buffer, expected more data"`), without the serializer's own message;
+/// - it has no nesting limit (JSON's reader stops at depth 128): a recursive saved type (a tree of nodes) read from
+///   a file someone crafted (a save shared online) can nest deep enough to overflow the loading thread's stack,
+///   which aborts the game. Keep recursive types out of postcard documents that may come from others.
 ///
 /// Round-trip a document type through the store in a test before you switch it.
 ///

@@ -248,10 +248,11 @@ impl WorldFiles {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
                 // A bad sector: damaged as far as a save can tell (it is replaced, and `.prev` kept).
-                Err(e) => {
+                Err(e) if is_damage(&e) => {
                     tracing::warn!(world = %self.world, document, error = %e, "the current save cannot be read; keeping the previous one");
                     return Ok(());
                 }
+                Err(e) => return Err(self.error("reading", &primary, e)),
             }
         }
         let previous = self.previous(document);
@@ -285,7 +286,8 @@ impl WorldFiles {
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => "missing".to_string(),
             // A bad sector, or a folder in its place: the previous save is tried, as for damage.
-            Err(e) => format!("unreadable ({e})"),
+            Err(e) if is_damage(&e) => format!("unreadable ({e})"),
+            Err(e) => return Err(self.error("reading", &primary, e)),
         };
         self.intact.remove(document);
         let previous = self.previous(document);
@@ -301,7 +303,8 @@ impl WorldFiles {
                 Err(previous_damage) => previous_damage,
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => "missing".to_string(),
-            Err(e) => format!("unreadable ({e})"),
+            Err(e) if is_damage(&e) => format!("unreadable ({e})"),
+            Err(e) => return Err(self.error("reading", &previous, e)),
         };
         if damage == "missing" && previous_damage == "missing" {
             return Ok(None);
@@ -313,6 +316,20 @@ impl WorldFiles {
             previous: previous_damage,
         })
     }
+}
+
+/// Whether a read error means the file itself is bad (the disk's I/O error, a folder in its place), as damage
+/// does, rather than something about this process (no permission, no file descriptors left), which a load must
+/// not take for damage: it would load the previous save, and the next save would replace this one for good.
+fn is_damage(error: &std::io::Error) -> bool {
+    /// `EIO` on Linux and macOS: the disk could not read it.
+    #[cfg(unix)]
+    const EIO: i32 = 5;
+    #[cfg(unix)]
+    if error.raw_os_error() == Some(EIO) {
+        return true;
+    }
+    matches!(error.kind(), std::io::ErrorKind::IsADirectory | std::io::ErrorKind::InvalidData)
 }
 
 /// Makes `dir` and its missing parents, then (on Unix) syncs the folder each new one was made in: a new

@@ -20,41 +20,30 @@ const COMPOSING: [&str; 3] = ["allOf", "oneOf", "anyOf"];
 /// `schema` with the alternatives at its root merged into one object schema, as described in the module's doc.
 /// A schema without them is returned as it is.
 pub(crate) fn flat_root(schema: Value) -> Value {
-    let Value::Object(mut root) = schema else { return schema };
+    let Value::Object(exact) = schema else { return schema };
+    let defs = exact.get("$defs").or_else(|| exact.get("definitions")).cloned().unwrap_or(Value::Null);
+    // A root that is only a reference (a newtype of an enum): what it names, the root's own keys kept.
+    let mut root = match reference(&exact).and_then(|name| defs.get(name)).and_then(Value::as_object) {
+        Some(named) => beside(&exact, named),
+        None => exact.clone(),
+    };
     if !COMPOSING.iter().any(|keyword| root.contains_key(*keyword)) {
-        return Value::Object(root);
+        return Value::Object(exact);
     }
-    let defs = root.get("$defs").or_else(|| root.get("definitions")).cloned().unwrap_or(Value::Null);
-    let mut merged = Shape::of(&root);
-    if let Some(Value::Array(all)) = root.remove("allOf") {
-        for part in &all {
-            merged.and(&Shape::of_flat(&resolve(part, &defs), &defs));
-        }
-    }
-    let mut forms = Vec::new();
-    for keyword in ["oneOf", "anyOf"] {
-        let Some(Value::Array(alternatives)) = root.remove(keyword) else { continue };
-        let shapes: Vec<Shape> =
-            alternatives.iter().map(|alternative| Shape::of_flat(&resolve(alternative, &defs), &defs)).collect();
-        // Shapes that are not objects (a unit variant's bare string) cannot be arguments: left out.
-        let shapes: Vec<Shape> = shapes.into_iter().filter(|shape| !shape.properties.is_empty()).collect();
-        let Some(first) = shapes.first() else { continue };
-        let mut either = Shape { required: first.required.clone(), ..Shape::default() };
-        for shape in &shapes {
-            forms.push(shape.form());
-            either.or(shape);
-        }
-        merged.and(&either);
+    let shape = shape_of(&root, &defs, &mut Vec::new());
+    for keyword in COMPOSING.iter().chain(&["$ref"]) {
+        root.remove(*keyword);
     }
     root.insert("type".into(), json!("object"));
-    root.insert("properties".into(), Value::Object(merged.properties));
-    if merged.required.is_empty() {
+    root.insert("properties".into(), Value::Object(shape.properties));
+    if shape.required.is_empty() {
         root.remove("required");
     } else {
-        root.insert("required".into(), json!(merged.required));
+        root.insert("required".into(), json!(shape.required));
     }
-    if !forms.is_empty() {
-        let described = format!("Arguments in one of these forms: {}.", forms.join("; or "));
+    let groups: Vec<String> = shape.groups.iter().map(|forms| forms.join("; or ")).collect();
+    if !groups.is_empty() {
+        let described = format!("Arguments in one of these forms: {}.", groups.join(". And in one of these: "));
         let description = match root.get("description").and_then(Value::as_str) {
             Some(own) => format!("{own} {described}"),
             None => described,
@@ -64,16 +53,77 @@ pub(crate) fn flat_root(schema: Value) -> Value {
     Value::Object(root)
 }
 
-/// The schema `#/$defs/NAME` (or `#/definitions/NAME`) names, if `schema` is such a reference.
-fn resolve(schema: &Value, defs: &Value) -> Value {
-    let named = schema
-        .get("$ref")
-        .and_then(Value::as_str)
-        .and_then(|reference| reference.strip_prefix("#/$defs/").or_else(|| reference.strip_prefix("#/definitions/")));
-    match named.and_then(|name| defs.get(name)) {
-        Some(target) => target.clone(),
-        None => schema.clone(),
+/// The definition name of a schema that is a reference into `$defs` (or `definitions`).
+fn reference(schema: &Map<String, Value>) -> Option<&str> {
+    let reference = schema.get("$ref").and_then(Value::as_str)?;
+    reference.strip_prefix("#/$defs/").or_else(|| reference.strip_prefix("#/definitions/"))
+}
+
+/// The schema `named` with the keys a reference to it has beside its `$ref` (schemars puts an internally tagged
+/// newtype variant's tag there, and a variant's doc comment): their properties and required ones added.
+fn beside(reference: &Map<String, Value>, named: &Map<String, Value>) -> Map<String, Value> {
+    let mut merged = named.clone();
+    for (key, value) in reference.iter().filter(|(key, _)| key.as_str() != "$ref") {
+        match (key.as_str(), merged.get_mut(key), value) {
+            ("properties", Some(Value::Object(properties)), Value::Object(more)) => {
+                properties.extend(more.iter().map(|(name, schema)| (name.clone(), schema.clone())));
+            }
+            ("required", Some(Value::Array(required)), Value::Array(more)) => {
+                required.extend(more.iter().filter(|name| !required.contains(name)).cloned().collect::<Vec<_>>());
+            }
+            _ => {
+                merged.insert(key.clone(), value.clone());
+            }
+        }
     }
+    merged
+}
+
+/// The shape of object schema `schema`: its own properties, and those of its alternatives merged. `inside` are
+/// the definitions being resolved: one met again (a recursive type) is left opaque, with no properties.
+fn shape_of(schema: &Map<String, Value>, defs: &Value, inside: &mut Vec<String>) -> Shape {
+    let mut shape = Shape::own(schema);
+    if let Some(Value::Array(parts)) = schema.get("allOf") {
+        for part in parts {
+            let part = shape_of_part(part, defs, inside);
+            shape.and(&part);
+            shape.groups.extend(part.groups);
+        }
+    }
+    for keyword in ["oneOf", "anyOf"] {
+        let Some(Value::Array(alternatives)) = schema.get(keyword) else { continue };
+        let shapes: Vec<Shape> =
+            alternatives.iter().map(|alternative| shape_of_part(alternative, defs, inside)).collect();
+        // Shapes that are not objects (a unit variant's bare string, `null`) cannot be arguments: left out.
+        let shapes: Vec<Shape> = shapes.into_iter().filter(|shape| !shape.properties.is_empty()).collect();
+        let Some(first) = shapes.first() else { continue };
+        let mut either = Shape { required: first.required.clone(), ..Shape::default() };
+        let mut forms = Vec::new();
+        for alternative in &shapes {
+            // An alternative made of alternatives itself (an optional enum): its own forms, one level.
+            match alternative.groups.is_empty() {
+                true => forms.push(alternative.form()),
+                false => forms.extend(alternative.groups.iter().flatten().cloned()),
+            }
+            either.or(alternative);
+        }
+        shape.and(&either);
+        shape.groups.push(forms);
+    }
+    shape
+}
+
+fn shape_of_part(part: &Value, defs: &Value, inside: &mut Vec<String>) -> Shape {
+    let Some(part) = part.as_object() else { return Shape::default() };
+    let Some(name) = reference(part) else { return shape_of(part, defs, inside) };
+    let Some(named) = defs.get(name).and_then(Value::as_object) else { return shape_of(part, defs, inside) };
+    if inside.iter().any(|seen| seen == name) {
+        return Shape::default();
+    }
+    inside.push(name.to_string());
+    let shape = shape_of(&beside(part, named), defs, inside);
+    inside.pop();
+    shape
 }
 
 /// The properties of an object schema and those it requires.
@@ -83,26 +133,18 @@ struct Shape {
     required: Vec<String>,
     /// What it is for (a variant's doc comment).
     description: Option<String>,
+    /// The forms of each set of alternatives it was made of.
+    groups: Vec<Vec<String>>,
 }
 
 impl Shape {
-    fn of(schema: &Map<String, Value>) -> Self {
+    /// The properties `schema` has itself.
+    fn own(schema: &Map<String, Value>) -> Self {
         let properties = schema.get("properties").and_then(Value::as_object).cloned().unwrap_or_default();
         let required = schema.get("required").and_then(Value::as_array).into_iter().flatten();
         let description = schema.get("description").and_then(Value::as_str).map(str::to_string);
-        Self { properties, required: required.filter_map(Value::as_str).map(str::to_string).collect(), description }
-    }
-
-    /// The shape of `schema`, its own alternatives merged first (an enum inside a flattened enum).
-    fn of_flat(schema: &Value, defs: &Value) -> Self {
-        let mut schema = schema.clone();
-        if let (Value::Object(object), false) = (&mut schema, defs.is_null()) {
-            object.entry("$defs").or_insert_with(|| defs.clone());
-        }
-        match flat_root(schema) {
-            Value::Object(object) => Self::of(&object),
-            _ => Self::default(),
-        }
+        let required = required.filter_map(Value::as_str).map(str::to_string).collect();
+        Self { properties, required, description, groups: Vec::new() }
     }
 
     /// Both this and `other` hold: every property of either, every required one of either.
@@ -125,7 +167,7 @@ impl Shape {
         self.required.retain(|name| other.required.contains(name));
     }
 
-    /// How a model reads this shape: its properties, the required ones first.
+    /// How a model reads this shape: its properties, the required ones first, its constants, what it is for.
     fn form(&self) -> String {
         let mut names: Vec<String> = self.required.clone();
         names
@@ -300,6 +342,106 @@ mod tests {
         }
         let exact = input_schema_of::<Plain>();
         assert_eq!(flat_root(exact.clone()), exact);
+    }
+
+    #[test]
+    fn a_tagged_newtype_variant_keeps_its_tag_beside_its_reference() {
+        #[derive(serde::Deserialize, schemars::JsonSchema)]
+        #[allow(dead_code)]
+        struct PlaceArgs {
+            x: i32,
+        }
+        #[derive(serde::Deserialize, schemars::JsonSchema)]
+        #[serde(tag = "action")]
+        #[allow(dead_code)]
+        enum Command {
+            /// Places a block.
+            Place(PlaceArgs),
+            Break {
+                x: i32,
+            },
+        }
+        let flat = flat_root(input_schema_of::<Command>());
+        assert_eq!(flat["properties"]["action"]["enum"], json!(["Place", "Break"]), "{flat}");
+        let mut required: Vec<&str> =
+            flat["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        required.sort_unstable();
+        assert_eq!(required, ["action", "x"], "{flat}");
+        let description = flat["description"].as_str().unwrap_or_default();
+        assert!(description.contains(r#"action = "Place" (Places a block.)"#), "{description}");
+    }
+
+    #[test]
+    fn a_recursive_type_is_flattened_without_following_it_forever() {
+        #[derive(serde::Deserialize, schemars::JsonSchema)]
+        #[serde(untagged)]
+        #[allow(dead_code)]
+        enum Target {
+            Name { name: String },
+            Group { all: Vec<Target> },
+            Nested(Box<Target>),
+        }
+        #[derive(serde::Deserialize, schemars::JsonSchema)]
+        #[allow(dead_code)]
+        struct Give {
+            count: u32,
+            #[serde(flatten)]
+            target: Target,
+        }
+        let flat = flat_root(input_schema_of::<Give>());
+        assert_eq!(roots_alternatives(&flat), Vec::<&str>::new(), "{flat}");
+        let properties = flat["properties"].as_object().expect("properties");
+        assert!(["count", "name", "all"].iter().all(|name| properties.contains_key(*name)), "{flat}");
+        let flat = flat_root(input_schema_of::<Option<Target>>());
+        assert!(flat["properties"].get("name").is_some(), "{flat}");
+    }
+
+    #[test]
+    fn an_optional_enum_two_flattened_enums_and_a_root_reference_name_their_forms() {
+        #[derive(serde::Deserialize, schemars::JsonSchema)]
+        #[serde(tag = "action")]
+        #[allow(dead_code)]
+        enum Action {
+            Jump { height: u8 },
+            Duck,
+        }
+        #[derive(serde::Deserialize, schemars::JsonSchema)]
+        #[serde(tag = "mode")]
+        #[allow(dead_code)]
+        enum Mode {
+            Fast,
+            Slow { by: u8 },
+        }
+        #[derive(serde::Deserialize, schemars::JsonSchema)]
+        #[allow(dead_code)]
+        struct Both {
+            #[serde(flatten)]
+            action: Action,
+            #[serde(flatten)]
+            mode: Mode,
+        }
+        let optional = flat_root(input_schema_of::<Option<Action>>());
+        assert_eq!(optional["properties"]["action"]["enum"], json!(["Jump", "Duck"]), "{optional}");
+        let description = optional["description"].as_str().unwrap_or_default();
+        assert_eq!(description.matches("one of these forms").count(), 1, "not nested: {description}");
+        assert!(description.contains(r#"action = "Duck""#), "{description}");
+
+        let both = flat_root(input_schema_of::<Both>());
+        assert_eq!(roots_alternatives(&both), Vec::<&str>::new(), "{both}");
+        assert_eq!(both["required"], json!(["action", "mode"]), "{both}");
+        let description = both["description"].as_str().unwrap_or_default();
+        assert!(
+            description.contains(r#"action = "Jump""#) && description.contains(r#"mode = "Slow""#),
+            "{description}"
+        );
+
+        let referenced = json!({
+            "$ref": "#/$defs/Action",
+            "$defs": { "Action": input_schema_of::<Action>() }
+        });
+        let flat = flat_root(referenced);
+        assert_eq!(flat["properties"]["action"]["enum"], json!(["Jump", "Duck"]), "{flat}");
+        assert!(flat.get("$ref").is_none(), "{flat}");
     }
 
     #[test]
