@@ -1,5 +1,7 @@
-//! The smallest game with agent tools: a headless app with one world lifecycle and two tools, driven by an
-//! in-process agent through enter, travel and exit. Run with `cargo run --example quickstart`.
+//! A scripted tour of the host, without MCP: one world lifecycle and two tools, called by an in-process agent
+//! through enter, travel and exit, with the outcome of each call printed. The app is driven frame by frame by
+//! the `testing` harness and exits when the tour ends: to start a game of your own, take the README's "Write your
+//! first tool", which runs until closed and serves MCP. Run with `cargo run --example quickstart`.
 
 use std::time::Duration;
 
@@ -34,8 +36,9 @@ impl WorldLifecycle for Gardens {
 
 #[derive(Deserialize, JsonSchema)]
 struct Plant {
-    /// How many flowers to plant. The range is in the published schema and checked before the handler runs
-    /// (`INVALID_INPUT` naming `count` otherwise).
+    /// How many flowers to plant.
+    // A field's doc comment is its description in the published schema, which the model reads; the range is
+    // there too, and checked before the handler runs (`INVALID_INPUT` naming `count` otherwise).
     #[schemars(range(min = 1, max = 100))]
     count: u32,
 }

@@ -63,7 +63,7 @@ impl AgentHandle {
     /// Whether a tool named `name` is registered.
     #[cfg_attr(not(feature = "acp"), allow(dead_code))]
     pub(crate) fn is_registered(&self, name: &str) -> bool {
-        self.host.tools.get(name).is_ok()
+        self.host.tools.contains(name)
     }
 
     /// The open visit, for observers.
@@ -200,7 +200,7 @@ impl Conversation {
             error.details.tool = Some(request.tool);
             return Call::ready(None, Err(error));
         }
-        let wait = self.host.tools.get(&request.tool).is_err().then(|| tool_wait(&self.host, &request)).flatten();
+        let wait = (!self.host.tools.contains(&request.tool)).then(|| tool_wait(&self.host, &request)).flatten();
         if let Some(wait) = wait {
             let cancel_on_drop = request.operation.is_none();
             return Call::waiting(wait_for_tool(&self.host, &self.id, request, wait), cancel_on_drop);

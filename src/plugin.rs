@@ -232,7 +232,7 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
         self
     }
 
-    /// How many tokio worker threads run handlers and close work.
+    /// How many tokio worker threads run handlers and close work (at least one: `0` is taken as 1).
     pub fn worker_threads(mut self, threads: usize) -> Self {
         self.worker_threads = threads;
         self
@@ -246,7 +246,10 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
         self
     }
 
-    /// Runs the host's [`AgentToolsSet`]s in `schedule` instead of `PostUpdate`.
+    /// Runs the host's [`AgentToolsSet`]s in `schedule` instead of `PostUpdate`. It must run once every frame,
+    /// after the game's own systems that write transitions (a schedule that never runs applies no transitions
+    /// and runs no steps: every call gets `NO_WORLD`, or waits until it times out). `Last` and a schedule the
+    /// game runs itself every frame work; `FixedUpdate` does not (it runs zero or several times a frame).
     pub fn in_schedule(mut self, schedule: impl ScheduleLabel) -> Self {
         self.schedule = schedule.intern();
         self

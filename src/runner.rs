@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use bevy::app::{AppExit, PluginsState};
+use bevy::app::{AppExit, PluginsState, ScheduleRunnerPlugin};
 use bevy::ecs::message::Messages;
 use bevy::prelude::*;
 
@@ -42,12 +42,18 @@ use crate::{AgentToolsAppExt, StepPoints};
 ///     .run();
 /// ```
 ///
-/// Windowed games run under winit's event loop, which this does not replace: there, steps run in the frame's
-/// pump. A loop of a game's own can serve steps the same way with [`AgentToolsAppExt::serve_steps_until`].
+/// Not for windowed games: they run under winit's event loop, whose runner this would replace if added after
+/// `DefaultPlugins` (and lose to if added before); there, steps run in the frame's pump. A loop of a game's own can
+/// serve steps the same way with [`AgentToolsAppExt::serve_steps_until`]. The plugin warns when the app is built
+/// if a `ScheduleRunnerPlugin` added after it took its place.
 #[derive(Clone, Copy, Debug)]
 pub struct AgentToolsRunnerPlugin {
     wait: Duration,
 }
+
+/// Whether a `ScheduleRunnerPlugin` had been added when [`AgentToolsRunnerPlugin`] set its runner.
+#[derive(Resource)]
+struct RunnerSetAfterScheduleRunner(bool);
 
 impl AgentToolsRunnerPlugin {
     /// A frame every `wait` (from the start of one frame to the start of the next, as `ScheduleRunnerPlugin`
@@ -60,6 +66,8 @@ impl AgentToolsRunnerPlugin {
 impl Plugin for AgentToolsRunnerPlugin {
     fn build(&self, app: &mut App) {
         let wait = self.wait;
+        let before = app.is_plugin_added::<ScheduleRunnerPlugin>();
+        app.insert_resource(RunnerSetAfterScheduleRunner(before));
         app.set_runner(move |mut app: App| {
             if app.plugins_state() != PluginsState::Cleaned {
                 while app.plugins_state() == PluginsState::Adding {
@@ -77,6 +85,17 @@ impl Plugin for AgentToolsRunnerPlugin {
                 serve_steps_until(app.world_mut(), started + wait);
             }
         });
+    }
+
+    fn finish(&self, app: &mut App) {
+        let set_after = app.world_mut().remove_resource::<RunnerSetAfterScheduleRunner>().is_some_and(|set| set.0);
+        if !set_after && app.is_plugin_added::<ScheduleRunnerPlugin>() {
+            warn!(
+                "ScheduleRunnerPlugin was added after AgentToolsRunnerPlugin and replaced its loop: steps are served \
+                 only in the frame's pump. Add AgentToolsRunnerPlugin after MinimalPlugins, or disable \
+                 ScheduleRunnerPlugin in it"
+            );
+        }
     }
 }
 

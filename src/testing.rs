@@ -22,6 +22,68 @@
 //! let output = app.run_until_resolved(&call).unwrap();
 //! assert_eq!(output.value, 1);
 //! ```
+//!
+//! A [`Gate`] holds a handler in flight while the test makes a transition; here a `Location` tool's call, whose
+//! step the travel stops:
+//!
+//! ```
+//! # use bevy::prelude::*;
+//! # use bevy_agent_tools::prelude::*;
+//! # use bevy_agent_tools::testing::{headless_app, AgentTestAppExt, Gate};
+//! # struct Game;
+//! # impl WorldLifecycle for Game {
+//! #     type Session = u32;
+//! #     fn open(&self, _: &VisitInfo, _: &mut World) -> Result<Opened<u32>, OpenError> { Ok(Opened::ready(0)) }
+//! #     fn close(&self, _: u32, _: &mut World) -> Completion { Completion::done() }
+//! # }
+//! let gate = Gate::new();
+//! let held = gate.clone();
+//! let plant = AgentTool::new("plant", "Plants here.", move |ctx: CallContext<u32>, _: bevy_agent_tools::NoArgs| {
+//!     let held = held.clone();
+//!     async move {
+//!         held.pass().await; // waits here until the test opens the gate
+//!         ctx.on_client(|_, planted| { *planted += 1; *planted }).await
+//!     }
+//! })
+//! .scope(ToolScope::Location);
+//! let mut app = headless_app(AgentToolsPlugin::new(Game).with_tool(plant));
+//! app.enter_world("alpha");
+//! let call = app.agent().conversation("test").call("plant", serde_json::json!({}));
+//! app.run_until("the handler is at the gate", |_| gate.arrived() == 1);
+//! app.travel("nether");
+//! gate.open();
+//! let error = app.run_until_resolved(&call).unwrap_err();
+//! assert_eq!(error.code, ErrorCode::LocationChanged, "the step never ran in the nether");
+//! ```
+//!
+//! A game that follows a `States` type of its own ([`AgentToolsPlugin::follow_state`]) needs Bevy's
+//! `StatesPlugin`, which `MinimalPlugins` lacks, and the state initialized: [`headless_app_with`] adds them.
+//!
+//! ```
+//! # use bevy::prelude::*;
+//! # use bevy::state::app::StatesPlugin;
+//! # use bevy_agent_tools::prelude::*;
+//! # use bevy_agent_tools::testing::{headless_app_with, AgentTestAppExt};
+//! # struct Game;
+//! # impl WorldLifecycle for Game {
+//! #     type Session = u32;
+//! #     fn open(&self, _: &VisitInfo, _: &mut World) -> Result<Opened<u32>, OpenError> { Ok(Opened::ready(0)) }
+//! #     fn close(&self, _: u32, _: &mut World) -> Completion { Completion::done() }
+//! # }
+//! #[derive(States, Clone, Debug, Default, PartialEq, Eq, Hash)]
+//! enum Screen { #[default] Menu, Playing }
+//!
+//! let plugin = AgentToolsPlugin::new(Game).follow_state(|screen: &Screen| match screen {
+//!     Screen::Menu => None,
+//!     Screen::Playing => Some((WorldId::new("alpha"), DimensionId::new("overworld"))),
+//! });
+//! let mut app = headless_app_with(plugin, (StatesPlugin, |app: &mut App| {
+//!     app.init_state::<Screen>();
+//! }));
+//! app.world_mut().resource_mut::<NextState<Screen>>().set(Screen::Playing);
+//! app.step(2);
+//! assert!(app.agent().visit().is_some_and(|visit| visit.info.world == WorldId::new("alpha")));
+//! ```
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -20,6 +20,7 @@ use bevy_agent_tools::{
     CallFinished, CallStarted, ConversationEvent, ConversationId, ConversationStatus, ConversationStatusChanged,
     Reported,
 };
+use common::game_log::GameLog;
 use common::*;
 use parking_lot::Mutex;
 
@@ -33,34 +34,24 @@ fn scripted_agent() -> &'static Path {
     BINARY.get_or_init(|| example("scripted_acp_agent"))
 }
 
-/// Everything the game wrote about sessions and conversations, as lines, in the order read.
+/// Everything the game wrote about sessions and conversations, as lines, in the order read; and the answers to
+/// its session requests.
 #[derive(Resource, Clone, Default)]
-struct Log(Arc<Mutex<Vec<String>>>, Arc<Mutex<Vec<SessionAnswered>>>);
+struct Log(GameLog, Arc<Mutex<Vec<SessionAnswered>>>);
 
 impl Log {
     fn lines(&self) -> Vec<String> {
-        self.0.lock().clone()
+        self.0.lines()
     }
     /// The answer to `request`, once the game wrote it.
     fn answer(&self, request: MessageId<SessionRequest>) -> SessionAnswered {
-        let until = Instant::now() + LIMIT;
-        loop {
-            if let Some(answer) = self.1.lock().iter().find(|answer| answer.request == request) {
-                return answer.clone();
-            }
-            assert!(Instant::now() < until, "no answer to request {} in {:#?}", request.id, self.lines());
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        // Answers are kept before their lines are written.
+        self.wait_for(&format!("answered {} ", request.id));
+        let answers = self.1.lock();
+        answers.iter().find(|answer| answer.request == request).cloned().expect("kept with its line")
     }
     fn wait_for(&self, what: &str) -> String {
-        let until = Instant::now() + LIMIT;
-        loop {
-            if let Some(line) = self.lines().into_iter().find(|line| line.contains(what)) {
-                return line;
-            }
-            assert!(Instant::now() < until, "no line with {what:?} in {:#?}", self.lines());
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        self.0.wait_for(what, LIMIT)
     }
 }
 
@@ -77,22 +68,23 @@ fn record(
     mut finished: MessageReader<CallFinished>,
     mut answered: MessageReader<SessionAnswered>,
 ) {
-    let (mut log, mut answers) = (log.0.lock(), log.1.lock());
-    log.extend(deltas.read().map(|d| format!("delta {} {}: {}", d.session, d.message, d.text)));
-    log.extend(messages.read().map(|m| format!("message {} {}: {}", m.session, m.message, m.text)));
-    log.extend(errors.read().map(|e| format!("error {} {}: {}", e.session, e.code, e.message)));
-    log.extend(permissions.read().map(|p| format!("permission {} {} {}", p.session, p.request, p.tool)));
-    log.extend(settled.read().map(|p| format!("settled {} {} {}", p.session, p.request, p.outcome)));
-    log.extend(
+    let mut lines = Vec::new();
+    lines.extend(deltas.read().map(|d| format!("delta {} {}: {}", d.session, d.message, d.text)));
+    lines.extend(messages.read().map(|m| format!("message {} {}: {}", m.session, m.message, m.text)));
+    lines.extend(errors.read().map(|e| format!("error {} {}: {}", e.session, e.code, e.message)));
+    lines.extend(permissions.read().map(|p| format!("permission {} {} {}", p.session, p.request, p.tool)));
+    lines.extend(settled.read().map(|p| format!("settled {} {} {}", p.session, p.request, p.outcome)));
+    lines.extend(
         statuses.read().map(|s| format!("status {} {}->{} {:?}", s.conversation, s.previous, s.status, s.source)),
     );
-    log.extend(started.read().map(|c| format!("call-started {} {}", c.conversation, c.tool)));
-    log.extend(finished.read().map(|c| format!("call-finished {} {} {:?}", c.conversation, c.tool, c.code)));
+    lines.extend(started.read().map(|c| format!("call-started {} {}", c.conversation, c.tool)));
+    lines.extend(finished.read().map(|c| format!("call-finished {} {} {:?}", c.conversation, c.tool, c.code)));
     // Last: an answer read in the same frame as the chat its work published is logged after it.
     for answer in answered.read() {
-        log.push(format!("answered {} {:?}", answer.request.id, answer.outcome));
-        answers.push(answer.clone());
+        lines.push(format!("answered {} {:?}", answer.request.id, answer.outcome));
+        log.1.lock().push(answer.clone());
     }
+    log.0.write(lines);
 }
 
 /// A running game in world `alpha` with `bump` and a `held` bump that parks at `gate`, serving MCP, with
@@ -104,7 +96,7 @@ struct Game {
     gate: Gate,
     executions: Arc<AtomicUsize>,
     /// `held`'s handlers whose step was answered (run or refused).
-    answered: Arc<AtomicUsize>,
+    answered: Gate,
     url: String,
     /// What the world's `input_context` answers next, one per ask.
     observations: Arc<Mutex<Vec<Option<serde_json::Value>>>>,
@@ -177,7 +169,7 @@ impl Game {
     /// [`start`](Self::start), with the MCP server configured by `configure`.
     fn start_with(dirs: &Dirs, configure: fn(McpPlugin) -> McpPlugin) -> Self {
         let gate = Gate::new();
-        let (executions, answered) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (executions, answered) = (Arc::new(AtomicUsize::new(0)), answers());
         let log = Log::default();
         let observations: Arc<Mutex<Vec<Option<serde_json::Value>>>> = Arc::default();
         let built_observations = observations.clone();
@@ -261,11 +253,9 @@ fn s_a_turn_streams_deltas_and_its_tool_call_changes_the_world_as_the_sessions_o
     assert_eq!(game.counter(), 1, "the agent's tool call changed the world once");
 
     game.log.wait_for(&format!("message {id} {id}-m3: bump answered"));
-    let until = Instant::now() + LIMIT;
-    while game.log.lines().iter().filter(|line| line.starts_with(&format!("status {id} "))).count() < 6 {
-        assert!(Instant::now() < until, "six status changes: {:#?}", game.log.lines());
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    game.log.0.wait_until("six status changes", LIMIT, |lines| {
+        (lines.iter().filter(|line| line.starts_with(&format!("status {id} "))).count() >= 6).then_some(())
+    });
     let lines: Vec<String> = game.log.lines().into_iter().filter(|line| line.contains(&id)).collect();
     let deltas: Vec<&String> = lines.iter().filter(|line| line.starts_with(&format!("delta {id} {id}-m1:"))).collect();
     assert_eq!(deltas.len(), 3, "the first reply streamed in its three pieces: {lines:#?}");
@@ -378,11 +368,7 @@ fn s3_a_world_exit_during_the_agents_tool_call_ends_the_call_not_the_turn_and_ap
     let game = Game::start(&dirs);
     let session = game.create(agent(&dirs, &[])).expect("the session starts");
     let turn = game.block_on(session.start_turn(r#"call held {}"#)).expect("sent");
-    let until = Instant::now() + LIMIT;
-    while game.gate.arrived() == 0 {
-        assert!(Instant::now() < until, "the agent's call reached the tool");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    game.block_on(game.gate.arrivals(1));
     assert_eq!(session.status(), ConversationStatus::WaitingToolResult);
     game.game.with_app(|app| {
         app.world_mut().write_message(ExitWorld::new());
@@ -391,7 +377,7 @@ fn s3_a_world_exit_during_the_agents_tool_call_ends_the_call_not_the_turn_and_ap
     let ended = game.block_on(turn).expect("the turn still ends");
     let answer = ended.final_message.expect("a final message");
     assert!(answer.contains("VISIT_ENDED"), "the agent was told: {answer}");
-    wait_answered(&game.answered, 1);
+    game.block_on(game.answered.arrivals(1));
     assert_eq!(game.executions.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing was applied, then or later");
     assert_eq!(session.status(), ConversationStatus::Idle, "the session goes on");
 }
@@ -790,20 +776,33 @@ fn resumes_into_the_same_agent_session(game: &Game, session: &AgentSession) {
 }
 
 #[test]
-fn s3_an_ended_session_resumes_with_its_chat_after_a_thousand_other_conversations_ended() {
+fn s3_ending_a_session_never_touches_the_visit_and_it_stays_resumable_past_the_bound_on_ended_conversations() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
+    let agent_handle = game.game.agent();
+    let visit = agent_handle.visit().expect("the world is open").info.visit;
     let session = game.create(agent(&dirs, &[])).expect("starts");
     let id = session.id().to_string();
     game.block_on(session.end());
+    let untouched = |when: &str| {
+        assert_eq!(game.record.opens.load(Ordering::SeqCst), 1, "{when}: no visit was opened");
+        assert_eq!(game.record.closes.load(Ordering::SeqCst), 0, "{when}: the visit was not closed");
+        let now = agent_handle.visit().map(|status| status.info.visit);
+        assert_eq!(now, Some(visit), "{when}: the same visit is open");
+    };
+    untouched("after the session ended");
     // Clients that come and go (each stateless MCP request that names no client is a conversation that ends)
     // past the host's bound on ended conversations it keeps.
-    let agent_handle = game.game.agent();
     for n in 0..1_100 {
-        let _ = agent_handle.conversation(format!("passing-{n}")).end();
+        agent_handle.conversation(format!("passing-{n}")).end().expect("an open conversation ends");
     }
+    let first = agent_handle.conversation_status(&ConversationId::new("passing-0"));
+    assert_eq!(first, None, "the host forgot the first of the others");
+    let kept = agent_handle.conversation_status(session.id());
+    assert_eq!(kept, Some(ConversationStatus::Ended), "the game's own ended session is kept past the bound");
 
     assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    untouched("after the session resumed");
     assert_eq!(session.status(), ConversationStatus::Idle);
     let turn = game.block_on(session.send_text("hello")).expect("the turn ends");
     assert_eq!(turn.final_message.as_deref(), Some("You said: hello"));
@@ -838,7 +837,7 @@ fn s2_a_session_that_fails_mid_call_cancels_its_tool_call_running_in_the_game_wh
     assert_eq!(code, ErrorCode::Timeout, "{message}");
     assert_eq!(session.status(), ConversationStatus::Error);
     game.gate.open();
-    wait_answered(&game.answered, 1);
+    game.block_on(game.answered.arrivals(1));
     assert_eq!(game.executions.load(Ordering::SeqCst), 0, "the failed session's call never changed the world");
     // Nor does a call that reaches its conversation after the failure (a request that passed the credential check
     // just before the credential was revoked), until the session is resumed.
@@ -1372,7 +1371,7 @@ fn s2_cancelling_a_turn_cancels_its_tool_call_running_in_the_game_and_the_agent_
     let answer = turn.final_message.expect("the agent's last message");
     assert!(answer.starts_with("held answered: error") && answer.contains("CANCELLED"), "{answer}");
     game.gate.open();
-    wait_answered(&game.answered, 1);
+    game.block_on(game.answered.arrivals(1));
     assert_eq!(game.executions.load(Ordering::SeqCst), 0, "the cancelled call never changed the world");
     assert_eq!(session.status(), ConversationStatus::Idle);
 }

@@ -81,7 +81,8 @@ fn h12_a_retained_duplicate_reports_the_request_id_of_the_call_that_ran() {
     assert!(!duplicate.is_running(), "a retained outcome, nothing ran");
     assert_eq!(duplicate.request_id(), Some(ran));
     let failed = conversation.request(CallRequest::new("panics", serde_json::json!({})).operation("op-2"));
-    let _ = app.run_until_resolved(&failed);
+    assert_eq!(app.run_until_resolved(&failed).map_err(|error| error.code).err(), Some(ErrorCode::Internal));
     let again = conversation.request(CallRequest::new("panics", serde_json::json!({})).operation("op-2"));
+    assert!(!again.is_running(), "a retained failure, nothing ran again");
     assert_eq!(again.request_id(), failed.request_id(), "a retained failure names its request too");
 }

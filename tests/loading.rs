@@ -2,7 +2,9 @@
 
 mod common;
 
+use std::future::Future;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bevy::prelude::*;
@@ -159,7 +161,19 @@ fn h14_an_input_whose_observation_is_no_longer_awaited_is_not_observed_once_the_
     let mut app = app_with(game, vec![]);
     app.enter_world("alpha");
     // An in-game session stops waiting for the observation after 500 ms and sends its text without one.
-    let observing = app.agent().runtime().spawn(app.agent().conversation("a").observe_input());
+    let waiting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (observe, pending) = (app.agent().conversation("a").observe_input(), waiting.clone());
+    let observing = app.agent().runtime().spawn(async move {
+        let mut observe = std::pin::pin!(observe);
+        std::future::poll_fn(|cx| {
+            let poll = observe.as_mut().poll(cx);
+            pending.store(poll.is_pending(), Ordering::SeqCst);
+            poll
+        })
+        .await
+    });
+    // Aborted only once it waits for the load: aborted before its first poll, it would never have been asked.
+    app.run_until("the observation waits for the load", |_| waiting.load(Ordering::SeqCst));
     app.step(3);
     observing.abort();
     loading.lock().take().expect("completer").succeed();

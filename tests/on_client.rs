@@ -11,7 +11,7 @@ use bevy::diagnostic::FrameCount;
 use bevy::prelude::*;
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{headless_app, headless_app_with, AgentTestAppExt, Gate, HARNESS_LIMIT};
-use bevy_agent_tools::{AgentToolsRunnerPlugin, NoArgs, PumpStats, StepPoints};
+use bevy_agent_tools::{AgentToolsRunnerPlugin, ConversationEvent, NoArgs, PumpStats, RequestId, StepPoints};
 use common::*;
 use parking_lot::Mutex;
 use schemars::JsonSchema;
@@ -247,21 +247,46 @@ fn h13_panic_in_on_client_step_gives_internal_and_the_app_keeps_updating() {
 #[test]
 fn h13_every_call_ends_with_exactly_one_outcome_even_when_its_caller_and_visit_race() {
     let (mut app, gate, _) = gated_app("slow", ToolScope::World);
+    let mut events = app.agent().subscribe();
     let conversation = app.agent().conversation("a");
     let calls: Vec<_> = (0..20).map(|_| conversation.call("slow", json!({}))).collect();
     app.run_until("parked", |_| gate.arrived() == 20);
-    for call in calls.iter().step_by(2) {
-        call.cancel();
+    // Every second call is cancelled on another thread while the game ends the visit under them.
+    let start = std::sync::Barrier::new(2);
+    let (cancelling, kept): (Vec<_>, Vec<_>) = calls.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    let (cancelling, cancelled): (Vec<_>, Vec<bool>) = std::thread::scope(|scope| {
+        let canceller = scope.spawn(|| {
+            start.wait();
+            let cancelled = cancelling.iter().map(|(_, call)| call.cancel()).collect();
+            (cancelling, cancelled)
+        });
+        start.wait();
+        gate.open();
+        app.exit_world();
+        canceller.join().expect("the cancelling thread")
+    });
+    let mut calls: Vec<_> = cancelling.into_iter().chain(kept).collect();
+    calls.sort_by_key(|(i, _)| *i);
+    let calls: Vec<_> = calls.into_iter().map(|(_, call)| call).collect();
+    app.step(2);
+    let mut finished: std::collections::BTreeMap<RequestId, Vec<Option<ErrorCode>>> = Default::default();
+    while let Some(event) = events.try_next() {
+        if let ConversationEvent::CallFinished(done) = event {
+            finished.entry(done.request).or_default().push(done.code);
+        }
     }
-    gate.open();
-    app.exit_world();
     for (i, call) in calls.iter().enumerate() {
-        let first = call.try_outcome().expect("every call ended");
-        app.step(1);
-        assert_eq!(call.try_outcome(), Some(first.clone()), "the outcome of call {i} never changes");
-        let expected = if i % 2 == 0 { ErrorCode::Cancelled } else { ErrorCode::VisitEnded };
-        assert_eq!(code(&first), Some(expected));
+        let outcome = call.try_outcome().expect("every call ended");
+        let expected = match i % 2 {
+            // A cancel that ended the call made it CANCELLED; one that came after the visit's end changed nothing.
+            0 if cancelled[i / 2] => ErrorCode::Cancelled,
+            _ => ErrorCode::VisitEnded,
+        };
+        assert_eq!(code(&outcome), Some(expected.clone()), "call {i}'s outcome is the one that ended it");
+        let request = call.request_id().expect("an admitted call has a request id");
+        assert_eq!(finished.get(&request), Some(&vec![Some(expected)]), "call {i} finished once, with its outcome");
     }
+    assert_eq!(finished.len(), calls.len(), "no other call finished");
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -513,6 +538,28 @@ fn points_a_game_configured_for_one_point_runs_steps_only_in_the_frames_pump() {
     app.update();
     assert_eq!(*order.lock(), vec![0, 1, 2], "the frame's pump runs them");
     assert!(app.run_until_resolved(&call).is_ok());
+}
+
+#[test]
+fn points_the_runner_warns_when_a_schedule_runner_added_after_it_took_its_place() {
+    let build = |runner_first: bool| {
+        common::warnings::with_warnings(|| {
+            let mut app = App::new();
+            let runner = AgentToolsRunnerPlugin::run_loop(Duration::from_millis(16));
+            if runner_first {
+                app.add_plugins(runner).add_plugins(MinimalPlugins);
+            } else {
+                app.add_plugins(MinimalPlugins).add_plugins(runner);
+            }
+            app.add_plugins(AgentToolsPlugin::new(TestGame::default()));
+            app.finish();
+        })
+        .1
+    };
+    let replaced = build(true);
+    assert!(replaced.iter().any(|line| line.contains("replaced its loop")), "{replaced:?}");
+    let in_place = build(false);
+    assert!(!in_place.iter().any(|line| line.contains("AgentToolsRunnerPlugin")), "{in_place:?}");
 }
 
 /// The runner's frames are an hour apart: only a step served between frames lets these calls finish.

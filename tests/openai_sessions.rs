@@ -20,6 +20,7 @@ use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::session::*;
 use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
 use bevy_agent_tools::{CallStarted, ConversationId, ConversationStatus, ConversationStatusChanged, ImageContent};
+use common::game_log::GameLog;
 use common::*;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -318,21 +319,14 @@ async fn completions(
 // The game.
 
 #[derive(Resource, Clone, Default)]
-struct Log(Arc<Mutex<Vec<String>>>);
+struct Log(GameLog);
 
 impl Log {
     fn lines(&self) -> Vec<String> {
-        self.0.lock().clone()
+        self.0.lines()
     }
     fn wait_for(&self, what: &str) -> String {
-        let until = Instant::now() + LIMIT;
-        loop {
-            if let Some(line) = self.lines().into_iter().find(|line| line.contains(what)) {
-                return line;
-            }
-            assert!(Instant::now() < until, "no line with {what:?} in {:#?}", self.lines());
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        self.0.wait_for(what, LIMIT)
     }
 }
 
@@ -344,12 +338,13 @@ fn record(
     mut statuses: MessageReader<ConversationStatusChanged>,
     mut started: MessageReader<CallStarted>,
 ) {
-    let mut log = log.0.lock();
-    log.extend(deltas.read().map(|d| format!("delta {} {}: {}", d.session, d.message, d.text)));
-    log.extend(messages.read().map(|m| format!("message {} {}: {}", m.session, m.message, m.text)));
-    log.extend(errors.read().map(|e| format!("error {} {}: {}", e.session, e.code, e.message)));
-    log.extend(statuses.read().map(|s| format!("status {} {}->{}", s.conversation, s.previous, s.status)));
-    log.extend(started.read().map(|c| format!("call-started {} {}", c.conversation, c.tool)));
+    let mut lines = Vec::new();
+    lines.extend(deltas.read().map(|d| format!("delta {} {}: {}", d.session, d.message, d.text)));
+    lines.extend(messages.read().map(|m| format!("message {} {}: {}", m.session, m.message, m.text)));
+    lines.extend(errors.read().map(|e| format!("error {} {}: {}", e.session, e.code, e.message)));
+    lines.extend(statuses.read().map(|s| format!("status {} {}->{}", s.conversation, s.previous, s.status)));
+    lines.extend(started.read().map(|c| format!("call-started {} {}", c.conversation, c.tool)));
+    log.0.write(lines);
 }
 
 /// A running game in world `alpha` with `bump` and a `held` bump that parks at `gate`, with agent sessions whose
@@ -361,7 +356,7 @@ struct Game {
     gate: Gate,
     executions: Arc<AtomicUsize>,
     /// `held`'s handlers whose step was answered (run or refused).
-    answered: Arc<AtomicUsize>,
+    answered: Gate,
 }
 
 impl Game {
@@ -377,7 +372,7 @@ impl Game {
     /// With `tool_wait`, a call for a tool not registered yet waits that long for it (`AgentToolsPlugin::tool_wait`).
     fn start_with(data: &Path, serve_mcp: bool, tool_wait: Option<Duration>) -> Self {
         let gate = Gate::new();
-        let (executions, answered) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (executions, answered) = (Arc::new(AtomicUsize::new(0)), answers());
         let log = Log::default();
         let (data, built_gate, built_executions, built_answered, built_log) =
             (data.to_path_buf(), gate.clone(), executions.clone(), answered.clone(), log.clone());
@@ -430,18 +425,13 @@ impl Game {
     }
 
     /// The session's status changes so far, as `previous->status`.
-    fn statuses(&self, id: &str) -> Vec<String> {
-        let prefix = format!("status {id} ");
-        self.log.lines().iter().filter_map(|line| line.strip_prefix(&prefix).map(str::to_string)).collect()
-    }
-
     fn wait_statuses(&self, id: &str, count: usize) -> Vec<String> {
-        let until = Instant::now() + LIMIT;
-        while self.statuses(id).len() < count {
-            assert!(Instant::now() < until, "{count} status changes: {:#?}", self.log.lines());
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        self.statuses(id)
+        let prefix = format!("status {id} ");
+        self.log.0.wait_until(&format!("{count} status changes"), LIMIT, |lines| {
+            let statuses: Vec<String> =
+                lines.iter().filter_map(|line| line.strip_prefix(&prefix).map(str::to_string)).collect();
+            (statuses.len() >= count).then_some(statuses)
+        })
     }
 }
 
@@ -615,11 +605,12 @@ fn two_tool_calls_in_one_answer_run_in_order_and_both_results_go_back() {
     let results: Vec<Value> =
         tools.iter().map(|m| serde_json::from_str(m["content"].as_str().unwrap()).unwrap()).collect();
     assert_eq!((&results[0]["result"]["counter"], &results[1]["result"]["counter"]), (&json!(1), &json!(11)));
+    let visit = game.game.agent().visit().expect("the world is open").info.visit;
     for result in &results {
         // H11: each result says the visit and location it observed, as MCP's `_meta` does.
         let observed = &result["observed"];
         assert_eq!((&observed["world"], &observed["location"]["revision"]), (&json!("alpha"), &json!(0)), "{result}");
-        assert!(observed["visit"].is_u64(), "{result}");
+        assert_eq!(observed["visit"], serde_json::to_value(visit).expect("a visit id"), "{result}");
     }
 }
 
@@ -648,11 +639,7 @@ fn parallel_tool_calls_that_all_say_index_0_as_ollama_sends_them_run_as_separate
 
 /// Waits until the model's call reached the `held` tool's gate.
 fn wait_held(game: &Game) {
-    let until = Instant::now() + LIMIT;
-    while game.gate.arrived() == 0 {
-        assert!(Instant::now() < until, "the model's call reached the tool");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    game.block_on(game.gate.arrivals(1));
 }
 
 #[test]
@@ -677,7 +664,7 @@ fn cancel_during_held_call(arguments: &str) {
     assert!(session.cancel());
     assert_eq!(game.block_on(turn).expect("it ends").stop_reason, StopReason::Cancelled);
     game.gate.open();
-    wait_answered(&game.answered, 1);
+    game.block_on(game.answered.arrivals(1));
     assert_eq!(game.executions.load(Ordering::SeqCst), 0, "the cancelled call applied nothing, then or later");
     assert_eq!(session.status(), ConversationStatus::Idle);
 
@@ -836,11 +823,7 @@ fn s3_a_world_exit_during_the_models_tool_call_gives_it_visit_ended_and_applies_
     server.reply(calls(vec![call(0, "h", "held", "{}")])).reply(says("the world closed"));
     let session = game.create(endpoint(&server)).expect("starts");
     let turn = game.block_on(session.start_turn("hold")).expect("sent");
-    let until = Instant::now() + LIMIT;
-    while game.gate.arrived() == 0 {
-        assert!(Instant::now() < until, "the model's call reached the tool");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_held(&game);
     assert_eq!(session.status(), ConversationStatus::WaitingToolResult);
     game.game.with_app(|app| {
         app.world_mut().write_message(ExitWorld::new());
@@ -850,7 +833,7 @@ fn s3_a_world_exit_during_the_models_tool_call_gives_it_visit_ended_and_applies_
     assert_eq!(ended.final_message.as_deref(), Some("the world closed"));
     let results = tool_results(&server, 1);
     assert!(results[0].contains("VISIT_ENDED"), "the model was told: {results:?}");
-    wait_answered(&game.answered, 1);
+    game.block_on(game.answered.arrivals(1));
     assert_eq!(game.executions.load(Ordering::SeqCst), 0, "nothing was applied, then or later");
     assert_eq!(session.status(), ConversationStatus::Idle, "the session goes on");
 }
@@ -994,11 +977,7 @@ fn a_call_for_a_tool_not_registered_yet_waits_for_it_as_the_host_rules_and_the_n
     let pending = game.block_on(session.start_turn("use late")).expect("sent");
     // The call waits in the host for its tool (the conversation waits for a tool result), until the world
     // registers it.
-    let until = Instant::now() + LIMIT;
-    while !game.statuses(&id).iter().any(|change| change.ends_with("->waiting_tool_result")) {
-        assert!(Instant::now() < until, "the call never waited for its tool: {:#?}", game.log.lines());
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    game.log.wait_for(&format!("status {id} running->waiting_tool_result"));
     let late = AgentTool::new("late", "Registered late.", |_: CallContext<Session>, _: NoArgs| async move {
         Ok(serde_json::json!({ "arrived": true }))
     });
@@ -1351,6 +1330,16 @@ fn an_answer_streamed_past_its_size_or_call_limit_fails_the_turn_instead_of_fill
     let (code, message) = code_of(game.block_on(session.send_text("call")));
     assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
     assert!(message.contains("over 256 tool calls"), "{message}");
+    assert_eq!(game.executions.load(Ordering::SeqCst), 0, "none of them ran");
+
+    // 17 calls with an id of 1 MiB each: their ids count too.
+    game.block_on(session.resume()).expect("resumed");
+    let mut pieces: Vec<Piece> = (0..17).map(|n| call(n, &format!("{n}{megabyte}"), "held", "{}")).collect();
+    pieces.push(Piece::Stall);
+    server.reply(Reply::Stream(pieces));
+    let (code, message) = code_of(game.block_on(session.send_text("call")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert!(message.contains("over 16 MiB"), "{message}");
     assert_eq!(game.executions.load(Ordering::SeqCst), 0, "none of them ran");
 }
 

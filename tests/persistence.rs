@@ -184,9 +184,15 @@ fn h6_completion_resolves_without_another_frame_and_the_file_has_the_new_content
     assert_eq!(call(&mut app, "bump"), json!(1));
     assert_eq!(call(&mut app, "bump"), json!(2));
 
+    // The save's write is held until after the exit's last frame: were its completion to need a later system of
+    // that frame (or any frame), it could not resolve.
+    let hold = held_writes(&store(&app));
     app.exit_world();
     let completion = last_close(&mut app);
+    assert!(!completion.is_done(), "the write is held");
+    assert_eq!(hold.arrivals(1), ["alpha"], "the save is writing");
     // From here on, no app.update(): nothing on the save path may wait for the main thread.
+    hold.release();
     assert_eq!(completion.wait_timeout(DEADLINE), Some(Ok(())), "the save resolves with no further frame");
     assert!(on_disk(&app, "alpha").ends_with(r#"{"count":2}"#), "durable content: {}", on_disk(&app, "alpha"));
 }

@@ -26,7 +26,7 @@ fn h2_world_scoped_call_survives_travel() {
 #[test]
 fn h2_location_scoped_call_admitted_before_travel_gets_location_changed_and_never_runs() {
     let gate = Gate::new();
-    let (executions, answered) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (executions, answered) = (Arc::new(AtomicUsize::new(0)), answers());
     let game = TestGame::default();
     let record = game.record.clone();
     let tool =
@@ -41,7 +41,7 @@ fn h2_location_scoped_call_admitted_before_travel_gets_location_changed_and_neve
     assert_eq!(error.code, ErrorCode::LocationChanged);
     assert_eq!(error.details.revision, Some(LocationRevision(0)), "the error names the revision it was admitted under");
     gate.open();
-    app.run_until("the handler's step answered", |_| answered.load(Ordering::SeqCst) == 1);
+    app.run_until("the handler's step answered", |_| answered.arrived() == 1);
     assert_eq!(executions.load(Ordering::SeqCst), 0, "its closure never ran");
     assert!(record.events().iter().any(|e| e.starts_with("relocated")), "relocated ran on the same session");
     assert_eq!(record.opens.load(Ordering::SeqCst), 1, "travel keeps the session");

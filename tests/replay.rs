@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bevy_agent_tools::prelude::*;
-use bevy_agent_tools::testing::AgentTestAppExt;
+use bevy_agent_tools::testing::{AgentTestAppExt, Gate};
 use bevy_agent_tools::{
     CallRequest, ConversationEvent, ConversationStatus, DestructiveGuard, NoArgs, Subscription, OPERATION_ID, TASK_ID,
 };
@@ -188,7 +188,7 @@ fn h12_timed_out_operation_replays_as_timeout_with_effect_unknown_and_does_not_r
     let again = conversation.request(request);
     assert_eq!(again.try_outcome(), Some(first), "replayed, not re-run");
     gate.open();
-    app.run_until("the late handler's step answered", |_| answered.load(Ordering::SeqCst) == 1);
+    app.run_until("the late handler's step answered", |_| answered.arrived() == 1);
     assert_eq!(gate.arrived(), 1, "the handler ran once");
     assert_eq!(executions.load(Ordering::SeqCst), 0, "and its late step never ran");
 }
@@ -322,7 +322,7 @@ struct Parked {
     app: bevy::prelude::App,
     gate: bevy_agent_tools::testing::Gate,
     executions: Arc<AtomicUsize>,
-    answered: Arc<AtomicUsize>,
+    answered: Gate,
     a: bevy_agent_tools::Conversation,
     b: bevy_agent_tools::Conversation,
     first: bevy_agent_tools::Call,
@@ -393,7 +393,7 @@ fn h12_the_execution_is_cancelled_once_every_conversation_waiting_for_it_ended_o
     a.end().expect("a ends");
     assert_eq!(code(&first.try_outcome().expect("ended for a")), Some(ErrorCode::Cancelled));
     gate.open();
-    app.run_until("the cancelled handler's step answered", |_| answered.load(Ordering::SeqCst) == 1);
+    app.run_until("the cancelled handler's step answered", |_| answered.arrived() == 1);
     assert_eq!(executions.load(Ordering::SeqCst), 0, "no one waited for it any more: cancelled, its step never ran");
     let again = app.agent().conversation("c").request(shared("op"));
     assert_eq!(code(&app.run_until_resolved(&again)), Some(ErrorCode::Cancelled), "retained as cancelled");

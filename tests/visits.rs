@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bevy::prelude::*;
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{AgentTestAppExt, Gate};
-use bevy_agent_tools::{VisitClosed, VisitPhase, WorldId, WorldOpenFailed};
+use bevy_agent_tools::{ConversationStatus, VisitClosed, VisitPhase, WorldId, WorldOpenFailed};
 use common::*;
 use serde_json::json;
 
@@ -21,12 +21,25 @@ fn h1_reconnecting_a_conversation_ten_times_opens_the_visit_once() {
     let agent = app.agent();
     let mut visits = Vec::new();
     for attempt in 0..10 {
-        let conversation = agent.conversation("claude");
+        // The agent disconnects (its conversation ends) and comes back: by resuming its id, or by opening it again.
+        let conversation = if attempt == 0 {
+            agent.conversation("claude")
+        } else if attempt % 2 == 1 {
+            let resumed = agent.resume("claude").expect("the host still knows the conversation");
+            assert_eq!(resumed.snapshot.status, ConversationStatus::Ended, "it was ended by the disconnect");
+            let visit = resumed.snapshot.visit.as_ref().map(|visit| visit.visit);
+            assert_eq!(visit, visits.first().copied(), "the snapshot names the visit opened first");
+            resumed.conversation.resume().expect("the conversation reactivates");
+            resumed.conversation
+        } else {
+            agent.conversation("claude")
+        };
         let call = conversation.call("bump", json!({}));
         let output = app.run_until_resolved(&call).expect("bump succeeds");
         assert_eq!(output.value["counter"], attempt + 1, "every reconnection reaches the same session");
         visits.push(output.observed.visit);
-        drop(conversation);
+        conversation.end().expect("the disconnect ends the conversation");
+        app.update();
     }
     assert_eq!(record.opens.load(Ordering::SeqCst), 1, "reconnecting never opens another visit");
     assert_eq!(record.closes.load(Ordering::SeqCst), 0, "reconnecting never closes the visit");
@@ -61,7 +74,7 @@ fn h4_failed_open_leaves_no_session_reports_and_the_next_enter_works() {
 fn h5_exit_closes_admission_ends_calls_and_closes_once_after_admission_closed() {
     let gate = Gate::new();
     let executions = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let answered = answers();
     let game = TestGame::default();
     let record = game.record.clone();
     let tool =
@@ -92,7 +105,7 @@ fn h5_exit_closes_admission_ends_calls_and_closes_once_after_admission_closed() 
 
     gate.open();
     // Each handler, let go, asks for its step: answered (refused) without running it.
-    app.run_until("the three handlers' steps answered", |_| answered.load(Ordering::SeqCst) == 3);
+    app.run_until("the three handlers' steps answered", |_| answered.arrived() == 3);
     assert_eq!(executions.load(Ordering::SeqCst), 0, "no in-flight closure runs after exit");
     assert_eq!(record.closes.load(Ordering::SeqCst), 1, "close is called once");
     let later: Vec<VisitClosed> = app.world_mut().resource_mut::<Messages<VisitClosed>>().drain().collect();

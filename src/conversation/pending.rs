@@ -229,7 +229,7 @@ async fn run(
         if call.cancel.is_cancelled() {
             break Err(cancelled(&conversation, &host, &call));
         }
-        if host.tools.get(&tool).is_ok() {
+        if host.tools.contains(&tool) {
             break Ok(());
         }
         tokio::select! {

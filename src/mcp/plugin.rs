@@ -96,7 +96,8 @@ impl McpPlugin {
     /// gives up on), or finds that its client stopped reading it (for 5 s, with events waiting). Default 5
     /// minutes; `None` keeps sessions until their client deletes them or the conversation ends. An in-game
     /// agent's session (its client presented the session's own token) never expires this way: it closes when the
-    /// in-game session ends. The host's
+    /// in-game session ends or fails (with or without a timeout), and the oldest idle one closes when its agent has
+    /// more than 8 open (its MCP client reconnected without deleting them). The host's
     /// [`AgentToolsPlugin::conversation_idle_timeout`](crate::AgentToolsPlugin::conversation_idle_timeout) (for
     /// 2026-07-28, which has no sessions) never ends a session's conversation.
     pub fn session_idle_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {

@@ -101,6 +101,13 @@ const USED_KEPT: usize = 8;
 /// as after an expiry). A client that opens a session per call and never deletes it is the usual cause.
 pub(crate) const MAX_SESSIONS: usize = 1_000;
 
+/// Sessions bound to one in-game agent session's credential kept open at once (see
+/// [`ConversationSessions::bind`]).
+pub(crate) const BOUND_KEPT: usize = 8;
+
+/// How often the sessions of revoked credentials are looked for when sessions have no idle timeout.
+const REVOKED_CHECK: Duration = Duration::from_secs(1);
+
 /// A session heard from (or whose request stream finished) this recently is never ended to make room: its client
 /// may be about to resume a dropped stream, or be still opening it.
 const ROOM_GRACE: Duration = Duration::from_secs(30);
@@ -203,11 +210,12 @@ impl ConversationSessions {
     /// Starts the two tasks that keep sessions and conversations in step, until `stop`: closing sessions that
     /// expired, and closing the session of a conversation that ended on the game's side.
     pub(crate) fn spawn_upkeep(self: &Arc<Self>, runtime: &tokio::runtime::Handle, stop: CancellationToken) {
-        if let Some(idle_timeout) = self.idle_timeout {
+        {
             let sessions = self.clone();
             let stop = stop.clone();
-            // Checked four times per timeout: a session ends at most a quarter of the timeout late.
-            let period = (idle_timeout / 4).max(Duration::from_millis(10));
+            // Checked four times per timeout: a session ends at most a quarter of the timeout late. Without an idle
+            // timeout, only the sessions of revoked credentials end, checked every second.
+            let period = self.idle_timeout.map_or(REVOKED_CHECK, |idle| (idle / 4).max(Duration::from_millis(10)));
             runtime.spawn(async move {
                 let mut ticks = tokio::time::interval(period);
                 ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -217,7 +225,7 @@ impl ConversationSessions {
                         _ = ticks.tick() => {}
                     }
                     for id in sessions.expired(Instant::now()) {
-                        tracing::info!(session = %id, ?idle_timeout, "the MCP session expired: ending its conversation");
+                        tracing::info!(session = %id, idle_timeout = ?sessions.idle_timeout, "the MCP session expired: ending its conversation");
                         let _ = sessions.close_session(&id).await;
                     }
                 }
@@ -252,7 +260,7 @@ impl ConversationSessions {
     /// not silence); and those of an in-game agent
     /// session whose credential was revoked (it failed or ended), silent or not, and only those.
     pub(crate) fn expired(&self, now: Instant) -> Vec<SessionId> {
-        let Some(idle_timeout) = self.idle_timeout else { return Vec::new() };
+        let idle_timeout = self.idle_timeout.unwrap_or(Duration::MAX);
         let mut open = self.open.lock();
         let mut expired = Vec::new();
         for (id, tracked) in open.iter_mut() {
@@ -317,11 +325,31 @@ impl ConversationSessions {
         self.open.lock().contains_key(&SessionId::from(id.to_owned()))
     }
 
-    /// A request of session `id` presented in-game agent session `conversation`'s `credential`.
-    pub(crate) fn bind(&self, id: &SessionId, conversation: &ConversationId, credential: &str) {
-        if let Some(tracked) = self.open.lock().get_mut(id) {
-            tracked.bound = Some((conversation.clone(), credential.to_string()));
+    /// A request of session `id` presented in-game agent session `conversation`'s `credential`. Returns a session
+    /// to close, taken out of the open ones, when the credential's sessions are now more than [`BOUND_KEPT`]: the
+    /// longest silent of the others whose client is not listening and that have no call in flight (an agent whose
+    /// MCP client reconnects without deleting its sessions would otherwise keep every one while its session
+    /// lives). Its client, if it comes back, gets 404 and opens a new one.
+    pub(crate) fn bind(&self, id: &SessionId, conversation: &ConversationId, credential: &str) -> Option<SessionId> {
+        let mut open = self.open.lock();
+        let tracked = open.get_mut(id)?;
+        if tracked.bound.as_ref().is_some_and(|(_, bound)| bound == credential) {
+            return None;
         }
+        tracked.bound = Some((conversation.clone(), credential.to_string()));
+        let of_credential =
+            |tracked: &Tracked| tracked.bound.as_ref().is_some_and(|(_, bound)| bound.as_str() == credential);
+        if open.values().filter(|tracked| of_credential(tracked)).count() <= BOUND_KEPT {
+            return None;
+        }
+        let room = open
+            .iter()
+            .filter(|(other, tracked)| *other != id && of_credential(tracked) && tracked.listening == 0)
+            .filter(|(_, tracked)| !self.has_calls_in_flight(tracked))
+            .min_by_key(|(_, tracked)| tracked.last_seen)
+            .map(|(other, _)| other.clone())?;
+        open.remove(&room);
+        Some(room)
     }
 
     /// A call of session `id` runs in `conversation` (named by a handle).
@@ -433,7 +461,10 @@ pub(crate) async fn bind_to_agent_sessions(
     let response = next.run(request).await;
     if let (Some(conversation), Some(credential)) = (bound, credential) {
         if let Some(id) = asked.or_else(|| named(response.headers())) {
-            sessions.bind(&id, &conversation, &credential);
+            if let Some(room) = sessions.bind(&id, &conversation, &credential) {
+                tracing::info!(session = %room, "{BOUND_KEPT} MCP sessions of an in-game agent open: its longest-silent idle one ends");
+                let _ = sessions.close_session(&room).await;
+            }
         }
     }
     response
@@ -753,5 +784,37 @@ mod tests {
         // The in-game session failed or ended: its credential is revoked, and its MCP session goes with it.
         credentials.revoke(&credential);
         assert!(sessions.expired(start).contains(&agents), "closed with its credential, silent or not");
+    }
+
+    #[test]
+    fn an_agent_sessions_mcp_sessions_past_eight_end_the_longest_silent_idle_one_and_a_revoked_ones_end_without_an_idle_timeout(
+    ) {
+        let (mut app, gate) = held_at_a_gate();
+        let credentials = Credentials::default();
+        let sessions = ConversationSessions::new(app.agent(), credentials.clone(), None);
+        let in_game = ConversationId::new("chat-1");
+        let credential = credentials.mint(&in_game).expect("a credential");
+        let start = Instant::now();
+        let ids: Vec<SessionId> = (0..=BOUND_KEPT).map(|n| SessionId::from(format!("s{n}"))).collect();
+        for (n, id) in ids.iter().enumerate() {
+            let tracked = Tracked::new(session_conversation(id.as_ref()), start + Duration::from_secs(n as u64));
+            sessions.open.lock().insert(id.clone(), tracked);
+        }
+        // The oldest listens, the second has a call in flight: the third is the longest silent idle one.
+        sessions.open.lock().get_mut(&ids[0]).expect("open").listening = 1;
+        let call = app.agent().conversation(session_conversation(ids[1].as_ref())).call("held", json!({}));
+        app.run_until("the call is in its handler", |_| gate.arrived() == 1);
+        for id in &ids[..BOUND_KEPT] {
+            assert_eq!(sessions.bind(id, &in_game, &credential), None, "up to {BOUND_KEPT} are kept");
+        }
+        assert_eq!(sessions.bind(&ids[BOUND_KEPT], &in_game, &credential), Some(ids[2].clone()));
+        assert!(!sessions.is_open(ids[2].as_ref()) && sessions.is_open(ids[BOUND_KEPT].as_ref()));
+        assert_eq!(sessions.bind(&ids[BOUND_KEPT], &in_game, &credential), None, "a session's next request");
+
+        assert!(sessions.expired(start + Duration::from_secs(1 << 30)).is_empty(), "no idle timeout");
+        credentials.revoke(&credential);
+        assert_eq!(sessions.expired(start).len(), BOUND_KEPT, "the revoked credential's sessions end all the same");
+        gate.open();
+        assert!(app.run_until_resolved(&call).is_ok());
     }
 }

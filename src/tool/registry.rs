@@ -8,6 +8,10 @@ use parking_lot::RwLock;
 use super::{ErasedTool, ToolInfo};
 use crate::error::{ErrorCode, ToolError};
 
+/// How much of an unknown tool's name an error repeats; a longer name (an agent's input, up to a request's size)
+/// gets no suggestions either, which would cost its length times every registered name's.
+const NAME_SHOWN: usize = 128;
+
 #[derive(Default)]
 pub(crate) struct ToolRegistry {
     tools: RwLock<BTreeMap<String, Arc<dyn ErasedTool>>>,
@@ -23,20 +27,38 @@ impl ToolRegistry {
     }
 
     pub(crate) fn get(&self, name: &str) -> Result<Arc<dyn ErasedTool>, ToolError> {
-        let tools = self.tools.read();
-        if let Some(tool) = tools.get(name) {
-            return Ok(tool.clone());
-        }
-        let closest = closest_names(name, tools.keys().map(String::as_str));
+        // The suggestions are worked out after the lock is released: registering a tool never waits for them.
+        let names: Vec<String> = {
+            let tools = self.tools.read();
+            if let Some(tool) = tools.get(name) {
+                return Ok(tool.clone());
+            }
+            if name.len() > NAME_SHOWN {
+                Vec::new()
+            } else {
+                tools.keys().cloned().collect()
+            }
+        };
+        let closest = closest_names(name, names.iter().map(String::as_str));
         let hint = if closest.is_empty() {
             String::from("list the tools to see what exists")
         } else {
             format!("did you mean {}?", closest.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", "))
         };
-        let mut error = ToolError::with_code(ErrorCode::ToolNotFound, format!("no tool named `{name}`: {hint}"))
+        let end = (0..=NAME_SHOWN.min(name.len())).rev().find(|at| name.is_char_boundary(*at)).unwrap_or(0);
+        let mut shown = name[..end].to_string();
+        if end < name.len() {
+            shown.push('…');
+        }
+        let mut error = ToolError::with_code(ErrorCode::ToolNotFound, format!("no tool named `{shown}`: {hint}"))
             .with_detail("closest", closest);
-        error.details.tool = Some(name.to_string());
+        error.details.tool = Some(shown);
         Err(error)
+    }
+
+    /// Whether a tool named `name` is registered.
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.tools.read().contains_key(name)
     }
 
     pub(crate) fn list(&self) -> Vec<ToolInfo> {
@@ -62,7 +84,22 @@ fn closest_names<'a>(wanted: &str, names: impl Iterator<Item = &'a str>) -> Vec<
 
 #[cfg(test)]
 mod tests {
-    use super::closest_names;
+    use super::{closest_names, ToolRegistry, NAME_SHOWN};
+    use crate::error::ErrorCode;
+
+    #[test]
+    fn an_unknown_name_of_a_requests_size_is_cut_in_its_error_and_gets_no_suggestions() {
+        let registry = ToolRegistry::default();
+        let name = format!("place_block{}", "é".repeat(500_000));
+        let Err(error) = registry.get(&name) else { panic!("no such tool") };
+        assert_eq!(error.code, ErrorCode::ToolNotFound);
+        let shown = error.details.tool.clone().expect("the name it was asked for");
+        assert!(shown.len() <= NAME_SHOWN + '…'.len_utf8() && shown.ends_with('…'), "{shown}");
+        assert!(name.starts_with(shown.trim_end_matches('…')), "a prefix of the name asked for");
+        assert!(error.message.len() < 4 * NAME_SHOWN, "{}", error.message);
+        let short = registry.get("place_blok").err().expect("no such tool either");
+        assert_eq!(short.details.tool.as_deref(), Some("place_blok"), "a short name is shown whole");
+    }
 
     #[test]
     fn closest_names_prefers_small_edits_and_substrings() {

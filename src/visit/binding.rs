@@ -10,7 +10,9 @@ use crate::error::{ErrorCode, ToolError};
 use crate::host::{HostShared, VisitStatus};
 use crate::lifecycle::{VisitInfo, WorldLifecycle};
 
-/// The handle the plugin gives back for a registered [`WorldLifecycle`]: a resource, cheap to clone.
+/// The handle the plugin gives back for a registered [`WorldLifecycle`]: a resource, cheap to clone. A plugin's
+/// `build` returns nothing, so the game takes it from the world once the plugin is added:
+/// `app.world().resource::<WorldBinding<MyLifecycle>>().clone()`, or `Res<WorldBinding<MyLifecycle>>` in a system.
 ///
 /// [`resolve`](Self::resolve) answers for a call's *captured* visit, never for whichever world is open now
 /// (rule H9). [`current`](Self::current) is for observers (a HUD, logs): never apply a result through it.

@@ -2,6 +2,7 @@
 //! they did to the world.
 #![allow(dead_code)]
 
+pub mod game_log;
 pub mod lines;
 pub mod warnings;
 pub mod window;
@@ -133,17 +134,25 @@ pub struct Bumped {
 
 /// Adds to the session's counter and logs it in the world; counts executions of the main-thread step.
 pub fn bump_tool(name: &str, scope: ToolScope, executions: Arc<AtomicUsize>, gate: Option<Gate>) -> AgentTool<Session> {
-    bump_tool_answered(name, scope, executions, Arc::default(), gate)
+    bump_tool_answered(name, scope, executions, answers(), gate)
 }
 
-/// [`bump_tool`], also counting the handlers whose step was answered (it ran, or the host refused it). A test that
-/// shows a step never ran waits for its answer first: a handler parked at a gate reaches `on_client` only some
-/// time after the gate opens, on a worker thread, so a count read before then is 0 whatever the host does.
+/// A count of answers that can be awaited: an open [`Gate`], whose arrivals are the answers.
+pub fn answers() -> Gate {
+    let answers = Gate::new();
+    answers.open();
+    answers
+}
+
+/// [`bump_tool`], also counting the handlers whose step was answered (it ran, or the host refused it) in
+/// `answered` ([`answers`]). A test that shows a step never ran waits for its answer first: a handler parked at a
+/// gate reaches `on_client` only some time after the gate opens, on a worker thread, so a count read before then
+/// is 0 whatever the host does.
 pub fn bump_tool_answered(
     name: &str,
     scope: ToolScope,
     executions: Arc<AtomicUsize>,
-    answered: Arc<AtomicUsize>,
+    answered: Gate,
     gate: Option<Gate>,
 ) -> AgentTool<Session> {
     let tool_name = name.to_string();
@@ -162,20 +171,11 @@ pub fn bump_tool_answered(
                     session.counter
                 })
                 .await;
-            answered.fetch_add(1, Ordering::SeqCst);
+            answered.pass().await;
             Ok(Bumped { counter: counter? })
         }
     })
     .scope(scope)
-}
-
-/// Waits, while the game runs its own frames, until `count` steps were answered ([`bump_tool_answered`]).
-pub fn wait_answered(answered: &AtomicUsize, count: usize) {
-    let until = std::time::Instant::now() + bevy_agent_tools::testing::HARNESS_LIMIT;
-    while answered.load(Ordering::SeqCst) < count {
-        assert!(std::time::Instant::now() < until, "{count} steps were not answered in time");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
 }
 
 /// A game with `bump` (World scope), `bump_here` (Location scope), `panics` and `panics_on_client`.
@@ -238,9 +238,9 @@ pub fn gated_app(name: &str, scope: ToolScope) -> (App, Gate, Arc<AtomicUsize>) 
 }
 
 /// [`gated_app`], with the count of its handlers whose step was answered ([`bump_tool_answered`]).
-pub fn gated_app_answered(name: &str, scope: ToolScope) -> (App, Gate, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+pub fn gated_app_answered(name: &str, scope: ToolScope) -> (App, Gate, Arc<AtomicUsize>, Gate) {
     let gate = Gate::new();
-    let (executions, answered) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (executions, answered) = (Arc::new(AtomicUsize::new(0)), answers());
     let tool = bump_tool_answered(name, scope, executions.clone(), answered.clone(), Some(gate.clone()));
     let mut app = app_with(TestGame::default(), vec![tool]);
     bevy_agent_tools::testing::AgentTestAppExt::enter_world(&mut app, "alpha");

@@ -410,7 +410,10 @@ async fn stream_round(
                     }
                 };
                 let call = &mut calls[slot];
-                if let Some(id) = id {
+                if let Some(id) = id.filter(|id| *id != call.id) {
+                    // Ids are held (and sent back with each result) as the rest is: counted, or 256 calls could
+                    // each bring an id of an event's size.
+                    held = held.saturating_add(id.len());
                     call.id = id;
                 }
                 if let Some(function) = fragment.function {
