@@ -197,7 +197,7 @@ impl Conversation {
             return Call::ready(None, Err(self.host.conversations.refusal(&self.id)));
         }
         if let Err(mut error) = request.take_wire_ids() {
-            error.details.tool = Some(request.tool);
+            error.details.tool = Some(crate::tool::shown_name(&request.tool));
             return Call::ready(None, Err(error));
         }
         let wait = (!self.host.tools.contains(&request.tool)).then(|| tool_wait(&self.host, &request)).flatten();

@@ -125,7 +125,7 @@ fn admit_inner(
     let request_id = host.next_request_id();
     let rejected = |mut error: ToolError| {
         error.details.request.get_or_insert(request_id);
-        error.details.tool.get_or_insert_with(|| request.tool.clone());
+        error.details.tool.get_or_insert_with(|| crate::tool::shown_name(&request.tool));
         error
     };
     let tool = host.tools.get(&request.tool).map_err(rejected)?;

@@ -28,6 +28,7 @@ use crate::host::{HostShared, VisitPhase};
 use crate::ids::{ConversationId, VisitId};
 use crate::lifecycle::VisitInfo;
 use crate::signal::OnceSignal;
+use crate::tool::shown_name;
 
 /// A call that waits for its tool, and then for its outcome.
 pub(crate) struct WaitingCall {
@@ -215,7 +216,7 @@ async fn run(
     let key = match started.unwrap_or_else(|| Err(hub.refusal(&conversation))) {
         Ok(key) => key,
         Err(mut error) => {
-            error.details.tool.get_or_insert_with(|| tool.clone());
+            error.details.tool.get_or_insert_with(|| shown_name(&tool));
             call.outcome.set(Err(error));
             return;
         }
@@ -292,17 +293,18 @@ impl Drop for OutcomeOnDrop {
 }
 
 fn not_registered(host: &HostShared, tool: &str, wait: Duration) -> ToolError {
+    let shown = shown_name(tool);
     if host.status().is_some_and(|status| status.phase == VisitPhase::Loading) {
         // The world may register it when it has loaded: not a missing tool, a load that took longer.
         return ToolError::with_code(
             ErrorCode::WorldLoadingTimeout,
-            format!("the world was still loading after {wait:?}, and tool `{tool}` is not registered yet; try again when it has loaded"),
+            format!("the world was still loading after {wait:?}, and tool `{shown}` is not registered yet; try again when it has loaded"),
         )
         .with_detail("waited_ms", wait.as_millis() as u64);
     }
     let mut error = match host.tools.get(tool) {
         Err(error) => error,
-        Ok(_) => ToolError::with_code(ErrorCode::ToolNotFound, format!("no tool named `{tool}`")),
+        Ok(_) => ToolError::with_code(ErrorCode::ToolNotFound, format!("no tool named `{shown}`")),
     };
     error.message = format!("{} (waited {wait:?} for it to be registered)", error.message);
     error.with_detail("waited_ms", wait.as_millis() as u64)

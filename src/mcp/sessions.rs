@@ -91,6 +91,9 @@ struct Tracked {
     used: VecDeque<ConversationId>,
     /// Its client's `GET` streams open and read ([`Listening`]): while there is one, its client is there.
     listening: usize,
+    /// Its requests whose response streams still run (a tool call in flight among them, whatever conversation it
+    /// runs in).
+    requests: usize,
 }
 
 /// How many of the conversations a session's calls named are remembered for its expiry.
@@ -114,7 +117,7 @@ const ROOM_GRACE: Duration = Duration::from_secs(30);
 
 impl Tracked {
     fn new(conversation: ConversationId, now: Instant) -> Self {
-        Self { conversation, last_seen: now, bound: None, used: VecDeque::new(), listening: 0 }
+        Self { conversation, last_seen: now, bound: None, used: VecDeque::new(), listening: 0, requests: 0 }
     }
 
     /// Whether its calls ran in `conversation`.
@@ -154,6 +157,9 @@ impl ConversationSessions {
         let (log, connection) = StreamLog::connected(STALL_TIMEOUT);
         let log = Arc::new(log);
         let (logs, open, session) = (self.logs.clone(), self.open.clone(), id.clone());
+        if let Some(tracked) = open.lock().get_mut(&session) {
+            tracked.requests += 1;
+        }
         tokio::spawn(async move {
             let mut request = None;
             while let Some(event) = std::future::poll_fn(|cx| inner.as_mut().poll_next(cx)).await {
@@ -169,11 +175,12 @@ impl ConversationSessions {
                 }
                 log.feed(event).await;
             }
-            log.finish();
             // Its client may come back for the result it missed: not silence until now.
             if let Some(tracked) = open.lock().get_mut(&session) {
+                tracked.requests = tracked.requests.saturating_sub(1);
                 tracked.last_seen = Instant::now();
             }
+            log.finish();
             if let Some(request) = request {
                 let mut logs = logs.lock();
                 if let Some(session) = logs.get_mut(&session) {
@@ -327,9 +334,11 @@ impl ConversationSessions {
 
     /// A request of session `id` presented in-game agent session `conversation`'s `credential`. Returns a session
     /// to close, taken out of the open ones, when the credential's sessions are now more than [`BOUND_KEPT`]: the
-    /// longest silent of the others whose client is not listening and that have no call in flight (an agent whose
-    /// MCP client reconnects without deleting its sessions would otherwise keep every one while its session
-    /// lives). Its client, if it comes back, gets 404 and opens a new one.
+    /// longest silent of the others whose client is not listening, that have no request running (a bound session's
+    /// calls run in the in-game session's conversation, which the others share) and were silent for
+    /// [`ROOM_GRACE`] (an agent whose MCP client reconnects without deleting its sessions would otherwise keep every
+    /// one while its session lives). Its client, if it comes back, gets 404 and opens a new one. When none
+    /// qualifies, none ends: the next bind looks again.
     pub(crate) fn bind(&self, id: &SessionId, conversation: &ConversationId, credential: &str) -> Option<SessionId> {
         let mut open = self.open.lock();
         let tracked = open.get_mut(id)?;
@@ -345,7 +354,8 @@ impl ConversationSessions {
         let room = open
             .iter()
             .filter(|(other, tracked)| *other != id && of_credential(tracked) && tracked.listening == 0)
-            .filter(|(_, tracked)| !self.has_calls_in_flight(tracked))
+            .filter(|(_, tracked)| tracked.requests == 0)
+            .filter(|(_, tracked)| Instant::now().saturating_duration_since(tracked.last_seen) >= ROOM_GRACE)
             .min_by_key(|(_, tracked)| tracked.last_seen)
             .map(|(other, _)| other.clone())?;
         open.remove(&room);
@@ -789,21 +799,27 @@ mod tests {
     #[test]
     fn an_agent_sessions_mcp_sessions_past_eight_end_the_longest_silent_idle_one_and_a_revoked_ones_end_without_an_idle_timeout(
     ) {
-        let (mut app, gate) = held_at_a_gate();
+        let (app, _) = held_at_a_gate();
         let credentials = Credentials::default();
         let sessions = ConversationSessions::new(app.agent(), credentials.clone(), None);
         let in_game = ConversationId::new("chat-1");
         let credential = credentials.mint(&in_game).expect("a credential");
-        let start = Instant::now();
-        let ids: Vec<SessionId> = (0..=BOUND_KEPT).map(|n| SessionId::from(format!("s{n}"))).collect();
+        let now = Instant::now();
+        let long_ago = now.checked_sub(ROOM_GRACE * 4).expect("this machine has been up for two minutes");
+        let ids: Vec<SessionId> = (0..=BOUND_KEPT + 1).map(|n| SessionId::from(format!("s{n}"))).collect();
         for (n, id) in ids.iter().enumerate() {
-            let tracked = Tracked::new(session_conversation(id.as_ref()), start + Duration::from_secs(n as u64));
-            sessions.open.lock().insert(id.clone(), tracked);
+            // Silent longest first; the last was heard from just now.
+            let seen = if n == BOUND_KEPT { now } else { long_ago + Duration::from_secs(n as u64) };
+            sessions.open.lock().insert(id.clone(), Tracked::new(session_conversation(id.as_ref()), seen));
         }
-        // The oldest listens, the second has a call in flight: the third is the longest silent idle one.
+        // The longest silent listens; the next has a request running (its calls run in the in-game session's
+        // conversation, like every other bound session's): the third is the longest silent idle one.
         sessions.open.lock().get_mut(&ids[0]).expect("open").listening = 1;
-        let call = app.agent().conversation(session_conversation(ids[1].as_ref())).call("held", json!({}));
-        app.run_until("the call is in its handler", |_| gate.arrived() == 1);
+        let (feeder, running) = StreamLog::connected(Duration::from_millis(20));
+        let answer = {
+            let _runtime = app.agent().runtime().enter();
+            sessions.logged(&ids[1], running)
+        };
         for id in &ids[..BOUND_KEPT] {
             assert_eq!(sessions.bind(id, &in_game, &credential), None, "up to {BOUND_KEPT} are kept");
         }
@@ -811,10 +827,24 @@ mod tests {
         assert!(!sessions.is_open(ids[2].as_ref()) && sessions.is_open(ids[BOUND_KEPT].as_ref()));
         assert_eq!(sessions.bind(&ids[BOUND_KEPT], &in_game, &credential), None, "a session's next request");
 
-        assert!(sessions.expired(start + Duration::from_secs(1 << 30)).is_empty(), "no idle timeout");
+        // Its request's response ends: the session is no longer busy.
+        feeder.finish();
+        let mut answer = answer;
+        app.agent()
+            .runtime()
+            .block_on(async { while std::future::poll_fn(|cx| answer.as_mut().poll_next(cx)).await.is_some() {} });
+        assert_eq!(sessions.open.lock().get(&ids[1]).map(|tracked| tracked.requests), Some(0));
+        // Only a session silent for the grace ends for a new one: with the others listening, the one heard from
+        // just now stays, and the cap waits for the next bind.
+        for (id, tracked) in sessions.open.lock().iter_mut() {
+            tracked.listening = usize::from(*id != ids[BOUND_KEPT]);
+        }
+        assert_eq!(sessions.bind(&ids[BOUND_KEPT + 1], &in_game, &credential), None);
+        assert!(sessions.is_open(ids[BOUND_KEPT].as_ref()));
+
+        assert!(sessions.expired(now + Duration::from_secs(1 << 30)).is_empty(), "no idle timeout");
         credentials.revoke(&credential);
-        assert_eq!(sessions.expired(start).len(), BOUND_KEPT, "the revoked credential's sessions end all the same");
-        gate.open();
-        assert!(app.run_until_resolved(&call).is_ok());
+        let bound = sessions.open.lock().values().filter(|tracked| tracked.bound.is_some()).count();
+        assert_eq!(sessions.expired(now).len(), bound, "the revoked credential's sessions end all the same");
     }
 }

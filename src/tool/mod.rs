@@ -29,7 +29,7 @@ pub use guard::{check_version, require_confirmation, DestructiveGuard};
 #[cfg(feature = "mcp")]
 pub(crate) use image::take_images;
 pub use image::ImageContent;
-pub(crate) use registry::ToolRegistry;
+pub(crate) use registry::{shown_name, ToolRegistry};
 pub(crate) use reserved::{check_arguments, check_name};
 #[cfg(feature = "mcp")]
 pub(crate) use reserved::{BEGIN_CONVERSATION, CONVERSATION};

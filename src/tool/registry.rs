@@ -45,11 +45,7 @@ impl ToolRegistry {
         } else {
             format!("did you mean {}?", closest.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", "))
         };
-        let end = (0..=NAME_SHOWN.min(name.len())).rev().find(|at| name.is_char_boundary(*at)).unwrap_or(0);
-        let mut shown = name[..end].to_string();
-        if end < name.len() {
-            shown.push('…');
-        }
+        let shown = shown_name(name);
         let mut error = ToolError::with_code(ErrorCode::ToolNotFound, format!("no tool named `{shown}`: {hint}"))
             .with_detail("closest", closest);
         error.details.tool = Some(shown);
@@ -64,6 +60,17 @@ impl ToolRegistry {
     pub(crate) fn list(&self) -> Vec<ToolInfo> {
         self.tools.read().values().map(|tool| tool.info().clone()).collect()
     }
+}
+
+/// A tool name as errors and events repeat it: whole up to [`NAME_SHOWN`] bytes, else cut there (on a character
+/// boundary) and marked with `…`.
+pub(crate) fn shown_name(name: &str) -> String {
+    let end = (0..=NAME_SHOWN.min(name.len())).rev().find(|at| name.is_char_boundary(*at)).unwrap_or(0);
+    let mut shown = name[..end].to_string();
+    if end < name.len() {
+        shown.push('…');
+    }
+    shown
 }
 
 /// Up to three registered names closest to `wanted`, closest first.
