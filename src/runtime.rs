@@ -56,15 +56,15 @@ impl AgentRuntime {
     }
 }
 
-/// Runs `work` where tokio's timers and sockets work: in place when it is polled on a tokio runtime (the plugin's
-/// or the game's own), else on `runtime`, aborted if the returned future is dropped first. So an async API of the
-/// crate can be awaited from any executor (Bevy's task pools, `block_on`) and not only from tokio. `Err` when
-/// the work panicked or the runtime stopped under it.
+/// Runs `work` where tokio's timers and sockets work: in place when it is polled on `runtime` (the plugin's), else
+/// on `runtime`, aborted if the returned future is dropped first. So an async API of the crate can be awaited from
+/// any executor (Bevy's task pools, `block_on`, a tokio runtime of the game's own, which may have no timers) and
+/// not only from the plugin's. `Err` when the work panicked or the runtime stopped under it.
 pub(crate) async fn on_tokio<T: Send + 'static>(
     runtime: &tokio::runtime::Handle,
     work: impl Future<Output = T> + Send + 'static,
 ) -> Result<T, tokio::task::JoinError> {
-    if tokio::runtime::Handle::try_current().is_ok() {
+    if tokio::runtime::Handle::try_current().is_ok_and(|current| current.id() == runtime.id()) {
         return Ok(work.await);
     }
     struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
@@ -77,10 +77,53 @@ pub(crate) async fn on_tokio<T: Send + 'static>(
     (&mut task.0).await
 }
 
+/// How long dropping the runtime without `AppExit` (a panic that unwound the app) waits for its tasks to be
+/// dropped: an agent process is killed when its connection's task is dropped, which must happen before the game's
+/// process exits.
+const DROP_GRACE: Duration = Duration::from_secs(1);
+
 impl Drop for AgentRuntime {
     fn drop(&mut self) {
         if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
+            if tokio::runtime::Handle::try_current().is_ok() {
+                // Inside a runtime, blocking is not allowed: its tasks are dropped on its threads as they stop.
+                runtime.shutdown_background();
+            } else {
+                runtime.shutdown_timeout(DROP_GRACE);
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{AgentRuntime, WorkerPriority};
+
+    #[test]
+    fn dropping_the_runtime_without_app_exit_drops_its_tasks_before_it_returns() {
+        struct SetsOnDrop(Arc<AtomicBool>);
+        impl Drop for SetsOnDrop {
+            fn drop(&mut self) {
+                // As an agent's connection does (it kills the process group), a moment after the drop began.
+                std::thread::sleep(Duration::from_millis(50));
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let runtime = AgentRuntime::start(1, WorkerPriority::Normal).expect("a runtime");
+        let dropped = Arc::new(AtomicBool::new(false));
+        let (started, running) = std::sync::mpsc::channel();
+        let guard = SetsOnDrop(dropped.clone());
+        runtime.handle().spawn(async move {
+            let _guard = guard;
+            let _ = started.send(());
+            std::future::pending::<()>().await;
+        });
+        running.recv().expect("the task runs");
+        drop(runtime);
+        assert!(dropped.load(Ordering::SeqCst), "the task was dropped before the runtime's drop returned");
     }
 }

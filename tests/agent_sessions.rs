@@ -811,6 +811,25 @@ fn s3_ending_a_session_never_touches_the_visit_and_it_stays_resumable_past_the_b
 }
 
 #[test]
+fn s2_a_session_awaited_on_a_runtime_of_the_games_own_without_timers_reaches_its_outcomes() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let (sessions, config) = (game.sessions.clone(), agent(&dirs, &[]));
+    // A runtime the game built for its own work, without tokio's timers or I/O: the session's waits need both.
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let own = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+        let turn = own.block_on(async move {
+            let session = sessions.create(config).await?;
+            session.send_text("hello").await
+        });
+        let _ = done.send(turn.map(|turn| turn.final_message));
+    });
+    let turn = outcome.recv_timeout(LIMIT).expect("an outcome, not a panic or a hang");
+    assert_eq!(turn.expect("the turn ends").as_deref(), Some("You said: hello"));
+}
+
+#[test]
 fn s2_a_turn_the_agent_never_ends_times_out_and_the_agent_is_stopped() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
