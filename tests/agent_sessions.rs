@@ -1468,6 +1468,26 @@ fn a_permission_prompt_of_a_session_that_ends_is_settled_withdrawn_before_its_en
 }
 
 #[test]
+fn a_chat_deleted_just_before_the_game_exits_stays_deleted() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    // An agent that ignores the end of its input and SIGTERM: ending it takes the whole close ladder (seconds).
+    let session = game.create(agent(&dirs, &["--stubborn"]).auto_end_on_disconnect(false)).expect("starts");
+    let id = session.id().clone();
+    let sessions = game.sessions.clone();
+    let forgetting = game.game.agent().runtime().spawn({
+        let id = id.clone();
+        async move { sessions.forget(id).await }
+    });
+    game.log.wait_for(&format!("status {id} idle->ended"));
+    // The player quits while the forget still ends the agent.
+    game.game.stop();
+    assert!(!dirs.data.join(id.as_str()).exists(), "the deleted chat's folder is gone once the game has exited");
+    drop(forgetting);
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
 fn s4_the_games_exit_stops_every_agent_even_one_that_ignores_sigterm_and_its_input() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

@@ -36,11 +36,13 @@ pub struct AgentSessions {
     /// calls waits for the first and gets its session, instead of connecting a second agent beside it, and a
     /// `forget` waits for a resume under way (and then ends what it re-attached).
     by_id: IdLocks,
+    /// The `forget`s under way: the game's exit waits for them (a chat deleted just before it exits stays deleted).
+    forgetting: Arc<Forgetting>,
 }
 
 impl AgentSessions {
     pub(crate) fn new(host: Arc<SessionHost>) -> Self {
-        Self { host, live: Arc::default(), by_id: IdLocks::default() }
+        Self { host, live: Arc::default(), by_id: IdLocks::default(), forgetting: Arc::default() }
     }
 
     pub(crate) fn host(&self) -> &SessionHost {
@@ -161,6 +163,7 @@ impl AgentSessions {
         if id.as_str().is_empty() {
             return Err(ToolError::invalid_input("session", "the session id is empty"));
         }
+        let _under_way = Forgetting::begin(&self.forgetting);
         // Whatever puts a known id back in the live map (`resume_session`, `AgentSession::resume`) does it under
         // the id's lock: a resume under way finishes first, and none puts the session back after this.
         let _forgetting = self.by_id.lock(&id).await;
@@ -202,13 +205,19 @@ impl AgentSessions {
 
     /// The game disconnects from every session (on `AppExit`): a session created with
     /// `auto_end_on_disconnect` ends, with its agent's session, and what the game kept of it is deleted (nothing
-    /// resumes it after the game); the others are only disconnected, kept for `resume_session`. Every agent process
-    /// is gone when this returns, or `deadline` passed.
+    /// resumes it after the game); the others are only disconnected, kept for `resume_session`. A `forget` under
+    /// way finishes (its session's folder is gone). Every agent process is gone when this returns, or `deadline`
+    /// passed.
     pub(crate) fn disconnect_all(&self, deadline: Duration) {
+        let until = crate::deadline::after(std::time::Instant::now(), deadline);
         let cores: Vec<Arc<SessionCore>> = self.live.lock().drain().map(|(_, core)| core).collect();
-        if cores.is_empty() {
-            return;
+        if !cores.is_empty() {
+            self.disconnect(cores, until);
         }
+        self.forgetting.wait_until_none(until);
+    }
+
+    fn disconnect(&self, cores: Vec<Arc<SessionCore>>, until: std::time::Instant) {
         let (done, all_done) = crossbeam_channel::bounded(cores.len());
         for core in cores {
             let (done, host) = (done.clone(), self.host.clone());
@@ -225,8 +234,40 @@ impl AgentSessions {
             });
         }
         drop(done);
-        let until = crate::deadline::after(std::time::Instant::now(), deadline);
         while all_done.recv_deadline(until).is_ok() {}
+    }
+}
+
+/// How many `forget`s are under way, and a signal when one finishes.
+#[derive(Default)]
+struct Forgetting {
+    under_way: parking_lot::Mutex<usize>,
+    finished: parking_lot::Condvar,
+}
+
+impl Forgetting {
+    /// Counts a `forget` until the returned guard is dropped (it finished, or its future was dropped).
+    fn begin(this: &Arc<Self>) -> impl Drop {
+        *this.under_way.lock() += 1;
+        struct Finished(Arc<Forgetting>);
+        impl Drop for Finished {
+            fn drop(&mut self) {
+                let mut under_way = self.0.under_way.lock();
+                *under_way = under_way.saturating_sub(1);
+                self.0.finished.notify_all();
+            }
+        }
+        Finished(this.clone())
+    }
+
+    /// Waits until no `forget` is under way, or `until`.
+    fn wait_until_none(&self, until: std::time::Instant) {
+        let mut under_way = self.under_way.lock();
+        while *under_way > 0 {
+            if self.finished.wait_until(&mut under_way, until).timed_out() {
+                return;
+            }
+        }
     }
 }
 
