@@ -347,6 +347,8 @@ impl Drop for Unclaimed {
         if let Some(session) = self.0.take() {
             session.sessions.live.lock().remove(&session.core.id);
             drop(Unkept { host: &session.sessions.host, core: &session.core, new: true });
+            // Its folder's lock was kept with the session: nobody else will let it go.
+            session.sessions.host.in_use.let_go(session.core.id.as_str());
         }
     }
 }
