@@ -61,7 +61,7 @@ impl AgentHandle {
     }
 
     /// Whether a tool named `name` is registered.
-    #[cfg_attr(not(feature = "acp"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "acp", feature = "mcp")), allow(dead_code))]
     pub(crate) fn is_registered(&self, name: &str) -> bool {
         self.host.tools.contains(name)
     }

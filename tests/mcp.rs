@@ -425,6 +425,16 @@ fn busy_over_the_in_flight_limit_in(modern: bool) {
         let text = third.content.first().and_then(|content| content.as_text()).map(|text| text.text.clone());
         let error: Value = serde_json::from_str(&text.unwrap_or_default()).expect("the error as JSON text");
         assert_eq!((&error["code"], &error["details"]["limit"]), (&json!("BUSY"), &json!(2)), "DESIGN §5: {error}");
+        // At the limit, the way out of a shared conversation still works, and an unknown tool is still an unknown
+        // tool (a JSON-RPC error), not BUSY.
+        let begun = peer.call_tool(params("begin_conversation", json!({}))).await.expect("a result");
+        assert_eq!(begun.is_error, Some(false), "{begun:?}");
+        let unknown = peer.call_tool(params("gatde", json!({}))).await;
+        let code = match &unknown {
+            Err(rmcp::ServiceError::McpError(error)) => Some(error.code),
+            _ => None,
+        };
+        assert_eq!(code, Some(rmcp::model::ErrorCode::INVALID_PARAMS), "{unknown:?}");
         if modern {
             // The same conversation (rmcp's client name) over raw HTTP: one JSON-RPC response, for this request.
             let info = serde_json::to_value(rmcp::model::ClientConfig::default().client_info).expect("json");
@@ -762,6 +772,58 @@ fn deleting_an_mcp_session_ends_its_conversation_and_cancels_its_calls_but_not_t
     assert!(ended.as_str().starts_with("mcp-session:"), "{ended}");
     gate.open();
     assert_eq!(game.agent().visit().map(|v| v.info.visit), visit_before, "the visit is untouched");
+    game.stop();
+}
+
+/// H13 when the game ends a session's conversation: a call in flight gets its outcome (`CANCELLED`) as its
+/// response before the session closes, not a stream that ends without one.
+#[test]
+fn a_call_in_flight_when_the_game_ends_its_sessions_conversation_is_answered_before_the_session_closes() {
+    let gate = Gate::new();
+    let (game, server) = game(Arc::default(), gate.clone());
+    let agent = game.agent();
+    let mut events = agent.subscribe();
+    let url = server.url().to_string();
+    let parked = gate.clone();
+    let answer = runtime().block_on(async move {
+        let (client, _) = connect(&url, false).await;
+        let peer = client.peer().clone();
+        let call = tokio::spawn(async move { peer.call_tool(params("gated", json!({}))).await });
+        tokio::time::timeout(Duration::from_secs(30), parked.arrivals(1)).await.expect("the call reached its tool");
+        let conversation = loop {
+            let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("an event in time");
+            if let Some(bevy_agent_tools::ConversationEvent::CallStarted(started)) = event {
+                break started.conversation;
+            }
+        };
+        agent.end_conversation(&conversation).expect("ended by the game");
+        let answer = tokio::time::timeout(Duration::from_secs(10), call).await.expect("answered in time");
+        drop(client);
+        answer.expect("joined")
+    });
+    let result = answer.expect("a response, not a stream that ended without one");
+    assert_eq!(domain_error(&result)["code"], json!("CANCELLED"), "{result:?}");
+    gate.open();
+    game.stop();
+}
+
+#[test]
+fn tools_list_with_a_cursor_it_never_gave_out_is_invalid_params() {
+    let (game, server) = game(Arc::default(), Gate::new());
+    let url = server.url().to_string();
+    runtime().block_on(async move {
+        let (client, _) = connect(&url, false).await;
+        let all = client.peer().list_tools(None).await.expect("listed");
+        assert!(all.next_cursor.is_none(), "one page");
+        let cursor = rmcp::model::PaginatedRequestParams::default().with_cursor(Some("page-2".to_string()));
+        let paged = client.peer().list_tools(Some(cursor)).await;
+        let code = match &paged {
+            Err(rmcp::ServiceError::McpError(error)) => Some(error.code),
+            _ => None,
+        };
+        assert_eq!(code, Some(rmcp::model::ErrorCode::INVALID_PARAMS), "MCP's pagination: {paged:?}");
+        client.cancel().await.expect("close");
+    });
     game.stop();
 }
 

@@ -18,17 +18,17 @@ use serde_json::Value;
 
 use super::connections::read_body;
 use super::credentials::BoundConversation;
-use super::handles::CONVERSATION;
-use super::naming::{client_identity, conversation_id, session_named, CLIENT_INFO_META};
+use super::handles::{BEGIN_CONVERSATION, CONVERSATION};
+use super::naming::{
+    client_identity, conversation_id, is_sessionless, session_named, CLIENT_CAPABILITIES_META, CLIENT_INFO_META,
+    PROTOCOL_VERSION_META,
+};
 use super::server::error_result;
 use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
 use crate::tool::OPERATION_ID;
-
-/// Where a sessionless request's `_meta` carries its protocol version.
-const PROTOCOL_VERSION_META: &str = "io.modelcontextprotocol/protocolVersion";
 
 /// What the limit layer needs: the host, and the body limit it must respect while it reads a request.
 #[derive(Clone)]
@@ -71,20 +71,25 @@ pub(crate) async fn limit_in_flight(State(limit): State<InFlightLimit>, request:
             let params = message.get("params");
             let header = parts.headers.get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok());
             let meta = params.and_then(|p| p.get("_meta"));
-            let version = meta.and_then(|m| m.get(PROTOCOL_VERSION_META));
-            let session = session_named(header, version.and_then(Value::as_str), |id| limit.sessions.is_open(id));
-            let client = client_identity(version.and_then(Value::as_str), meta.and_then(|m| m.get(CLIENT_INFO_META)));
+            let version = meta.and_then(|m| m.get(PROTOCOL_VERSION_META)).and_then(Value::as_str);
+            let sessionless = is_sessionless(version, meta.and_then(|m| m.get(CLIENT_CAPABILITIES_META)).is_some());
+            let session = session_named(header, sessionless, |id| limit.sessions.is_open(id));
+            let client = client_identity(sessionless, meta.and_then(|m| m.get(CLIENT_INFO_META)));
             let arguments = params.and_then(|p| p.get("arguments"));
             let handle = arguments.and_then(|a| a.get(CONVERSATION)).and_then(Value::as_str);
             // A keyed call may be a retry that joins its running operation or gets its retained outcome (it adds
             // no call): the host decides, and answers `BUSY` only for a new execution.
             let keyed = arguments.and_then(|a| a.get(OPERATION_ID)).is_some();
+            // `begin_conversation` takes no call's place (it is the way out of a shared conversation), and an
+            // unknown tool is the server's JSON-RPC error to give, not BUSY.
+            let name = params.and_then(|p| p.get("name")).and_then(Value::as_str).unwrap_or_default();
+            let takes_a_place = name != BEGIN_CONVERSATION && limit.agent.is_registered(name);
             let bound = parts.extensions.get::<BoundConversation>().map(|bound| &bound.0);
             // A request of no conversation (sessionless, no handle, no client name) is one of its own: nothing
             // to limit yet. An unknown handle names nobody's conversation: the server refuses it.
             let conversation = conversation_id(bound, handle, session, client.as_deref());
-            if let Some(conversation) = conversation.filter(|conversation| !keyed && limit.agent.is_busy(conversation))
-            {
+            let refused = |conversation: &ConversationId| takes_a_place && !keyed && limit.agent.is_busy(conversation);
+            if let Some(conversation) = conversation.filter(refused) {
                 return busy(&limit.agent, &conversation, id);
             }
         }

@@ -15,6 +15,10 @@ use crate::ids::ConversationId;
 
 /// Where a sessionless request's `_meta` names its client (`{"name", "version"}`, SEP-2575).
 pub(crate) const CLIENT_INFO_META: &str = "io.modelcontextprotocol/clientInfo";
+/// Where a request's `_meta` carries its protocol version.
+pub(crate) const PROTOCOL_VERSION_META: &str = "io.modelcontextprotocol/protocolVersion";
+/// Where a sessionless request's `_meta` carries its client's capabilities.
+pub(crate) const CLIENT_CAPABILITIES_META: &str = "io.modelcontextprotocol/clientCapabilities";
 
 /// At most this many characters of a client's name, and of its version, name its conversation.
 const CLIENT_NAME_CHARS: usize = 100;
@@ -40,11 +44,11 @@ pub(crate) fn conversation_id(
     client.map(client_conversation)
 }
 
-/// The identity of the client a sessionless request's `_meta` names (`meta_version` is the protocol version it
-/// carries, `info` its [`CLIENT_INFO_META`] entry): `name/version`, without control characters and cut to a
-/// bounded length. `None` without a name, and for a request of a generation with sessions (2025-11-25).
-pub(crate) fn client_identity(meta_version: Option<&str>, info: Option<&Value>) -> Option<String> {
-    if !is_sessionless(meta_version) {
+/// The identity of the client a sessionless request's `_meta` names (`sessionless` is [`is_sessionless`]'s
+/// answer for it, `info` its [`CLIENT_INFO_META`] entry): `name/version`, without control characters and cut to a
+/// bounded length. `None` without a name, and for a request rmcp serves in a session (2025-11-25).
+pub(crate) fn client_identity(sessionless: bool, info: Option<&Value>) -> Option<String> {
+    if !sessionless {
         return None;
     }
     let info = info?;
@@ -57,19 +61,22 @@ pub(crate) fn client_identity(meta_version: Option<&str>, info: Option<&Value>) 
     Some(format!("{name}/{version}"))
 }
 
-/// The session a request's `Mcp-Session-Id` header names, given the protocol version its `_meta` carries (if any)
-/// and whether that session is open.
-pub(crate) fn session_named<'a>(
-    header: Option<&'a str>,
-    meta_version: Option<&str>,
+/// The session a request's `Mcp-Session-Id` header names, given whether rmcp serves the request without one
+/// ([`is_sessionless`]) and whether that session is open.
+pub(crate) fn session_named(
+    header: Option<&str>,
+    sessionless: bool,
     is_open: impl FnOnce(&str) -> bool,
-) -> Option<&'a str> {
-    header.filter(|id| !is_sessionless(meta_version) && is_open(id))
+) -> Option<&str> {
+    header.filter(|id| !sessionless && is_open(id))
 }
 
-/// Whether a request whose `_meta` carries protocol version `meta_version` is of the sessionless generation.
-fn is_sessionless(meta_version: Option<&str>) -> bool {
-    meta_version.is_some_and(|version| version >= "2026-07-28")
+/// Whether rmcp serves a request without a session, by what its `_meta` carries: a protocol version of the
+/// sessionless generation (2026-07-28 on), or a protocol version and the client's capabilities, whatever the
+/// version (how a client that discovered the server with `server/discover` asks in an older version: rmcp's
+/// `is_legacy_request`). Only `initialize` has a session then, and it names no tool call.
+pub(crate) fn is_sessionless(meta_version: Option<&str>, has_client_capabilities: bool) -> bool {
+    meta_version.is_some_and(|version| version >= "2026-07-28" || has_client_capabilities)
 }
 
 /// The conversation of handle `handle`.
@@ -100,7 +107,7 @@ mod tests {
 
     #[test]
     fn a_client_is_named_by_its_name_and_version_and_a_nameless_one_by_nothing() {
-        let identity = |info: Value| client_identity(Some("2026-07-28"), Some(&info));
+        let identity = |info: Value| client_identity(true, Some(&info));
         assert_eq!(identity(json!({"name": "mcp", "version": "0.1.0"})).as_deref(), Some("mcp/0.1.0"));
         assert_eq!(identity(json!({"name": "mcp"})).as_deref(), Some("mcp/"));
         assert_eq!(identity(json!({"name": "a\nb\u{7}", "version": "1"})).as_deref(), Some("ab/1"));
@@ -109,10 +116,19 @@ mod tests {
         for nameless in [json!({}), json!({"name": " "}), json!({"name": 7}), json!("mcp")] {
             assert_eq!(identity(nameless.clone()), None, "{nameless}");
         }
-        assert_eq!(client_identity(Some("2026-07-28"), None), None);
+        assert_eq!(client_identity(true, None), None);
         let info = json!({"name": "mcp", "version": "1"});
-        assert_eq!(client_identity(Some("2025-11-25"), Some(&info)), None, "a generation with sessions");
-        assert_eq!(client_identity(None, Some(&info)), None, "no version: not sessionless");
+        assert_eq!(client_identity(false, Some(&info)), None, "a request served in a session");
+    }
+
+    #[test]
+    fn a_request_is_sessionless_as_rmcp_serves_it() {
+        assert!(is_sessionless(Some("2026-07-28"), false));
+        assert!(is_sessionless(Some("2025-11-25"), true), "an older version asked after server/discover");
+        assert!(!is_sessionless(Some("2025-11-25"), false), "a generation with sessions");
+        assert!(!is_sessionless(None, true), "no version: not sessionless");
+        assert_eq!(session_named(Some("s"), true, |_| true), None, "the header names nothing then");
+        assert_eq!(session_named(Some("s"), false, |_| true), Some("s"));
     }
 
     #[test]

@@ -17,8 +17,8 @@ use serde_json::{json, Value};
 use super::credentials::BoundConversation;
 use super::handles::{begin_conversation_tool, Handles, BEGIN_CONVERSATION, CONVERSATION, CONVERSATION_HELP};
 use super::naming::{
-    client_conversation, client_identity, conversation_id, handle_conversation, is_session_conversation, session_named,
-    CLIENT_INFO_META,
+    client_conversation, client_identity, conversation_id, handle_conversation, is_session_conversation,
+    is_sessionless, session_named, CLIENT_CAPABILITIES_META, CLIENT_INFO_META,
 };
 use super::progress::{ProgressQueue, SEND_LIMIT};
 use super::recent::RecentNames;
@@ -92,9 +92,10 @@ impl GameServer {
         let header = parts.and_then(|p| p.headers.get(HEADER_SESSION_ID)).and_then(|v| v.to_str().ok());
         let version = context.meta.protocol_version();
         let version = version.as_ref().map(|v| v.as_str());
-        let session = session_named(header, version, |id| self.sessions.is_open(id));
+        let sessionless = is_sessionless(version, context.meta.get(CLIENT_CAPABILITIES_META).is_some());
+        let session = session_named(header, sessionless, |id| self.sessions.is_open(id));
         let bound = parts.and_then(|p| p.extensions.get::<BoundConversation>()).map(|bound| &bound.0);
-        let client = client_identity(version, context.meta.get(CLIENT_INFO_META));
+        let client = client_identity(sessionless, context.meta.get(CLIENT_INFO_META));
         let id = conversation_id(bound, handle.as_deref(), session, client.as_deref());
         if let (Some(session), Some(id), Some(_)) = (session, &id, &handle) {
             // A long call of the handle's conversation keeps the session from expiring.
@@ -208,9 +209,18 @@ impl ServerHandler for GameServer {
 
     async fn list_tools(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        // Every tool comes in one page: no cursor was ever given out, so any is unknown (MCP: "Invalid cursors
+        // SHOULD result in an error with code -32602").
+        if let Some(cursor) = request.and_then(|request| request.cursor) {
+            let shown: String = cursor.chars().take(64).collect();
+            return Err(ErrorData::invalid_params(
+                format!("unknown cursor `{shown}`: every tool is in the first page (list without a cursor)"),
+                None,
+            ));
+        }
         let registered = self.agent.tools();
         let tools = std::iter::once(begin_conversation_tool()).chain(registered.iter().map(to_mcp_tool));
         Ok(ListToolsResult::with_all_items(tools.collect()))

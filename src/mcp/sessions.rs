@@ -67,6 +67,8 @@ pub(crate) struct ConversationSessions {
     open: Arc<Mutex<HashMap<SessionId, Tracked>>>,
     /// The events of each session's request streams, for clients that resume.
     logs: Arc<Mutex<HashMap<SessionId, SessionLogs>>>,
+    /// Signalled when a request stream of any session ends.
+    request_ended: Arc<tokio::sync::Notify>,
 }
 
 /// A finished request stream's events are kept for this many of the session's most recent requests.
@@ -135,7 +137,8 @@ impl ConversationSessions {
     pub(crate) fn new(agent: AgentHandle, credentials: Credentials, idle_timeout: Option<Duration>) -> Self {
         let mut inner = LocalSessionManager::default();
         inner.session_config.keep_alive = None;
-        Self { inner, agent, credentials, idle_timeout, open: Arc::default(), logs: Arc::default() }
+        let (open, logs, request_ended) = (Arc::default(), Arc::default(), Arc::default());
+        Self { inner, agent, credentials, idle_timeout, open, logs, request_ended }
     }
 
     /// Session `id`'s `GET` stream from rmcp, handed on to its client ([`handed_on`]), counted as its client
@@ -157,6 +160,7 @@ impl ConversationSessions {
         let (log, connection) = StreamLog::connected(STALL_TIMEOUT);
         let log = Arc::new(log);
         let (logs, open, session) = (self.logs.clone(), self.open.clone(), id.clone());
+        let request_ended = self.request_ended.clone();
         if let Some(tracked) = open.lock().get_mut(&session) {
             tracked.requests += 1;
         }
@@ -180,6 +184,7 @@ impl ConversationSessions {
                 tracked.requests = tracked.requests.saturating_sub(1);
                 tracked.last_seen = Instant::now();
             }
+            request_ended.notify_waiters();
             log.finish();
             if let Some(request) = request {
                 let mut logs = logs.lock();
@@ -194,6 +199,22 @@ impl ConversationSessions {
             }
         });
         connection
+    }
+
+    /// Waits until session `id` has no request whose response stream still runs, or `within` passed.
+    async fn drained(&self, id: &SessionId, within: Duration) {
+        let until = tokio::time::Instant::now() + within;
+        loop {
+            let ended = self.request_ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if self.open.lock().get(id).is_none_or(|tracked| tracked.requests == 0) {
+                return;
+            }
+            if tokio::time::timeout_at(until, ended).await.is_err() {
+                return;
+            }
+        }
     }
 
     /// The log of request stream `request` of session `id`, if it is still kept.
@@ -249,6 +270,9 @@ impl ConversationSessions {
                 match event {
                     Some(ConversationEvent::Status(change)) if change.status == ConversationStatus::Ended => {
                         for id in sessions.ending_with(&change.conversation) {
+                            // Its calls, cancelled by the end, answer their client first (the stream of a session
+                            // closed under it ends without its response).
+                            sessions.drained(&id, STALL_TIMEOUT).await;
                             // Closing an already closed session (the client deleted it) does nothing.
                             let _ = sessions.inner.close_session(&id).await;
                             sessions.open.lock().remove(&id);
