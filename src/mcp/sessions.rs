@@ -270,13 +270,17 @@ impl ConversationSessions {
                 match event {
                     Some(ConversationEvent::Status(change)) if change.status == ConversationStatus::Ended => {
                         for id in sessions.ending_with(&change.conversation) {
-                            // Its calls, cancelled by the end, answer their client first (the stream of a session
-                            // closed under it ends without its response).
-                            sessions.drained(&id, STALL_TIMEOUT).await;
-                            // Closing an already closed session (the client deleted it) does nothing.
-                            let _ = sessions.inner.close_session(&id).await;
-                            sessions.open.lock().remove(&id);
-                            sessions.logs.lock().remove(&id);
+                            // Each on its own: one waiting for its calls holds up no other session's close.
+                            let sessions = sessions.clone();
+                            tokio::spawn(async move {
+                                // Its calls, cancelled by the end, answer their client first (the stream of a
+                                // session closed under it ends without its response).
+                                sessions.drained(&id, STALL_TIMEOUT).await;
+                                // Closing an already closed session (the client deleted it) does nothing.
+                                let _ = sessions.inner.close_session(&id).await;
+                                sessions.open.lock().remove(&id);
+                                sessions.logs.lock().remove(&id);
+                            });
                         }
                     }
                     Some(_) => {}
