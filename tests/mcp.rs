@@ -154,6 +154,14 @@ fn domain_error(result: &rmcp::model::CallToolResult) -> Value {
     error
 }
 
+/// The JSON-RPC error code a request was answered with, if it was answered with an error.
+fn json_rpc_code<T>(answer: &Result<T, rmcp::ServiceError>) -> Option<rmcp::model::ErrorCode> {
+    match answer {
+        Err(rmcp::ServiceError::McpError(error)) => Some(error.code),
+        _ => None,
+    }
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
 }
@@ -430,11 +438,7 @@ fn busy_over_the_in_flight_limit_in(modern: bool) {
         let begun = peer.call_tool(params("begin_conversation", json!({}))).await.expect("a result");
         assert_eq!(begun.is_error, Some(false), "{begun:?}");
         let unknown = peer.call_tool(params("gatde", json!({}))).await;
-        let code = match &unknown {
-            Err(rmcp::ServiceError::McpError(error)) => Some(error.code),
-            _ => None,
-        };
-        assert_eq!(code, Some(rmcp::model::ErrorCode::INVALID_PARAMS), "{unknown:?}");
+        assert_eq!(json_rpc_code(&unknown), Some(rmcp::model::ErrorCode::INVALID_PARAMS), "{unknown:?}");
         if modern {
             // The same conversation (rmcp's client name) over raw HTTP: one JSON-RPC response, for this request.
             let info = serde_json::to_value(rmcp::model::ClientConfig::default().client_info).expect("json");
@@ -817,11 +821,7 @@ fn tools_list_with_a_cursor_it_never_gave_out_is_invalid_params() {
         assert!(all.next_cursor.is_none(), "one page");
         let cursor = rmcp::model::PaginatedRequestParams::default().with_cursor(Some("page-2".to_string()));
         let paged = client.peer().list_tools(Some(cursor)).await;
-        let code = match &paged {
-            Err(rmcp::ServiceError::McpError(error)) => Some(error.code),
-            _ => None,
-        };
-        assert_eq!(code, Some(rmcp::model::ErrorCode::INVALID_PARAMS), "MCP's pagination: {paged:?}");
+        assert_eq!(json_rpc_code(&paged), Some(rmcp::model::ErrorCode::INVALID_PARAMS), "MCP's pagination: {paged:?}");
         client.cancel().await.expect("close");
     });
     game.stop();
