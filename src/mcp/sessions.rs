@@ -336,15 +336,8 @@ impl ConversationSessions {
         if open.len() < max {
             return None;
         }
-        let room = open
-            .iter()
-            .filter(|(_, tracked)| tracked.bound.is_none() && tracked.listening == 0)
-            .filter(|(_, tracked)| now.saturating_duration_since(tracked.last_seen) >= ROOM_GRACE)
-            .filter(|(_, tracked)| !self.has_calls_in_flight(tracked))
-            .min_by_key(|(_, tracked)| tracked.last_seen)
-            .map(|(id, _)| id.clone())?;
-        open.remove(&room);
-        Some(room)
+        let may_end = |_: &SessionId, tracked: &Tracked| tracked.bound.is_none() && !self.has_calls_in_flight(tracked);
+        take_longest_silent_idle(&mut open, now, may_end)
     }
 
     /// The sessions that end with `conversation`: its own session, and those of the in-game agent session it is
@@ -379,15 +372,9 @@ impl ConversationSessions {
         if open.values().filter(|tracked| of_credential(tracked)).count() <= BOUND_KEPT {
             return None;
         }
-        let room = open
-            .iter()
-            .filter(|(other, tracked)| *other != id && of_credential(tracked) && tracked.listening == 0)
-            .filter(|(_, tracked)| tracked.requests == 0)
-            .filter(|(_, tracked)| Instant::now().saturating_duration_since(tracked.last_seen) >= ROOM_GRACE)
-            .min_by_key(|(_, tracked)| tracked.last_seen)
-            .map(|(other, _)| other.clone())?;
-        open.remove(&room);
-        Some(room)
+        let may_end =
+            |other: &SessionId, tracked: &Tracked| other != id && of_credential(tracked) && tracked.requests == 0;
+        take_longest_silent_idle(&mut open, Instant::now(), may_end)
     }
 
     /// A call of session `id` runs in `conversation` (named by a handle).
@@ -408,6 +395,24 @@ impl ConversationSessions {
             tracked.last_seen = Instant::now();
         }
     }
+}
+
+/// Of the `open` sessions that `may_end`, whose client is not listening and was silent for [`ROOM_GRACE`] at `now`,
+/// the longest silent, taken out of them.
+fn take_longest_silent_idle(
+    open: &mut HashMap<SessionId, Tracked>,
+    now: Instant,
+    may_end: impl Fn(&SessionId, &Tracked) -> bool,
+) -> Option<SessionId> {
+    let room = open
+        .iter()
+        .filter(|(_, tracked)| tracked.listening == 0)
+        .filter(|(_, tracked)| now.saturating_duration_since(tracked.last_seen) >= ROOM_GRACE)
+        .filter(|(id, tracked)| may_end(id, tracked))
+        .min_by_key(|(_, tracked)| tracked.last_seen)
+        .map(|(id, _)| id.clone())?;
+    open.remove(&room);
+    Some(room)
 }
 
 /// A session's client listening on its `GET` stream. When it stops (it closed the stream, went away, or stopped
