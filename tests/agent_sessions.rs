@@ -280,7 +280,7 @@ fn s_a_turn_streams_deltas_and_its_tool_call_changes_the_world_as_the_sessions_o
 }
 
 #[test]
-fn a_message_the_agent_sends_between_turns_is_completed_when_the_next_turn_starts_and_kept_apart_from_it() {
+fn a_message_the_agent_sends_right_after_answering_is_kept_apart_from_its_turn_and_completed_when_the_next_starts() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
     let session = game.create(agent(&dirs, &[])).expect("the session starts");

@@ -1,7 +1,7 @@
 //! One ACP connection, run as a task on the plugin's runtime: set-up (initialize, new or re-attached session),
 //! then the session core's commands until it closes or the agent goes away.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use agent_client_protocol::schema::ProtocolVersion;
@@ -17,10 +17,11 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::{oneshot, watch};
 
 use super::auth::SignIn;
+use super::ending::{Ending, TurnAnswer};
 use super::updates::{self, Replay};
 use super::{quirks, Command};
 use crate::error::{ErrorCode, ToolError};
-use crate::session::backend::{Attached, BackendEvent, EventSink, PromptBlock, Setup, StopReason};
+use crate::session::backend::{Attached, BackendEvent, EventSink, PromptBlock, Setup};
 
 /// The connection's end, once it ended: `Some(why)` for a failure (exit status, stderr tail), `Some("")` for a
 /// clean end.
@@ -149,7 +150,7 @@ pub(crate) fn spawn(
 
 /// The error's message and what its data carries (for a process that exited: its status and stderr tail),
 /// keeping at most the last 2,000 characters.
-fn describe(error: &agent_client_protocol::Error) -> String {
+pub(super) fn describe(error: &agent_client_protocol::Error) -> String {
     let data = match &error.data {
         Some(serde_json::Value::String(data)) => Some(data.clone()),
         Some(serde_json::Value::Null) | None => None,
@@ -167,7 +168,7 @@ fn describe(error: &agent_client_protocol::Error) -> String {
 }
 
 /// Whether `error` says the agent's side of the connection is gone (it exited or closed its output).
-fn agent_gone(error: &agent_client_protocol::Error) -> bool {
+pub(super) fn agent_gone(error: &agent_client_protocol::Error) -> bool {
     agent_client_protocol::is_connection_terminated(error) || agent_client_protocol::is_incoming_transport_closed(error)
 }
 
@@ -191,7 +192,7 @@ fn unknown_session(error: &agent_client_protocol::Error) -> bool {
         || data.into_iter().any(says_so)
 }
 
-fn unavailable(what: &str, error: &agent_client_protocol::Error) -> ToolError {
+pub(super) fn unavailable(what: &str, error: &agent_client_protocol::Error) -> ToolError {
     ToolError::with_code(ErrorCode::AgentUnavailable, format!("{what}: {}", describe(error)))
 }
 
@@ -200,47 +201,6 @@ struct Reports {
     sink: EventSink,
     exit: ExitWatch,
     ending: Ending,
-}
-
-/// The agent going away when the game did not close the connection fails the session at once, saying why,
-/// instead of leaving it looking idle until the player's next message. Exactly one reports it: the connection's
-/// end when no turn is under way; else the end of the turn under way (during a turn, the turn's failure says
-/// it; a turn the agent answered just before it went reports it after that answer).
-#[derive(Clone, Default)]
-struct Ending {
-    /// Set when the session core closes the connection (or set-up fails): any other end is the agent's.
-    closing: Arc<AtomicBool>,
-    /// Set once the connection ended (after the exit watch has its reason).
-    ended: Arc<AtomicBool>,
-    /// Turns under way.
-    turns: Arc<AtomicUsize>,
-    /// Whether the end was reported.
-    reported: Arc<AtomicBool>,
-}
-
-impl Ending {
-    /// Reports the connection's end, `why`, unless the game closed it, a turn is still under way (its end
-    /// reports it), or it was reported already.
-    fn report_exit(&self, sink: &EventSink, why: &str) {
-        if self.closing.load(Ordering::SeqCst)
-            || self.turns.load(Ordering::SeqCst) != 0
-            || self.reported.swap(true, Ordering::SeqCst)
-        {
-            return;
-        }
-        let why = if why.is_empty() { "it closed the connection" } else { why };
-        let message = format!("the agent stopped: {why}");
-        sink(BackendEvent::Exited(Some(ToolError::with_code(ErrorCode::AgentUnavailable, message))));
-    }
-
-    /// A turn's end: if the connection ended meanwhile, its end is reported now (after the turn's answer).
-    fn turn_ended(&self, sink: &EventSink, exit: &ExitWatch) {
-        self.turns.fetch_sub(1, Ordering::SeqCst);
-        if self.ended.load(Ordering::SeqCst) {
-            let why = exit.borrow().clone().unwrap_or_default();
-            self.report_exit(sink, &why);
-        }
-    }
 }
 
 /// What set-up reports to and goes by: where its outcome goes, the replay of a loaded session, the step it waits
@@ -288,43 +248,17 @@ async fn run(
                     .into_iter()
                     .map(|PromptBlock::Text(text)| ContentBlock::Text(TextContent::new(text)))
                     .collect();
-                let sent = cx.send_request(PromptRequest::new(session.clone(), prompt));
-                let (sink, exit, ending) = (sink.clone(), exit.clone(), ending.clone());
-                let sign_in = sign_in.clone();
-                ending.turns.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let event = match sent.block_task().await {
-                        Ok(response) => {
-                            BackendEvent::TurnEnded { turn, stop: updates::stop_reason(response.stop_reason) }
-                        }
-                        Err(error) if agent_gone(&error) => {
-                            // The agent went away: its exit says why (status, stderr), and fails the session.
-                            ending.reported.store(true, Ordering::SeqCst);
-                            let why =
-                                tokio::time::timeout(std::time::Duration::from_secs(3), wait_exit(exit.clone())).await;
-                            let why = why.ok().flatten().unwrap_or_else(|| describe(&error));
-                            BackendEvent::Exited(Some(ToolError::with_code(
-                                ErrorCode::AgentUnavailable,
-                                format!("the agent stopped during the turn: {why}"),
-                            )))
-                        }
-                        // Some agents answer a cancelled prompt with ACP's "request cancelled" error rather than
-                        // the `cancelled` stop reason.
-                        Err(error) if error.code == agent_client_protocol::ErrorCode::REQUEST_CANCELLED => {
-                            BackendEvent::TurnEnded { turn, stop: StopReason::Cancelled }
-                        }
-                        // The agent's own trouble (a sign-in it needs, its provider's rate limit, a context too long):
-                        // this turn fails, the agent stays, and the player may send again.
-                        Err(error) => {
-                            let error = sign_in
-                                .required(&error)
-                                .unwrap_or_else(|| unavailable("the agent failed the turn", &error));
-                            BackendEvent::TurnRefused { turn, error }
-                        }
-                    };
-                    sink(event);
-                    ending.turn_ended(&sink, &exit);
-                });
+                let answer = TurnAnswer::new(turn, sink.clone(), exit.clone(), ending.clone(), sign_in.clone());
+                // Reported in the connection's order (the dispatch of what the agent sends next waits for it).
+                let sent =
+                    cx.send_request(PromptRequest::new(session.clone(), prompt)).on_receiving_result(move |result| {
+                        answer.report(result);
+                        std::future::ready(Ok(()))
+                    });
+                if let Err(error) = sent {
+                    // The connection is ending: the dropped answer refused the turn, and the end says why.
+                    tracing::debug!(error = %describe(&error), "the prompt could not be sent");
+                }
             }
             Command::Cancel { by_player } => {
                 cx.send_notification(CancelNotification::new(session.clone()))?;

@@ -10,6 +10,7 @@
 
 mod auth;
 mod connection;
+mod ending;
 mod quirks;
 mod updates;
 
