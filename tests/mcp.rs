@@ -811,6 +811,42 @@ fn a_call_in_flight_when_the_game_ends_its_sessions_conversation_is_answered_bef
     game.stop();
 }
 
+/// The JSON-RPC answer in a raw HTTP response: the body, or the `data:` of its server-sent event.
+fn answer_of(response: &str) -> Value {
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    body.lines()
+        .map(|line| line.strip_prefix("data:").unwrap_or(line).trim())
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|message| message.get("id").is_some())
+        .unwrap_or_else(|| panic!("no JSON-RPC answer in {response}"))
+}
+
+#[test]
+fn h12_an_older_version_asked_without_a_session_after_discovery_is_its_clients_conversation() {
+    // A client that discovered the server (`server/discover`) may go on in an older version without a session:
+    // its requests carry the version and its capabilities in `_meta`, and rmcp serves them sessionless. Its
+    // retries are its client's conversation's, as a 2026-07-28 client's are: they run once.
+    let (game, server) = game(Arc::default(), Gate::new());
+    let bearer = format!("Bearer {TOKEN}");
+    let meta = json!({ "io.modelcontextprotocol/protocolVersion": "2025-11-25",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": { "name": "discovering", "version": "1" } });
+    let call = |id: u32| {
+        let params = json!({ "name": "bump", "arguments": { "by": 1, "operation_id": "op-older" }, "_meta": meta });
+        let body = json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params }).to_string();
+        let (status, response) =
+            raw(&server, &[("Authorization", bearer.as_str()), ("MCP-Protocol-Version", "2025-11-25")], &body);
+        assert_eq!(status, 200, "served without a session: {response}");
+        let answer = answer_of(&response);
+        assert_eq!(answer["id"], id, "{answer}");
+        answer["result"]["structuredContent"]["counter"].clone()
+    };
+    let first = call(1);
+    assert!(first.is_u64(), "{first}");
+    assert_eq!(call(2), first, "the retry joined its operation's outcome: the same conversation");
+    game.stop();
+}
+
 #[test]
 fn tools_list_with_a_cursor_it_never_gave_out_is_invalid_params() {
     let (game, server) = game(Arc::default(), Gate::new());
