@@ -1396,6 +1396,54 @@ fn s2_cancelling_a_turn_cancels_its_tool_call_running_in_the_game_and_the_agent_
 }
 
 #[test]
+fn s2_a_tool_call_the_agent_makes_after_the_players_cancel_is_refused_and_never_changes_the_world() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let mut config = agent(&dirs, &[]);
+    config.timeouts.cancel_grace = Duration::from_secs(5);
+    let session = game.create(config).expect("starts");
+    let id = session.id().to_string();
+    // The tool would run at once: only its refusal keeps the world as the player left it.
+    game.gate.open();
+    let pending = game.block_on(session.start_turn("after-cancel call held {}")).expect("sent");
+    game.log.wait_for("waiting for the cancel");
+
+    assert!(session.cancel());
+    let turn = game.block_on(pending).expect("the agent ends the cancelled turn");
+    let answer = turn.final_message.expect("the agent's last message");
+    // (The agent's messages have no ids: what it said while waiting is part of it.)
+    assert!(answer.contains("held answered: error") && answer.contains("CANCELLED"), "{answer}");
+    assert!(answer.contains("the player cancelled the turn"), "says why: {answer}");
+    assert_eq!(turn.stop_reason, StopReason::Cancelled);
+    assert_eq!(game.executions.load(Ordering::SeqCst), 0, "the call never ran");
+    assert!(!game.log.lines().iter().any(|line| line.starts_with(&format!("call-started {id}"))), "nor started");
+
+    // The next turn's calls run.
+    let next = game.block_on(session.send_text("call held {}")).expect("the next turn runs");
+    assert!(next.final_message.is_some_and(|m| m.contains("\"counter\":1")), "the next turn's call ran");
+}
+
+#[test]
+fn s2_a_permission_request_that_crosses_the_players_cancel_is_answered_cancelled_without_asking() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let mut config = agent(&dirs, &[]);
+    config.timeouts.cancel_grace = Duration::from_secs(5);
+    let session = game.create(config).expect("starts");
+    let id = session.id().to_string();
+    let pending = game.block_on(session.start_turn("after-cancel ask")).expect("sent");
+    game.log.wait_for("waiting for the cancel");
+
+    assert!(session.cancel());
+    let turn = game.block_on(pending).expect("the agent ends the cancelled turn, within its grace");
+    let answer = turn.final_message.expect("the agent's last message");
+    assert!(answer.ends_with("permission: cancelled"), "ACP: `cancelled` after a cancel: {answer}");
+    assert_eq!(turn.stop_reason, StopReason::Cancelled);
+    assert!(!game.log.lines().iter().any(|line| line.starts_with(&format!("permission {id} "))), "nobody was asked");
+    assert_eq!(session.status(), ConversationStatus::Idle, "the session stays usable");
+}
+
+#[test]
 fn s2_a_cancelled_turn_the_agent_never_ends_stops_the_agent_after_the_grace_and_resume_restarts_it() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

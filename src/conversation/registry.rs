@@ -45,9 +45,8 @@ struct Entry {
     ended_at: Option<Instant>,
     /// Owned by the game (an in-game agent session): only the game ends it, never the idle timeout.
     held: bool,
-    /// Its in-game agent session failed: it takes no calls until the session is resumed (its agent is being
-    /// stopped, and a request that passed the credential check just before it was revoked must not run).
-    suspended: bool,
+    /// Why it takes no calls for now (an in-game agent session's).
+    suspended: Option<Suspension>,
     /// Its transport no longer names it, but a call of it was in flight: it ends when its last call finishes
     /// (unless it is named again first).
     end_when_idle: bool,
@@ -66,15 +65,26 @@ impl Entry {
             last_activity: now,
             ended_at: None,
             held: false,
-            suspended: false,
+            suspended: None,
             end_when_idle: false,
         }
     }
 
     /// Whether a call of it may be admitted.
     fn takes_calls(&self) -> bool {
-        !self.facts.ended && !self.suspended
+        !self.facts.ended && self.suspended.is_none()
     }
+}
+
+/// Why an in-game agent session's conversation takes no calls for now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Suspension {
+    /// The session failed: until it is resumed (its agent is being stopped, and a request that passed the
+    /// credential check just before it was revoked must not run).
+    Failed,
+    /// The player cancelled the running turn: until that turn ends. A call the agent sent before it read the
+    /// cancel must not change the world after the player's stop.
+    TurnCancelled,
 }
 
 #[derive(Default)]
@@ -213,16 +223,21 @@ impl ConversationHub {
 
     /// Why a call of `id` is refused, once [`accepts`](Self::accepts) (or a call's start) said it is.
     pub(crate) fn refusal(&self, id: &ConversationId) -> ToolError {
-        let suspended = self.inner.lock().conversations.get(id).is_some_and(|e| e.suspended && !e.facts.ended);
-        if !suspended {
-            return super::ended(id);
+        let suspended = self.inner.lock().conversations.get(id).filter(|e| !e.facts.ended).and_then(|e| e.suspended);
+        match suspended {
+            None => super::ended(id),
+            Some(Suspension::Failed) => ToolError::with_code(
+                ErrorCode::Cancelled,
+                format!("the in-game agent session `{id}` failed: it calls no tools until it is resumed"),
+            )
+            .with_detail("conversation", id)
+            .with_detail("session_failed", true),
+            Some(Suspension::TurnCancelled) => ToolError::with_code(
+                ErrorCode::Cancelled,
+                "the player cancelled the turn: its agent calls no tools until the next turn",
+            )
+            .with_detail("conversation", id),
         }
-        ToolError::with_code(
-            ErrorCode::Cancelled,
-            format!("the in-game agent session `{id}` failed: it calls no tools until it is resumed"),
-        )
-        .with_detail("conversation", id)
-        .with_detail("session_failed", true)
     }
 
     /// Whether an in-game agent session holds `id`.
@@ -323,11 +338,18 @@ impl ConversationHub {
         self.publish_chat_then_set(&id, vec![event], None, StatusSource::Host);
     }
 
-    /// Stops (or, `false`, resumes) admitting calls of the in-game agent session `id`, which failed (or went live
-    /// again). Its calls already admitted are the session's to cancel.
-    pub(crate) fn suspend(&self, id: &ConversationId, suspended: bool) {
+    /// Stops admitting calls of the in-game agent session `id`, for `why` (or, `None`, admits them again: it went
+    /// live again). Its calls already admitted are the session's to cancel.
+    pub(crate) fn suspend(&self, id: &ConversationId, why: Option<Suspension>) {
         if let Some(entry) = self.inner.lock().conversations.get_mut(id) {
-            entry.suspended = suspended;
+            entry.suspended = why;
+        }
+    }
+
+    /// Admits calls of `id` again if they were stopped for `why` only (a failure that came since stays).
+    pub(crate) fn end_suspension(&self, id: &ConversationId, why: Suspension) {
+        if let Some(entry) = self.inner.lock().conversations.get_mut(id).filter(|entry| entry.suspended == Some(why)) {
+            entry.suspended = None;
         }
     }
 

@@ -21,7 +21,7 @@ use super::permission::PermissionBook;
 use super::record::Record;
 use super::{SessionConfig, SessionHost, TurnEnd};
 use crate::conversation::{ChatDelta, ChatError, ChatMessage, ConversationEvent};
-use crate::conversation::{ConversationStatus, StatusSource};
+use crate::conversation::{ConversationStatus, StatusSource, Suspension};
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
 
@@ -39,6 +39,8 @@ pub(crate) enum Phase {
 struct Turn {
     number: u64,
     reply: oneshot::Sender<Result<TurnEnd, ToolError>>,
+    /// The player cancelled it: the agent's calls and permission requests from now on are refused, until it ends.
+    cancelled: bool,
     /// The last completed message of the turn.
     last_message: Option<String>,
 }
@@ -307,7 +309,7 @@ impl SessionCore {
     /// The status change of a session going live from `phase`, published under the state lock: a failed one
     /// goes `Idle`, an ended one's conversation is reopened (`Ended → Idle`), a new one is `Idle` already.
     fn reopen(&self, phase: &Phase) -> Result<(), ToolError> {
-        self.host.agent.host().conversations.suspend(&self.id, false);
+        self.host.agent.host().conversations.suspend(&self.id, None);
         match phase {
             Phase::Live => Ok(()),
             Phase::Failed(_) => {
@@ -393,7 +395,7 @@ impl SessionCore {
             self.host.publish(&self.id, feed, None, StatusSource::Host);
             state.turns += 1;
             let number = state.turns;
-            state.turn = Some(Turn { number, reply, last_message: None });
+            state.turn = Some(Turn { number, reply, cancelled: false, last_message: None });
             let mut blocks = Vec::new();
             if state.system_prompt_pending {
                 state.system_prompt_pending = false;
@@ -450,7 +452,11 @@ impl SessionCore {
                     _ => false,
                 };
             }
-            let (Some(turn), Some(link)) = (&state.turn, &state.link) else { return false };
+            let state = &mut *state;
+            let (Some(turn), Some(link)) = (state.turn.as_mut(), &state.link) else { return false };
+            // Before the agent hears of it: a call it makes from now on, sent before it read the cancel, is refused.
+            turn.cancelled = true;
+            self.host.agent.host().conversations.suspend(&self.id, Some(Suspension::TurnCancelled));
             link.cancel();
             // After `session/cancel` the agent waits for its pending permission requests' answers: `cancelled`.
             // Under the lock: they are this turn's, not a next one's.
@@ -512,8 +518,14 @@ impl SessionCore {
                 BackendEvent::ToolCall => self.finish_message(&mut state, &mut feed),
                 BackendEvent::Usage(usage) => state.usage = Some(usage),
                 BackendEvent::Permission { tool, reply } => {
-                    // Under the lock: an end or a failure after this withdraws the request it puts to the player.
-                    self.host.permissions.ask(self, tool, reply);
+                    if state.turn.as_ref().is_some_and(|turn| turn.cancelled) {
+                        // Sent before the agent read the player's cancel: answered as ACP asks of every request
+                        // pending at a cancel, without asking anyone.
+                        let _ = reply.send(PermissionDecision::Cancelled);
+                    } else {
+                        // Under the lock: an end or a failure after this withdraws the request it puts to the player.
+                        self.host.permissions.ask(self, tool, reply);
+                    }
                 }
                 BackendEvent::TurnEnded { turn, stop } => {
                     if state.turn.as_ref().is_some_and(|running| running.number == turn) {
@@ -521,6 +533,7 @@ impl SessionCore {
                         self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
                         self.finish_message(&mut state, &mut feed);
                         ended_turn = state.turn.take().map(|turn| (turn, Ok(stop)));
+                        self.end_cancel_suspension();
                     }
                 }
                 BackendEvent::TurnRefused { turn, error } => {
@@ -530,6 +543,7 @@ impl SessionCore {
                         self.finish_message(&mut state, &mut feed);
                         feed.push(self.chat_error(&error));
                         ended_turn = state.turn.take().map(|turn| (turn, Err(error)));
+                        self.end_cancel_suspension();
                     }
                 }
                 BackendEvent::TurnFailed { turn, error } => {
@@ -552,6 +566,11 @@ impl SessionCore {
         if let Some(error) = failure {
             self.fail(error);
         }
+    }
+
+    /// A cancelled turn ended: its agent's calls are admitted again (unless the session failed meanwhile).
+    fn end_cancel_suspension(&self) {
+        self.host.agent.host().conversations.end_suspension(&self.id, Suspension::TurnCancelled);
     }
 
     /// What the player is shown of a failed turn.
@@ -597,7 +616,7 @@ impl SessionCore {
             }
             state.phase = Phase::Failed(error.clone());
             // Before the credential is revoked: a request that passed its check just before is refused too.
-            self.host.agent.host().conversations.suspend(&self.id, true);
+            self.host.agent.host().conversations.suspend(&self.id, Some(Suspension::Failed));
             let link = self.take_connection(&mut state);
             state.stopped.clone_from(&link);
             self.finish_message(&mut state, &mut feed);

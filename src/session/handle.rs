@@ -403,7 +403,8 @@ impl AgentSession {
     }
 
     /// Cancels the running turn: the agent is asked to stop, the session's tool calls running in the game are
-    /// cancelled (`CANCELLED`), and the turn ends (normally with
+    /// cancelled (`CANCELLED`) and, until the turn ends, the ones it still makes are refused (`CANCELLED`) and its
+    /// permission requests answered `cancelled` without asking anyone; the turn ends (normally with
     /// [`StopReason::Cancelled`](super::StopReason::Cancelled); an agent that does not end it within
     /// [`SessionTimeouts::cancel_grace`](super::SessionTimeouts::cancel_grace) is stopped, as for a turn timeout). A
     /// turn still being sent (the game's observation for it awaited, at most 500 ms) is not sent, and ends so when

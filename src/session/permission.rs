@@ -45,10 +45,10 @@ fn settle(
     outcome: PermissionOutcome,
     decision: PermissionDecision,
 ) -> bool {
-    let delivered = asked.reply.send(decision).is_ok();
+    // Published before the agent hears the answer: what the agent says about it comes after the settlement.
     let settled = PermissionSettled { session: asked.session, request, outcome, sequence: 0 };
     agent.host().conversations.publish_chat(ConversationEvent::PermissionSettled(settled));
-    delivered
+    asked.reply.send(decision).is_ok()
 }
 
 impl PermissionBook {

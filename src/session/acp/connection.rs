@@ -249,14 +249,17 @@ async fn run(
                     .map(|PromptBlock::Text(text)| ContentBlock::Text(TextContent::new(text)))
                     .collect();
                 let answer = TurnAnswer::new(turn, sink.clone(), exit.clone(), ending.clone(), sign_in.clone());
-                // Reported in the connection's order (the dispatch of what the agent sends next waits for it).
-                let sent =
-                    cx.send_request(PromptRequest::new(session.clone(), prompt)).on_receiving_result(move |result| {
+                // Reported in the connection's order (the dispatch of what the agent sends next waits for it): the
+                // callback is registered before the request goes out (`prepare_request`; a request sent first could
+                // be answered before the order is asked for).
+                let sent = cx.prepare_request(PromptRequest::new(session.clone(), prompt)).on_receiving_result(
+                    move |result| {
                         answer.report(result);
                         std::future::ready(Ok(()))
-                    });
+                    },
+                );
                 if let Err(error) = sent {
-                    // The connection is ending: the dropped answer refused the turn, and the end says why.
+                    // The connection is ending: the dropped answer reports the agent's end.
                     tracing::debug!(error = %describe(&error), "the prompt could not be sent");
                 }
             }
