@@ -113,6 +113,9 @@ pub(crate) fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
         }
         slot.shut_down = true;
         slot.exit(world);
+        // Calls made with no world open that still wait for their tool end too: their answers go out before the
+        // transports stop.
+        slot.host.waiting_calls.close();
         for (info, completion) in slot.closing.drain(..) {
             // As between frames: logged, and a `VisitSaved` a system after `ExitSet::Host` can read; a save still
             // running at the deadline is reported as failed (the app does not wait for it).

@@ -914,6 +914,46 @@ fn a_conversation_the_game_ends_closes_its_mcp_session() {
     game.stop();
 }
 
+/// H13 over `AppExit` with no world open: a call waiting for a tool not registered yet (`tool_wait`, at the main
+/// menu) is answered (`WORLD_CLOSED`) before the server stops, in both protocol generations: its client does not
+/// wait for good on a connection that closed without its answer.
+#[test]
+fn app_exit_answers_a_call_waiting_for_its_tool_with_no_world_open_before_the_server_stops() {
+    for modern in [false, true] {
+        let game = RunningGame::spawn(Duration::from_millis(1), || {
+            let plugin = AgentToolsPlugin::new(TestGame::default()).tool_wait(Duration::from_secs(600));
+            headless_app_with(plugin, McpPlugin::new().port(0).token(TOKEN))
+        });
+        let server = game.with_app(|app| app.world().resource::<McpServer>().clone());
+        let mut events = game.agent().subscribe();
+        let runtime = runtime();
+        let (client, _) = runtime.block_on(connect(server.url(), modern));
+        let peer = client.peer().clone();
+        let call = runtime.spawn(async move { peer.call_tool(params("later", json!({}))).await });
+        runtime.block_on(async {
+            loop {
+                let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("an event");
+                if let Some(bevy_agent_tools::ConversationEvent::Status(change)) = event {
+                    if change.status == bevy_agent_tools::ConversationStatus::WaitingToolResult {
+                        break;
+                    }
+                }
+            }
+        });
+
+        game.stop();
+        let result = runtime
+            .block_on(async { tokio::time::timeout(Duration::from_secs(10), call).await })
+            .expect("the call answered in time")
+            .expect("joined")
+            .unwrap_or_else(|error| panic!("modern={modern}: a result, not a dropped connection: {error}"));
+        let error = domain_error(&result);
+        assert_eq!(error["code"], "WORLD_CLOSED", "modern={modern}: {result:?}");
+        assert!(error["message"].as_str().is_some_and(|m| m.contains("the game is exiting")), "{error}");
+        drop(client);
+    }
+}
+
 /// Writes `AppExit` once `Quit` is present.
 #[derive(Resource)]
 struct Quit;

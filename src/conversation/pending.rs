@@ -5,7 +5,8 @@
 //! [`tool_wait`](crate::AgentToolsPlugin::tool_wait). It waits until the tool is registered, or until its wait
 //! passes: then it fails with `TOOL_NOT_FOUND`, saying how long it waited (`WORLD_LOADING_TIMEOUT` if the world
 //! is still loading then). A call made while a visit was open is admitted into that visit only (a location-scoped
-//! one at that location only): if the visit ends first, it ends with `VISIT_ENDED` as the visit's calls do. The
+//! one at that location only): if the visit ends first, it ends with `VISIT_ENDED` as the visit's calls do; one made
+//! with no world open ends with `WORLD_CLOSED` when the game exits. The
 //! wait counts toward the call's own timeout: once admitted, its deadline is its arrival plus its timeout.
 //! Otherwise an unknown tool is rejected at once (a typo should not hang). While it waits, the conversation is
 //! `WaitingToolResult` and the call shows in the snapshot's `pending_calls`. A conversation may have as many calls
@@ -121,25 +122,52 @@ impl WaitCancel {
     }
 }
 
-/// The calls waiting for their tool that were made in a visit: the visit's exit ends them at once, so their
-/// clients hear `VISIT_ENDED` within the exit (an exit at `AppExit` has no later frame to wake them in).
+/// The calls waiting for their tool, with the visit each was made in (if any): the visit's exit ends its calls
+/// at once, so their clients hear `VISIT_ENDED` within the exit (an exit at `AppExit` has no later frame to wake
+/// them in), and the game's exit ends the ones made with no world open (their answers go out before the
+/// transports stop).
 #[derive(Default)]
-pub(crate) struct WaitingCalls(Mutex<Vec<(VisitId, Weak<WaitingCall>)>>);
+pub(crate) struct WaitingCalls(Mutex<Waiting>);
+
+#[derive(Default)]
+struct Waiting {
+    calls: Vec<(Option<VisitId>, Weak<WaitingCall>)>,
+    /// The game is exiting: no call waits from now on.
+    closed: bool,
+}
 
 impl WaitingCalls {
-    fn add(&self, visit: VisitId, call: &Arc<WaitingCall>) {
-        let mut calls = self.0.lock();
-        calls.retain(|(_, call)| call.upgrade().is_some_and(|call| !call.outcome.is_set()));
-        calls.push((visit, Arc::downgrade(call)));
+    fn add(&self, visit: Option<VisitId>, call: &Arc<WaitingCall>) -> Result<(), ToolError> {
+        let mut waiting = self.0.lock();
+        if waiting.closed {
+            return Err(game_exiting());
+        }
+        waiting.calls.retain(|(_, call)| call.upgrade().is_some_and(|call| !call.outcome.is_set()));
+        waiting.calls.push((visit, Arc::downgrade(call)));
+        Ok(())
+    }
+
+    /// The game is exiting (after its visit's exit): every call still waiting for its tool ends with
+    /// `WORLD_CLOSED`, and one arriving from now on is refused so.
+    pub(crate) fn close(&self) {
+        let ended = {
+            let mut waiting = self.0.lock();
+            waiting.closed = true;
+            std::mem::take(&mut waiting.calls)
+        };
+        for call in ended.iter().filter_map(|(_, call)| call.upgrade()) {
+            call.end_unadmitted(game_exiting());
+        }
     }
 
     /// Ends every call made in visit `info` that still waits for its tool, with `VISIT_ENDED`. Called by the exit
     /// once admission is closed (a call arriving after that is refused at once: [`wait_for_tool`]).
     pub(crate) fn end_visit(&self, info: &VisitInfo) {
         let ended: Vec<Weak<WaitingCall>> = {
-            let mut calls = self.0.lock();
-            let (ended, kept): (Vec<_>, Vec<_>) = calls.drain(..).partition(|(visit, _)| *visit == info.visit);
-            *calls = kept;
+            let mut waiting = self.0.lock();
+            let (ended, kept): (Vec<_>, Vec<_>) =
+                waiting.calls.drain(..).partition(|(visit, _)| *visit == Some(info.visit));
+            waiting.calls = kept;
             ended.into_iter().map(|(_, call)| call).collect()
         };
         for call in ended.iter().filter_map(Weak::upgrade) {
@@ -186,11 +214,14 @@ pub(crate) fn wait_for_tool(
                 call.outcome.set(Err(error));
                 return call;
             }
-            Some(open) => {
-                host.waiting_calls.add(open.info.visit, &call);
-                Some(open.info.clone())
+            open => {
+                // The game's exit ends every call still waiting; one arriving after that is refused.
+                if let Err(error) = host.waiting_calls.add(open.map(|open| open.info.visit), &call) {
+                    call.outcome.set(Err(error));
+                    return call;
+                }
+                open.map(|open| open.info.clone())
             }
-            None => None,
         }
     };
     let arrival = Arrival { at: std::time::Instant::now(), made_in };
@@ -281,6 +312,10 @@ async fn run(
         }
     };
     call.outcome.set(outcome);
+}
+
+fn game_exiting() -> ToolError {
+    ToolError::with_code(ErrorCode::WorldClosed, "the game is exiting: calls are no longer admitted")
 }
 
 /// Resolves the call with `INTERNAL` if its task is dropped before it set an outcome.

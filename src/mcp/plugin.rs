@@ -464,8 +464,8 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// On `AppExit`, after the host ended the visit's calls ([`ExitSet::Host`](crate::ExitSet::Host)): waits until
 /// every call that ended has had its response sent (bounded by what is left of the exit deadline, and at least
 /// [`RESPONSE_GRACE`]), then stops the server and waits (up to [`CLOSE_GRACE`]) for its connections to close.
-/// Calls still running then (a call waiting for a tool that was never registered) are not waited for: their
-/// clients see the connection close.
+/// Every call has ended by then (the host ends the visit's calls and those waiting for a tool); one whose
+/// outcome is still on its way at the deadline is not waited for: its client sees the connection close.
 fn stop_on_app_exit(mut exits: MessageReader<AppExit>, server: Res<McpServer>, started: Option<Res<ExitStarted>>) {
     if exits.read().count() == 0 || server.shutdown.is_cancelled() {
         return;
