@@ -18,6 +18,11 @@
 //! The idle time of a session whose client went away without deleting it starts when its stream closes, or when
 //! its client is found to have stopped reading it (its stream is then let go: [`handed_on`]).
 //!
+//! A session being closed takes no new request (404, as a closed one): a request is counted from before rmcp is
+//! handed it, under the lock a close decides under, so a close either waits for it (the game ended the
+//! conversation: up to the stall timeout), leaves the session be (expiry, making room), or came first and refuses
+//! it; never is a request handed to a session closed under it, its stream ending without its response.
+//!
 //! Expiry is ours, not rmcp's: rmcp's own keep-alive closes a session's worker but leaves the session in its
 //! manager, where nothing observes it.
 //!
@@ -45,7 +50,7 @@ use futures_core::Stream;
 use parking_lot::Mutex;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::common::http_header::{HEADER_LAST_EVENT_ID, HEADER_SESSION_ID};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, LocalSessionManagerError};
 use rmcp::transport::streamable_http_server::session::{ServerSseMessage, SessionId, SessionManager};
 use tokio_util::sync::CancellationToken;
 
@@ -94,8 +99,11 @@ struct Tracked {
     /// Its client's `GET` streams open and read ([`Listening`]): while there is one, its client is there.
     listening: usize,
     /// Its requests whose response streams still run (a tool call in flight among them, whatever conversation it
-    /// runs in).
+    /// runs in), counted from before rmcp is handed them.
     requests: usize,
+    /// It is being closed: a request that comes now is refused as of a closed session (404), not handed to a
+    /// session about to be closed under it (its stream would end without its response).
+    closing: bool,
 }
 
 /// How many of the conversations a session's calls named are remembered for its expiry.
@@ -119,7 +127,8 @@ const ROOM_GRACE: Duration = Duration::from_secs(30);
 
 impl Tracked {
     fn new(conversation: ConversationId, now: Instant) -> Self {
-        Self { conversation, last_seen: now, bound: None, used: VecDeque::new(), listening: 0, requests: 0 }
+        let used = VecDeque::new();
+        Self { conversation, last_seen: now, bound: None, used, listening: 0, requests: 0, closing: false }
     }
 
     /// Whether its calls ran in `conversation`.
@@ -161,9 +170,7 @@ impl ConversationSessions {
         let log = Arc::new(log);
         let (logs, open, session) = (self.logs.clone(), self.open.clone(), id.clone());
         let request_ended = self.request_ended.clone();
-        if let Some(tracked) = open.lock().get_mut(&session) {
-            tracked.requests += 1;
-        }
+        // (Counted by `create_stream`, before rmcp was handed the request.)
         tokio::spawn(async move {
             let mut request = None;
             while let Some(event) = std::future::poll_fn(|cx| inner.as_mut().poll_next(cx)).await {
@@ -273,8 +280,12 @@ impl ConversationSessions {
                             // Each on its own: one waiting for its calls holds up no other session's close.
                             let sessions = sessions.clone();
                             tokio::spawn(async move {
-                                // Its calls, cancelled by the end, answer their client first (the stream of a
-                                // session closed under it ends without its response).
+                                // No request starts in it from now on; its calls, cancelled by the end, answer
+                                // their client first (the stream of a session closed under it ends without its
+                                // response).
+                                if let Some(tracked) = sessions.open.lock().get_mut(&id) {
+                                    tracked.closing = true;
+                                }
                                 sessions.drained(&id, STALL_TIMEOUT).await;
                                 // Closing an already closed session (the client deleted it) does nothing.
                                 let _ = sessions.inner.close_session(&id).await;
@@ -308,11 +319,17 @@ impl ConversationSessions {
             if tracked.listening > 0 || now.saturating_duration_since(tracked.last_seen) < idle_timeout {
                 continue;
             }
-            if self.has_calls_in_flight(tracked) {
+            if tracked.requests > 0 || self.has_calls_in_flight(tracked) {
                 tracked.last_seen = now;
                 continue;
             }
             expired.push(id.clone());
+        }
+        // Under the same lock as the look at its requests: one arriving from now on is refused, not cut.
+        for id in &expired {
+            if let Some(tracked) = open.get_mut(id) {
+                tracked.closing = true;
+            }
         }
         expired
     }
@@ -336,7 +353,9 @@ impl ConversationSessions {
         if open.len() < max {
             return None;
         }
-        let may_end = |_: &SessionId, tracked: &Tracked| tracked.bound.is_none() && !self.has_calls_in_flight(tracked);
+        let may_end = |_: &SessionId, tracked: &Tracked| {
+            tracked.bound.is_none() && tracked.requests == 0 && !self.has_calls_in_flight(tracked)
+        };
         take_longest_silent_idle(&mut open, now, may_end)
     }
 
@@ -351,6 +370,23 @@ impl ConversationSessions {
     /// Whether `id` names an open session (a header naming anything else names no conversation).
     pub(crate) fn is_open(&self, id: &str) -> bool {
         self.open.lock().contains_key(&SessionId::from(id.to_owned()))
+    }
+
+    /// Session `id` takes requests: it is open and not being closed. Otherwise the error rmcp gives a session it
+    /// does not know.
+    fn takes_requests(&self, id: &SessionId) -> Result<(), LocalSessionManagerError> {
+        match self.open.lock().get(id) {
+            Some(tracked) if !tracked.closing => Ok(()),
+            _ => Err(LocalSessionManagerError::SessionNotFound(id.clone())),
+        }
+    }
+
+    /// A request of session `id` whose response stream did not start ends its count.
+    fn request_not_started(&self, id: &SessionId) {
+        if let Some(tracked) = self.open.lock().get_mut(id) {
+            tracked.requests = tracked.requests.saturating_sub(1);
+        }
+        self.request_ended.notify_waiters();
     }
 
     /// A request of session `id` presented in-game agent session `conversation`'s `credential`. Returns a session
@@ -538,8 +574,12 @@ impl SessionManager for ConversationSessions {
         self.inner.initialize_session(id, message)
     }
 
-    fn has_session(&self, id: &SessionId) -> impl Future<Output = Result<bool, Self::Error>> + Send {
-        self.inner.has_session(id)
+    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        // One being closed is not (404): its client opens a new one.
+        if self.takes_requests(id).is_err() {
+            return Ok(false);
+        }
+        self.inner.has_session(id).await
     }
 
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
@@ -556,9 +596,23 @@ impl SessionManager for ConversationSessions {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.seen(id);
-        let inner = self.inner.create_stream(id, message).await?;
-        Ok(self.logged(id, Box::pin(inner)))
+        {
+            // Counted before rmcp has it, under the lock a close decides under: a close either waits for it (the
+            // game ended the conversation), leaves the session be (expiry, room), or came first and refuses it.
+            let mut open = self.open.lock();
+            let Some(tracked) = open.get_mut(id).filter(|tracked| !tracked.closing) else {
+                return Err(LocalSessionManagerError::SessionNotFound(id.clone()));
+            };
+            tracked.requests += 1;
+            tracked.last_seen = Instant::now();
+        }
+        match self.inner.create_stream(id, message).await {
+            Ok(inner) => Ok(self.logged(id, Box::pin(inner))),
+            Err(error) => {
+                self.request_not_started(id);
+                Err(error)
+            }
+        }
     }
 
     fn accept_message(
@@ -567,7 +621,11 @@ impl SessionManager for ConversationSessions {
         message: ClientJsonRpcMessage,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send {
         self.seen(id);
-        self.inner.accept_message(id, message)
+        let refused = self.takes_requests(id);
+        async move {
+            refused?;
+            self.inner.accept_message(id, message).await
+        }
     }
 
     fn create_standalone_stream(
@@ -576,8 +634,12 @@ impl SessionManager for ConversationSessions {
     ) -> impl Future<Output = Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error>> + Send
     {
         self.seen(id);
+        let refused = self.takes_requests(id);
         let inner = self.inner.create_standalone_stream(id);
-        async move { Ok(self.listening(id, Box::pin(inner.await?))) }
+        async move {
+            refused?;
+            Ok(self.listening(id, Box::pin(inner.await?)))
+        }
     }
 
     async fn resume(
@@ -622,6 +684,37 @@ mod tests {
         let mut app = headless_app(AgentToolsPlugin::new(CounterGame).with_tool(held));
         app.enter_world("alpha");
         (app, gate)
+    }
+
+    #[test]
+    fn a_session_expiry_closes_takes_no_request_from_then_on_and_one_with_a_request_running_does_not_expire() {
+        let (app, _gate) = held_at_a_gate();
+        let timeout = Duration::from_secs(60);
+        let sessions = ConversationSessions::new(app.agent(), Credentials::default(), Some(timeout));
+        let runtime = app.agent().runtime().clone();
+        // Sessions rmcp holds (their transports kept, unserved: no request reaches a tool here).
+        let (running, _kept) = runtime.block_on(sessions.create_session()).expect("a session");
+        let (silent, _kept_too) = runtime.block_on(sessions.create_session()).expect("a session");
+        // A request of `running` was counted on its way to rmcp: its response stream has not started yet.
+        sessions.open.lock().get_mut(&running).expect("tracked").requests += 1;
+
+        let later = Instant::now() + timeout * 2;
+        assert_eq!(sessions.expired(later), vec![silent.clone()], "a request on its way keeps its session");
+        // Decided: until rmcp has closed it, a request that comes is refused as of a closed session (404), not
+        // handed to a session about to be closed under it.
+        assert!(runtime.block_on(sessions.inner.has_session(&silent)).expect("asked"), "rmcp still holds it");
+        assert!(!runtime.block_on(sessions.has_session(&silent)).expect("asked"), "404 for a new request");
+        let call: ClientJsonRpcMessage = serde_json::from_value(
+            json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": { "name": "held", "arguments": {} } }),
+        )
+        .expect("a request");
+        let started = runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), sessions.create_stream(&silent, call.clone())).await
+        });
+        assert!(matches!(started, Ok(Err(LocalSessionManagerError::SessionNotFound(_)))), "refused at once");
+        let accepted = runtime.block_on(sessions.accept_message(&silent, call));
+        assert!(matches!(accepted, Err(LocalSessionManagerError::SessionNotFound(_))));
+        assert!(runtime.block_on(sessions.has_session(&running)).expect("asked"), "the other takes requests");
     }
 
     #[test]
@@ -849,6 +942,8 @@ mod tests {
         // conversation, like every other bound session's): the third is the longest silent idle one.
         sessions.open.lock().get_mut(&ids[0]).expect("open").listening = 1;
         let (feeder, running) = StreamLog::connected(Duration::from_millis(20));
+        // Counted as `create_stream` counts a request, its stream then drained as rmcp's would be.
+        sessions.open.lock().get_mut(&ids[1]).expect("open").requests += 1;
         let answer = {
             let _runtime = app.agent().runtime().enter();
             sessions.logged(&ids[1], running)
