@@ -37,6 +37,8 @@ pub use chat::{ChatDelta, ChatError, ChatMessage, PermissionOutcome, PermissionR
 pub use events::{CallFinished, CallProgress, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription};
 pub(crate) use game::{end_idle_conversations, publish_conversation_messages, ConversationFeed};
 pub(crate) use pending::{ended, tool_wait, wait_for_tool, WaitingCall, WaitingCalls};
-pub(crate) use registry::{ConversationHub, Suspension};
+pub(crate) use registry::ConversationHub;
+#[cfg(any(feature = "acp", feature = "openai"))]
+pub(crate) use registry::Suspension;
 pub use snapshot::{ActiveCall, ConversationSnapshot, PendingCall};
 pub use status::{ConversationStatus, Reported, StatusSource};

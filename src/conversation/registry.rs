@@ -77,6 +77,7 @@ impl Entry {
 }
 
 /// Why an in-game agent session's conversation takes no calls for now.
+#[cfg_attr(not(any(feature = "acp", feature = "openai")), allow(dead_code))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Suspension {
     /// The session failed: until it is resumed (its agent is being stopped, and a request that passed the
