@@ -106,6 +106,26 @@ struct Tracked {
     closing: bool,
 }
 
+/// A request counted on its way to rmcp: uncounted when dropped before its response stream started (from then on
+/// the stream's drain counts it: [`ConversationSessions::logged`]).
+struct Counted<'a> {
+    sessions: &'a ConversationSessions,
+    id: &'a SessionId,
+    started: bool,
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        if self.started {
+            return;
+        }
+        if let Some(tracked) = self.sessions.open.lock().get_mut(self.id) {
+            tracked.requests = tracked.requests.saturating_sub(1);
+        }
+        self.sessions.request_ended.notify_waiters();
+    }
+}
+
 /// How many of the conversations a session's calls named are remembered for its expiry.
 const USED_KEPT: usize = 8;
 
@@ -381,14 +401,6 @@ impl ConversationSessions {
         }
     }
 
-    /// A request of session `id` whose response stream did not start ends its count.
-    fn request_not_started(&self, id: &SessionId) {
-        if let Some(tracked) = self.open.lock().get_mut(id) {
-            tracked.requests = tracked.requests.saturating_sub(1);
-        }
-        self.request_ended.notify_waiters();
-    }
-
     /// A request of session `id` presented in-game agent session `conversation`'s `credential`. Returns a session
     /// to close, taken out of the open ones, when the credential's sessions are now more than [`BOUND_KEPT`]: the
     /// longest silent of the others whose client is not listening, that have no request running (a bound session's
@@ -606,13 +618,11 @@ impl SessionManager for ConversationSessions {
             tracked.requests += 1;
             tracked.last_seen = Instant::now();
         }
-        match self.inner.create_stream(id, message).await {
-            Ok(inner) => Ok(self.logged(id, Box::pin(inner))),
-            Err(error) => {
-                self.request_not_started(id);
-                Err(error)
-            }
-        }
+        // Uncounted if its stream does not start: rmcp refused it, or the HTTP request went away meanwhile.
+        let mut counted = Counted { sessions: self, id, started: false };
+        let inner = self.inner.create_stream(id, message).await?;
+        counted.started = true;
+        Ok(self.logged(id, Box::pin(inner)))
     }
 
     fn accept_message(
@@ -687,7 +697,8 @@ mod tests {
     }
 
     #[test]
-    fn a_session_expiry_closes_takes_no_request_from_then_on_and_one_with_a_request_running_does_not_expire() {
+    fn a_session_being_closed_takes_no_request_one_with_a_request_on_its_way_stays_and_a_request_gone_away_is_uncounted(
+    ) {
         let (app, _gate) = held_at_a_gate();
         let timeout = Duration::from_secs(60);
         let sessions = ConversationSessions::new(app.agent(), Credentials::default(), Some(timeout));
@@ -715,6 +726,20 @@ mod tests {
         let accepted = runtime.block_on(sessions.accept_message(&silent, call));
         assert!(matches!(accepted, Err(LocalSessionManagerError::SessionNotFound(_))));
         assert!(runtime.block_on(sessions.has_session(&running)).expect("asked"), "the other takes requests");
+        let probe: ClientJsonRpcMessage = serde_json::from_value(
+            json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": { "name": "held", "arguments": {} } }),
+        )
+        .expect("a request");
+        let pending = runtime.block_on(async {
+            let started = sessions.create_stream(&running, probe);
+            tokio::pin!(started);
+            // Polled once (counted, handed to rmcp, which waits for the session's unserved worker), then dropped:
+            // as when the HTTP request goes away before the response starts.
+            std::future::poll_fn(|cx| std::task::Poll::Ready(started.as_mut().poll(cx).is_pending())).await
+        });
+        assert!(pending, "rmcp has not started its stream");
+        let requests = sessions.open.lock().get(&running).expect("tracked").requests;
+        assert_eq!(requests, 1, "a request that went away before its stream started is no longer counted");
     }
 
     #[test]
