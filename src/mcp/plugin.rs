@@ -300,15 +300,16 @@ impl McpPlugin {
         // Outermost last: rmcp's Host and Origin check (asked first, and again by rmcp), CORS for the allowed web
         // pages (a preflight answered), the token, then the in-flight limit, then rmcp (Host, Origin, body limit); every POST
         // that reaches rmcp is tracked until its response is sent, for the exit; a session's end is answered 204; a
-        // resume with nothing left to send, 405; each request notes how many tools were registered when it arrived
-        // (a `subscriptions/listen` acknowledged before it listens announces what it missed); an answer rmcp is
-        // slow to give, streamed.
+        // resume with nothing left to send, 405, and a request starting something in a session being closed, 404;
+        // each request notes how many tools were registered when it arrived (a `subscriptions/listen` acknowledged
+        // before it listens announces what it missed); an answer rmcp is slow to give, streamed.
         let router = Router::new()
             .nest_service(&self.path, service)
             .layer(axum::middleware::from_fn(super::late_answers::stream_late_answers))
             .layer(axum::middleware::from_fn_with_state(tools_seen, super::announce::note_tools_seen))
             .layer(axum::middleware::from_fn_with_state(sessions.clone(), super::termination::answer_session_end))
             .layer(axum::middleware::from_fn_with_state(sessions.clone(), super::sessions::refuse_spent_resumes))
+            .layer(axum::middleware::from_fn_with_state(sessions.clone(), super::sessions::refuse_closing_sessions))
             .layer(axum::middleware::from_fn_with_state(sessions.clone(), super::sessions::bind_to_agent_sessions))
             .layer(axum::middleware::from_fn_with_state(exchanges.clone(), track_exchanges))
             .layer(axum::middleware::from_fn_with_state(self.max_body_bytes, super::parse::refuse_unparsable))

@@ -18,7 +18,8 @@
 //! The idle time of a session whose client went away without deleting it starts when its stream closes, or when
 //! its client is found to have stopped reading it (its stream is then let go: [`handed_on`]).
 //!
-//! A session being closed takes no new request (404, as a closed one): a request is counted from before rmcp is
+//! A session being closed takes no new request (404, as a closed one; a resume of a response stream is still
+//! served: [`refuse_closing_sessions`]): a request is counted from before rmcp is
 //! handed it, under the lock a close decides under, so a close either waits for it (the game ended the
 //! conversation: up to the stall timeout), leaves the session be (expiry, making room), or came first and refuses
 //! it; never is a request handed to a session closed under it, its stream ending without its response.
@@ -392,6 +393,11 @@ impl ConversationSessions {
         self.open.lock().contains_key(&SessionId::from(id.to_owned()))
     }
 
+    /// Whether session `id` is being closed.
+    fn is_closing(&self, id: &SessionId) -> bool {
+        self.open.lock().get(id).is_some_and(|tracked| tracked.closing)
+    }
+
     /// Session `id` takes requests: it is open and not being closed. Otherwise the error rmcp gives a session it
     /// does not know.
     fn takes_requests(&self, id: &SessionId) -> Result<(), LocalSessionManagerError> {
@@ -528,6 +534,32 @@ pub(crate) async fn refuse_spent_resumes(
     next.run(request).await
 }
 
+/// A request that starts something in a session being closed (a `POST`, or a `GET` that is no resume) is answered
+/// as for a closed session (404, as rmcp answers), so its client opens a new one. A resume (`Last-Event-ID`) is
+/// served: the close may be waiting to deliver that stream's answer. (A request that gets past this just as the
+/// close is decided is refused by [`create_stream`](SessionManager::create_stream), which rmcp answers as a
+/// session error: 500.)
+pub(crate) async fn refuse_closing_sessions(
+    State(sessions): State<Arc<ConversationSessions>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if starts_in_closing_session(&sessions, &request) {
+        return (axum::http::StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
+    }
+    next.run(request).await
+}
+
+fn starts_in_closing_session(sessions: &ConversationSessions, request: &Request) -> bool {
+    let header = |name: &str| request.headers().get(name).and_then(|value| value.to_str().ok());
+    let starts = match *request.method() {
+        axum::http::Method::POST => true,
+        axum::http::Method::GET => header(HEADER_LAST_EVENT_ID).is_none(),
+        _ => false,
+    };
+    starts && header(HEADER_SESSION_ID).is_some_and(|id| sessions.is_closing(&SessionId::from(id.to_owned())))
+}
+
 fn spent_resume(sessions: &ConversationSessions, headers: &axum::http::HeaderMap) -> bool {
     let header = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
     match (header(HEADER_SESSION_ID), header(HEADER_LAST_EVENT_ID)) {
@@ -586,12 +618,9 @@ impl SessionManager for ConversationSessions {
         self.inner.initialize_session(id, message)
     }
 
-    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
-        // One being closed is not (404): its client opens a new one.
-        if self.takes_requests(id).is_err() {
-            return Ok(false);
-        }
-        self.inner.has_session(id).await
+    fn has_session(&self, id: &SessionId) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+        // (One being closed still is: its client may resume a response stream the close waits to deliver.)
+        self.inner.has_session(id)
     }
 
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
@@ -713,8 +742,18 @@ mod tests {
         assert_eq!(sessions.expired(later), vec![silent.clone()], "a request on its way keeps its session");
         // Decided: until rmcp has closed it, a request that comes is refused as of a closed session (404), not
         // handed to a session about to be closed under it.
-        assert!(runtime.block_on(sessions.inner.has_session(&silent)).expect("asked"), "rmcp still holds it");
-        assert!(!runtime.block_on(sessions.has_session(&silent)).expect("asked"), "404 for a new request");
+        assert!(runtime.block_on(sessions.has_session(&silent)).expect("asked"), "rmcp still holds it");
+        let request = |method: &str, id: &SessionId, last_event_id: Option<&str>| {
+            let mut request = Request::builder().method(method).header(HEADER_SESSION_ID, id.as_ref());
+            if let Some(last) = last_event_id {
+                request = request.header(HEADER_LAST_EVENT_ID, last);
+            }
+            request.body(axum::body::Body::empty()).expect("a request")
+        };
+        assert!(starts_in_closing_session(&sessions, &request("POST", &silent, None)), "404 for a new request");
+        assert!(starts_in_closing_session(&sessions, &request("GET", &silent, None)), "and for a new GET stream");
+        assert!(!starts_in_closing_session(&sessions, &request("GET", &silent, Some("0/1"))), "a resume is served");
+        assert!(!starts_in_closing_session(&sessions, &request("POST", &running, None)), "the other takes requests");
         let call: ClientJsonRpcMessage = serde_json::from_value(
             json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": { "name": "held", "arguments": {} } }),
         )
