@@ -1395,21 +1395,27 @@ fn s2_cancelling_a_turn_cancels_its_tool_call_running_in_the_game_and_the_agent_
     assert_eq!(session.status(), ConversationStatus::Idle);
 }
 
+/// A session whose turn `script` (`after-cancel ...`) waits for the player's cancel, cancelled: the session, its
+/// id, and how the agent ended the turn (within a cancel grace of 5 s).
+fn cancel_while_the_agent_waits(game: &Game, dirs: &Dirs, script: &str) -> (AgentSession, String, TurnEnd) {
+    let mut config = agent(dirs, &[]);
+    config.timeouts.cancel_grace = Duration::from_secs(5);
+    let session = game.create(config).expect("starts");
+    let id = session.id().to_string();
+    let pending = game.block_on(session.start_turn(script)).expect("sent");
+    game.log.wait_for("waiting for the cancel");
+    assert!(session.cancel());
+    let turn = game.block_on(pending).expect("the agent ends the cancelled turn, within its grace");
+    (session, id, turn)
+}
+
 #[test]
 fn s2_a_tool_call_the_agent_makes_after_the_players_cancel_is_refused_and_never_changes_the_world() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
-    let mut config = agent(&dirs, &[]);
-    config.timeouts.cancel_grace = Duration::from_secs(5);
-    let session = game.create(config).expect("starts");
-    let id = session.id().to_string();
     // The tool would run at once: only its refusal keeps the world as the player left it.
     game.gate.open();
-    let pending = game.block_on(session.start_turn("after-cancel call held {}")).expect("sent");
-    game.log.wait_for("waiting for the cancel");
-
-    assert!(session.cancel());
-    let turn = game.block_on(pending).expect("the agent ends the cancelled turn");
+    let (session, id, turn) = cancel_while_the_agent_waits(&game, &dirs, "after-cancel call held {}");
     let answer = turn.final_message.expect("the agent's last message");
     // (The agent's messages have no ids: what it said while waiting is part of it.)
     assert!(answer.contains("held answered: error") && answer.contains("CANCELLED"), "{answer}");
@@ -1427,15 +1433,7 @@ fn s2_a_tool_call_the_agent_makes_after_the_players_cancel_is_refused_and_never_
 fn s2_a_permission_request_that_crosses_the_players_cancel_is_answered_cancelled_without_asking() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
-    let mut config = agent(&dirs, &[]);
-    config.timeouts.cancel_grace = Duration::from_secs(5);
-    let session = game.create(config).expect("starts");
-    let id = session.id().to_string();
-    let pending = game.block_on(session.start_turn("after-cancel ask")).expect("sent");
-    game.log.wait_for("waiting for the cancel");
-
-    assert!(session.cancel());
-    let turn = game.block_on(pending).expect("the agent ends the cancelled turn, within its grace");
+    let (session, id, turn) = cancel_while_the_agent_waits(&game, &dirs, "after-cancel ask");
     let answer = turn.final_message.expect("the agent's last message");
     assert!(answer.ends_with("permission: cancelled"), "ACP: `cancelled` after a cancel: {answer}");
     assert_eq!(turn.stop_reason, StopReason::Cancelled);
