@@ -1603,6 +1603,12 @@ fn resume_reattaches_with_session_load_where_that_is_all_the_agent_offers_and_sa
         let id = loading.id().to_string();
         assert!(game.block_on(loading.send_text("crash")).is_err());
         assert_eq!(game.block_on(loading.resume()).expect("resumed"), Attached::Loaded);
+        if flags.contains(&"--late-replay") {
+            // The resume is back once the replay that followed the load's answer went quiet: a text sent now is
+            // not answered with the rest of the history.
+            let session = loading.backend_session().expect("an agent session");
+            assert!(dirs.state.join(format!("{session}.replayed")).exists(), "the replay was over");
+        }
         let history = game.block_on(loading.send_text("history")).expect("the turn ends");
         assert_eq!(history.final_message.as_deref(), Some("I remember 2 turns"), "the same agent session, loaded");
         // Chat reaches the game in order: once the turn's end is there (its first without a crash), so is

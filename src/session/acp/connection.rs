@@ -382,8 +382,10 @@ async fn attach(
                 .system_prompt(system_prompt.clone())
                 .meta(meta.clone());
             let loaded = cx.send_request(request).block_task().await.map(|_| Attached::Loaded);
-            if loaded.is_err() {
-                replay.stop();
+            match loaded {
+                // What it still replays after answering (Gemini CLI replays then) is let pass first.
+                Ok(_) => replay.quiet(updates::REPLAY_QUIET, updates::REPLAY_LIMIT).await,
+                Err(_) => replay.stop(),
             }
             Some(loaded)
         } else {

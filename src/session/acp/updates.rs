@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use agent_client_protocol::v1::schema::{
     ContentBlock, PermissionOption, PermissionOptionKind, RequestPermissionOutcome, RequestPermissionResponse,
@@ -12,22 +13,60 @@ use agent_client_protocol::v1::schema::{
 
 use crate::session::backend::{BackendEvent, EventSink, PermissionDecision, StopReason, Usage};
 
-/// Set while the agent may be replaying a loaded session's history (from `session/load` until the first prompt,
-/// since Gemini CLI replays after it answers the load): those updates are not new chat.
+/// Set while the agent may be replaying a loaded session's history (from `session/load` until the first prompt):
+/// those updates are not new chat.
 #[derive(Clone, Default)]
-pub(crate) struct Replay(Arc<AtomicBool>);
+pub(crate) struct Replay(Arc<ReplayState>);
+
+#[derive(Default)]
+struct ReplayState {
+    active: AtomicBool,
+    /// When the replay's latest update came.
+    heard: parking_lot::Mutex<Option<Instant>>,
+}
+
+/// An agent that replays a loaded session's history after answering `session/load` (Gemini CLI) has replayed it
+/// once it sent nothing for this long.
+pub(crate) const REPLAY_QUIET: Duration = Duration::from_millis(150);
+/// The longest a re-attach waits for such a replay to go quiet.
+pub(crate) const REPLAY_LIMIT: Duration = Duration::from_secs(3);
 
 impl Replay {
     pub(crate) fn start(&self) {
-        self.0.store(true, Ordering::SeqCst);
+        self.0.active.store(true, Ordering::SeqCst);
     }
 
     pub(crate) fn stop(&self) {
-        self.0.store(false, Ordering::SeqCst);
+        self.0.active.store(false, Ordering::SeqCst);
     }
 
     fn active(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.0.active.load(Ordering::SeqCst)
+    }
+
+    fn heard(&self) {
+        *self.0.heard.lock() = Some(Instant::now());
+    }
+
+    /// Waits, once the agent answered `session/load`, until its replay has gone quiet: nothing for `quiet` (counted
+    /// from the answer, or from the replay's latest update if that came after), at most `limit`. ACP marks no end
+    /// of a replay, and an agent that replays after answering would otherwise have the rest of the history shown
+    /// as its answer to a text sent the moment the session is back.
+    pub(crate) async fn quiet(&self, quiet: Duration, limit: Duration) {
+        let answered = Instant::now();
+        let until = tokio::time::Instant::now() + limit;
+        loop {
+            let latest = self.0.heard.lock().map_or(answered, |heard| heard.max(answered));
+            let wake = tokio::time::Instant::from_std(latest + quiet);
+            if wake >= until {
+                tokio::time::sleep_until(until).await;
+                return;
+            }
+            if wake <= tokio::time::Instant::now() {
+                return;
+            }
+            tokio::time::sleep_until(wake).await;
+        }
     }
 }
 
@@ -35,6 +74,7 @@ impl Replay {
 /// commands and modes are not chat.
 pub(crate) fn forward(sink: &EventSink, replay: &Replay, update: SessionUpdate) {
     if replay.active() {
+        replay.heard();
         return;
     }
     match update {
