@@ -811,6 +811,56 @@ fn a_call_in_flight_when_the_game_ends_its_sessions_conversation_is_answered_bef
     game.stop();
 }
 
+/// A session's calls in another conversation (a handle's) live on when the game ends the session's own: the
+/// session closes (new requests get 404) only once they have answered, however long they take, not after a few
+/// seconds with their streams cut and the calls cancelled.
+#[test]
+fn a_call_a_session_runs_in_a_handles_conversation_is_answered_when_the_game_ends_the_sessions_own() {
+    let gate = Gate::new();
+    let (game, server) = game(Arc::default(), gate.clone());
+    let agent = game.agent();
+    let mut events = agent.subscribe();
+    let url = server.url().to_string();
+    let (parked, opened) = (gate.clone(), gate.clone());
+    let closing = server.clone();
+    let answer = runtime().block_on(async move {
+        let (client, _) = connect(&url, false).await;
+        client.call_tool(params("bump", json!({}))).await.expect("a call in the session's own conversation");
+        let own = loop {
+            let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("an event in time");
+            if let Some(bevy_agent_tools::ConversationEvent::CallStarted(started)) = event {
+                break started.conversation;
+            }
+        };
+        let session = own.as_str().strip_prefix("mcp-session:").expect("the session's own").to_string();
+        let begun = client.call_tool(params("begin_conversation", json!({}))).await.expect("begun");
+        let handle = begun.structured_content.expect("structured")["conversation"].clone();
+        let peer = client.peer().clone();
+        let call =
+            tokio::spawn(async move { peer.call_tool(params("gated", json!({ "conversation": handle }))).await });
+        tokio::time::timeout(Duration::from_secs(30), parked.arrivals(1)).await.expect("the call reached its tool");
+
+        agent.end_conversation(&own).expect("ended by the game");
+        let probe = closing.clone();
+        tokio::task::spawn_blocking(move || {
+            while session_is_open(&probe, &session) {
+                std::thread::yield_now();
+            }
+        })
+        .await
+        .expect("the session refuses new requests");
+        // Longer than a stream's stall timeout (5 s), which bounded the wait for a session's calls before.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        opened.open();
+        let answer = tokio::time::timeout(Duration::from_secs(10), call).await.expect("answered in time");
+        drop(client);
+        answer.expect("joined")
+    });
+    let result = answer.expect("a response, not a stream that ended without one");
+    assert!(result.is_error != Some(true), "the handle's conversation lives on: {result:?}");
+    game.stop();
+}
+
 /// The JSON-RPC answer in a raw HTTP response: the body, or the `data:` of its server-sent event.
 fn answer_of(response: &str) -> Value {
     let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();

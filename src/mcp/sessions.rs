@@ -21,7 +21,7 @@
 //! A session being closed takes no new request (404, as a closed one; a resume of a response stream is still
 //! served: [`refuse_closing_sessions`]): a request is counted from before rmcp is
 //! handed it, under the lock a close decides under, so a close either waits for it (the game ended the
-//! conversation: up to the stall timeout), leaves the session be (expiry, making room), or came first and refuses
+//! conversation: until its calls end), leaves the session be (expiry, making room), or came first and refuses
 //! it; never is a request handed to a session closed under it, its stream ending without its response.
 //!
 //! Expiry is ours, not rmcp's: rmcp's own keep-alive closes a session's worker but leaves the session in its
@@ -229,9 +229,9 @@ impl ConversationSessions {
         connection
     }
 
-    /// Waits until session `id` has no request whose response stream still runs, or `within` passed.
-    async fn drained(&self, id: &SessionId, within: Duration) {
-        let until = tokio::time::Instant::now() + within;
+    /// Waits until session `id` has no request whose response stream still runs. Each ends with its call, which
+    /// ends by its deadline (H13), whether or not its client still reads it (its log drains it: [`StreamLog`]).
+    async fn drained(&self, id: &SessionId) {
         loop {
             let ended = self.request_ended.notified();
             tokio::pin!(ended);
@@ -239,9 +239,7 @@ impl ConversationSessions {
             if self.open.lock().get(id).is_none_or(|tracked| tracked.requests == 0) {
                 return;
             }
-            if tokio::time::timeout_at(until, ended).await.is_err() {
-                return;
-            }
+            ended.await;
         }
     }
 
@@ -301,13 +299,14 @@ impl ConversationSessions {
                             // Each on its own: one waiting for its calls holds up no other session's close.
                             let sessions = sessions.clone();
                             tokio::spawn(async move {
-                                // No request starts in it from now on; its calls, cancelled by the end, answer
-                                // their client first (the stream of a session closed under it ends without its
-                                // response).
+                                // No request starts in it from now on; its calls answer their client first (the
+                                // stream of a session closed under it ends without its response): those of the
+                                // ended conversation, cancelled by the end, and those it runs in another one (a
+                                // handle's), which lives on, when they finish.
                                 if let Some(tracked) = sessions.open.lock().get_mut(&id) {
                                     tracked.closing = true;
                                 }
-                                sessions.drained(&id, STALL_TIMEOUT).await;
+                                sessions.drained(&id).await;
                                 // Closing an already closed session (the client deleted it) does nothing.
                                 let _ = sessions.inner.close_session(&id).await;
                                 sessions.open.lock().remove(&id);
