@@ -1042,6 +1042,50 @@ fn a_kept_session_is_open_in_one_copy_of_the_game_at_a_time() {
 }
 
 #[test]
+fn an_ended_session_lets_its_folder_go_and_takes_it_again_to_resume() {
+    let dirs = Dirs::new();
+    let (first, second) = (Game::start(&dirs), Game::start(&dirs));
+    let session = first.create(agent(&dirs, &[]).auto_end_on_disconnect(false)).expect("starts");
+    let id = session.id().clone();
+    first.block_on(session.end());
+    // Ended here, it is no longer this copy's: another copy of the game may take it.
+    let theirs = second.block_on(second.sessions.resume_session(id.clone())).expect("not busy once ended");
+    assert_eq!(second.block_on(theirs.resume()).expect("resumed there"), Attached::Resumed);
+    let (code, message) = code_of(first.block_on(session.resume()));
+    assert_eq!(code, ErrorCode::SessionBusy, "taken again to resume, and refused while the other has it: {message}");
+    second.block_on(theirs.end());
+    assert_eq!(first.block_on(session.resume()).expect("free again"), Attached::Resumed);
+    let turn = first.block_on(session.send_text("history")).expect("the turn ends");
+    assert_eq!(turn.final_message.as_deref(), Some("I remember 1 turns"), "the same agent session");
+}
+
+/// The file descriptors this process has open (Linux).
+#[cfg(target_os = "linux")]
+fn open_files() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|entries| entries.count()).unwrap_or(0)
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn sessions_created_and_ended_one_after_another_hold_no_file_open() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let warm = game.create(agent(&dirs, &[])).expect("starts");
+    game.block_on(warm.end());
+    dirs.wait_no_agents(LIMIT);
+    let before = open_files();
+    for _ in 0..60 {
+        let session = game.create(agent(&dirs, &[])).expect("starts");
+        game.block_on(session.end());
+    }
+    dirs.wait_no_agents(LIMIT);
+    let after = open_files();
+    // Each ended session held its folder's lock (an open directory) until the game exited: 60 more. (Tests
+    // running beside this one open files too: the margin is theirs.)
+    assert!(after < before + 30, "{before} files open before, {after} after 60 sessions ended");
+}
+
+#[test]
 fn two_resume_sessions_of_one_id_at_once_share_one_session_and_one_agent_that_works() {
     let dirs = Dirs::new();
     let id = kept_session(&dirs);

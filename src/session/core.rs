@@ -647,6 +647,11 @@ impl SessionCore {
         self.end_locked(end_session).await;
     }
 
+    /// Whether the session ended (and is not live again).
+    pub(crate) fn is_ended(&self) -> bool {
+        matches!(self.state.lock().phase, Phase::Ended)
+    }
+
     /// Ends the session (as [`end`](Self::end)) for good: a later `resume` is `SESSION_NOT_FOUND`.
     pub(crate) async fn end_and_forget(self: &Arc<Self>) {
         let _lifecycle = self.lifecycle.lock().await;

@@ -225,8 +225,16 @@ impl AgentSessions {
                 let end_session = core.config.auto_end_on_disconnect;
                 core.end(end_session).await;
                 if end_session {
-                    if let Err(error) = host.records.forget(core.id.as_str(), true).await {
-                        tracing::warn!(session = %core.id, %error, "could not delete an ended session's folder");
+                    // Under its lock (taken again if the session had ended and let it go): not deleted under
+                    // another copy of the game that took the session since.
+                    match host.hold(&core.id, false).await {
+                        Ok(_holding) => {
+                            if let Err(error) = host.records.forget(core.id.as_str(), true).await {
+                                tracing::warn!(session = %core.id, %error, "could not delete an ended session's folder");
+                            }
+                        }
+                        Err(error) if error.code == ErrorCode::SessionNotFound => {}
+                        Err(error) => tracing::warn!(session = %core.id, %error, "an ended session's folder is kept"),
                     }
                 }
                 host.in_use.let_go(core.id.as_str());
@@ -425,17 +433,30 @@ impl AgentSession {
 
     /// Ends the session: the running turn and other pending work reject with `SESSION_ENDED`, the session's tool
     /// calls in flight end (`CANCELLED`), its credential is revoked, `Ended` is published once, the agent is asked
-    /// to close its session and its process is stopped. The visit is untouched. Ending again does nothing.
+    /// to close its session and its process is stopped. The visit is untouched. Ending again does nothing. The
+    /// ended session is no longer this copy of the game's: another copy sharing the data directory may resume it
+    /// (a `resume` here is then `SESSION_BUSY`).
     pub async fn end(&self) {
-        let core = self.core.clone();
-        let _ = crate::runtime::on_tokio(&self.sessions.host.runtime, async move { core.end(true).await }).await;
+        let this = self.clone();
+        let ended = async move {
+            this.core.end(true).await;
+            // The folder's lock goes with it (an open file: held by every ended session until the game exits, they
+            // ran a long-running game out of file descriptors); `resume` takes it again. Under the id's lock, as
+            // `resume`: not let go of a session a resume just brought back.
+            let _ending = this.sessions.by_id.lock(&this.core.id).await;
+            if this.core.is_ended() {
+                this.sessions.host.in_use.let_go(this.core.id.as_str());
+            }
+        };
+        let _ = crate::runtime::on_tokio(&self.sessions.host.runtime, ended).await;
     }
 
     /// The explicit `Ended → Idle` (and `Error → Idle`): restarts the agent if it is gone and re-attaches the
     /// session there (`session/resume` or `session/load`), or starts a new one where the agent cannot (it offers
     /// neither, or says it does not know the session, in its error's message or its data), which the result says
     /// ([`Attached::Replaced`]). Any other failure of the agent's is `AGENT_UNAVAILABLE` and replaces nothing: a
-    /// later `resume` can still re-attach. A new credential is minted. A live session is left as it is.
+    /// later `resume` can still re-attach. A new credential is minted. A live session is left as it is. An ended
+    /// session another copy of the game took meanwhile is `SESSION_BUSY`.
     pub async fn resume(&self) -> Result<Attached, ToolError> {
         let this = self.clone();
         self.sessions
@@ -443,7 +464,11 @@ impl AgentSession {
                 // Under the id's lock, as `resume_session` and `forget`: a `forget` cannot end between the re-attach
                 // and the session's return to the live map (it would be put back there forgotten).
                 let _resuming = this.sessions.by_id.lock(&this.core.id).await;
+                // An ended session let its folder go: taken again (`SESSION_BUSY` if another copy of the game
+                // took the session meanwhile). One still held stays as it is.
+                let holding = this.sessions.host.hold(&this.core.id, false).await?;
                 let attached = this.core.resume().await?;
+                holding.keep();
                 this.sessions.live.lock().insert(this.core.id.clone(), this.core.clone());
                 Ok(attached)
             })

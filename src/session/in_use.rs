@@ -1,5 +1,6 @@
 //! A session is open in one copy of the game at a time: each copy locks the session's folder (`<data_dir>/<id>`,
-//! `flock` on the folder itself) while it has the session, so a second copy of the game (or a second app sharing
+//! `flock` on the folder itself) while it has the session (from its start or re-attach until it ends, is
+//! forgotten, or the game exits; `resume` takes an ended one's again), so a second copy of the game (or a second app sharing
 //! the data directory) that resumes or forgets the same kept session is refused (`SESSION_BUSY`) instead of
 //! running a second agent on it, writing over its history, or deleting it under the first. The lock goes with the
 //! process, however it ends; nothing is written for it, so deleting the folder leaves nothing behind (a copy that
