@@ -127,6 +127,10 @@ impl Drop for Counted<'_> {
     }
 }
 
+/// The longest the game's end of a session's conversation waits for the session's calls in other conversations
+/// before it closes the session under them.
+const DRAIN_LIMIT: Duration = Duration::from_secs(15 * 60);
+
 /// How many of the conversations a session's calls named are remembered for its expiry.
 const USED_KEPT: usize = 8;
 
@@ -229,9 +233,12 @@ impl ConversationSessions {
         connection
     }
 
-    /// Waits until session `id` has no request whose response stream still runs. Each ends with its call, which
-    /// ends by its deadline (H13), whether or not its client still reads it (its log drains it: [`StreamLog`]).
+    /// Waits until session `id` has no request whose response stream still runs, or [`DRAIN_LIMIT`] passed. Each
+    /// ends with its call, which ends by its deadline (H13), whether or not its client still reads it (its log
+    /// drains it: [`StreamLog`]); the limit is for a stream rmcp never ends (a client that sent two requests with
+    /// one id: rmcp routes both answers to the second).
     async fn drained(&self, id: &SessionId) {
+        let until = tokio::time::Instant::now() + DRAIN_LIMIT;
         loop {
             let ended = self.request_ended.notified();
             tokio::pin!(ended);
@@ -239,7 +246,9 @@ impl ConversationSessions {
             if self.open.lock().get(id).is_none_or(|tracked| tracked.requests == 0) {
                 return;
             }
-            ended.await;
+            if tokio::time::timeout_at(until, ended).await.is_err() {
+                return;
+            }
         }
     }
 
@@ -339,7 +348,8 @@ impl ConversationSessions {
             if tracked.listening > 0 || now.saturating_duration_since(tracked.last_seen) < idle_timeout {
                 continue;
             }
-            if tracked.requests > 0 || self.has_calls_in_flight(tracked) {
+            // (A request on its way was heard just now: `create_stream` counts it as the client's word.)
+            if self.has_calls_in_flight(tracked) {
                 tracked.last_seen = now;
                 continue;
             }
@@ -373,9 +383,7 @@ impl ConversationSessions {
         if open.len() < max {
             return None;
         }
-        let may_end = |_: &SessionId, tracked: &Tracked| {
-            tracked.bound.is_none() && tracked.requests == 0 && !self.has_calls_in_flight(tracked)
-        };
+        let may_end = |_: &SessionId, tracked: &Tracked| tracked.bound.is_none() && !self.has_calls_in_flight(tracked);
         take_longest_silent_idle(&mut open, now, may_end)
     }
 
@@ -731,16 +739,27 @@ mod tests {
         let timeout = Duration::from_secs(60);
         let sessions = ConversationSessions::new(app.agent(), Credentials::default(), Some(timeout));
         let runtime = app.agent().runtime().clone();
-        // Sessions rmcp holds (their transports kept, unserved: no request reaches a tool here).
+        // Sessions rmcp holds (their transports kept, unserved: no request reaches a tool here), silent for long.
         let (running, _kept) = runtime.block_on(sessions.create_session()).expect("a session");
         let (silent, _kept_too) = runtime.block_on(sessions.create_session()).expect("a session");
-        // A request of `running` was counted on its way to rmcp: its response stream has not started yet.
-        sessions.open.lock().get_mut(&running).expect("tracked").requests += 1;
+        let long_ago = Instant::now().checked_sub(timeout * 2).expect("this machine has been up for two minutes");
+        for id in [&running, &silent] {
+            sessions.open.lock().get_mut(id).expect("tracked").last_seen = long_ago;
+        }
+        let call = |id: u64| -> ClientJsonRpcMessage {
+            let request = json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": { "name": "held" } });
+            serde_json::from_value(request).expect("a request")
+        };
+        // A request of `running` on its way to rmcp: counted, its stream not started yet (rmcp waits for the
+        // session's unserved worker).
+        let mut on_its_way = Box::pin(sessions.create_stream(&running, call(1)));
+        let pending = runtime
+            .block_on(std::future::poll_fn(|cx| std::task::Poll::Ready(on_its_way.as_mut().poll(cx).is_pending())));
+        assert!(pending, "rmcp has not started its stream");
 
-        let later = Instant::now() + timeout * 2;
-        assert_eq!(sessions.expired(later), vec![silent.clone()], "a request on its way keeps its session");
+        assert_eq!(sessions.expired(Instant::now()), vec![silent.clone()], "a request on its way keeps its session");
         // Decided: until rmcp has closed it, a request that comes is refused as of a closed session (404), not
-        // handed to a session about to be closed under it.
+        // handed to a session about to be closed under it; a resume is still served.
         assert!(runtime.block_on(sessions.has_session(&silent)).expect("asked"), "rmcp still holds it");
         let request = |method: &str, id: &SessionId, last_event_id: Option<&str>| {
             let mut request = Request::builder().method(method).header(HEADER_SESSION_ID, id.as_ref());
@@ -753,31 +772,18 @@ mod tests {
         assert!(starts_in_closing_session(&sessions, &request("GET", &silent, None)), "and for a new GET stream");
         assert!(!starts_in_closing_session(&sessions, &request("GET", &silent, Some("0/1"))), "a resume is served");
         assert!(!starts_in_closing_session(&sessions, &request("POST", &running, None)), "the other takes requests");
-        let call: ClientJsonRpcMessage = serde_json::from_value(
-            json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": { "name": "held", "arguments": {} } }),
-        )
-        .expect("a request");
         let started = runtime.block_on(async {
-            tokio::time::timeout(Duration::from_secs(5), sessions.create_stream(&silent, call.clone())).await
+            tokio::time::timeout(Duration::from_secs(5), sessions.create_stream(&silent, call(2))).await
         });
         assert!(matches!(started, Ok(Err(LocalSessionManagerError::SessionNotFound(_)))), "refused at once");
-        let accepted = runtime.block_on(sessions.accept_message(&silent, call));
+        let accepted = runtime.block_on(sessions.accept_message(&silent, call(3)));
         assert!(matches!(accepted, Err(LocalSessionManagerError::SessionNotFound(_))));
-        assert!(runtime.block_on(sessions.has_session(&running)).expect("asked"), "the other takes requests");
-        let probe: ClientJsonRpcMessage = serde_json::from_value(
-            json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": { "name": "held", "arguments": {} } }),
-        )
-        .expect("a request");
-        let pending = runtime.block_on(async {
-            let started = sessions.create_stream(&running, probe);
-            tokio::pin!(started);
-            // Polled once (counted, handed to rmcp, which waits for the session's unserved worker), then dropped:
-            // as when the HTTP request goes away before the response starts.
-            std::future::poll_fn(|cx| std::task::Poll::Ready(started.as_mut().poll(cx).is_pending())).await
-        });
-        assert!(pending, "rmcp has not started its stream");
+
+        // The request on its way goes away (its HTTP exchange dropped) before its stream started.
+        assert_eq!(sessions.open.lock().get(&running).expect("tracked").requests, 1);
+        drop(on_its_way);
         let requests = sessions.open.lock().get(&running).expect("tracked").requests;
-        assert_eq!(requests, 1, "a request that went away before its stream started is no longer counted");
+        assert_eq!(requests, 0, "a request that went away before its stream started is no longer counted");
     }
 
     #[test]
