@@ -724,7 +724,9 @@ impl SessionCore {
             let state = self.state.lock();
             (state.backend_session.clone(), state.run)
         };
-        let record = Record { id: self.id.to_string(), config: self.config.clone(), backend_session, ended, runs };
+        let owner = Some(std::process::id());
+        let record =
+            Record { id: self.id.to_string(), config: self.config.clone(), backend_session, ended, runs, owner };
         self.host.records.save(record).await;
     }
 

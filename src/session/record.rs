@@ -26,6 +26,24 @@ pub(crate) struct Record {
     /// How many runs of the game took the session up after the run that created it (a record without it: none).
     #[serde(default)]
     pub runs: u64,
+    /// The process of the game that last wrote it: the start-up sweep leaves a session of a process still running
+    /// alone (an ended session lets its folder's lock go, and its game may still resume it).
+    #[serde(default)]
+    pub owner: Option<u32>,
+}
+
+/// Whether process `pid` is running (Unix): another copy of the game. A pid reused by another program reads as
+/// running too, which only leaves a folder for a later sweep.
+#[cfg(unix)]
+fn running(pid: u32) -> bool {
+    if pid == std::process::id() {
+        // This process sweeps at its start: a record of its pid is an earlier process's.
+        return false;
+    }
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    // SAFETY: signal 0 sends nothing; `kill` only checks that the process exists and may be signalled.
+    let alive = unsafe { libc::kill(pid, 0) } == 0;
+    alive || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// Where records live.
@@ -116,12 +134,13 @@ impl Records {
         }
     }
 
-    /// Whether the folder `dir` holds a readable record of a session that was not kept.
+    /// Whether the folder `dir` holds a readable record of a session that was not kept, of a game process that is
+    /// no longer running.
     #[cfg(unix)]
     fn unkept_record(&self, dir: &Path) -> bool {
         let record = crate::private::read(&dir.join(FILE)).ok();
         let record: Option<Record> = record.and_then(|bytes| serde_json::from_slice(&bytes).ok());
-        record.is_some_and(|record| record.config.auto_end_on_disconnect)
+        record.is_some_and(|record| record.config.auto_end_on_disconnect && !record.owner.is_some_and(running))
     }
 
     /// Session `id`'s folder if it exists (and `id` is one the game mints).
@@ -324,6 +343,31 @@ mod tests {
         std::os::unix::fs::symlink(&outside, session.join("link")).expect("linked");
         remove_folder(&session).expect("removed");
         assert!(outside.join("keep").exists(), "what the link pointed to is untouched");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_start_up_sweep_deletes_unkept_sessions_only_of_games_no_longer_running() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+        let records = Records::new(Some(dir.path().to_path_buf()), runtime.handle().clone());
+        // Another copy of the game, still running, whose ended session let its folder's lock go.
+        let mut other = std::process::Command::new("sleep").arg("60").spawn().expect("a running process");
+        let config = super::super::SessionConfig::acp("agent", ["--acp"]);
+        let owners =
+            [("chat-running", Some(other.id())), ("chat-earlier", Some(std::process::id())), ("chat-old", None)];
+        for (id, owner) in owners {
+            let folder = records.session_dir(id).expect("made");
+            let record =
+                Record { id: id.into(), config: config.clone(), backend_session: None, ended: true, runs: 0, owner };
+            write(&folder.join(FILE), &record).expect("written");
+        }
+        records.sweep_unkept();
+        let _ = other.kill();
+        let _ = other.wait();
+        assert!(dir.path().join("chat-running").exists(), "its game still runs, and may resume it");
+        assert!(!dir.path().join("chat-earlier").exists(), "this process's pid in a record: an earlier process's");
+        assert!(!dir.path().join("chat-old").exists(), "a record from before owners were written");
     }
 
     #[test]
