@@ -220,6 +220,31 @@ fn h7_reentering_a_world_while_its_save_is_in_flight_loads_what_the_previous_vis
 }
 
 #[test]
+fn a_world_left_and_saved_is_let_go_by_the_store_and_locked_again_when_entered() {
+    let data = tempfile::tempdir().unwrap();
+    let mut app = game(Saves::default(), data.path());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    // Another game process on the same folder (here: another store, which locks as another process would).
+    let other = || WorldStore::new(data.path(), runtime.handle().clone());
+    let alpha = WorldId::new("alpha");
+    app.enter_world("alpha");
+    assert_eq!(call(&mut app, "bump"), json!(1));
+    let refused = other().save(&alpha, "progress", Progress { count: 7 }).wait_timeout(DEADLINE);
+    assert!(refused.is_some_and(|saved| saved.is_err()), "in use while its visit is open");
+
+    app.exit_world();
+    assert_eq!(last_close(&mut app).wait_timeout(DEADLINE), Some(Ok(())), "saved");
+    app.update(); // the frame that reports it saved
+    let theirs = other();
+    assert_eq!(theirs.save(&alpha, "progress", Progress { count: 7 }).wait_timeout(DEADLINE), Some(Ok(())));
+    drop(theirs);
+    app.enter_world("alpha");
+    assert_eq!(call(&mut app, "read"), json!(7), "loaded again, with what the other wrote");
+    let refused = other().save(&alpha, "progress", Progress { count: 9 }).wait_timeout(DEADLINE);
+    assert!(refused.is_some_and(|saved| saved.is_err()), "locked again by the new visit");
+}
+
+#[test]
 fn h7_two_worlds_saving_at_once_do_not_wait_for_each_other() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let data = tempfile::tempdir().unwrap();

@@ -107,8 +107,8 @@ impl Found {
 pub(crate) struct WorldFiles {
     world: WorldId,
     dir: PathBuf,
-    /// Held for as long as the store lives: the OS releases it if the process dies, so a crash never leaves a
-    /// stale lock behind.
+    /// Held for as long as these files are the store's (until the store lets the world go, or is dropped): the OS
+    /// releases it if the process dies, so a crash never leaves a stale lock behind.
     lock: Option<File>,
     /// Documents whose primary this process wrote or read intact: no need to re-read them before rotating.
     intact: HashSet<String>,

@@ -38,8 +38,11 @@ use crate::ids::WorldId;
 ///   the previous visit's `close`. Different worlds never wait for each other.
 /// - **Locked per world**: the first operation on a world takes `<world>/world.lock`; another game process gets
 ///   [`StoreError::Locked`]. Within this process, visits share the lock through clones of one store, so create
-///   one store per data directory and clone it. Locks are released when the last clone is dropped, or by the
-///   OS if the process dies.
+///   one store per data directory and clone it. A world's lock is released once a visit of it has closed and its
+///   close resolved, if nothing of it is queued or running and no visit of it is open again (the store that the
+///   [`WorldStorePlugin`](super::WorldStorePlugin) inserts; its next operation takes the lock again), when the
+///   last clone is dropped, or by the OS if the process dies: a game that goes through many worlds in one run
+///   holds no file open for each one it left.
 /// - **Names are paths**: a world id names a directory and a document a file in it, so both are 1 to 64
 ///   characters of `a-z`, `0-9`, `_` and `-` (a lower-case UUID fits; Windows' device names such as `con` are
 ///   refused); anything else is [`StoreError::InvalidName`]. Check a name the player chose with
@@ -325,6 +328,22 @@ impl WorldStore {
             }
             Ok(())
         })
+    }
+
+    /// Lets go of `world` if nothing of it is queued or running: its lock file is unlocked (another game process may
+    /// use the world now) and its queue forgotten; its next operation locks it again. Called once a visit of the
+    /// world has closed and its close resolved, unless a visit of it is open again: a game that goes through many
+    /// worlds in one run holds no file open for each one it left.
+    pub(crate) fn release_idle(&self, world: &WorldId) {
+        let released = {
+            let mut worlds = self.shared.worlds.lock();
+            // The map's is the only reference when no operation holds the queue (each holds it until it finished).
+            match worlds.get(world) {
+                Some(queue) if Arc::strong_count(queue) == 1 => worlds.remove(world),
+                _ => None,
+            }
+        };
+        drop(released);
     }
 
     /// The queue of `world`, after checking both names.

@@ -178,8 +178,11 @@ impl<L: WorldLifecycle> VisitSlot<L> {
         self.loading = None;
     }
 
-    /// Writes [`VisitSaved`] for every close completion that resolved since the last frame.
+    /// Writes [`VisitSaved`] for every close completion that resolved since the last frame, and lets the
+    /// [`WorldStore`](crate::persist::WorldStore) (if there is one) go of the world it saved, unless a visit of it is
+    /// open again.
     fn report_saved(&mut self, world: &mut World) {
+        let open = self.open.as_ref().map(|open| open.info.world.clone());
         self.closing.retain(|(info, completion)| {
             let Some(result) = completion.result() else { return true };
             match &result {
@@ -189,6 +192,11 @@ impl<L: WorldLifecycle> VisitSlot<L> {
                 }
             }
             world.write_message(VisitSaved { info: info.clone(), result });
+            if let Some(store) = world.get_resource::<crate::persist::WorldStore>() {
+                if open.as_ref() != Some(&info.world) {
+                    store.release_idle(&info.world);
+                }
+            }
             false
         });
     }
