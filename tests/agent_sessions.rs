@@ -1055,6 +1055,10 @@ fn an_ended_session_lets_its_folder_go_and_takes_it_again_to_resume() {
     assert_eq!(code, ErrorCode::SessionBusy, "taken again to resume, and refused while the other has it: {message}");
     second.block_on(theirs.end());
     assert_eq!(first.block_on(session.resume()).expect("free again"), Attached::Resumed);
+    // Taken up again from its record, after the other copy's run (the first run is 0, the other copy's 1).
+    let record = std::fs::read(dirs.data.join(id.as_str()).join("session.json")).expect("its record");
+    let record: serde_json::Value = serde_json::from_slice(&record).expect("JSON");
+    assert_eq!(record["runs"], 2, "a run of its own, after the other copy's: {record}");
     let turn = first.block_on(session.send_text("history")).expect("the turn ends");
     assert_eq!(turn.final_message.as_deref(), Some("I remember 1 turns"), "the same agent session");
 }

@@ -467,6 +467,13 @@ impl AgentSession {
                 // An ended session let its folder go: taken again (`SESSION_BUSY` if another copy of the game
                 // took the session meanwhile). One still held stays as it is.
                 let holding = this.sessions.host.hold(&this.core.id, false).await?;
+                if holding.taken() {
+                    // Another copy may have run it since (its agent session replaced, its runs counted): taken up
+                    // again from its record, so its message ids stay unique and its agent session is the latest.
+                    let record = this.sessions.host.records.load(this.core.id.as_str()).await?;
+                    this.core.set_backend_session(record.backend_session);
+                    this.core.take_up(record.runs, true).await;
+                }
                 let attached = this.core.resume().await?;
                 holding.keep();
                 this.sessions.live.lock().insert(this.core.id.clone(), this.core.clone());

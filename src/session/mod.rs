@@ -144,6 +144,11 @@ pub(crate) struct Holding<'a> {
 }
 
 impl Holding<'_> {
+    /// Whether this took the lock (the copy did not hold it): another copy may have had the session meanwhile.
+    pub(crate) fn taken(&self) -> bool {
+        self.armed
+    }
+
     /// The session is this copy's now: its lock stays until it is let go ([`in_use::InUse::let_go`]).
     pub(crate) fn keep(mut self) {
         self.armed = false;
