@@ -991,12 +991,17 @@ fn at_exit_a_session_that_is_not_kept_leaves_nothing_on_disk_and_a_kept_one_stay
 fn a_session_not_kept_that_a_game_which_did_not_exit_left_behind_is_deleted_at_the_next_start() {
     let dirs = Dirs::new();
     let (left, kept) = (kept_session(&dirs), kept_session(&dirs));
-    // As a game that crashed leaves a session it did not keep: its record, marked not kept.
+    // As a game that crashed leaves a session it did not keep: its record, marked not kept, of a run that is over
+    // (this process's pid, another run's number).
     let record = dirs.data.join(left.as_str()).join("session.json");
-    let text = std::fs::read_to_string(&record).expect("its record");
-    assert_eq!(text.matches("\"auto_end_on_disconnect\": false").count(), 1, "{text}");
-    std::fs::write(&record, text.replace("\"auto_end_on_disconnect\": false", "\"auto_end_on_disconnect\": true"))
-        .expect("written");
+    let mut text: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).expect("its record")).expect("JSON");
+    assert_eq!(text["config"]["auto_end_on_disconnect"], false, "{text}");
+    assert_eq!(text["owner"]["pid"], std::process::id(), "{text}");
+    text["config"]["auto_end_on_disconnect"] = true.into();
+    let run = text["owner"]["run"].as_u64().expect("a run");
+    text["owner"]["run"] = run.wrapping_add(1).into();
+    std::fs::write(&record, serde_json::to_vec_pretty(&text).expect("JSON")).expect("written");
     let game = Game::start(&dirs);
     let until = Instant::now() + LIMIT;
     while dirs.data.join(left.as_str()).exists() {

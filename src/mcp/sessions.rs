@@ -348,8 +348,10 @@ impl ConversationSessions {
             if tracked.listening > 0 || now.saturating_duration_since(tracked.last_seen) < idle_timeout {
                 continue;
             }
-            // (A request on its way was heard just now: `create_stream` counts it as the client's word.)
-            if self.has_calls_in_flight(tracked) {
+            // A request still running (a long call, even in a conversation the session used long ago) is not
+            // silence. (One that never ends, two requests sent with one id, keeps the session from expiring; it
+            // can still end to make room for a new one.)
+            if tracked.requests > 0 || self.has_calls_in_flight(tracked) {
                 tracked.last_seen = now;
                 continue;
             }

@@ -335,15 +335,12 @@ impl WorldStore {
     /// world has closed and its close resolved, unless a visit of it is open again: a game that goes through many
     /// worlds in one run holds no file open for each one it left.
     pub(crate) fn release_idle(&self, world: &WorldId) {
-        let released = {
-            let mut worlds = self.shared.worlds.lock();
-            // The map's is the only reference when no operation holds the queue (each holds it until it finished).
-            match worlds.get(world) {
-                Some(queue) if Arc::strong_count(queue) == 1 => worlds.remove(world),
-                _ => None,
-            }
-        };
-        drop(released);
+        let mut worlds = self.shared.worlds.lock();
+        // The map's is the only reference when no operation holds the queue (each holds it until its file work is
+        // done). Dropped under the map's lock: the lock file is closed before a next operation can make a new one.
+        if worlds.get(world).is_some_and(|queue| Arc::strong_count(queue) == 1) {
+            drop(worlds.remove(world));
+        }
     }
 
     /// The queue of `world`, after checking both names.

@@ -26,21 +26,40 @@ pub(crate) struct Record {
     /// How many runs of the game took the session up after the run that created it (a record without it: none).
     #[serde(default)]
     pub runs: u64,
-    /// The process of the game that last wrote it: the start-up sweep leaves a session of a process still running
-    /// alone (an ended session lets its folder's lock go, and its game may still resume it).
+    /// The run of the game that last wrote it: the start-up sweep leaves a session of a run still going alone (an
+    /// ended session lets its folder's lock go, and its game may still resume it).
     #[serde(default)]
-    pub owner: Option<u32>,
+    pub owner: Option<Owner>,
 }
 
-/// Whether process `pid` is running (Unix): another copy of the game. A pid reused by another program reads as
-/// running too, which only leaves a folder for a later sweep.
+/// A run of the game: its process, and a number drawn at its start (a later process may get the same pid).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Owner {
+    pub pid: u32,
+    pub run: u64,
+}
+
+/// This run of the game.
+pub(crate) fn this_run() -> Owner {
+    static RUN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let run = *RUN.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        // Keyed at random per process: a number no other run draws.
+        std::collections::hash_map::RandomState::new().build_hasher().finish()
+    });
+    Owner { pid: std::process::id(), run }
+}
+
+/// Whether the run `owner` is still going (Unix): this one, or another copy of the game. A pid reused by another
+/// program reads as running too, which only leaves a folder for a later sweep.
 #[cfg(unix)]
-fn running(pid: u32) -> bool {
-    if pid == std::process::id() {
-        // This process sweeps at its start: a record of its pid is an earlier process's.
-        return false;
+fn running(owner: Owner) -> bool {
+    let this = this_run();
+    if owner.pid == this.pid {
+        // This run's own, or an earlier process's that had the same pid (a container runs its game as pid 1).
+        return owner.run == this.run;
     }
-    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    let Ok(pid) = libc::pid_t::try_from(owner.pid) else { return false };
     // SAFETY: signal 0 sends nothing; `kill` only checks that the process exists and may be signalled.
     let alive = unsafe { libc::kill(pid, 0) } == 0;
     alive || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
@@ -354,8 +373,13 @@ mod tests {
         // Another copy of the game, still running, whose ended session let its folder's lock go.
         let mut other = std::process::Command::new("sleep").arg("60").spawn().expect("a running process");
         let config = super::super::SessionConfig::acp("agent", ["--acp"]);
-        let owners =
-            [("chat-running", Some(other.id())), ("chat-earlier", Some(std::process::id())), ("chat-old", None)];
+        let (this, pid) = (this_run(), std::process::id());
+        let owners = [
+            ("chat-running", Some(Owner { pid: other.id(), run: 1 })),
+            ("chat-mine", Some(this)),
+            ("chat-earlier", Some(Owner { pid, run: this.run.wrapping_add(1) })),
+            ("chat-old", None),
+        ];
         for (id, owner) in owners {
             let folder = records.session_dir(id).expect("made");
             let record =
@@ -366,7 +390,8 @@ mod tests {
         let _ = other.kill();
         let _ = other.wait();
         assert!(dir.path().join("chat-running").exists(), "its game still runs, and may resume it");
-        assert!(!dir.path().join("chat-earlier").exists(), "this process's pid in a record: an earlier process's");
+        assert!(dir.path().join("chat-mine").exists(), "this run's, ended before the sweep came to it");
+        assert!(!dir.path().join("chat-earlier").exists(), "this pid, another run: an earlier process's");
         assert!(!dir.path().join("chat-old").exists(), "a record from before owners were written");
     }
 

@@ -182,23 +182,31 @@ impl<L: WorldLifecycle> VisitSlot<L> {
     /// [`WorldStore`](crate::persist::WorldStore) (if there is one) go of the world it saved, unless a visit of it is
     /// open again.
     fn report_saved(&mut self, world: &mut World) {
+        // Each completion's outcome is read once: one resolving meanwhile is reported next frame.
+        let (resolved, closing): (Vec<_>, Vec<_>) = std::mem::take(&mut self.closing)
+            .into_iter()
+            .map(|(info, completion)| (completion.result(), (info, completion)))
+            .partition(|(result, _)| result.is_some());
+        self.closing = closing.into_iter().map(|(_, entry)| entry).collect();
+        // A world left by another visit still closing (its save may not be queued yet), or open again, stays the
+        // store's.
         let open = self.open.as_ref().map(|open| open.info.world.clone());
-        self.closing.retain(|(info, completion)| {
-            let Some(result) = completion.result() else { return true };
+        let kept: Vec<WorldId> = self.closing.iter().map(|(info, _)| info.world.clone()).chain(open).collect();
+        for (result, (info, _)) in resolved {
+            let Some(result) = result else { continue };
             match &result {
                 Ok(()) => tracing::info!(world = %info.world, visit = %info.visit, "world saved"),
                 Err(error) => {
                     tracing::error!(world = %info.world, visit = %info.visit, %error, "saving the world failed")
                 }
             }
-            world.write_message(VisitSaved { info: info.clone(), result });
             if let Some(store) = world.get_resource::<crate::persist::WorldStore>() {
-                if open.as_ref() != Some(&info.world) {
+                if !kept.contains(&info.world) {
                     store.release_idle(&info.world);
                 }
             }
-            false
-        });
+            world.write_message(VisitSaved { info, result });
+        }
     }
 
     fn tick(&mut self, world: &mut World) {
