@@ -794,12 +794,7 @@ fn a_call_in_flight_when_the_game_ends_its_sessions_conversation_is_answered_bef
         let peer = client.peer().clone();
         let call = tokio::spawn(async move { peer.call_tool(params("gated", json!({}))).await });
         tokio::time::timeout(Duration::from_secs(30), parked.arrivals(1)).await.expect("the call reached its tool");
-        let conversation = loop {
-            let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("an event in time");
-            if let Some(bevy_agent_tools::ConversationEvent::CallStarted(started)) = event {
-                break started.conversation;
-            }
-        };
+        let conversation = next_call_started(&mut events).await;
         agent.end_conversation(&conversation).expect("ended by the game");
         let answer = tokio::time::timeout(Duration::from_secs(10), call).await.expect("answered in time");
         drop(client);
@@ -826,12 +821,7 @@ fn a_call_a_session_runs_in_a_handles_conversation_is_answered_when_the_game_end
     let answer = runtime().block_on(async move {
         let (client, _) = connect(&url, false).await;
         client.call_tool(params("bump", json!({}))).await.expect("a call in the session's own conversation");
-        let own = loop {
-            let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("an event in time");
-            if let Some(bevy_agent_tools::ConversationEvent::CallStarted(started)) = event {
-                break started.conversation;
-            }
-        };
+        let own = next_call_started(&mut events).await;
         let session = own.as_str().strip_prefix("mcp-session:").expect("the session's own").to_string();
         let begun = client.call_tool(params("begin_conversation", json!({}))).await.expect("begun");
         let handle = begun.structured_content.expect("structured")["conversation"].clone();
@@ -842,13 +832,9 @@ fn a_call_a_session_runs_in_a_handles_conversation_is_answered_when_the_game_end
 
         agent.end_conversation(&own).expect("ended by the game");
         let probe = closing.clone();
-        tokio::task::spawn_blocking(move || {
-            while session_is_open(&probe, &session) {
-                std::thread::yield_now();
-            }
-        })
-        .await
-        .expect("the session refuses new requests");
+        tokio::task::spawn_blocking(move || wait_until_session_refuses(&probe, &session))
+            .await
+            .expect("the session refuses new requests");
         // Longer than a stream's stall timeout (5 s), which bounded the wait for a session's calls before.
         tokio::time::sleep(Duration::from_secs(6)).await;
         opened.open();
@@ -915,14 +901,50 @@ fn tools_list_with_a_cursor_it_never_gave_out_is_invalid_params() {
 
 /// Waits for the conversation of an MCP session to end; returns the session id.
 async fn session_ended(events: &mut bevy_agent_tools::Subscription) -> String {
+    let ended = next_status(events, bevy_agent_tools::ConversationStatus::Ended).await;
+    ended.as_str().strip_prefix("mcp-session:").expect("a session's").to_string()
+}
+
+/// The first of the next events that `pick` takes something from, each awaited at most 10 s.
+async fn next_event<T>(
+    events: &mut bevy_agent_tools::Subscription,
+    mut pick: impl FnMut(bevy_agent_tools::ConversationEvent) -> Option<T>,
+) -> T {
     loop {
         let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("an event in time");
-        if let Some(bevy_agent_tools::ConversationEvent::Status(change)) = event {
-            if change.status == bevy_agent_tools::ConversationStatus::Ended {
-                let session = change.conversation.as_str().strip_prefix("mcp-session:").expect("a session's");
-                return session.to_string();
-            }
+        if let Some(picked) = event.and_then(&mut pick) {
+            return picked;
         }
+    }
+}
+
+/// The conversation of the next call that starts.
+async fn next_call_started(events: &mut bevy_agent_tools::Subscription) -> bevy_agent_tools::ConversationId {
+    next_event(events, |event| match event {
+        bevy_agent_tools::ConversationEvent::CallStarted(started) => Some(started.conversation),
+        _ => None,
+    })
+    .await
+}
+
+/// The next conversation whose status becomes `status`.
+async fn next_status(
+    events: &mut bevy_agent_tools::Subscription,
+    status: bevy_agent_tools::ConversationStatus,
+) -> bevy_agent_tools::ConversationId {
+    next_event(events, |event| match event {
+        bevy_agent_tools::ConversationEvent::Status(change) if change.status == status => Some(change.conversation),
+        _ => None,
+    })
+    .await
+}
+
+/// Waits (at most 10 s) until a request in session `id` is refused with 404: the session closed, or is closing.
+fn wait_until_session_refuses(server: &McpServer, id: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while session_is_open(server, id) {
+        assert!(std::time::Instant::now() < deadline, "the session was not closed");
+        std::thread::yield_now();
     }
 }
 
@@ -945,21 +967,12 @@ fn a_conversation_the_game_ends_closes_its_mcp_session() {
     let (session, client) = runtime().block_on(async move {
         let (client, _) = connect(&url, false).await;
         client.call_tool(params("bump", json!({}))).await.expect("call");
-        let conversation = loop {
-            match events.next().await.expect("the feed is open") {
-                bevy_agent_tools::ConversationEvent::CallStarted(started) => break started.conversation,
-                _ => continue,
-            }
-        };
+        let conversation = next_call_started(&mut events).await;
         agent.end_conversation(&conversation).expect("ended by the game");
         (session_ended(&mut events).await, client)
     });
     // The session closes right after the conversation's Ended event, on the server's runtime.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while session_is_open(&server, &session) {
-        assert!(std::time::Instant::now() < deadline, "the session was not closed");
-        std::thread::yield_now();
-    }
+    wait_until_session_refuses(&server, &session);
     drop(client);
     game.stop();
 }
@@ -980,16 +993,7 @@ fn app_exit_answers_a_call_waiting_for_its_tool_with_no_world_open_before_the_se
         let (client, _) = runtime.block_on(connect(server.url(), modern));
         let peer = client.peer().clone();
         let call = runtime.spawn(async move { peer.call_tool(params("later", json!({}))).await });
-        runtime.block_on(async {
-            loop {
-                let event = tokio::time::timeout(Duration::from_secs(10), events.next()).await.expect("an event");
-                if let Some(bevy_agent_tools::ConversationEvent::Status(change)) = event {
-                    if change.status == bevy_agent_tools::ConversationStatus::WaitingToolResult {
-                        break;
-                    }
-                }
-            }
-        });
+        runtime.block_on(next_status(&mut events, bevy_agent_tools::ConversationStatus::WaitingToolResult));
 
         game.stop();
         let result = runtime

@@ -182,18 +182,19 @@ impl<L: WorldLifecycle> VisitSlot<L> {
     /// [`WorldStore`](crate::persist::WorldStore) (if there is one) go of the world it saved, unless a visit of it is
     /// open again.
     fn report_saved(&mut self, world: &mut World) {
-        // Each completion's outcome is read once: one resolving meanwhile is reported next frame.
-        let (resolved, closing): (Vec<_>, Vec<_>) = std::mem::take(&mut self.closing)
-            .into_iter()
-            .map(|(info, completion)| (completion.result(), (info, completion)))
-            .partition(|(result, _)| result.is_some());
-        self.closing = closing.into_iter().map(|(_, entry)| entry).collect();
+        let mut resolved = Vec::new();
+        self.closing.retain(|(info, completion)| match completion.result() {
+            Some(result) => {
+                resolved.push((info.clone(), result));
+                false
+            }
+            None => true,
+        });
         // A world left by another visit still closing (its save may not be queued yet), or open again, stays the
         // store's.
         let open = self.open.as_ref().map(|open| open.info.world.clone());
         let kept: Vec<WorldId> = self.closing.iter().map(|(info, _)| info.world.clone()).chain(open).collect();
-        for (result, (info, _)) in resolved {
-            let Some(result) = result else { continue };
+        for (info, result) in resolved {
             match &result {
                 Ok(()) => tracing::info!(world = %info.world, visit = %info.visit, "world saved"),
                 Err(error) => {
