@@ -3,29 +3,47 @@
 //! zero-padded to a fixed width, so the payload can be streamed to the file before its header is known.
 //!
 //! ```text
-//! bevy-agent-tools-document v1 len=00000000000000001234 crc32=89abcdef codec=json
+//! bevy-agent-tools-document v1 len=00000000000000001234 crc32=89abcdef codec=json hcrc=01234567
 //! {"...": "..."}
 //! ```
 //!
-//! The checksum covers the payload only. A header without `codec=` was written before codecs existed: JSON. Older
-//! readers skip fields they do not know, so a JSON save written now still loads in a build from before codecs.
+//! `crc32` covers the payload; `hcrc` the header's text before it, so a damaged codec name is damage (the previous
+//! save is loaded) and not a codec from a newer build (which is refused). A header without `codec=` was written
+//! before codecs existed: JSON; one without `hcrc=` before the header was checked: its fields are taken as they
+//! are. Older readers skip fields they do not know, so a JSON save written now still loads in a build from before
+//! codecs.
 
 use std::io::{self, Write};
 
 use super::codec::Codec;
 
 const MAGIC: &str = "bevy-agent-tools-document v1";
+/// The header's last field's name: its value is the CRC-32 of the header's text before the name (the space before it
+/// included, so no single damaged byte can hide the field).
+const HEADER_CRC: &str = "hcrc=";
 
 /// The header's size in bytes for a payload in `codec`. Fixed (zero-padded numbers) so a writer can reserve it,
 /// stream the payload after it, then fill it in; the reader accepts any width.
 pub(crate) fn header_len(codec: Codec) -> usize {
-    MAGIC.len() + " len=".len() + 20 + " crc32=".len() + 8 + " codec=".len() + codec.name().len() + 1
+    MAGIC.len()
+        + " len=".len()
+        + 20
+        + " crc32=".len()
+        + 8
+        + " codec=".len()
+        + codec.name().len()
+        + 1
+        + HEADER_CRC.len()
+        + 8
+        + 1
 }
 
 /// The header line for a payload of `len` bytes with CRC-32 `crc` in `codec`, newline included:
 /// [`header_len`] bytes.
 pub(crate) fn header(len: u64, crc: u32, codec: Codec) -> Vec<u8> {
-    format!("{MAGIC} len={len:020} crc32={crc:08x} codec={codec}\n").into_bytes()
+    let fields = format!("{MAGIC} len={len:020} crc32={crc:08x} codec={codec} ");
+    let checked = crc32fast::hash(fields.as_bytes());
+    format!("{fields}{HEADER_CRC}{checked:08x}\n").into_bytes()
 }
 
 /// Passes a payload through to `W`, counting it and computing its CRC-32 on the way: the header of a streamed
@@ -78,6 +96,12 @@ pub(crate) fn open(file: &[u8]) -> Result<Opened<'_>, String> {
     };
     let header = std::str::from_utf8(&file[..newline]).map_err(|_| "the header is not text".to_string())?;
     let payload = &file[newline + 1..];
+    if let Some((checked, stated)) = header.rsplit_once(HEADER_CRC) {
+        let stated = u32::from_str_radix(stated, 16).map_err(|_| format!("malformed header {header:?}"))?;
+        if crc32fast::hash(checked.as_bytes()) != stated {
+            return Err("header checksum mismatch".into());
+        }
+    }
     let fields = header.strip_prefix(MAGIC).ok_or_else(|| format!("unknown header {header:?}"))?;
     let mut len = None;
     let mut crc = None;
@@ -138,13 +162,32 @@ mod tests {
     fn the_header_names_the_codec_and_an_unknown_one_is_not_damage() {
         let file = wrap(&[1, 2, 0xff, b'\n'], Codec::Postcard);
         assert!(file.starts_with(b"bevy-agent-tools-document v1 len=00000000000000000004 crc32="));
-        assert!(std::str::from_utf8(&file[..header_len(Codec::Postcard)]).unwrap().ends_with(" codec=postcard\n"));
+        let header = std::str::from_utf8(&file[..header_len(Codec::Postcard)]).unwrap();
+        assert!(header.contains(" codec=postcard hcrc=") && header.ends_with('\n'), "{header}");
         assert_eq!(open(&file), Ok(Opened { codec: "postcard", payload: &[1, 2, 0xff, b'\n'] }));
 
         let payload = b"future";
         let mut file = format!("{MAGIC} len=6 crc32={:08x} codec=cbor\n", crc32fast::hash(payload)).into_bytes();
         file.extend_from_slice(payload);
         assert_eq!(open(&file), Ok(Opened { codec: "cbor", payload }));
+    }
+
+    #[test]
+    fn every_damaged_header_byte_is_detected_or_changes_nothing_read() {
+        for codec in [Codec::Json, Codec::Postcard] {
+            let payload = br#"{"counter":7}"#;
+            let file = wrap(payload, codec);
+            let intact = Ok(Opened { codec: codec.name(), payload: &payload[..] });
+            for at in 0..header_len(codec) {
+                for bit in 0..8 {
+                    let mut damaged = file.clone();
+                    damaged[at] ^= 1 << bit;
+                    let opened = open(&damaged);
+                    // Damage the header's own checksum field's name can hide leaves the fields it covers as written.
+                    assert!(opened.is_err() || opened == intact, "byte {at} bit {bit}: {opened:?}");
+                }
+            }
+        }
     }
 
     #[test]
