@@ -1674,6 +1674,19 @@ fn resume_reattaches_with_session_load_where_that_is_all_the_agent_offers_and_sa
         );
     }
 
+    // A replay that never ends: the start runs out of time (it is shorter than the longest wait for a replay),
+    // and says it was the replay it waited for, not an answer.
+    let mut endless = agent(&dirs, &["--load-only", "--endless-replay"]);
+    endless.timeouts.start = Duration::from_millis(2800);
+    let endless = game.create(endless).expect("starts");
+    assert!(game.block_on(endless.send_text("crash")).is_err());
+    let error = game.block_on(endless.resume()).expect_err("the replay does not end");
+    assert_eq!(error.code, ErrorCode::AgentUnavailable);
+    assert!(
+        error.message.contains("(it answered session/load, then its replay of the history did not end)"),
+        "{error}"
+    );
+
     let forgetful = game.create(agent(&dirs, &["--no-resume"])).expect("starts");
     let before = forgetful.backend_session();
     assert!(game.block_on(forgetful.send_text("crash")).is_err());

@@ -34,13 +34,30 @@ pub(crate) struct Opened {
     pub system_prompt_sent: bool,
 }
 
-/// The set-up request the connection waits for an answer to (`initialize`, `session/new`, ...): a start that runs
-/// out of time names it.
-pub(crate) type StartStep = Arc<parking_lot::Mutex<&'static str>>;
+/// What set-up waits for: a start that runs out of time names it.
+pub(crate) type StartStep = Arc<parking_lot::Mutex<Waiting>>;
+
+/// What set-up waits for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Waiting {
+    /// The answer to a request (`initialize`, `session/new`, ...).
+    Answer(&'static str),
+    /// The end of the history an agent replays after it answered `session/load` (Gemini CLI).
+    Replay,
+}
+
+impl std::fmt::Display for Waiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Waiting::Answer(request) => write!(f, "no answer to {request}"),
+            Waiting::Replay => f.write_str("it answered session/load, then its replay of the history did not end"),
+        }
+    }
+}
 
 /// The first step: the agent is started and asked to `initialize`.
 fn first_step() -> StartStep {
-    Arc::new(parking_lot::Mutex::new("initialize"))
+    Arc::new(parking_lot::Mutex::new(Waiting::Answer("initialize")))
 }
 
 pub(crate) struct Running {
@@ -303,7 +320,7 @@ async fn open(
     step: &StartStep,
     agent_name: &AgentName,
 ) -> Result<Open, ToolError> {
-    let at = |request: &'static str| *step.lock() = request;
+    let at = |request: &'static str| *step.lock() = Waiting::Answer(request);
     at("initialize");
     // No `fs`, no `terminal`: the agent gets no access to the player's machine through the game.
     let initialize = InitializeRequest::new(ProtocolVersion::V1)
@@ -336,7 +353,7 @@ async fn attach(
     replay: &Replay,
     step: &StartStep,
 ) -> Result<Open, ToolError> {
-    let at = |request: &'static str| *step.lock() = request;
+    let at = |request: &'static str| *step.lock() = Waiting::Answer(request);
     let refused = |what: &str, error: &agent_client_protocol::Error| {
         sign_in.required(error).unwrap_or_else(|| unavailable(what, error))
     };
@@ -384,7 +401,10 @@ async fn attach(
             let loaded = cx.send_request(request).block_task().await.map(|_| Attached::Loaded);
             match loaded {
                 // What it still replays after answering (Gemini CLI replays then) is let pass first.
-                Ok(_) => replay.quiet(updates::REPLAY_QUIET, updates::REPLAY_LIMIT).await,
+                Ok(_) => {
+                    *step.lock() = Waiting::Replay;
+                    replay.quiet(updates::REPLAY_QUIET, updates::REPLAY_LIMIT).await
+                }
                 Err(_) => replay.stop(),
             }
             Some(loaded)

@@ -77,7 +77,7 @@ impl Backend for AcpBackend {
                     let waited_for = *step.lock();
                     return Err(ToolError::with_code(
                         ErrorCode::AgentUnavailable,
-                        format!("the agent `{described}` did not start within {start:?} (no answer to {waited_for})"),
+                        format!("the agent `{described}` did not start within {start:?} ({waited_for})"),
                     )
                     .with_detail("agent", &described));
                 }
