@@ -1587,6 +1587,29 @@ fn a_chat_deleted_just_before_the_game_exits_stays_deleted() {
 }
 
 #[test]
+fn a_session_being_created_when_the_game_exits_stops_leaves_nothing_and_its_caller_hears_why() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    // An agent that never answers `initialize`, and a start timeout far away: only the exit ends the create.
+    let sessions = game.sessions.clone();
+    let config = agent(&dirs, &["--hang-init"]);
+    let creating = game.game.agent().runtime().spawn(async move { sessions.create(config).await });
+    let until = Instant::now() + LIMIT;
+    while dirs.agents_alive() == 0 || session_folders(&dirs).is_empty() {
+        assert!(Instant::now() < until, "the agent was started and the session's folder made");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The player quits while the agent is still starting.
+    game.game.stop();
+    assert!(session_folders(&dirs).is_empty(), "the game has exited: {:?}", session_folders(&dirs));
+    let outcome = bevy::tasks::block_on(creating).expect("the create ended before the runtime stopped");
+    let error = outcome.expect_err("no session");
+    assert_eq!(error.code, ErrorCode::AgentUnavailable);
+    assert!(error.message.contains("the game is exiting"), "{error}");
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
 fn s4_the_games_exit_stops_every_agent_even_one_that_ignores_sigterm_and_its_input() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

@@ -37,12 +37,24 @@ pub struct AgentSessions {
     /// `forget` waits for a resume under way (and then ends what it re-attached).
     by_id: IdLocks,
     /// The `forget`s under way: the game's exit waits for them (a chat deleted just before it exits stays deleted).
-    forgetting: Arc<Forgetting>,
+    forgetting: Arc<UnderWay>,
+    /// The `create`s and `resume_session`s under way: the game's exit stops them, and waits until they have let
+    /// go of what they started.
+    attaching: Arc<UnderWay>,
+    /// Cancelled when the game exits: what is under way stops, and nothing new starts.
+    exiting: tokio_util::sync::CancellationToken,
 }
 
 impl AgentSessions {
     pub(crate) fn new(host: Arc<SessionHost>) -> Self {
-        Self { host, live: Arc::default(), by_id: IdLocks::default(), forgetting: Arc::default() }
+        Self {
+            host,
+            live: Arc::default(),
+            by_id: IdLocks::default(),
+            forgetting: Arc::default(),
+            attaching: Arc::default(),
+            exiting: tokio_util::sync::CancellationToken::new(),
+        }
     }
 
     pub(crate) fn host(&self) -> &SessionHost {
@@ -75,10 +87,12 @@ impl AgentSessions {
     /// gets the game's MCP server with a credential minted for the session. Resolves when the session is `Idle`
     /// and ready for text, or with `AGENT_UNAVAILABLE` (what went wrong: the agent's exit status and the tail of
     /// its stderr, that it did not answer within [`SessionTimeouts::start`](super::SessionTimeouts::start), or,
-    /// for an ACP agent, that the game serves no MCP); nothing is left running then.
+    /// for an ACP agent, that the game serves no MCP, or that the game exits first); nothing is left running then.
     pub async fn create(&self, config: SessionConfig) -> Result<AgentSession, ToolError> {
         let this = self.clone();
-        let created = self.on_tokio(async move { this.create_here(config).await.map(|s| Unclaimed(Some(s))) }).await?;
+        let created = self
+            .on_tokio(async move { this.until_exit(this.create_here(config)).await.map(|s| Unclaimed(Some(s))) })
+            .await?;
         created.claim().ok_or_else(|| ToolError::internal("the created session was lost on its way to the caller"))
     }
 
@@ -111,7 +125,23 @@ impl AgentSessions {
     /// is unknown) is `AGENT_UNAVAILABLE`, and the session is kept for a later try.
     pub async fn resume_session(&self, id: impl Into<ConversationId>) -> Result<AgentSession, ToolError> {
         let (this, id) = (self.clone(), id.into());
-        self.on_tokio(async move { this.resume_session_here(id).await }).await
+        self.on_tokio(async move { this.until_exit(this.resume_session_here(id)).await }).await
+    }
+
+    /// Runs `attach` (a `create` or `resume_session`) unless the game exits first: then it is dropped, which lets go
+    /// of what it started ([`Unkept`]), and it is `AGENT_UNAVAILABLE`. Counted while under way, from before the
+    /// exit is checked, so the exit that stops it also waits for it.
+    async fn until_exit<T>(&self, attach: impl Future<Output = Result<T, ToolError>>) -> Result<T, ToolError> {
+        let _under_way = UnderWay::begin(&self.attaching);
+        let exiting = || ToolError::with_code(ErrorCode::AgentUnavailable, "the game is exiting");
+        if self.exiting.is_cancelled() {
+            return Err(exiting());
+        }
+        tokio::select! {
+            biased;
+            outcome = attach => outcome,
+            () = self.exiting.cancelled() => Err(exiting()),
+        }
     }
 
     async fn resume_session_here(&self, id: ConversationId) -> Result<AgentSession, ToolError> {
@@ -163,7 +193,7 @@ impl AgentSessions {
         if id.as_str().is_empty() {
             return Err(ToolError::invalid_input("session", "the session id is empty"));
         }
-        let _under_way = Forgetting::begin(&self.forgetting);
+        let _under_way = UnderWay::begin(&self.forgetting);
         // Whatever puts a known id back in the live map (`resume_session`, `AgentSession::resume`) does it under
         // the id's lock: a resume under way finishes first, and none puts the session back after this.
         let _forgetting = self.by_id.lock(&id).await;
@@ -206,10 +236,14 @@ impl AgentSessions {
     /// The game disconnects from every session (on `AppExit`): a session created with
     /// `auto_end_on_disconnect` ends, with its agent's session, and what the game kept of it is deleted (nothing
     /// resumes it after the game); the others are only disconnected, kept for `resume_session`. A `forget` under
-    /// way finishes (its session's folder is gone). Every agent process is gone when this returns, or `deadline`
-    /// passed.
+    /// way finishes (its session's folder is gone). A `create` or `resume_session` under way stops (as if its
+    /// caller had dropped it) and answers `AGENT_UNAVAILABLE`, as do later ones. Every agent process is gone when
+    /// this returns, or `deadline` passed.
     pub(crate) fn disconnect_all(&self, deadline: Duration) {
         let until = crate::deadline::after(std::time::Instant::now(), deadline);
+        self.exiting.cancel();
+        // Those that finished first are live, and end with the others below.
+        self.attaching.wait_until_none(until);
         let cores: Vec<Arc<SessionCore>> = self.live.lock().drain().map(|(_, core)| core).collect();
         if !cores.is_empty() {
             self.disconnect(cores, until);
@@ -246,18 +280,18 @@ impl AgentSessions {
     }
 }
 
-/// How many `forget`s are under way, and a signal when one finishes.
+/// How many operations of a kind are under way, and a signal when one finishes.
 #[derive(Default)]
-struct Forgetting {
+struct UnderWay {
     under_way: parking_lot::Mutex<usize>,
     finished: parking_lot::Condvar,
 }
 
-impl Forgetting {
-    /// Counts a `forget` until the returned guard is dropped (it finished, or its future was dropped).
+impl UnderWay {
+    /// Counts an operation until the returned guard is dropped (it finished, or its future was dropped).
     fn begin(this: &Arc<Self>) -> impl Drop {
         *this.under_way.lock() += 1;
-        struct Finished(Arc<Forgetting>);
+        struct Finished(Arc<UnderWay>);
         impl Drop for Finished {
             fn drop(&mut self) {
                 let mut under_way = self.0.under_way.lock();
@@ -268,7 +302,7 @@ impl Forgetting {
         Finished(this.clone())
     }
 
-    /// Waits until no `forget` is under way, or `until`.
+    /// Waits until none is under way, or `until`.
     fn wait_until_none(&self, until: std::time::Instant) {
         let mut under_way = self.under_way.lock();
         while *under_way > 0 {
