@@ -643,10 +643,11 @@ fn s2_an_agent_that_fails_to_start_is_agent_unavailable_with_its_stderr_and_leav
     assert!(heard.is_empty(), "events of sessions that never started: {heard:#?}");
 }
 
-/// The sessions' folders in `dirs.data`.
+/// The sessions' folders in `dirs.data` (not `.runs`, where each run of the game says it is going).
 fn session_folders(dirs: &Dirs) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(&dirs.data) else { return Vec::new() };
-    entries.filter_map(Result::ok).map(|entry| entry.file_name().to_string_lossy().to_string()).collect()
+    let names = entries.filter_map(Result::ok).map(|entry| entry.file_name().to_string_lossy().to_string());
+    names.filter(|name| name != ".runs").collect()
 }
 
 fn wait_no_session_folders(dirs: &Dirs) {

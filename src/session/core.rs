@@ -724,7 +724,7 @@ impl SessionCore {
             let state = self.state.lock();
             (state.backend_session.clone(), state.run)
         };
-        let owner = Some(super::record::this_run());
+        let owner = Some(super::runs::this_run());
         let record =
             Record { id: self.id.to_string(), config: self.config.clone(), backend_session, ended, runs, owner };
         self.host.records.save(record).await;

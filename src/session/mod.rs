@@ -64,6 +64,7 @@ mod permission;
 mod plugin;
 mod record;
 mod requests;
+mod runs;
 
 #[cfg(feature = "acp")]
 mod acp;

@@ -68,7 +68,9 @@ impl AgentSessionsPlugin {
     }
 
     /// Where sessions keep their records (`<dir>/<id>/session.json`, to resume them after a restart) and their
-    /// empty working directories (`<dir>/<id>/workspace`). Each session's folder is the user's alone (mode 0700 on
+    /// empty working directories (`<dir>/<id>/workspace`); on Unix, each running copy of the game also keeps a
+    /// locked file in `<dir>/.runs` while it runs, so another copy sharing `dir` knows which sessions are still
+    /// its own. Each session's folder is the user's alone (mode 0700 on
     /// Unix), and a record or history this user does not own, or that others may write, is not read: keep `dir`
     /// on a file system with Unix permissions (not FAT, exFAT or a Windows drive under WSL). A record names the
     /// agent program its session starts: keep `dir` out of what players share or download (a shared save folder).

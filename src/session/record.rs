@@ -11,6 +11,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use super::runs::Owner;
 use super::SessionConfig;
 use crate::error::{ErrorCode, ToolError};
 
@@ -30,39 +31,6 @@ pub(crate) struct Record {
     /// ended session lets its folder's lock go, and its game may still resume it).
     #[serde(default)]
     pub owner: Option<Owner>,
-}
-
-/// A run of the game: its process, and a number drawn at its start (a later process may get the same pid).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Owner {
-    pub pid: u32,
-    pub run: u64,
-}
-
-/// This run of the game.
-pub(crate) fn this_run() -> Owner {
-    static RUN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let run = *RUN.get_or_init(|| {
-        use std::hash::{BuildHasher, Hasher};
-        // Keyed at random per process: a number no other run draws.
-        std::collections::hash_map::RandomState::new().build_hasher().finish()
-    });
-    Owner { pid: std::process::id(), run }
-}
-
-/// Whether the run `owner` is still going (Unix): this one, or another copy of the game. A pid reused by another
-/// program reads as running too, which only leaves a folder for a later sweep.
-#[cfg(unix)]
-fn running(owner: Owner) -> bool {
-    let this = this_run();
-    if owner.pid == this.pid {
-        // This run's own, or an earlier process's that had the same pid (a container runs its game as pid 1).
-        return owner.run == this.run;
-    }
-    let Ok(pid) = libc::pid_t::try_from(owner.pid) else { return false };
-    // SAFETY: signal 0 sends nothing; `kill` only checks that the process exists and may be signalled.
-    let alive = unsafe { libc::kill(pid, 0) } == 0;
-    alive || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// Where records live.
@@ -159,7 +127,10 @@ impl Records {
     fn unkept_record(&self, dir: &Path) -> bool {
         let record = crate::private::read(&dir.join(FILE)).ok();
         let record: Option<Record> = record.and_then(|bytes| serde_json::from_slice(&bytes).ok());
-        record.is_some_and(|record| record.config.auto_end_on_disconnect && !record.owner.is_some_and(running))
+        record.is_some_and(|record| {
+            record.config.auto_end_on_disconnect
+                && !record.owner.is_some_and(|owner| super::runs::running(&self.data_dir, owner))
+        })
     }
 
     /// Session `id`'s folder if it exists (and `id` is one the game mints).
@@ -180,7 +151,13 @@ impl Records {
             if abandoned.contains(&record.id) {
                 return;
             }
-            if let Err(error) = records.session_dir(&record.id).and_then(|_| write(&path, &record)) {
+            let dir = records.session_dir(&record.id);
+            // Before the record names this run: another copy's sweep reads the run as going from the first.
+            #[cfg(unix)]
+            if dir.is_ok() && record.owner.is_some() {
+                super::runs::mark_going(&records.data_dir);
+            }
+            if let Err(error) = dir.and_then(|_| write(&path, &record)) {
                 tracing::error!(session = %record.id, path = %path.display(), %error, "could not save the session's record");
             }
         });
@@ -373,12 +350,20 @@ mod tests {
         // Another copy of the game, still running, whose ended session let its folder's lock go.
         let mut other = std::process::Command::new("sleep").arg("60").spawn().expect("a running process");
         let config = super::super::SessionConfig::acp("agent", ["--acp"]);
-        let (this, pid) = (this_run(), std::process::id());
+        let (this, pid) = (super::super::runs::this_run(), std::process::id());
+        // Another container's game sharing the data directory, going, with the same pid as this one: its run file
+        // is locked.
+        let container = Owner { pid, run: this.run.wrapping_add(2) };
+        std::fs::create_dir_all(dir.path().join(".runs")).expect("made");
+        let run_file = std::fs::File::create(dir.path().join(".runs").join(format!("{:016x}.lock", container.run)));
+        let run_file = run_file.expect("made");
+        run_file.lock().expect("locked");
         let owners = [
             ("chat-running", Some(Owner { pid: other.id(), run: 1 })),
             ("chat-mine", Some(this)),
             ("chat-earlier", Some(Owner { pid, run: this.run.wrapping_add(1) })),
             ("chat-old", None),
+            ("chat-container", Some(container)),
         ];
         for (id, owner) in owners {
             let folder = records.session_dir(id).expect("made");
@@ -393,6 +378,10 @@ mod tests {
         assert!(dir.path().join("chat-mine").exists(), "this run's, ended before the sweep came to it");
         assert!(!dir.path().join("chat-earlier").exists(), "this pid, another run: an earlier process's");
         assert!(!dir.path().join("chat-old").exists(), "a record from before owners were written");
+        assert!(dir.path().join("chat-container").exists(), "its run file is locked: its game still runs");
+        drop(run_file);
+        records.sweep_unkept();
+        assert!(!dir.path().join("chat-container").exists(), "its game has ended");
     }
 
     #[test]
