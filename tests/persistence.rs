@@ -233,8 +233,8 @@ fn a_world_left_and_saved_is_let_go_by_the_store_and_locked_again_when_entered()
     assert!(refused.is_some_and(|saved| saved.is_err()), "in use while its visit is open");
 
     app.exit_world();
+    // No frame after the close: its completion resolves once the world is let go (rule H6).
     assert_eq!(last_close(&mut app).wait_timeout(DEADLINE), Some(Ok(())), "saved");
-    app.update(); // the frame that reports it saved
     let theirs = other();
     assert_eq!(theirs.save(&alpha, "progress", Progress { count: 7 }).wait_timeout(DEADLINE), Some(Ok(())));
     drop(theirs);
@@ -242,6 +242,29 @@ fn a_world_left_and_saved_is_let_go_by_the_store_and_locked_again_when_entered()
     assert_eq!(call(&mut app, "read"), json!(7), "loaded again, with what the other wrote");
     let refused = other().save(&alpha, "progress", Progress { count: 9 }).wait_timeout(DEADLINE);
     assert!(refused.is_some_and(|saved| saved.is_err()), "locked again by the new visit");
+}
+
+#[test]
+fn a_world_left_while_its_store_is_busy_is_let_go_once_the_store_is_done_with_it() {
+    let data = tempfile::tempdir().unwrap();
+    let mut app = game(Saves::default(), data.path());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let other = || WorldStore::new(data.path(), runtime.handle().clone());
+    let alpha = WorldId::new("alpha");
+    // The game's own save of alpha (an autosave, a menu's), in flight across the whole visit.
+    let hold = Hold::default();
+    let pinned = store(&app).save(&alpha, "pin", HeldSnapshot(Progress::default(), hold.clone()));
+    assert_eq!(hold.arrivals(1), ["snapshot"]);
+    app.enter_world("alpha");
+    app.exit_world();
+    // Its close resolves at once (it never loaded: the load waits behind the pin), while the store is busy.
+    assert!(last_close(&mut app).wait_timeout(DEADLINE).is_some_and(|closed| closed.is_err()));
+    hold.release();
+    assert_eq!(pinned.wait_timeout(DEADLINE), Some(Ok(())));
+    // Then the visit's load, the last of alpha's operations: the world is let go before it resolves.
+    assert_eq!(store(&app).flush().wait_timeout(DEADLINE), Some(Ok(())));
+    let theirs = other().save(&alpha, "progress", Progress { count: 7 }).wait_timeout(DEADLINE);
+    assert_eq!(theirs, Some(Ok(())), "another game may use the world this one left");
 }
 
 #[test]

@@ -327,7 +327,7 @@ mod tests {
 
     #[test]
     fn pump_recheck_refuses_a_step_whose_deadline_passed_with_timeout() {
-        let mut open = OpenSession { info: visit(1, 0), session: () };
+        let mut open = OpenSession { info: visit(1, 0), session: (), store: None };
         let error = recheck(&life(ToolScope::World, Instant::now()), Some(&mut open)).err().expect("refused");
         assert_eq!(error.code, ErrorCode::Timeout);
         assert!(recheck(&life(ToolScope::World, later()), Some(&mut open)).is_ok(), "in time it passes");
@@ -335,7 +335,7 @@ mod tests {
 
     #[test]
     fn pump_recheck_refuses_a_step_of_another_visit_or_of_none_with_visit_ended() {
-        let mut other = OpenSession { info: visit(2, 0), session: () };
+        let mut other = OpenSession { info: visit(2, 0), session: (), store: None };
         let error = recheck(&life(ToolScope::World, later()), Some(&mut other)).err().expect("refused");
         assert_eq!(error.code, ErrorCode::VisitEnded);
         let error = recheck::<()>(&life(ToolScope::World, later()), None).err().expect("refused");
@@ -344,7 +344,7 @@ mod tests {
 
     #[test]
     fn pump_recheck_refuses_a_location_step_after_a_relocation_but_not_a_world_step() {
-        let mut moved = OpenSession { info: visit(1, 1), session: () };
+        let mut moved = OpenSession { info: visit(1, 1), session: (), store: None };
         let error = recheck(&life(ToolScope::Location, later()), Some(&mut moved)).err().expect("refused");
         assert_eq!(error.code, ErrorCode::LocationChanged);
         assert!(recheck(&life(ToolScope::World, later()), Some(&mut moved)).is_ok(), "World scope survives travel");

@@ -38,11 +38,13 @@ use crate::ids::WorldId;
 ///   the previous visit's `close`. Different worlds never wait for each other.
 /// - **Locked per world**: the first operation on a world takes `<world>/world.lock`; another game process gets
 ///   [`StoreError::Locked`]. Within this process, visits share the lock through clones of one store, so create
-///   one store per data directory and clone it. A world's lock is released once a visit of it has closed and its
-///   close resolved, if nothing of it is queued or running and no visit of it is open again (the store that the
-///   [`WorldStorePlugin`](super::WorldStorePlugin) inserts; its next operation takes the lock again), when the
-///   last clone is dropped, or by the OS if the process dies: a game that goes through many worlds in one run
-///   holds no file open for each one it left.
+///   one store per data directory and clone it. The app's store (the resource, which the
+///   [`WorldStorePlugin`](super::WorldStorePlugin) inserts) holds a world's lock while a visit of it is open or
+///   closing, or an operation of it is queued or running, and lets it go as soon as neither is so: a visit's close
+///   completion resolves after that, and a world read from a menu is not kept either (its next operation takes the
+///   lock again). A store no visit has used holds each world it touched until its last clone is dropped. The OS
+///   releases every lock if the process dies. So a game that goes through many worlds in one run holds no file
+///   open for each one it left.
 /// - **Names are paths**: a world id names a directory and a document a file in it, so both are 1 to 64
 ///   characters of `a-z`, `0-9`, `_` and `-` (a lower-case UUID fits; Windows' device names such as `con` are
 ///   refused); anything else is [`StoreError::InvalidName`]. Check a name the player chose with
@@ -68,7 +70,45 @@ struct Shared {
     root: PathBuf,
     runtime: Handle,
     faults: RwLock<Option<Arc<dyn WriteFaults>>>,
-    worlds: Mutex<HashMap<WorldId, Arc<WorldQueue>>>,
+    worlds: Mutex<Worlds>,
+}
+
+/// The worlds in use, under one lock: a world's queue is made, and let go, only under it.
+#[derive(Default)]
+struct Worlds {
+    queues: HashMap<WorldId, Arc<WorldQueue>>,
+    /// Visits open or closing, by world. Counted once the app's host has used this store for a visit (`managed`).
+    visits: HashMap<WorldId, usize>,
+    /// Whether the app's host uses this store for its visits: then a world no visit uses is let go whenever nothing
+    /// of it is queued or running. A store the host never used keeps each world until it is dropped.
+    managed: bool,
+}
+
+impl Worlds {
+    /// Lets go of `world` if the host manages this store, no visit of it is open or closing and nothing of it is
+    /// queued or running (the map's is then the only reference: each operation holds the queue until its file work
+    /// is done). Dropped here, under the map's lock: the lock file is closed before a next operation can make a new
+    /// one (which would find it locked by this very process).
+    fn release_if_idle(&mut self, world: &WorldId) {
+        let idle = self.queues.get(world).is_some_and(|queue| Arc::strong_count(queue) == 1);
+        if self.managed && idle && !self.visits.contains_key(world) {
+            drop(self.queues.remove(world));
+        }
+    }
+}
+
+impl Shared {
+    /// One of `world`'s visits is over (blocking: it may close the world's lock file): the world is let go if
+    /// nothing else uses it.
+    fn visit_ended(&self, world: &WorldId) {
+        let mut worlds = self.worlds.lock();
+        match worlds.visits.get_mut(world) {
+            Some(visits) if *visits > 1 => *visits -= 1,
+            Some(_) => drop(worlds.visits.remove(world)),
+            None => {}
+        }
+        worlds.release_if_idle(world);
+    }
 }
 
 /// One world's queue: the completion of the last operation called, and the files, used by one operation at a time.
@@ -104,7 +144,7 @@ impl WorldStore {
                 root: root.into(),
                 runtime,
                 faults: RwLock::new(None),
-                worlds: Mutex::new(HashMap::new()),
+                worlds: Mutex::new(Worlds::default()),
             }),
             codec: Codec::default(),
         }
@@ -315,7 +355,7 @@ impl WorldStore {
     /// Resolves when every operation called so far, on every world, has finished (successfully or not: each
     /// operation reports its own outcome). Useful in [`WorldLifecycle::shutdown`](crate::WorldLifecycle::shutdown).
     pub fn flush(&self) -> Completion {
-        let worlds: Vec<_> = self.shared.worlds.lock().values().cloned().collect();
+        let worlds: Vec<_> = self.shared.worlds.lock().queues.values().cloned().collect();
         let turns: Vec<_> =
             worlds.iter().filter_map(|queue| queue.turns.last()).filter(|turn| !turn.is_done()).collect();
         if turns.is_empty() {
@@ -330,17 +370,28 @@ impl WorldStore {
         })
     }
 
-    /// Lets go of `world` if nothing of it is queued or running: its lock file is unlocked (another game process may
-    /// use the world now) and its queue forgotten; its next operation locks it again. Called once a visit of the
-    /// world has closed and its close resolved, unless a visit of it is open again: a game that goes through many
-    /// worlds in one run holds no file open for each one it left.
-    pub(crate) fn release_idle(&self, world: &WorldId) {
+    /// A visit of `world` is opening (called by the host before the game's `open`; no I/O): the world is kept, its
+    /// lock held, until the visit has closed and its close resolved ([`visit_closed`](Self::visit_closed)). From
+    /// the first such call, the store lets go of a world no visit uses once nothing of it is queued or running.
+    pub(crate) fn visit_opening(&self, world: &WorldId) {
         let mut worlds = self.shared.worlds.lock();
-        // The map's is the only reference when no operation holds the queue (each holds it until its file work is
-        // done). Dropped under the map's lock: the lock file is closed before a next operation can make a new one.
-        if worlds.get(world).is_some_and(|queue| Arc::strong_count(queue) == 1) {
-            drop(worlds.remove(world));
-        }
+        worlds.managed = true;
+        *worlds.visits.entry(world.clone()).or_default() += 1;
+    }
+
+    /// A visit counted by [`visit_opening`](Self::visit_opening) is over: `closed` is its close's completion (or
+    /// one already resolved, for an `open` that failed). The returned completion resolves as `closed` does, once
+    /// the world is let go if nothing else uses it: its lock file unlocked (another game process may use the world
+    /// now), without waiting for a frame (rule H6), and never on the main thread (closing a file on a network file
+    /// system is a round trip).
+    pub(crate) fn visit_closed(&self, world: &WorldId, closed: Completion) -> Completion {
+        let (store, world) = (self.clone(), world.clone());
+        Completion::spawn(&self.shared.runtime, async move {
+            let result = closed.finished().await;
+            let shared = store.shared.clone();
+            let _ = shared.runtime.clone().spawn_blocking(move || shared.visit_ended(&world)).await;
+            result
+        })
     }
 
     /// The queue of `world`, after checking both names.
@@ -348,7 +399,7 @@ impl WorldStore {
         let dir = self.world_dir(world)?;
         name::check(NameKind::Document, document)?;
         let mut worlds = self.shared.worlds.lock();
-        let queue = worlds.entry(world.clone()).or_insert_with(|| {
+        let queue = worlds.queues.entry(world.clone()).or_insert_with(|| {
             Arc::new(WorldQueue {
                 world: world.clone(),
                 turns: Turns::default(),
@@ -371,12 +422,20 @@ impl WorldStore {
         O: Send + 'static,
     {
         let mut turn = queue.turns.take();
-        let runtime = self.shared.runtime.clone();
+        let (runtime, shared) = (self.shared.runtime.clone(), self.shared.clone());
         let world = queue.world.clone();
         let task = self.shared.runtime.spawn(async move {
             let id = queue.world.clone();
             turn.wait().await;
-            let result = blocking(&runtime, &id, move || work(&mut queue.files.lock())).await;
+            let result = blocking(&runtime, &id, move || {
+                let result = work(&mut queue.files.lock());
+                // Before this operation is reported: once it is, the world is let go if nothing uses it.
+                let world = queue.world.clone();
+                drop(queue);
+                shared.worlds.lock().release_if_idle(&world);
+                result
+            })
+            .await;
             turn.done.succeed();
             finish(result)
         });

@@ -31,6 +31,9 @@ use crate::lifecycle::{VisitInfo, WorldLifecycle};
 pub(crate) struct OpenSession<S> {
     pub info: VisitInfo,
     pub session: S,
+    /// The app's [`WorldStore`](crate::persist::WorldStore) when the visit opened, if it has one: it keeps the world
+    /// until the visit has closed.
+    pub store: Option<crate::persist::WorldStore>,
 }
 
 /// The main thread's view of visits for lifecycle `L`: the session, the job queue, outstanding completions.

@@ -76,6 +76,11 @@ impl<L: WorldLifecycle> VisitSlot<L> {
         let info =
             VisitInfo { visit, world: id.clone(), location: Location { dimension, revision: LocationRevision(0) } };
         let lifecycle = self.lifecycle.clone();
+        // Counted before `open` queues its load: the world stays the store's from its first operation.
+        let store = world.get_resource::<crate::persist::WorldStore>().cloned();
+        if let Some(store) = &store {
+            store.visit_opening(&id);
+        }
         let opened = catch_unwind(AssertUnwindSafe(|| lifecycle.open(&info, world)))
             .unwrap_or_else(|panic| Err(OpenError::new(format!("open panicked: {}", panic_message(&*panic)))));
         match opened {
@@ -89,11 +94,15 @@ impl<L: WorldLifecycle> VisitSlot<L> {
                     calls: Default::default(),
                     replay: ReplayTable::new(self.host.config.replay),
                 });
-                self.open = Some(OpenSession { info: info.clone(), session: opened.session });
+                self.open = Some(OpenSession { info: info.clone(), session: opened.session, store });
                 tracing::info!(world = %id, visit = %visit, "entered world");
                 world.write_message(VisitOpened { info });
             }
             Err(error) => {
+                if let Some(store) = &store {
+                    // Whatever `open` queued before it failed finishes first.
+                    drop(store.visit_closed(&id, Completion::done()));
+                }
                 tracing::error!(world = %id, visit = %visit, %error, "could not open world; no visit is open");
                 world.write_message(WorldOpenFailed { world: id, visit, error });
             }
@@ -159,8 +168,15 @@ impl<L: WorldLifecycle> VisitSlot<L> {
         }
         let info = open.info.clone();
         let lifecycle = self.lifecycle.clone();
+        let store = open.store.take();
         let completion = catch_unwind(AssertUnwindSafe(|| lifecycle.close(open.session, world)))
             .unwrap_or_else(|panic| Completion::failed(format!("close panicked: {}", panic_message(&*panic))));
+        // Resolves once the store has let the world go too (if nothing else of it is queued or running, and no
+        // other visit of it is open or closing).
+        let completion = match store {
+            Some(store) => store.visit_closed(&info.world, completion),
+            None => completion,
+        };
         self.host.state.lock().visit = None;
         tracing::info!(world = %info.world, visit = %info.visit, "left world");
         self.closing.push((info.clone(), completion.clone()));
@@ -178,9 +194,7 @@ impl<L: WorldLifecycle> VisitSlot<L> {
         self.loading = None;
     }
 
-    /// Writes [`VisitSaved`] for every close completion that resolved since the last frame, and lets the
-    /// [`WorldStore`](crate::persist::WorldStore) (if there is one) go of the world it saved, unless a visit of it is
-    /// open again.
+    /// Writes [`VisitSaved`] for every close completion that resolved since the last frame.
     fn report_saved(&mut self, world: &mut World) {
         let mut resolved = Vec::new();
         self.closing.retain(|(info, completion)| match completion.result() {
@@ -190,20 +204,11 @@ impl<L: WorldLifecycle> VisitSlot<L> {
             }
             None => true,
         });
-        // A world left by another visit still closing (its save may not be queued yet), or open again, stays the
-        // store's.
-        let open = self.open.as_ref().map(|open| open.info.world.clone());
-        let kept: Vec<WorldId> = self.closing.iter().map(|(info, _)| info.world.clone()).chain(open).collect();
         for (info, result) in resolved {
             match &result {
                 Ok(()) => tracing::info!(world = %info.world, visit = %info.visit, "world saved"),
                 Err(error) => {
                     tracing::error!(world = %info.world, visit = %info.visit, %error, "saving the world failed")
-                }
-            }
-            if let Some(store) = world.get_resource::<crate::persist::WorldStore>() {
-                if !kept.contains(&info.world) {
-                    store.release_idle(&info.world);
                 }
             }
             world.write_message(VisitSaved { info, result });
