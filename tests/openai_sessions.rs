@@ -1575,6 +1575,43 @@ fn finish_reasons_become_stop_reasons_and_a_missing_one_after_text_is_an_end_tur
 }
 
 #[test]
+fn an_empty_finish_reason_on_every_chunk_is_no_finish_reason() {
+    let (_data, server, game, session) = started();
+    // As older Ollama and SGLang send it: `""` on every chunk until the last.
+    let unfinished =
+        |piece: &str| Piece::Data(json!({"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": ""}]}));
+    // A pause past the wait after a finish (2 s) is not the end of the answer.
+    server.reply(Reply::Stream(vec![
+        unfinished("Hello"),
+        Piece::Wait(Duration::from_millis(2500)),
+        unfinished(", world"),
+        finish("stop"),
+    ]));
+    let turn = game.block_on(session.send_text("hi")).expect("a turn");
+    assert_eq!((turn.final_message.as_deref(), turn.stop_reason), (Some("Hello, world"), StopReason::EndTurn));
+    // And a connection broken mid-answer is a failure, not an answer that said how it finished.
+    server.reply(Reply::Stream(vec![unfinished("Half a sen"), Piece::Break]));
+    let (code, message) = code_of(game.block_on(session.send_text("again")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+}
+
+#[test]
+fn tool_call_arguments_streamed_as_a_json_object_are_read_as_its_text() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    // As LiteLLM's proxy streams them from Ollama.
+    let object = Piece::Data(json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": 0, "id": "call-1", "type": "function", "function": {"name": "bump", "arguments": {"by": 1}}}
+    ]}}]}));
+    server.reply(calls(vec![object])).reply(says("bumped"));
+    let session = game.create(endpoint(&server)).expect("starts");
+    let turn = game.block_on(session.send_text("bump")).expect("a turn, not a malformed chunk");
+    assert_eq!(turn.final_message.as_deref(), Some("bumped"));
+    assert_eq!(game.counter(), 1, "the call ran with its arguments");
+}
+
+#[test]
 fn a_model_that_talks_on_past_the_turn_timeout_is_stopped_with_timeout_and_its_request_closed() {
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();

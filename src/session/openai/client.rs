@@ -34,7 +34,8 @@ pub(crate) struct Chunk {
 pub(crate) struct Choice {
     #[serde(default, deserialize_with = "null_as_default")]
     pub delta: Delta,
-    #[serde(default)]
+    /// Why the answer ended; `""` is none (older Ollama and SGLang send it on every chunk).
+    #[serde(default, deserialize_with = "empty_as_none")]
     pub finish_reason: Option<String>,
 }
 
@@ -66,7 +67,8 @@ pub(crate) struct ToolCallChunk {
 pub(crate) struct FunctionChunk {
     #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
+    /// Text to append; a JSON value given in its place (LiteLLM's proxy streams an object) is its text.
+    #[serde(default, deserialize_with = "text_or_json")]
     pub arguments: Option<String>,
 }
 
@@ -87,6 +89,26 @@ where
     T: Default + Deserialize<'de>,
 {
     Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+/// A string, `""` read as none.
+fn empty_as_none<'de, D>(deserializer: D) -> Result<Option<String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    Ok(Option::<String>::deserialize(deserializer)?.filter(|text| !text.is_empty()))
+}
+
+/// A string as it is; any other JSON value (but `null`) as its JSON text.
+fn text_or_json<'de, D>(deserializer: D) -> Result<Option<String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    Ok(match Option::<Value>::deserialize(deserializer)? {
+        None | Some(Value::Null) => None,
+        Some(Value::String(text)) => Some(text),
+        Some(other) => Some(other.to_string()),
+    })
 }
 
 /// A message's text: a string, or content parts (`[{"type": "text", "text": ...}]`, as Mistral's API sends it),
