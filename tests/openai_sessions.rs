@@ -570,6 +570,12 @@ fn a_tools_image_goes_to_a_model_that_reads_images_as_an_image_part_and_is_summa
     let after_tool = messages(1).last().cloned().expect("a message after the tool result");
     assert_eq!(after_tool["role"], "user");
     assert_eq!(after_tool["content"][1]["image_url"]["url"], "data:image/png;base64,iVBORw0KGgo=");
+    // Never a user message right after a tool result: Mistral's API refuses that order ("Unexpected role 'user'
+    // after role 'tool'"), as do strict chat templates.
+    for request in 0..requests.len() {
+        let roles: Vec<String> = messages(request).iter().map(|m| m["role"].as_str().unwrap_or("").into()).collect();
+        assert!(!roles.windows(2).any(|pair| pair[0] == "tool" && pair[1] == "user"), "request {request}: {roles:?}");
+    }
     let result = &tool_results(&server, 1)[0];
     assert!(result.contains("image 1 of the images that follow") && result.contains("\"seen\":3"), "{result}");
     assert!(!result.contains("iVBORw0KGgo="), "the image travels once, as an image part");

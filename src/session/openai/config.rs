@@ -56,7 +56,8 @@ pub struct OpenAiEndpoint {
     pub max_retries: u32,
     /// The longest wait before one retry, whatever `Retry-After` says. Default 20 s.
     pub max_retry_wait: Duration,
-    /// The history's bound, in bytes of JSON: past it the oldest turns are dropped (whole turns, never the
+    /// The history's bound, in bytes of JSON (an image counted as 4,000, about what a model reads of it, whatever
+    /// the size of its `data:` URL): past it the oldest turns are dropped (whole turns, never the
     /// current one; the model is told how many) down to 60% of it, so that the turns after a drop all start alike
     /// and a local server reuses the prompt it read for the turn before. Default 512 KiB.
     pub max_history_bytes: usize,
@@ -69,8 +70,8 @@ pub struct OpenAiEndpoint {
     /// system prompt included, and llama.cpp's server refuses it.
     pub context_window: Option<u64>,
     /// Whether the model reads images: then an image a tool returns (e.g. the sandbox's `observe`) is sent as an
-    /// image part (a `data:` URL in a user message right after the tool results, the only place chat completions
-    /// take images); otherwise it is summarized in the tool's result as a line saying what it was. Default false.
+    /// image part (a `data:` URL in a user message after the tool results, the only place chat completions take
+    /// images, with an assistant line saying they follow between them, as Mistral's API and strict templates want); otherwise it is summarized in the tool's result as a line saying what it was. Default false.
     #[serde(default)]
     pub images: bool,
     /// The name of the request's field for [`Sampling::max_tokens`]: `max_tokens` (the default, which local servers

@@ -89,9 +89,23 @@ pub(crate) struct Sent<'a> {
     pub bytes: usize,
 }
 
-/// A turn's size, in bytes of JSON, as the bound counts it.
+/// What an image counts for in the bound, in place of its `data:` URL: about what a model reads it as (a thousand
+/// tokens, give or take, at the four bytes a token the bound counts text at), not its base64 bytes, which would have
+/// one screenshot push every older turn out of a small model's history.
+pub(crate) const IMAGE_BYTES: usize = 4_000;
+
+/// A turn's size, in bytes of JSON, as the bound counts it: each image as [`IMAGE_BYTES`].
 fn size(turn: &[Value]) -> usize {
-    turn.iter().map(|message| message.to_string().len()).sum()
+    turn.iter()
+        .map(|message| {
+            let parts = message["content"].as_array().into_iter().flatten();
+            let urls = parts
+                .filter(|part| part["type"] == "image_url")
+                .map(|part| part["image_url"]["url"].as_str().map_or(0, str::len));
+            let (images, url_bytes) = urls.fold((0usize, 0usize), |(n, bytes), url| (n + 1, bytes + url));
+            (message.to_string().len() - url_bytes).saturating_add(images.saturating_mul(IMAGE_BYTES))
+        })
+        .sum()
 }
 
 pub(crate) fn path(session_dir: &Path) -> PathBuf {
@@ -141,6 +155,27 @@ mod tests {
         assert_eq!((history.turns.len(), history.dropped_turns), (3, 2), "the next turn fits: nothing dropped");
         history.push(vec![json!({"content": "y".repeat(1000)})], bound);
         assert_eq!(history.turns.len(), 1, "the newest turn stays even alone over the bound");
+    }
+
+    #[test]
+    fn an_image_counts_for_what_a_model_reads_of_it_not_for_its_base64_bytes() {
+        // The bound of an 8,192-token context window; a screenshot of 20 KB of base64.
+        let (bound, mut history) = (16_384, History::default());
+        let text = |n: u32| vec![json!({"role": "user", "content": format!("turn {n} {}", "x".repeat(1000))})];
+        let url = format!("data:image/png;base64,{}", "A".repeat(20_000));
+        let image = vec![
+            json!({"role": "tool", "tool_call_id": "a", "content": "an image"}),
+            json!({"role": "user", "content": [
+                {"type": "text", "text": "[images]"}, {"type": "image_url", "image_url": {"url": url}},
+            ]}),
+        ];
+        assert!(size(&image) < IMAGE_BYTES + 200, "{}", size(&image));
+        for n in 0..3 {
+            history.push(text(n), bound);
+        }
+        history.push(image, bound);
+        history.push(text(3), bound);
+        assert_eq!((history.turns.len(), history.dropped_turns), (5, 0), "the screenshot pushed no turn out");
     }
 
     #[test]

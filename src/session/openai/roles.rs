@@ -10,8 +10,9 @@ use serde_json::{json, Value};
 /// strict endpoints refuse an empty assistant message. A user message right after tool results (a turn that ended
 /// there: an empty answer, a cancel, the token limit) gets [`NO_REPLY`] as the model's answer before it: those
 /// templates check the alternation with tool results and the assistant messages that carry tool calls left out,
-/// so there it would follow the previous user message. Not the message of the tools' images ([`TOOL_IMAGES`]):
-/// the model's reply to the round is still due after it, and a `(no reply)` would tell it it had answered.
+/// so there it would follow the previous user message (and Mistral's API refuses a user message right after a
+/// tool result outright). The message of the tools' images ([`TOOL_IMAGES`]) gets [`IMAGES_FOLLOW`] instead: the
+/// model's reply to the round is still due after it, and a `(no reply)` would tell it it had answered.
 /// Everything else as it is.
 pub(super) fn alternating(messages: Vec<Value>) -> Vec<Value> {
     fn parts(content: Value) -> Vec<Value> {
@@ -27,8 +28,9 @@ pub(super) fn alternating(messages: Vec<Value>) -> Vec<Value> {
         if role == "assistant" && says_nothing(&message) {
             continue;
         }
-        if role == "user" && out.last().is_some_and(awaits_reply) && !is_tool_images(&message) {
-            out.push(json!({"role": "assistant", "content": NO_REPLY}));
+        if role == "user" && out.last().is_some_and(awaits_reply) {
+            let bridge = if is_tool_images(&message) { IMAGES_FOLLOW } else { NO_REPLY };
+            out.push(json!({"role": "assistant", "content": bridge}));
         }
         let joins = matches!(role.as_str(), "system" | "user")
             && out.last().is_some_and(|last| last["role"].as_str() == Some(role.as_str()));
@@ -51,8 +53,13 @@ pub(super) fn alternating(messages: Vec<Value>) -> Vec<Value> {
 pub(super) const NO_REPLY: &str = "(no reply)";
 
 /// The first text of the user message that carries the tools' images after their results (chat completions take
-/// images in user messages only). The model's reply to the round is still due after it: no [`NO_REPLY`] before it.
+/// images in user messages only). The model's reply to the round is still due after it: [`IMAGES_FOLLOW`] before
+/// it, not [`NO_REPLY`].
 pub(super) const TOOL_IMAGES: &str = "[The images the game's tools returned, in order]";
+
+/// The assistant message between the tools' results and their images ([`alternating`]), where strict templates
+/// and Mistral's API want the model's answer after a tool result: it says what comes, not that the model answered.
+pub(super) const IMAGES_FOLLOW: &str = "(The tools returned images: they follow.)";
 
 /// Whether a user message is the one carrying the tools' images ([`TOOL_IMAGES`]).
 fn is_tool_images(message: &Value) -> bool {
@@ -178,7 +185,7 @@ mod tests {
     }
 
     #[test]
-    fn the_tools_images_after_their_results_get_no_no_reply_before_them_the_reply_is_still_due() {
+    fn the_tools_images_after_their_results_follow_an_answer_saying_they_follow_not_a_no_reply() {
         let calls = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "a"}]});
         let result = json!({"role": "tool", "tool_call_id": "a", "content": "1"});
         let images = json!({"role": "user", "content": [
@@ -186,8 +193,14 @@ mod tests {
             {"type": "image_url", "image_url": {"url": "data:x"}},
         ]});
         let messages = vec![json!({"role": "user", "content": "look"}), calls, result, images.clone()];
+        assert!(!alternate_as_strict_templates_check(&messages), "what strict templates (and Mistral's API) refused");
         let sent = super::alternating(messages);
-        assert_eq!(sent.len(), 4, "nothing added: {sent:#?}");
-        assert_eq!(sent[3], images);
+        assert!(alternate_as_strict_templates_check(&sent), "{sent:#?}");
+        assert_eq!(sent.len(), 5, "one added: {sent:#?}");
+        assert_eq!(sent[3], json!({"role": "assistant", "content": super::IMAGES_FOLLOW}), "not a `(no reply)`");
+        assert_eq!(sent[4], images);
+        // A turn that ended there (an empty answer, a cancel): the player's next text joins the images' message.
+        let next = super::alternating(sent.into_iter().chain([json!({"role": "user", "content": "and?"})]).collect());
+        assert!(alternate_as_strict_templates_check(&next), "{next:#?}");
     }
 }
