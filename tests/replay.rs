@@ -357,7 +357,10 @@ fn h12_an_ending_conversation_withdraws_only_its_own_callers_and_the_execution_g
     a.end().expect("a ends");
     let mine = first.try_outcome().expect("a's caller stopped waiting when a ended");
     let error = mine.expect_err("cancelled");
-    assert_eq!((error.code, error.message.contains("conversation `a` ended")), (ErrorCode::Cancelled, true));
+    assert_eq!((error.code.clone(), error.message.contains("conversation `a` ended")), (ErrorCode::Cancelled, true));
+    // The execution goes on for b: what a asked for may yet happen, so a is not told that nothing did.
+    assert_eq!(error.details.extra.get("effect_unknown"), Some(&serde_json::Value::Bool(true)), "{error:?}");
+    assert!(error.message.contains("goes on for the other callers"), "{error}");
     assert_eq!(finished(&mut a_events), vec![Some(ErrorCode::Cancelled)], "a saw its call finish as it ended");
     assert_eq!(retry.try_outcome(), None, "b still waits for the execution");
     gate.open();

@@ -197,12 +197,29 @@ impl CallLife {
         stopped || withdrawal.had_callers
     }
 
-    /// The outcome of the caller of `seat` once it stopped waiting while the call went on for others: `CANCELLED`,
-    /// saying why.
+    /// The outcome of the caller of `seat` once it stopped waiting: the call's `CANCELLED` if its withdrawal ended
+    /// the call; else `CANCELLED` saying why, and that the call goes on for the other callers of its operation, so
+    /// its effect is unknown (`effect_unknown`): it may yet apply, and a retry under a new operation id would apply
+    /// it twice.
     pub(crate) fn withdrawn_outcome(&self, seat: Option<&CallerSeat>) -> CallOutcome {
+        // Under the step lock: a withdrawal that ended the call set its outcome before it let the lock go.
+        let step = self.lock_for_end();
+        let ended = self.outcome.get();
+        drop(step);
+        if let Some(Err(error)) = ended.filter(|ended| ended.as_ref().is_err_and(|e| e.code == ErrorCode::Cancelled)) {
+            return Err(error);
+        }
         let why = seat.and_then(|seat| self.callers.why_withdrawn(seat));
         let why = why.as_deref().unwrap_or(Self::CANCELLED_BY_AGENT);
-        Err(ToolError::with_code(ErrorCode::Cancelled, why).locate(&self.coords))
+        let mut error = ToolError::with_code(
+            ErrorCode::Cancelled,
+            format!(
+                "{why}; the call goes on for the other callers of its operation, so its effect is unknown: inspect \
+                 the game's state before retrying"
+            ),
+        );
+        error.details.extra.insert("effect_unknown".into(), serde_json::Value::Bool(true));
+        Err(error.locate(&self.coords))
     }
 
     /// Ends the call with `outcome` unless it already ended. Commits first, then notifies. Returns whether this
