@@ -99,7 +99,8 @@ impl LiveCalls {
     }
 
     /// How many calls `conversation` has without an outcome, if at least `limit`: a call whose outcome its caller
-    /// already has never counts (its caller may call again at once). Counted one by one only at the limit.
+    /// already has never counts (its caller may call again at once), nor one it stopped waiting for that goes on
+    /// for another conversation's retry of its operation. Counted one by one only at the limit.
     pub(crate) fn at_limit(&self, conversation: &ConversationId, limit: usize) -> Option<usize> {
         if self.in_flight(conversation) < limit {
             return None;
@@ -107,7 +108,11 @@ impl LiveCalls {
         let unfinished = self
             .by_request
             .values()
-            .filter(|life| &life.coords.conversation == conversation && !life.outcome().is_set())
+            .filter(|life| {
+                &life.coords.conversation == conversation
+                    && !life.outcome().is_set()
+                    && life.counts_for_its_conversation()
+            })
             .count();
         (unfinished >= limit).then_some(unfinished)
     }

@@ -84,6 +84,23 @@ fn a_retry_at_the_limit_joins_its_running_operation_or_gets_its_retained_outcome
 }
 
 #[test]
+fn busy_never_counts_a_call_the_conversation_stopped_waiting_for_that_goes_on_for_another() {
+    let (mut app, gate) = limited(1);
+    let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
+    let shared = || CallRequest::new("slow", json!({})).operation("op").task("shared");
+    let first = a.request(shared());
+    let retry = b.request(shared());
+    assert!(first.is_running() && retry.is_running(), "b's retry joined a's execution");
+    let control = a.call("slow", json!({})).try_outcome().and_then(|o| o.err()).map(|e| e.code);
+    assert_eq!(control, Some(ErrorCode::Busy), "the control: a is at its limit while it waits");
+    assert_eq!(a.cancel_task("shared"), 1, "a stops waiting; the execution goes on for b");
+    let next = a.call("slow", json!({}));
+    assert!(next.is_running(), "a waits for nothing: {:?}", next.try_outcome());
+    gate.open();
+    assert!(app.run_until_resolved(&retry).is_ok() && app.run_until_resolved(&next).is_ok());
+}
+
+#[test]
 fn progress_reports_reach_the_caller_in_order() {
     let tool = AgentTool::new("long", "Reports progress.", |ctx: CallContext<Session>, _: NoArgs| async move {
         for step in 1..=3 {

@@ -53,6 +53,18 @@ fn h12_hundred_concurrent_identical_calls_run_the_handler_once_and_share_one_out
 }
 
 #[test]
+fn h12_null_arguments_and_an_empty_object_are_one_operation_as_the_tool_sees_one_input() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let mut app = app_with(TestGame::default(), vec![bump_tool("count", ToolScope::World, executions.clone(), None)]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("a");
+    let first = app.run_until_resolved(&conversation.request(keyed("count", Value::Null, "op"))).expect("ran");
+    let again = app.run_until_resolved(&conversation.request(keyed("count", json!({}), "op")));
+    assert_eq!(again.expect("the retained outcome, not OPERATION_CONFLICT").value, first.value);
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "ran once");
+}
+
+#[test]
 fn h12_duplicate_after_completion_gets_the_retained_outcome_without_running() {
     let executions = Arc::new(AtomicUsize::new(0));
     let mut app = app_with(TestGame::default(), vec![bump_tool("count", ToolScope::World, executions.clone(), None)]);

@@ -131,7 +131,11 @@ fn admit_inner(
     let tool = host.tools.get(&request.tool).map_err(rejected)?;
     let info = tool.info();
     let confirmed = request.arguments.get("confirm") == Some(&Value::Bool(true));
-    let canonical = request.operation.as_ref().map(|_| canonical_arguments(&request.arguments));
+    // `null` arguments are `{}` to the tool (`object_arguments`): one operation either way.
+    let canonical = request.operation.as_ref().map(|_| match &request.arguments {
+        Value::Null => canonical_arguments(&Value::Object(Default::default())),
+        arguments => canonical_arguments(arguments),
+    });
     let prepared = tool.prepare(request.arguments).map_err(rejected)?;
     if info.requires_confirmation && !confirmed {
         return Err(rejected(require_confirmation(false).unwrap_err()));

@@ -125,6 +125,14 @@ impl Callers {
         Withdrawal { had_callers: group.is_some(), none_left: book.waiting.is_empty() }
     }
 
+    /// Whether the call still counts as `owner`'s (its conversation's) in flight: a caller of `owner` waits for it,
+    /// or no caller of another conversation does (a keyed call its caller dropped so that a retry joins it). One
+    /// `owner` withdrew from while another conversation waits goes on for that one, not for `owner`.
+    pub(crate) fn counts_for(&self, owner: &ConversationId) -> bool {
+        let book = self.book.lock();
+        book.waiting.contains_key(owner) || book.waiting.is_empty()
+    }
+
     /// Why the conversation of `seat` withdrew it, if it did and the caller had not cancelled itself first.
     pub(crate) fn why_withdrawn(&self, seat: &CallerSeat) -> Option<String> {
         if seat.cancelled_itself.load(Ordering::SeqCst) {

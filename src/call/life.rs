@@ -136,6 +136,11 @@ impl CallLife {
         self.callers.join(conversation)
     }
 
+    /// Whether the call counts among its conversation's calls in flight ([`Callers::counts_for`]).
+    pub(crate) fn counts_for_its_conversation(&self) -> bool {
+        self.callers.counts_for(&self.coords.conversation)
+    }
+
     /// The caller of `seat` leaves (each leaves once). With `cancel` (why), it cancelled the call: that ends the
     /// call when no other caller is left waiting for it, so a retry that gives up never cancels the work another
     /// caller still waits for; otherwise the caller stops waiting, and reads `CANCELLED` from now on, decided under
