@@ -476,9 +476,17 @@ fn h12_a_retry_that_joined_another_conversations_execution_gets_its_progress_too
     let (a, b) = (app.agent().conversation("a"), app.agent().conversation("b"));
     let (_, mut b_events) = b.subscribe().expect("b is open");
     let keyed = || keyed("reports", json!({}), "op").task("shared");
-    let first = a.request(keyed());
+    // Each caller's own sink, as an MCP client's progressToken is: the retry's client is told too.
+    let sink = |seen: &Arc<AtomicUsize>| {
+        let seen = seen.clone();
+        bevy_agent_tools::ProgressSink::new(move |_| {
+            seen.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    let (to_a, to_b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let first = a.request(keyed().progress(sink(&to_a)));
     app.run_until("parked", |_| gate.arrived() == 1);
-    let retry = b.request(keyed());
+    let retry = b.request(keyed().progress(sink(&to_b)));
     gate.open();
     assert!(app.run_until_resolved(&retry).is_ok());
     assert!(app.run_until_resolved(&first).is_ok());
@@ -491,6 +499,7 @@ fn h12_a_retry_that_joined_another_conversations_execution_gets_its_progress_too
         })
         .collect();
     assert_eq!(progress, vec![("b".to_string(), 1.0)], "b's view of the call it waits for");
+    assert_eq!((to_a.load(Ordering::SeqCst), to_b.load(Ordering::SeqCst)), (1, 1), "each caller's sink got it");
 }
 
 #[test]

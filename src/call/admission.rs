@@ -61,7 +61,8 @@ impl CallRequest {
         self
     }
 
-    /// Sends the handler's progress reports to `sink`.
+    /// Sends the handler's progress reports to `sink`; a retry that joins its operation's running execution
+    /// (rule H12) gets that execution's reports from then on, while it waits.
     pub fn progress(mut self, sink: ProgressSink) -> Self {
         self.progress = Some(sink);
         self
@@ -197,6 +198,9 @@ fn admit_inner(
                         if !host.conversations.call_joined(conversation, &life) {
                             life.leave(&seat, None);
                             return Err(rejected(host.conversations.refusal(conversation)));
+                        }
+                        if let Some(sink) = &request.progress {
+                            life.listen(&seat, sink.clone());
                         }
                         return Ok(Admitted::Running { life, owner: false, seat });
                     }

@@ -102,9 +102,7 @@ impl<S: Send + Sync + 'static> CallContext<S> {
         }
         let progress = Progress { progress, total, message };
         self.core.host.conversations.call_progress(life, &progress);
-        if let Some(sink) = life.progress.as_ref() {
-            sink.send(progress);
-        }
+        life.report_progress(&progress);
     }
 
     /// Records a detail (e.g. how many blocks were placed so far) that is added to the error the call ends with,

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::callers::{CallerSeat, Callers};
-use super::{Cleanup, Job, ProgressSink};
+use super::{Cleanup, Job, Progress, ProgressSink};
 use crate::conversation::ConversationHub;
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::{ConversationId, OperationId, RequestId, TaskId};
@@ -55,7 +55,9 @@ pub(crate) struct CallLife {
     pub deadline: Instant,
     /// Told of the outcome before anyone waiting for it, so the conversation's status is already current.
     hub: Arc<ConversationHub>,
-    pub progress: Option<ProgressSink>,
+    /// Where its progress reports go: its first caller's sink, and those of the retries that joined it (each while
+    /// it waits: [`report_progress`](Self::report_progress)).
+    progress: Mutex<Vec<(Option<CancellationToken>, ProgressSink)>>,
     /// Fires when the call ends, for any reason. `ended()` waits on it.
     ended: CancellationToken,
     /// Held by the pump across check-and-run of an `on_client` step, and by `finish`: an end can never slip in
@@ -101,7 +103,7 @@ impl CallLife {
             started,
             deadline,
             hub,
-            progress,
+            progress: Mutex::new(progress.into_iter().map(|sink| (None, sink)).collect()),
             ended: CancellationToken::new(),
             step: Mutex::new(None),
             observed,
@@ -134,6 +136,27 @@ impl CallLife {
     /// operation that joined it.
     pub(crate) fn join(&self, conversation: &ConversationId) -> CallerSeat {
         self.callers.join(conversation)
+    }
+
+    /// A retry that joined the call (`seat`) gets its progress reports too, for as long as it waits.
+    pub(crate) fn listen(&self, seat: &CallerSeat, sink: ProgressSink) {
+        let mut listeners = self.progress.lock();
+        listeners.retain(|(waits, _)| waits.as_ref().is_none_or(|withdrawn| !withdrawn.is_cancelled()));
+        listeners.push((Some(seat.withdrawn.clone()), sink));
+    }
+
+    /// Hands `progress` to its first caller's sink and to those of the joined callers still waiting.
+    pub(crate) fn report_progress(&self, progress: &Progress) {
+        let sinks: Vec<ProgressSink> = self
+            .progress
+            .lock()
+            .iter()
+            .filter(|(waits, _)| waits.as_ref().is_none_or(|withdrawn| !withdrawn.is_cancelled()))
+            .map(|(_, sink)| sink.clone())
+            .collect();
+        for sink in sinks {
+            sink.send(progress.clone());
+        }
     }
 
     /// Whether the call counts among its conversation's calls in flight ([`Callers::counts_for`]).
