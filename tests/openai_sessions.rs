@@ -907,6 +907,9 @@ fn an_answer_cut_at_its_token_limit_during_a_tool_call_ends_the_turn_max_tokens_
     assert_eq!(turn.stop_reason, StopReason::MaxTokens);
     assert_eq!(game.counter(), 0, "the cut-short call never ran");
     assert_eq!(server.requests().len(), 1, "nothing more was asked of the model");
+    // The player is told why the call it announced never came.
+    let shown = game.log.wait_for(&format!("error {} CALL_CUT_SHORT", session.id()));
+    assert!(shown.contains("while it wrote its call to `bump`: nothing was run"), "{shown}");
 }
 
 #[test]

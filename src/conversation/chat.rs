@@ -43,8 +43,9 @@ pub struct ChatMessage {
 /// - an ACP agent answered that it could not do one turn (its provider overloaded or rate limiting, the context
 ///   too long): that turn ends, the status goes back to `Idle`, and the next text is taken (an OpenAI-compatible
 ///   endpoint that still refuses after its retries fails the session, as above);
-/// - a notice that fails nothing (`HISTORY_NOT_SAVED`: the turn's history could not be written): the session goes
-///   on as it was.
+/// - a notice that fails nothing: the session goes on as it was (`HISTORY_NOT_SAVED`: the turn's history could not
+///   be written; from an OpenAI-compatible endpoint, `NO_ANSWER`: the model answered nothing, and
+///   `CALL_CUT_SHORT`: it reached its token limit while it wrote a tool call, which was not run).
 #[derive(Message, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatError {
     /// The session.

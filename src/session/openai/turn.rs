@@ -139,6 +139,22 @@ fn thought_to_the_limit(endpoint: &super::OpenAiEndpoint) -> ToolError {
     )
 }
 
+/// What the player is told when the model's answer reached its token limit while it wrote tool calls.
+fn cut_short(endpoint: &super::OpenAiEndpoint, calls: &[PendingCall]) -> ToolError {
+    let limit = match endpoint.sampling.max_tokens {
+        Some(tokens) => format!("its token limit ({tokens}, `Sampling::max_tokens`)"),
+        None => "the endpoint's token limit".to_string(),
+    };
+    let names: Vec<String> = calls.iter().map(|call| format!("`{}`", call.name)).collect();
+    ToolError::new(
+        "CALL_CUT_SHORT",
+        format!(
+            "the model reached {limit} while it wrote its call to {}: nothing was run; raise the limit",
+            names.join(", ")
+        ),
+    )
+}
+
 /// What the player is told when the model's first answer of a turn was empty.
 fn answered_nothing(endpoint: &super::OpenAiEndpoint, finish: Option<&str>) -> ToolError {
     let finish = finish.unwrap_or("none");
@@ -249,6 +265,10 @@ async fn drive(
             (round >= shared.endpoint.max_tool_rounds).then_some(StopReason::MaxTurnRequests)
         };
         if let Some(stop) = stop {
+            if stop == StopReason::MaxTokens {
+                // Else the player sees the turn end with the call it announced never made, and no clue why.
+                (shared.sink)(BackendEvent::Notice(cut_short(&shared.endpoint, &calls)));
+            }
             if !text.is_empty() {
                 messages.push(json!({"role": "assistant", "content": text}));
             }
