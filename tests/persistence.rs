@@ -267,6 +267,35 @@ fn a_world_left_while_its_store_is_busy_is_let_go_once_the_store_is_done_with_it
     assert_eq!(theirs, Some(Ok(())), "another game may use the world this one left");
 }
 
+/// A snapshot whose serialization panics, as a game's hand-written `Serialize` might.
+struct Panicking;
+
+impl Serialize for Panicking {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        panic!("a game's Serialize panicked");
+    }
+}
+
+#[test]
+fn a_world_left_is_let_go_again_after_the_games_own_operations_on_it_even_one_that_panicked() {
+    let data = tempfile::tempdir().unwrap();
+    let mut app = game(Saves::default(), data.path());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let other = || WorldStore::new(data.path(), runtime.handle().clone());
+    let alpha = WorldId::new("alpha");
+    app.enter_world("alpha");
+    assert_eq!(call(&mut app, "bump"), json!(1));
+    app.exit_world();
+    assert_eq!(last_close(&mut app).wait_timeout(DEADLINE), Some(Ok(())));
+    // The game's menu reads the world it left, then a save of its own panics.
+    let read = runtime.block_on(store(&app).load::<Progress>(&alpha, "progress"));
+    assert_eq!(read.expect("read"), Some(Progress { count: 1 }));
+    let failed = store(&app).save(&alpha, "boom", Panicking).wait_timeout(DEADLINE);
+    assert!(failed.is_some_and(|saved| saved.is_err()), "the panic is the save's error");
+    let theirs = other().save(&alpha, "progress", Progress { count: 7 }).wait_timeout(DEADLINE);
+    assert_eq!(theirs, Some(Ok(())), "another game may use the world: nothing of this one holds it");
+}
+
 #[test]
 fn h7_two_worlds_saving_at_once_do_not_wait_for_each_other() {
     let runtime = tokio::runtime::Runtime::new().unwrap();

@@ -19,7 +19,8 @@ use super::codec::Codec;
 
 const MAGIC: &str = "bevy-agent-tools-document v1";
 /// The header's last field's name: its value is the CRC-32 of the header's text before the name (the space before it
-/// included, so no single damaged byte can hide the field).
+/// included). One damaged byte fails the check, or (in the name itself) hides the field but leaves every field it
+/// covers as written.
 const HEADER_CRC: &str = "hcrc=";
 
 /// The header's size in bytes for a payload in `codec`. Fixed (zero-padded numbers) so a writer can reserve it,

@@ -73,41 +73,119 @@ struct Shared {
     worlds: Mutex<Worlds>,
 }
 
-/// The worlds in use, under one lock: a world's queue is made, and let go, only under it.
+/// The worlds in use, under one lock: a world's queue is made, counted and let go only under it.
 #[derive(Default)]
 struct Worlds {
-    queues: HashMap<WorldId, Arc<WorldQueue>>,
+    queues: HashMap<WorldId, InUse>,
     /// Visits open or closing, by world. Counted once the app's host has used this store for a visit (`managed`).
     visits: HashMap<WorldId, usize>,
     /// Whether the app's host uses this store for its visits: then a world no visit uses is let go whenever nothing
     /// of it is queued or running. A store the host never used keeps each world until it is dropped.
     managed: bool,
+    /// Worlds let go whose lock file is being closed, each with the completion of that close and its number: the
+    /// world's next queue starts after it (its lock file would be found locked by this very process before).
+    retiring: HashMap<WorldId, (u64, Completion)>,
+    /// The number of the last world let go.
+    retired: u64,
+}
+
+/// A world's queue, and how many operations hold it (queued or running).
+struct InUse {
+    queue: Arc<WorldQueue>,
+    operations: usize,
+}
+
+/// A world taken out of use ([`Worlds::take_if_idle`]): its queue, to close its files outside the map's lock, and
+/// the close to report.
+struct Retired {
+    queue: Arc<WorldQueue>,
+    number: u64,
+    closed: crate::completion::Completer,
 }
 
 impl Worlds {
-    /// Lets go of `world` if the host manages this store, no visit of it is open or closing and nothing of it is
-    /// queued or running (the map's is then the only reference: each operation holds the queue until its file work
-    /// is done). Dropped here, under the map's lock: the lock file is closed before a next operation can make a new
-    /// one (which would find it locked by this very process).
-    fn release_if_idle(&mut self, world: &WorldId) {
-        let idle = self.queues.get(world).is_some_and(|queue| Arc::strong_count(queue) == 1);
-        if self.managed && idle && !self.visits.contains_key(world) {
-            drop(self.queues.remove(world));
+    /// Takes `world` out of use if the host manages this store, no visit of it is open or closing and no operation
+    /// holds it: its queue is returned for the caller to drop outside the map's lock (closing the lock file may be
+    /// a network round trip, and the main thread takes this lock to queue any world's operations), and the world's
+    /// next queue waits for that.
+    fn take_if_idle(&mut self, world: &WorldId) -> Option<Retired> {
+        let idle = self.queues.get(world).is_some_and(|in_use| in_use.operations == 0);
+        if !(self.managed && idle && !self.visits.contains_key(world)) {
+            return None;
         }
+        let queue = self.queues.remove(world)?.queue;
+        let (closed, closing) = Completion::pending();
+        self.retired += 1;
+        self.retiring.insert(world.clone(), (self.retired, closing));
+        Some(Retired { queue, number: self.retired, closed })
     }
 }
 
 impl Shared {
-    /// One of `world`'s visits is over (blocking: it may close the world's lock file): the world is let go if
-    /// nothing else uses it.
+    /// One of `world`'s visits is over: the world is let go if nothing else uses it (blocking: it may close the
+    /// world's lock file).
     fn visit_ended(&self, world: &WorldId) {
+        let retired = {
+            let mut worlds = self.worlds.lock();
+            match worlds.visits.get_mut(world) {
+                Some(visits) if *visits > 1 => *visits -= 1,
+                Some(_) => drop(worlds.visits.remove(world)),
+                None => {}
+            }
+            worlds.take_if_idle(world)
+        };
+        self.retire(retired);
+    }
+
+    /// An operation is done with `queue` (finished, failed, panicked or dropped): the world is let go if nothing
+    /// else uses it (blocking, as [`visit_ended`](Self::visit_ended)).
+    fn operation_done(&self, queue: Arc<WorldQueue>) {
+        let retired = {
+            let mut worlds = self.worlds.lock();
+            if let Some(in_use) = worlds.queues.get_mut(&queue.world) {
+                in_use.operations = in_use.operations.saturating_sub(1);
+            }
+            worlds.take_if_idle(&queue.world)
+        };
+        drop(queue);
+        self.retire(retired);
+    }
+
+    /// Closes a retired world's files (the last reference to its queue: no operation holds it) and reports it.
+    fn retire(&self, retired: Option<Retired>) {
+        let Some(Retired { queue, number, closed }) = retired else { return };
+        let world = queue.world.clone();
+        drop(queue);
         let mut worlds = self.worlds.lock();
-        match worlds.visits.get_mut(world) {
-            Some(visits) if *visits > 1 => *visits -= 1,
-            Some(_) => drop(worlds.visits.remove(world)),
-            None => {}
+        if worlds.retiring.get(&world).is_some_and(|(retiring, _)| *retiring == number) {
+            worlds.retiring.remove(&world);
         }
-        worlds.release_if_idle(world);
+        drop(worlds);
+        closed.succeed();
+    }
+}
+
+/// An operation's hold on its world's queue, counted in [`Worlds`] from when it is queued until it is dropped: its
+/// file work done, or the operation dropped unrun (its task never ran, or it panicked).
+struct Held {
+    shared: Arc<Shared>,
+    queue: Option<Arc<WorldQueue>>,
+}
+
+impl std::ops::Deref for Held {
+    type Target = WorldQueue;
+
+    fn deref(&self) -> &WorldQueue {
+        // Taken only by `drop`.
+        self.queue.as_deref().unwrap_or_else(|| unreachable!("a held queue is there until it is dropped"))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(queue) = self.queue.take() {
+            self.shared.operation_done(queue);
+        }
     }
 }
 
@@ -277,7 +355,7 @@ impl WorldStore {
     /// Queues a save whose payload `encode` writes in this handle's codec.
     fn write<O: Send + 'static>(
         &self,
-        queue: Arc<WorldQueue>,
+        queue: Held,
         document: &str,
         encode: impl FnOnce(Codec, &mut PayloadSink<'_>) -> Result<(), EncodeError> + Send + 'static,
         finish: impl FnOnce(Result<(), StoreError>) -> O + Send + 'static,
@@ -305,7 +383,7 @@ impl WorldStore {
 
     fn read<T: DeserializeOwned + Send + 'static, O: Send + 'static>(
         &self,
-        queue: Arc<WorldQueue>,
+        queue: Held,
         document: &str,
         finish: impl FnOnce(Result<Option<T>, StoreError>) -> O + Send + 'static,
     ) -> Queued<O> {
@@ -355,9 +433,14 @@ impl WorldStore {
     /// Resolves when every operation called so far, on every world, has finished (successfully or not: each
     /// operation reports its own outcome). Useful in [`WorldLifecycle::shutdown`](crate::WorldLifecycle::shutdown).
     pub fn flush(&self) -> Completion {
-        let worlds: Vec<_> = self.shared.worlds.lock().queues.values().cloned().collect();
-        let turns: Vec<_> =
-            worlds.iter().filter_map(|queue| queue.turns.last()).filter(|turn| !turn.is_done()).collect();
+        // The last turns, not the queues: a queue held here would keep a world's lock file open past its release.
+        let turns: Vec<_> = {
+            let worlds = self.shared.worlds.lock();
+            let last = worlds.queues.values().filter_map(|in_use| in_use.queue.turns.last());
+            last.chain(worlds.retiring.values().map(|(_, closing)| closing.clone()))
+                .filter(|turn| !turn.is_done())
+                .collect()
+        };
         if turns.is_empty() {
             // Resolved now, not by a task of the runtime: an exit whose deadline has passed asks without waiting.
             return Completion::done();
@@ -394,26 +477,29 @@ impl WorldStore {
         })
     }
 
-    /// The queue of `world`, after checking both names.
-    fn queue(&self, world: &WorldId, document: &str) -> Result<Arc<WorldQueue>, StoreError> {
+    /// The queue of `world`, after checking both names, held for one operation.
+    fn queue(&self, world: &WorldId, document: &str) -> Result<Held, StoreError> {
         let dir = self.world_dir(world)?;
         name::check(NameKind::Document, document)?;
         let mut worlds = self.shared.worlds.lock();
-        let queue = worlds.queues.entry(world.clone()).or_insert_with(|| {
-            Arc::new(WorldQueue {
+        let before = worlds.retiring.get(world).map(|(_, closing)| closing.clone());
+        let in_use = worlds.queues.entry(world.clone()).or_insert_with(|| InUse {
+            queue: Arc::new(WorldQueue {
                 world: world.clone(),
-                turns: Turns::default(),
+                turns: Turns::after(before),
                 files: Mutex::new(WorldFiles::new(world.clone(), dir)),
-            })
+            }),
+            operations: 0,
         });
-        Ok(queue.clone())
+        in_use.operations += 1;
+        Ok(Held { shared: self.shared.clone(), queue: Some(in_use.queue.clone()) })
     }
 
     /// Takes the world's next place in line now, then on the runtime: waits for the previous operation, runs
     /// `work` with the files on a blocking thread, and hands the result to `finish`.
     fn enqueue<R, O>(
         &self,
-        queue: Arc<WorldQueue>,
+        queue: Held,
         work: impl FnOnce(&mut WorldFiles) -> Result<R, StoreError> + Send + 'static,
         finish: impl FnOnce(Result<R, StoreError>) -> O + Send + 'static,
     ) -> Queued<O>
@@ -422,7 +508,7 @@ impl WorldStore {
         O: Send + 'static,
     {
         let mut turn = queue.turns.take();
-        let (runtime, shared) = (self.shared.runtime.clone(), self.shared.clone());
+        let runtime = self.shared.runtime.clone();
         let world = queue.world.clone();
         let task = self.shared.runtime.spawn(async move {
             let id = queue.world.clone();
@@ -430,9 +516,7 @@ impl WorldStore {
             let result = blocking(&runtime, &id, move || {
                 let result = work(&mut queue.files.lock());
                 // Before this operation is reported: once it is, the world is let go if nothing uses it.
-                let world = queue.world.clone();
                 drop(queue);
-                shared.worlds.lock().release_if_idle(&world);
                 result
             })
             .await;

@@ -20,6 +20,11 @@ pub(crate) struct Turn {
 }
 
 impl Turns {
+    /// A line whose first operation waits for `before` (the world's lock file being closed by the queue before).
+    pub(crate) fn after(before: Option<Completion>) -> Self {
+        Self { tail: Mutex::new(before) }
+    }
+
     /// Takes the next place in line.
     pub(crate) fn take(&self) -> Turn {
         let (done, turn) = Completion::pending();
