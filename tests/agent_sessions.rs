@@ -1611,6 +1611,35 @@ fn a_session_being_created_when_the_game_exits_stops_leaves_nothing_and_its_call
 }
 
 #[test]
+fn a_session_being_resumed_when_the_game_exits_stops_and_ends_as_the_exit_ends_it() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("starts");
+    assert!(game.block_on(session.send_text("crash")).is_err());
+    dirs.wait_no_agents(LIMIT);
+    // Its agent, started again, never answers `initialize`: only the exit ends the resume.
+    std::fs::create_dir_all(&dirs.state).expect("the agent's state folder");
+    std::fs::write(dirs.state.join("init-hangs"), b"").expect("written");
+    let resuming = game.game.agent().runtime().spawn({
+        let session = session.clone();
+        async move { session.resume().await }
+    });
+    let until = Instant::now() + LIMIT;
+    while dirs.agents_alive() == 0 {
+        assert!(Instant::now() < until, "the agent was started again");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    game.game.stop();
+    // The exit ended the session (it was not kept) once the resume had let go of it.
+    assert!(session_folders(&dirs).is_empty(), "the game has exited: {:?}", session_folders(&dirs));
+    let outcome = bevy::tasks::block_on(resuming).expect("the resume ended before the runtime stopped");
+    let error = outcome.expect_err("not resumed");
+    assert_eq!(error.code, ErrorCode::AgentUnavailable);
+    assert!(error.message.contains("the game is exiting"), "{error}");
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
 fn s4_the_games_exit_stops_every_agent_even_one_that_ignores_sigterm_and_its_input() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

@@ -38,8 +38,9 @@ pub struct AgentSessions {
     by_id: IdLocks,
     /// The `forget`s under way: the game's exit waits for them (a chat deleted just before it exits stays deleted).
     forgetting: Arc<UnderWay>,
-    /// The `create`s and `resume_session`s under way: the game's exit stops them, and waits until they have let
-    /// go of what they started.
+    /// The `create`s, `resume_session`s and `resume`s under way: the game's exit stops them (dropped, they let go of
+    /// what they started: the agent is killed, and a new session's folder removed on a blocking thread, which the
+    /// runtime's stop waits for) and waits until they have stopped.
     attaching: Arc<UnderWay>,
     /// Cancelled when the game exits: what is under way stops, and nothing new starts.
     exiting: tokio_util::sync::CancellationToken,
@@ -128,7 +129,7 @@ impl AgentSessions {
         self.on_tokio(async move { this.until_exit(this.resume_session_here(id)).await }).await
     }
 
-    /// Runs `attach` (a `create` or `resume_session`) unless the game exits first: then it is dropped, which lets go
+    /// Runs `attach` (a `create`, `resume_session` or `AgentSession::resume`) unless the game exits first: then it is dropped, which lets go
     /// of what it started ([`Unkept`]), and it is `AGENT_UNAVAILABLE`. Counted while under way, from before the
     /// exit is checked, so the exit that stops it also waits for it.
     async fn until_exit<T>(&self, attach: impl Future<Output = Result<T, ToolError>>) -> Result<T, ToolError> {
@@ -490,30 +491,32 @@ impl AgentSession {
     /// neither, or says it does not know the session, in its error's message or its data), which the result says
     /// ([`Attached::Replaced`]). Any other failure of the agent's is `AGENT_UNAVAILABLE` and replaces nothing: a
     /// later `resume` can still re-attach. A new credential is minted. A live session is left as it is. An ended
-    /// session another copy of the game took meanwhile is `SESSION_BUSY`.
+    /// session another copy of the game took meanwhile is `SESSION_BUSY`. The game's exit stops a resume under way
+    /// (`AGENT_UNAVAILABLE`, "the game is exiting").
     pub async fn resume(&self) -> Result<Attached, ToolError> {
         let this = self.clone();
-        self.sessions
-            .on_tokio(async move {
-                // Under the id's lock, as `resume_session` and `forget`: a `forget` cannot end between the re-attach
-                // and the session's return to the live map (it would be put back there forgotten).
-                let _resuming = this.sessions.by_id.lock(&this.core.id).await;
-                // An ended session let its folder go: taken again (`SESSION_BUSY` if another copy of the game
-                // took the session meanwhile). One still held stays as it is.
-                let holding = this.sessions.host.hold(&this.core.id, false).await?;
-                if holding.taken() {
-                    // Another copy may have run it since (its agent session replaced, its runs counted): taken up
-                    // again from its record, so its message ids stay unique and its agent session is the latest.
-                    let record = this.sessions.host.records.load(this.core.id.as_str()).await?;
-                    this.core.set_backend_session(record.backend_session);
-                    this.core.take_up(record.runs, true).await;
-                }
-                let attached = this.core.resume().await?;
-                holding.keep();
-                this.sessions.live.lock().insert(this.core.id.clone(), this.core.clone());
-                Ok(attached)
-            })
-            .await
+        let work = async move {
+            // Under the id's lock, as `resume_session` and `forget`: a `forget` cannot end between the re-attach
+            // and the session's return to the live map (it would be put back there forgotten).
+            let _resuming = this.sessions.by_id.lock(&this.core.id).await;
+            // An ended session let its folder go: taken again (`SESSION_BUSY` if another copy of the game
+            // took the session meanwhile). One still held stays as it is.
+            let holding = this.sessions.host.hold(&this.core.id, false).await?;
+            if holding.taken() {
+                // Another copy may have run it since (its agent session replaced, its runs counted): taken up
+                // again from its record, so its message ids stay unique and its agent session is the latest.
+                let record = this.sessions.host.records.load(this.core.id.as_str()).await?;
+                this.core.set_backend_session(record.backend_session);
+                this.core.take_up(record.runs, true).await;
+            }
+            let attached = this.core.resume().await?;
+            holding.keep();
+            this.sessions.live.lock().insert(this.core.id.clone(), this.core.clone());
+            Ok(attached)
+        };
+        // Stopped by the game's exit, as a create is: it holds the session, which the exit ends.
+        let sessions = self.sessions.clone();
+        self.sessions.on_tokio(async move { sessions.until_exit(work).await }).await
     }
 
     /// The session's current MCP credential (revoked when it ends). For tests and diagnostics: never show it.
