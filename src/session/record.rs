@@ -118,6 +118,7 @@ impl Records {
                     }
                 }
             }
+            super::runs::remove_ended(&self.data_dir);
         }
     }
 

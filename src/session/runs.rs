@@ -79,24 +79,15 @@ fn take_run_file(data_dir: &Path) -> std::io::Result<File> {
 
 /// Whether run `owner` is still going: this one, or another copy of the game whose run file is locked; by its pid
 /// if it has no run file (a pid reused by another program reads as going, which only leaves a folder for a later
-/// sweep). A run file found unlocked is removed: its run is over.
+/// sweep).
 #[cfg(unix)]
 pub(crate) fn running(data_dir: &Path, owner: Owner) -> bool {
     let this = this_run();
     if owner == this {
         return true;
     }
-    let path = run_file(data_dir, owner.run);
-    if let Ok(file) = OpenOptions::new().read(true).write(true).open(&path) {
-        match file.try_lock() {
-            Ok(()) => {
-                let _ = fs::remove_file(&path);
-                return false;
-            }
-            Err(TryLockError::WouldBlock) => return true,
-            // Not lockable here: by its pid.
-            Err(TryLockError::Error(_)) => {}
-        }
+    if let Some(going) = locked(&run_file(data_dir, owner.run)) {
+        return going;
     }
     if owner.pid == this.pid {
         // An earlier process that had the same pid (a container runs its game as pid 1).
@@ -106,6 +97,31 @@ pub(crate) fn running(data_dir: &Path, owner: Owner) -> bool {
     // SAFETY: signal 0 sends nothing; `kill` only checks that the process exists and may be signalled.
     let alive = unsafe { libc::kill(pid, 0) } == 0;
     alive || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Whether the run file at `path` is locked (its run goes on); `None` if there is none, or it cannot be locked here.
+#[cfg(unix)]
+fn locked(path: &Path) -> Option<bool> {
+    let file = OpenOptions::new().read(true).write(true).open(path).ok()?;
+    match file.try_lock() {
+        Ok(()) => Some(false),
+        Err(TryLockError::WouldBlock) => Some(true),
+        Err(TryLockError::Error(_)) => None,
+    }
+}
+
+/// Removes (blocking) the run files of runs that are over, after the start-up sweep read them: one is left by every
+/// run that wrote a record. (Not a file being named: those start with a dot.)
+#[cfg(unix)]
+pub(crate) fn remove_ended(data_dir: &Path) {
+    let Ok(entries) = fs::read_dir(data_dir.join(RUNS)) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let named = entry.file_name().to_str().is_some_and(|name| !name.starts_with('.') && name.ends_with(".lock"));
+        if named && locked(&path) == Some(false) {
+            let _ = fs::remove_file(&path);
+        }
+    }
 }
 
 #[cfg(all(test, unix))]
@@ -125,9 +141,13 @@ mod tests {
         let file = File::create(&path).expect("made");
         file.lock().expect("locked");
         assert!(running(dir.path(), other), "its file is locked");
+        remove_ended(dir.path());
+        assert!(path.exists(), "the file of a run still going is kept");
         drop(file);
         assert!(!running(dir.path(), other), "its process ended: the lock went with it");
+        remove_ended(dir.path());
         assert!(!path.exists(), "the file of a run that is over is removed");
+        assert!(run_file(dir.path(), this_run().run).exists(), "and this run's is kept");
         assert!(!running(dir.path(), other), "without a file, this pid with another run number: an earlier process");
     }
 }
