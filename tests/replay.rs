@@ -383,6 +383,21 @@ fn h12_an_ending_conversation_withdraws_only_its_own_callers_and_the_execution_g
 }
 
 #[test]
+fn h12_what_a_withdrawn_caller_reads_stays_what_it_read_first_whatever_ends_the_call_later() {
+    let Parked { mut app, gate, a, b, first, .. } = a_shared_call_parked();
+    let retry = b.request(shared("op"));
+    a.end().expect("a ends");
+    let read = |first: &bevy_agent_tools::Call| first.try_outcome().expect("stopped waiting").expect_err("cancelled");
+    let before = read(&first);
+    assert!(before.message.contains("conversation `a` ended") && before.message.contains("goes on"), "{before}");
+    // Then b gives up too: the call ends, cancelled for b's reason.
+    assert!(retry.cancel());
+    assert_eq!(code(&app.run_until_resolved(&retry)), Some(ErrorCode::Cancelled));
+    assert_eq!(read(&first), before, "a's caller reads what it read before, not b's cancel");
+    gate.open();
+}
+
+#[test]
 fn h12_a_conversation_whose_retry_joined_another_ones_execution_ends_and_the_first_caller_still_gets_it() {
     let Parked { mut app, gate, executions, b, first, .. } = a_shared_call_parked();
     let retry = b.request(shared("op"));

@@ -56,8 +56,8 @@ pub(crate) struct Callers {
 struct Book {
     waiting: HashMap<ConversationId, Group>,
     next_group: u64,
-    /// Why each withdrawn group was withdrawn.
-    withdrawn: HashMap<u64, String>,
+    /// Why each withdrawn group was withdrawn, and whether its withdrawal ended the call.
+    withdrawn: HashMap<u64, (String, bool)>,
 }
 
 struct Group {
@@ -76,6 +76,8 @@ pub(crate) struct Left {
 
 /// What a conversation's withdrawal did.
 pub(crate) struct Withdrawal {
+    /// The group of callers it withdrew, if it had one.
+    pub group: Option<u64>,
     /// The conversation had callers waiting for the call.
     pub had_callers: bool,
     /// No caller of any conversation is left waiting for it.
@@ -120,9 +122,20 @@ impl Callers {
         let group = book.waiting.remove(conversation);
         if let Some(group) = &group {
             group.withdrawn.cancel();
-            book.withdrawn.insert(group.id, why.to_owned());
+            book.withdrawn.insert(group.id, (why.to_owned(), false));
         }
-        Withdrawal { had_callers: group.is_some(), none_left: book.waiting.is_empty() }
+        Withdrawal {
+            group: group.as_ref().map(|group| group.id),
+            had_callers: group.is_some(),
+            none_left: book.waiting.is_empty(),
+        }
+    }
+
+    /// The withdrawal of `group` ended the call: its callers read the call's outcome, not that it goes on.
+    pub(crate) fn ended_by(&self, group: u64) {
+        if let Some((_, ended)) = self.book.lock().withdrawn.get_mut(&group) {
+            *ended = true;
+        }
     }
 
     /// Whether the call still counts as `owner`'s (its conversation's) in flight: a caller of `owner` waits for it,
@@ -133,8 +146,9 @@ impl Callers {
         book.waiting.contains_key(owner) || book.waiting.is_empty()
     }
 
-    /// Why the conversation of `seat` withdrew it, if it did and the caller had not cancelled itself first.
-    pub(crate) fn why_withdrawn(&self, seat: &CallerSeat) -> Option<String> {
+    /// Why the conversation of `seat` withdrew it, and whether that ended the call, if it did and the caller had not
+    /// cancelled itself first.
+    pub(crate) fn why_withdrawn(&self, seat: &CallerSeat) -> Option<(String, bool)> {
         if seat.cancelled_itself.load(Ordering::SeqCst) {
             return None;
         }
@@ -155,7 +169,7 @@ mod tests {
         let withdrawal = callers.withdraw(&a, "a ended");
         assert!(withdrawal.had_callers && !withdrawal.none_left, "b still waits");
         assert!(old.withdrawn.is_cancelled());
-        assert_eq!(callers.why_withdrawn(&old).as_deref(), Some("a ended"));
+        assert_eq!(callers.why_withdrawn(&old), Some(("a ended".to_string(), false)));
         let again = callers.join(&a);
         assert!(!callers.leave(&old).conversation_gone, "the old seat leaves nothing");
         let left = callers.leave(&again);

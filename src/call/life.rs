@@ -210,7 +210,11 @@ impl CallLife {
         // A retry of `conversation` that joined the call and already left it: the call is not its to end.
         let its_to_end = withdrawal.had_callers || self.coords.conversation == *conversation;
         let stopped = if withdrawal.none_left && its_to_end {
-            self.end_under(&mut step, Err(self.cancelled(why)))
+            let ended = self.end_under(&mut step, Err(self.cancelled(why)));
+            if let (true, Some(group)) = (ended, withdrawal.group) {
+                self.callers.ended_by(group);
+            }
+            ended
         } else {
             // It goes on without `conversation`, which sees it finish now. Still under the step lock: the
             // conversation's `CallFinished` says what its callers read.
@@ -230,15 +234,13 @@ impl CallLife {
     /// its effect is unknown (`effect_unknown`): it may yet apply, and a retry under a new operation id would apply
     /// it twice.
     pub(crate) fn withdrawn_outcome(&self, seat: Option<&CallerSeat>) -> CallOutcome {
-        // Under the step lock: a withdrawal that ended the call set its outcome before it let the lock go.
-        let step = self.lock_for_end();
-        let ended = self.outcome.get();
-        drop(step);
-        if let Some(Err(error)) = ended.filter(|ended| ended.as_ref().is_err_and(|e| e.code == ErrorCode::Cancelled)) {
-            return Err(error);
+        // Decided at the withdrawal, under the step lock: the same whenever it is read.
+        let withdrawn = seat.and_then(|seat| self.callers.why_withdrawn(seat));
+        if let Some((why, true)) = &withdrawn {
+            // Its own end (set by now, unless it ends as the call's own step returns).
+            return self.outcome.get().unwrap_or_else(|| Err(self.cancelled(why).locate(&self.coords)));
         }
-        let why = seat.and_then(|seat| self.callers.why_withdrawn(seat));
-        let why = why.as_deref().unwrap_or(Self::CANCELLED_BY_AGENT);
+        let why = withdrawn.as_ref().map_or(Self::CANCELLED_BY_AGENT, |(why, _)| why.as_str());
         let mut error = ToolError::with_code(
             ErrorCode::Cancelled,
             format!(
