@@ -35,6 +35,7 @@ impl History {
     /// until it is within [`KEPT_PERCENT`] of it.
     pub(crate) fn push(&mut self, turn: Vec<Value>, max_bytes: usize) {
         self.turns.push(turn);
+        self.forget_old_images();
         // (`cut` may leave out every turn; the newest stays even alone over the bound.)
         let start = cut(&self.turns, max_bytes).min(self.turns.len() - 1);
         self.turns.drain(..start);
@@ -54,6 +55,29 @@ impl History {
             turns,
             left_out: self.dropped_turns.saturating_add(left_out),
             bytes: turns.iter().map(|t| size(t)).sum(),
+        }
+    }
+}
+
+/// How many of the tools' images the history keeps, the newest: an older one is replaced by [`IMAGE_GONE`], so
+/// the bound (which counts an image as [`IMAGE_BYTES`]) also bounds what a request really carries.
+pub(crate) const IMAGES_KEPT: usize = 4;
+
+/// What stands in the history for an image older than the [`IMAGES_KEPT`] newest.
+pub(crate) const IMAGE_GONE: &str = "[an image the game's tools returned earlier, no longer sent]";
+
+impl History {
+    /// Replaces every image part but the [`IMAGES_KEPT`] newest with a text part saying so.
+    fn forget_old_images(&mut self) {
+        let mut seen = 0;
+        for message in self.turns.iter_mut().rev().flat_map(|turn| turn.iter_mut().rev()) {
+            let Some(parts) = message.get_mut("content").and_then(Value::as_array_mut) else { continue };
+            for part in parts.iter_mut().rev().filter(|part| part["type"] == "image_url") {
+                seen += 1;
+                if seen > IMAGES_KEPT {
+                    *part = serde_json::json!({"type": "text", "text": IMAGE_GONE});
+                }
+            }
         }
     }
 }
@@ -176,6 +200,26 @@ mod tests {
         history.push(image, bound);
         history.push(text(3), bound);
         assert_eq!((history.turns.len(), history.dropped_turns), (5, 0), "the screenshot pushed no turn out");
+    }
+
+    #[test]
+    fn only_the_newest_images_are_kept_so_the_bound_bounds_what_a_request_carries() {
+        let mut history = History::default();
+        let image = |n: usize| {
+            let url = format!("data:image/png;base64,{n}{}", "A".repeat(100_000));
+            vec![json!({"role": "user", "content": [
+                {"type": "text", "text": "[images]"}, {"type": "image_url", "image_url": {"url": url}},
+            ]})]
+        };
+        for n in 0..10 {
+            history.push(image(n), 512 * 1024);
+        }
+        assert_eq!(history.turns.len(), 10, "no turn dropped");
+        let kept: Vec<usize> = (0..10).filter(|&n| history.turns[n][0]["content"][1]["type"] == "image_url").collect();
+        assert_eq!(kept, [6, 7, 8, 9], "the newest {IMAGES_KEPT}");
+        assert_eq!(history.turns[0][0]["content"][1], json!({"type": "text", "text": IMAGE_GONE}));
+        let bytes: usize = history.turns.iter().flatten().map(|message| message.to_string().len()).sum();
+        assert!(bytes < (IMAGES_KEPT + 1) * 100_100, "{bytes} bytes");
     }
 
     #[test]
