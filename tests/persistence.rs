@@ -585,6 +585,57 @@ fn a_save_that_cannot_be_read_falls_back_to_the_previous_one_and_a_failed_commit
     assert_eq!(loaded.unwrap(), Some(Progress { count: 1 }), "the previous save is kept");
 }
 
+/// Fails the next `left` reads of a primary save with the disk's `EIO`, as a network file system's passing failure
+/// (or, for ever, a bad sector) does.
+#[cfg(unix)]
+struct ReadsFail(AtomicUsize);
+
+#[cfg(unix)]
+impl bevy_agent_tools::persist::WriteFaults for ReadsFail {
+    fn before_commit(&self, _: &WorldId, _: &str) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn before_read(&self, _: &WorldId, _: &str) -> std::io::Result<()> {
+        match self.0.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1)) {
+            Ok(_) => Err(std::io::Error::from_raw_os_error(5)),
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_primary_that_fails_to_read_once_is_read_again_not_replaced_by_the_previous_save() {
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    let world = WorldId::new("flaky");
+    store.save(&world, "progress", Progress { count: 1 }).wait().unwrap();
+    store.save(&world, "progress", Progress { count: 2 }).wait().unwrap();
+    store.set_write_faults(ReadsFail(AtomicUsize::new(1)));
+    let loaded = runtime.block_on(store.load::<Progress>(&world, "progress")).unwrap();
+    assert_eq!(loaded, Some(Progress { count: 2 }), "the newest save, read again, not the previous one");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_primary_the_disk_cannot_read_is_kept_aside_when_a_save_replaces_it() {
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    let world = WorldId::new("bad-sector");
+    store.save(&world, "progress", Progress { count: 1 }).wait().unwrap();
+    store.save(&world, "progress", Progress { count: 2 }).wait().unwrap();
+    store.set_write_faults(ReadsFail(AtomicUsize::new(usize::MAX)));
+    let load = || runtime.block_on(store.load::<Progress>(&world, "progress")).unwrap();
+    assert_eq!(load(), Some(Progress { count: 1 }), "unreadable however often it is read: the previous save");
+    store.save(&world, "progress", Progress { count: 3 }).wait().unwrap();
+    store.clear_write_faults();
+    assert_eq!(load(), Some(Progress { count: 3 }));
+    let aside = store.world_dir(&world).unwrap().join("progress.json.unreadable");
+    let kept = std::fs::read_to_string(&aside).expect("the unreadable save was kept aside, not overwritten");
+    assert!(kept.ends_with(r#"{"count":2}"#), "{kept}");
+}
+
 #[test]
 fn damaged_save_and_damaged_previous_is_a_clear_error_not_a_default() {
     let runtime = tokio::runtime::Runtime::new().unwrap();

@@ -1,4 +1,5 @@
-//! [`WriteFaults`]: a test hook that delays or fails a write. Off by default; production code never sleeps.
+//! [`WriteFaults`]: a test hook that delays or fails a write (or a read of a primary save). Off by default;
+//! production code never sleeps.
 
 use std::io;
 
@@ -21,6 +22,14 @@ use crate::ids::WorldId;
 pub trait WriteFaults: Send + Sync + 'static {
     /// Decides what happens to this write.
     fn before_commit(&self, world: &WorldId, document: &str) -> io::Result<()>;
+
+    /// Called on the store's I/O thread before each read of a document's primary save (by a load, or by a save
+    /// that keeps it as the previous one): an error is taken as what reading the file returned (the disk's
+    /// `EIO`, say). Reads as they are by default.
+    fn before_read(&self, world: &WorldId, document: &str) -> io::Result<()> {
+        let _ = (world, document);
+        Ok(())
+    }
 }
 
 impl<F> WriteFaults for F

@@ -8,6 +8,7 @@
 //! | `world.lock` | held (`flock`) while this process uses the world; holds its pid |
 //! | `<doc>.json` | the primary save, in an [envelope](super::envelope) (named `.json` whatever its codec: the header says which) |
 //! | `<doc>.json.prev` | the save before it, loaded if the primary is damaged |
+//! | `<doc>.json.unreadable` | a primary the disk could not read when a save replaced it, kept for a person to recover |
 //! | `.<doc>.json.*` | temporary files; a crash can leave them, the next lock holder removes them |
 
 use std::collections::HashSet;
@@ -222,7 +223,7 @@ impl WorldFiles {
         if let Some(faults) = faults {
             faults.before_commit(&self.world, document).map_err(|e| self.error("writing", &path, e))?;
         }
-        self.keep_previous(document)?;
+        self.keep_previous(document, faults)?;
         if let Err(error) = file.commit() {
             // `atomic-write-file` leaves its temporary file once its commit began (a failed fsync, a full disk):
             // removed here, or each failed save would fill the disk further. This world's writes take turns, so
@@ -236,10 +237,10 @@ impl WorldFiles {
 
     /// Makes the current primary the previous save, before it is replaced. A hard link shares the
     /// bytes instead of copying them; a damaged primary is never rotated in, so `.prev` stays the last good save.
-    fn keep_previous(&mut self, document: &str) -> Result<(), StoreError> {
+    fn keep_previous(&mut self, document: &str, faults: Option<&dyn WriteFaults>) -> Result<(), StoreError> {
         let primary = self.primary(document);
         if !self.intact.contains(document) {
-            match fs::read(&primary) {
+            match self.read_primary(document, faults) {
                 Ok(bytes) => {
                     if let Err(damage) = envelope::open(&bytes) {
                         tracing::warn!(world = %self.world, document, %damage, "the current save is damaged; keeping the previous one");
@@ -247,9 +248,21 @@ impl WorldFiles {
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                // A bad sector: damaged as far as a save can tell (it is replaced, and `.prev` kept).
+                // A bad sector, or a network file system's failure that outlasted the retries: kept aside, not
+                // replaced (it may be the newest save, readable again later), and `.prev` kept.
                 Err(e) if is_damage(&e) => {
-                    tracing::warn!(world = %self.world, document, error = %e, "the current save cannot be read; keeping the previous one");
+                    let aside = self.dir.join(format!("{document}.json.unreadable"));
+                    let kept = fs::remove_file(&aside)
+                        .or_else(|error| if error.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(error) })
+                        .and_then(|()| fs::hard_link(&primary, &aside));
+                    match kept {
+                        Ok(()) => {
+                            tracing::warn!(world = %self.world, document, error = %e, aside = %aside.display(), "the current save cannot be read: kept aside, and the previous one kept")
+                        }
+                        Err(error) => {
+                            tracing::warn!(world = %self.world, document, read_error = %e, %error, "the current save cannot be read, nor kept aside; keeping the previous one")
+                        }
+                    }
                     return Ok(());
                 }
                 Err(e) => return Err(self.error("reading", &primary, e)),
@@ -272,10 +285,14 @@ impl WorldFiles {
 
     /// The intact content of `document`: the primary, or the previous save (with a warning) if the primary is
     /// damaged or missing. `None` if the document was never saved.
-    pub(crate) fn read(&mut self, document: &str) -> Result<Option<Found>, StoreError> {
+    pub(crate) fn read(
+        &mut self,
+        document: &str,
+        faults: Option<&dyn WriteFaults>,
+    ) -> Result<Option<Found>, StoreError> {
         self.ensure_locked()?;
         let primary = self.primary(document);
-        let damage = match fs::read(&primary) {
+        let damage = match self.read_primary(document, faults) {
             Ok(bytes) => match envelope::open(&bytes) {
                 Ok(opened) => {
                     let found = Found::new(primary, opened);
@@ -315,6 +332,38 @@ impl WorldFiles {
             primary: damage,
             previous: previous_damage,
         })
+    }
+}
+
+/// How often, and after how long, a read of a primary save that failed with what [`is_damage`] calls damage is
+/// tried again before it is taken as damage: a network file system's passing failure (an NFS soft mount, a CIFS
+/// reconnect, a FUSE backend) reads as the disk's `EIO` too, and loading the previous save for it would have the
+/// next save replace the newest one.
+const READ_RETRIES: [std::time::Duration; 3] = [
+    std::time::Duration::from_millis(50),
+    std::time::Duration::from_millis(200),
+    std::time::Duration::from_millis(800),
+];
+
+impl WorldFiles {
+    /// The bytes of `document`'s primary save, read again after a failure that looks like damage
+    /// ([`READ_RETRIES`]).
+    fn read_primary(&self, document: &str, faults: Option<&dyn WriteFaults>) -> std::io::Result<Vec<u8>> {
+        let read = || match faults.map(|faults| faults.before_read(&self.world, document)) {
+            Some(Err(error)) => Err(error),
+            _ => fs::read(self.primary(document)),
+        };
+        let mut result = read();
+        for wait in READ_RETRIES {
+            match &result {
+                Err(error) if is_damage(error) && error.kind() != std::io::ErrorKind::IsADirectory => {
+                    std::thread::sleep(wait);
+                    result = read();
+                }
+                _ => break,
+            }
+        }
+        result
     }
 }
 

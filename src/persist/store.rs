@@ -387,9 +387,10 @@ impl WorldStore {
         document: &str,
         finish: impl FnOnce(Result<Option<T>, StoreError>) -> O + Send + 'static,
     ) -> Queued<O> {
-        let (world, doc) = (queue.world.clone(), document.to_string());
+        let (world, doc, shared) = (queue.world.clone(), document.to_string(), self.shared.clone());
         let work = move |files: &mut WorldFiles| {
-            let Some(found) = files.read(&doc)? else { return Ok(None) };
+            let faults = shared.faults.read().clone();
+            let Some(found) = files.read(&doc, faults.as_deref())? else { return Ok(None) };
             // The file's codec, not this handle's: a store switched to another codec still loads older saves.
             let Some(codec) = Codec::from_name(&found.codec) else {
                 return Err(StoreError::UnknownCodec { world, document: doc, path: found.path, codec: found.codec });
