@@ -83,6 +83,13 @@ fn fixture() -> Fixture {
     fixture_with(None)
 }
 
+/// The arguments of the fixture's `count` tool.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Count {
+    #[allow(dead_code)]
+    n: u32,
+}
+
 /// [`fixture`], with the conversations' idle timeout.
 fn fixture_with(idle_timeout: Option<Duration>) -> Fixture {
     let config = HostConfig {
@@ -97,6 +104,8 @@ fn fixture_with(idle_timeout: Option<Duration>) -> Fixture {
     let (host, jobs, feed) = HostShared::new(runtime.handle().clone(), config, (TypeId::of::<()>(), "()"));
     let noop = AgentTool::new("noop", "Does nothing.", |_: CallContext<()>, _: NoArgs| async { Ok(()) });
     host.register_tool(Arc::new(noop)).expect("the session type matches");
+    let count = AgentTool::new("count", "Takes a number.", |_: CallContext<()>, _: Count| async { Ok(()) });
+    host.register_tool(Arc::new(count)).expect("the session type matches");
     let info = VisitInfo {
         visit: VisitId(1),
         world: WorldId::new("alpha"),
@@ -362,6 +371,26 @@ fn h12_a_retry_between_the_end_and_the_release_of_a_call_that_never_started_runs
         fixture.host.release_call(&first);
         let (duplicate, owner) = admit_keyed(&fixture.host, &fixture.conversation);
         assert!(Arc::ptr_eq(&duplicate, &retry) && !owner, "the first's release left the retry's entry");
+    });
+}
+
+#[test]
+fn h12_a_call_that_never_started_leaves_its_key_free_for_other_arguments_too() {
+    once(|| {
+        let fixture = fixture();
+        let keyed = |n: u32| CallRequest::new("count", json!({ "n": n })).operation("op");
+        let first = match admit(&fixture.host, &fixture.conversation, keyed(1)) {
+            Ok(Admitted::Running { life, .. }) => life,
+            _ => panic!("the first call runs"),
+        };
+        first.finish(Err(ToolError::with_code(ErrorCode::WorldLoadingTimeout, "still loading")));
+        // Before its release (its driver has not run): the same operation with other arguments.
+        match admit(&fixture.host, &fixture.conversation, keyed(2)) {
+            Ok(Admitted::Running { owner: true, life, .. }) => assert!(!Arc::ptr_eq(&life, &first)),
+            Ok(Admitted::Running { .. }) => panic!("joined the call that never started"),
+            Ok(Admitted::Retained(_, outcome)) => panic!("a retained outcome: {outcome:?}"),
+            Err(error) => panic!("refused: {error:?}"),
+        }
     });
 }
 

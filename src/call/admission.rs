@@ -181,6 +181,9 @@ fn admit_inner(
             operation,
         });
         if let (Some(key), Some(canonical)) = (&replay_key, &canonical) {
+            // An execution that ended before its handler started leaves no trace (rule H12): its key is free, for
+            // these arguments or others (its entry is forgotten a moment later anyway).
+            open.replay.forget(key, |running| running.outcome().is_set() && !running.handler_started());
             match open.replay.begin(key, canonical, admitted_at) {
                 Begin::Fresh => {}
                 // An execution that already has its outcome (its table entry is completed a moment later)
