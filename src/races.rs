@@ -394,6 +394,34 @@ fn h12_a_call_that_never_started_leaves_its_key_free_for_other_arguments_too() {
     });
 }
 
+/// A conversation ends while its caller reads as soon as it is told it stopped waiting: whatever the schedule, it
+/// reads the call's own end (its conversation's withdrawal ended it: no one else waits), never that the call goes
+/// on for others, and the same however often it reads.
+#[test]
+fn h12_a_withdrawn_caller_told_it_stopped_waiting_reads_what_its_withdrawal_decided() {
+    explore(|| {
+        let fixture = fixture();
+        let Ok(Admitted::Running { life, seat, .. }) =
+            admit(&fixture.host, &fixture.conversation, CallRequest::new("noop", json!({})))
+        else {
+            panic!("admitted");
+        };
+        let ending = {
+            let (life, conversation) = (life.clone(), fixture.conversation.clone());
+            shuttle::thread::spawn(move || {
+                life.withdraw(&conversation, "conversation `agent` ended");
+            })
+        };
+        while !seat.withdrawn.is_cancelled() {
+            shuttle::thread::yield_now();
+        }
+        let first = life.withdrawn_outcome(Some(&seat)).expect_err("cancelled");
+        assert!(!first.message.contains("goes on"), "nobody else waits: {first:?}");
+        ending.join().expect("ended");
+        assert_eq!(life.withdrawn_outcome(Some(&seat)).expect_err("cancelled"), first, "the same, read again");
+    });
+}
+
 /// Schedules of the test above where the retry ran anew / joined the first call.
 static RETRY_JOINED: [std::sync::atomic::AtomicUsize; 2] =
     [std::sync::atomic::AtomicUsize::new(0), std::sync::atomic::AtomicUsize::new(0)];

@@ -502,6 +502,9 @@ fn h12_a_retry_that_joined_another_conversations_execution_gets_its_progress_too
     let first = a.request(keyed().progress(sink(&to_a)));
     app.run_until("parked", |_| gate.arrived() == 1);
     let retry = b.request(keyed().progress(sink(&to_b)));
+    // A third caller that joins, then is dropped (it stops observing): its sink is told nothing more.
+    let to_c = Arc::new(AtomicUsize::new(0));
+    drop(app.agent().conversation("c").request(keyed().progress(sink(&to_c))));
     gate.open();
     assert!(app.run_until_resolved(&retry).is_ok());
     assert!(app.run_until_resolved(&first).is_ok());
@@ -515,6 +518,7 @@ fn h12_a_retry_that_joined_another_conversations_execution_gets_its_progress_too
         .collect();
     assert_eq!(progress, vec![("b".to_string(), 1.0)], "b's view of the call it waits for");
     assert_eq!((to_a.load(Ordering::SeqCst), to_b.load(Ordering::SeqCst)), (1, 1), "each caller's sink got it");
+    assert_eq!(to_c.load(Ordering::SeqCst), 0, "not the caller that left");
 }
 
 #[test]

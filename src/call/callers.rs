@@ -32,6 +32,8 @@ pub(crate) struct CallerSeat {
     /// Set when the caller cancelled itself: what it reads then stays what it read first, whatever its
     /// conversation does later.
     cancelled_itself: Arc<AtomicBool>,
+    /// Set when the caller left (it stopped waiting, or stopped observing).
+    left: Arc<AtomicBool>,
 }
 
 impl CallerSeat {
@@ -43,6 +45,11 @@ impl CallerSeat {
     /// The caller cancelled itself (before it cancels [`withdrawn`](Self::withdrawn)).
     pub(crate) fn mark_cancelled(&self) {
         self.cancelled_itself.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the caller still waits for the call: it has not left, and its conversation has not withdrawn it.
+    pub(crate) fn waits(&self) -> bool {
+        !self.left.load(Ordering::SeqCst) && !self.withdrawn.is_cancelled()
     }
 }
 
@@ -76,12 +83,22 @@ pub(crate) struct Left {
 
 /// What a conversation's withdrawal did.
 pub(crate) struct Withdrawal {
-    /// The group of callers it withdrew, if it had one.
-    pub group: Option<u64>,
+    /// The group of callers it withdrew, if it had one, and the token that tells them: cancel it (with
+    /// [`Withdrawal::tell`]) once what they are to read is recorded.
+    pub group: Option<(u64, CancellationToken)>,
     /// The conversation had callers waiting for the call.
     pub had_callers: bool,
     /// No caller of any conversation is left waiting for it.
     pub none_left: bool,
+}
+
+impl Withdrawal {
+    /// Tells the withdrawn callers they stopped waiting.
+    pub(crate) fn tell(&self) {
+        if let Some((_, withdrawn)) = &self.group {
+            withdrawn.cancel();
+        }
+    }
 }
 
 impl Callers {
@@ -99,11 +116,13 @@ impl Callers {
             group: group.id,
             withdrawn: group.withdrawn.child_token(),
             cancelled_itself: Arc::default(),
+            left: Arc::default(),
         }
     }
 
     /// The caller of `seat` leaves (each leaves once); a caller its conversation already withdrew changes nothing.
     pub(crate) fn leave(&self, seat: &CallerSeat) -> Left {
+        seat.left.store(true, Ordering::SeqCst);
         let mut book = self.book.lock();
         let Some(group) = book.waiting.get_mut(&seat.conversation).filter(|group| group.id == seat.group) else {
             return Left { conversation_gone: false, none_left: false };
@@ -116,17 +135,18 @@ impl Callers {
         Left { conversation_gone, none_left: book.waiting.is_empty() }
     }
 
-    /// `conversation` withdraws its callers, because of `why`: each of them stops waiting.
+    /// `conversation` withdraws its callers, because of `why`: each of them stops waiting once the returned
+    /// withdrawal is told ([`Withdrawal::tell`]), after the caller recorded whether that ended the call.
     pub(crate) fn withdraw(&self, conversation: &ConversationId, why: &str) -> Withdrawal {
         let mut book = self.book.lock();
         let group = book.waiting.remove(conversation);
         if let Some(group) = &group {
-            group.withdrawn.cancel();
             book.withdrawn.insert(group.id, (why.to_owned(), false));
         }
+        let had_callers = group.is_some();
         Withdrawal {
-            group: group.as_ref().map(|group| group.id),
-            had_callers: group.is_some(),
+            group: group.map(|group| (group.id, group.withdrawn)),
+            had_callers,
             none_left: book.waiting.is_empty(),
         }
     }
@@ -168,7 +188,9 @@ mod tests {
         let other = callers.join(&b);
         let withdrawal = callers.withdraw(&a, "a ended");
         assert!(withdrawal.had_callers && !withdrawal.none_left, "b still waits");
-        assert!(old.withdrawn.is_cancelled());
+        assert!(!old.withdrawn.is_cancelled() && old.waits(), "told only once what it reads is recorded");
+        withdrawal.tell();
+        assert!(old.withdrawn.is_cancelled() && !old.waits());
         assert_eq!(callers.why_withdrawn(&old), Some(("a ended".to_string(), false)));
         let again = callers.join(&a);
         assert!(!callers.leave(&old).conversation_gone, "the old seat leaves nothing");

@@ -57,7 +57,7 @@ pub(crate) struct CallLife {
     hub: Arc<ConversationHub>,
     /// Where its progress reports go: its first caller's sink, and those of the retries that joined it (each while
     /// it waits: [`report_progress`](Self::report_progress)).
-    progress: Mutex<Vec<(Option<CancellationToken>, ProgressSink)>>,
+    progress: Mutex<Vec<(Option<CallerSeat>, ProgressSink)>>,
     /// Fires when the call ends, for any reason. `ended()` waits on it.
     ended: CancellationToken,
     /// Held by the pump across check-and-run of an `on_client` step, and by `finish`: an end can never slip in
@@ -141,8 +141,8 @@ impl CallLife {
     /// A retry that joined the call (`seat`) gets its progress reports too, for as long as it waits.
     pub(crate) fn listen(&self, seat: &CallerSeat, sink: ProgressSink) {
         let mut listeners = self.progress.lock();
-        listeners.retain(|(waits, _)| waits.as_ref().is_none_or(|withdrawn| !withdrawn.is_cancelled()));
-        listeners.push((Some(seat.withdrawn.clone()), sink));
+        listeners.retain(|(seat, _)| seat.as_ref().is_none_or(CallerSeat::waits));
+        listeners.push((Some(seat.clone()), sink));
     }
 
     /// Hands `progress` to its first caller's sink and to those of the joined callers still waiting.
@@ -151,7 +151,7 @@ impl CallLife {
             .progress
             .lock()
             .iter()
-            .filter(|(waits, _)| waits.as_ref().is_none_or(|withdrawn| !withdrawn.is_cancelled()))
+            .filter(|(seat, _)| seat.as_ref().is_none_or(CallerSeat::waits))
             .map(|(_, sink)| sink.clone())
             .collect();
         for sink in sinks {
@@ -211,8 +211,8 @@ impl CallLife {
         let its_to_end = withdrawal.had_callers || self.coords.conversation == *conversation;
         let stopped = if withdrawal.none_left && its_to_end {
             let ended = self.end_under(&mut step, Err(self.cancelled(why)));
-            if let (true, Some(group)) = (ended, withdrawal.group) {
-                self.callers.ended_by(group);
+            if let (true, Some((group, _))) = (ended, &withdrawal.group) {
+                self.callers.ended_by(*group);
             }
             ended
         } else {
@@ -220,9 +220,11 @@ impl CallLife {
             // conversation's `CallFinished` says what its callers read.
             let stopped = self.hub.call_withdrawn(conversation, self);
             // A `rejoin` that raced this (it still found the call in flight) joined a new group: withdrawn too.
-            self.callers.withdraw(conversation, why);
+            self.callers.withdraw(conversation, why).tell();
             stopped
         };
+        // Only now are its callers told: what they read is recorded.
+        withdrawal.tell();
         drop(step);
         // Wakes the callers that block on the outcome, so that the withdrawn ones see they stopped.
         self.outcome.nudge();
