@@ -589,6 +589,26 @@ fn a_tools_image_goes_to_a_model_that_reads_images_as_an_image_part_and_is_summa
 }
 
 #[test]
+fn a_request_carries_the_four_newest_images_however_many_the_turns_rounds_added() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    for n in 0..6 {
+        server.reply(calls(vec![call(0, &format!("l{n}"), "look", "{}")]));
+    }
+    server.reply(says("seen"));
+    let session = game.create(endpoint(&server).images(true)).expect("starts");
+    assert_eq!(
+        game.block_on(session.send_text("look six times")).expect("ends").final_message.as_deref(),
+        Some("seen")
+    );
+    let last = server.requests().last().cloned().expect("requests");
+    let text = last["messages"].to_string();
+    assert_eq!(text.matches("\"type\":\"image_url\"").count(), 4, "the four newest images");
+    assert_eq!(text.matches("no longer sent").count(), 2, "the two older ones, each a line saying so");
+}
+
+#[test]
 fn two_tool_calls_in_one_answer_run_in_order_and_both_results_go_back() {
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();

@@ -631,8 +631,27 @@ fn a_primary_the_disk_cannot_read_is_kept_aside_when_a_save_replaces_it() {
     store.save(&world, "progress", Progress { count: 3 }).wait().unwrap();
     store.clear_write_faults();
     assert_eq!(load(), Some(Progress { count: 3 }));
-    let aside = store.world_dir(&world).unwrap().join("progress.json.unreadable");
+    let aside = store.world_dir(&world).unwrap().join("progress.json.unreadable-1");
     let kept = std::fs::read_to_string(&aside).expect("the unreadable save was kept aside, not overwritten");
+    assert!(kept.ends_with(r#"{"count":2}"#), "{kept}");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_primary_unreadable_at_the_load_is_kept_aside_by_the_next_save_even_if_it_reads_again_by_then() {
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    let world = WorldId::new("flaky-mount");
+    store.save(&world, "progress", Progress { count: 1 }).wait().unwrap();
+    store.save(&world, "progress", Progress { count: 2 }).wait().unwrap();
+    // Unreadable for the load and its retries; readable again afterwards.
+    store.set_write_faults(ReadsFail(AtomicUsize::new(4)));
+    let load = || runtime.block_on(store.load::<Progress>(&world, "progress")).unwrap();
+    assert_eq!(load(), Some(Progress { count: 1 }), "the previous save, after the retries");
+    store.save(&world, "progress", Progress { count: 3 }).wait().unwrap();
+    assert_eq!(load(), Some(Progress { count: 3 }));
+    let aside = store.world_dir(&world).unwrap().join("progress.json.unreadable-1");
+    let kept = std::fs::read_to_string(&aside).expect("the save the game did not load was kept aside");
     assert!(kept.ends_with(r#"{"count":2}"#), "{kept}");
 }
 

@@ -8,7 +8,7 @@
 //! | `world.lock` | held (`flock`) while this process uses the world; holds its pid |
 //! | `<doc>.json` | the primary save, in an [envelope](super::envelope) (named `.json` whatever its codec: the header says which) |
 //! | `<doc>.json.prev` | the save before it, loaded if the primary is damaged |
-//! | `<doc>.json.unreadable` | a primary the disk could not read when a save replaced it, kept for a person to recover |
+//! | `<doc>.json.unreadable-N` | a primary the disk could not read (at a load that then took the previous save, or when a save replaced it), kept for a person to recover (Unix: where the disk's `EIO` is known) |
 //! | `.<doc>.json.*` | temporary files; a crash can leave them, the next lock holder removes them |
 
 use std::collections::HashSet;
@@ -113,11 +113,14 @@ pub(crate) struct WorldFiles {
     lock: Option<File>,
     /// Documents whose primary this process wrote or read intact: no need to re-read them before rotating.
     intact: HashSet<String>,
+    /// Documents whose primary a load could not read, so it took the previous save: the next save keeps that
+    /// primary aside (it may be the newest save, readable again), whether or not it reads by then.
+    unread: HashSet<String>,
 }
 
 impl WorldFiles {
     pub(crate) fn new(world: WorldId, dir: PathBuf) -> Self {
-        Self { world, dir, lock: None, intact: HashSet::new() }
+        Self { world, dir, lock: None, intact: HashSet::new(), unread: HashSet::new() }
     }
 
     pub(crate) fn primary(&self, document: &str) -> PathBuf {
@@ -239,6 +242,11 @@ impl WorldFiles {
     /// bytes instead of copying them; a damaged primary is never rotated in, so `.prev` stays the last good save.
     fn keep_previous(&mut self, document: &str, faults: Option<&dyn WriteFaults>) -> Result<(), StoreError> {
         let primary = self.primary(document);
+        if self.unread.remove(document) {
+            // Not read again: the game built on the previous save, whatever the primary holds.
+            self.keep_aside(document, "the current save could not be read when it was loaded");
+            return Ok(());
+        }
         if !self.intact.contains(document) {
             match self.read_primary(document, faults) {
                 Ok(bytes) => {
@@ -251,18 +259,7 @@ impl WorldFiles {
                 // A bad sector, or a network file system's failure that outlasted the retries: kept aside, not
                 // replaced (it may be the newest save, readable again later), and `.prev` kept.
                 Err(e) if is_damage(&e) => {
-                    let aside = self.dir.join(format!("{document}.json.unreadable"));
-                    let kept = fs::remove_file(&aside)
-                        .or_else(|error| if error.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(error) })
-                        .and_then(|()| fs::hard_link(&primary, &aside));
-                    match kept {
-                        Ok(()) => {
-                            tracing::warn!(world = %self.world, document, error = %e, aside = %aside.display(), "the current save cannot be read: kept aside, and the previous one kept")
-                        }
-                        Err(error) => {
-                            tracing::warn!(world = %self.world, document, read_error = %e, %error, "the current save cannot be read, nor kept aside; keeping the previous one")
-                        }
-                    }
+                    self.keep_aside(document, &format!("the current save cannot be read ({e})"));
                     return Ok(());
                 }
                 Err(e) => return Err(self.error("reading", &primary, e)),
@@ -283,6 +280,32 @@ impl WorldFiles {
         fs::rename(&staging, &previous).map_err(|e| self.error("keeping the previous save as", &previous, e))
     }
 
+    /// Keeps `document`'s primary as `<doc>.json.unreadable-N` (the first number free: an earlier one is never
+    /// replaced), a hard link, or a copy where there are none; `why` goes in the warning.
+    fn keep_aside(&self, document: &str, why: &str) {
+        let primary = self.primary(document);
+        for n in 1..=1_000 {
+            let aside = self.dir.join(format!("{document}.json.unreadable-{n}"));
+            let kept = match fs::hard_link(&primary, &aside) {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+                Err(_) if fs::symlink_metadata(&aside).is_ok() => continue,
+                Err(_) => fs::copy(&primary, &aside).map(drop),
+                Ok(()) => Ok(()),
+            };
+            match kept {
+                Ok(()) => {
+                    tracing::warn!(world = %self.world, document, aside = %aside.display(), "{why}: kept aside, and the previous save kept")
+                }
+                Err(error) => {
+                    tracing::warn!(world = %self.world, document, %error, "{why}, nor could it be kept aside; the previous save is kept")
+                }
+            }
+            return;
+        }
+        tracing::warn!(world = %self.world, document, "{why}, and 1,000 copies are kept aside already; the previous save is kept");
+    }
+
     /// The intact content of `document`: the primary, or the previous save (with a warning) if the primary is
     /// damaged or missing. `None` if the document was never saved.
     pub(crate) fn read(
@@ -292,18 +315,23 @@ impl WorldFiles {
     ) -> Result<Option<Found>, StoreError> {
         self.ensure_locked()?;
         let primary = self.primary(document);
+        let mut unread = false;
         let damage = match self.read_primary(document, faults) {
             Ok(bytes) => match envelope::open(&bytes) {
                 Ok(opened) => {
                     let found = Found::new(primary, opened);
                     self.intact.insert(document.to_string());
+                    self.unread.remove(document);
                     return Ok(Some(found));
                 }
                 Err(damage) => damage,
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => "missing".to_string(),
             // A bad sector, or a folder in its place: the previous save is tried, as for damage.
-            Err(e) if is_damage(&e) => format!("unreadable ({e})"),
+            Err(e) if is_damage(&e) => {
+                unread = e.kind() != std::io::ErrorKind::IsADirectory;
+                format!("unreadable ({e})")
+            }
             Err(e) => return Err(self.error("reading", &primary, e)),
         };
         self.intact.remove(document);
@@ -315,6 +343,9 @@ impl WorldFiles {
                         world = %self.world, document, %damage, fallback = %previous.display(),
                         "the save is damaged; loading the previous save"
                     );
+                    if unread {
+                        self.unread.insert(document.to_string());
+                    }
                     return Ok(Some(Found::new(previous.clone(), opened)));
                 }
                 Err(previous_damage) => previous_damage,

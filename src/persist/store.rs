@@ -140,14 +140,17 @@ impl Shared {
     /// An operation is done with `queue` (finished, failed, panicked or dropped): the world is let go if nothing
     /// else uses it (blocking, as [`visit_ended`](Self::visit_ended)).
     fn operation_done(&self, queue: Arc<WorldQueue>) {
+        // Dropped first (the map keeps its own while the count is above 0): once the count reaches 0, the map's is
+        // the last reference, and the retire that takes it closes the files.
+        let world = queue.world.clone();
+        drop(queue);
         let retired = {
             let mut worlds = self.worlds.lock();
-            if let Some(in_use) = worlds.queues.get_mut(&queue.world) {
+            if let Some(in_use) = worlds.queues.get_mut(&world) {
                 in_use.operations = in_use.operations.saturating_sub(1);
             }
-            worlds.take_if_idle(&queue.world)
+            worlds.take_if_idle(&world)
         };
-        drop(queue);
         self.retire(retired);
     }
 

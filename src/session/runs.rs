@@ -115,8 +115,14 @@ fn locked(path: &Path) -> Option<bool> {
 #[cfg(unix)]
 pub(crate) fn remove_ended(data_dir: &Path) {
     let Ok(entries) = fs::read_dir(data_dir.join(RUNS)) else { return };
+    let own = run_file(data_dir, this_run().run);
     for entry in entries.flatten() {
         let path = entry.path();
+        if path == own {
+            // Never locked a second time here: where `flock` is emulated with a process's POSIX locks (NFS), that
+            // second descriptor's close would release this run's own lock.
+            continue;
+        }
         let named = entry.file_name().to_str().is_some_and(|name| !name.starts_with('.') && name.ends_with(".lock"));
         if named && locked(&path) == Some(false) {
             let _ = fs::remove_file(&path);

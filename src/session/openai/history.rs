@@ -69,14 +69,20 @@ pub(crate) const IMAGE_GONE: &str = "[an image the game's tools returned earlier
 impl History {
     /// Replaces every image part but the [`IMAGES_KEPT`] newest with a text part saying so.
     fn forget_old_images(&mut self) {
-        let mut seen = 0;
-        for message in self.turns.iter_mut().rev().flat_map(|turn| turn.iter_mut().rev()) {
-            let Some(parts) = message.get_mut("content").and_then(Value::as_array_mut) else { continue };
-            for part in parts.iter_mut().rev().filter(|part| part["type"] == "image_url") {
-                seen += 1;
-                if seen > IMAGES_KEPT {
-                    *part = serde_json::json!({"type": "text", "text": IMAGE_GONE});
-                }
+        forget_old_images(self.turns.iter_mut().flatten());
+    }
+}
+
+/// Replaces every image part of `messages` (oldest first) but the [`IMAGES_KEPT`] newest with a text part saying
+/// so: for the history, and for each request (a turn's own rounds can add many).
+pub(crate) fn forget_old_images<'a>(messages: impl DoubleEndedIterator<Item = &'a mut Value>) {
+    let mut seen = 0;
+    for message in messages.rev() {
+        let Some(parts) = message.get_mut("content").and_then(Value::as_array_mut) else { continue };
+        for part in parts.iter_mut().rev().filter(|part| part["type"] == "image_url") {
+            seen += 1;
+            if seen > IMAGES_KEPT {
+                *part = serde_json::json!({"type": "text", "text": IMAGE_GONE});
             }
         }
     }

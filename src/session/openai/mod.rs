@@ -277,6 +277,8 @@ impl Shared {
             sent.bytes
         };
         all.extend(messages.iter().cloned());
+        // What a request carries of images is bounded too, however many the turn's rounds added.
+        history::forget_old_images(all.iter_mut());
         let mut request = json!({
             "model": self.endpoint.model,
             "messages": roles::alternating(all),
