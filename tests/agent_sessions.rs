@@ -1587,27 +1587,36 @@ fn a_chat_deleted_just_before_the_game_exits_stays_deleted() {
     dirs.wait_no_agents(LIMIT);
 }
 
+/// Quits the game once `attaching` (a create or resume under way, on the game's runtime) has an agent started and
+/// hanging, and its session's folder is there; then checks that the exit stopped it, saying so, and left nothing.
+fn quit_while<T: std::fmt::Debug + Send + 'static>(
+    dirs: &Dirs,
+    game: Game,
+    attaching: impl std::future::Future<Output = Result<T, ToolError>> + Send + 'static,
+) {
+    let attaching = game.game.agent().runtime().spawn(attaching);
+    let until = Instant::now() + LIMIT;
+    while dirs.agents_alive() == 0 || session_folders(dirs).is_empty() {
+        assert!(Instant::now() < until, "the agent was started, and the session's folder is there");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The player quits while the agent is still starting.
+    game.game.stop();
+    assert!(session_folders(dirs).is_empty(), "the game has exited: {:?}", session_folders(dirs));
+    let outcome = bevy::tasks::block_on(attaching).expect("it ended before the runtime stopped");
+    let error = outcome.expect_err("stopped");
+    assert_eq!(error.code, ErrorCode::AgentUnavailable);
+    assert!(error.message.contains("the game is exiting"), "{error}");
+    dirs.wait_no_agents(LIMIT);
+}
+
 #[test]
 fn a_session_being_created_when_the_game_exits_stops_leaves_nothing_and_its_caller_hears_why() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
     // An agent that never answers `initialize`, and a start timeout far away: only the exit ends the create.
-    let sessions = game.sessions.clone();
-    let config = agent(&dirs, &["--hang-init"]);
-    let creating = game.game.agent().runtime().spawn(async move { sessions.create(config).await });
-    let until = Instant::now() + LIMIT;
-    while dirs.agents_alive() == 0 || session_folders(&dirs).is_empty() {
-        assert!(Instant::now() < until, "the agent was started and the session's folder made");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    // The player quits while the agent is still starting.
-    game.game.stop();
-    assert!(session_folders(&dirs).is_empty(), "the game has exited: {:?}", session_folders(&dirs));
-    let outcome = bevy::tasks::block_on(creating).expect("the create ended before the runtime stopped");
-    let error = outcome.expect_err("no session");
-    assert_eq!(error.code, ErrorCode::AgentUnavailable);
-    assert!(error.message.contains("the game is exiting"), "{error}");
-    dirs.wait_no_agents(LIMIT);
+    let (sessions, config) = (game.sessions.clone(), agent(&dirs, &["--hang-init"]));
+    quit_while(&dirs, game, async move { sessions.create(config).await });
 }
 
 #[test]
@@ -1617,26 +1626,11 @@ fn a_session_being_resumed_when_the_game_exits_stops_and_ends_as_the_exit_ends_i
     let session = game.create(agent(&dirs, &[])).expect("starts");
     assert!(game.block_on(session.send_text("crash")).is_err());
     dirs.wait_no_agents(LIMIT);
-    // Its agent, started again, never answers `initialize`: only the exit ends the resume.
+    // Its agent, started again, never answers `initialize`: only the exit ends the resume (and the exit ends the
+    // session, which was not kept, once the resume let go of it).
     std::fs::create_dir_all(&dirs.state).expect("the agent's state folder");
     std::fs::write(dirs.state.join("init-hangs"), b"").expect("written");
-    let resuming = game.game.agent().runtime().spawn({
-        let session = session.clone();
-        async move { session.resume().await }
-    });
-    let until = Instant::now() + LIMIT;
-    while dirs.agents_alive() == 0 {
-        assert!(Instant::now() < until, "the agent was started again");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    game.game.stop();
-    // The exit ended the session (it was not kept) once the resume had let go of it.
-    assert!(session_folders(&dirs).is_empty(), "the game has exited: {:?}", session_folders(&dirs));
-    let outcome = bevy::tasks::block_on(resuming).expect("the resume ended before the runtime stopped");
-    let error = outcome.expect_err("not resumed");
-    assert_eq!(error.code, ErrorCode::AgentUnavailable);
-    assert!(error.message.contains("the game is exiting"), "{error}");
-    dirs.wait_no_agents(LIMIT);
+    quit_while(&dirs, game, async move { session.resume().await });
 }
 
 #[test]

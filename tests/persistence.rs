@@ -219,37 +219,49 @@ fn h7_reentering_a_world_while_its_save_is_in_flight_loads_what_the_previous_vis
     assert_eq!(call(&mut app, "bump"), json!(4), "the new visit has its own state, carried on from the save");
 }
 
+/// Another game process on the same data folder (here: another store, which locks as another process would).
+struct Neighbour {
+    data: tempfile::TempDir,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Neighbour {
+    /// Saves `Progress { count }` as world `world`'s `progress`, through a store of its own.
+    fn saves(&self, world: &WorldId, count: u64) -> Option<bevy_agent_tools::CompletionResult> {
+        let store = WorldStore::new(self.data.path(), self.runtime.handle().clone());
+        store.save(world, "progress", Progress { count }).wait_timeout(DEADLINE)
+    }
+}
+
+/// A game over a new data folder, and a [`Neighbour`] on the same folder.
+fn game_beside_another() -> (App, Neighbour) {
+    let data = tempfile::tempdir().unwrap();
+    let app = game(Saves::default(), data.path());
+    (app, Neighbour { data, runtime: tokio::runtime::Runtime::new().unwrap() })
+}
+
 #[test]
 fn a_world_left_and_saved_is_let_go_by_the_store_and_locked_again_when_entered() {
-    let data = tempfile::tempdir().unwrap();
-    let mut app = game(Saves::default(), data.path());
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    // Another game process on the same folder (here: another store, which locks as another process would).
-    let other = || WorldStore::new(data.path(), runtime.handle().clone());
+    let (mut app, neighbour) = game_beside_another();
     let alpha = WorldId::new("alpha");
     app.enter_world("alpha");
     assert_eq!(call(&mut app, "bump"), json!(1));
-    let refused = other().save(&alpha, "progress", Progress { count: 7 }).wait_timeout(DEADLINE);
+    let refused = neighbour.saves(&alpha, 7);
     assert!(refused.is_some_and(|saved| saved.is_err()), "in use while its visit is open");
 
     app.exit_world();
     // No frame after the close: its completion resolves once the world is let go (rule H6).
     assert_eq!(last_close(&mut app).wait_timeout(DEADLINE), Some(Ok(())), "saved");
-    let theirs = other();
-    assert_eq!(theirs.save(&alpha, "progress", Progress { count: 7 }).wait_timeout(DEADLINE), Some(Ok(())));
-    drop(theirs);
+    assert_eq!(neighbour.saves(&alpha, 7), Some(Ok(())));
     app.enter_world("alpha");
     assert_eq!(call(&mut app, "read"), json!(7), "loaded again, with what the other wrote");
-    let refused = other().save(&alpha, "progress", Progress { count: 9 }).wait_timeout(DEADLINE);
+    let refused = neighbour.saves(&alpha, 9);
     assert!(refused.is_some_and(|saved| saved.is_err()), "locked again by the new visit");
 }
 
 #[test]
 fn a_world_left_while_its_store_is_busy_is_let_go_once_the_store_is_done_with_it() {
-    let data = tempfile::tempdir().unwrap();
-    let mut app = game(Saves::default(), data.path());
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let other = || WorldStore::new(data.path(), runtime.handle().clone());
+    let (mut app, neighbour) = game_beside_another();
     let alpha = WorldId::new("alpha");
     // The game's own save of alpha (an autosave, a menu's), in flight across the whole visit.
     let hold = Hold::default();
@@ -263,7 +275,7 @@ fn a_world_left_while_its_store_is_busy_is_let_go_once_the_store_is_done_with_it
     assert_eq!(pinned.wait_timeout(DEADLINE), Some(Ok(())));
     // Then the visit's load, the last of alpha's operations: the world is let go before it resolves.
     assert_eq!(store(&app).flush().wait_timeout(DEADLINE), Some(Ok(())));
-    let theirs = other().save(&alpha, "progress", Progress { count: 7 }).wait_timeout(DEADLINE);
+    let theirs = neighbour.saves(&alpha, 7);
     assert_eq!(theirs, Some(Ok(())), "another game may use the world this one left");
 }
 
@@ -278,21 +290,18 @@ impl Serialize for Panicking {
 
 #[test]
 fn a_world_left_is_let_go_again_after_the_games_own_operations_on_it_even_one_that_panicked() {
-    let data = tempfile::tempdir().unwrap();
-    let mut app = game(Saves::default(), data.path());
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let other = || WorldStore::new(data.path(), runtime.handle().clone());
+    let (mut app, neighbour) = game_beside_another();
     let alpha = WorldId::new("alpha");
     app.enter_world("alpha");
     assert_eq!(call(&mut app, "bump"), json!(1));
     app.exit_world();
     assert_eq!(last_close(&mut app).wait_timeout(DEADLINE), Some(Ok(())));
     // The game's menu reads the world it left, then a save of its own panics.
-    let read = runtime.block_on(store(&app).load::<Progress>(&alpha, "progress"));
+    let read = neighbour.runtime.block_on(store(&app).load::<Progress>(&alpha, "progress"));
     assert_eq!(read.expect("read"), Some(Progress { count: 1 }));
     let failed = store(&app).save(&alpha, "boom", Panicking).wait_timeout(DEADLINE);
     assert!(failed.is_some_and(|saved| saved.is_err()), "the panic is the save's error");
-    let theirs = other().save(&alpha, "progress", Progress { count: 7 }).wait_timeout(DEADLINE);
+    let theirs = neighbour.saves(&alpha, 7);
     assert_eq!(theirs, Some(Ok(())), "another game may use the world: nothing of this one holds it");
 }
 
