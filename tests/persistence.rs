@@ -659,9 +659,14 @@ fn a_primary_unreadable_at_the_load_is_kept_aside_by_the_next_save_even_if_it_re
     assert_eq!(load(), Some(Progress { count: 1 }), "the previous save, after the retries");
     store.save(&world, "progress", Progress { count: 3 }).wait().unwrap();
     assert_eq!(load(), Some(Progress { count: 3 }));
-    let aside = store.world_dir(&world).unwrap().join("progress.json.unreadable-1");
-    let kept = std::fs::read_to_string(&aside).expect("the save the game did not load was kept aside");
+    let dir = store.world_dir(&world).unwrap();
+    let kept = std::fs::read_to_string(dir.join("progress.json.unreadable-1")).expect("the save not loaded, aside");
     assert!(kept.ends_with(r#"{"count":2}"#), "{kept}");
+    let previous = std::fs::read_to_string(dir.join("progress.json.prev")).expect("a previous save");
+    assert!(
+        previous.ends_with(r#"{"count":1}"#),
+        "the save the game built on, not the one it never loaded: {previous}"
+    );
 }
 
 #[test]

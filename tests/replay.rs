@@ -504,7 +504,9 @@ fn h12_a_retry_that_joined_another_conversations_execution_gets_its_progress_too
     let retry = b.request(keyed().progress(sink(&to_b)));
     // A third caller that joins, then is dropped (it stops observing): its sink is told nothing more.
     let to_c = Arc::new(AtomicUsize::new(0));
-    drop(app.agent().conversation("c").request(keyed().progress(sink(&to_c))));
+    let third = app.agent().conversation("c").request(keyed().progress(sink(&to_c)));
+    assert!(third.is_running() && third.request_id() == first.request_id(), "c joined the execution");
+    drop(third);
     gate.open();
     assert!(app.run_until_resolved(&retry).is_ok());
     assert!(app.run_until_resolved(&first).is_ok());

@@ -239,15 +239,12 @@ fn admit_inner(
             replay_key: replay_key.clone(),
             visit: open.info.clone(),
         };
-        let life = Arc::new(CallLife::new(
-            coords,
-            admitted_at,
-            deadline,
-            request.progress.clone(),
-            host.conversations.clone(),
-            host.jobs.clone(),
-        ));
+        let life =
+            Arc::new(CallLife::new(coords, admitted_at, deadline, host.conversations.clone(), host.jobs.clone()));
         let seat = life.join(conversation);
+        if let Some(sink) = &request.progress {
+            life.listen(&seat, sink.clone());
+        }
         open.calls.insert(life.clone());
         if let (Some(key), Some(canonical)) = (replay_key, &canonical) {
             open.replay.start(key, canonical, life.clone());

@@ -82,6 +82,7 @@ pub(crate) struct Left {
 }
 
 /// What a conversation's withdrawal did.
+#[must_use = "the withdrawn callers wait until the withdrawal is told (`Withdrawal::tell`)"]
 pub(crate) struct Withdrawal {
     /// The group of callers it withdrew, if it had one, and the token that tells them: cancel it (with
     /// [`Withdrawal::tell`]) once what they are to read is recorded.

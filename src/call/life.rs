@@ -55,9 +55,9 @@ pub(crate) struct CallLife {
     pub deadline: Instant,
     /// Told of the outcome before anyone waiting for it, so the conversation's status is already current.
     hub: Arc<ConversationHub>,
-    /// Where its progress reports go: its first caller's sink, and those of the retries that joined it (each while
-    /// it waits: [`report_progress`](Self::report_progress)).
-    progress: Mutex<Vec<(Option<CallerSeat>, ProgressSink)>>,
+    /// Where its progress reports go: its callers' sinks (its first caller's, and those of the retries that joined
+    /// it), each while its caller waits ([`report_progress`](Self::report_progress)).
+    progress: Mutex<Vec<(CallerSeat, ProgressSink)>>,
     /// Fires when the call ends, for any reason. `ended()` waits on it.
     ended: CancellationToken,
     /// Held by the pump across check-and-run of an `on_client` step, and by `finish`: an end can never slip in
@@ -93,7 +93,6 @@ impl CallLife {
         coords: CallCoordinates,
         started: Instant,
         deadline: Instant,
-        progress: Option<ProgressSink>,
         hub: Arc<ConversationHub>,
         jobs: super::JobSender,
     ) -> Self {
@@ -103,7 +102,7 @@ impl CallLife {
             started,
             deadline,
             hub,
-            progress: Mutex::new(progress.into_iter().map(|sink| (None, sink)).collect()),
+            progress: Mutex::new(Vec::new()),
             ended: CancellationToken::new(),
             step: Mutex::new(None),
             observed,
@@ -138,22 +137,18 @@ impl CallLife {
         self.callers.join(conversation)
     }
 
-    /// A retry that joined the call (`seat`) gets its progress reports too, for as long as it waits.
+    /// The caller of `seat` (its first, or a retry that joined it) gets its progress reports in `sink`, for as long
+    /// as it waits.
     pub(crate) fn listen(&self, seat: &CallerSeat, sink: ProgressSink) {
         let mut listeners = self.progress.lock();
-        listeners.retain(|(seat, _)| seat.as_ref().is_none_or(CallerSeat::waits));
-        listeners.push((Some(seat.clone()), sink));
+        listeners.retain(|(seat, _)| seat.waits());
+        listeners.push((seat.clone(), sink));
     }
 
     /// Hands `progress` to its first caller's sink and to those of the joined callers still waiting.
     pub(crate) fn report_progress(&self, progress: &Progress) {
-        let sinks: Vec<ProgressSink> = self
-            .progress
-            .lock()
-            .iter()
-            .filter(|(seat, _)| seat.as_ref().is_none_or(CallerSeat::waits))
-            .map(|(_, sink)| sink.clone())
-            .collect();
+        let sinks: Vec<ProgressSink> =
+            self.progress.lock().iter().filter(|(seat, _)| seat.waits()).map(|(_, sink)| sink.clone()).collect();
         for sink in sinks {
             sink.send(progress.clone());
         }

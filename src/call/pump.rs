@@ -318,7 +318,7 @@ mod tests {
         let (jobs, _queue) = crossbeam_channel::unbounded();
         let jobs = JobSender::new(jobs);
         let (hub, _feed) = ConversationHub::new(None, jobs.clone());
-        CallLife::new(coords, Instant::now(), deadline, None, Arc::new(hub), jobs)
+        CallLife::new(coords, Instant::now(), deadline, Arc::new(hub), jobs)
     }
 
     fn later() -> Instant {

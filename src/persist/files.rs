@@ -235,6 +235,8 @@ impl WorldFiles {
             return Err(self.error("committing", &path, error));
         }
         self.intact.insert(document.to_string());
+        // Only once the primary kept aside is replaced: a failed commit leaves it the primary, still unloaded.
+        self.unread.remove(document);
         Ok(())
     }
 
@@ -242,7 +244,7 @@ impl WorldFiles {
     /// bytes instead of copying them; a damaged primary is never rotated in, so `.prev` stays the last good save.
     fn keep_previous(&mut self, document: &str, faults: Option<&dyn WriteFaults>) -> Result<(), StoreError> {
         let primary = self.primary(document);
-        if self.unread.remove(document) {
+        if self.unread.contains(document) {
             // Not read again: the game built on the previous save, whatever the primary holds.
             self.keep_aside(document, "the current save could not be read when it was loaded");
             return Ok(());
@@ -281,29 +283,37 @@ impl WorldFiles {
     }
 
     /// Keeps `document`'s primary as `<doc>.json.unreadable-N` (the first number free: an earlier one is never
-    /// replaced), a hard link, or a copy where there are none; `why` goes in the warning.
+    /// replaced): a hard link, or where there are none a copy, synced under a temporary name first (a crash or a
+    /// failure part way leaves no partial copy under the name); `why` goes in the warning.
     fn keep_aside(&self, document: &str, why: &str) {
         let primary = self.primary(document);
-        for n in 1..=1_000 {
-            let aside = self.dir.join(format!("{document}.json.unreadable-{n}"));
-            let kept = match fs::hard_link(&primary, &aside) {
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
-                Err(_) if fs::symlink_metadata(&aside).is_ok() => continue,
-                Err(_) => fs::copy(&primary, &aside).map(drop),
-                Ok(()) => Ok(()),
-            };
-            match kept {
-                Ok(()) => {
-                    tracing::warn!(world = %self.world, document, aside = %aside.display(), "{why}: kept aside, and the previous save kept")
-                }
-                Err(error) => {
-                    tracing::warn!(world = %self.world, document, %error, "{why}, nor could it be kept aside; the previous save is kept")
-                }
-            }
+        let Some(aside) = (1..=1_000)
+            .map(|n| self.dir.join(format!("{document}.json.unreadable-{n}")))
+            .find(|aside| fs::symlink_metadata(aside).is_err())
+        else {
+            tracing::warn!(world = %self.world, document, "{why}, and 1,000 copies are kept aside already; the previous save is kept");
             return;
+        };
+        // This world's writes take turns: nothing else names a file here meanwhile.
+        let kept = fs::hard_link(&primary, &aside).or_else(|linking| {
+            if linking.kind() == std::io::ErrorKind::NotFound {
+                return Err(linking);
+            }
+            let staging = self.dir.join(format!(".{document}.json.unreadable-copy"));
+            fs::copy(&primary, &staging)
+                .and_then(|_| OpenOptions::new().write(true).open(&staging)?.sync_all())
+                .and_then(|()| fs::rename(&staging, &aside))
+                .inspect_err(|_| drop(fs::remove_file(&staging)))
+        });
+        match kept {
+            Ok(()) => {
+                tracing::warn!(world = %self.world, document, aside = %aside.display(), "{why}: kept aside, and the previous save kept")
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => {
+                tracing::warn!(world = %self.world, document, %error, "{why}, nor could it be kept aside; the previous save is kept")
+            }
         }
-        tracing::warn!(world = %self.world, document, "{why}, and 1,000 copies are kept aside already; the previous save is kept");
     }
 
     /// The intact content of `document`: the primary, or the previous save (with a warning) if the primary is

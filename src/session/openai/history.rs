@@ -74,7 +74,8 @@ impl History {
 }
 
 /// Replaces every image part of `messages` (oldest first) but the [`IMAGES_KEPT`] newest with a text part saying
-/// so: for the history, and for each request (a turn's own rounds can add many).
+/// so: for the history, and for each request (a turn's own rounds can add many). Each new image changes an older
+/// message of the request, so a local server reads the prompt again from there: slower with images, not wrong.
 pub(crate) fn forget_old_images<'a>(messages: impl DoubleEndedIterator<Item = &'a mut Value>) {
     let mut seen = 0;
     for message in messages.rev() {
