@@ -119,8 +119,16 @@ pub(crate) struct WorldFiles {
 }
 
 impl WorldFiles {
-    pub(crate) fn new(world: WorldId, dir: PathBuf) -> Self {
-        Self { world, dir, lock: None, intact: HashSet::new(), unread: HashSet::new() }
+    /// The files of `world` in `dir`; `unread` are the documents a load could not read when the world was last in
+    /// use ([`take_unread`](Self::take_unread)).
+    pub(crate) fn new(world: WorldId, dir: PathBuf, unread: HashSet<String>) -> Self {
+        Self { world, dir, lock: None, intact: HashSet::new(), unread }
+    }
+
+    /// The documents whose primary a load could not read and no save has replaced yet: kept by the store while the
+    /// world is let go, so the world's next save still keeps that primary aside.
+    pub(crate) fn take_unread(&mut self) -> HashSet<String> {
+        std::mem::take(&mut self.unread)
     }
 
     pub(crate) fn primary(&self, document: &str) -> PathBuf {

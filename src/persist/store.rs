@@ -87,6 +87,8 @@ struct Worlds {
     retiring: HashMap<WorldId, (u64, Completion)>,
     /// The number of the last world let go.
     retired: u64,
+    /// Of the worlds let go, the documents a load could not read ([`WorldFiles::take_unread`]).
+    unread: HashMap<WorldId, std::collections::HashSet<String>>,
 }
 
 /// A world's queue, and how many operations hold it (queued or running).
@@ -114,6 +116,11 @@ impl Worlds {
             return None;
         }
         let queue = self.queues.remove(world)?.queue;
+        // No operation holds the queue: its files are free.
+        let unread = queue.files.lock().take_unread();
+        if !unread.is_empty() {
+            self.unread.insert(world.clone(), unread);
+        }
         let (closed, closing) = Completion::pending();
         self.retired += 1;
         self.retiring.insert(world.clone(), (self.retired, closing));
@@ -486,14 +493,18 @@ impl WorldStore {
         let dir = self.world_dir(world)?;
         name::check(NameKind::Document, document)?;
         let mut worlds = self.shared.worlds.lock();
-        let before = worlds.retiring.get(world).map(|(_, closing)| closing.clone());
-        let in_use = worlds.queues.entry(world.clone()).or_insert_with(|| InUse {
-            queue: Arc::new(WorldQueue {
-                world: world.clone(),
-                turns: Turns::after(before),
-                files: Mutex::new(WorldFiles::new(world.clone(), dir)),
-            }),
-            operations: 0,
+        let worlds = &mut *worlds;
+        let in_use = worlds.queues.entry(world.clone()).or_insert_with(|| {
+            let before = worlds.retiring.get(world).map(|(_, closing)| closing.clone());
+            let unread = worlds.unread.remove(world).unwrap_or_default();
+            InUse {
+                queue: Arc::new(WorldQueue {
+                    world: world.clone(),
+                    turns: Turns::after(before),
+                    files: Mutex::new(WorldFiles::new(world.clone(), dir, unread)),
+                }),
+                operations: 0,
+            }
         });
         in_use.operations += 1;
         Ok(Held { shared: self.shared.clone(), queue: Some(in_use.queue.clone()) })
