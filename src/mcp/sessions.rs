@@ -127,9 +127,12 @@ impl Drop for Counted<'_> {
     }
 }
 
-/// The longest the game's end of a session's conversation waits for the session's calls in other conversations
-/// before it closes the session under them.
+/// The least the game's end of a session's conversation waits for the session's calls in other conversations
+/// before it closes the session under them; longer where a tool's timeout (or the default one) is longer
+/// ([`ConversationSessions::drain_limit`]).
 const DRAIN_LIMIT: Duration = Duration::from_secs(15 * 60);
+/// Beyond the longest call timeout: time for the ended call's answer to reach its client.
+const DRAIN_MARGIN: Duration = Duration::from_secs(60);
 
 /// How many of the conversations a session's calls named are remembered for its expiry.
 const USED_KEPT: usize = 8;
@@ -233,12 +236,21 @@ impl ConversationSessions {
         connection
     }
 
-    /// Waits until session `id` has no request whose response stream still runs, or [`DRAIN_LIMIT`] passed. Each
+    /// How long [`drained`](Self::drained) waits at most: [`DRAIN_LIMIT`], or the longest a call of a tool
+    /// registered now may run (its timeout, or the default one) and [`DRAIN_MARGIN`], if that is longer.
+    fn drain_limit(&self) -> Duration {
+        let default = self.agent.host().config.default_timeout;
+        let longest =
+            self.agent.tools().iter().map(|tool| tool.timeout.unwrap_or(default)).fold(default, Duration::max);
+        DRAIN_LIMIT.max(longest.saturating_add(DRAIN_MARGIN))
+    }
+
+    /// Waits until session `id` has no request whose response stream still runs, or [`drain_limit`] passed. Each
     /// ends with its call, which ends by its deadline (H13), whether or not its client still reads it (its log
     /// drains it: [`StreamLog`]); the limit is for a stream rmcp never ends (a client that sent two requests with
     /// one id: rmcp routes both answers to the second).
     async fn drained(&self, id: &SessionId) {
-        let until = tokio::time::Instant::now() + DRAIN_LIMIT;
+        let until = crate::deadline::after_tokio(tokio::time::Instant::now(), self.drain_limit());
         loop {
             let ended = self.request_ended.notified();
             tokio::pin!(ended);
@@ -786,6 +798,17 @@ mod tests {
         drop(on_its_way);
         let requests = sessions.open.lock().get(&running).expect("tracked").requests;
         assert_eq!(requests, 0, "a request that went away before its stream started is no longer counted");
+    }
+
+    #[test]
+    fn the_wait_for_a_sessions_calls_outlasts_the_longest_tool_timeout() {
+        let (app, _gate) = held_at_a_gate();
+        let sessions = ConversationSessions::new(app.agent(), Credentials::default(), None);
+        assert_eq!(sessions.drain_limit(), DRAIN_LIMIT, "no tool longer than the default timeout");
+        let long = AgentTool::new("long", "Takes half an hour.", |_: CallContext<u64>, _: NoArgs| async { Ok(()) })
+            .timeout(Duration::from_secs(30 * 60));
+        app.agent().register_tool(long).expect("registered");
+        assert_eq!(sessions.drain_limit(), Duration::from_secs(30 * 60) + DRAIN_MARGIN, "a call of it can end late");
     }
 
     #[test]
