@@ -196,14 +196,11 @@ fn admit_inner(
                     // (rule H12), so this one runs.
                     Some(_) => open.replay.forget(key, |running| Arc::ptr_eq(running, &life)),
                     None => {
-                        let seat = life.join(conversation);
+                        let seat = life.join(conversation, request.progress.clone());
                         // Under the state lock, as a start: a conversation that ends withdraws this caller too.
                         if !host.conversations.call_joined(conversation, &life) {
                             life.leave(&seat, None);
                             return Err(rejected(host.conversations.refusal(conversation)));
-                        }
-                        if let Some(sink) = &request.progress {
-                            life.listen(&seat, sink.clone());
                         }
                         return Ok(Admitted::Running { life, owner: false, seat });
                     }
@@ -241,10 +238,7 @@ fn admit_inner(
         };
         let life =
             Arc::new(CallLife::new(coords, admitted_at, deadline, host.conversations.clone(), host.jobs.clone()));
-        let seat = life.join(conversation);
-        if let Some(sink) = &request.progress {
-            life.listen(&seat, sink.clone());
-        }
+        let seat = life.join(conversation, request.progress.clone());
         open.calls.insert(life.clone());
         if let (Some(key), Some(canonical)) = (replay_key, &canonical) {
             open.replay.start(key, canonical, life.clone());

@@ -84,16 +84,19 @@ pub(crate) struct Left {
 /// What a conversation's withdrawal did.
 #[must_use = "the withdrawn callers wait until the withdrawal is told (`Withdrawal::tell`)"]
 pub(crate) struct Withdrawal {
-    /// The group of callers it withdrew, if it had one, and the token that tells them: cancel it (with
-    /// [`Withdrawal::tell`]) once what they are to read is recorded.
+    /// The group of callers it withdrew, if the conversation had callers waiting for the call, and the token that
+    /// tells them: cancel it (with [`Withdrawal::tell`]) once what they are to read is recorded.
     pub group: Option<(u64, CancellationToken)>,
-    /// The conversation had callers waiting for the call.
-    pub had_callers: bool,
     /// No caller of any conversation is left waiting for it.
     pub none_left: bool,
 }
 
 impl Withdrawal {
+    /// Whether the conversation had callers waiting for the call.
+    pub(crate) fn had_callers(&self) -> bool {
+        self.group.is_some()
+    }
+
     /// Tells the withdrawn callers they stopped waiting.
     pub(crate) fn tell(&self) {
         if let Some((_, withdrawn)) = &self.group {
@@ -144,12 +147,7 @@ impl Callers {
         if let Some(group) = &group {
             book.withdrawn.insert(group.id, (why.to_owned(), false));
         }
-        let had_callers = group.is_some();
-        Withdrawal {
-            group: group.map(|group| (group.id, group.withdrawn)),
-            had_callers,
-            none_left: book.waiting.is_empty(),
-        }
+        Withdrawal { group: group.map(|group| (group.id, group.withdrawn)), none_left: book.waiting.is_empty() }
     }
 
     /// The withdrawal of `group` ended the call: its callers read the call's outcome, not that it goes on.
@@ -188,7 +186,7 @@ mod tests {
         let old = callers.join(&a);
         let other = callers.join(&b);
         let withdrawal = callers.withdraw(&a, "a ended");
-        assert!(withdrawal.had_callers && !withdrawal.none_left, "b still waits");
+        assert!(withdrawal.had_callers() && !withdrawal.none_left, "b still waits");
         assert!(!old.withdrawn.is_cancelled() && old.waits(), "told only once what it reads is recorded");
         withdrawal.tell();
         assert!(old.withdrawn.is_cancelled() && !old.waits());

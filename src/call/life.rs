@@ -132,17 +132,16 @@ impl CallLife {
     pub(crate) const CANCELLED_BY_AGENT: &'static str = "the agent cancelled the call";
 
     /// One more caller from `conversation` waits for the call: its first caller at admission, or a retry of its
-    /// operation that joined it.
-    pub(crate) fn join(&self, conversation: &ConversationId) -> CallerSeat {
-        self.callers.join(conversation)
-    }
-
-    /// The caller of `seat` (its first, or a retry that joined it) gets its progress reports in `sink`, for as long
-    /// as it waits.
-    pub(crate) fn listen(&self, seat: &CallerSeat, sink: ProgressSink) {
-        let mut listeners = self.progress.lock();
-        listeners.retain(|(seat, _)| seat.waits());
-        listeners.push((seat.clone(), sink));
+    /// operation that joined it. It gets the call's progress reports in `progress`, if it has one, for as long as it
+    /// waits.
+    pub(crate) fn join(&self, conversation: &ConversationId, progress: Option<ProgressSink>) -> CallerSeat {
+        let seat = self.callers.join(conversation);
+        if let Some(sink) = progress {
+            let mut listeners = self.progress.lock();
+            listeners.retain(|(seat, _)| seat.waits());
+            listeners.push((seat.clone(), sink));
+        }
+        seat
     }
 
     /// Hands `progress` to its first caller's sink and to those of the joined callers still waiting.
@@ -203,7 +202,7 @@ impl CallLife {
         }
         let withdrawal = self.callers.withdraw(conversation, why);
         // A retry of `conversation` that joined the call and already left it: the call is not its to end.
-        let its_to_end = withdrawal.had_callers || self.coords.conversation == *conversation;
+        let its_to_end = withdrawal.had_callers() || self.coords.conversation == *conversation;
         let stopped = if withdrawal.none_left && its_to_end {
             let ended = self.end_under(&mut step, Err(self.cancelled(why)));
             if let (true, Some((group, _))) = (ended, &withdrawal.group) {
@@ -223,7 +222,7 @@ impl CallLife {
         drop(step);
         // Wakes the callers that block on the outcome, so that the withdrawn ones see they stopped.
         self.outcome.nudge();
-        stopped || withdrawal.had_callers
+        stopped || withdrawal.had_callers()
     }
 
     /// The outcome of the caller of `seat` once it stopped waiting: the call's `CANCELLED` if its withdrawal ended
@@ -238,15 +237,8 @@ impl CallLife {
             return self.outcome.get().unwrap_or_else(|| Err(self.cancelled(why).locate(&self.coords)));
         }
         let why = withdrawn.as_ref().map_or(Self::CANCELLED_BY_AGENT, |(why, _)| why.as_str());
-        let mut error = ToolError::with_code(
-            ErrorCode::Cancelled,
-            format!(
-                "{why}; the call goes on for the other callers of its operation, so its effect is unknown: inspect \
-                 the game's state before retrying"
-            ),
-        );
-        error.details.extra.insert("effect_unknown".into(), serde_json::Value::Bool(true));
-        Err(error.locate(&self.coords))
+        let error = ToolError::with_code(ErrorCode::Cancelled, why);
+        Err(effect_unknown(error, "the call goes on for the other callers of its operation").locate(&self.coords))
     }
 
     /// Ends the call with `outcome` unless it already ended. Commits first, then notifies. Returns whether this
@@ -330,14 +322,11 @@ impl CallLife {
     /// (rule H12): it says the effect is unknown (`effect_unknown` in its details), not "nothing happened". (A
     /// handler's own `CANCELLED` is its own word on what it did.)
     pub(crate) fn cancelled(&self, why: &str) -> ToolError {
-        let mut error = ToolError::with_code(ErrorCode::Cancelled, why);
-        if self.handler_started() {
-            error.message.push_str(
-                "; its handler had started, so its effect is unknown: inspect the game's state before retrying",
-            );
-            error.details.extra.insert("effect_unknown".into(), serde_json::Value::Bool(true));
+        let error = ToolError::with_code(ErrorCode::Cancelled, why);
+        match self.handler_started() {
+            true => effect_unknown(error, "its handler had started"),
+            false => error,
         }
-        error
     }
 
     /// Ends the call with an error built from its coordinates.
@@ -447,4 +436,12 @@ pub(crate) enum Left {
     StoppedWaiting,
     /// The call had already ended: the caller reads its outcome.
     AlreadyEnded,
+}
+
+/// `error` (a `CANCELLED`), saying the call's effect is unknown because of `why` (`effect_unknown` in its details):
+/// an agent inspects the game before it retries, rather than take it for "nothing happened".
+fn effect_unknown(mut error: ToolError, why: &str) -> ToolError {
+    error.message.push_str(&format!("; {why}, so its effect is unknown: inspect the game's state before retrying"));
+    error.details.extra.insert("effect_unknown".into(), serde_json::Value::Bool(true));
+    error
 }

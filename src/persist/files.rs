@@ -347,7 +347,7 @@ impl WorldFiles {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => "missing".to_string(),
             // A bad sector, or a folder in its place: the previous save is tried, as for damage.
             Err(e) if is_damage(&e) => {
-                unread = e.kind() != std::io::ErrorKind::IsADirectory;
+                unread = disk_could_not_read(&e);
                 format!("unreadable ({e})")
             }
             Err(e) => return Err(self.error("reading", &primary, e)),
@@ -405,7 +405,7 @@ impl WorldFiles {
         let mut result = read();
         for wait in READ_RETRIES {
             match &result {
-                Err(error) if is_damage(error) && error.kind() != std::io::ErrorKind::IsADirectory => {
+                Err(error) if disk_could_not_read(error) => {
                     std::thread::sleep(wait);
                     result = read();
                 }
@@ -414,6 +414,12 @@ impl WorldFiles {
         }
         result
     }
+}
+
+/// Whether a read error is damage ([`is_damage`]) that the disk reported (its `EIO`), not a folder in the file's
+/// place: it may pass (a network file system's), so the read is tried again and the file is not given up.
+fn disk_could_not_read(error: &std::io::Error) -> bool {
+    is_damage(error) && error.kind() != std::io::ErrorKind::IsADirectory
 }
 
 /// Whether a read error means the file itself is bad (the disk's I/O error, a folder in its place), as damage

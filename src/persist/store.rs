@@ -132,43 +132,41 @@ impl Shared {
     /// One of `world`'s visits is over: the world is let go if nothing else uses it (blocking: it may close the
     /// world's lock file).
     fn visit_ended(&self, world: &WorldId) {
-        let retired = {
-            let mut worlds = self.worlds.lock();
-            match worlds.visits.get_mut(world) {
-                Some(visits) if *visits > 1 => *visits -= 1,
-                Some(_) => drop(worlds.visits.remove(world)),
-                None => {}
-            }
-            worlds.take_if_idle(world)
-        };
-        self.retire(retired);
+        self.let_go_if_idle(world, |worlds| match worlds.visits.get_mut(world) {
+            Some(visits) if *visits > 1 => *visits -= 1,
+            Some(_) => drop(worlds.visits.remove(world)),
+            None => {}
+        });
     }
 
     /// An operation is done with `queue` (finished, failed, panicked or dropped): the world is let go if nothing
     /// else uses it (blocking, as [`visit_ended`](Self::visit_ended)).
     fn operation_done(&self, queue: Arc<WorldQueue>) {
         // Dropped first (the map keeps its own while the count is above 0): once the count reaches 0, the map's is
-        // the last reference, and the retire that takes it closes the files.
+        // the last reference, and letting the world go closes the files.
         let world = queue.world.clone();
         drop(queue);
-        let retired = {
-            let mut worlds = self.worlds.lock();
+        self.let_go_if_idle(&world, |worlds| {
             if let Some(in_use) = worlds.queues.get_mut(&world) {
                 in_use.operations = in_use.operations.saturating_sub(1);
             }
-            worlds.take_if_idle(&world)
-        };
-        self.retire(retired);
+        });
     }
 
-    /// Closes a retired world's files (the last reference to its queue: no operation holds it) and reports it.
-    fn retire(&self, retired: Option<Retired>) {
+    /// Makes `change` to what uses `world`, under the map's lock, then lets the world go if nothing uses it any more
+    /// ([`Worlds::take_if_idle`]): its files are closed outside the lock (the last reference to its queue: no
+    /// operation holds it), and the close reported.
+    fn let_go_if_idle(&self, world: &WorldId, change: impl FnOnce(&mut Worlds)) {
+        let retired = {
+            let mut worlds = self.worlds.lock();
+            change(&mut worlds);
+            worlds.take_if_idle(world)
+        };
         let Some(Retired { queue, number, closed }) = retired else { return };
-        let world = queue.world.clone();
         drop(queue);
         let mut worlds = self.worlds.lock();
-        if worlds.retiring.get(&world).is_some_and(|(retiring, _)| *retiring == number) {
-            worlds.retiring.remove(&world);
+        if worlds.retiring.get(world).is_some_and(|(retiring, _)| *retiring == number) {
+            worlds.retiring.remove(world);
         }
         drop(worlds);
         closed.succeed();
@@ -479,10 +477,9 @@ impl WorldStore {
     /// now), without waiting for a frame (rule H6), and never on the main thread (closing a file on a network file
     /// system is a round trip).
     pub(crate) fn visit_closed(&self, world: &WorldId, closed: Completion) -> Completion {
-        let (store, world) = (self.clone(), world.clone());
+        let (shared, world) = (self.shared.clone(), world.clone());
         Completion::spawn(&self.shared.runtime, async move {
             let result = closed.finished().await;
-            let shared = store.shared.clone();
             let _ = shared.runtime.clone().spawn_blocking(move || shared.visit_ended(&world)).await;
             result
         })

@@ -129,9 +129,9 @@ impl AgentSessions {
         self.on_tokio(async move { this.until_exit(this.resume_session_here(id)).await }).await
     }
 
-    /// Runs `attach` (a `create`, `resume_session` or `AgentSession::resume`) unless the game exits first: then it is dropped, which lets go
-    /// of what it started ([`Unkept`]), and it is `AGENT_UNAVAILABLE`. Counted while under way, from before the
-    /// exit is checked, so the exit that stops it also waits for it.
+    /// Runs `attach` (a `create`, `resume_session` or `AgentSession::resume`) unless the game exits first: then it
+    /// is dropped, which lets go of what it started ([`Unkept`]), and it is `AGENT_UNAVAILABLE`. Counted while under
+    /// way, from before the exit is checked, so the exit that stops it also waits for it.
     async fn until_exit<T>(&self, attach: impl Future<Output = Result<T, ToolError>>) -> Result<T, ToolError> {
         let _under_way = UnderWay::begin(&self.attaching);
         let exiting = || ToolError::with_code(ErrorCode::AgentUnavailable, "the game is exiting");
@@ -237,9 +237,9 @@ impl AgentSessions {
     /// The game disconnects from every session (on `AppExit`): a session created with
     /// `auto_end_on_disconnect` ends, with its agent's session, and what the game kept of it is deleted (nothing
     /// resumes it after the game); the others are only disconnected, kept for `resume_session`. A `forget` under
-    /// way finishes (its session's folder is gone). A `create` or `resume_session` under way stops (as if its
-    /// caller had dropped it) and answers `AGENT_UNAVAILABLE`, as do later ones. Every agent process is gone when
-    /// this returns, or `deadline` passed.
+    /// way finishes (its session's folder is gone). A `create`, `resume_session` or `AgentSession::resume` under
+    /// way stops (as if its caller had dropped it) and answers `AGENT_UNAVAILABLE`, as do later ones. Every agent
+    /// process is gone when this returns, or `deadline` passed.
     pub(crate) fn disconnect_all(&self, deadline: Duration) {
         let until = crate::deadline::after(std::time::Instant::now(), deadline);
         self.exiting.cancel();

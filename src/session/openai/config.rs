@@ -72,7 +72,8 @@ pub struct OpenAiEndpoint {
     /// Whether the model reads images: then an image a tool returns (e.g. the sandbox's `observe`) is sent as an
     /// image part (a `data:` URL in a user message after the tool results, the only place chat completions take
     /// images, with an assistant line saying they follow between them, as Mistral's API and strict templates want;
-    /// the history keeps the newest four, an older one replaced by a line saying so); otherwise it is summarized in the tool's result as a line saying what it was. Default false.
+    /// the history keeps the newest four, an older one replaced by a line saying so); otherwise it is summarized in
+    /// the tool's result as a line saying what it was. Default false.
     #[serde(default)]
     pub images: bool,
     /// The name of the request's field for [`Sampling::max_tokens`]: `max_tokens` (the default, which local servers

@@ -35,7 +35,7 @@ impl History {
     /// until it is within [`KEPT_PERCENT`] of it.
     pub(crate) fn push(&mut self, turn: Vec<Value>, max_bytes: usize) {
         self.turns.push(turn);
-        self.forget_old_images();
+        forget_old_images(self.turns.iter_mut().flatten());
         // (`cut` may leave out every turn; the newest stays even alone over the bound.)
         let start = cut(&self.turns, max_bytes).min(self.turns.len() - 1);
         self.turns.drain(..start);
@@ -65,13 +65,6 @@ pub(crate) const IMAGES_KEPT: usize = 4;
 
 /// What stands in the history for an image older than the [`IMAGES_KEPT`] newest.
 pub(crate) const IMAGE_GONE: &str = "[an image the game's tools returned earlier, no longer sent]";
-
-impl History {
-    /// Replaces every image part but the [`IMAGES_KEPT`] newest with a text part saying so.
-    fn forget_old_images(&mut self) {
-        forget_old_images(self.turns.iter_mut().flatten());
-    }
-}
 
 /// Replaces every image part of `messages` (oldest first) but the [`IMAGES_KEPT`] newest with a text part saying
 /// so: for the history, and for each request (a turn's own rounds can add many). Each new image changes an older
