@@ -614,15 +614,32 @@ impl bevy_agent_tools::persist::WriteFaults for ReadsFail {
     }
 }
 
+/// A store whose `world` was saved twice (counts 1 and 2), then whose next `failures` reads of a primary fail.
+#[cfg(unix)]
+fn saved_twice_then_reads_fail(
+    world: &WorldId,
+    failures: usize,
+) -> (tempfile::TempDir, tokio::runtime::Runtime, WorldStore) {
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    store.save(world, "progress", Progress { count: 1 }).wait().unwrap();
+    store.save(world, "progress", Progress { count: 2 }).wait().unwrap();
+    store.set_write_faults(ReadsFail(AtomicUsize::new(failures)));
+    (data, runtime, store)
+}
+
+/// The first copy of `world`'s primary save kept aside.
+#[cfg(unix)]
+fn kept_aside(store: &WorldStore, world: &WorldId) -> String {
+    let aside = store.world_dir(world).unwrap().join("progress.json.unreadable-1");
+    std::fs::read_to_string(aside).expect("a copy kept aside")
+}
+
 #[cfg(unix)]
 #[test]
 fn a_primary_that_fails_to_read_once_is_read_again_not_replaced_by_the_previous_save() {
-    let data = tempfile::tempdir().unwrap();
-    let (runtime, store) = runtime_and_store(data.path());
     let world = WorldId::new("flaky");
-    store.save(&world, "progress", Progress { count: 1 }).wait().unwrap();
-    store.save(&world, "progress", Progress { count: 2 }).wait().unwrap();
-    store.set_write_faults(ReadsFail(AtomicUsize::new(1)));
+    let (_data, runtime, store) = saved_twice_then_reads_fail(&world, 1);
     let loaded = runtime.block_on(store.load::<Progress>(&world, "progress")).unwrap();
     assert_eq!(loaded, Some(Progress { count: 2 }), "the newest save, read again, not the previous one");
 }
@@ -630,40 +647,29 @@ fn a_primary_that_fails_to_read_once_is_read_again_not_replaced_by_the_previous_
 #[cfg(unix)]
 #[test]
 fn a_primary_the_disk_cannot_read_is_kept_aside_when_a_save_replaces_it() {
-    let data = tempfile::tempdir().unwrap();
-    let (runtime, store) = runtime_and_store(data.path());
     let world = WorldId::new("bad-sector");
-    store.save(&world, "progress", Progress { count: 1 }).wait().unwrap();
-    store.save(&world, "progress", Progress { count: 2 }).wait().unwrap();
-    store.set_write_faults(ReadsFail(AtomicUsize::new(usize::MAX)));
+    let (_data, runtime, store) = saved_twice_then_reads_fail(&world, usize::MAX);
     let load = || runtime.block_on(store.load::<Progress>(&world, "progress")).unwrap();
     assert_eq!(load(), Some(Progress { count: 1 }), "unreadable however often it is read: the previous save");
     store.save(&world, "progress", Progress { count: 3 }).wait().unwrap();
     store.clear_write_faults();
     assert_eq!(load(), Some(Progress { count: 3 }));
-    let aside = store.world_dir(&world).unwrap().join("progress.json.unreadable-1");
-    let kept = std::fs::read_to_string(&aside).expect("the unreadable save was kept aside, not overwritten");
-    assert!(kept.ends_with(r#"{"count":2}"#), "{kept}");
+    assert!(kept_aside(&store, &world).ends_with(r#"{"count":2}"#), "the unreadable save, not overwritten");
 }
 
 #[cfg(unix)]
 #[test]
 fn a_primary_unreadable_at_the_load_is_kept_aside_by_the_next_save_even_if_it_reads_again_by_then() {
-    let data = tempfile::tempdir().unwrap();
-    let (runtime, store) = runtime_and_store(data.path());
     let world = WorldId::new("flaky-mount");
-    store.save(&world, "progress", Progress { count: 1 }).wait().unwrap();
-    store.save(&world, "progress", Progress { count: 2 }).wait().unwrap();
     // Unreadable for the load and its retries; readable again afterwards.
-    store.set_write_faults(ReadsFail(AtomicUsize::new(4)));
+    let (_data, runtime, store) = saved_twice_then_reads_fail(&world, 4);
     let load = || runtime.block_on(store.load::<Progress>(&world, "progress")).unwrap();
     assert_eq!(load(), Some(Progress { count: 1 }), "the previous save, after the retries");
     store.save(&world, "progress", Progress { count: 3 }).wait().unwrap();
     assert_eq!(load(), Some(Progress { count: 3 }));
-    let dir = store.world_dir(&world).unwrap();
-    let kept = std::fs::read_to_string(dir.join("progress.json.unreadable-1")).expect("the save not loaded, aside");
-    assert!(kept.ends_with(r#"{"count":2}"#), "{kept}");
-    let previous = std::fs::read_to_string(dir.join("progress.json.prev")).expect("a previous save");
+    assert!(kept_aside(&store, &world).ends_with(r#"{"count":2}"#), "the save the game did not load");
+    let previous = std::fs::read_to_string(store.world_dir(&world).unwrap().join("progress.json.prev"));
+    let previous = previous.expect("a previous save");
     assert!(
         previous.ends_with(r#"{"count":1}"#),
         "the save the game built on, not the one it never loaded: {previous}"
@@ -688,10 +694,9 @@ fn a_primary_a_menu_could_not_read_is_kept_aside_by_a_later_save_though_the_worl
     let read = neighbour.runtime.block_on(store.load::<Progress>(&alpha, "progress"));
     assert_eq!(read.expect("read"), Some(Progress { count: 1 }));
     store.save(&alpha, "progress", Progress { count: 5 }).wait().unwrap();
-    let dir = store.world_dir(&alpha).unwrap();
-    let kept = std::fs::read_to_string(dir.join("progress.json.unreadable-1")).expect("the save not loaded, aside");
-    assert!(kept.ends_with(r#"{"count":2}"#), "{kept}");
-    let previous = std::fs::read_to_string(dir.join("progress.json.prev")).expect("a previous save");
+    assert!(kept_aside(&store, &alpha).ends_with(r#"{"count":2}"#), "the save the menu could not read");
+    let previous = std::fs::read_to_string(store.world_dir(&alpha).unwrap().join("progress.json.prev"));
+    let previous = previous.expect("a previous save");
     assert!(previous.ends_with(r#"{"count":1}"#), "{previous}");
 }
 
