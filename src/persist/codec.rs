@@ -39,9 +39,11 @@ use serde::Serialize;
 ///   `#[serde(default)]` rescue): version your document (for example an enum with one variant per version, or a
 ///   new document name) when its type changes;
 /// - its errors are terse (`"Hit the end of buffer, expected more data"`), without the serializer's own message;
-/// - it has no nesting limit (JSON's reader stops at depth 128): a recursive saved type (a tree of nodes) read from
-///   a file someone crafted (a save shared online) can nest deep enough to overflow the loading thread's stack,
-///   which aborts the game. Keep recursive types out of postcard documents that may come from others.
+/// - a load stops at 128 levels of nesting, as JSON's reader does (a struct, a sequence, a map, an enum, a `Some`
+///   and a newtype are a level each): deeper, it fails with [`StoreError::Decode`](super::StoreError::Decode)
+///   ("nests deeper than 128 levels") rather than overflowing the loading thread's stack, which would abort the game
+///   every time the world is entered (a recursive type, a tree of nodes, from a save someone crafted). Both codecs
+///   save deeper documents without complaint: keep a recursive saved type's depth under the limit;
 ///
 /// Round-trip a document type through the store in a test before you switch it.
 ///
@@ -117,11 +119,17 @@ impl Codec {
     pub(crate) fn decode<T: DeserializeOwned>(self, payload: &[u8]) -> Result<T, String> {
         match self {
             Codec::Json => serde_json::from_slice(payload).map_err(|error| error.to_string()),
-            Codec::Postcard => match postcard::take_from_bytes(payload) {
-                Ok((value, [])) => Ok(value),
-                Ok((_, rest)) => Err(format!("postcard: {} bytes left over after the document", rest.len())),
-                Err(error) => Err(format!("postcard: {error}")),
-            },
+            Codec::Postcard => {
+                // postcard has no nesting limit of its own (serde_json stops at 128 levels).
+                let mut deserializer = postcard::Deserializer::from_bytes(payload);
+                let value =
+                    super::depth::deserialize(&mut deserializer).map_err(|error| format!("postcard: {error}"))?;
+                match deserializer.finalize() {
+                    Ok([]) => Ok(value),
+                    Ok(rest) => Err(format!("postcard: {} bytes left over after the document", rest.len())),
+                    Err(error) => Err(format!("postcard: {error}")),
+                }
+            }
         }
     }
 }
@@ -286,6 +294,25 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(out.1.is_empty(), "nothing written after the failed write: {} bytes", out.1.len());
+    }
+
+    /// A recursive saved type: one byte per level in postcard.
+    #[derive(Serialize, Deserialize, Debug)]
+    struct Node {
+        next: Option<Box<Node>>,
+    }
+
+    #[test]
+    fn postcard_refuses_a_document_nested_past_128_levels_instead_of_overflowing_the_stack() {
+        // A megabyte: a million levels, which overflow any loading thread's stack without the limit (an abort, not an
+        // error: the test binary would die).
+        let mut deep = vec![1u8; 1_000_000];
+        deep.push(0);
+        let error = Codec::Postcard.decode::<Node>(&deep).unwrap_err();
+        assert!(error.contains("nests deeper than 128 levels"), "{error}");
+        // JSON refuses the same shape by its own limit.
+        let json = format!("{}null{}", r#"{"next":"#.repeat(200), "}".repeat(200));
+        assert!(Codec::Json.decode::<Node>(json.as_bytes()).is_err());
     }
 
     #[test]

@@ -34,6 +34,7 @@
 //! [`WorldStorePlugin::codec`] or [`WorldStore::with_codec`]), and older JSON saves keep loading.
 
 mod codec;
+mod depth;
 mod envelope;
 mod error;
 mod faults;
