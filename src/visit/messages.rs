@@ -19,7 +19,7 @@ pub(crate) fn next_order() -> u64 {
 #[derive(Message, Clone, Debug)]
 pub struct EnterWorld {
     /// The world to enter.
-    pub world: WorldId,
+    pub world_id: WorldId,
     /// The dimension to start in; the plugin's default dimension when `None`.
     pub dimension: Option<DimensionId>,
     pub(crate) order: u64,
@@ -28,7 +28,7 @@ pub struct EnterWorld {
 impl EnterWorld {
     /// Enter `world` in the default dimension.
     pub fn new(world: impl Into<WorldId>) -> Self {
-        Self { world: world.into(), dimension: None, order: next_order() }
+        Self { world_id: world.into(), dimension: None, order: next_order() }
     }
 
     /// Enter in `dimension` instead of the default one.

@@ -42,7 +42,9 @@ pub(crate) fn collect_transitions(
 ) {
     let pending = &mut pending.0;
     pending.extend(
-        enter.read().map(|m| (m.order, Transition::Enter { world: m.world.clone(), dimension: m.dimension.clone() })),
+        enter
+            .read()
+            .map(|m| (m.order, Transition::Enter { world: m.world_id.clone(), dimension: m.dimension.clone() })),
     );
     pending.extend(travel.read().map(|m| (m.order, Transition::Travel { dimension: m.dimension.clone() })));
     pending.extend(exit.read().map(|m| (m.order, Transition::Exit)));
