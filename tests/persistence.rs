@@ -732,6 +732,74 @@ fn world_names_that_could_escape_the_data_directory_fail_clearly() {
     assert!(std::fs::read_dir(data.path()).unwrap().next().is_none(), "nothing was created");
 }
 
+/// A world's folder from a save pack someone shared may hold links pointing anywhere: the store follows none of
+/// them, and what they point to is left as it was.
+#[cfg(unix)]
+#[test]
+fn links_in_a_worlds_folder_are_not_followed_and_what_they_point_to_is_untouched() {
+    use std::os::unix::fs::symlink;
+    let data = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let precious = outside.path().join("precious.txt");
+    std::fs::write(&precious, "precious").unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    let load = |world: &WorldId| runtime.block_on(store.load::<Progress>(world, "progress"));
+
+    // The lock file, which the store takes and writes its pid into.
+    let world = WorldId::new("linked-lock");
+    let folder = store.world_dir(&world).unwrap();
+    std::fs::create_dir_all(&folder).unwrap();
+    symlink(&precious, folder.join("world.lock")).unwrap();
+    let error = store.save(&world, "progress", Progress { count: 1 }).wait().unwrap_err();
+    assert!(error.message().contains("lock file") && error.message().contains("not followed"), "{error}");
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "precious", "the file the link names is unchanged");
+
+    // The world's folder itself.
+    let world = WorldId::new("linked-folder");
+    symlink(outside.path(), store.world_dir(&world).unwrap()).unwrap();
+    let error = store.save(&world, "progress", Progress { count: 1 }).wait().unwrap_err();
+    assert!(error.message().contains("not followed"), "{error}");
+    let names: Vec<_> = std::fs::read_dir(outside.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["precious.txt"], "nothing was written or removed where the folder's link points");
+
+    // A save: read as damage (the previous save loads, not what the link points to), then replaced, not written
+    // through.
+    let other = WorldId::new("other");
+    store.save(&other, "progress", Progress { count: 99 }).wait().unwrap();
+    let world = WorldId::new("linked-save");
+    store.save(&world, "progress", Progress { count: 1 }).wait().unwrap();
+    store.save(&world, "progress", Progress { count: 2 }).wait().unwrap();
+    let primary = store.document_path(&world, "progress").unwrap();
+    std::fs::remove_file(&primary).unwrap();
+    symlink(store.document_path(&other, "progress").unwrap(), &primary).unwrap();
+    assert_eq!(load(&world).unwrap(), Some(Progress { count: 1 }), "the previous save, not the other world's");
+    store.save(&world, "progress", Progress { count: 3 }).wait().unwrap();
+    assert!(!std::fs::symlink_metadata(&primary).unwrap().file_type().is_symlink(), "the link was replaced");
+    assert_eq!(load(&world).unwrap(), Some(Progress { count: 3 }));
+    assert_eq!(load(&other).unwrap(), Some(Progress { count: 99 }), "the other world's save is untouched");
+}
+
+/// A FIFO in place of a save would block its read, and the world's queue behind it, for good.
+#[cfg(unix)]
+#[test]
+fn a_fifo_in_place_of_a_save_reads_as_damage_and_does_not_block_the_world() {
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    let world = WorldId::new("piped");
+    store.save(&world, "progress", Progress { count: 1 }).wait().unwrap();
+    store.save(&world, "progress", Progress { count: 2 }).wait().unwrap();
+    let primary = store.document_path(&world, "progress").unwrap();
+    std::fs::remove_file(&primary).unwrap();
+    let name = std::ffi::CString::new(primary.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string; `mkfifo` only creates a file.
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0, "mkfifo");
+    let loaded =
+        runtime.block_on(async { tokio::time::timeout(DEADLINE, store.load::<Progress>(&world, "progress")).await });
+    assert_eq!(loaded.expect("the load does not block").unwrap(), Some(Progress { count: 1 }));
+    store.save(&world, "progress", Progress { count: 3 }).wait().unwrap();
+    assert_eq!(runtime.block_on(store.load::<Progress>(&world, "progress")).unwrap(), Some(Progress { count: 3 }));
+}
+
 /// Serializes part of itself, then fails: the serializer's error arrives after bytes were streamed to the file.
 struct FailsHalfway;
 

@@ -151,14 +151,26 @@ impl WorldFiles {
             return Ok(());
         }
         create_dir_durably(&self.dir).map_err(|e| self.error("creating the world directory", &self.dir, e))?;
+        // A link is not followed, for the folder or its lock file: a world's folder from a save pack someone
+        // shared could hold one pointing anywhere, and the lock file is truncated and the folder's temporary
+        // files removed.
+        if is_link(&self.dir) {
+            return Err(self.error("opening the world directory", &self.dir, not_followed()));
+        }
         let path = self.dir.join(LOCK_FILE);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| self.error("opening the lock file", &path, e))?;
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).create(true).truncate(false);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW | libc::O_NONBLOCK);
+        let opened = match options.open(&path) {
+            Ok(_) if cfg!(not(unix)) && is_link(&path) => Err(not_followed()),
+            Err(_) if is_link(&path) => Err(not_followed()),
+            Ok(file) if !file.metadata().is_ok_and(|meta| meta.is_file()) => {
+                Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a plain file: not used"))
+            }
+            opened => opened,
+        };
+        let mut file = opened.map_err(|e| self.error("opening the lock file", &path, e))?;
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
@@ -354,7 +366,7 @@ impl WorldFiles {
         };
         self.intact.remove(document);
         let previous = self.previous(document);
-        let previous_damage = match fs::read(&previous) {
+        let previous_damage = match read_save(&previous) {
             Ok(bytes) => match envelope::open(&bytes) {
                 Ok(opened) => {
                     tracing::warn!(
@@ -400,7 +412,7 @@ impl WorldFiles {
     fn read_primary(&self, document: &str, faults: Option<&dyn WriteFaults>) -> std::io::Result<Vec<u8>> {
         let read = || match faults.map(|faults| faults.before_read(&self.world, document)) {
             Some(Err(error)) => Err(error),
-            _ => fs::read(self.primary(document)),
+            _ => read_save(&self.primary(document)),
         };
         let mut result = read();
         for wait in READ_RETRIES {
@@ -414,6 +426,25 @@ impl WorldFiles {
         }
         result
     }
+}
+
+fn is_link(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_symlink())
+}
+
+fn not_followed() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, "a link: not followed (move what it points to here instead)")
+}
+
+/// The bytes of the save at `path`. Something other than a plain file in its place (a link, which could point
+/// anywhere, a FIFO, whose read would block the world's queue, a device, a folder) reads as damage
+/// (`InvalidData`), as a bad file does: the previous save is tried, and the next save replaces it.
+fn read_save(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut file =
+        crate::private::open_plain(path)?.map_err(|why| std::io::Error::new(std::io::ErrorKind::InvalidData, why))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// Whether a read error is damage ([`is_damage`]) that the disk reported (its `EIO`), not a folder in the file's
