@@ -264,7 +264,9 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// Follows the game's own `States` type instead of (or besides) messages: `target` says, for each state,
     /// which world and dimension the player is in (`None`: not in a world). Each change of the state becomes the
     /// enter, travel or exit that makes the open visit agree. Needs Bevy's `StatesPlugin` (in `DefaultPlugins`,
-    /// not in `MinimalPlugins`) and the state initialized (`init_state`): without them it follows nothing.
+    /// not in `MinimalPlugins`) and the state set up (`init_state`, or `add_sub_state` / `add_computed_state`):
+    /// without them it follows nothing. A sub-state or computed state exists only while its source allows it: when
+    /// it goes (the player went back to the menu), the player is outside any world, as for `None`.
     ///
     /// ```
     /// # use bevy::prelude::*;
@@ -305,7 +307,6 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
             app.add_systems(
                 app_schedule(app),
                 follow_state::<S>
-                    .run_if(resource_exists::<State<S>>)
                     .after(collect_transitions)
                     .before(apply_transitions::<L>)
                     .in_set(AgentToolsSet::Transitions),

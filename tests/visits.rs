@@ -229,6 +229,51 @@ fn a_followed_states_type_drives_enter_travel_and_exit() {
     assert_eq!(events, ["open alpha", "relocated visit#1", "close alpha", "open beta", "close beta"]);
 }
 
+/// Where the player is, computed from [`Screen`]: it exists only while the player is playing.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct InWorld(&'static str);
+
+impl bevy::state::state::ComputedStates for InWorld {
+    type SourceStates = Screen;
+
+    fn compute(screen: Screen) -> Option<Self> {
+        match screen {
+            Screen::Menu => None,
+            Screen::Playing { save, .. } => Some(InWorld(save)),
+        }
+    }
+}
+
+#[test]
+fn a_followed_computed_state_that_stops_existing_exits_the_world() {
+    let game = TestGame::default();
+    let record = game.record.clone();
+    let plugin =
+        AgentToolsPlugin::new(game).follow_state::<InWorld>(|in_world| Some((in_world.0.into(), "overworld".into())));
+    let mut app = App::new();
+    app.add_plugins((MinimalPlugins, bevy::state::app::StatesPlugin, plugin))
+        .init_state::<Screen>()
+        .add_computed_state::<InWorld>();
+    app.finish();
+    app.cleanup();
+    app.update();
+    let go = |app: &mut App, screen: Screen| {
+        app.world_mut().resource_mut::<NextState<Screen>>().set(screen);
+        app.update();
+    };
+    go(&mut app, Screen::Playing { save: "alpha", dimension: "overworld" });
+    assert_eq!(app.agent().visit().expect("in alpha").info.world.as_str(), "alpha");
+    go(&mut app, Screen::Menu);
+    assert!(app.agent().visit().is_none(), "back in the menu, `State<InWorld>` is gone: the visit is closed");
+    // The same world again: a new visit, not the old one carried on.
+    go(&mut app, Screen::Playing { save: "alpha", dimension: "overworld" });
+    assert!(app.agent().visit().is_some());
+    app.update();
+    let events: Vec<String> =
+        record.events().iter().map(|e| e.split_whitespace().take(2).collect::<Vec<_>>().join(" ")).collect();
+    assert_eq!(events, ["open alpha", "close alpha", "open alpha"]);
+}
+
 /// `WorldLifecycle::tick` runs once per frame on the open visit's session, and never without one.
 #[test]
 fn tick_runs_once_per_frame_on_the_open_session_and_never_between_visits() {

@@ -18,16 +18,22 @@ pub(crate) struct StateTarget<S: States> {
 }
 
 /// On every change of `State<S>`, compares where the state says the player is with the open visit, and queues
-/// the transitions that make them agree.
+/// the transitions that make them agree. A sub-state's or computed state's `State<S>` is removed when its source
+/// no longer allows it (the player went back to the menu): that is a change to outside any world, as a state
+/// mapped to `None` is. `existed` is whether `State<S>` was there when this last ran.
 pub(crate) fn follow_state<S: States>(
-    state: Res<State<S>>,
+    state: Option<Res<State<S>>>,
     target: Res<StateTarget<S>>,
     mut pending: ResMut<PendingTransitions>,
+    mut existed: Local<bool>,
 ) {
-    if !state.is_changed() {
-        return;
-    }
-    let wanted = (target.map)(state.get());
+    let wanted = match &state {
+        Some(state) if state.is_changed() || !*existed => (target.map)(state.get()),
+        Some(_) => return,
+        None if *existed => None,
+        None => return,
+    };
+    *existed = state.is_some();
     let open = target.host.status().map(|status| (status.info.world, status.info.location.dimension));
     let transitions = match (open, wanted) {
         (None, None) => vec![],
