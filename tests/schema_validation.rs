@@ -178,6 +178,52 @@ fn an_argument_the_tool_does_not_have_is_invalid_input_naming_it_rather_than_dro
     assert!(app.run_until_resolved(&call).is_ok());
 }
 
+/// Arguments in one of several shapes, one with a guard flattened into it.
+#[derive(Deserialize, JsonSchema)]
+#[serde(tag = "action", rename_all = "snake_case")]
+#[allow(dead_code)]
+enum Edit {
+    Paint {
+        colour: String,
+    },
+    Break {
+        x: i32,
+        #[serde(flatten)]
+        guard: DestructiveGuard,
+    },
+}
+
+#[test]
+fn an_argument_no_shape_of_an_enum_has_is_invalid_input_naming_it_rather_than_dropped() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let counted = ran.clone();
+    let edit = AgentTool::new("edit", "Edits.", move |_: CallContext<Session>, _: Edit| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move { Ok(()) }
+    });
+    let mut app = app_with(TestGame::default(), vec![edit]);
+    app.enter_world("alpha");
+    let call = |app: &mut bevy::app::App, args: Value| {
+        let call = app.agent().conversation("a").call("edit", args);
+        app.run_until_resolved(&call)
+    };
+    // A misspelt guard field would skip the version check it asks for; a field of another shape would be dropped.
+    for (args, field) in [
+        (json!({ "action": "break", "x": 1, "confirm": true, "expectedVersion": 3 }), "expectedVersion"),
+        (json!({ "action": "paint", "colour": "red", "x": 1 }), "x"),
+    ] {
+        let error = call(&mut app, args).expect_err("refused");
+        assert_eq!(error.code, ErrorCode::InvalidInput);
+        assert_eq!(error.details.extra["field"], field, "{error:?}");
+        assert_eq!(error.details.extra["schema_keyword"], "unevaluatedProperties", "{error:?}");
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the handler never ran");
+    // Every shape's own arguments, the guard's and the reserved ones still pass.
+    call(&mut app, json!({ "action": "paint", "colour": "red", "operation_id": "op-1" })).expect("paints");
+    call(&mut app, json!({ "action": "break", "x": 1, "confirm": true, "expected_version": 3 })).expect("breaks");
+    assert_eq!(ran.load(Ordering::SeqCst), 2);
+}
+
 #[test]
 fn a_tool_named_as_the_transports_own_is_refused_at_registration() {
     let app = app_with(TestGame::default(), vec![]);

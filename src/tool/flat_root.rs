@@ -36,6 +36,11 @@ pub(crate) fn flat_root(schema: Value) -> Value {
     }
     root.insert("type".into(), json!("object"));
     root.insert("properties".into(), Value::Object(shape.properties));
+    // One object listing every shape's properties: what no shape has is refused as before, in the keyword model
+    // APIs know (`unevaluatedProperties` is 2020-12's and only counts through the alternatives just merged).
+    if root.remove("unevaluatedProperties") == Some(Value::Bool(false)) {
+        root.insert("additionalProperties".into(), Value::Bool(false));
+    }
     if shape.required.is_empty() {
         root.remove("required");
     } else {
@@ -266,6 +271,8 @@ mod tests {
         assert_eq!(flat["properties"]["by"]["type"], "integer", "{flat}");
         assert!(flat["properties"].get("hard").is_some(), "a property of one shape only: {flat}");
         assert_eq!(flat["required"], json!(["action", "by"]), "required by every shape: {flat}");
+        assert_eq!(flat["additionalProperties"], false, "what no shape has is refused, in the keyword APIs know");
+        assert!(flat.get("unevaluatedProperties").is_none(), "{flat}");
         let description = flat["description"].as_str().unwrap_or_default();
         assert!(description.contains(r#"action = "left" (Turns left.)"#), "{description}");
         assert!(description.contains("hard?"), "{description}");

@@ -63,20 +63,31 @@ fn nullable_numbers(schema: &mut Value) {
     }
 }
 
-/// Keywords at an object schema's root under which it takes other properties, or is made of other schemas: such
-/// a schema is left open.
-const OPEN_KEYWORDS: &[&str] =
-    &["additionalProperties", "patternProperties", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "$ref"];
+/// Keywords at an object schema's root under which it takes other properties: such a schema is left open, as
+/// its author wrote it.
+const OPEN_KEYWORDS: &[&str] = &["additionalProperties", "patternProperties", "unevaluatedProperties"];
 
-/// Adds `additionalProperties: false` to a plain object schema (none of [`OPEN_KEYWORDS`]): a struct of
-/// arguments, flattened helpers included (schemars merges their properties), or none ([`NoArgs`](crate::NoArgs)).
+/// Keywords that make a schema of others.
+const COMPOSING_KEYWORDS: &[&str] = &["allOf", "anyOf", "oneOf", "$ref"];
+
+/// Closes an argument schema that takes no other properties of its own (none of [`OPEN_KEYWORDS`]): a plain object
+/// schema (a struct of arguments, flattened helpers included, since schemars merges their properties, or none,
+/// [`NoArgs`](crate::NoArgs)) gets `additionalProperties: false`; one made of others (an enum of argument shapes,
+/// a struct with a flattened enum, a newtype's `$ref`) gets `unevaluatedProperties: false`, which counts the
+/// properties of the shape the arguments match (JSON Schema 2020-12; `additionalProperties` would refuse them).
 /// The reserved arguments the transports take out before validation, and `confirm`, are among the properties
 /// clients are shown. (A field's serde `alias` is not in the schema: a call that uses it is refused.)
 pub(crate) fn close(schema: &mut Value) {
     let Value::Object(root) = schema else { return };
+    if OPEN_KEYWORDS.iter().any(|keyword| root.contains_key(*keyword)) {
+        return;
+    }
+    if COMPOSING_KEYWORDS.iter().any(|keyword| root.contains_key(*keyword)) {
+        root.insert("unevaluatedProperties".into(), Value::Bool(false));
+        return;
+    }
     let plain = root.get("type") == Some(&Value::String("object".into()))
-        && root.get("properties").is_none_or(Value::is_object)
-        && !OPEN_KEYWORDS.iter().any(|keyword| root.contains_key(*keyword));
+        && root.get("properties").is_none_or(Value::is_object);
     if plain {
         root.insert("additionalProperties".into(), Value::Bool(false));
     }
@@ -243,7 +254,8 @@ impl Problem {
             jsonschema::error::ValidationErrorKind::Required { property } => {
                 push_property(&mut field, property.as_str().unwrap_or_default())
             }
-            jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected } => {
+            jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected }
+            | jsonschema::error::ValidationErrorKind::UnevaluatedProperties { unexpected } => {
                 if let Some(name) = unexpected.first() {
                     push_property(&mut field, name)
                 }
@@ -405,7 +417,12 @@ mod tests {
             A { a: u8 },
             B { b: u8 },
         }
-        assert!(input_schema_of::<Either>().get("additionalProperties").is_none(), "a oneOf root is left as it is");
+        let either = input_schema_of::<Either>();
+        assert_eq!(either["unevaluatedProperties"], false, "a oneOf root counts the matched shape's properties");
+        assert!(either.get("additionalProperties").is_none(), "which additionalProperties would refuse: {either}");
+        let mut open = json!({ "type": "object", "additionalProperties": { "type": "integer" } });
+        close(&mut open);
+        assert_eq!(open, json!({ "type": "object", "additionalProperties": { "type": "integer" } }), "left as written");
         #[derive(serde::Serialize, JsonSchema)]
         #[allow(dead_code)]
         struct Out {
