@@ -175,8 +175,9 @@ pub(crate) struct HostShared {
     pub config: HostConfig,
     /// The conversations, their status and events.
     pub conversations: Arc<ConversationHub>,
-    /// Wakes calls waiting for their tool when one is registered.
-    pub tool_registered: tokio::sync::Notify,
+    /// Wakes calls waiting for their tool when one is registered, and when a visit opens (a call made with no world
+    /// open waits for one too).
+    pub tool_or_visit_came: tokio::sync::Notify,
     /// Counts tool registrations after start-up: transports tell their clients the list changed.
     pub tools_changed: tokio::sync::watch::Sender<u64>,
     /// The calls made in the open visit that wait for their tool: its exit ends them.
@@ -206,7 +207,7 @@ impl HostShared {
             runtime,
             config,
             conversations: Arc::new(conversations),
-            tool_registered: tokio::sync::Notify::new(),
+            tool_or_visit_came: tokio::sync::Notify::new(),
             tools_changed: tokio::sync::watch::Sender::new(0),
             waiting_calls: Default::default(),
             session_type,
@@ -230,7 +231,7 @@ impl HostShared {
         crate::tool::check_name(tool.info())?;
         crate::tool::check_arguments(tool.info())?;
         self.tools.insert(tool);
-        self.tool_registered.notify_waiters();
+        self.tool_or_visit_came.notify_waiters();
         self.tools_changed.send_modify(|registered| *registered += 1);
         Ok(())
     }

@@ -208,8 +208,10 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// the open visit is still loading (up to the default timeout), and is rejected at once otherwise, so that a
     /// mistyped name does not hang. A call that waits is still bound to the visit open when it was made (rules H5,
     /// H9): it ends with `VISIT_ENDED` when that visit ends, and a location-scoped one is refused with
-    /// `LOCATION_CHANGED` if the player relocated before its tool appeared; one made with no world open runs in
-    /// the visit open when its tool appears, and ends with `WORLD_CLOSED` if the game exits first. One still waiting when its wait passes while the world loads gets
+    /// `LOCATION_CHANGED` if the player relocated before its tool appeared; one made with no world open waits for
+    /// its tool and a visit both (a game may register its tools before it enters, in `open` or an `OnEnter`
+    /// system), runs in that visit, gets `NO_WORLD` if no world opened within its wait, and ends with
+    /// `WORLD_CLOSED` if the game exits first. One still waiting when its wait passes while the world loads gets
     /// `WORLD_LOADING_TIMEOUT`.
     pub fn tool_wait(mut self, wait: Duration) -> Self {
         self.config.tool_wait = Some(wait);

@@ -410,6 +410,39 @@ fn cancel_task_counts_the_call_waiting_for_its_tool_when_no_world_is_open() {
 }
 
 #[test]
+fn a_call_made_with_no_world_open_whose_tool_comes_first_runs_in_the_visit_that_opens_then() {
+    // A game that registers its tools before it enters the world (in `open`, or in an `OnEnter` system, which runs
+    // before the host's transitions in the frame).
+    let mut app = late_tool_app(TestGame::default(), Some(Duration::MAX));
+    let agent = app.agent();
+    let conversation = agent.conversation("agent");
+    let call = conversation.call("late_bump", json!({"by": 2}));
+    waits_for_its_tool(&mut app, &["agent"]);
+    agent.register_tool(bump_tool("late_bump", ToolScope::World, Arc::default(), None)).expect("registers");
+    // Nothing tells when the waiting task has seen its tool (it keeps waiting): frames for a while, then a look.
+    // The next test shows deterministically that the tool alone does not end the wait.
+    let registered = std::time::Instant::now();
+    app.run_until("frames for 100 ms", |_| registered.elapsed() > Duration::from_millis(100));
+    assert!(call.try_outcome().is_none(), "its tool came with no world open: it waits for one, not NO_WORLD");
+    app.enter_world("alpha");
+    let output = app.run_until_resolved(&call).expect("runs in the visit that opened");
+    assert_eq!(output.value["counter"], 2);
+    assert_eq!(output.observed.world.as_str(), "alpha");
+}
+
+#[test]
+fn a_call_made_with_no_world_open_whose_tool_came_but_no_world_gets_no_world_at_its_wait() {
+    let mut app = late_tool_app(TestGame::default(), Some(Duration::from_millis(300)));
+    let agent = app.agent();
+    let call = agent.conversation("agent").call("late_bump", json!({}));
+    waits_for_its_tool(&mut app, &["agent"]);
+    agent.register_tool(bump_tool("late_bump", ToolScope::World, Arc::default(), None)).expect("registers");
+    let error = app.run_until_resolved(&call).expect_err("no world came");
+    assert_eq!(error.code, ErrorCode::NoWorld, "{}", error.message);
+    assert!(error.message.contains("waited 300ms for one"), "not at once when its tool came: {}", error.message);
+}
+
+#[test]
 fn calls_waiting_for_their_tool_are_held_to_the_in_flight_limit_and_one_more_gets_busy() {
     let plugin = AgentToolsPlugin::new(TestGame::default()).tool_wait(Duration::MAX).max_in_flight_per_conversation(2);
     let mut app = headless_app(plugin);

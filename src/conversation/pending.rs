@@ -254,21 +254,27 @@ async fn run(
     };
     let deadline = crate::deadline::after_tokio(tokio::time::Instant::now(), wait);
     let found = loop {
-        let registered = host.tool_registered.notified();
+        let registered = host.tool_or_visit_came.notified();
         tokio::pin!(registered);
         registered.as_mut().enable();
         // Cancelled as its tool came (both woke this task): not admitted.
         if call.cancel.is_cancelled() {
             break Err(cancelled(&conversation, &host, &call));
         }
-        if host.tools.contains(&tool) {
+        // One made with no world open runs in the visit that opens: until one does, its tool alone is not enough (a
+        // tool registered in `open`, or in an `OnEnter` system before the host's transitions, comes first).
+        let registered_now = host.tools.contains(&tool);
+        if registered_now && (arrival.made_in.is_some() || host.state.lock().visit.is_some()) {
             break Ok(());
         }
         tokio::select! {
             biased;
             _ = call.cancel.cancelled() => break Err(cancelled(&conversation, &host, &call)),
             _ = &mut registered => {}
-            _ = tokio::time::sleep_until(deadline) => break Err(not_registered(&host, &tool, wait)),
+            _ = tokio::time::sleep_until(deadline) => break Err(match registered_now {
+                true => no_world_came(wait),
+                false => not_registered(&host, &tool, wait),
+            }),
         }
     };
     let outcome = match found {
@@ -343,6 +349,15 @@ fn not_registered(host: &HostShared, tool: &str, wait: Duration) -> ToolError {
     };
     error.message = format!("{} (waited {wait:?} for it to be registered)", error.message);
     error.with_detail("waited_ms", wait.as_millis() as u64)
+}
+
+/// A call made with no world open whose tool was registered, but no world opened within its wait.
+fn no_world_came(wait: Duration) -> ToolError {
+    ToolError::with_code(
+        ErrorCode::NoWorld,
+        format!("no world is open: the player must enter a world before tools can run (waited {wait:?} for one)"),
+    )
+    .with_detail("waited_ms", wait.as_millis() as u64)
 }
 
 fn cancelled(conversation: &ConversationId, host: &HostShared, call: &WaitingCall) -> ToolError {

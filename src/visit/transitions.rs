@@ -97,6 +97,8 @@ impl<L: WorldLifecycle> VisitSlot<L> {
                     replay: ReplayTable::new(self.host.config.replay),
                 });
                 self.open = Some(OpenSession { info: info.clone(), session: opened.session, store });
+                // A call made with no world open whose tool is registered waited for this.
+                self.host.tool_or_visit_came.notify_waiters();
                 tracing::info!(world = %id, visit = %visit, "entered world");
                 world.write_message(VisitOpened { info });
             }
