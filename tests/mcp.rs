@@ -12,7 +12,7 @@ use bevy::prelude::{AppExit, IntoScheduleConfigs, Last, MessageWriter, Res, Reso
 use bevy_agent_tools::mcp::{McpPlugin, McpServer, McpUnavailable, ERROR_META_KEY, OBSERVED_META_KEY};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
-use bevy_agent_tools::{ExitSet, NoArgs};
+use bevy_agent_tools::{ConversationId, ExitSet, NoArgs};
 use common::*;
 use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest, ProgressNotificationParam, ProtocolVersion};
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, NotificationContext, PeerRequestOptions, RunningService};
@@ -880,6 +880,41 @@ fn h12_an_older_version_asked_without_a_session_after_discovery_is_its_clients_c
     let first = call(1);
     assert!(first.is_u64(), "{first}");
     assert_eq!(call(2), first, "the retry joined its operation's outcome: the same conversation");
+    game.stop();
+}
+
+#[test]
+fn a_credential_the_game_mints_opens_its_conversation_and_reopens_it_after_it_ended() {
+    // A credential the game gives an outside tool of its own (`Credentials::mint`), for a conversation it never
+    // opened: every request presenting it is that conversation's, opened as any conversation a client names.
+    let (game, server) = game(Arc::default(), Gate::new());
+    let external = ConversationId::new("external-tool");
+    let bearer = format!("Bearer {}", server.credentials().mint(&external).expect("minted"));
+    let meta = json!({ "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": { "name": "outside", "version": "1" } });
+    let call = |id: u32| {
+        let params = json!({ "name": "bump", "arguments": { "by": 1 }, "_meta": meta });
+        let body = json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params }).to_string();
+        let (status, response) = raw(
+            &server,
+            &[
+                ("Authorization", bearer.as_str()),
+                ("MCP-Protocol-Version", "2026-07-28"),
+                ("Mcp-Method", "tools/call"),
+                ("Mcp-Name", "bump"),
+            ],
+            &body,
+        );
+        assert_eq!(status, 200, "{response}");
+        answer_of(&response)["result"].clone()
+    };
+    let first = call(1);
+    assert_eq!(first["isError"], false, "{first}");
+    assert!(game.agent().conversation_status(&external).is_some(), "the credential's conversation");
+    game.agent().end_conversation(&external).expect("ended");
+    let again = call(2);
+    assert_eq!(again["isError"], false, "reopened, as a conversation a client names is: {again}");
     game.stop();
 }
 

@@ -15,12 +15,17 @@ use crate::ids::ConversationId;
 
 /// The conversation a request's credential belongs to, put in the request's extensions by the bearer check.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct BoundConversation(pub ConversationId);
+pub(crate) struct BoundConversation {
+    pub conversation: ConversationId,
+    /// An in-game agent session's own credential ([`Credentials::mint_for_session`]): its conversation is the
+    /// session's, never reopened by a request.
+    pub of_session: bool,
+}
 
 /// The live per-conversation tokens. Cheap to clone; shared by the bearer check and whoever mints them.
 #[derive(Clone, Default)]
 pub struct Credentials {
-    tokens: Arc<Mutex<HashMap<Arc<str>, ConversationId>>>,
+    tokens: Arc<Mutex<HashMap<Arc<str>, BoundConversation>>>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -31,10 +36,22 @@ impl std::fmt::Debug for Credentials {
 
 impl Credentials {
     /// Mints a new bearer token for `conversation` (32 random bytes, hex). Every request that presents it is
-    /// attributed to `conversation` until [`revoke`](Self::revoke).
+    /// attributed to `conversation` until [`revoke`](Self::revoke), which opens like any conversation a client
+    /// names (and reopens after it ended, `Ended → Idle`).
     pub fn mint(&self, conversation: &ConversationId) -> Result<String, super::McpConfigError> {
+        self.insert(BoundConversation { conversation: conversation.clone(), of_session: false })
+    }
+
+    /// Mints the credential of an in-game agent session, whose conversation the session holds: a request that
+    /// presents it never opens or reopens that conversation (one that passed the check just before the session
+    /// ended is refused, rather than reopening it behind the session's back).
+    pub(crate) fn mint_for_session(&self, conversation: &ConversationId) -> Result<String, super::McpConfigError> {
+        self.insert(BoundConversation { conversation: conversation.clone(), of_session: true })
+    }
+
+    fn insert(&self, bound: BoundConversation) -> Result<String, super::McpConfigError> {
         let token = generate_token()?;
-        self.tokens.lock().insert(Arc::from(token.as_str()), conversation.clone());
+        self.tokens.lock().insert(Arc::from(token.as_str()), bound);
         Ok(token)
     }
 
@@ -44,7 +61,7 @@ impl Credentials {
     }
 
     /// The conversation `token` belongs to, if it is live.
-    pub(crate) fn conversation_of(&self, token: &str) -> Option<ConversationId> {
+    pub(crate) fn conversation_of(&self, token: &str) -> Option<BoundConversation> {
         // A map lookup hashes the presented token: its timing says nothing about the live tokens' bytes.
         self.tokens.lock().get(token).cloned()
     }
@@ -64,7 +81,10 @@ mod tests {
         let credentials = Credentials::default();
         let chat = ConversationId::new("chat-1");
         let token = credentials.mint(&chat).unwrap();
-        assert_eq!(credentials.conversation_of(&token), Some(chat));
+        assert_eq!(
+            credentials.conversation_of(&token),
+            Some(BoundConversation { conversation: chat, of_session: false })
+        );
         credentials.revoke(&token);
         assert_eq!(credentials.conversation_of(&token), None);
         assert_eq!(credentials.live(), 0);

@@ -84,7 +84,7 @@ pub(crate) async fn limit_in_flight(State(limit): State<InFlightLimit>, request:
             // unknown tool is the server's JSON-RPC error to give, not BUSY.
             let name = params.and_then(|p| p.get("name")).and_then(Value::as_str).unwrap_or_default();
             let takes_a_place = name != BEGIN_CONVERSATION && limit.agent.is_registered(name);
-            let bound = parts.extensions.get::<BoundConversation>().map(|bound| &bound.0);
+            let bound = parts.extensions.get::<BoundConversation>().map(|bound| &bound.conversation);
             // A request of no conversation (sessionless, no handle, no client name) is one of its own: nothing
             // to limit yet. An unknown handle names nobody's conversation: the server refuses it.
             let conversation = conversation_id(bound, handle, session, client.as_deref());

@@ -123,8 +123,8 @@ pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Re
         }
         Some(token) if constant_time_eq(token.as_bytes(), bearer.token.as_bytes()) => return next.run(request).await,
         Some(token) => match bearer.credentials.conversation_of(token) {
-            Some(conversation) => {
-                request.extensions_mut().insert(BoundConversation(conversation));
+            Some(bound) => {
+                request.extensions_mut().insert(bound);
                 return next.run(request).await;
             }
             None => {

@@ -94,7 +94,9 @@ impl GameServer {
         let version = version.as_ref().map(|v| v.as_str());
         let sessionless = is_sessionless(version, context.meta.get(CLIENT_CAPABILITIES_META).is_some());
         let session = session_named(header, sessionless, |id| self.sessions.is_open(id));
-        let bound = parts.and_then(|p| p.extensions.get::<BoundConversation>()).map(|bound| &bound.0);
+        let bound = parts.and_then(|p| p.extensions.get::<BoundConversation>());
+        let of_session = bound.is_some_and(|bound| bound.of_session);
+        let bound = bound.map(|bound| &bound.conversation);
         let client = client_identity(sessionless, context.meta.get(CLIENT_INFO_META));
         let id = conversation_id(bound, handle.as_deref(), session, client.as_deref());
         if let (Some(session), Some(id), Some(_)) = (session, &id, &handle) {
@@ -104,7 +106,7 @@ impl GameServer {
         if let Some(client) = client.filter(|client| id.as_ref() == Some(&client_conversation(client))) {
             note_client(&self.agent, &self.clients, &client);
         }
-        Ok(Named { id, bound: bound.is_some() })
+        Ok(Named { id, bound: of_session })
     }
 }
 
@@ -120,7 +122,7 @@ fn note_client(agent: &AgentHandle, clients: &RecentNames, client: &str) {
     }
 }
 
-/// The conversation a request names, and whether its credential binds it (an in-game agent session's).
+/// The conversation a request names, and whether an in-game agent session's credential binds it.
 struct Named {
     id: Option<ConversationId>,
     bound: bool,

@@ -599,7 +599,7 @@ pub(crate) async fn bind_to_agent_sessions(
     let named = |headers: &axum::http::HeaderMap| {
         headers.get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok()).map(|id| SessionId::from(id.to_owned()))
     };
-    let bound = request.extensions().get::<BoundConversation>().map(|bound| bound.0.clone());
+    let bound = request.extensions().get::<BoundConversation>().map(|bound| bound.conversation.clone());
     let credential = super::security::presented_bearer(request.headers()).map(str::to_string);
     let asked = named(request.headers());
     let response = next.run(request).await;
@@ -989,7 +989,7 @@ mod tests {
         }
         let (handle, in_game) = (ConversationId::new("mcp-handle:h"), ConversationId::new("chat-1"));
         sessions.used("handled", &handle);
-        let credential = credentials.mint(&in_game).expect("a credential");
+        let credential = credentials.mint_for_session(&in_game).expect("a credential");
         sessions.bind(&agents, &in_game, &credential);
         let call = app.agent().conversation(handle.clone()).call("held", json!({}));
         app.run_until("the call is in its handler", |_| gate.arrived() == 1);
@@ -1023,7 +1023,7 @@ mod tests {
         let credentials = Credentials::default();
         let sessions = ConversationSessions::new(app.agent(), credentials.clone(), None);
         let in_game = ConversationId::new("chat-1");
-        let credential = credentials.mint(&in_game).expect("a credential");
+        let credential = credentials.mint_for_session(&in_game).expect("a credential");
         let now = Instant::now();
         let long_ago = now.checked_sub(ROOM_GRACE * 4).expect("this machine has been up for two minutes");
         let ids: Vec<SessionId> = (0..=BOUND_KEPT + 1).map(|n| SessionId::from(format!("s{n}"))).collect();

@@ -217,7 +217,8 @@ impl SessionHost {
         match (server, id) {}
         #[cfg(feature = "mcp")]
         {
-            let credential = server.credentials().mint(id).map_err(|error| ToolError::internal(error.to_string()))?;
+            let credential =
+                server.credentials().mint_for_session(id).map_err(|error| ToolError::internal(error.to_string()))?;
             Ok(Ok(McpEndpoint { url: server.url().to_string(), credential }))
         }
     }
