@@ -883,6 +883,36 @@ fn h12_an_older_version_asked_without_a_session_after_discovery_is_its_clients_c
     game.stop();
 }
 
+/// A 2026-07-28 `tools/call` of `tool` (no session), presenting `bearer`: its result.
+fn sessionless_call(server: &McpServer, bearer: &str, id: u32, tool: &str, arguments: Value) -> Value {
+    let meta = json!({ "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": { "name": "outside", "version": "1" } });
+    let params = json!({ "name": tool, "arguments": arguments, "_meta": meta });
+    let body = json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params }).to_string();
+    let headers = [
+        ("Authorization", bearer),
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/call"),
+        ("Mcp-Name", tool),
+    ];
+    let (status, response) = raw(server, &headers, &body);
+    assert_eq!(status, 200, "{response}");
+    answer_of(&response)["result"].clone()
+}
+
+#[test]
+fn begin_conversation_mints_a_handle_whatever_handle_the_request_carries() {
+    // The server's instructions say to send the handle in every call: a client whose handle was forgotten (or
+    // never minted) that sends it to `begin_conversation` too must still get a new one.
+    let (game, server) = game(Arc::default(), Gate::new());
+    let bearer = format!("Bearer {TOKEN}");
+    let minted = sessionless_call(&server, &bearer, 1, "begin_conversation", json!({ "conversation": "cv-made-up" }));
+    let handle = minted["structuredContent"]["conversation"].as_str().unwrap_or_default();
+    assert!(handle.starts_with("cv-") && handle != "cv-made-up", "{minted}");
+    game.stop();
+}
+
 #[test]
 fn a_credential_the_game_mints_opens_its_conversation_and_reopens_it_after_it_ended() {
     // A credential the game gives an outside tool of its own (`Credentials::mint`), for a conversation it never
@@ -890,25 +920,7 @@ fn a_credential_the_game_mints_opens_its_conversation_and_reopens_it_after_it_en
     let (game, server) = game(Arc::default(), Gate::new());
     let external = ConversationId::new("external-tool");
     let bearer = format!("Bearer {}", server.credentials().mint(&external).expect("minted"));
-    let meta = json!({ "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {},
-        "io.modelcontextprotocol/clientInfo": { "name": "outside", "version": "1" } });
-    let call = |id: u32| {
-        let params = json!({ "name": "bump", "arguments": { "by": 1 }, "_meta": meta });
-        let body = json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params }).to_string();
-        let (status, response) = raw(
-            &server,
-            &[
-                ("Authorization", bearer.as_str()),
-                ("MCP-Protocol-Version", "2026-07-28"),
-                ("Mcp-Method", "tools/call"),
-                ("Mcp-Name", "bump"),
-            ],
-            &body,
-        );
-        assert_eq!(status, 200, "{response}");
-        answer_of(&response)["result"].clone()
-    };
+    let call = |id: u32| sessionless_call(&server, &bearer, id, "bump", json!({ "by": 1 }));
     let first = call(1);
     assert_eq!(first["isError"], false, "{first}");
     assert!(game.agent().conversation_status(&external).is_some(), "the credential's conversation");

@@ -241,10 +241,8 @@ impl ServerHandler for GameServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let mut arguments = request.arguments.unwrap_or_default();
-        let named = match self.conversation(&mut arguments, &context) {
-            Ok(named) => named,
-            Err(error) => return Ok(error_result(&error).into()),
-        };
+        // Minting one names none: a handle sent along (the server's instructions say to send it in every call) is
+        // not checked, or a client whose handle was forgotten could never get a new one.
         if request.name == BEGIN_CONVERSATION {
             let running = |old: &str| {
                 let status = self.agent.conversation_status(&handle_conversation(old));
@@ -265,6 +263,10 @@ impl ServerHandler for GameServer {
                 Err(error) => error_result(&error).into(),
             });
         }
+        let named = match self.conversation(&mut arguments, &context) {
+            Ok(named) => named,
+            Err(error) => return Ok(error_result(&error).into()),
+        };
         // A sessionless request without a handle or a client name: a conversation of its own, ended with it.
         let anonymous = named.id.is_none();
         let id = named.id.unwrap_or_else(|| {
