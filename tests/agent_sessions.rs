@@ -1694,6 +1694,28 @@ fn the_players_text_reaches_the_agent_as_one_block_word_for_word_and_the_system_
 }
 
 #[test]
+fn the_games_instructions_go_again_until_a_turn_that_carried_them_ended() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let text = "blocks please";
+    let blocks = |session: &AgentSession| -> Vec<String> {
+        let turn = game.block_on(session.send_text(text)).expect("the turn ends");
+        serde_json::from_str(&turn.final_message.expect("a reply")).expect("a JSON array")
+    };
+    let instructed = vec!["[Instructions from the game]\nBe brief.".to_string(), text.to_string()];
+    // The agent takes no system prompt and crashes in the first turn, which carried the instructions: the
+    // re-attached session still has not had them.
+    let session = game.create(agent(&dirs, &["--no-system-prompt"]).system_prompt("Be brief.")).expect("starts");
+    assert!(game.block_on(session.send_text("crash")).is_err());
+    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    assert_eq!(blocks(&session), instructed, "sent again: the turn that carried them never ended");
+    assert_eq!(blocks(&session), vec![text.to_string()], "and then not again");
+    assert!(game.block_on(session.send_text("crash")).is_err());
+    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    assert_eq!(blocks(&session), vec![text.to_string()], "a re-attached session that had them is not sent them again");
+}
+
+#[test]
 fn resume_reattaches_with_session_load_where_that_is_all_the_agent_offers_and_says_so_when_it_cannot() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

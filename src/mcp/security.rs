@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 
 use rmcp::transport::streamable_http_server::StreamableHttpService;
 
-use super::credentials::{BoundConversation, Credentials};
+use super::credentials::Credentials;
 use super::server::GameServer;
 use super::sessions::ConversationSessions;
 
@@ -113,7 +113,7 @@ impl RebindingCheck {
 
 /// Requires `Authorization: Bearer <token>` (the scheme is case-insensitive, as in HTTP): the game's token, or a
 /// live per-conversation credential, whose conversation is then put in the request's extensions
-/// ([`BoundConversation`]). 401 with a JSON body that says why otherwise. The game's token is compared in
+/// ([`BoundConversation`](super::credentials::BoundConversation)). 401 with a JSON body that says why otherwise. The game's token is compared in
 /// constant time.
 pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Request, next: Next) -> Response {
     let reason = match presented_bearer(request.headers()) {

@@ -78,7 +78,11 @@ impl SessionConfig {
         self
     }
 
-    /// The agent's system prompt.
+    /// The agent's system prompt: the game's instructions. An agent that takes a system prompt (ACP's
+    /// `sessionCapabilities.systemPrompt`; every OpenAI-compatible endpoint) gets it as one; another gets it as a
+    /// block `[Instructions from the game]` at the start of the session's first turn, sent again with the next
+    /// turn until a turn that carried it ended (one refused, or cut short by the agent's crash, did not deliver it;
+    /// the session's record keeps this across restarts).
     pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
         self.system_prompt = Some(prompt.into());
         self

@@ -43,6 +43,9 @@ struct Turn {
     cancelled: bool,
     /// The last completed message of the turn.
     last_message: Option<String>,
+    /// It carries the game's instructions (an agent that takes no system prompt): they reached the agent once it
+    /// ended.
+    carries_instructions: bool,
 }
 
 /// The message being streamed.
@@ -96,8 +99,11 @@ struct State {
     /// takes it up from its record. Its message ids carry it, so they never repeat across runs.
     run: u64,
     usage: Option<Usage>,
-    /// Whether the system prompt still has to go with the next turn (backends without a system prompt).
-    system_prompt_pending: bool,
+    /// Whether the game's instructions (its system prompt) have yet to reach the agent, and so go with the next
+    /// turn (an agent that takes no system prompt): until a turn that carried them ended, through re-attaches and
+    /// (in the record) restarts; a turn refused or failed, or a session ended before its first turn, did not
+    /// deliver them.
+    instructions_owed: bool,
     /// The connection a failure stopped, which may still be writing what the game keeps of the session (an
     /// OpenAI-compatible session's history): the next connect, and an end, wait until it [settled](Link::settled).
     stopped: Option<Arc<dyn Link>>,
@@ -164,7 +170,7 @@ impl SessionCore {
                 messages: 0,
                 run: 0,
                 usage: None,
-                system_prompt_pending: false,
+                instructions_owed: false,
                 stopped: None,
                 exited_while_connecting: None,
                 starting: None,
@@ -224,12 +230,16 @@ impl SessionCore {
         self.state.lock().backend_session = backend_session;
     }
 
-    /// Takes the session up in this run, from its record (`ended`, `runs` as it says): this run's number is
-    /// written to the record before the session can say anything, so that a message id of this run is never one
-    /// of an earlier run, even one that stopped without a word (a crash).
-    pub(crate) async fn take_up(&self, runs: u64, ended: bool) {
-        self.state.lock().run = runs.saturating_add(1);
-        self.save_record(ended).await;
+    /// Takes the session up in this run, from its record (`ended`, `runs`, `instructions_owed` as it says): this
+    /// run's number is written to the record before the session can say anything, so that a message id of this run
+    /// is never one of an earlier run, even one that stopped without a word (a crash).
+    pub(crate) async fn take_up(&self, record: &Record) {
+        {
+            let mut state = self.state.lock();
+            state.run = record.runs.saturating_add(1);
+            state.instructions_owed = record.instructions_owed;
+        }
+        self.save_record(record.ended).await;
     }
 
     /// Starts the agent and opens (or re-attaches, with `resume`) the backend session, under a new credential
@@ -286,10 +296,13 @@ impl SessionCore {
                 if let Some(old) = std::mem::replace(&mut state.credential, minted.credential.take()) {
                     self.host.revoke(&old);
                 }
-                // A re-attached session has had its instructions; a new one gets them with its first turn
-                // where the agent took no system prompt.
-                let fresh = matches!(attached, Attached::New | Attached::Replaced);
-                state.system_prompt_pending = fresh && self.config.system_prompt.is_some() && !system_prompt_sent;
+                // An agent that took them as its system prompt has them; a new agent session gets them with its
+                // first turn; a re-attached one, if they never reached it.
+                if system_prompt_sent {
+                    state.instructions_owed = false;
+                } else if matches!(attached, Attached::New | Attached::Replaced) {
+                    state.instructions_owed = self.config.system_prompt.is_some();
+                }
                 state.phase = Phase::Live;
                 None
             };
@@ -395,14 +408,13 @@ impl SessionCore {
             self.host.publish(&self.id, feed, None, StatusSource::Host);
             state.turns += 1;
             let number = state.turns;
-            state.turn = Some(Turn { number, reply, cancelled: false, last_message: None });
             let mut blocks = Vec::new();
-            if state.system_prompt_pending {
-                state.system_prompt_pending = false;
-                if let Some(prompt) = &self.config.system_prompt {
-                    blocks.push(PromptBlock::Text(format!("[Instructions from the game]\n{prompt}")));
-                }
+            let instructions = self.config.system_prompt.as_ref().filter(|_| state.instructions_owed);
+            if let Some(prompt) = instructions {
+                blocks.push(PromptBlock::Text(format!("[Instructions from the game]\n{prompt}")));
             }
+            let carries_instructions = instructions.is_some();
+            state.turn = Some(Turn { number, reply, cancelled: false, last_message: None, carries_instructions });
             blocks.push(PromptBlock::Text(text));
             if let Some(context) = context {
                 blocks.push(PromptBlock::Text(format!(
@@ -533,6 +545,9 @@ impl SessionCore {
                         self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
                         self.finish_message(&mut state, &mut feed);
                         ended_turn = state.turn.take().map(|turn| (turn, Ok(stop)));
+                        if ended_turn.as_ref().is_some_and(|(turn, _)| turn.carries_instructions) {
+                            state.instructions_owed = false;
+                        }
                         self.end_cancel_suspension();
                     }
                 }
@@ -720,13 +735,20 @@ impl SessionCore {
     }
 
     async fn save_record(&self, ended: bool) {
-        let (backend_session, runs) = {
+        let (backend_session, runs, instructions_owed) = {
             let state = self.state.lock();
-            (state.backend_session.clone(), state.run)
+            (state.backend_session.clone(), state.run, state.instructions_owed)
         };
         let owner = Some(super::runs::this_run());
-        let record =
-            Record { id: self.id.to_string(), config: self.config.clone(), backend_session, ended, runs, owner };
+        let record = Record {
+            id: self.id.to_string(),
+            config: self.config.clone(),
+            backend_session,
+            ended,
+            runs,
+            owner,
+            instructions_owed,
+        };
         self.host.records.save(record).await;
     }
 

@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use super::backend::{Attached, Usage};
 use super::core::{Phase, SessionCore};
 use super::record::not_found;
+use super::record::Record;
 use super::{SessionConfig, SessionHost, TurnEnd};
 use crate::conversation::ConversationStatus;
 use crate::error::{ErrorCode, ToolError};
@@ -163,7 +164,7 @@ impl AgentSessions {
         let phase = if record.ended { Phase::Ended } else { Phase::Live };
         let core = SessionCore::new(id.clone(), record.config.clone(), self.host.clone(), phase);
         core.set_backend_session(record.backend_session.clone());
-        core.take_up(record.runs, record.ended).await;
+        core.take_up(&record).await;
         self.host.agent.host().conversations.restore_held(&id, record.ended);
         let unkept = Unkept { host: &self.host, core: &core, new: false };
         if !record.ended {
@@ -506,8 +507,8 @@ impl AgentSession {
                 // Another copy may have run it since (its agent session replaced, its runs counted): taken up
                 // again from its record, so its message ids stay unique and its agent session is the latest.
                 let record = this.sessions.host.records.load(this.core.id.as_str()).await?;
-                this.core.set_backend_session(record.backend_session);
-                this.core.take_up(record.runs, true).await;
+                this.core.set_backend_session(record.backend_session.clone());
+                this.core.take_up(&Record { ended: true, ..record }).await;
             }
             let attached = this.core.resume().await?;
             holding.keep();

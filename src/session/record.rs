@@ -31,6 +31,10 @@ pub(crate) struct Record {
     /// ended session lets its folder's lock go, and its game may still resume it).
     #[serde(default)]
     pub owner: Option<Owner>,
+    /// The game's instructions have yet to reach the agent (it takes no system prompt, and no turn that carried
+    /// them ended): they go with the session's next turn. A record without it: they had.
+    #[serde(default)]
+    pub instructions_owed: bool,
 }
 
 /// Where records live.
@@ -368,8 +372,15 @@ mod tests {
         ];
         for (id, owner) in owners {
             let folder = records.session_dir(id).expect("made");
-            let record =
-                Record { id: id.into(), config: config.clone(), backend_session: None, ended: true, runs: 0, owner };
+            let record = Record {
+                id: id.into(),
+                config: config.clone(),
+                backend_session: None,
+                ended: true,
+                runs: 0,
+                owner,
+                instructions_owed: false,
+            };
             write(&folder.join(FILE), &record).expect("written");
         }
         records.sweep_unkept();
