@@ -224,6 +224,36 @@ fn an_argument_no_shape_of_an_enum_has_is_invalid_input_naming_it_rather_than_dr
     assert_eq!(ran.load(Ordering::SeqCst), 2);
 }
 
+#[derive(Deserialize, JsonSchema)]
+struct Aim {
+    yaw: f32,
+}
+
+#[test]
+fn an_f32_argument_beyond_what_an_f32_holds_is_invalid_input_not_infinity() {
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let seen_by_tool = seen.clone();
+    let aim = AgentTool::new("aim", "Aims.", move |_: CallContext<Session>, args: Aim| {
+        seen_by_tool.lock().push(args.yaw);
+        async move { Ok(()) }
+    });
+    let mut app = app_with(TestGame::default(), vec![aim]);
+    app.enter_world("alpha");
+    for (yaw, keyword) in [(json!(1e39), "maximum"), (json!(-1e39), "minimum")] {
+        let call = app.agent().conversation("a").call("aim", json!({ "yaw": yaw }));
+        let error = app.run_until_resolved(&call).expect_err("refused");
+        assert_eq!(error.code, ErrorCode::InvalidInput);
+        assert_eq!(
+            (error.details.extra["field"].as_str(), error.details.extra["schema_keyword"].as_str()),
+            (Some("yaw"), Some(keyword))
+        );
+    }
+    let call = app.agent().conversation("a").call("aim", json!({ "yaw": 3.4e38 }));
+    app.run_until_resolved(&call).expect("an f32 holds it");
+    assert!(seen.lock().iter().all(|yaw| yaw.is_finite()), "the handler never saw infinity: {:?}", seen.lock());
+    assert_eq!(seen.lock().len(), 1);
+}
+
 #[test]
 fn a_tool_named_as_the_transports_own_is_refused_at_registration() {
     let app = app_with(TestGame::default(), vec![]);

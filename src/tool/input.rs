@@ -12,6 +12,7 @@ use crate::error::{ErrorCode, ToolError};
 /// `expectedVersion` would skip the version check it asks for).
 pub(crate) fn input_schema_of<T: JsonSchema>() -> Value {
     let mut schema = schemars::SchemaGenerator::default().into_root_schema_for::<T>().to_value();
+    bound_f32(&mut schema);
     publishable(&mut schema);
     close(&mut schema);
     schema
@@ -98,6 +99,24 @@ pub(crate) fn close(schema: &mut Value) {
 /// `minimum`/`maximum` where they matter.
 const RUST_FORMATS: &[&str] =
     &["int8", "int16", "int32", "int64", "int", "uint8", "uint16", "uint32", "uint64", "uint", "float", "double"];
+
+/// Gives every `f32` (schemars' `format: "float"`) the bounds of a finite `f32`, unless it has bounds of its own:
+/// serde reads a larger JSON number into an `f32` as infinity (`1e39 as f32`), which a handler would take into
+/// the game's state (a `Transform`, a save that JSON then cannot hold) where `INVALID_INPUT` belongs.
+fn bound_f32(schema: &mut Value) {
+    match schema {
+        Value::Object(object) => {
+            if object.get("format").and_then(Value::as_str) == Some("float") {
+                let largest = f64::from(f32::MAX);
+                object.entry("minimum").or_insert(Value::from(-largest));
+                object.entry("maximum").or_insert(Value::from(largest));
+            }
+            object.values_mut().for_each(bound_f32);
+        }
+        Value::Array(items) => items.iter_mut().for_each(bound_f32),
+        _ => {}
+    }
+}
 
 /// Cleans a derived schema for publication:
 ///
