@@ -142,7 +142,10 @@ impl<S: Send + Sync + 'static> CallContext<S> {
     /// (not cancelled, not timed out), that its visit is still the open visit, and (for `Location` scope) that the
     /// location revision is the one the call was admitted under. If any check fails `step` is dropped unrun and
     /// the error says why (`VISIT_ENDED`, `LOCATION_CHANGED`, `CANCELLED`, `TIMEOUT`). A panic in `step` ends
-    /// the call with `INTERNAL`; the game keeps running.
+    /// the call with `INTERNAL`; the game keeps running, and the session stays as the step left it: what the step
+    /// changed before it panicked stays changed, later steps see it and `close` saves it. Where a step makes
+    /// changes that only make sense together, compute first and change the session last (or in an order whose
+    /// every prefix is consistent).
     ///
     /// The step is queued when `on_client` is called, so steps run in the order they were asked for (FIFO, across
     /// frames when the per-frame budget runs out). Dropping the future does not unqueue the step; its result is
@@ -174,7 +177,8 @@ impl<S: Send + Sync + 'static> CallContext<S> {
     /// deadline not passed, same visit, and for `Location` scope the same location revision), so the steps stop
     /// when the call ends: the future then resolves with why (`CANCELLED`, `TIMEOUT`, `VISIT_ENDED`,
     /// `LOCATION_CHANGED`), and the step never runs again. It runs at most once per frame, in
-    /// [`AgentToolsSet::Pump`](crate::AgentToolsSet::Pump); a panic in it ends the call with `INTERNAL`. To
+    /// [`AgentToolsSet::Pump`](crate::AgentToolsSet::Pump); a panic in it ends the call with `INTERNAL` (and
+    /// leaves the session as it left it, as for [`on_client`](Self::on_client)). To
     /// report progress or record details from inside it, move a clone of the context into it.
     ///
     /// ```

@@ -7,7 +7,10 @@ use std::sync::{Arc, OnceLock};
 ///
 /// Empty until the load finishes; filled before the readiness completion resolves. The host runs no tool step
 /// on a session before its readiness completion resolved, so tools can rely on [`get`](Self::get) and
-/// [`get_mut`](Self::get_mut) returning `Some` (only `tick`, which also runs while loading, sees `None`).
+/// [`get_mut`](Self::get_mut) returning `Some`. What runs whether or not the world has loaded can see `None`:
+/// `tick` (every frame), `relocated` (a travel while the world loads), `close` (the player left before the load
+/// finished, or it failed) and the game's own `with_visit_session`. A panic there is not caught (`tick` and
+/// `relocated`): take `None` as "not loaded yet", never `unwrap` it.
 pub struct Loaded<T> {
     slot: Arc<OnceLock<T>>,
 }
