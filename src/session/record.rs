@@ -216,12 +216,28 @@ impl Records {
         let id = id.to_string();
         let read = self.runtime.spawn_blocking(move || crate::private::read(&path).map(|bytes| (bytes, path)));
         match read.await {
-            Ok(Ok((bytes, path))) => serde_json::from_slice(&bytes).map_err(|error| {
-                ToolError::with_code(
-                    ErrorCode::SessionNotFound,
-                    format!("the record of session `{id}` at {} is unreadable: {error}", path.display()),
-                )
-            }),
+            Ok(Ok((bytes, path))) => {
+                let record: Record = serde_json::from_slice(&bytes).map_err(|error| {
+                    ToolError::with_code(
+                        ErrorCode::SessionNotFound,
+                        format!("the record of session `{id}` at {} is unreadable: {error}", path.display()),
+                    )
+                })?;
+                // A folder copied or renamed: its record is another session's, whose agent session it would drive
+                // too.
+                if record.id != id {
+                    return Err(ToolError::with_code(
+                        ErrorCode::SessionNotFound,
+                        format!(
+                            "the record at {} is session `{}`'s, not `{id}`'s: not used",
+                            path.display(),
+                            record.id
+                        ),
+                    )
+                    .with_detail("session", id.as_str()));
+                }
+                Ok(record)
+            }
             Ok(Err(error)) if error.kind() == std::io::ErrorKind::NotFound => Err(not_found(&id)),
             // Someone else could have written it (and chosen the program it starts): not used.
             Ok(Err(error)) if error.kind() == std::io::ErrorKind::PermissionDenied => Err(ToolError::with_code(
@@ -292,7 +308,10 @@ fn check_id(id: &str) -> Result<(), ToolError> {
     if id.is_empty() {
         return Err(ToolError::invalid_input("session", "the session id is empty"));
     }
-    if id.len() > 64 || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+    // What the game makes (`chat-<hex>`): lower case only, so that on a file system that ignores case (macOS,
+    // Windows) no two ids name one folder, and the in-use locks, keyed by the id, see one session once.
+    let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_';
+    if id.len() > 64 || !id.chars().all(allowed) {
         return Err(not_found(id));
     }
     Ok(())
@@ -398,11 +417,38 @@ mod tests {
 
     #[test]
     fn ids_that_are_not_the_games_own_never_name_a_path() {
-        for id in ["../etc", "a/b", "..", "x y", &"z".repeat(65)] {
+        // Upper case too: on a file system that ignores case, `CHAT-AB12` would open `chat-ab12`'s folder as
+        // another session.
+        for id in ["../etc", "a/b", "..", "x y", &"z".repeat(65), "CHAT-AB12", "Chat-1"] {
             assert_eq!(check_id(id).unwrap_err().code, ErrorCode::SessionNotFound, "{id}");
         }
         assert_eq!(check_id("").unwrap_err().code, ErrorCode::InvalidInput);
         assert!(check_id("chat-0123abcd").is_ok());
+    }
+
+    #[test]
+    fn a_record_in_a_folder_of_another_sessions_id_is_not_used() {
+        // A session's folder copied or renamed: resumed under the new name, it would drive the other session's
+        // agent session too.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().expect("a runtime");
+        let records = Records::new(Some(dir.path().to_path_buf()), runtime.handle().clone());
+        let config = super::super::SessionConfig::acp("agent", ["--acp"]);
+        let record = |id: &str| Record {
+            id: id.into(),
+            config: config.clone(),
+            backend_session: Some("agent-session-1".into()),
+            ended: false,
+            runs: 0,
+            owner: None,
+            instructions_owed: false,
+        };
+        write(&records.session_dir("chat-a").expect("made").join(FILE), &record("chat-a")).expect("written");
+        write(&records.session_dir("chat-b").expect("made").join(FILE), &record("chat-a")).expect("written");
+        assert_eq!(runtime.block_on(records.load("chat-a")).expect("its own"), record("chat-a"));
+        let error = runtime.block_on(records.load("chat-b")).expect_err("another session's record");
+        assert_eq!(error.code, ErrorCode::SessionNotFound);
+        assert!(error.message.contains("is session `chat-a`'s, not `chat-b`'s"), "{}", error.message);
     }
 
     #[cfg(unix)]
