@@ -1565,6 +1565,11 @@ fn a_permission_prompt_of_a_session_that_ends_is_settled_withdrawn_before_its_en
     game.log.wait_for(&format!("settled {id} {request} withdrawn"));
     assert!(!game.sessions.answer_permission(request, true), "nobody waits for an answer any more");
     dirs.wait_no_agents(LIMIT);
+    // The end cancels the turn (`session/cancel`): ACP has every permission request pending then answered
+    // `cancelled`, not a rejection the player never made (which the agent would remember).
+    let backend = session.backend_session().expect("an agent session");
+    let verdict = std::fs::read_to_string(dirs.state.join(format!("{backend}.permission")));
+    assert_eq!(verdict.expect("the agent wrote what it was answered"), "cancelled");
 }
 
 #[test]

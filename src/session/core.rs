@@ -687,8 +687,10 @@ impl SessionCore {
             let mut feed = Vec::new();
             self.finish_message(&mut state, &mut feed);
             self.host.publish(&self.id, feed, None, StatusSource::Host);
-            // Before `Ended`: a prompt the player sees goes before its session does.
-            self.host.permissions.withdraw_all(&self.id, PermissionDecision::Deny);
+            // Before `Ended`: a prompt the player sees goes before its session does. The end cancels the turn the
+            // requests belong to (`stop_for_end`), and ACP has every request pending at a cancel answered
+            // `cancelled`: not a rejection the player never made, which the agent would remember.
+            self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
             // A turn under way stops now, not after the record is saved: no more model requests or tool calls.
             if let (Some(_), Some(link)) = (&state.turn, &state.link) {
                 link.stop_for_end();
