@@ -16,6 +16,7 @@ mod lifecycle;
 pub mod mcp;
 mod panic;
 pub mod persist;
+mod plain_file;
 mod plugin;
 #[cfg(any(feature = "mcp", feature = "openai"))]
 mod private;

@@ -90,7 +90,7 @@ pub(crate) fn write(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// saying why. A missing file is `NotFound`, as usual.
 #[cfg_attr(not(any(feature = "acp", feature = "openai")), allow(dead_code))]
 pub(crate) fn read(path: &Path) -> io::Result<Vec<u8>> {
-    let mut file = match open_plain(path)? {
+    let mut file = match crate::plain_file::open(path)? {
         Ok(file) => file,
         Err(why) => return Err(io::Error::new(io::ErrorKind::PermissionDenied, why)),
     };
@@ -105,30 +105,6 @@ pub(crate) fn read(path: &Path) -> io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
     io::Read::read_to_end(&mut file, &mut bytes)?;
     Ok(bytes)
-}
-
-/// Opens the file at `path` for reading if it is a plain file; `Ok(Err(why))` if something else is in its place:
-/// a link (not followed: it could point anywhere), a FIFO (whose open does not block here) or a device, a
-/// directory. A missing file is `NotFound`, as usual.
-pub(crate) fn open_plain(path: &Path) -> io::Result<Result<std::fs::File, String>> {
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    // Elsewhere a link is looked for first (Windows opens what a link points to).
-    let is_link = || std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_symlink());
-    if cfg!(not(unix)) && is_link() {
-        return Ok(Err(format!("{} is a link: not followed", path.display())));
-    }
-    let file = match options.open(path) {
-        Ok(file) => file,
-        Err(_) if is_link() => return Ok(Err(format!("{} is a link: not followed", path.display()))),
-        Err(error) => return Err(error),
-    };
-    if !file.metadata()?.is_file() {
-        return Ok(Err(format!("{} is not a plain file: not read", path.display())));
-    }
-    Ok(Ok(file))
 }
 
 /// What to do where the file system keeps no Unix permissions (everything looks open to everyone there).

@@ -45,6 +45,7 @@ impl Credentials {
     /// Mints the credential of an in-game agent session, whose conversation the session holds: a request that
     /// presents it never opens or reopens that conversation (one that passed the check just before the session
     /// ended is refused, rather than reopening it behind the session's back).
+    #[cfg_attr(not(any(feature = "acp", feature = "openai")), allow(dead_code))]
     pub(crate) fn mint_for_session(&self, conversation: &ConversationId) -> Result<String, super::McpConfigError> {
         self.insert(BoundConversation { conversation: conversation.clone(), of_session: true })
     }

@@ -154,7 +154,7 @@ impl WorldFiles {
         // A link is not followed, for the folder or its lock file: a world's folder from a save pack someone
         // shared could hold one pointing anywhere, and the lock file is truncated and the folder's temporary
         // files removed.
-        if is_link(&self.dir) {
+        if crate::plain_file::is_link(&self.dir) {
             return Err(self.error("opening the world directory", &self.dir, not_followed()));
         }
         let path = self.dir.join(LOCK_FILE);
@@ -163,8 +163,8 @@ impl WorldFiles {
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW | libc::O_NONBLOCK);
         let opened = match options.open(&path) {
-            Ok(_) if cfg!(not(unix)) && is_link(&path) => Err(not_followed()),
-            Err(_) if is_link(&path) => Err(not_followed()),
+            Ok(_) if cfg!(not(unix)) && crate::plain_file::is_link(&path) => Err(not_followed()),
+            Err(_) if crate::plain_file::is_link(&path) => Err(not_followed()),
             Ok(file) if !file.metadata().is_ok_and(|meta| meta.is_file()) => {
                 Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a plain file: not used"))
             }
@@ -428,10 +428,6 @@ impl WorldFiles {
     }
 }
 
-fn is_link(path: &Path) -> bool {
-    fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_symlink())
-}
-
 fn not_followed() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidInput, "a link: not followed (move what it points to here instead)")
 }
@@ -441,7 +437,7 @@ fn not_followed() -> std::io::Error {
 /// (`InvalidData`), as a bad file does: the previous save is tried, and the next save replaces it.
 fn read_save(path: &Path) -> std::io::Result<Vec<u8>> {
     let mut file =
-        crate::private::open_plain(path)?.map_err(|why| std::io::Error::new(std::io::ErrorKind::InvalidData, why))?;
+        crate::plain_file::open(path)?.map_err(|why| std::io::Error::new(std::io::ErrorKind::InvalidData, why))?;
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)?;
     Ok(bytes)
