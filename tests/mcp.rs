@@ -847,6 +847,51 @@ fn a_call_a_session_runs_in_a_handles_conversation_is_answered_when_the_game_end
     game.stop();
 }
 
+/// While a session is being closed (the game ended its own conversation) it waits for its calls in a handle's
+/// conversation; the client can still cancel one: a notification starts nothing, so it is not refused as a new
+/// request in a closing session is.
+#[test]
+fn a_call_a_closing_session_waits_for_can_still_be_cancelled_by_its_client() {
+    let gate = Gate::new();
+    let (game, server) = game(Arc::default(), gate.clone());
+    let agent = game.agent();
+    let mut events = agent.subscribe();
+    let url = server.url().to_string();
+    let parked = gate.clone();
+    let closing = server.clone();
+    let answer = runtime().block_on(async move {
+        let (client, _) = connect(&url, false).await;
+        client.call_tool(params("bump", json!({}))).await.expect("a call in the session's own conversation");
+        let own = next_call_started(&mut events).await;
+        let session = own.as_str().strip_prefix("mcp-session:").expect("the session's own").to_string();
+        let begun = client.call_tool(params("begin_conversation", json!({}))).await.expect("begun");
+        let handle = begun.structured_content.expect("structured")["conversation"].clone();
+        let request =
+            ClientRequest::CallToolRequest(CallToolRequest::new(params("gated", json!({ "conversation": handle }))));
+        let call =
+            client.peer().send_cancellable_request(request, PeerRequestOptions::no_options()).await.expect("sent");
+        tokio::time::timeout(Duration::from_secs(30), parked.arrivals(1)).await.expect("the call reached its tool");
+
+        agent.end_conversation(&own).expect("ended by the game");
+        let probe = closing.clone();
+        tokio::task::spawn_blocking(move || wait_until_session_refuses(&probe, &session))
+            .await
+            .expect("the session refuses new requests");
+        call.cancel(Some("the player pressed stop".into())).await.expect("the cancel is sent");
+        // The gate stays shut: only the cancel can end the call.
+        let finished = next_event(&mut events, |event| match event {
+            bevy_agent_tools::ConversationEvent::CallFinished(finished) if finished.tool == "gated" => Some(finished),
+            _ => None,
+        })
+        .await;
+        drop(client);
+        finished
+    });
+    assert_eq!(answer.code, Some(ErrorCode::Cancelled), "{answer:?}");
+    gate.open();
+    game.stop();
+}
+
 /// The JSON-RPC answer in a raw HTTP response: the body, or the `data:` of its server-sent event.
 fn answer_of(response: &str) -> Value {
     let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();

@@ -555,9 +555,11 @@ pub(crate) async fn refuse_spent_resumes(
     next.run(request).await
 }
 
-/// A request that starts something in a session being closed (a `POST`, or a `GET` that is no resume) is answered
-/// as for a closed session (404, as rmcp answers), so its client opens a new one. A resume (`Last-Event-ID`) is
-/// served: the close may be waiting to deliver that stream's answer. (A request that gets past this just as the
+/// A request that starts something in a session being closed (a `POST` of a JSON-RPC request, or a `GET` that is
+/// no resume) is answered as for a closed session (404, as rmcp answers), so its client opens a new one. A resume
+/// (`Last-Event-ID`) is served: the close may be waiting to deliver that stream's answer; so are a notification
+/// and a response, which start nothing: a client's `notifications/cancelled` for a call the close waits for
+/// still cancels it. (A request that gets past this just as the
 /// close is decided is refused by [`create_stream`](SessionManager::create_stream), which rmcp answers as a
 /// session error: 500.)
 pub(crate) async fn refuse_closing_sessions(
@@ -574,7 +576,8 @@ pub(crate) async fn refuse_closing_sessions(
 fn starts_in_closing_session(sessions: &ConversationSessions, request: &Request) -> bool {
     let header = |name: &str| request.headers().get(name).and_then(|value| value.to_str().ok());
     let starts = match *request.method() {
-        axum::http::Method::POST => true,
+        // The body was read (`parse::refuse_unparsable`): a request has an id and a method.
+        axum::http::Method::POST => request.extensions().get::<super::parse::JsonRpcRequestId>().is_some(),
         axum::http::Method::GET => header(HEADER_LAST_EVENT_ID).is_none(),
         _ => false,
     };
@@ -681,7 +684,13 @@ impl SessionManager for ConversationSessions {
         message: ClientJsonRpcMessage,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send {
         self.seen(id);
-        let refused = self.takes_requests(id);
+        // A notification or a response starts nothing: a session being closed still takes them (a client's
+        // cancel of a call the close waits for).
+        let refused = match message {
+            rmcp::model::JsonRpcMessage::Request(_) => self.takes_requests(id),
+            _ if self.open.lock().contains_key(id) => Ok(()),
+            _ => Err(LocalSessionManagerError::SessionNotFound(id.clone())),
+        };
         async move {
             refused?;
             self.inner.accept_message(id, message).await
@@ -782,7 +791,15 @@ mod tests {
             }
             request.body(axum::body::Body::empty()).expect("a request")
         };
-        assert!(starts_in_closing_session(&sessions, &request("POST", &silent, None)), "404 for a new request");
+        // A POST of a JSON-RPC request: its body was read, and its id noted.
+        let mut new_request = request("POST", &silent, None);
+        let noted = super::super::parse::JsonRpcRequestId { id: json!(3), method: "tools/call".into() };
+        new_request.extensions_mut().insert(noted);
+        assert!(starts_in_closing_session(&sessions, &new_request), "404 for a new request");
+        assert!(
+            !starts_in_closing_session(&sessions, &request("POST", &silent, None)),
+            "a notification starts nothing"
+        );
         assert!(starts_in_closing_session(&sessions, &request("GET", &silent, None)), "and for a new GET stream");
         assert!(!starts_in_closing_session(&sessions, &request("GET", &silent, Some("0/1"))), "a resume is served");
         assert!(!starts_in_closing_session(&sessions, &request("POST", &running, None)), "the other takes requests");
@@ -792,6 +809,10 @@ mod tests {
         assert!(matches!(started, Ok(Err(LocalSessionManagerError::SessionNotFound(_)))), "refused at once");
         let accepted = runtime.block_on(sessions.accept_message(&silent, call(3)));
         assert!(matches!(accepted, Err(LocalSessionManagerError::SessionNotFound(_))));
+        let cancel = json!({ "jsonrpc": "2.0", "method": "notifications/cancelled", "params": { "requestId": 1 } });
+        let cancel = serde_json::from_value(cancel).expect("a notification");
+        let accepted = runtime.block_on(sessions.accept_message(&silent, cancel));
+        assert!(accepted.is_ok(), "a notification starts nothing: {accepted:?}");
 
         // The request on its way goes away (its HTTP exchange dropped) before its stream started.
         assert_eq!(sessions.open.lock().get(&running).expect("tracked").requests, 1);
