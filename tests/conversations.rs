@@ -343,6 +343,25 @@ fn waits_for_its_tool(app: &mut App, conversations: &[&str]) {
     });
 }
 
+#[test]
+fn an_ended_conversation_someone_subscribes_to_is_not_forgotten_with_the_oldest_ended_ones() {
+    let app = headless_app(AgentToolsPlugin::new(TestGame::default()));
+    let agent = app.agent();
+    let watched = agent.conversation("watched");
+    let (_, mut events) = watched.subscribe().expect("subscribed");
+    watched.end().expect("ended");
+    // More ended conversations than the host keeps: the oldest ended are forgotten.
+    for n in 0..1100 {
+        agent.conversation(format!("passing-{n}")).end().expect("ended");
+    }
+    assert_eq!(agent.conversation_status(&"passing-0".into()), None, "the oldest ended one was forgotten");
+    events.drain();
+    // It comes back: its subscriber hears of it (forgotten, the subscription would have ended with nothing).
+    agent.conversation("watched");
+    let statuses: Vec<_> = events.drain().iter().filter_map(|event| event.as_status().map(|s| s.status)).collect();
+    assert_eq!(statuses, [S::Idle], "Ended → Idle, seen by its subscriber");
+}
+
 fn late_tool_app(game: TestGame, wait: Option<Duration>) -> App {
     let mut plugin = AgentToolsPlugin::new(game);
     if let Some(wait) = wait {

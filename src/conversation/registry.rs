@@ -748,13 +748,16 @@ impl ConversationHub {
     }
 
     /// Keeps at most [`ENDED_KEPT`] ended conversations, forgetting the longest ended first. The game's own (an
-    /// in-game agent session's, which can be resumed) are kept until the game forgets the session.
+    /// in-game agent session's, which can be resumed) are kept until the game forgets the session, and so is one
+    /// someone still subscribes to (a HUD waiting for it to come back): forgetting it would end the subscription
+    /// as if the host were gone. Subscriptions are the game's own objects, so these are as few as it keeps.
     fn forget_old_ended(&self) {
         let mut inner = self.inner.lock();
         let mut ended: Vec<(Instant, ConversationId)> = inner
             .conversations
             .iter()
             .filter(|(_, entry)| !entry.held)
+            .filter(|(_, entry)| entry.subscribers.iter().all(|subscriber| subscriber.is_closed()))
             .filter_map(|(id, entry)| entry.ended_at.map(|at| (at, id.clone())))
             .collect();
         if ended.len() <= ENDED_KEPT {
