@@ -250,6 +250,14 @@ impl ConversationHub {
         self.inner.lock().conversations.get(id).map(|entry| entry.status)
     }
 
+    /// Whether `id` has calls in flight (executing or waiting for their tool), or its agent reported it waits for a
+    /// tool result: what its status says only while it is not `Error` (which a game's `report_error` sets, and
+    /// which wins over a call in flight).
+    pub(crate) fn waits_for_tools(&self, id: &ConversationId) -> bool {
+        let inner = self.inner.lock();
+        inner.conversations.get(id).is_some_and(|entry| entry.facts.calls > 0 || entry.facts.agent_waiting)
+    }
+
     /// The explicit `Ended → Idle` of [`Conversation::resume`](crate::Conversation::resume).
     pub(crate) fn reactivate(&self, id: &ConversationId) -> Result<(), ToolError> {
         let mut inner = self.inner.lock();

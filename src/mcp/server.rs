@@ -25,7 +25,6 @@ use super::recent::RecentNames;
 use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
 use crate::call::{CallOutcome, CallRequest, Progress, ProgressSink};
-use crate::conversation::ConversationStatus;
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
 use crate::tool::{take_images, ToolInfo};
@@ -113,9 +112,7 @@ impl GameServer {
 /// Notes a request of sessionless client `client`: the conversation of the client used longest ago beyond the
 /// number kept ends (it reopens if that client comes back), unless it has calls in flight.
 fn note_client(agent: &AgentHandle, clients: &RecentNames, client: &str) {
-    let running = |client: &str| {
-        agent.conversation_status(&client_conversation(client)) == Some(ConversationStatus::WaitingToolResult)
-    };
+    let running = |client: &str| agent.host().conversations.waits_for_tools(&client_conversation(client));
     if let Some(forgotten) = clients.used(client, |old| !running(old)) {
         // A call of it admitted since it was chosen is not cancelled: it ends when that call finishes.
         agent.host().conversations.end_once_idle(&client_conversation(&forgotten));
@@ -244,10 +241,7 @@ impl ServerHandler for GameServer {
         // Minting one names none: a handle sent along (the server's instructions say to send it in every call) is
         // not checked, or a client whose handle was forgotten could never get a new one.
         if request.name == BEGIN_CONVERSATION {
-            let running = |old: &str| {
-                let status = self.agent.conversation_status(&handle_conversation(old));
-                status == Some(ConversationStatus::WaitingToolResult)
-            };
+            let running = |old: &str| self.agent.host().conversations.waits_for_tools(&handle_conversation(old));
             return Ok(match self.handles.mint(|old| !running(old)) {
                 Ok((handle, forgotten)) => {
                     if let Some(old) = forgotten {
@@ -447,8 +441,10 @@ mod tests {
         assert_eq!(status("b/1"), Some(ConversationStatus::Idle));
 
         agent.host().conversations.host_sets(&client_conversation("b/1"), ConversationStatus::WaitingToolResult);
+        // The game's `report_error` makes its status `Error`, which wins over a call in flight: still kept.
+        agent.host().conversations.host_sets(&client_conversation("b/1"), ConversationStatus::Error);
         open("c/1");
-        assert_eq!(status("b/1"), Some(ConversationStatus::WaitingToolResult), "a call of it runs: kept");
+        assert_eq!(status("b/1"), Some(ConversationStatus::Error), "a call of it runs: kept");
         assert_eq!(status("c/1"), Some(ConversationStatus::Idle));
     }
 }

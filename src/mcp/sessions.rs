@@ -382,9 +382,7 @@ impl ConversationSessions {
     /// another session's call started, same task and operation id, is a call in flight of its conversation too:
     /// ending the session would cancel the work it waits for.)
     fn has_calls_in_flight(&self, tracked: &Tracked) -> bool {
-        let waiting = |conversation: &ConversationId| {
-            self.agent.conversation_status(conversation) == Some(ConversationStatus::WaitingToolResult)
-        };
+        let waiting = |conversation: &ConversationId| self.agent.host().conversations.waits_for_tools(conversation);
         waiting(&tracked.conversation) || tracked.used.iter().any(waiting)
     }
 
