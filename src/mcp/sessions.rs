@@ -142,6 +142,15 @@ const USED_KEPT: usize = 8;
 /// as after an expiry). A client that opens a session per call and never deletes it is the usual cause.
 pub(crate) const MAX_SESSIONS: usize = 1_000;
 
+/// Sessions open at once at which a new one is refused (503 with `Retry-After`): past [`MAX_SESSIONS`] a new one
+/// ends an idle one, but sessions in use (heard from within [`ROOM_GRACE`], listening, running calls) are never
+/// ended for it, so a client opening sessions in a loop would otherwise grow them without bound.
+pub(crate) const SESSION_CEILING: usize = 2 * MAX_SESSIONS;
+
+/// How long a client refused a new session at [`SESSION_CEILING`] is asked to wait: about as long as it takes
+/// sessions to become idle enough to make room.
+const CEILING_RETRY_SECS: &str = "5";
+
 /// Sessions bound to one in-game agent session's credential kept open at once (see
 /// [`ConversationSessions::bind`]).
 pub(crate) const BOUND_KEPT: usize = 8;
@@ -568,7 +577,19 @@ pub(crate) async fn refuse_closing_sessions(
     if starts_in_closing_session(&sessions, &request) {
         return (axum::http::StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
     }
+    if opens_a_session_past_the_ceiling(&sessions, &request) {
+        let why = format!("Service Unavailable: {SESSION_CEILING} MCP sessions are open and in use; try again later");
+        let retry = [(axum::http::header::RETRY_AFTER, CEILING_RETRY_SECS)];
+        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, retry, why).into_response();
+    }
     next.run(request).await
+}
+
+/// Whether `request` is an `initialize` (a new session) while [`SESSION_CEILING`] sessions are open.
+fn opens_a_session_past_the_ceiling(sessions: &ConversationSessions, request: &Request) -> bool {
+    let initialize =
+        request.extensions().get::<super::parse::JsonRpcRequestId>().is_some_and(|r| r.method == "initialize");
+    initialize && !request.headers().contains_key(HEADER_SESSION_ID) && sessions.open.lock().len() >= SESSION_CEILING
 }
 
 fn starts_in_closing_session(sessions: &ConversationSessions, request: &Request) -> bool {
@@ -751,6 +772,37 @@ mod tests {
         let mut app = headless_app(AgentToolsPlugin::new(CounterGame).with_tool(held));
         app.enter_world("alpha");
         (app, gate)
+    }
+
+    #[test]
+    fn a_new_session_is_refused_while_the_ceiling_of_sessions_in_use_is_open() {
+        let (app, _gate) = held_at_a_gate();
+        let sessions = ConversationSessions::new(app.agent(), Credentials::default(), None);
+        let runtime = app.agent().runtime().clone();
+        let initialize = |session: Option<&SessionId>| {
+            let mut request = Request::builder().method("POST");
+            if let Some(id) = session {
+                request = request.header(HEADER_SESSION_ID, id.as_ref());
+            }
+            let mut request = request.body(axum::body::Body::empty()).expect("a request");
+            let noted = super::super::parse::JsonRpcRequestId { id: json!(1), method: "initialize".into() };
+            request.extensions_mut().insert(noted);
+            request
+        };
+        // Sessions all heard from just now: none makes room for another.
+        let mut kept = Vec::new();
+        for _ in 0..SESSION_CEILING - 1 {
+            kept.push(runtime.block_on(sessions.create_session()).expect("a session"));
+        }
+        assert!(!opens_a_session_past_the_ceiling(&sessions, &initialize(None)), "one more may open");
+        kept.push(runtime.block_on(sessions.create_session()).expect("a session"));
+        assert!(opens_a_session_past_the_ceiling(&sessions, &initialize(None)), "none past the ceiling");
+        assert!(
+            !opens_a_session_past_the_ceiling(&sessions, &initialize(Some(&kept[0].0))),
+            "an open one's requests go on"
+        );
+        runtime.block_on(sessions.close_session(&kept[0].0)).expect("closed");
+        assert!(!opens_a_session_past_the_ceiling(&sessions, &initialize(None)), "room again");
     }
 
     #[test]
