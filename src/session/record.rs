@@ -45,8 +45,9 @@ pub(crate) struct Records {
     private_root: Option<PathBuf>,
     runtime: tokio::runtime::Handle,
     /// New sessions given up on after they connected (their `create` dropped while their first record was
-    /// being written): a write of theirs still under way is dropped, not left as a folder nobody knows. Its lock
-    /// is held by each record write and folder removal, so one never runs into the other.
+    /// being written), and sessions forgotten: a write of theirs still under way is dropped, not left as a folder
+    /// nobody knows (or a forgotten session brought back). Its lock is held by each record write and folder
+    /// removal, so one never runs into the other.
     abandoned: Arc<Mutex<HashSet<String>>>,
 }
 
@@ -172,15 +173,20 @@ impl Records {
     /// Deletes session `id`'s folder (`<data_dir>/<id>`: record, history, working directory), on a blocking
     /// thread: only a real folder that holds a record, or that a session of this run made (`of_this_run`), never
     /// anything else of the data dir (a game's own folder, a file, a link). `SESSION_NOT_FOUND` otherwise.
+    /// A record write still under way for it (a `resume` dropped while it wrote) waits for the removal and is then
+    /// dropped, as every later one is: a forgotten session never comes back.
     pub(crate) async fn forget(&self, id: &str, of_this_run: bool) -> Result<(), ToolError> {
         check_id(id)?;
         let dir = super::config::session_dir(&self.data_dir, id);
+        let (abandoned, id_owned) = (self.abandoned.clone(), id.to_string());
         let removed = self.runtime.spawn_blocking(move || {
+            let mut writes = abandoned.lock();
             let is_folder = std::fs::symlink_metadata(&dir).is_ok_and(|meta| meta.is_dir());
             let has_record = std::fs::symlink_metadata(dir.join(FILE)).is_ok_and(|meta| meta.is_file());
             if !is_folder || !(has_record || of_this_run) {
                 return Ok(false);
             }
+            writes.insert(id_owned);
             remove_folder(&dir).map(|()| true)
         });
         match removed.await.map_err(std::io::Error::other).and_then(|removed| removed) {
@@ -424,6 +430,28 @@ mod tests {
         }
         assert_eq!(check_id("").unwrap_err().code, ErrorCode::InvalidInput);
         assert!(check_id("chat-0123abcd").is_ok());
+    }
+
+    #[test]
+    fn a_record_written_after_its_session_was_forgotten_does_not_bring_it_back() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().expect("a runtime");
+        let records = Records::new(Some(dir.path().to_path_buf()), runtime.handle().clone());
+        let record = Record {
+            id: "chat-gone".into(),
+            config: super::super::SessionConfig::acp("agent", ["--acp"]),
+            backend_session: Some("agent-session-1".into()),
+            ended: true,
+            runs: 0,
+            owner: None,
+            instructions_owed: false,
+        };
+        runtime.block_on(records.save(record.clone()));
+        runtime.block_on(records.forget("chat-gone", false)).expect("forgotten");
+        // A write of a `resume` dropped while it ran, coming after the removal.
+        runtime.block_on(records.save(record));
+        assert!(!dir.path().join("chat-gone").exists(), "the folder is not made again");
+        assert_eq!(runtime.block_on(records.load("chat-gone")).unwrap_err().code, ErrorCode::SessionNotFound);
     }
 
     #[test]
