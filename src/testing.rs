@@ -109,7 +109,9 @@ pub fn headless_app<L: WorldLifecycle>(plugin: AgentToolsPlugin<L>) -> App {
     headless_app_with(plugin, ())
 }
 
-/// [`headless_app`] with more plugins added after it (a transport, the game's own), before finishing.
+/// [`headless_app`] with more plugins added after it (a transport, the game's own), before finishing. A game
+/// that follows its `States` passes Bevy's `StatesPlugin` and what initializes them, e.g.
+/// `(StatesPlugin, |app: &mut App| { app.init_state::<Screen>(); })`: set up before the plugin checks for them.
 pub fn headless_app_with<L: WorldLifecycle, M>(plugin: AgentToolsPlugin<L>, more: impl Plugins<M>) -> App {
     let mut app = App::new();
     app.add_plugins(MinimalPlugins).add_plugins(plugin).add_plugins(more);
