@@ -97,6 +97,22 @@ fn bounds_are_checked_and_name_the_field() {
 }
 
 #[test]
+fn bedrock_which_nothing_breaks_is_not_placed_by_a_tool() {
+    let data = tempfile::tempdir().expect("a data dir");
+    let mut app = sandbox(data.path());
+    app.enter_world("alpha");
+    for (tool, args) in [
+        ("place_block", json!({ "x": 3, "y": 100, "z": 3, "block": "bedrock" })),
+        ("build_tower", json!({ "x": 3, "z": 3, "height": 2, "block": "bedrock" })),
+    ] {
+        let error = err(call(&mut app, tool, args));
+        assert_eq!(error.code, bevy_agent_tools::ErrorCode::InvalidInput, "{tool}: {error}");
+        assert_eq!(error.details.extra["field"], "block", "{tool}: {error:?}");
+    }
+    assert!(!palette().placeable().any(|name| name == "bedrock"));
+}
+
+#[test]
 fn a_cell_version_increases_on_every_change_and_survives_a_save() {
     let palette = palette();
     let mut state = WorldState::generate("alpha", palette.clone());

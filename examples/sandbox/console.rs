@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Display;
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Write};
 use std::time::{Duration, Instant};
 
 use bevy::app::AppExit;
@@ -32,8 +32,16 @@ pub fn say(line: impl Display) {
     let _ = out.flush();
 }
 
-/// World names are the store's directory names: [`WorldStore::check_world`]'s rule (1 to 64 of `a-z 0-9 _ -`).
+/// The data directory's own entries besides worlds (see `main.rs`): no world may be named so.
+pub const NOT_WORLDS: [&str; 3] = ["agent-sessions", "mcp-token", "kept-session.json"];
+
+/// World names are the store's directory names: [`WorldStore::check_world`]'s rule (1 to 64 of `a-z 0-9 _ -`), and
+/// none of the data directory's other entries ([`NOT_WORLDS`]: a world `agent-sessions` would save into the in-game
+/// sessions' private folder).
 pub fn check_world_name(name: &str) -> Result<(), String> {
+    if NOT_WORLDS.contains(&name) {
+        return Err(format!("`{name}` is a name the sandbox uses for its own files: choose another world name"));
+    }
     bevy_agent_tools::persist::WorldStore::check_world(&bevy_agent_tools::WorldId::new(name))
         .map_err(|error| error.to_string())
 }
@@ -45,7 +53,42 @@ pub struct ConsolePlugin {
 
 enum Input {
     Line(String),
+    /// A line longer than [`LINE_LIMIT`] bytes: not read into memory, answered with an error line.
+    TooLong,
     End,
+}
+
+/// The longest console line read (a `say` of a long message fits many times over): input piped without a newline
+/// is not gathered into memory without end.
+const LINE_LIMIT: usize = 64 * 1024;
+
+/// Reads one line of at most [`LINE_LIMIT`] bytes into `line` (cleared first); the rest of a longer one is read
+/// past and dropped. `None` at the end of input.
+fn read_line(input: &mut impl BufRead, line: &mut Vec<u8>) -> Option<Input> {
+    line.clear();
+    match input.by_ref().take(LINE_LIMIT as u64 + 1).read_until(b'\n', line) {
+        Ok(0) | Err(_) => None,
+        Ok(_) if line.len() > LINE_LIMIT && line.last() != Some(&b'\n') => {
+            // Past the rest of it, a buffer's worth at a time.
+            loop {
+                let (done, used) = match input.fill_buf() {
+                    Ok([]) | Err(_) => (true, 0),
+                    Ok(buffer) => match buffer.iter().position(|&b| b == b'\n') {
+                        Some(end) => (true, end + 1),
+                        None => (false, buffer.len()),
+                    },
+                };
+                input.consume(used);
+                if done {
+                    return Some(Input::TooLong);
+                }
+            }
+        }
+        Ok(_) => {
+            let text = String::from_utf8_lossy(line);
+            Some(Input::Line(text.trim_end_matches(['\n', '\r']).to_string()))
+        }
+    }
 }
 
 #[derive(Resource)]
@@ -90,17 +133,9 @@ impl Plugin for ConsolePlugin {
             // error line), never taken for the end of input.
             let mut stdin = std::io::stdin().lock();
             let mut line = Vec::new();
-            loop {
-                line.clear();
-                match stdin.read_until(b'\n', &mut line) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
-                        let text = String::from_utf8_lossy(&line);
-                        let text = text.trim_end_matches(['\n', '\r']).to_string();
-                        if lines.send(Input::Line(text)).is_err() {
-                            return;
-                        }
-                    }
+            while let Some(input) = read_line(&mut stdin, &mut line) {
+                if lines.send(input).is_err() {
+                    return;
                 }
             }
             let _ = lines.send(Input::End);
@@ -286,6 +321,7 @@ fn read_command(
     let (binding, summary) = status_of;
     let line = match input.0.try_recv() {
         Ok(Input::Line(line)) => line,
+        Ok(Input::TooLong) => return say(format!("error: a line of more than {LINE_LIMIT} bytes: not read")),
         Ok(Input::End) | Err(TryRecvError::Disconnected) => {
             if chat.window.is_some() {
                 // Closing the window quits: one started without a terminal (a launcher, an IDE) stays open.
@@ -523,6 +559,34 @@ mod tests {
             from: info("", visit, "overworld", 0).location,
             to: info("", visit, to, 1).location,
         }
+    }
+
+    #[test]
+    fn no_world_is_named_as_the_data_directorys_own_entries() {
+        for name in NOT_WORLDS {
+            assert!(check_world_name(name).is_err(), "{name}");
+        }
+        assert!(check_world_name("agent-sessions-2").is_ok());
+    }
+
+    #[test]
+    fn a_console_line_past_the_limit_is_refused_without_being_gathered_and_the_next_line_is_read() {
+        let mut piped = vec![b'x'; LINE_LIMIT * 3];
+        piped.extend(b"\nstatus\r\nlast");
+        // A small buffer: the long line is read past a buffer at a time.
+        let mut input = std::io::BufReader::with_capacity(4096, piped.as_slice());
+        let mut line = Vec::new();
+        assert!(matches!(read_line(&mut input, &mut line), Some(Input::TooLong)));
+        assert!(line.len() <= LINE_LIMIT + 1, "at most the limit is held: {}", line.len());
+        assert!(matches!(read_line(&mut input, &mut line), Some(Input::Line(text)) if text == "status"));
+        assert!(matches!(read_line(&mut input, &mut line), Some(Input::Line(text)) if text == "last"));
+        assert!(read_line(&mut input, &mut line).is_none());
+        // A line of exactly the limit is a line.
+        let mut exact = vec![b'y'; LINE_LIMIT];
+        exact.push(b'\n');
+        assert!(
+            matches!(read_line(&mut exact.as_slice(), &mut line), Some(Input::Line(text)) if text.len() == LINE_LIMIT)
+        );
     }
 
     #[test]

@@ -55,7 +55,7 @@ pub(crate) fn player_in_the_way(pos: Pos) -> ToolError {
 }
 
 pub(crate) fn block_id(palette: &Palette, name: &str) -> Result<BlockId, ToolError> {
-    match palette.id(name).filter(|id| *id != AIR) {
+    match palette.id(name).filter(|_| palette.placeable().any(|placeable| placeable == name)) {
         Some(id) => Ok(id),
         None => {
             let names: Vec<&str> = palette.placeable().collect();

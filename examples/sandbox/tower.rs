@@ -23,7 +23,7 @@ struct TowerArgs {
     /// North–south, -256 to 255.
     #[schemars(range(min = -256, max = 255))]
     z: i32,
-    /// How many blocks to stack on the ground (1 to 64).
+    /// How many blocks to stack on the column's highest block (1 to 64).
     #[schemars(range(min = 1, max = 64))]
     height: u32,
     /// A block name from the palette.
@@ -46,7 +46,8 @@ pub fn build_tower(palette: Arc<Palette>) -> AgentTool<Visit> {
     let blocks: Vec<String> = palette.placeable().map(String::from).collect();
     AgentTool::new(
         "build_tower",
-        "Stacks `height` blocks on the ground at x, z (under water or lava, on the bottom: the tower rises \
+        "Stacks `height` blocks on the highest block of the column at x, z (under water or lava, on the bottom: \
+         the tower rises \
          through the liquid), one block per frame, reporting progress; a player standing there rides up on it. \
          Refused with BLOCKED (nothing placed; `room` in its details) when fewer than `height` blocks fit under \
          the first block above. Stops when the call ends (the player travels or leaves, or you cancel), or with \
@@ -70,6 +71,9 @@ async fn tower(ctx: CallContext<Visit>, args: TowerArgs, palette: Arc<Palette>) 
     // x, z and height are within the published schema's bounds: the host checked them before this ran.
     let (x, z, height) = (args.x, args.z, args.height);
     let block = block_id(&palette, &args.block)?;
+    // Said before any step: a travel, an exit or a cancel may end the call before the first block, or before the
+    // step that finds where it starts.
+    ctx.set_detail("placed", 0);
     let request = ctx.request_id().0;
     let report = TowerReport {
         request,
@@ -117,8 +121,6 @@ async fn tower(ctx: CallContext<Visit>, args: TowerArgs, palette: Arc<Palette>) 
     // One block per frame: the host runs the step once each frame, rechecking the call (a travel, an exit or a
     // cancel stops it before the next block) as it does every main-thread step.
     let placed = Arc::new(AtomicU32::new(0));
-    // Said before the first block too: a travel, an exit or a cancel may end the call before it.
-    ctx.set_detail("placed", 0);
     let (progress, counted, step_log) = (ctx.clone(), placed.clone(), log.clone());
     let built = ctx
         .every_frame(move |_world, visit| {

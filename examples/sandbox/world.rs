@@ -93,9 +93,10 @@ impl Palette {
         self.kind(id).solid
     }
 
-    /// Every block but air: what `place_block` and `build_tower` accept.
+    /// Every block but air, and but bedrock, which nothing breaks (a model's bedrock would stay in the world for
+    /// good): what `place_block` and `build_tower` accept.
     pub fn placeable(&self) -> impl Iterator<Item = &str> {
-        self.blocks.iter().skip(1).map(|b| b.name.as_str())
+        self.blocks.iter().skip(1).map(|b| b.name.as_str()).filter(|name| *name != "bedrock")
     }
 }
 
