@@ -1721,6 +1721,32 @@ fn the_games_instructions_go_again_until_a_turn_that_carried_them_ended() {
 }
 
 #[test]
+fn a_kept_session_that_had_the_games_instructions_is_not_sent_them_again_after_a_restart() {
+    let dirs = Dirs::new();
+    let text = "blocks please";
+    let blocks = |game: &Game, session: &AgentSession| -> Vec<String> {
+        let turn = game.block_on(session.send_text(text)).expect("the turn ends");
+        serde_json::from_str(&turn.final_message.expect("a reply")).expect("a JSON array")
+    };
+    let config = agent(&dirs, &["--no-system-prompt"]).system_prompt("Be brief.").auto_end_on_disconnect(false);
+    let (kept, owed) = {
+        let game = Game::start(&dirs);
+        let kept = game.create(config.clone()).expect("starts");
+        assert_eq!(blocks(&game, &kept)[0], "[Instructions from the game]\nBe brief.");
+        // Another, whose first turn never came: it still owes them after the restart.
+        let owed = game.create(config).expect("starts");
+        (kept.id().clone(), owed.id().clone())
+    };
+    dirs.wait_no_agents(LIMIT);
+
+    let game = Game::start(&dirs);
+    let kept = game.block_on(game.sessions.resume_session(kept)).expect("re-attached");
+    assert_eq!(blocks(&game, &kept), vec![text.to_string()], "had them before the restart: not sent again");
+    let owed = game.block_on(game.sessions.resume_session(owed)).expect("re-attached");
+    assert_eq!(blocks(&game, &owed), vec!["[Instructions from the game]\nBe brief.".to_string(), text.to_string()]);
+}
+
+#[test]
 fn resume_reattaches_with_session_load_where_that_is_all_the_agent_offers_and_says_so_when_it_cannot() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

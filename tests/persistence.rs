@@ -775,6 +775,7 @@ fn links_in_a_worlds_folder_are_not_followed_and_what_they_point_to_is_untouched
     assert_eq!(load(&world).unwrap(), Some(Progress { count: 1 }), "the previous save, not the other world's");
     store.save(&world, "progress", Progress { count: 3 }).wait().unwrap();
     assert!(!std::fs::symlink_metadata(&primary).unwrap().file_type().is_symlink(), "the link was replaced");
+    assert!(!primary.with_extension("json.unreadable-1").exists(), "not kept aside as a save the disk failed to read");
     assert_eq!(load(&world).unwrap(), Some(Progress { count: 3 }));
     assert_eq!(load(&other).unwrap(), Some(Progress { count: 99 }), "the other world's save is untouched");
 }
@@ -797,6 +798,7 @@ fn a_fifo_in_place_of_a_save_reads_as_damage_and_does_not_block_the_world() {
         runtime.block_on(async { tokio::time::timeout(DEADLINE, store.load::<Progress>(&world, "progress")).await });
     assert_eq!(loaded.expect("the load does not block").unwrap(), Some(Progress { count: 1 }));
     store.save(&world, "progress", Progress { count: 3 }).wait().unwrap();
+    assert!(!primary.with_extension("json.unreadable-1").exists(), "the FIFO is not kept aside");
     assert_eq!(runtime.block_on(store.load::<Progress>(&world, "progress")).unwrap(), Some(Progress { count: 3 }));
 }
 

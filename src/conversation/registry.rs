@@ -253,6 +253,7 @@ impl ConversationHub {
     /// Whether `id` has calls in flight (executing or waiting for their tool), or its agent reported it waits for a
     /// tool result: what its status says only while it is not `Error` (which a game's `report_error` sets, and
     /// which wins over a call in flight).
+    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
     pub(crate) fn waits_for_tools(&self, id: &ConversationId) -> bool {
         let inner = self.inner.lock();
         inner.conversations.get(id).is_some_and(|entry| entry.facts.calls > 0 || entry.facts.agent_waiting)

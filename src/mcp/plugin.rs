@@ -418,7 +418,9 @@ impl McpServer {
 
     /// The per-conversation credentials this server accepts besides its token: mint one for a conversation
     /// (every request presenting it is that conversation's), revoke it when the conversation ends. In-game agent
-    /// sessions get theirs this way.
+    /// sessions get theirs the same way. MCP sessions whose client presents a credential are kept as an agent's
+    /// are: they do not expire when idle and are not ended to make room for others, and at most 8 are kept per
+    /// credential (the longest silent idle one ends for a ninth); revoking the credential closes them.
     pub fn credentials(&self) -> &Credentials {
         &self.credentials
     }

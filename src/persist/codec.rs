@@ -39,11 +39,13 @@ use serde::Serialize;
 ///   `#[serde(default)]` rescue): version your document (for example an enum with one variant per version, or a
 ///   new document name) when its type changes;
 /// - its errors are terse (`"Hit the end of buffer, expected more data"`), without the serializer's own message;
-/// - a load stops at 128 levels of nesting, as JSON's reader does (a struct, a sequence, a map, an enum, a `Some`
-///   and a newtype are a level each): deeper, it fails with [`StoreError::Decode`](super::StoreError::Decode)
-///   ("nests deeper than 128 levels") rather than overflowing the loading thread's stack, which would abort the game
-///   every time the world is entered (a recursive type, a tree of nodes, from a save someone crafted). Both codecs
-///   save deeper documents without complaint: keep a recursive saved type's depth under the limit;
+/// - a load stops at 256 levels of nesting (a struct, a tuple, a sequence, a map, an enum, a `Some` and a newtype
+///   are a level each; JSON's reader stops at 128 arrays or objects, so a recursive type through
+///   `Option<Box<_>>` nests about 128 deep in either): deeper, it fails with
+///   [`StoreError::Decode`](super::StoreError::Decode) ("nests deeper than 256 levels") rather than overflowing
+///   the loading thread's stack, which would abort the game every time the world is entered (a recursive type, a
+///   tree of nodes, from a save someone crafted). Both codecs save deeper documents without complaint: keep a
+///   recursive saved type's depth under the limit;
 ///
 /// Round-trip a document type through the store in a test before you switch it.
 ///
@@ -309,7 +311,14 @@ mod tests {
         let mut deep = vec![1u8; 1_000_000];
         deep.push(0);
         let error = Codec::Postcard.decode::<Node>(&deep).unwrap_err();
-        assert!(error.contains("nests deeper than 128 levels"), "{error}");
+        assert!(error.contains("nests deeper than 256 levels"), "{error}");
+        // A linked list of 127 nodes reads in both codecs (JSON's reader stops at its 128th object).
+        let chain = (0..126).fold(Node { next: None }, |inner, _| Node { next: Some(Box::new(inner)) });
+        let mut bytes = Vec::new();
+        Codec::Postcard.encode(&chain, &mut bytes).unwrap();
+        assert!(Codec::Postcard.decode::<Node>(&bytes).is_ok());
+        let json = serde_json::to_vec(&chain).unwrap();
+        assert!(Codec::Json.decode::<Node>(&json).is_ok());
         // JSON refuses the same shape by its own limit.
         let json = format!("{}null{}", r#"{"next":"#.repeat(200), "}".repeat(200));
         assert!(Codec::Json.decode::<Node>(json.as_bytes()).is_err());

@@ -1,7 +1,7 @@
-//! A nesting limit for decoders that have none (postcard): a save is read by recursion, one native stack frame
-//! per level, so a small damaged or crafted file of a recursive game type (`Option<Box<Node>>`, one byte per
-//! level) would overflow the stack and abort the game, every time the world is entered. Past [`MAX_DEPTH`] levels
-//! the decode fails with an error instead, like `serde_json`'s own limit (the same 128) for JSON saves.
+//! A nesting limit for decoders that have none (postcard): a save is read by recursion, native stack frames per
+//! level, so a small damaged or crafted file of a recursive game type (`Option<Box<Node>>`, one byte per level)
+//! would overflow the stack and abort the game, every time the world is entered. Past [`MAX_DEPTH`] levels the
+//! decode fails with an error instead, as `serde_json`'s own limit makes a JSON save's.
 //!
 //! [`Limited`] wraps a `Deserializer` and every visitor, seed and access it hands on, counting the levels entered
 //! through a sequence, map, enum, `Some` or newtype.
@@ -10,9 +10,11 @@ use std::cell::Cell;
 
 use serde::de::{self, Deserialize, DeserializeSeed, Visitor};
 
-/// The deepest nesting a save may have: serde_json's default recursion limit, so both codecs read the same
-/// documents.
-pub(crate) const MAX_DEPTH: usize = 128;
+/// The deepest nesting a save may have, counting a level for each struct, tuple, sequence, map, enum, `Some` and
+/// newtype (each one recursion of the decoder). serde_json stops at 128 arrays or objects, where a `Some` or a
+/// newtype is none: twice that here keeps a recursive type through `Option<Box<_>>` (a struct and a `Some` a
+/// level each) about as deep in both codecs (128).
+pub(crate) const MAX_DEPTH: usize = 256;
 
 /// Why [`deserialize`] failed.
 #[derive(Debug)]

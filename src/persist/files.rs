@@ -162,8 +162,12 @@ impl WorldFiles {
         options.read(true).write(true).create(true).truncate(false);
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW | libc::O_NONBLOCK);
-        let opened = match options.open(&path) {
-            Ok(_) if cfg!(not(unix)) && crate::plain_file::is_link(&path) => Err(not_followed()),
+        // Elsewhere a link is looked for first: the open would create the file a dangling one names.
+        let opened = match (cfg!(not(unix)) && crate::plain_file::is_link(&path)).then(not_followed) {
+            Some(refused) => Err(refused),
+            None => options.open(&path),
+        };
+        let opened = match opened {
             Err(_) if crate::plain_file::is_link(&path) => Err(not_followed()),
             Ok(file) if !file.metadata().is_ok_and(|meta| meta.is_file()) => {
                 Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a plain file: not used"))
@@ -280,8 +284,13 @@ impl WorldFiles {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
                 // A bad sector, or a network file system's failure that outlasted the retries: kept aside, not
                 // replaced (it may be the newest save, readable again later), and `.prev` kept.
-                Err(e) if is_damage(&e) => {
+                Err(e) if disk_could_not_read(&e) => {
                     self.keep_aside(document, &format!("the current save cannot be read ({e})"));
+                    return Ok(());
+                }
+                // Something else in its place (a folder, a link, a FIFO): replaced, and `.prev` kept.
+                Err(e) if is_damage(&e) => {
+                    tracing::warn!(world = %self.world, document, error = %e, "the current save is not a save; keeping the previous one");
                     return Ok(());
                 }
                 Err(e) => return Err(self.error("reading", &primary, e)),
@@ -443,24 +452,28 @@ fn read_save(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Whether a read error is damage ([`is_damage`]) that the disk reported (its `EIO`), not a folder in the file's
-/// place: it may pass (a network file system's), so the read is tried again and the file is not given up.
+/// Whether a read error is damage ([`is_damage`]) that the disk reported (its `EIO`), not something else in the
+/// file's place (a folder, a link, a FIFO): it may pass (a network file system's), so the read is tried again and
+/// the file is not given up.
 fn disk_could_not_read(error: &std::io::Error) -> bool {
-    is_damage(error) && error.kind() != std::io::ErrorKind::IsADirectory
+    /// `EIO` on Linux and macOS: the disk could not read it.
+    #[cfg(unix)]
+    const EIO: i32 = 5;
+    #[cfg(unix)]
+    return error.raw_os_error() == Some(EIO);
+    #[cfg(not(unix))]
+    {
+        let _ = error;
+        false
+    }
 }
 
 /// Whether a read error means the file itself is bad (the disk's I/O error, a folder in its place), as damage
 /// does, rather than something about this process (no permission, no file descriptors left), which a load must
 /// not take for damage: it would load the previous save, and the next save would replace this one for good.
 fn is_damage(error: &std::io::Error) -> bool {
-    /// `EIO` on Linux and macOS: the disk could not read it.
-    #[cfg(unix)]
-    const EIO: i32 = 5;
-    #[cfg(unix)]
-    if error.raw_os_error() == Some(EIO) {
-        return true;
-    }
-    matches!(error.kind(), std::io::ErrorKind::IsADirectory | std::io::ErrorKind::InvalidData)
+    disk_could_not_read(error)
+        || matches!(error.kind(), std::io::ErrorKind::IsADirectory | std::io::ErrorKind::InvalidData)
 }
 
 /// Makes `dir` and its missing parents, then (on Unix) syncs the folder each new one was made in: a new

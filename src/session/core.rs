@@ -483,6 +483,7 @@ impl SessionCore {
         let mut feed = Vec::new();
         let mut failure = None;
         let mut ended_turn = None;
+        let mut instructions_delivered = false;
         {
             let mut state = self.state.lock();
             if state.generation != generation {
@@ -547,6 +548,7 @@ impl SessionCore {
                         ended_turn = state.turn.take().map(|turn| (turn, Ok(stop)));
                         if ended_turn.as_ref().is_some_and(|(turn, _)| turn.carries_instructions) {
                             state.instructions_owed = false;
+                            instructions_delivered = true;
                         }
                         self.end_cancel_suspension();
                     }
@@ -572,6 +574,12 @@ impl SessionCore {
             let idle = ended_turn.as_ref().map(|_| ConversationStatus::Idle);
             // The turn's end is the agent's word.
             self.host.publish(&self.id, feed, idle, StatusSource::Agent);
+        }
+        if instructions_delivered {
+            // In the record too: a session kept to be resumed after a restart is not sent them again (its
+            // disconnect at the game's exit writes no record).
+            let core = self.clone();
+            self.host.runtime.spawn(async move { core.save_record_as_it_is().await });
         }
         // Commit, then notify: the status is `Idle` before the turn's waiter hears of its end.
         if let Some((turn, end)) = ended_turn {
@@ -703,9 +711,8 @@ impl SessionCore {
         if let Some(turn) = turn {
             let _ = turn.reply.send(Err(self.ended_error()));
         }
-        if end_session {
-            self.save_record(true).await;
-        }
+        // Disconnected only (a kept session at the game's exit), it stays resumable: written as it is, not ended.
+        self.save_record(end_session).await;
         if let Some(link) = link {
             link.close(end_session).await;
         }
@@ -734,6 +741,15 @@ impl SessionCore {
             if self.forgotten.load(Ordering::Relaxed) { "it was forgotten" } else { "resume it to use it again" };
         ToolError::with_code(ErrorCode::SessionEnded, format!("session `{}` has ended: {next}", self.id))
             .with_detail("session", &self.id)
+    }
+
+    /// Writes the record as the session is now, after any end or resume under way; not once it ended (its end
+    /// wrote the record as it left it).
+    async fn save_record_as_it_is(&self) {
+        let _lifecycle = self.lifecycle.lock().await;
+        if !matches!(self.state.lock().phase, Phase::Ended) {
+            self.save_record(false).await;
+        }
     }
 
     async fn save_record(&self, ended: bool) {

@@ -117,8 +117,8 @@ impl PermissionBook {
     }
 
     /// Withdraws every request of `session` still waiting, answering the agent `decision`: `cancelled` when its
-    /// turn was cancelled or it failed (what ACP asks of a client that cancels a turn), `deny` when the session
-    /// ends. The agent is not left waiting for a player who will not be asked again.
+    /// turn was cancelled, ended or failed, or the session ends (which cancels its turn: what ACP asks of a client
+    /// that cancels a turn). The agent is not left waiting for a player who will not be asked again.
     pub(crate) fn withdraw_all(&self, session: &ConversationId, decision: PermissionDecision) {
         let mut waiting = self.waiting.lock();
         let mut withdrawn: Vec<(u64, Asked)> = waiting.extract_if(|_, asked| &asked.session == session).collect();

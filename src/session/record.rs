@@ -180,14 +180,21 @@ impl Records {
         let dir = super::config::session_dir(&self.data_dir, id);
         let (abandoned, id_owned) = (self.abandoned.clone(), id.to_string());
         let removed = self.runtime.spawn_blocking(move || {
-            let mut writes = abandoned.lock();
-            let is_folder = std::fs::symlink_metadata(&dir).is_ok_and(|meta| meta.is_dir());
-            let has_record = std::fs::symlink_metadata(dir.join(FILE)).is_ok_and(|meta| meta.is_file());
-            if !is_folder || !(has_record || of_this_run) {
-                return Ok(false);
+            {
+                // A write under way finishes first; every later one sees the mark and is dropped. Not held for the
+                // removal (a large working directory): a new session given up on takes it at once.
+                let mut writes = abandoned.lock();
+                let is_folder = std::fs::symlink_metadata(&dir).is_ok_and(|meta| meta.is_dir());
+                let has_record = std::fs::symlink_metadata(dir.join(FILE)).is_ok_and(|meta| meta.is_file());
+                if !is_folder || !(has_record || of_this_run) {
+                    return Ok(false);
+                }
+                writes.insert(id_owned.clone());
             }
-            writes.insert(id_owned);
-            remove_folder(&dir).map(|()| true)
+            // The record goes last: a removal that fails leaves it, and the session, whose writes count again.
+            remove_folder(&dir).map(|()| true).inspect_err(|_| {
+                abandoned.lock().remove(&id_owned);
+            })
         });
         match removed.await.map_err(std::io::Error::other).and_then(|removed| removed) {
             Ok(true) => Ok(()),

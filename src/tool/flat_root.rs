@@ -28,6 +28,12 @@ pub(crate) fn flat_root(schema: Value) -> Value {
         None => exact.clone(),
     };
     if !COMPOSING.iter().any(|keyword| root.contains_key(*keyword)) {
+        // A reference to one object schema (a newtype of an argument struct): that object, closed with the
+        // keyword model APIs know, as a plain struct's is.
+        if reference(&exact).is_some() && root.remove("unevaluatedProperties") == Some(Value::Bool(false)) {
+            root.insert("additionalProperties".into(), Value::Bool(false));
+            return Value::Object(root);
+        }
         return Value::Object(exact);
     }
     let shape = shape_of(&root, &defs, &mut Vec::new());
@@ -276,6 +282,27 @@ mod tests {
         let description = flat["description"].as_str().unwrap_or_default();
         assert!(description.contains(r#"action = "left" (Turns left.)"#), "{description}");
         assert!(description.contains("hard?"), "{description}");
+    }
+
+    #[test]
+    fn a_newtype_of_an_argument_struct_is_shown_as_that_struct_closed() {
+        #[derive(serde::Deserialize, schemars::JsonSchema)]
+        #[allow(dead_code)]
+        struct Place {
+            x: i32,
+        }
+        #[derive(serde::Deserialize, schemars::JsonSchema)]
+        #[allow(dead_code)]
+        struct Wrapped(Place);
+        let exact = input_schema_of::<Wrapped>();
+        let flat = flat_root(exact.clone());
+        if exact.get("$ref").is_some() {
+            assert!(flat.get("$ref").is_none() && flat.get("unevaluatedProperties").is_none(), "{flat}");
+            assert_eq!(flat["additionalProperties"], false, "{flat}");
+            assert_eq!(flat["properties"]["x"]["type"], "integer", "{flat}");
+        } else {
+            assert_eq!(flat["additionalProperties"], false, "schemars inlined it: closed as a struct: {flat}");
+        }
     }
 
     #[test]

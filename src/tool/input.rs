@@ -106,10 +106,15 @@ const RUST_FORMATS: &[&str] =
 fn bound_f32(schema: &mut Value) {
     match schema {
         Value::Object(object) => {
-            if object.get("format").and_then(Value::as_str) == Some("float") {
-                let largest = f64::from(f32::MAX);
-                object.entry("minimum").or_insert(Value::from(-largest));
-                object.entry("maximum").or_insert(Value::from(largest));
+            let bounded = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
+            if object.get("format").and_then(Value::as_str) == Some("float")
+                && !bounded.iter().any(|bound| object.contains_key(*bound))
+            {
+                // Halfway between `f32::MAX` (2^128 - 2^104) and 2^128: below it a number rounds to a finite `f32`
+                // (`3.4028235e38`, how `f32::MAX` prints, included), from it on to infinity.
+                let overflow = 2f64.powi(128) - 2f64.powi(103);
+                object.insert("exclusiveMinimum".into(), Value::from(-overflow));
+                object.insert("exclusiveMaximum".into(), Value::from(overflow));
             }
             object.values_mut().for_each(bound_f32);
         }
