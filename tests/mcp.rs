@@ -806,6 +806,31 @@ fn a_call_in_flight_when_the_game_ends_its_sessions_conversation_is_answered_bef
     game.stop();
 }
 
+/// A 2025-11-25 client whose session made a call in its own conversation, then began a handle's: the client, the
+/// session's own conversation and the handle.
+async fn session_with_a_handle(
+    url: &str,
+    events: &mut bevy_agent_tools::Subscription,
+) -> (Client, bevy_agent_tools::ConversationId, Value) {
+    let (client, _) = connect(url, false).await;
+    client.call_tool(params("bump", json!({}))).await.expect("a call in the session's own conversation");
+    let own = next_call_started(events).await;
+    let begun = client.call_tool(params("begin_conversation", json!({}))).await.expect("begun");
+    let handle = begun.structured_content.expect("structured")["conversation"].clone();
+    (client, own, handle)
+}
+
+/// The game ends the session's own conversation `own`; returns once the session refuses new requests (it is being
+/// closed).
+async fn end_and_wait_until_refused(agent: &AgentHandle, server: &McpServer, own: &bevy_agent_tools::ConversationId) {
+    agent.end_conversation(own).expect("ended by the game");
+    let session = own.as_str().strip_prefix("mcp-session:").expect("the session's own").to_string();
+    let probe = server.clone();
+    tokio::task::spawn_blocking(move || wait_until_session_refuses(&probe, &session))
+        .await
+        .expect("the session refuses new requests");
+}
+
 /// A session's calls in another conversation (a handle's) live on when the game ends the session's own: the
 /// session closes (new requests get 404) only once they have answered, however long they take, not after a few
 /// seconds with their streams cut and the calls cancelled.
@@ -819,22 +844,12 @@ fn a_call_a_session_runs_in_a_handles_conversation_is_answered_when_the_game_end
     let (parked, opened) = (gate.clone(), gate.clone());
     let closing = server.clone();
     let answer = runtime().block_on(async move {
-        let (client, _) = connect(&url, false).await;
-        client.call_tool(params("bump", json!({}))).await.expect("a call in the session's own conversation");
-        let own = next_call_started(&mut events).await;
-        let session = own.as_str().strip_prefix("mcp-session:").expect("the session's own").to_string();
-        let begun = client.call_tool(params("begin_conversation", json!({}))).await.expect("begun");
-        let handle = begun.structured_content.expect("structured")["conversation"].clone();
+        let (client, own, handle) = session_with_a_handle(&url, &mut events).await;
         let peer = client.peer().clone();
         let call =
             tokio::spawn(async move { peer.call_tool(params("gated", json!({ "conversation": handle }))).await });
         tokio::time::timeout(Duration::from_secs(30), parked.arrivals(1)).await.expect("the call reached its tool");
-
-        agent.end_conversation(&own).expect("ended by the game");
-        let probe = closing.clone();
-        tokio::task::spawn_blocking(move || wait_until_session_refuses(&probe, &session))
-            .await
-            .expect("the session refuses new requests");
+        end_and_wait_until_refused(&agent, &closing, &own).await;
         // Longer than a stream's stall timeout (5 s), which bounded the wait for a session's calls before.
         tokio::time::sleep(Duration::from_secs(6)).await;
         opened.open();
@@ -860,23 +875,13 @@ fn a_call_a_closing_session_waits_for_can_still_be_cancelled_by_its_client() {
     let parked = gate.clone();
     let closing = server.clone();
     let answer = runtime().block_on(async move {
-        let (client, _) = connect(&url, false).await;
-        client.call_tool(params("bump", json!({}))).await.expect("a call in the session's own conversation");
-        let own = next_call_started(&mut events).await;
-        let session = own.as_str().strip_prefix("mcp-session:").expect("the session's own").to_string();
-        let begun = client.call_tool(params("begin_conversation", json!({}))).await.expect("begun");
-        let handle = begun.structured_content.expect("structured")["conversation"].clone();
+        let (client, own, handle) = session_with_a_handle(&url, &mut events).await;
         let request =
             ClientRequest::CallToolRequest(CallToolRequest::new(params("gated", json!({ "conversation": handle }))));
         let call =
             client.peer().send_cancellable_request(request, PeerRequestOptions::no_options()).await.expect("sent");
         tokio::time::timeout(Duration::from_secs(30), parked.arrivals(1)).await.expect("the call reached its tool");
-
-        agent.end_conversation(&own).expect("ended by the game");
-        let probe = closing.clone();
-        tokio::task::spawn_blocking(move || wait_until_session_refuses(&probe, &session))
-            .await
-            .expect("the session refuses new requests");
+        end_and_wait_until_refused(&agent, &closing, &own).await;
         call.cancel(Some("the player pressed stop".into())).await.expect("the cancel is sent");
         // The gate stays shut: only the cancel can end the call.
         let finished = next_event(&mut events, |event| match event {
