@@ -1493,6 +1493,11 @@ fn s2_a_permission_request_that_crosses_the_players_cancel_is_answered_cancelled
     assert_eq!(turn.stop_reason, StopReason::Cancelled);
     assert!(!game.log.lines().iter().any(|line| line.starts_with(&format!("permission {id} "))), "nobody was asked");
     assert_eq!(session.status(), ConversationStatus::Idle, "the session stays usable");
+
+    // For one of the game's own tools too, which is allowed without asking while the turn runs.
+    let (_, _, turn) = cancel_while_the_agent_waits(&game, &dirs, "after-cancel ask-game bump");
+    let answer = turn.final_message.expect("the agent's last message");
+    assert!(answer.ends_with("permission: cancelled"), "ACP: `cancelled` after a cancel, not allowed: {answer}");
 }
 
 #[test]

@@ -186,9 +186,11 @@ pub(crate) enum BackendEvent {
     ToolCall,
     /// Usage, as the agent reported it.
     Usage(Usage),
-    /// The agent asks permission; answer through `reply` (dropping it denies).
+    /// The agent asks permission; answer through `reply` (dropping it denies). For one of the game's own tools
+    /// (`game_tool`: guarded by the host's rules, not by the permission policy) the answer is `Allow` unless the
+    /// turn was cancelled.
     #[cfg_attr(not(feature = "acp"), allow(dead_code))]
-    Permission { tool: String, reply: oneshot::Sender<PermissionDecision> },
+    Permission { tool: String, game_tool: bool, reply: oneshot::Sender<PermissionDecision> },
     /// The turn ended.
     TurnEnded { turn: u64, stop: StopReason },
     /// The turn failed and the session with it: the agent is stopped and the status is `Error` until `resume`

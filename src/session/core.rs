@@ -530,11 +530,13 @@ impl SessionCore {
                 }
                 BackendEvent::ToolCall => self.finish_message(&mut state, &mut feed),
                 BackendEvent::Usage(usage) => state.usage = Some(usage),
-                BackendEvent::Permission { tool, reply } => {
+                BackendEvent::Permission { tool, game_tool, reply } => {
                     if state.turn.as_ref().is_some_and(|turn| turn.cancelled) {
                         // Sent before the agent read the player's cancel: answered as ACP asks of every request
                         // pending at a cancel, without asking anyone.
                         let _ = reply.send(PermissionDecision::Cancelled);
+                    } else if game_tool {
+                        let _ = reply.send(PermissionDecision::Allow);
                     } else {
                         // Under the lock: an end or a failure after this withdraws the request it puts to the player.
                         self.host.permissions.ask(self, tool, reply);

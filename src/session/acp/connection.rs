@@ -120,26 +120,32 @@ pub(crate) fn spawn(
                             .or_else(|| request.tool_call.fields.name.clone())
                             .unwrap_or_else(|| request.tool_call.tool_call_id.to_string());
                         let agent = named.get().map(String::as_str);
-                        if updates::is_game_tool(&request.tool_call.fields, |name| registered.is_registered(name))
-                            || updates::codex_approves_game_tool(&request.tool_call, agent)
-                        {
-                            // One of the game's own tools, reached through the game's MCP server: guarded by the
-                            // host's rules (H1–H14, its confirmations), not by the permission policy.
-                            tracing::debug!(%tool, "the agent asked permission for a game tool: allowed");
-                            return responder.respond(updates::game_tool_response(&request.options));
-                        }
-                        if !updates::can_allow_once(&request.options) {
+                        // One of the game's own tools, reached through the game's MCP server: guarded by the
+                        // host's rules (H1–H14, its confirmations), not by the permission policy; allowed unless
+                        // the player cancelled the turn (the request crossed the cancel).
+                        let game_tool =
+                            updates::is_game_tool(&request.tool_call.fields, |name| registered.is_registered(name))
+                                || updates::codex_approves_game_tool(&request.tool_call, agent);
+                        if !game_tool && !updates::can_allow_once(&request.options) {
                             // Only a standing allow is offered: nobody is asked to give one. Refused, as the
                             // game's answer would have to be.
                             tracing::warn!(%tool, "the agent asked permission offering no one-time allow: refused");
                             let refused = crate::session::backend::PermissionDecision::Deny;
                             return responder.respond(updates::permission_response(&request.options, refused));
                         }
-                        permissions(BackendEvent::Permission { tool, reply });
+                        permissions(BackendEvent::Permission { tool: tool.clone(), game_tool, reply });
                         // The answer may take the player a minute: wait for it outside the dispatch loop.
                         cx.spawn(async move {
-                            let decision = decision.await.unwrap_or(crate::session::backend::PermissionDecision::Deny);
-                            responder.respond(updates::permission_response(&request.options, decision))
+                            use crate::session::backend::PermissionDecision;
+                            let decision = decision.await.unwrap_or(PermissionDecision::Deny);
+                            let response = match (game_tool, decision) {
+                                (true, PermissionDecision::Allow) => {
+                                    tracing::debug!(%tool, "the agent asked permission for a game tool: allowed");
+                                    updates::game_tool_response(&request.options)
+                                }
+                                (_, decision) => updates::permission_response(&request.options, decision),
+                            };
+                            responder.respond(response)
                         })
                     },
                     agent_client_protocol::on_receive_request!(),
