@@ -147,3 +147,87 @@ fn a_time_limit_too_long_for_the_clock_means_no_limit_and_never_panics() {
     app.world_mut().write_message(AppExit::Success);
     app.run_until("the app exits", |app| app.should_exit().is_some());
 }
+
+/// A game whose `close` starts a save that never finishes (a hung disk), counting its `shutdown`s.
+#[derive(Default)]
+struct HungSave {
+    /// Kept, never resolved.
+    saves: Arc<Mutex<Vec<bevy_agent_tools::Completer>>>,
+    shutdowns: Arc<AtomicUsize>,
+}
+
+impl WorldLifecycle for HungSave {
+    type Session = ();
+
+    fn open(&self, _: &VisitInfo, _: &mut bevy::prelude::World) -> Result<Opened<()>, OpenError> {
+        Ok(Opened::ready(()))
+    }
+
+    fn close(&self, _: (), _: &mut bevy::prelude::World) -> Completion {
+        let (completer, save) = Completion::pending();
+        self.saves.lock().push(completer);
+        save
+    }
+
+    fn shutdown(&self) -> Completion {
+        self.shutdowns.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Completion::done()
+    }
+}
+
+/// What the game read of `VisitSaved` on the exit's frame.
+#[derive(bevy::prelude::Resource, Clone, Default)]
+struct SavedSeen(Arc<Mutex<Vec<String>>>);
+
+fn saved_seen(
+    mut saved: bevy::prelude::MessageReader<bevy_agent_tools::VisitSaved>,
+    seen: bevy::prelude::Res<SavedSeen>,
+) {
+    seen.0.lock().extend(saved.read().map(|saved| format!("{:?}", saved.result)));
+}
+
+#[test]
+fn h6_an_exit_whose_save_never_finishes_waits_only_its_deadline_then_says_so_and_shuts_down() {
+    use bevy::prelude::IntoScheduleConfigs;
+    let game = HungSave::default();
+    let (saves, shutdowns) = (game.saves.clone(), game.shutdowns.clone());
+    let seen = SavedSeen::default();
+    let (exited, exit) = std::sync::mpsc::channel();
+    let in_game = seen.clone();
+    // The exit frame runs on a thread of its own: an exit that waited for the save for ever fails the test here
+    // instead of hanging it.
+    std::thread::spawn(move || {
+        let mut app = headless_app(AgentToolsPlugin::new(game).exit_deadline(Duration::from_millis(200)));
+        app.insert_resource(in_game)
+            .add_systems(bevy::prelude::Last, saved_seen.after(bevy_agent_tools::ExitSet::Host));
+        app.enter_world("alpha");
+        app.world_mut().write_message(AppExit::Success);
+        app.update();
+        let _ = exited.send(app.should_exit().is_some());
+    });
+    let exited = exit.recv_timeout(bevy_agent_tools::testing::HARNESS_LIMIT).expect("the exit ended at its deadline");
+    assert!(exited, "the app exits");
+    assert_eq!(saves.lock().len(), 1, "the visit's close started its save");
+    let seen = seen.0.lock().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].contains("did not finish before the exit deadline"), "the game is told: {seen:?}");
+    assert_eq!(shutdowns.load(std::sync::atomic::Ordering::SeqCst), 1, "shutdown still ran, once");
+}
+
+#[test]
+fn h6_the_plugins_workers_stop_at_the_exit() {
+    let mut app = headless_app(AgentToolsPlugin::new(TestGame::default()));
+    app.enter_world("alpha");
+    let runtime = app.agent().runtime().clone();
+    // Awaited on a runtime of the test's own: the plugin's runs it until the exit, and is gone after.
+    let outside = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+    assert_eq!(outside.block_on(runtime.spawn(async { "ran" })).ok(), Some("ran"), "the workers run before the exit");
+    app.world_mut().write_message(AppExit::Success);
+    app.update();
+    assert!(app.should_exit().is_some());
+    let after = runtime.spawn(async { "ran" });
+    let joined = outside.block_on(async { tokio::time::timeout(HARNESS, after).await }).expect("resolves at once");
+    assert!(joined.is_err_and(|error| error.is_cancelled()), "a task spawned after the exit never runs");
+}
+
+const HARNESS: Duration = bevy_agent_tools::testing::HARNESS_LIMIT;

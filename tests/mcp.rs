@@ -1051,7 +1051,10 @@ fn session_is_open(server: &McpServer, id: &str) -> bool {
     let list = r#"{"jsonrpc":"2.0","id":9,"method":"tools/list","params":{}}"#;
     let headers = [("Authorization", bearer.as_str()), ("Mcp-Session-Id", id), ("MCP-Protocol-Version", "2025-11-25")];
     let (status, body) = raw(server, &headers, list);
-    assert!(status == 200 || status == 404, "{status}: {body}");
+    // A request that gets past the check for closing sessions just as the close is decided is refused by the
+    // session manager, which rmcp answers 500 "Session not found": refused too.
+    let refused_in_the_close = status == 500 && body.contains("Session not found");
+    assert!(status == 200 || status == 404 || refused_in_the_close, "{status}: {body}");
     status == 200
 }
 
@@ -1148,7 +1151,9 @@ fn app_exit_sends_every_call_in_flight_its_outcome_before_the_server_stops() {
             .expect("joined")
             .unwrap_or_else(|error| panic!("modern={modern}: a result, not a dropped connection: {error}"));
         assert_eq!(domain_error(&result)["code"], "VISIT_ENDED", "modern={modern}: {result:?}");
-        assert!(exit_took < Duration::from_secs(5), "modern={modern}: the exit took {exit_took:?}");
+        // Not the exit deadline (30 s), which an exit that waited for the parked handler would take: half of it
+        // leaves a loaded machine its room.
+        assert!(exit_took < Duration::from_secs(15), "modern={modern}: the exit took {exit_took:?}");
         drop(client);
     }
 }

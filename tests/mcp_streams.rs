@@ -178,7 +178,6 @@ fn a_client_that_resumes_after_its_call_finished_gets_the_result_it_missed() {
 /// conversation ends.
 #[test]
 fn an_mcp_session_whose_client_listens_outlives_every_idle_timeout_and_expires_once_it_stopped() {
-    let idle = Duration::from_secs(2);
     let tool = bump_tool("bump", ToolScope::World, Arc::default(), None);
     let (game, server, mut events) = serve_with(
         tool,
@@ -194,8 +193,14 @@ fn an_mcp_session_whose_client_listens_outlives_every_idle_timeout_and_expires_o
     let (mut answer, _) = send(&server, "POST", &in_session, call);
     read_until(&mut answer, |line| line.contains(r#""id":7"#)).expect("its result");
 
-    // The client says nothing for three idle timeouts (time passing is the point), listening all along.
-    std::thread::sleep(idle * 3);
+    // The client says nothing, listening all along. Another client's session, silent from after this one's call
+    // and not listening, expires: an expiry has then looked at this one, idle for longer.
+    let other = open_session(&server);
+    let in_other = [("Mcp-Session-Id", other.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
+    let call = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"bump","arguments":{}}}"#;
+    let (mut answer, _) = send(&server, "POST", &in_other, call);
+    read_until(&mut answer, |line| line.contains(r#""id":9"#)).expect("its result");
+    assert_eq!(next_conversation_ended(&mut events), format!("mcp-session:{other}"), "the silent one expired");
     assert_answers_a_ping(&server, &in_session);
     let status = game.agent().conversation_status(&ConversationId::new(format!("mcp-session:{session}")));
     assert_eq!(status, Some(ConversationStatus::Idle), "its conversation goes on");

@@ -1334,10 +1334,8 @@ fn a_stream_that_stalls_times_out() {
     let game = Game::start(data.path());
     server.reply(Reply::Stream(vec![text("hm"), Piece::Stall]));
     let session = game.create(endpoint(&server).stall_timeout(Duration::from_millis(300))).expect("starts");
-    let started = Instant::now();
     let (code, message) = code_of(game.block_on(session.send_text("hi")));
     assert_eq!(code, ErrorCode::Timeout, "{message}");
-    assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(session.status(), ConversationStatus::Error);
 }
 
@@ -1458,9 +1456,8 @@ fn an_answer_whose_stream_goes_quiet_after_its_finish_reason_is_complete_after_a
     server.reply(Reply::Stream(vec![text("all "), text("done"), finish("stop"), usage(10, 5), Piece::Stall]));
     let stall = Duration::from_secs(10);
     let session = game.create(endpoint(&server).stall_timeout(stall)).expect("starts");
-    let started = Instant::now();
+    // Whole after the short grace: were the grace not kept, the turn would end TIMEOUT at the stall timeout.
     let turn = game.block_on(session.send_text("one")).expect("the answer is whole: not TIMEOUT");
-    assert!(started.elapsed() < stall, "well before the stall timeout: {:?}", started.elapsed());
     assert_eq!((turn.stop_reason, turn.final_message.as_deref()), (StopReason::EndTurn, Some("all done")));
     assert_eq!(session.usage().map(|usage| usage.used_tokens), Some(15), "the usage chunk was read");
     server.wait_closed("the quiet request was closed");
@@ -2024,9 +2021,10 @@ fn an_answer_that_was_only_reasoning_cut_at_the_token_limit_tells_the_player_not
     let server = Server::start();
     let game = Game::start(data.path());
     let reasoning = |field: &str| Piece::Data(json!({"choices": [{"index": 0, "delta": {field: "hmm, "}}]}));
-    // Reasoning that lasts longer than the stall timeout, never silent that long.
+    // Reasoning that lasts longer than the stall timeout, never silent for more than a twentieth of it (a loaded
+    // machine may delay a piece several times over).
     let mut pieces = Vec::new();
-    for n in 0..6 {
+    for n in 0..25 {
         pieces.extend([
             reasoning(if n % 2 == 0 { "reasoning_content" } else { "reasoning" }),
             Piece::Wait(Duration::from_millis(100)),
@@ -2034,7 +2032,7 @@ fn an_answer_that_was_only_reasoning_cut_at_the_token_limit_tells_the_player_not
     }
     pieces.push(finish("length"));
     server.reply(Reply::Stream(pieces)).reply(says("short"));
-    let config = endpoint(&server).stall_timeout(Duration::from_millis(400));
+    let config = endpoint(&server).stall_timeout(Duration::from_secs(2));
     let session = game.create(config.sampling(Sampling { max_tokens: Some(64), ..Sampling::default() })).expect("ok");
     let turn = game.block_on(session.send_text("think")).expect("a turn");
     assert_eq!((turn.stop_reason, turn.final_message), (StopReason::MaxTokens, None));

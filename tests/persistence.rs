@@ -350,18 +350,12 @@ fn shutdown_on_app_exit_waits_for_both_saves_then_calls_shutdown_once() {
     }
     assert!(in_flight.lock().iter().all(|c| !c.is_done()), "both saves are in flight at AppExit");
 
-    // The saves are held while the exit frame runs: for a second (far below the exit's own 30 s bound), then
-    // released. Shutdown must not run before that.
-    let releasing = {
-        let hold = hold.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_secs(1));
-            hold.release();
-        })
-    };
+    // The saves are held while the exit runs: for a second from the exit frame's start (far below the exit's own
+    // 30 s bound), then released. Shutdown must not run before that.
+    let releasing = release_once_the_exit_begins(&mut app, hold, Duration::from_secs(1));
     app.world_mut().write_message(AppExit::Success);
     app.update();
-    releasing.join().expect("released");
+    releasing.joined();
 
     assert_eq!(
         *seen_at_shutdown.lock(),
@@ -382,20 +376,49 @@ fn h6_app_exit_waits_for_a_save_the_game_started_itself() {
     let autosave = store.save(&WorldId::new("alpha"), "autosave", Progress { count: 7 });
     assert_eq!(hold.arrivals(1), ["alpha"], "the autosave is writing");
     // Held past the second the runtime gives its tasks when it stops (a slow disk), far below the exit's 30 s.
-    let releasing = {
-        let hold = hold.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(1500));
-            hold.release();
-        })
-    };
+    let releasing = release_once_the_exit_begins(&mut app, hold, Duration::from_millis(1500));
     app.world_mut().write_message(AppExit::Success);
     app.update();
     assert_eq!(autosave.result(), Some(Ok(())), "the exit waited for the autosave");
     let path = store.document_path(&WorldId::new("alpha"), "autosave").expect("valid names");
     let saved = std::fs::read_to_string(&path).expect("the autosave is on disk");
     assert!(saved.ends_with(r#"{"count":7}"#), "{saved}");
-    releasing.join().expect("released");
+    releasing.joined();
+}
+
+/// Releases a hold `after` a while, counted from the exit frame, just before the host's exit (not from the test's
+/// own thread, which a loaded machine may keep waiting long enough for the saves to end before the exit begins,
+/// when an exit that does not wait for them would pass too).
+#[derive(Resource, Clone)]
+struct Releasing(Arc<Mutex<Release>>);
+
+#[derive(Default)]
+struct Release {
+    /// What to release and after how long, until the exit frame starts it.
+    waiting: Option<(Hold, Duration)>,
+    started: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Releasing {
+    fn joined(&self) {
+        let started = self.0.lock().started.take().expect("the exit frame started the release");
+        started.join().expect("released");
+    }
+}
+
+fn release_once_the_exit_begins(app: &mut App, hold: Hold, after: Duration) -> Releasing {
+    let releasing = Releasing(Arc::new(Mutex::new(Release { waiting: Some((hold, after)), started: None })));
+    fn start(releasing: Res<Releasing>) {
+        let mut releasing = releasing.0.lock();
+        if let Some((hold, after)) = releasing.waiting.take() {
+            releasing.started = Some(std::thread::spawn(move || {
+                std::thread::sleep(after);
+                hold.release();
+            }));
+        }
+    }
+    app.insert_resource(releasing.clone()).add_systems(Last, start.before(ExitSet::Host));
+    releasing
 }
 
 /// What a system after `ExitSet::Host` read on the exit's frame.

@@ -17,6 +17,29 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+#[test]
+fn h12_how_long_outcomes_are_kept_is_the_games_choice_and_an_evicted_operation_runs_again() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let plugin = AgentToolsPlugin::new(TestGame::default())
+        .replay_retention(bevy_agent_tools::ReplayRetention { max_entries: 2, ..Default::default() })
+        .with_tool(bump_tool("counted", ToolScope::World, executions.clone(), None));
+    let mut app = bevy_agent_tools::testing::headless_app(plugin);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("agent");
+    let mut run = |operation: &str| {
+        let call = conversation.request(keyed("counted", json!({}), operation));
+        app.run_until_resolved(&call).expect("runs");
+        executions.load(Ordering::SeqCst)
+    };
+    // (Two entries: an execution's entry is completed a moment after its outcome, and one still in flight is never
+    // evicted.)
+    assert_eq!(run("op-1"), 1);
+    assert_eq!(run("op-2"), 2);
+    assert_eq!(run("op-3"), 3);
+    assert_eq!(run("op-3"), 3, "kept: op-3's retry gets its outcome");
+    assert_eq!(run("op-1"), 4, "op-1's outcome was evicted for op-3's: its retry runs again");
+}
+
 fn keyed(tool: &str, args: Value, operation: &str) -> CallRequest {
     CallRequest::new(tool, args).operation(operation)
 }
