@@ -1458,7 +1458,10 @@ fn cancel_while_the_agent_waits(game: &Game, dirs: &Dirs, script: &str) -> (Agen
     let session = game.create(config).expect("starts");
     let id = session.id().to_string();
     let pending = game.block_on(session.start_turn(script)).expect("sent");
-    game.log.wait_for("waiting for the cancel");
+    // This session's line: an earlier session of the same test said it too.
+    game.log.0.wait_until("the agent waits for the cancel", LIMIT, |lines| {
+        lines.iter().find(|line| line.contains(id.as_str()) && line.contains("waiting for the cancel")).cloned()
+    });
     assert!(session.cancel());
     let turn = game.block_on(pending).expect("the agent ends the cancelled turn, within its grace");
     (session, id, turn)

@@ -20,8 +20,11 @@ use serde_json::{json, Value};
 #[test]
 fn h12_how_long_outcomes_are_kept_is_the_games_choice_and_an_evicted_operation_runs_again() {
     let executions = Arc::new(AtomicUsize::new(0));
+    // One call in flight at a time: once the conversation is not busy, its call has left the visit and its
+    // operation's entry is completed (one step, under the host's lock), so eviction sees it.
     let plugin = AgentToolsPlugin::new(TestGame::default())
         .replay_retention(bevy_agent_tools::ReplayRetention { max_entries: 2, ..Default::default() })
+        .max_in_flight_per_conversation(1)
         .with_tool(bump_tool("counted", ToolScope::World, executions.clone(), None));
     let mut app = bevy_agent_tools::testing::headless_app(plugin);
     app.enter_world("alpha");
@@ -29,10 +32,9 @@ fn h12_how_long_outcomes_are_kept_is_the_games_choice_and_an_evicted_operation_r
     let mut run = |operation: &str| {
         let call = conversation.request(keyed("counted", json!({}), operation));
         app.run_until_resolved(&call).expect("runs");
+        app.run_until("its entry is completed", |app| !app.agent().is_busy(&"agent".into()));
         executions.load(Ordering::SeqCst)
     };
-    // (Two entries: an execution's entry is completed a moment after its outcome, and one still in flight is never
-    // evicted.)
     assert_eq!(run("op-1"), 1);
     assert_eq!(run("op-2"), 2);
     assert_eq!(run("op-3"), 3);

@@ -227,6 +227,10 @@ fn an_argument_no_shape_of_an_enum_has_is_invalid_input_naming_it_rather_than_dr
 #[derive(Deserialize, JsonSchema)]
 struct Aim {
     yaw: f32,
+    /// Bounded below only.
+    #[schemars(range(min = 0.0))]
+    #[serde(default)]
+    speed: f32,
 }
 
 #[test]
@@ -234,18 +238,22 @@ fn an_f32_argument_beyond_what_an_f32_holds_is_invalid_input_not_infinity() {
     let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let seen_by_tool = seen.clone();
     let aim = AgentTool::new("aim", "Aims.", move |_: CallContext<Session>, args: Aim| {
-        seen_by_tool.lock().push(args.yaw);
+        seen_by_tool.lock().extend([args.yaw, args.speed].into_iter().filter(|value| *value != 0.0));
         async move { Ok(()) }
     });
     let mut app = app_with(TestGame::default(), vec![aim]);
     app.enter_world("alpha");
-    for (yaw, keyword) in [(json!(1e39), "exclusiveMaximum"), (json!(-1e39), "exclusiveMinimum")] {
-        let call = app.agent().conversation("a").call("aim", json!({ "yaw": yaw }));
+    for (args, field, keyword) in [
+        (json!({ "yaw": 1e39 }), "yaw", "exclusiveMaximum"),
+        (json!({ "yaw": -1e39 }), "yaw", "exclusiveMinimum"),
+        (json!({ "yaw": 0, "speed": 1e39 }), "speed", "exclusiveMaximum"),
+    ] {
+        let call = app.agent().conversation("a").call("aim", args);
         let error = app.run_until_resolved(&call).expect_err("refused");
         assert_eq!(error.code, ErrorCode::InvalidInput);
         assert_eq!(
             (error.details.extra["field"].as_str(), error.details.extra["schema_keyword"].as_str()),
-            (Some("yaw"), Some(keyword))
+            (Some(field), Some(keyword))
         );
     }
     // `f32::MAX` as it prints (a little above it, read as it): an f32 holds it.

@@ -714,10 +714,13 @@ impl SessionCore {
             let _ = turn.reply.send(Err(self.ended_error()));
         }
         // Disconnected only (a kept session at the game's exit), it stays resumable: written as it is, not ended.
-        self.save_record(end_session).await;
-        if let Some(link) = link {
-            link.close(end_session).await;
-        }
+        // The agent is stopped meanwhile: a slow disk does not keep it running.
+        let close = async {
+            if let Some(link) = link {
+                link.close(end_session).await;
+            }
+        };
+        tokio::join!(self.save_record(end_session), close);
     }
 
     /// `Ended` or `Error` → `Idle`: reconnects the agent and re-attaches the backend session (or starts a new

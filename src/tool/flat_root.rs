@@ -28,9 +28,16 @@ pub(crate) fn flat_root(schema: Value) -> Value {
         None => exact.clone(),
     };
     if !COMPOSING.iter().any(|keyword| root.contains_key(*keyword)) {
-        // A reference to one object schema (a newtype of an argument struct): that object, closed with the
-        // keyword model APIs know, as a plain struct's is.
-        if reference(&exact).is_some() && root.remove("unevaluatedProperties") == Some(Value::Bool(false)) {
+        // A reference to one object schema that takes no other properties (a newtype of an argument struct): that
+        // object, closed with the keyword model APIs know, without the type's own doc (as a plain struct's root).
+        let takes_others = root.contains_key("additionalProperties") || root.contains_key("patternProperties");
+        if reference(&exact).is_some()
+            && !takes_others
+            && root.get("unevaluatedProperties") == Some(&Value::Bool(false))
+        {
+            root.remove("unevaluatedProperties");
+            root.remove("title");
+            root.remove("description");
             root.insert("additionalProperties".into(), Value::Bool(false));
             return Value::Object(root);
         }

@@ -106,15 +106,17 @@ const RUST_FORMATS: &[&str] =
 fn bound_f32(schema: &mut Value) {
     match schema {
         Value::Object(object) => {
-            let bounded = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
-            if object.get("format").and_then(Value::as_str) == Some("float")
-                && !bounded.iter().any(|bound| object.contains_key(*bound))
-            {
+            if object.get("format").and_then(Value::as_str) == Some("float") {
                 // Halfway between `f32::MAX` (2^128 - 2^104) and 2^128: below it a number rounds to a finite `f32`
-                // (`3.4028235e38`, how `f32::MAX` prints, included), from it on to infinity.
+                // (`3.4028235e38`, how `f32::MAX` prints, included), from it on to infinity. Each side on its own:
+                // a field bounded below only still needs its top.
                 let overflow = 2f64.powi(128) - 2f64.powi(103);
-                object.insert("exclusiveMinimum".into(), Value::from(-overflow));
-                object.insert("exclusiveMaximum".into(), Value::from(overflow));
+                if !object.contains_key("maximum") && !object.contains_key("exclusiveMaximum") {
+                    object.insert("exclusiveMaximum".into(), Value::from(overflow));
+                }
+                if !object.contains_key("minimum") && !object.contains_key("exclusiveMinimum") {
+                    object.insert("exclusiveMinimum".into(), Value::from(-overflow));
+                }
             }
             object.values_mut().for_each(bound_f32);
         }
