@@ -21,6 +21,8 @@ pub use context::{CallContext, Ended};
 pub(crate) use life::{CallCoordinates, CallLife, Left};
 pub use life::{CallOutcome, CallOutput};
 pub use progress::{Progress, ProgressSink};
+#[cfg(all(test, feature = "shuttle"))]
+pub(crate) use pump::step;
 pub use pump::PumpStats;
 pub(crate) use pump::{run_cleanups, run_jobs, run_jobs_between_frames, BetweenFrames, PumpWindow};
 #[cfg(feature = "winit")]

@@ -206,7 +206,7 @@ impl<L: WorldLifecycle> VisitSlot<L> {
 /// the location it observes recorded; then run, a panic caught. `Some` with what the step returned when it ran
 /// and succeeded (the step is over by then); `None` when the call has its outcome (a refusal, the step's error or
 /// its panic) or had ended already.
-fn step<S, T>(
+pub(crate) fn step<S, T>(
     life: &CallLife,
     open: Option<&mut OpenSession<S>>,
     kind: &str,
