@@ -1511,6 +1511,26 @@ fn the_token_limit_goes_as_max_completion_tokens_to_an_endpoint_that_names_it_so
 }
 
 #[test]
+fn an_endpoint_that_refuses_stream_options_is_asked_again_without_them_and_not_asked_for_them_again() {
+    let (_data, server, game, session) = started();
+    // Mistral's API: it sends the usage without being asked, and refuses the field with a validation error whose
+    // `message` is an object.
+    server
+        .reply(Reply::Refusal(
+            422,
+            r#"{"object":"error","message":{"detail":[{"type":"extra_forbidden","loc":["body","stream_options","include_usage"],"msg":"Extra inputs are not permitted","input":true}]},"type":"invalid_request_error","param":null,"code":null}"#,
+        ))
+        .reply(says("hello"))
+        .reply(says("again"));
+    let turn = game.block_on(session.send_text("hi")).expect("asked again without them");
+    assert_eq!(turn.final_message.as_deref(), Some("hello"));
+    game.block_on(session.send_text("and?")).expect("the next turn");
+    let chats = server.requests().into_iter().filter(|request| request.get("messages").is_some());
+    let asked: Vec<bool> = chats.map(|request| request.get("stream_options").is_some()).collect();
+    assert_eq!(asked, [true, false, false], "asked for the usage once, then never");
+}
+
+#[test]
 fn a_refusal_in_llama_cpps_or_vllms_own_shape_says_its_status_and_message() {
     let (_data, server, game, session) = started();
     // llama.cpp's server: `code` is a number (OpenAI's is a string).

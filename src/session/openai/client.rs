@@ -303,6 +303,8 @@ fn refusal(body: &[u8]) -> ApiError {
     let text_of = |value: &Value, key: &str| value.get(key).and_then(Value::as_str).map(str::to_string);
     let message = fields
         .and_then(|fields| text_of(fields, "message"))
+        // Mistral's API puts its validation errors there as an object: `{"detail": [...]}`.
+        .or_else(|| fields.and_then(|fields| fields.get("message")).filter(|m| !m.is_null()).map(Value::to_string))
         .or_else(|| parsed.as_ref().and_then(|value| text_of(value, "error").or_else(|| text_of(value, "detail"))))
         .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_string());
     let code = fields.and_then(|fields| fields.get("code")).filter(|code| !code.is_null());
@@ -463,6 +465,13 @@ pub(crate) fn in_stream(endpoint: &OpenAiEndpoint, error: &Value) -> ToolError {
 /// ("maximum context length").
 pub(crate) fn too_long(error: &OpenAIError) -> bool {
     matches!(error, OpenAIError::ApiError(api) if says_too_long(&refusal_words(&api.api_error)))
+}
+
+/// Whether the endpoint refused the request for its `stream_options` (Mistral's API: 422, `extra_forbidden` at
+/// `["body", "stream_options", ...]`; it sends the usage without being asked).
+pub(crate) fn refuses_stream_options(error: &OpenAIError) -> bool {
+    matches!(error, OpenAIError::ApiError(api)
+        if matches!(api.status_code.as_u16(), 400 | 422) && refusal_words(&api.api_error).contains("stream_options"))
 }
 
 /// Whether a refusal's words ([`refusal_words`]) say the request is longer than the model's context.

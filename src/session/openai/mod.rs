@@ -2,7 +2,7 @@
 //! endpoint (Ollama, llama.cpp's server, LM Studio, vLLM, the Player2 app, OpenAI), through `async-openai`.
 //!
 //! - **A turn** ([`turn`]): the session's history, the system prompt and the player's text go to
-//!   `POST {base_url}/chat/completions` (streamed, `stream_options.include_usage`) with the game's registered
+//!   `POST {base_url}/chat/completions` (streamed, `stream_options.include_usage` unless the endpoint refuses it) with the game's registered
 //!   tools as function tools (the schemas the MCP server publishes, without the reserved arguments: this loop never
 //!   retries a call itself, and their text would fill a small model's context). Streamed text
 //!   becomes chat deltas, one message per request; streamed tool calls are assembled from their fragments and run
@@ -94,6 +94,7 @@ impl Backend for OpenAiBackend {
                 system_prompt: setup.system_prompt,
                 history: Mutex::new(history),
                 learned_bound: Mutex::new(None),
+                asks_usage: std::sync::atomic::AtomicBool::new(true),
                 history_path,
                 sink,
                 runtime: runtime.clone(),
@@ -219,6 +220,9 @@ pub(crate) struct Shared {
     /// model's context: from then on the history is bounded by it too (this run of the session only), so that
     /// every later turn is not refused once first, and the prompt's start stays the same from turn to turn.
     learned_bound: Mutex<Option<usize>>,
+    /// Whether requests ask for the usage (`stream_options.include_usage`): until the endpoint refuses the field
+    /// (Mistral's API, which sends the usage anyway), then no more in this run of the session.
+    asks_usage: std::sync::atomic::AtomicBool,
     history_path: PathBuf,
     sink: EventSink,
     runtime: tokio::runtime::Handle,
@@ -283,9 +287,11 @@ impl Shared {
             "model": self.endpoint.model,
             "messages": roles::alternating(all),
             "stream": true,
-            "stream_options": {"include_usage": true},
         });
         if let Value::Object(object) = &mut request {
+            if self.asks_usage.load(std::sync::atomic::Ordering::Relaxed) {
+                object.insert("stream_options".into(), json!({"include_usage": true}));
+            }
             if !tools.is_empty() {
                 object.insert("tools".into(), Value::Array(tools.to_vec()));
             }

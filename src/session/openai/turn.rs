@@ -48,6 +48,8 @@ enum RoundEnd {
     },
     /// The endpoint refused the request as longer than the model's context (the error says what to set).
     TooLong(ToolError),
+    /// The endpoint refused the request's `stream_options`, which requests no longer carry: asked again.
+    WithoutStreamOptions,
 }
 
 /// A reasoning model's thinking in one answer (`reasoning_content` as llama.cpp's server, DeepSeek and Kimi send
@@ -208,6 +210,8 @@ async fn drive(
                     let advice = super::client::too_long_advice(&shared.endpoint, sent, round);
                     return Err(ToolError { message: format!("{}: {advice}", error.message), ..error });
                 }
+                // Once per session: the flag is cleared, so a second refusal is an error like any other.
+                RoundEnd::WithoutStreamOptions => {}
                 end => {
                     if shrunk {
                         // Taken: later requests start from this share, and the history is cut to it when saved.
@@ -226,6 +230,7 @@ async fn drive(
             }
             RoundEnd::Done { text, calls, finish, reasoning } => (text, calls, finish, reasoning),
             RoundEnd::TooLong(error) => return Err(error),
+            RoundEnd::WithoutStreamOptions => return Err(ToolError::internal("a round asked again was not sent")),
         };
         if calls.is_empty() {
             if text.is_empty() && finish.is_none() {
@@ -354,6 +359,13 @@ async fn stream_round(
     let mut stream: StreamResponse<Chunk> = match opened {
         Err(_elapsed) => return Err(stalled(shared, open_bound)),
         Ok(Err(error)) if too_long(&error) => return Ok(RoundEnd::TooLong(describe(endpoint, error))),
+        Ok(Err(error))
+            if super::client::refuses_stream_options(&error)
+                && shared.asks_usage.swap(false, std::sync::atomic::Ordering::Relaxed) =>
+        {
+            tracing::warn!(session = %shared.conversation, error = %describe(endpoint, error), "the endpoint refuses `stream_options`: asking again without it");
+            return Ok(RoundEnd::WithoutStreamOptions);
+        }
         Ok(Err(error)) => return Err(describe(endpoint, error)),
         Ok(Ok(stream)) => stream,
     };
