@@ -829,14 +829,20 @@ fn one_call_in_fragments_stays_one_call_whether_the_server_repeats_its_id_omits_
     server.reply(calls(vec![fragment(None, Some("b"), Some("bump"), by), fragment(None, Some("b"), None, "10}")]));
     // An id that changes between fragments of one call (no name with the new one).
     server.reply(calls(vec![call(0, "c1", "bump", by), fragment(Some(0), Some("c2"), None, "100}")]));
+    // A placeholder `"null"` on a later fragment (the GLM model Mistral hosts): the real id stays.
+    server.reply(calls(vec![call(0, "abc123XYZ", "bump", by), fragment(Some(0), Some("null"), None, "1000}")]));
     server.reply(says("done"));
     let session = game.create(endpoint(&server)).expect("starts");
-    let turn = game.block_on(session.send_text("three bumps")).expect("ends");
+    let turn = game.block_on(session.send_text("four bumps")).expect("ends");
     assert_eq!(turn.final_message.as_deref(), Some("done"));
-    assert_eq!(game.counter(), 3, "three calls, each run once");
-    let results = tool_results(&server, 3);
-    assert_eq!(results.len(), 3, "{results:?}");
-    for (result, counter) in results.iter().zip([1, 11, 111]) {
+    assert_eq!(game.counter(), 4, "four calls, each run once");
+    let results = tool_results(&server, 4);
+    assert_eq!(results.len(), 4, "{results:?}");
+    let last = &server.requests()[4];
+    let messages = last["messages"].as_array().cloned().unwrap_or_default();
+    let ids: Vec<&str> = messages.iter().filter_map(|m| m["tool_call_id"].as_str()).collect();
+    assert_eq!(ids.last(), Some(&"abc123XYZ"), "the tool result answers the real id: {ids:?}");
+    for (result, counter) in results.iter().zip([1, 11, 111, 1111]) {
         assert!(result.contains(&format!("\"counter\":{counter}")), "each whole, with its arguments: {results:?}");
     }
 }

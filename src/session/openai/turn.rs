@@ -423,7 +423,9 @@ async fn stream_round(
                 (shared.sink)(BackendEvent::MessageChunk { message: Some(message.clone()), text: piece });
             }
             for fragment in choice.delta.tool_calls.unwrap_or_default() {
-                let id = fragment.id.filter(|id| !id.is_empty());
+                // `"null"`, as text, is a placeholder (the GLM model Mistral hosts sends it on later fragments of a
+                // call whose real id came first), never an id to send back.
+                let id = fragment.id.filter(|id| !id.is_empty() && id != "null");
                 let named = fragment.function.as_ref().and_then(|f| f.name.as_deref()).is_some_and(|n| !n.is_empty());
                 // A fragment continues the latest call at its index (without an index, the latest call), unless it
                 // brings another id *and* a name: then it starts a new call (Ollama gives every call of a parallel
