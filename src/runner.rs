@@ -82,7 +82,7 @@ impl Plugin for AgentToolsRunnerPlugin {
                 if let Some(exit) = app.should_exit() {
                     return exit;
                 }
-                serve_steps_until(app.world_mut(), started + wait);
+                serve_steps_until(app.world_mut(), crate::deadline::after(started, wait));
             }
         });
     }

@@ -51,7 +51,28 @@ impl AgentRuntime {
 
     pub(crate) fn stop(&mut self, grace: Duration) {
         if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_timeout(grace);
+            if tokio::runtime::Handle::try_current().is_ok() {
+                // A game that runs its app inside a runtime of its own (`#[tokio::main]`): tokio refuses to block
+                // there (a panic at every exit). Stopped on a thread of its own, the grace kept; without one (no
+                // thread to be had), in the background, as a drop inside a runtime is.
+                let slot = std::sync::Arc::new(parking_lot::Mutex::new(Some(runtime)));
+                let taken = slot.clone();
+                let stopping = std::thread::Builder::new().name("agent-tools-stop".into()).spawn(move || {
+                    if let Some(runtime) = taken.lock().take() {
+                        runtime.shutdown_timeout(grace);
+                    }
+                });
+                match stopping {
+                    Ok(stopping) => drop(stopping.join()),
+                    Err(_) => {
+                        if let Some(runtime) = slot.lock().take() {
+                            runtime.shutdown_background();
+                        }
+                    }
+                }
+            } else {
+                runtime.shutdown_timeout(grace);
+            }
         }
     }
 }

@@ -231,3 +231,34 @@ fn h6_the_plugins_workers_stop_at_the_exit() {
 }
 
 const HARNESS: Duration = bevy_agent_tools::testing::HARNESS_LIMIT;
+
+#[test]
+fn h6_a_game_that_runs_its_app_inside_a_tokio_runtime_of_its_own_exits_without_a_panic() {
+    // `#[tokio::main] async fn main() { app.run(); }`: the exit stops the plugin's workers where tokio refuses to
+    // block.
+    let outer = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let exited = outer.block_on(async {
+        let mut app = headless_app(AgentToolsPlugin::new(TestGame::default()));
+        app.enter_world("alpha");
+        app.world_mut().write_message(AppExit::Success);
+        app.update();
+        app.should_exit()
+    });
+    assert_eq!(exited, Some(AppExit::Success));
+}
+
+#[test]
+fn h5_no_world_opens_after_the_exit() {
+    let game = TestGame::default();
+    let record = game.record.clone();
+    let mut app = headless_app(AgentToolsPlugin::new(game));
+    app.enter_world("alpha");
+    app.world_mut().write_message(AppExit::Success);
+    app.update();
+    let opens = record.opens.load(std::sync::atomic::Ordering::SeqCst);
+    // A game loop that goes on after `AppExit` (or transitions placed after the exit in its frame): the world
+    // would never be closed or saved, and its calls would have no worker.
+    app.enter_world("beta");
+    assert_eq!(record.opens.load(std::sync::atomic::Ordering::SeqCst), opens, "no `open` after `shutdown`");
+    assert!(app.agent().visit().is_none());
+}

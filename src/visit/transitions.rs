@@ -55,6 +55,14 @@ pub(crate) fn apply_transitions<L: WorldLifecycle>(world: &mut World) {
     let mut pending = std::mem::take(&mut world.resource_mut::<PendingTransitions>().0);
     pending.sort_by_key(|(order, _)| *order);
     world.resource_scope(|world, mut slot: Mut<VisitSlot<L>>| {
+        if slot.shut_down {
+            // The game exited (its lifecycle's `shutdown` ran, its workers stopped): a world entered now would
+            // never be closed or saved, and its calls would have no worker to run on.
+            if !pending.is_empty() {
+                tracing::warn!(transitions = pending.len(), "the game has exited: its world transitions are ignored");
+            }
+            return;
+        }
         for (_, transition) in pending {
             match transition {
                 Transition::Enter { world: id, dimension } => {
