@@ -1342,7 +1342,15 @@ fn a_stream_that_stalls_times_out() {
     let session = game.create(endpoint(&server).stall_timeout(Duration::from_millis(300))).expect("starts");
     let (code, message) = code_of(game.block_on(session.send_text("hi")));
     assert_eq!(code, ErrorCode::Timeout, "{message}");
+    assert!(!message.contains("reading the prompt"), "part of the answer had come: {message}");
     assert_eq!(session.status(), ConversationStatus::Error);
+
+    // Silent from the start, as a local server reading a long prompt is: the message says so, and what to set.
+    game.block_on(session.resume()).expect("resumed");
+    server.reply(Reply::Stream(vec![Piece::Stall]));
+    let (code, message) = code_of(game.block_on(session.send_text("hi again")));
+    assert_eq!(code, ErrorCode::Timeout, "{message}");
+    assert!(message.contains("reading the prompt") && message.contains("stall_timeout"), "{message}");
 }
 
 #[test]

@@ -357,7 +357,7 @@ async fn stream_round(
         opened = opening => opened,
     };
     let mut stream: StreamResponse<Chunk> = match opened {
-        Err(_elapsed) => return Err(stalled(shared, open_bound)),
+        Err(_elapsed) => return Err(stalled(shared, open_bound, true)),
         Ok(Err(error)) if too_long(&error) => return Ok(RoundEnd::TooLong(describe(endpoint, error))),
         Ok(Err(error))
             if super::client::refuses_stream_options(&error)
@@ -388,7 +388,7 @@ async fn stream_round(
         };
         let chunk = match next {
             Err(_elapsed) if finish.is_some() => break,
-            Err(_elapsed) => return Err(stalled(shared, stall)),
+            Err(_elapsed) => return Err(stalled(shared, stall, held == 0)),
             Ok(None) => break,
             // The answer said how it finished: what breaks after that (a server that sends no `[DONE]`) takes
             // nothing from it.
@@ -495,10 +495,17 @@ fn oversized(shared: &Shared, held: usize, calls: usize) -> ToolError {
 }
 
 /// `waited`: the stall timeout, or while the request opens, that and the bounded retries' waits.
-fn stalled(shared: &Shared, waited: std::time::Duration) -> ToolError {
+/// `before_the_answer`: nothing of the answer had come yet, which a local server reading a long prompt on a CPU
+/// (minutes, the first turn after a restart or after old turns were dropped) looks like too.
+fn stalled(shared: &Shared, waited: std::time::Duration, before_the_answer: bool) -> ToolError {
     let url = shared.endpoint.completions_url();
-    ToolError::with_code(ErrorCode::Timeout, format!("{url} sent nothing for {waited:?}: the request was abandoned"))
-        .with_detail("url", &url)
+    let mut message = format!("{url} sent nothing for {waited:?}: the request was abandoned");
+    if before_the_answer {
+        message.push_str(
+            " (before any of the answer: a local server may still have been reading the prompt, which takes minutes              on a CPU; `OpenAiEndpoint::stall_timeout` sets how long a silence is waited for)",
+        );
+    }
+    ToolError::with_code(ErrorCode::Timeout, message).with_detail("url", &url)
 }
 
 /// The request for one tool call of the model's, or the error it reads instead (arguments that are not a JSON
