@@ -16,7 +16,8 @@ use crate::visit::VisitSlot;
 /// What happens on `AppExit`, in this order, in the `Last` schedule: in-game agent sessions end or disconnect
 /// and their agent processes stop; then the open visit closes (its calls end, `VISIT_ENDED`), its save completes
 /// and the lifecycle shuts down; then transports send the outcomes of the calls that ended and stop; after
-/// `Transport`, the host's runtime stops. All of it is bounded by
+/// `Transport`, the host's runtime stops. The sessions' part is bounded by 5 s (an agent's close: its input closed,
+/// 1 s, `SIGTERM`, 2 s, `SIGKILL`), the host's and the transports' by
 /// [`AgentToolsPlugin::exit_deadline`](crate::AgentToolsPlugin::exit_deadline). Order a game's own exit work
 /// against these: a system in `Last` after `Host` reads the exit's [`VisitClosed`](crate::VisitClosed) and
 /// [`VisitSaved`](crate::VisitSaved) messages (the app runs no frame after this one; a save still running at the
@@ -61,6 +62,17 @@ pub(crate) fn configure(app: &mut App) {
         .configure_sets(LateExit, (ExitSet::Sessions, ExitSet::Host, ExitSet::Transport).chain())
         .add_systems(Last, decide_in_last)
         .add_systems(LateExit, decide(ExitIn::LateExit).before(ExitSet::Sessions));
+}
+
+/// Moves [`LateExit`] to the end of the frame's schedules, once every plugin is built: one a plugin inserted after
+/// `Last` before this one was built would run after it, and an `AppExit` written there would be missed (no close,
+/// no save, no `shutdown`).
+pub(crate) fn run_late_exit_last(app: &mut App) {
+    if let Some(mut order) = app.world_mut().get_resource_mut::<MainScheduleOrder>() {
+        let late = LateExit.intern();
+        order.labels.retain(|label| *label != late);
+        order.labels.push(late);
+    }
 }
 
 /// Adds the exit's `systems` (each placed in an [`ExitSet`]) to `Last` and to the schedule after it: they run in

@@ -436,6 +436,7 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
     /// (`WinitSettings::desktop_app()`) runs that frame instead of sleeping until the next window event. Plugins
     /// are all built by now, so the order in which the game added them does not matter.
     fn finish(&self, app: &mut App) {
+        crate::exit::run_late_exit_last(app);
         for missing in self.state_checks.iter().filter_map(|check| check(app)) {
             tracing::warn!(
                 state = missing,

@@ -262,3 +262,34 @@ fn h5_no_world_opens_after_the_exit() {
     assert_eq!(record.opens.load(std::sync::atomic::Ordering::SeqCst), opens, "no `open` after `shutdown`");
     assert!(app.agent().visit().is_none());
 }
+
+/// A schedule of the game's own, inserted after `Last` before the plugin was added.
+#[derive(bevy::ecs::schedule::ScheduleLabel, Clone, Debug, PartialEq, Eq, Hash)]
+struct AfterLast;
+
+#[test]
+fn h6_an_app_exit_written_in_a_schedule_after_last_still_closes_and_saves_the_visit() {
+    use bevy::prelude::{IntoScheduleConfigs, Res};
+    let game = TestGame::default();
+    let record = game.record.clone();
+    let mut app = bevy::app::App::new();
+    app.add_plugins(bevy::MinimalPlugins);
+    app.world_mut().resource_mut::<bevy::app::MainScheduleOrder>().insert_after(bevy::prelude::Last, AfterLast);
+    app.init_schedule(AfterLast);
+    app.add_plugins(AgentToolsPlugin::new(game));
+    app.add_systems(AfterLast, quit.run_if(|quit: Option<Res<Quit>>| quit.is_some()));
+    app.finish();
+    app.cleanup();
+    app.enter_world("alpha");
+    app.insert_resource(Quit);
+    app.update();
+    assert!(app.should_exit().is_some());
+    assert_eq!(record.closes.load(std::sync::atomic::Ordering::SeqCst), 1, "the visit was closed (and saved)");
+}
+
+#[derive(bevy::prelude::Resource)]
+struct Quit;
+
+fn quit(mut exit: bevy::prelude::MessageWriter<AppExit>) {
+    exit.write(AppExit::Success);
+}
