@@ -848,6 +848,24 @@ fn one_call_in_fragments_stays_one_call_whether_the_server_repeats_its_id_omits_
 }
 
 #[test]
+fn what_the_server_sends_with_a_tool_call_to_have_back_goes_back_with_it() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    // Gemini's OpenAI-compatible endpoint: a thought signature on the call, refused if the next request lacks it.
+    let signature = json!({"google": {"thought_signature": "c2lnbmF0dXJl"}});
+    let signed = Piece::Data(json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1",
+        "type": "function", "function": {"name": "bump", "arguments": "{}"}, "extra_content": signature}]}}]}));
+    server.reply(calls(vec![signed])).reply(says("done"));
+    let session = game.create(endpoint(&server)).expect("starts");
+    game.block_on(session.send_text("bump")).expect("ends");
+    let requests = server.requests();
+    let messages = requests[1]["messages"].as_array().cloned().unwrap_or_default();
+    let call = messages.iter().find_map(|m| m["tool_calls"].as_array().and_then(|calls| calls.first().cloned()));
+    assert_eq!(call.expect("the call, in the next request")["extra_content"], signature);
+}
+
+#[test]
 fn s3_a_world_exit_during_the_models_tool_call_gives_it_visit_ended_and_applies_nothing() {
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();

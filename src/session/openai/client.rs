@@ -61,6 +61,10 @@ pub(crate) struct ToolCallChunk {
     pub id: Option<String>,
     #[serde(default)]
     pub function: Option<FunctionChunk>,
+    /// What the server wants back with the call (Gemini's `{"google": {"thought_signature": ...}}`: without it,
+    /// its next request is refused).
+    #[serde(default)]
+    pub extra_content: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]

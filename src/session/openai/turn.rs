@@ -24,6 +24,8 @@ struct PendingCall {
     id: String,
     name: String,
     arguments: String,
+    /// Sent back with the call as it came (Gemini's thought signature).
+    extra_content: Option<Value>,
 }
 
 /// How long a streamed answer that gave its `finish_reason` may stay silent before it is taken as complete.
@@ -284,7 +286,12 @@ async fn drive(
             .iter()
             .map(|call| {
                 let arguments = kept_arguments(&call.arguments);
-                json!({"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}})
+                let mut wire =
+                    json!({"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}});
+                if let Some(extra) = &call.extra_content {
+                    wire["extra_content"] = extra.clone();
+                }
+                wire
             })
             .collect();
         let content = if text.is_empty() { Value::Null } else { Value::String(text) };
@@ -444,6 +451,12 @@ async fn stream_round(
                     }
                 };
                 let call = &mut calls[slot];
+                if let Some(extra) = fragment.extra_content.filter(|extra| !extra.is_null()) {
+                    if call.extra_content.is_none() {
+                        held = held.saturating_add(extra.to_string().len());
+                        call.extra_content = Some(extra);
+                    }
+                }
                 if let Some(id) = id.filter(|id| *id != call.id) {
                     // Ids are held (and sent back with each result) as the rest is: counted, or 256 calls could
                     // each bring an id of an event's size.
