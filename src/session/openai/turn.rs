@@ -515,7 +515,8 @@ fn stalled(shared: &Shared, waited: std::time::Duration, before_the_answer: bool
     let mut message = format!("{url} sent nothing for {waited:?}: the request was abandoned");
     if before_the_answer {
         message.push_str(
-            " (before any of the answer: a local server may still have been reading the prompt, which takes minutes              on a CPU; `OpenAiEndpoint::stall_timeout` sets how long a silence is waited for)",
+            " (before any of the answer: a local server may still have been reading the prompt, which takes minutes \
+             on a CPU; `OpenAiEndpoint::stall_timeout` sets how long a silence is waited for)",
         );
     }
     ToolError::with_code(ErrorCode::Timeout, message).with_detail("url", &url)
