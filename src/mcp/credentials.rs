@@ -36,8 +36,8 @@ impl std::fmt::Debug for Credentials {
 
 impl Credentials {
     /// Mints a new bearer token for `conversation` (32 random bytes, hex). Every request that presents it is
-    /// attributed to `conversation` until [`revoke`](Self::revoke), which opens like any conversation a client
-    /// names (and reopens after it ended, `Ended → Idle`).
+    /// attributed to `conversation` until [`revoke`](Self::revoke); the conversation opens as any a client names
+    /// does (and reopens after it ended, `Ended → Idle`).
     pub fn mint(&self, conversation: &ConversationId) -> Result<String, super::McpConfigError> {
         self.insert(BoundConversation { conversation: conversation.clone(), of_session: false })
     }
