@@ -41,6 +41,8 @@ enum Reply {
     Refusal(u16, &'static str),
     /// `200` with this whole chat completion as JSON: a server that ignores `stream: true`.
     Whole(Value),
+    /// `200` with this HTML page: a proxy's or a captive portal's, not the endpoint's answer.
+    Page(&'static str),
 }
 
 enum Piece {
@@ -268,6 +270,9 @@ async fn completions(
             .header("content-type", "application/json")
             .body(Body::from(body))
             .unwrap(),
+        Some(Reply::Page(page)) => {
+            Response::builder().header("content-type", "text/html; charset=utf-8").body(Body::from(page)).unwrap()
+        }
         Some(Reply::Whole(answer)) => Response::builder()
             .header("content-type", "application/json; charset=utf-8")
             .body(Body::from(answer.to_string()))
@@ -1607,6 +1612,15 @@ fn a_refusal_in_llama_cpps_or_vllms_own_shape_says_its_status_and_message() {
     let error = game.block_on(session.send_text("three")).expect_err("refused");
     assert_eq!(said(&error).0, Some(json!(404)));
     assert!(error.message.contains("answered 404 (404 page not found): check the base URL"), "{}", error.message);
+}
+
+#[test]
+fn a_page_in_place_of_the_answer_fails_the_turn_quoting_the_page() {
+    let (_data, server, game, session) = started();
+    server.reply(Reply::Page("<html><body>Proxy authentication required: sign in at the portal</body></html>"));
+    let (code, message) = code_of(game.block_on(session.send_text("hi")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert!(message.contains("Proxy authentication required"), "the page's words, not a broken stream: {message}");
 }
 
 #[test]

@@ -258,6 +258,11 @@ async fn readable(response: reqwest::Response) -> Result<reqwest::Response, Open
         return Err(refused(response).await);
     }
     let content_type = response.headers().get(reqwest::header::CONTENT_TYPE).and_then(|value| value.to_str().ok());
+    if content_type.is_some_and(|value| value.trim_start().to_ascii_lowercase().starts_with("text/html")) {
+        // A page, not an answer (a proxy's sign-in, a captive portal): its words say why, where the stream's parser
+        // would read nothing and the turn would end as a broken stream.
+        return Err(refused(response).await);
+    }
     if !content_type.is_some_and(|value| value.trim_start().to_ascii_lowercase().starts_with("application/json")) {
         // The stream, watched for its end (`answer_end`).
         let headers = response.headers().clone();
