@@ -1624,6 +1624,15 @@ fn a_page_in_place_of_the_answer_fails_the_turn_quoting_the_page() {
 }
 
 #[test]
+fn a_whole_answer_without_choices_fails_the_turn_quoting_its_words() {
+    let (_data, server, game, session) = started();
+    server.reply(Reply::Whole(json!({"detail": "Not authenticated: the gateway wants a session"})));
+    let (code, message) = code_of(game.block_on(session.send_text("hi")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert!(message.contains("the gateway wants a session"), "the body's words, not an empty answer: {message}");
+}
+
+#[test]
 fn a_connection_broken_mid_answer_fails_the_turn_and_leaves_the_history() {
     let (_data, server, game, session) = after_one_turn();
     server.reply(Reply::Stream(vec![text("half"), Piece::Break]));

@@ -326,8 +326,10 @@ fn refusal(body: &[u8]) -> ApiError {
 }
 
 /// A whole chat completion as the one streamed chunk it amounts to, then `[DONE]`: each choice's `message`
-/// becomes its `delta` (its tool calls numbered, their arguments as text). Anything else (an `{"error"}` sent
-/// with a `200`, a body that is not JSON) is passed on as the chunk, for the turn to report.
+/// becomes its `delta` (its tool calls numbered, their arguments as text). An `{"error"}` sent with a `200`, and a
+/// body that is not JSON, are passed on as the chunk, for the turn to report; other JSON (a proxy's
+/// `{"detail": "Not authenticated"}`, a bare string) is reported as the error its words say, where the client
+/// would read it as a chunk with no choices and the turn would end without them.
 fn as_event_stream(body: &[u8]) -> Vec<u8> {
     let chunk = match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(mut answer)) if answer.contains_key("choices") => {
@@ -343,7 +345,10 @@ fn as_event_stream(body: &[u8]) -> Vec<u8> {
             }
             Value::Object(chunk).to_string()
         }
-        Ok(other) => other.to_string(),
+        Ok(Value::Object(answer)) if answer.get("error").is_some_and(|error| !error.is_null()) => {
+            Value::Object(answer).to_string()
+        }
+        Ok(_) => json!({ "error": { "message": refusal(body).message } }).to_string(),
         // One line, as an event's data must be: the turn reports it as a malformed chunk, quoting it.
         Err(_) => String::from_utf8_lossy(body).replace(['\r', '\n'], " "),
     };
