@@ -50,6 +50,8 @@ enum Piece {
     Data(Value),
     /// Bytes sent as they are.
     Raw(&'static str),
+    /// Bytes sent as they are, which need not be UTF-8.
+    Bytes(&'static [u8]),
     /// Sends nothing more, ever (until the client goes away).
     Stall,
     /// Breaks the connection, as a server that crashed mid-answer.
@@ -290,12 +292,13 @@ async fn completions(
             let pieces: VecDeque<Piece> = pieces.into();
             let stream = futures_util::stream::unfold((pieces, watch), |(mut pieces, mut watch)| async move {
                 let bytes = match pieces.pop_front() {
-                    Some(Piece::Data(value)) => format!("data: {value}\n\n"),
-                    Some(Piece::Raw(raw)) => raw.to_string(),
+                    Some(Piece::Data(value)) => format!("data: {value}\n\n").into_bytes(),
+                    Some(Piece::Raw(raw)) => raw.as_bytes().to_vec(),
+                    Some(Piece::Bytes(bytes)) => bytes.to_vec(),
                     Some(Piece::Stall) => std::future::pending().await,
                     Some(Piece::Wait(pause)) => {
                         tokio::time::sleep(pause).await;
-                        String::new()
+                        Vec::new()
                     }
                     Some(Piece::Break) => {
                         watch.1 = true;
@@ -305,11 +308,11 @@ async fn completions(
                         // Nothing more, and no `[DONE]` (the arm for the end sends it only when this is unset).
                         watch.1 = true;
                         pieces.clear();
-                        String::new()
+                        Vec::new()
                     }
                     None if !watch.1 => {
                         watch.1 = true;
-                        "data: [DONE]\n\n".to_string()
+                        b"data: [DONE]\n\n".to_vec()
                     }
                     None => return None,
                 };
@@ -1621,6 +1624,19 @@ fn a_page_in_place_of_the_answer_fails_the_turn_quoting_the_page() {
     let (code, message) = code_of(game.block_on(session.send_text("hi")));
     assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
     assert!(message.contains("Proxy authentication required"), "the page's words, not a broken stream: {message}");
+}
+
+#[test]
+fn a_byte_that_is_not_utf8_in_the_answer_reads_as_a_replacement_character_and_the_turn_ends() {
+    let (_data, server, game, session) = started();
+    // A character cut between two tokens (the first byte of a 3-byte one), then the rest of the answer.
+    server.reply(Reply::Stream(vec![
+        Piece::Bytes(b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"caf\xE2 au lait\"}}]}\n\n"),
+        text(", please"),
+        finish("stop"),
+    ]));
+    let turn = game.block_on(session.send_text("hi")).expect("the turn ends, not broken at the byte");
+    assert_eq!(turn.final_message.as_deref(), Some("caf\u{FFFD} au lait, please"));
 }
 
 #[test]

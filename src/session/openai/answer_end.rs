@@ -9,6 +9,10 @@
 //! reports a failure mid-stream as a line `error: {"code": ..., "message": ...}`, then closes. An SSE reader
 //! ignores a field it does not know, so the player would read only that the answer broke off; the line is handed
 //! on as the chunk `data: {"error": ...}` too, which the turn reports with the server's words.
+//!
+//! And it makes the body valid UTF-8 as the SSE standard decodes it: a byte that is not (a server that cut a
+//! character between two tokens) becomes U+FFFD, where the client's SSE reader would end the whole answer with
+//! an encoding error at it. A character split between two chunks is joined first.
 
 use std::error::Error;
 use std::pin::Pin;
@@ -26,6 +30,8 @@ const CARRY: usize = 16;
 const ERROR_FIELD: &[u8] = b"error:";
 /// The most of an error line kept (the message quoted from it is shorter still).
 const ERROR_LINE_LIMIT: usize = 64 * 1024;
+/// U+FFFD REPLACEMENT CHARACTER, in UTF-8: what a byte that is not UTF-8 is read as.
+const REPLACEMENT: &[u8] = "\u{FFFD}".as_bytes();
 /// The most one event (the bytes up to a blank line) may take: the SSE reader keeps an event whole until it ends,
 /// so a server that streams one without end would otherwise fill memory while the stall timeout never fires.
 const EVENT_LIMIT: usize = super::client::WHOLE_ANSWER_LIMIT;
@@ -45,6 +51,8 @@ pub(crate) struct DoneWatch<S> {
     /// Bytes since the last blank line (the current event's), and whether the last line so far was empty.
     in_event: usize,
     blank: bool,
+    /// The start of a character the previous chunk ended in the middle of (at most 3 bytes).
+    split_char: Vec<u8>,
 }
 
 impl<S> DoneWatch<S> {
@@ -59,7 +67,37 @@ impl<S> DoneWatch<S> {
             ended: false,
             in_event: 0,
             blank: true,
+            split_char: Vec::new(),
         }
+    }
+
+    /// `chunk` as valid UTF-8 (after the start of a character the previous one ended in, and without the start of
+    /// one it ends in), each byte that is not UTF-8 as U+FFFD; `None` if it is that already.
+    fn valid_utf8(&mut self, chunk: &[u8]) -> Option<Vec<u8>> {
+        if self.split_char.is_empty() && std::str::from_utf8(chunk).is_ok() {
+            return None;
+        }
+        let mut bytes = std::mem::take(&mut self.split_char);
+        bytes.extend_from_slice(chunk);
+        let mut valid = Vec::with_capacity(bytes.len());
+        let mut rest = &bytes[..];
+        while let Err(error) = std::str::from_utf8(rest) {
+            let (good, after) = rest.split_at(error.valid_up_to());
+            valid.extend_from_slice(good);
+            match error.error_len() {
+                Some(bad) => {
+                    valid.extend_from_slice(REPLACEMENT);
+                    rest = &after[bad..];
+                }
+                // A character the next chunk may finish.
+                None => {
+                    self.split_char = after.to_vec();
+                    rest = &[];
+                }
+            }
+        }
+        valid.extend_from_slice(rest);
+        Some(valid)
     }
 
     /// Counts `chunk` into the current event. Returns whether the event is still within [`EVENT_LIMIT`].
@@ -164,6 +202,10 @@ where
             match Pin::new(&mut self.body).poll_next(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(chunk))) => {
+                    let chunk = match self.valid_utf8(chunk.as_ref()) {
+                        Some(valid) => B::from(valid),
+                        None => chunk,
+                    };
                     if !self.within_event_limit(chunk.as_ref()) {
                         self.ended = true;
                         return Poll::Ready(Some(Err(Box::new(EventTooLong))));
@@ -181,11 +223,20 @@ where
                 }
                 Poll::Ready(None) => {
                     self.body_ended = true;
+                    // A character the body ended in the middle of.
+                    let mut last = match self.split_char.is_empty() {
+                        true => Vec::new(),
+                        false => REPLACEMENT.to_vec(),
+                    };
+                    self.split_char.clear();
                     // An error line the body ended in, without its line break: its chunk comes before the end.
-                    if let Some(mut event) = self.error_event() {
+                    if let Some(event) = self.error_event() {
                         self.line.clear();
-                        event.insert(0, b'\n');
-                        return Poll::Ready(Some(Ok(B::from(event))));
+                        last.push(b'\n');
+                        last.extend_from_slice(&event);
+                    }
+                    if !last.is_empty() {
+                        return Poll::Ready(Some(Ok(B::from(last))));
                     }
                 }
             }
@@ -271,5 +322,27 @@ mod tests {
         // The words at a line's start inside a data line, or a line that only starts alike, are not one.
         let ended = ends(&["data: error: {}\n\nerrors: 1\n\n", "data: [DONE]\n\n"]);
         assert_eq!(ended, [Ok("data: error: {}\n\nerrors: 1\n\n".into()), Ok("data: [DONE]\n\n".into())]);
+    }
+
+    #[test]
+    fn a_byte_that_is_not_utf8_reads_as_a_replacement_and_a_split_character_is_joined() {
+        let body = futures_util::stream::iter(
+            [&b"data: {\"c\":\"\xE2\x82"[..], b"\xAC and \xFF\xFE\"}\n\ndata: [DONE]\n\n\xF0\x9F"]
+                .map(|chunk| Ok::<_, std::io::Error>(chunk.to_vec())),
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+        let read: Vec<Vec<u8>> = runtime.block_on(DoneWatch::new(body).map(|item| item.expect("no error")).collect());
+        let chunks: Vec<&str> =
+            read.iter().map(|bytes| std::str::from_utf8(bytes).expect("each chunk UTF-8")).collect();
+        assert_eq!(
+            chunks,
+            ["data: {\"c\":\"", "\u{20AC} and \u{FFFD}\u{FFFD}\"}\n\ndata: [DONE]\n\n", "\u{FFFD}"],
+            "the euro sign joined across chunks, each bad byte replaced, the character cut at the end replaced"
+        );
+        // Already valid: passed on as it is.
+        let mut watch = DoneWatch::<futures_util::stream::Empty<Result<Vec<u8>, std::io::Error>>>::new(
+            futures_util::stream::empty(),
+        );
+        assert_eq!(watch.valid_utf8("data: ä\n".as_bytes()), None);
     }
 }
