@@ -44,8 +44,9 @@ use serde::Serialize;
 ///   `Option<Box<_>>` nests about 128 deep in either): deeper, it fails with
 ///   [`StoreError::Decode`](super::StoreError::Decode) ("nests deeper than 256 levels") rather than overflowing
 ///   the loading thread's stack, which would abort the game every time the world is entered (a recursive type, a
-///   tree of nodes, from a save someone crafted). Both codecs save deeper documents without complaint: keep a
-///   recursive saved type's depth under the limit;
+///   tree of nodes, from a save someone crafted). A JSON save refuses a document deeper than JSON loads back
+///   ([`StoreError::Encode`](super::StoreError::Encode), and the previous save stays the one that loads); a
+///   postcard save does not check: keep a recursive saved type's depth under the limit;
 ///
 /// Round-trip a document type through the store in a test before you switch it.
 ///

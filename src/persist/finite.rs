@@ -5,12 +5,19 @@
 //! At no cost to a save without `null`s: the JSON is written as `serde_json` writes it, noting whether it wrote a
 //! `null`. Only then is the value walked again for a non-finite `f32` or `f64` ([`crate::finite`], which writes
 //! nothing; a `null` may also be a `None` or a `()`).
+//!
+//! For the same reason a save refuses a document nested deeper than `serde_json` reads back ([`JSON_DEPTH`] arrays
+//! and objects): written, it would load as damaged and the previous save would be the one that loads.
 
 use std::io::{self, Write};
 
 use serde::ser::{self, Serialize};
 
 use crate::finite::{non_finite, NOT_FINITE};
+
+/// The most arrays and objects inside one another `serde_json` reads (its recursion limit, 128, counts down to
+/// the first it refuses).
+pub(crate) const JSON_DEPTH: usize = 127;
 
 /// Writes `value` as JSON into `out`, refusing a float that is NaN or infinite (the message names its field).
 pub(crate) fn to_writer<T: Serialize + ?Sized>(out: impl Write, value: &T) -> Result<(), serde_json::Error> {
@@ -29,7 +36,18 @@ pub(crate) fn element_to_writer<T: Serialize + ?Sized>(
 
 fn write<T: Serialize + ?Sized>(out: impl Write, value: &T, index: Option<usize>) -> Result<(), serde_json::Error> {
     let mut null = false;
-    value.serialize(&mut serde_json::Serializer::with_formatter(out, NullSeen(&mut null)))?;
+    let mut too_deep = false;
+    // An element of a sequence is inside that sequence's array.
+    let depth = usize::from(index.is_some());
+    let formatter = Watch { null: &mut null, depth, too_deep: &mut too_deep };
+    let written = value.serialize(&mut serde_json::Serializer::with_formatter(out, formatter));
+    if too_deep {
+        return Err(ser::Error::custom(format!(
+            "the document nests deeper than {JSON_DEPTH} arrays or objects, more than a JSON save loads back: keep \
+             a recursive saved type shallower"
+        )));
+    }
+    written?;
     let Some(field) = null.then(|| non_finite(value, index)).flatten() else { return Ok(()) };
     Err(ser::Error::custom(format!(
         "{NOT_FINITE} (at `{field}`) cannot be saved as JSON (it would load back as null, into no float): keep saved \
@@ -37,14 +55,55 @@ fn write<T: Serialize + ?Sized>(out: impl Write, value: &T, index: Option<usize>
     )))
 }
 
-/// `serde_json`'s compact output, noting whether it wrote a `null`.
-struct NullSeen<'a>(&'a mut bool);
+/// `serde_json`'s compact output, noting whether it wrote a `null`, and stopping past [`JSON_DEPTH`].
+struct Watch<'a> {
+    null: &'a mut bool,
+    /// Arrays and objects open.
+    depth: usize,
+    too_deep: &'a mut bool,
+}
 
-impl serde_json::ser::Formatter for NullSeen<'_> {
+impl Watch<'_> {
+    #[inline]
+    fn enter(&mut self) -> io::Result<()> {
+        self.depth += 1;
+        if self.depth > JSON_DEPTH {
+            *self.too_deep = true;
+            return Err(io::Error::other("too deep"));
+        }
+        Ok(())
+    }
+}
+
+impl serde_json::ser::Formatter for Watch<'_> {
     #[inline]
     fn write_null<W: ?Sized + Write>(&mut self, writer: &mut W) -> io::Result<()> {
-        *self.0 = true;
+        *self.null = true;
         writer.write_all(b"null")
+    }
+
+    #[inline]
+    fn begin_array<W: ?Sized + Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.enter()?;
+        writer.write_all(b"[")
+    }
+
+    #[inline]
+    fn end_array<W: ?Sized + Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.depth -= 1;
+        writer.write_all(b"]")
+    }
+
+    #[inline]
+    fn begin_object<W: ?Sized + Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.enter()?;
+        writer.write_all(b"{")
+    }
+
+    #[inline]
+    fn end_object<W: ?Sized + Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.depth -= 1;
+        writer.write_all(b"}")
     }
 }
 
@@ -123,5 +182,33 @@ mod tests {
         let mut value = creature();
         value.speed = Some(f64::NEG_INFINITY);
         assert!(written(&value).expect_err("refused").contains("`speed`"));
+    }
+
+    /// A recursive saved type: a chain of `depth` links.
+    #[derive(Serialize, serde::Deserialize)]
+    struct Link {
+        next: Option<Box<Link>>,
+    }
+
+    fn chain(depth: usize) -> Link {
+        (1..depth).fold(Link { next: None }, |next, _| Link { next: Some(Box::new(next)) })
+    }
+
+    #[test]
+    fn a_document_saves_exactly_as_deep_as_json_loads_back() {
+        for depth in 120..135 {
+            let mut out = Vec::new();
+            let saved = to_writer(&mut out, &chain(depth));
+            let loads = serde_json::from_slice::<Link>(&serde_json::to_vec(&chain(depth)).expect("json")).is_ok();
+            assert_eq!(saved.is_ok(), loads, "depth {depth}: {saved:?}");
+            if let Err(error) = saved {
+                assert!(error.to_string().contains("nests deeper than 127"), "{error}");
+                assert!(error.io_error_kind().is_none(), "the document's fault, not the disk's: {error}");
+            }
+            // An element written alone is inside the whole sequence's array.
+            let element = element_to_writer(Vec::new(), &chain(depth), 0).is_ok();
+            let whole = serde_json::to_vec(&vec![chain(depth)]).expect("json");
+            assert_eq!(element, serde_json::from_slice::<Vec<Link>>(&whole).is_ok(), "element at depth {depth}");
+        }
     }
 }
