@@ -353,8 +353,11 @@ fn an_agent_that_stays_silent_past_the_mcp_session_idle_timeout_keeps_its_tools(
     let session = game.create(agent(&dirs, &[])).expect("the session starts");
     let turn = game.block_on(session.send_text(r#"call bump {"by": 1}"#)).expect("the turn ends");
     assert!(turn.final_message.is_some_and(|m| m.contains("\"counter\":1")), "the agent's MCP session works");
-    // The player says nothing for a while: the agent's MCP session hears nothing for several idle timeouts.
-    std::thread::sleep(idle * 4);
+    // The player says nothing for a while: the agent's MCP session hears nothing. A client's session opened after
+    // its last request, and as silent, expires: the agent's has been idle past the timeout by then, and longer.
+    let address = game.game.with_app(|app| app.world().resource::<McpServer>().address());
+    let plain = common::raw_mcp::open_session(address, TOKEN);
+    common::raw_mcp::wait_until_session_expires(address, TOKEN, &plain, idle, LIMIT);
     let turn = game.block_on(session.send_text(r#"call bump {"by": 1}"#)).expect("the turn ends");
     let answer = turn.final_message.expect("a final message");
     assert!(answer.starts_with("bump answered: ") && answer.contains("\"counter\":2"), "{answer}");

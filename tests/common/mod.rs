@@ -4,6 +4,7 @@
 
 pub mod game_log;
 pub mod lines;
+pub mod raw_mcp;
 pub mod warnings;
 pub mod window;
 
