@@ -43,3 +43,27 @@ fn h14_input_without_a_world_is_no_world_and_asks_nothing() {
     assert_eq!(error.code, ErrorCode::NoWorld);
     assert_eq!(record.input_asks.load(Ordering::SeqCst), 0);
 }
+
+#[test]
+fn h14_an_input_no_longer_awaited_when_its_frame_comes_is_not_observed() {
+    let game = TestGame::default();
+    let record = game.record.clone();
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    // The input's observation is queued for the next frame, and the frame comes late: the in-game session has
+    // stopped waiting (after 500 ms) and sent its text without it.
+    let agent = app.agent();
+    let observing = agent.runtime().spawn(agent.conversation("a").observe_input());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while agent.queued_steps() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the observation was never queued");
+        std::thread::yield_now();
+    }
+    observing.abort();
+    let aborted = agent.runtime().block_on(observing);
+    assert!(aborted.is_err_and(|error| error.is_cancelled()), "dropped before its frame");
+    app.step(1);
+    assert_eq!(record.input_asks.load(Ordering::SeqCst), 0, "the game was not asked for it");
+    app.run_future(agent.conversation("a").observe_input()).expect("the next input is observed");
+    assert_eq!(record.input_asks.load(Ordering::SeqCst), 1);
+}

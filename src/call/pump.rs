@@ -181,6 +181,9 @@ impl<L: WorldLifecycle> VisitSlot<L> {
                 }
                 _ => tracing::debug!(%request, "a call's on_end cleanup was dropped: its visit had closed"),
             },
+            // Nobody waits for the observation any more (the in-game session sent its text without one): the game
+            // is not asked for it.
+            Job::InputContext { reply, .. } if reply.is_closed() => {}
             Job::InputContext { visit, reply } => {
                 let answer = match self.open.as_ref().filter(|open| open.info.visit == visit) {
                     Some(open) => {
