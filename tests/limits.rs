@@ -101,6 +101,20 @@ fn busy_never_counts_a_call_the_conversation_stopped_waiting_for_that_goes_on_fo
 }
 
 #[test]
+fn h13_a_call_waited_for_elsewhere_gets_an_outcome_when_the_game_is_dropped_without_an_exit() {
+    let (mut app, gate) = limited(8);
+    // Awaited on a runtime of the caller's own (a game's networking thread, say), not the plugin's.
+    let call = app.agent().conversation("a").call("slow", json!({}));
+    app.run_until("the handler waits at its gate", |_| gate.arrived() == 1);
+    // The app unwinds from a panic, or is dropped: no `AppExit`, the plugin's runtime stops with it.
+    drop(app);
+    let caller = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+    let outcome = caller.block_on(async { tokio::time::timeout(Duration::from_secs(10), call).await });
+    let error = outcome.expect("an outcome, not a wait without end").expect_err("the game stopped");
+    assert_eq!(error.code, ErrorCode::VisitEnded, "{error:?}");
+}
+
+#[test]
 fn progress_reports_reach_the_caller_in_order() {
     let tool = AgentTool::new("long", "Reports progress.", |ctx: CallContext<Session>, _: NoArgs| async move {
         for step in 1..=3 {

@@ -321,18 +321,46 @@ fn conflict(key: &ReplayKey) -> ToolError {
     .with_detail("arguments_differ", true)
 }
 
-async fn drive(
+/// Runs an admitted call to its outcome. The call has one even if the driver never ends: dropped unfinished (the
+/// plugin's runtime stopped without `AppExit`, as when the app is dropped or unwinds from a panic), the call ends
+/// with `VISIT_ENDED` (rule H13), so that a caller waiting on another thread or runtime is answered.
+fn drive(
     host: Arc<HostShared>,
     life: Arc<CallLife>,
     prepared: PreparedCall,
     ready: Option<Completion>,
     timeout: Duration,
-) {
-    let (outcome, unfinished) = run(&host, &life, prepared, ready, timeout).await;
-    if !life.finish(outcome) {
-        tracing::debug!(request = %life.coords.request, "the call had already ended; its late result was dropped");
+) -> impl Future<Output = ()> {
+    // Made before the driver's first poll: a driver dropped unpolled ends its call too.
+    let mut unended = EndsOnDrop(Some((host, life)));
+    async move {
+        let Some((host, life)) = unended.0.as_ref() else { return };
+        let (outcome, unfinished) = run(host, life, prepared, ready, timeout).await;
+        if !life.finish(outcome) {
+            tracing::debug!(request = %life.coords.request, "the call had already ended; its late result was dropped");
+        }
+        host.release_call(life);
+        let Some((_, life)) = unended.0.take() else { return };
+        after_the_outcome(&life, unfinished).await;
     }
-    host.release_call(&life);
+}
+
+/// Ends the call of a driver dropped before its outcome.
+struct EndsOnDrop(Option<(Arc<HostShared>, Arc<CallLife>)>);
+
+impl Drop for EndsOnDrop {
+    fn drop(&mut self) {
+        let Some((host, life)) = self.0.take() else { return };
+        let stopped = ToolError::with_code(ErrorCode::VisitEnded, "the game stopped before the call ended");
+        if life.finish(Err(stopped)) {
+            tracing::debug!(request = %life.coords.request, "the call's driver was dropped: the game stopped");
+        }
+        host.release_call(&life);
+    }
+}
+
+/// What is left of a call once it has its outcome.
+async fn after_the_outcome(life: &CallLife, unfinished: Option<Handler>) {
     // A handler still running after its call ended keeps running to clean up (rule H10); what it returns is
     // dropped, and a panic in it is caught.
     if let Some(handler) = unfinished {
