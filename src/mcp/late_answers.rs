@@ -64,7 +64,8 @@ pub(crate) async fn stream_late_answers(request: Request, next: Next) -> Respons
 /// a session) whose client accepts an event stream.
 fn streams_late<B>(request: &axum::http::Request<B>) -> Option<serde_json::Value> {
     let request_id = request.extensions().get::<JsonRpcRequestId>()?;
-    let sessionless = !request.headers().contains_key(HEADER_SESSION_ID);
+    // Read as rmcp reads it: a header that is not text names no session.
+    let sessionless = request.headers().get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok()).is_none();
     let opens_session = request_id.method == "initialize";
     (sessionless && !opens_session && accepts_event_stream(request.headers())).then(|| request_id.id.clone())
 }

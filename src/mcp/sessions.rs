@@ -589,7 +589,9 @@ pub(crate) async fn refuse_closing_sessions(
 fn opens_a_session_past_the_ceiling(sessions: &ConversationSessions, request: &Request) -> bool {
     let initialize =
         request.extensions().get::<super::parse::JsonRpcRequestId>().is_some_and(|r| r.method == "initialize");
-    initialize && !request.headers().contains_key(HEADER_SESSION_ID) && sessions.open.lock().len() >= SESSION_CEILING
+    // A session id read as rmcp reads it: a header that is not text names none, and rmcp opens a new session.
+    let names_a_session = request.headers().get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok()).is_some();
+    initialize && !names_a_session && sessions.open.lock().len() >= SESSION_CEILING
 }
 
 fn starts_in_closing_session(sessions: &ConversationSessions, request: &Request) -> bool {
@@ -797,6 +799,11 @@ mod tests {
         assert!(!opens_a_session_past_the_ceiling(&sessions, &initialize(None)), "one more may open");
         kept.push(runtime.block_on(sessions.create_session()).expect("a session"));
         assert!(opens_a_session_past_the_ceiling(&sessions, &initialize(None)), "none past the ceiling");
+        // A session header that is not text names no session: rmcp would open a new one.
+        let mut not_text = initialize(None);
+        let value = axum::http::HeaderValue::from_bytes(b"\xff").expect("a header value");
+        not_text.headers_mut().insert(HEADER_SESSION_ID, value);
+        assert!(opens_a_session_past_the_ceiling(&sessions, &not_text), "none past the ceiling, whatever its header");
         assert!(
             !opens_a_session_past_the_ceiling(&sessions, &initialize(Some(&kept[0].0))),
             "an open one's requests go on"
