@@ -507,6 +507,9 @@ impl ConversationHub {
         let mut inner = self.inner.lock();
         let entry = inner.conversations.get_mut(id).ok_or_else(|| not_found(id))?;
         let (sender, events) = unbounded_channel();
+        // Subscriptions dropped since the conversation's last event go now: a game that takes a snapshot every
+        // frame of a conversation that says nothing would otherwise keep a channel per frame.
+        entry.subscribers.retain(|subscriber| !subscriber.is_closed());
         entry.subscribers.push(sender);
         let snapshot = ConversationSnapshot {
             conversation: id.clone(),
@@ -536,7 +539,9 @@ impl ConversationHub {
     /// A subscription to every conversation's events from now on.
     pub(crate) fn subscribe_all(&self) -> Subscription {
         let (sender, events) = unbounded_channel();
-        self.inner.lock().watchers.push(sender);
+        let mut inner = self.inner.lock();
+        inner.watchers.retain(|watcher| !watcher.is_closed());
+        inner.watchers.push(sender);
         Subscription { events }
     }
 
@@ -847,4 +852,27 @@ fn publish(
     entry.subscribers.retain(|subscriber| subscriber.send(event.clone()).is_ok());
     watchers.retain(|watcher| watcher.send(event.clone()).is_ok());
     game.send(event);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subscriptions_dropped_are_let_go_at_the_next_subscription_even_without_an_event() {
+        let (jobs, _queue) = crossbeam_channel::unbounded();
+        let (hub, _feed) = ConversationHub::new(None, JobSender::new(jobs));
+        let id = ConversationId::new("hud");
+        hub.open(&id);
+        // A HUD that takes a snapshot every frame of a conversation that says nothing.
+        for _ in 0..1000 {
+            drop(hub.attach(&id, None).expect("attached"));
+            drop(hub.subscribe_all());
+        }
+        let (_snapshot, kept) = hub.attach(&id, None).expect("attached");
+        let inner = hub.inner.lock();
+        assert_eq!(inner.conversations[&id].subscribers.len(), 1, "only the subscription still held");
+        assert_eq!(inner.watchers.len(), 1, "the last, dropped only after it was counted");
+        drop(kept);
+    }
 }
