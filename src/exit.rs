@@ -14,8 +14,9 @@ use crate::runtime::AgentRuntime;
 use crate::visit::VisitSlot;
 
 /// What happens on `AppExit`, in this order, in the `Last` schedule: in-game agent sessions end or disconnect
-/// and their agent processes stop; then the open visit closes (its calls end, `VISIT_ENDED`), its save completes
-/// and the lifecycle shuts down; then transports send the outcomes of the calls that ended and stop; after
+/// and their agent processes stop; then the open visit closes (its calls end, `VISIT_ENDED`), its save completes,
+/// tool handlers still cleaning up after their calls ended return (at most 5 s: rule H10) and the lifecycle shuts
+/// down; then transports send the outcomes of the calls that ended and stop; after
 /// `Transport`, the host's runtime stops. The sessions' part is bounded by 5 s (an agent's close: its input closed,
 /// 1 s, `SIGTERM`, 2 s, `SIGKILL`), the host's and the transports' by
 /// [`AgentToolsPlugin::exit_deadline`](crate::AgentToolsPlugin::exit_deadline). Order a game's own exit work
@@ -110,8 +111,13 @@ pub(crate) struct ExitStarted {
     pub deadline: Instant,
 }
 
+/// How long the exit waits, at most, for tool handlers still running after their calls ended (rule H10: they
+/// clean up what they started; one that ignores `ended()` is stopped with the runtime).
+pub(crate) const HANDLER_GRACE: Duration = Duration::from_secs(5);
+
 /// On `AppExit`: exits the open visit, waits for every outstanding close completion (bounded, each miss logged
-/// with its world), calls `shutdown` exactly once, then waits for every operation of the
+/// with its world), for the tool handlers still running to return (at most [`HANDLER_GRACE`]), calls `shutdown`
+/// exactly once, then waits for every operation of the
 /// [`WorldStore`](crate::persist::WorldStore), if there is one (bounded by the same deadline). The runtime stops later, in [`stop_runtime`].
 pub(crate) fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
     if world.resource::<Messages<AppExit>>().is_empty() || world.contains_resource::<ExitStarted>() {
@@ -142,6 +148,15 @@ pub(crate) fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
                 }
             }
             world.write_message(crate::visit::VisitSaved { info, result });
+        }
+        // Handlers whose call ended clean up what they started (rule H10) before the workers stop.
+        let until = deadline.min(Instant::now() + HANDLER_GRACE);
+        let unfinished = slot.host.running.wait_none(until);
+        if unfinished > 0 {
+            tracing::warn!(
+                unfinished,
+                "tool handlers were still running {HANDLER_GRACE:?} after their calls ended: stopped"
+            );
         }
         match slot.lifecycle.shutdown().wait_timeout(deadline.saturating_duration_since(Instant::now())) {
             Some(Ok(())) => {}

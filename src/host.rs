@@ -186,6 +186,8 @@ pub(crate) struct HostShared {
     pub session_type: (std::any::TypeId, &'static str),
     /// Counts frames (pump runs): `CallContext::next_frame` waits for it to move.
     pub frames: tokio::sync::watch::Sender<u64>,
+    /// The calls' drivers still running, their handlers with them: the exit lets them finish (rule H10).
+    pub running: Arc<crate::call::RunningHandlers>,
     next_request: AtomicU64,
 }
 
@@ -212,6 +214,7 @@ impl HostShared {
             waiting_calls: Default::default(),
             session_type,
             frames: tokio::sync::watch::Sender::new(0),
+            running: Arc::default(),
             next_request: AtomicU64::new(1),
         };
         (Arc::new(host), queue, feed)

@@ -247,6 +247,35 @@ fn h6_the_plugins_workers_stop_at_the_exit() {
 const HARNESS: Duration = bevy_agent_tools::testing::HARNESS_LIMIT;
 
 #[test]
+fn h10_a_handler_cleaning_up_after_its_call_ended_at_the_exit_finishes_before_the_workers_stop() {
+    let cleaned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tool = AgentTool::new("holds", "Holds a resource until its call ends, then releases it.", {
+        let (cleaned, started) = (cleaned.clone(), started.clone());
+        move |ctx: CallContext<Session>, _: NoArgs| {
+            let (cleaned, started) = (cleaned.clone(), started.clone());
+            async move {
+                started.store(true, std::sync::atomic::Ordering::SeqCst);
+                ctx.ended().await;
+                // Releasing what it holds takes a moment (a file to close, a native resource to free).
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                cleaned.store(true, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            }
+        }
+    });
+    let mut app = headless_app(AgentToolsPlugin::new(TestGame::default()).with_tool(tool));
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("holds", json!({}));
+    app.run_until("the handler holds its resource", |_| started.load(std::sync::atomic::Ordering::SeqCst));
+    app.world_mut().write_message(AppExit::Success);
+    app.update();
+    assert!(app.should_exit().is_some());
+    assert_eq!(call.try_outcome().map(|outcome| outcome.map_err(|e| e.code)), Some(Err(ErrorCode::VisitEnded)));
+    assert!(cleaned.load(std::sync::atomic::Ordering::SeqCst), "its cleanup ran to its end before the workers stopped");
+}
+
+#[test]
 fn h6_a_game_that_runs_its_app_inside_a_tokio_runtime_of_its_own_exits_without_a_panic() {
     // `#[tokio::main] async fn main() { app.run(); }`: the exit stops the plugin's workers where tokio refuses to
     // block.

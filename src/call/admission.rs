@@ -332,8 +332,10 @@ fn drive(
     timeout: Duration,
 ) -> impl Future<Output = ()> {
     // Made before the driver's first poll: a driver dropped unpolled ends its call too.
+    let running = host.running.enter();
     let mut unended = EndsOnDrop(Some((host, life)));
     async move {
+        let _running = running;
         let Some((host, life)) = unended.0.as_ref() else { return };
         let (outcome, unfinished) = run(host, life, prepared, ready, timeout).await;
         if !life.finish(outcome) {

@@ -8,6 +8,7 @@ mod life;
 mod progress;
 mod pump;
 mod queue;
+mod running;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -28,6 +29,7 @@ pub(crate) use pump::{run_cleanups, run_jobs, run_jobs_between_frames, BetweenFr
 #[cfg(feature = "winit")]
 pub(crate) use queue::winit_wake;
 pub(crate) use queue::JobSender;
+pub(crate) use running::RunningHandlers;
 
 use crate::error::ToolError;
 use crate::host::HostShared;

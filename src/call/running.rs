@@ -1,0 +1,62 @@
+//! The tool handlers still running, counted so that the exit can let them finish (rule H10): a handler whose call
+//! ended (`ended()` fired at the world's exit) may still be cleaning up what it started, and the plugin's runtime
+//! stopping would drop it mid-way.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+/// How many call drivers are running (each until its handler has returned, or it is dropped).
+#[derive(Default)]
+pub(crate) struct RunningHandlers {
+    count: Mutex<usize>,
+    none: Condvar,
+}
+
+impl RunningHandlers {
+    /// Counts a driver until the returned guard is dropped.
+    pub(crate) fn enter(self: &Arc<Self>) -> RunningHandler {
+        *self.count.lock() += 1;
+        RunningHandler(self.clone())
+    }
+
+    /// Waits until none runs, or until `until`; returns how many still run.
+    pub(crate) fn wait_none(&self, until: Instant) -> usize {
+        let mut count = self.count.lock();
+        while *count > 0 && !self.none.wait_until(&mut count, until).timed_out() {}
+        *count
+    }
+}
+
+/// One running driver, counted in [`RunningHandlers`] while it lives.
+pub(crate) struct RunningHandler(Arc<RunningHandlers>);
+
+impl Drop for RunningHandler {
+    fn drop(&mut self) {
+        let mut count = self.0.count.lock();
+        *count -= 1;
+        if *count == 0 {
+            self.0.none.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn the_wait_ends_when_the_last_handler_ends_or_at_its_time() {
+        let running = Arc::new(RunningHandlers::default());
+        assert_eq!(running.wait_none(Instant::now()), 0);
+        let (first, second) = (running.enter(), running.enter());
+        assert_eq!(running.wait_none(Instant::now() + Duration::from_millis(10)), 2, "at its time");
+        drop(first);
+        let ending = std::thread::spawn(move || drop(second));
+        assert_eq!(running.wait_none(Instant::now() + Duration::from_secs(30)), 0, "when the last one ends");
+        ending.join().expect("ended");
+    }
+}
