@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{AgentTestAppExt, Gate};
-use bevy_agent_tools::LocationRevision;
+use bevy_agent_tools::{LocationRevision, NoArgs};
 use common::*;
 use serde_json::json;
 
@@ -76,4 +76,29 @@ fn h11_results_carry_the_visit_and_revision_they_observed() {
     assert_eq!(second.observed.location.dimension.as_str(), "overworld");
     let status = app.agent().visit().expect("open");
     assert_eq!(status.info.location, second.observed.location);
+}
+
+#[test]
+fn h11_a_tools_error_carries_the_revision_its_step_observed_after_travel() {
+    let gate = Gate::new();
+    let occupied = AgentTool::new("place", "Finds the spot taken.", {
+        let gate = gate.clone();
+        move |ctx: CallContext<Session>, _: NoArgs| {
+            let gate = gate.clone();
+            async move {
+                gate.pass().await;
+                ctx.on_client(|_, _| ()).await?;
+                Err::<(), _>(ToolError::new("OCCUPIED", "the spot is taken"))
+            }
+        }
+    });
+    let mut app = app_with(TestGame::default(), vec![occupied]);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("place", json!({}));
+    app.run_until("handler parked", |_| gate.arrived() == 1);
+    app.travel("nether");
+    gate.open();
+    let error = app.run_until_resolved(&call).expect_err("the spot is taken");
+    assert_eq!(error.code, ErrorCode::Tool("OCCUPIED".into()));
+    assert_eq!(error.details.revision, Some(LocationRevision(1)), "found taken in the nether, where its step ran");
 }

@@ -286,6 +286,9 @@ impl CallLife {
             for (key, value) in self.details.lock().iter() {
                 error.details.extra.entry(key.clone()).or_insert_with(|| value.clone());
             }
+            // The revision its last step observed, as a success records it (rule H11): an error after travel
+            // says where it was found.
+            error.details.revision.get_or_insert(self.observed.lock().revision);
             error.locate(&self.coords)
         });
         **step = Some(match &outcome {
