@@ -55,11 +55,94 @@ impl<L: WorldLifecycle> WorldBinding<L> {
         }
         let state = self.host.state.lock();
         match state.visit.as_ref() {
+            // The travel is recorded before it ends the calls it strands: one asked about in between is not live
+            // at the new revision.
+            Some(open)
+                if open.info.visit == captured.visit
+                    && call.scope() == crate::tool::ToolScope::Location
+                    && open.info.location.revision != captured.location.revision =>
+            {
+                let (then, now) = (captured.location.revision, open.info.location.revision);
+                Err(ToolError::with_code(
+                    ErrorCode::LocationChanged,
+                    format!("the player relocated ({then} → {now}) since the call was admitted"),
+                )
+                .with_detail("current_revision", now))
+            }
             Some(open) if open.info.visit == captured.visit && !open.closing => Ok(open.info.clone()),
             _ => Err(ToolError::with_code(
                 ErrorCode::VisitEnded,
                 format!("the call's visit {} of world `{}` is no longer open", captured.visit, captured.world),
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::any::TypeId;
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::call::{admit, Admitted, CallCore, CallRequest};
+    use crate::host::{HostConfig, OpenVisit};
+    use crate::ids::{ConversationId, DimensionId, LocationRevision, VisitId, WorldId};
+    use crate::lifecycle::{Location, OpenError, Opened};
+    use crate::replay::{ReplayRetention, ReplayTable};
+    use crate::tool::{AgentTool, ToolScope};
+    use crate::NoArgs;
+
+    struct Unit;
+
+    impl WorldLifecycle for Unit {
+        type Session = ();
+        fn open(&self, _: &VisitInfo, _: &mut bevy::prelude::World) -> Result<Opened<()>, OpenError> {
+            Ok(Opened::ready(()))
+        }
+        fn close(&self, _: (), _: &mut bevy::prelude::World) -> crate::Completion {
+            crate::Completion::done()
+        }
+    }
+
+    #[test]
+    fn a_location_call_asked_about_between_the_travel_and_its_end_is_not_live_at_the_new_revision() {
+        let config = HostConfig {
+            default_timeout: Duration::from_secs(600),
+            pump_budget: Duration::from_millis(1),
+            replay: ReplayRetention::default(),
+            max_in_flight: 32,
+            tool_wait: None,
+            idle_timeout: None,
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+        let (host, _jobs, _feed) = HostShared::new(runtime.handle().clone(), config, (TypeId::of::<()>(), "()"));
+        let here = AgentTool::new("here", "Needs its location.", |_: CallContext<()>, _: NoArgs| async { Ok(()) });
+        host.register_tool(Arc::new(here.scope(ToolScope::Location))).expect("registered");
+        let overworld = Location { dimension: DimensionId::new("overworld"), revision: LocationRevision(0) };
+        let info = VisitInfo { visit: VisitId(1), world: WorldId::new("alpha"), location: overworld };
+        host.state.lock().visit = Some(OpenVisit {
+            info,
+            ready: None,
+            closing: false,
+            exiting: Default::default(),
+            calls: Default::default(),
+            replay: ReplayTable::new(ReplayRetention::default()),
+        });
+        let conversation = ConversationId::new("agent");
+        host.conversations.open(&conversation);
+        let Ok(Admitted::Running { life, .. }) = admit(&host, &conversation, CallRequest::new("here", json!({})))
+        else {
+            panic!("admitted")
+        };
+        let call = CallContext::<()>::new(CallCore { life, host: host.clone() });
+        let binding = WorldBinding::<Unit>::new(host.clone());
+        assert!(binding.resolve(&call).is_ok(), "live before the travel");
+        // The travel has recorded the new location, and not yet ended the calls it strands.
+        host.state.lock().visit.as_mut().expect("open").info.location =
+            Location { dimension: DimensionId::new("nether"), revision: LocationRevision(1) };
+        let error = binding.resolve(&call).expect_err("not live at the new revision");
+        assert_eq!(error.code, ErrorCode::LocationChanged);
     }
 }
