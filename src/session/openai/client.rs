@@ -20,7 +20,7 @@ use crate::error::{ErrorCode, ToolError};
 /// and text may come as content parts ([`text_or_parts`]).
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct Chunk {
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default, deserialize_with = "first_few")]
     pub choices: Vec<Choice>,
     #[serde(default)]
     pub usage: Option<UsageReport>,
@@ -43,7 +43,7 @@ pub(crate) struct Choice {
 pub(crate) struct Delta {
     #[serde(default, deserialize_with = "text_or_parts")]
     pub content: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "some_first_few")]
     pub tool_calls: Option<Vec<ToolCallChunk>>,
     /// A reasoning model's thinking, as llama.cpp's server, vLLM and LM Studio send it.
     #[serde(default)]
@@ -93,6 +93,55 @@ where
     T: Default + Deserialize<'de>,
 {
     Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+/// The most elements of a chunk's list read (its choices, a delta's tool calls): one more than the calls an answer
+/// may hold, so that the turn still sees it pass that limit. The rest are skipped unread: a server's million empty
+/// `{}` would each cost a hundred times their size once read.
+pub(crate) const LIST_LIMIT: usize = super::turn::MAX_CALLS_PER_ANSWER + 1;
+
+/// A list, at most its first [`LIST_LIMIT`] elements; `null` as none.
+fn first_few<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct FirstFew<T>(std::marker::PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for FirstFew<T> {
+        type Value = Vec<T>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list or null")
+        }
+
+        fn visit_unit<E>(self) -> Result<Vec<T>, E> {
+            Ok(Vec::new())
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let mut kept = Vec::new();
+            while kept.len() < LIST_LIMIT {
+                match seq.next_element()? {
+                    Some(element) => kept.push(element),
+                    None => return Ok(kept),
+                }
+            }
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok(kept)
+        }
+    }
+
+    deserializer.deserialize_any(FirstFew(std::marker::PhantomData))
+}
+
+/// [`first_few`], as the optional list it stands for.
+fn some_first_few<'de, D, T>(deserializer: D) -> Result<Option<Vec<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    first_few(deserializer).map(Some)
 }
 
 /// A string, `""` read as none.
@@ -337,7 +386,7 @@ fn as_event_stream(body: &[u8]) -> Vec<u8> {
                 Some(Value::Array(choices)) => choices,
                 _ => Vec::new(),
             };
-            let choices: Vec<Value> = choices.into_iter().map(as_delta).collect();
+            let choices: Vec<Value> = choices.into_iter().take(LIST_LIMIT).map(as_delta).collect();
             let mut chunk = serde_json::Map::new();
             chunk.insert("choices".into(), Value::Array(choices));
             if let Some(usage) = answer.remove("usage") {
@@ -359,6 +408,7 @@ fn as_event_stream(body: &[u8]) -> Vec<u8> {
 fn as_delta(mut choice: Value) -> Value {
     let mut message = choice.get_mut("message").map(Value::take).unwrap_or(Value::Null);
     if let Some(Value::Array(calls)) = message.get_mut("tool_calls") {
+        calls.truncate(LIST_LIMIT);
         for (index, call) in calls.iter_mut().enumerate() {
             if let Value::Object(call) = call {
                 call.insert("index".into(), index.into());
@@ -655,5 +705,27 @@ mod tests {
         for nothing in ["-1", "NaN", "1e20", "soon", ""] {
             assert_eq!(retry_after(nothing, now), None, "{nothing:?}");
         }
+    }
+
+    #[test]
+    fn a_chunks_lists_are_read_only_as_far_as_the_answers_limit_whatever_their_length() {
+        let many = |n: usize| vec!["{}"; n].join(",");
+        let chunk = format!(r#"{{"choices":[{}]}}"#, many(100_000));
+        let chunk: Chunk = serde_json::from_str(&chunk).expect("a chunk");
+        assert_eq!(chunk.choices.len(), LIST_LIMIT, "the rest skipped unread");
+        let calls = format!(r#"{{"choices":[{{"delta":{{"tool_calls":[{}]}}}}]}}"#, many(100_000));
+        let calls: Chunk = serde_json::from_str(&calls).expect("a chunk");
+        assert_eq!(calls.choices[0].delta.tool_calls.as_ref().map(Vec::len), Some(LIST_LIMIT));
+        // Null and missing lists are none, as before.
+        let empty: Chunk = serde_json::from_str(r#"{"choices":null}"#).expect("a chunk");
+        assert!(empty.choices.is_empty());
+        let none: Chunk = serde_json::from_str(r#"{"choices":[{"delta":{"tool_calls":null}}]}"#).expect("a chunk");
+        assert!(none.choices[0].delta.tool_calls.as_ref().is_none_or(Vec::is_empty));
+        // A whole answer of many calls becomes a chunk of no more than the limit's.
+        let whole = format!(r#"{{"choices":[{{"message":{{"tool_calls":[{}]}}}}]}}"#, many(100_000));
+        let stream = String::from_utf8(as_event_stream(whole.as_bytes())).expect("text");
+        let data = stream.strip_prefix("data: ").and_then(|rest| rest.split("\n\n").next()).expect("a chunk");
+        let chunk: Value = serde_json::from_str(data).expect("JSON");
+        assert_eq!(chunk["choices"][0]["delta"]["tool_calls"].as_array().map(Vec::len), Some(LIST_LIMIT));
     }
 }

@@ -35,7 +35,7 @@ const ANSWER_LIMIT: usize = super::client::WHOLE_ANSWER_LIMIT;
 /// The most tool calls one answer may ask for (those past
 /// [`max_tool_calls_per_round`](super::OpenAiEndpoint::max_tool_calls_per_round) are answered `BUSY`, unrun, and
 /// each answer is a message of the history).
-const MAX_CALLS_PER_ANSWER: usize = 256;
+pub(crate) const MAX_CALLS_PER_ANSWER: usize = 256;
 
 /// How one request's answer ended.
 enum RoundEnd {
@@ -445,6 +445,11 @@ async fn stream_round(
                     |call: &PendingCall| named && id.as_ref().is_some_and(|id| !call.id.is_empty() && call.id != *id);
                 let slot = match latest {
                     Some(slot) if !starts_new(&calls[slot]) => slot,
+                    _ if calls.len() == MAX_CALLS_PER_ANSWER => {
+                        // At once: a chunk of many calls would otherwise be read whole, each looked for among the
+                        // ones before, on a worker nothing can interrupt.
+                        return Err(oversized(shared, held, calls.len() + 1));
+                    }
                     _ => {
                         calls.push(PendingCall { index: fragment.index.unwrap_or(calls.len()), ..Default::default() });
                         calls.len() - 1
