@@ -92,6 +92,31 @@ fn a_taken_port_is_replaced_by_a_free_one_and_mcp_serves_there_and_says_so() {
     assert_eq!(std::fs::read_to_string(&first_copys).expect("kept"), "the first copy's token", "the other stays");
 }
 
+#[cfg(unix)]
+#[test]
+fn a_fifo_put_in_place_of_the_token_file_neither_holds_the_exit_nor_is_removed() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().to_path_buf();
+    let (done, exited) = std::sync::mpsc::channel();
+    // The game runs on a thread of its own: were the exit to read the FIFO, it would wait for a writer forever.
+    std::thread::spawn(move || {
+        let (_occupied, taken) = taken_port();
+        let first_copys = path.join("mcp-token");
+        std::fs::write(&first_copys, "the first copy's token").expect("the first copy's token file");
+        let (mut app, _logged) = game_logged(McpPlugin::new().port(taken).token(TOKEN).token_file(&first_copys));
+        let server = app.world().resource::<McpServer>().clone();
+        // Someone who can write to the folder puts a FIFO where this copy's token file was.
+        std::fs::remove_file(server.token_file()).expect("removed");
+        let made = std::process::Command::new("mkfifo").arg(server.token_file()).status().expect("mkfifo runs");
+        assert!(made.success());
+        app.world_mut().write_message(AppExit::Success);
+        app.update();
+        let _ = done.send(server.token_file().exists());
+    });
+    let left = exited.recv_timeout(std::time::Duration::from_secs(60)).expect("the exit is not held by the FIFO");
+    assert!(left, "a FIFO is not this run's token file: left where it is");
+}
+
 #[test]
 fn a_port_served_where_asked_is_not_reported_as_replaced() {
     let dir = tempfile::tempdir().expect("a temporary directory");

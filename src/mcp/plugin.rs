@@ -469,6 +469,16 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// [`RESPONSE_GRACE`]), then stops the server and waits (up to [`CLOSE_GRACE`]) for its connections to close.
 /// Every call has ended by then (the host ends the visit's calls and those waiting for a tool); one whose
 /// outcome is still on its way at the deadline is not waited for: its client sees the connection close.
+/// Whether the file at `path` holds `token`: read as a plain file only (in a folder others can write to, someone
+/// may have put a link to `/dev/zero` or a FIFO there, whose read would hold the exit without end), at most one
+/// byte past the token.
+fn holds_token(path: &std::path::Path, token: &str) -> bool {
+    use std::io::Read;
+    let Ok(Ok(file)) = crate::plain_file::open(path) else { return false };
+    let mut held = String::new();
+    file.take(token.len() as u64 + 1).read_to_string(&mut held).is_ok() && held == token
+}
+
 fn stop_on_app_exit(mut exits: MessageReader<AppExit>, server: Res<McpServer>, started: Option<Res<ExitStarted>>) {
     if exits.read().count() == 0 || server.shutdown.is_cancelled() {
         return;
@@ -480,9 +490,7 @@ fn stop_on_app_exit(mut exits: MessageReader<AppExit>, server: Res<McpServer>, s
         tracing::warn!(owed, "the MCP server stops with responses still unsent: the exit deadline passed");
     }
     // While the port is still held (no other copy can have written the file since), and only if it is still ours.
-    if server.temporary_token_file
-        && std::fs::read_to_string(&server.token_file).is_ok_and(|token| *token == *server.token)
-    {
+    if server.temporary_token_file && holds_token(&server.token_file, &server.token) {
         let _ = std::fs::remove_file(&server.token_file);
     }
     server.shutdown.cancel();
