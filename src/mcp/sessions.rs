@@ -154,6 +154,10 @@ const CEILING_RETRY_SECS: &str = "5";
 /// Sessions bound to one in-game agent session's credential kept open at once (see
 /// [`ConversationSessions::bind`]).
 pub(crate) const BOUND_KEPT: usize = 8;
+/// The most MCP sessions one in-game agent session's credential keeps, whether or not its others were heard from
+/// lately or listen: past it, its longest-silent one without a request running ends for a new one (a client
+/// reconnecting in a loop would otherwise fill the server's ceiling with sessions nothing ends).
+pub(crate) const BOUND_MOST: usize = 4 * BOUND_KEPT;
 
 /// How often the sessions of revoked credentials are looked for when sessions have no idle timeout.
 const REVOKED_CHECK: Duration = Duration::from_secs(1);
@@ -441,7 +445,8 @@ impl ConversationSessions {
     /// calls run in the in-game session's conversation, which the others share) and were silent for
     /// [`ROOM_GRACE`] (an agent whose MCP client reconnects without deleting its sessions would otherwise keep every
     /// one while its session lives). Its client, if it comes back, gets 404 and opens a new one. When none
-    /// qualifies, none ends: the next bind looks again.
+    /// qualifies, none ends (the next bind looks again) unless the credential has more than [`BOUND_MOST`]: then
+    /// the longest silent of the others with no request running ends, listening or lately heard from.
     pub(crate) fn bind(&self, id: &SessionId, conversation: &ConversationId, credential: &str) -> Option<SessionId> {
         let mut open = self.open.lock();
         let tracked = open.get_mut(id)?;
@@ -456,7 +461,19 @@ impl ConversationSessions {
         }
         let may_end =
             |other: &SessionId, tracked: &Tracked| other != id && of_credential(tracked) && tracked.requests == 0;
-        take_longest_silent_idle(&mut open, Instant::now(), may_end)
+        if let Some(room) = take_longest_silent_idle(&mut open, Instant::now(), may_end) {
+            return Some(room);
+        }
+        if open.values().filter(|tracked| of_credential(tracked)).count() <= BOUND_MOST {
+            return None;
+        }
+        let room = open
+            .iter()
+            .filter(|(other, tracked)| may_end(other, tracked))
+            .min_by_key(|(_, tracked)| tracked.last_seen)
+            .map(|(other, _)| other.clone())?;
+        open.remove(&room);
+        Some(room)
     }
 
     /// A call of session `id` runs in `conversation` (named by a handle).
@@ -1141,6 +1158,27 @@ mod tests {
         }
         assert_eq!(sessions.bind(&ids[BOUND_KEPT + 1], &in_game, &credential), None);
         assert!(sessions.is_open(ids[BOUND_KEPT].as_ref()));
+
+        // A client reconnecting in a loop: sessions heard from just now, all listening. Past the most a credential
+        // keeps, its longest-silent one without a request running ends for each new one, whatever else.
+        let looping: Vec<SessionId> = (0..BOUND_MOST).map(|n| SessionId::from(format!("loop{n}"))).collect();
+        sessions.open.lock().get_mut(&ids[3]).expect("open").requests += 1;
+        for id in &looping {
+            let mut tracked = Tracked::new(session_conversation(id.as_ref()), Instant::now());
+            tracked.listening = 1;
+            sessions.open.lock().insert(id.clone(), tracked);
+        }
+        let mut ended = Vec::new();
+        for id in &looping {
+            ended.extend(sessions.bind(id, &in_game, &credential));
+        }
+        let of_credential = sessions.open.lock().values().filter(|tracked| tracked.bound.is_some()).count();
+        assert_eq!(of_credential, BOUND_MOST, "never more than the most a credential keeps: ended {ended:?}");
+        assert!(
+            ended.contains(&ids[0]) && ended.contains(&ids[BOUND_KEPT]),
+            "listening, or heard from lately: {ended:?}"
+        );
+        assert!(sessions.is_open(ids[3].as_ref()), "a session with a request running is not ended");
 
         assert!(sessions.expired(now + Duration::from_secs(1 << 30)).is_empty(), "no idle timeout");
         credentials.revoke(&credential);
