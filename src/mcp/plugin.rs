@@ -128,7 +128,9 @@ impl McpPlugin {
     }
 
     /// Allows binding an address other machines can reach. Keep the token secret. Clients on other machines use
-    /// the machine's name or address in their URL: list it with [`allowed_hosts`](Self::allowed_hosts).
+    /// the machine's name or address in their URL: list it with [`allowed_hosts`](Self::allowed_hosts). The server
+    /// speaks plain HTTP: the token and every call cross the network unencrypted, readable by anyone on it (a
+    /// shared Wi-Fi). Across machines, reach it through an SSH tunnel or a TLS reverse proxy instead where you can.
     pub fn allow_non_loopback(mut self) -> Self {
         self.allow_non_loopback = true;
         self
