@@ -268,7 +268,7 @@ impl HostShared {
         // Counted before the lock: an outcome can be large.
         let retained = life.coords.replay_key.as_ref().filter(|_| life.handler_started());
         let retained = retained.and_then(|_| life.outcome().get()).map(|outcome| {
-            let bytes = crate::replay::json_bytes(&outcome);
+            let bytes = crate::replay::retained_bytes(&outcome);
             (outcome, bytes)
         });
         let mut state = self.state.lock();

@@ -52,8 +52,10 @@ pub struct ReplayRetention {
     pub max_entries: usize,
     /// Completed entries older than this are dropped.
     pub max_age: Duration,
-    /// At most about this many bytes of keys, arguments and outcomes (as JSON): completed entries are evicted
-    /// oldest first to stay under it, except the newest outcome, which is kept even if it alone is larger.
+    /// At most about this many bytes of keys, arguments and outcomes (an outcome at its size in memory: its JSON
+    /// text and the size of each value and key in it, so that a list of small numbers, ten times its text once
+    /// read, counts as that): completed entries are evicted oldest first to stay under it, except the newest
+    /// outcome, which is kept even if it alone is larger.
     pub max_bytes: usize,
 }
 
@@ -64,22 +66,41 @@ impl Default for ReplayRetention {
     }
 }
 
-/// What a value takes as JSON, in bytes: the size an outcome is counted at in [`ReplayRetention::max_bytes`].
-pub(crate) fn json_bytes(value: &impl Serialize) -> usize {
-    struct Count(usize);
+/// What a value takes in memory as a `serde_json::Value`, about: the size an outcome is counted at in
+/// [`ReplayRetention::max_bytes`]. Its JSON text, and a `Value`'s own size for each value and key in it (counted
+/// from the text's separators and openings outside strings).
+pub(crate) fn retained_bytes(value: &impl Serialize) -> usize {
+    /// What each value or key takes besides its text: a `Value`, and a map entry's share of its tree's node.
+    const PER_VALUE: usize = size_of::<serde_json::Value>() + 16;
+    #[derive(Default)]
+    struct Count {
+        bytes: usize,
+        values: usize,
+        in_string: bool,
+        escaped: bool,
+    }
     impl std::io::Write for Count {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0 += bytes.len();
+            self.bytes += bytes.len();
+            for &byte in bytes {
+                match (self.in_string, self.escaped, byte) {
+                    (true, true, _) => self.escaped = false,
+                    (true, false, b'\\') => self.escaped = true,
+                    (_, false, b'"') => self.in_string = !self.in_string,
+                    (false, _, b',' | b':' | b'[' | b'{') => self.values += 1,
+                    _ => {}
+                }
+            }
             Ok(bytes.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
     }
-    let mut count = Count(0);
+    let mut count = Count::default();
     // Serializing an outcome cannot fail (string keys only); a count cut short is still a count.
     let _ = serde_json::to_writer(&mut count, value);
-    count.0
+    count.bytes + (count.values + 1) * PER_VALUE
 }
 
 enum State<T, O> {
@@ -186,9 +207,11 @@ impl<T: Clone, O: Clone> ReplayTable<T, O> {
         }
     }
 
-    /// Retains the outcome of a finished execution, counted at `outcome_bytes` ([`json_bytes`]); older outcomes
-    /// are evicted while the table is over its byte budget, never this one.
+    /// Retains the outcome of a finished execution, counted at `outcome_bytes` ([`retained_bytes`]); older
+    /// outcomes are evicted while the table is over its byte budget, never this one, and those past their age go
+    /// (not only at the next keyed call's lookup).
     pub fn complete(&mut self, key: &ReplayKey, outcome: O, outcome_bytes: usize, now: Instant) {
+        self.expire(now);
         let Some(entry) = self.entries.get_mut(key) else { return };
         if !matches!(entry.state, State::InFlight(_)) {
             return;
@@ -420,8 +443,28 @@ mod tests {
     }
 
     #[test]
-    fn h12_retention_an_outcome_is_counted_at_its_json_size() {
-        let outcome = json!({"placed": [1, 2, 3], "note": "x".repeat(100)});
-        assert_eq!(json_bytes(&outcome), serde_json::to_string(&outcome).unwrap().len());
+    fn h12_retention_an_outcome_is_counted_at_its_size_in_memory_not_only_its_text() {
+        let text = |value: &serde_json::Value| serde_json::to_string(value).unwrap().len();
+        // A long string: about its text.
+        let note = json!({"note": "x".repeat(100_000)});
+        assert!(retained_bytes(&note) < text(&note) + 1000, "{}", retained_bytes(&note));
+        // A list of small numbers: each a `Value` once read, several times its two bytes of text.
+        let numbers = json!((0..10_000).map(|n| n % 10).collect::<Vec<_>>());
+        assert!(retained_bytes(&numbers) >= 10_000 * size_of::<serde_json::Value>(), "{}", retained_bytes(&numbers));
+        // Separators inside strings are text, not values.
+        let quoted = json!({"a": "[{,:\\\"]}"});
+        assert_eq!(retained_bytes(&quoted), text(&quoted) + 3 * (size_of::<serde_json::Value>() + 16));
+    }
+
+    #[test]
+    fn h12_retention_outcomes_past_their_age_go_when_another_completes() {
+        let retention = ReplayRetention { max_age: Duration::from_secs(60), ..ReplayRetention::default() };
+        let mut table: ReplayTable<&str, &str> = ReplayTable::new(retention);
+        let now = Instant::now();
+        table.start(key(0), "{}", "running");
+        table.complete(&key(0), "done", 10, now);
+        table.start(key(1), "{}", "running");
+        table.complete(&key(1), "done", 10, now + Duration::from_secs(120));
+        assert_eq!(table.len(), 1, "the first, past its age, went without a lookup");
     }
 }
