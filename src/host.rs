@@ -326,3 +326,35 @@ impl HostShared {
         lives.iter().filter(|life| life.withdraw(conversation, why)).count() + waiting
     }
 }
+
+/// A host with world `alpha`'s visit 1 open in the overworld (revision 0), no tools, and conversation `agent`
+/// open, for unit tests of what reads the host's state; and the runtime its handle is of (not running: drivers
+/// spawned on it wait).
+#[cfg(test)]
+pub(crate) fn test_host() -> (Arc<HostShared>, tokio::runtime::Runtime) {
+    use crate::ids::{DimensionId, LocationRevision, VisitId, WorldId};
+    use crate::lifecycle::Location;
+    use crate::replay::{ReplayRetention, ReplayTable};
+
+    let config = HostConfig {
+        default_timeout: Duration::from_secs(600),
+        pump_budget: Duration::from_millis(1),
+        replay: ReplayRetention::default(),
+        max_in_flight: 32,
+        tool_wait: None,
+        idle_timeout: None,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+    let (host, _jobs, _feed) = HostShared::new(runtime.handle().clone(), config, (std::any::TypeId::of::<()>(), "()"));
+    let overworld = Location { dimension: DimensionId::new("overworld"), revision: LocationRevision(0) };
+    host.state.lock().visit = Some(OpenVisit {
+        info: VisitInfo { visit: VisitId(1), world: WorldId::new("alpha"), location: overworld },
+        ready: None,
+        closing: false,
+        exiting: Default::default(),
+        calls: Default::default(),
+        replay: ReplayTable::new(ReplayRetention::default()),
+    });
+    host.conversations.open(&ConversationId::new("agent"));
+    (host, runtime)
+}

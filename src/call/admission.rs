@@ -156,7 +156,10 @@ fn admit_inner(
     let (life, ready, accepted, seat) = {
         let mut state = host.state.lock();
         if let Some(made_in) = &made_in {
-            moved_since(made_in, state.visit.as_ref().map(|open| &open.info), info.scope).map_err(rejected)?;
+            // A visit whose exit has begun has ended for a call made in it (`VISIT_ENDED`, as the exit answers the
+            // calls still waiting for their tool), not closed to it (`WORLD_CLOSED` is for calls made now).
+            let open = state.visit.as_ref().filter(|open| !open.closing).map(|open| &open.info);
+            moved_since(made_in, open, info.scope).map_err(rejected)?;
         }
         let Some(open) = state.visit.as_mut() else {
             return Err(rejected(ToolError::with_code(
@@ -424,4 +427,27 @@ async fn run(
 
 fn panicked(panic: &(dyn std::any::Any + Send)) -> ToolError {
     ToolError::internal(format!("the tool's handler panicked: {}", panic_message(panic)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tool::AgentTool;
+    use crate::{CallContext, NoArgs};
+
+    #[test]
+    fn h5_a_call_made_in_a_visit_whose_exit_began_while_it_waited_for_its_tool_is_visit_ended_not_world_closed() {
+        let (host, _runtime) = crate::host::test_host();
+        let made_in = host.state.lock().visit.as_ref().expect("open").info.clone();
+        // The exit has begun (admission closed) and has not yet ended the calls waiting for their tool, when the
+        // tool this one waited for comes.
+        host.state.lock().visit.as_mut().expect("open").closing = true;
+        let late = AgentTool::new("late", "Registered late.", |_: CallContext<()>, _: NoArgs| async { Ok(()) });
+        host.register_tool(Arc::new(late)).expect("registered");
+        let arrival = Arrival { at: Instant::now(), made_in: Some(made_in) };
+        let request = CallRequest::new("late", serde_json::json!({}));
+        let refused = admit_since(&host, &ConversationId::new("agent"), request, arrival);
+        let Err(error) = refused else { panic!("not admitted") };
+        assert_eq!(error.code, ErrorCode::VisitEnded, "{error:?}");
+    }
 }

@@ -80,17 +80,12 @@ impl<L: WorldLifecycle> WorldBinding<L> {
 
 #[cfg(test)]
 mod tests {
-    use std::any::TypeId;
-    use std::time::Duration;
-
     use serde_json::json;
 
     use super::*;
     use crate::call::{admit, Admitted, CallCore, CallRequest};
-    use crate::host::{HostConfig, OpenVisit};
-    use crate::ids::{ConversationId, DimensionId, LocationRevision, VisitId, WorldId};
+    use crate::ids::{ConversationId, DimensionId, LocationRevision};
     use crate::lifecycle::{Location, OpenError, Opened};
-    use crate::replay::{ReplayRetention, ReplayTable};
     use crate::tool::{AgentTool, ToolScope};
     use crate::NoArgs;
 
@@ -108,30 +103,10 @@ mod tests {
 
     #[test]
     fn a_location_call_asked_about_between_the_travel_and_its_end_is_not_live_at_the_new_revision() {
-        let config = HostConfig {
-            default_timeout: Duration::from_secs(600),
-            pump_budget: Duration::from_millis(1),
-            replay: ReplayRetention::default(),
-            max_in_flight: 32,
-            tool_wait: None,
-            idle_timeout: None,
-        };
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
-        let (host, _jobs, _feed) = HostShared::new(runtime.handle().clone(), config, (TypeId::of::<()>(), "()"));
+        let (host, _runtime) = crate::host::test_host();
         let here = AgentTool::new("here", "Needs its location.", |_: CallContext<()>, _: NoArgs| async { Ok(()) });
         host.register_tool(Arc::new(here.scope(ToolScope::Location))).expect("registered");
-        let overworld = Location { dimension: DimensionId::new("overworld"), revision: LocationRevision(0) };
-        let info = VisitInfo { visit: VisitId(1), world: WorldId::new("alpha"), location: overworld };
-        host.state.lock().visit = Some(OpenVisit {
-            info,
-            ready: None,
-            closing: false,
-            exiting: Default::default(),
-            calls: Default::default(),
-            replay: ReplayTable::new(ReplayRetention::default()),
-        });
         let conversation = ConversationId::new("agent");
-        host.conversations.open(&conversation);
         let Ok(Admitted::Running { life, .. }) = admit(&host, &conversation, CallRequest::new("here", json!({})))
         else {
             panic!("admitted")
