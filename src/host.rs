@@ -328,10 +328,12 @@ impl HostShared {
 }
 
 /// A host with world `alpha`'s visit 1 open in the overworld (revision 0), no tools, and conversation `agent`
-/// open, for unit tests of what reads the host's state; and the runtime its handle is of (not running: drivers
-/// spawned on it wait).
+/// open, for unit tests of what reads the host's state; the main thread's ends of its jobs and its conversation
+/// events; and the runtime its handle is of (not running: drivers spawned on it wait, and go when it is dropped).
 #[cfg(test)]
-pub(crate) fn test_host() -> (Arc<HostShared>, tokio::runtime::Runtime) {
+pub(crate) fn test_host(
+    idle_timeout: Option<Duration>,
+) -> (Arc<HostShared>, Receiver<Job>, Receiver<ConversationEvent>, tokio::runtime::Runtime) {
     use crate::ids::{DimensionId, LocationRevision, VisitId, WorldId};
     use crate::lifecycle::Location;
     use crate::replay::{ReplayRetention, ReplayTable};
@@ -342,10 +344,10 @@ pub(crate) fn test_host() -> (Arc<HostShared>, tokio::runtime::Runtime) {
         replay: ReplayRetention::default(),
         max_in_flight: 32,
         tool_wait: None,
-        idle_timeout: None,
+        idle_timeout,
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
-    let (host, _jobs, _feed) = HostShared::new(runtime.handle().clone(), config, (std::any::TypeId::of::<()>(), "()"));
+    let (host, jobs, feed) = HostShared::new(runtime.handle().clone(), config, (std::any::TypeId::of::<()>(), "()"));
     let overworld = Location { dimension: DimensionId::new("overworld"), revision: LocationRevision(0) };
     host.state.lock().visit = Some(OpenVisit {
         info: VisitInfo { visit: VisitId(1), world: WorldId::new("alpha"), location: overworld },
@@ -356,5 +358,5 @@ pub(crate) fn test_host() -> (Arc<HostShared>, tokio::runtime::Runtime) {
         replay: ReplayTable::new(ReplayRetention::default()),
     });
     host.conversations.open(&ConversationId::new("agent"));
-    (host, runtime)
+    (host, jobs, feed, runtime)
 }

@@ -20,7 +20,6 @@
 //! - An old visit's save against the next visit's load of the same world: the load runs after the save,
 //!   whatever order their tasks are scheduled in (H7).
 
-use std::any::TypeId;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,11 +31,9 @@ use crate::agent::Call;
 use crate::call::{admit, Admitted, CallCore, CallLife, CallOutput, CallRequest, Job};
 use crate::conversation::{ConversationEvent, ConversationStatus};
 use crate::error::{ErrorCode, ToolError};
-use crate::host::{HostConfig, HostShared, OpenVisit};
-use crate::ids::{ConversationId, DimensionId, LocationRevision, VisitId, WorldId};
-use crate::lifecycle::{Location, VisitInfo};
+use crate::host::HostShared;
+use crate::ids::ConversationId;
 use crate::persist::turns::Turns;
-use crate::replay::{ReplayRetention, ReplayTable};
 use crate::tool::AgentTool;
 use crate::{CallContext, NoArgs};
 
@@ -92,36 +89,12 @@ struct Count {
 
 /// [`fixture`], with the conversations' idle timeout.
 fn fixture_with(idle_timeout: Option<Duration>) -> Fixture {
-    let config = HostConfig {
-        default_timeout: Duration::from_secs(600),
-        pump_budget: Duration::from_millis(1),
-        replay: ReplayRetention::default(),
-        max_in_flight: 32,
-        tool_wait: None,
-        idle_timeout,
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
-    let (host, jobs, feed) = HostShared::new(runtime.handle().clone(), config, (TypeId::of::<()>(), "()"));
+    let (host, jobs, feed, runtime) = crate::host::test_host(idle_timeout);
     let noop = AgentTool::new("noop", "Does nothing.", |_: CallContext<()>, _: NoArgs| async { Ok(()) });
     host.register_tool(Arc::new(noop)).expect("the session type matches");
     let count = AgentTool::new("count", "Takes a number.", |_: CallContext<()>, _: Count| async { Ok(()) });
     host.register_tool(Arc::new(count)).expect("the session type matches");
-    let info = VisitInfo {
-        visit: VisitId(1),
-        world: WorldId::new("alpha"),
-        location: Location { dimension: DimensionId::new("overworld"), revision: LocationRevision(0) },
-    };
-    host.state.lock().visit = Some(OpenVisit {
-        info,
-        ready: None,
-        closing: false,
-        exiting: Default::default(),
-        calls: Default::default(),
-        replay: ReplayTable::new(ReplayRetention::default()),
-    });
-    let conversation = ConversationId::new("agent");
-    host.conversations.open(&conversation);
-    Fixture { host, jobs, feed, conversation, _runtime: runtime }
+    Fixture { host, jobs, feed, conversation: ConversationId::new("agent"), _runtime: runtime }
 }
 
 fn call(fixture: &Fixture) -> Result<Arc<CallLife>, ToolError> {

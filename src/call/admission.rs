@@ -437,7 +437,7 @@ mod tests {
 
     #[test]
     fn h5_a_call_made_in_a_visit_whose_exit_began_while_it_waited_for_its_tool_is_visit_ended_not_world_closed() {
-        let (host, _runtime) = crate::host::test_host();
+        let (host, _jobs, _feed, _runtime) = crate::host::test_host(None);
         let made_in = host.state.lock().visit.as_ref().expect("open").info.clone();
         // The exit has begun (admission closed) and has not yet ended the calls waiting for their tool, when the
         // tool this one waited for comes.

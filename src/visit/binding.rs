@@ -103,7 +103,7 @@ mod tests {
 
     #[test]
     fn a_location_call_asked_about_between_the_travel_and_its_end_is_not_live_at_the_new_revision() {
-        let (host, _runtime) = crate::host::test_host();
+        let (host, _jobs, _feed, _runtime) = crate::host::test_host(None);
         let here = AgentTool::new("here", "Needs its location.", |_: CallContext<()>, _: NoArgs| async { Ok(()) });
         host.register_tool(Arc::new(here.scope(ToolScope::Location))).expect("registered");
         let conversation = ConversationId::new("agent");
