@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -480,25 +478,7 @@ fn raw(server: &McpServer, headers: &[(&str, &str)], body: &str) -> (u16, String
 }
 
 fn raw_method(server: &McpServer, method: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(server.address()).expect("connect");
-    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    let mut request = format!(
-        "{method} /mcp HTTP/1.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    if !headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("host")) {
-        request.push_str(&format!("Host: {}\r\n", server.address()));
-    }
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    request.push_str(body);
-    stream.write_all(request.as_bytes()).expect("write");
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response);
-    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, response)
+    common::raw_mcp::request(server.address(), method, headers, body)
 }
 
 const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;

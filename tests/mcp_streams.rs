@@ -22,16 +22,10 @@ const TOKEN: &str = "resume-token-0123456789abcdef";
 fn send(server: &McpServer, method: &str, headers: &[(&str, &str)], body: &str) -> (BufReader<TcpStream>, String) {
     let mut stream = TcpStream::connect(server.address()).expect("connect");
     stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
-    let mut request = format!(
-        "{method} /mcp HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
-        server.address(),
-        body.len()
-    );
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    request.push_str(body);
+    let bearer = format!("Bearer {TOKEN}");
+    let mut with_token = vec![("Authorization", bearer.as_str())];
+    with_token.extend_from_slice(headers);
+    let request = common::raw_mcp::request_text(server.address(), method, &with_token, body);
     stream.write_all(request.as_bytes()).expect("write");
     let mut reader = BufReader::new(stream);
     let mut head = String::new();

@@ -5,25 +5,42 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-/// Sends one request to `/mcp` with the bearer `token` and `headers`; returns the status and the whole response.
-pub fn send(address: SocketAddr, token: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(address).expect("connect");
-    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+/// The text of a `method` request to `/mcp` with `headers` (a `Host` naming `address` unless they give one) and
+/// `body`, on a connection that closes after it.
+pub fn request_text(address: SocketAddr, method: &str, headers: &[(&str, &str)], body: &str) -> String {
     let mut request = format!(
-        "POST /mcp HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n\
-         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        "{method} /mcp HTTP/1.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Length: {}\r\nConnection: close\r\n",
         body.len()
     );
+    if !headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("host")) {
+        request.push_str(&format!("Host: {address}\r\n"));
+    }
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("\r\n");
     request.push_str(body);
-    stream.write_all(request.as_bytes()).expect("write");
+    request
+}
+
+/// Sends a `method` request to `/mcp` with `headers` and `body`; returns the status and the whole response.
+pub fn request(address: SocketAddr, method: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    stream.write_all(request_text(address, method, headers, body).as_bytes()).expect("write");
     let mut response = String::new();
     let _ = stream.read_to_string(&mut response);
     let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     (status, response)
+}
+
+/// Sends one POST to `/mcp` with the bearer `token` and `headers`; returns the status and the whole response.
+pub fn send(address: SocketAddr, token: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let bearer = format!("Bearer {token}");
+    let mut with_token = vec![("Authorization", bearer.as_str())];
+    with_token.extend_from_slice(headers);
+    request(address, "POST", &with_token, body)
 }
 
 /// Opens an MCP 2025-11-25 session (initialize, then `notifications/initialized`); returns its id.
