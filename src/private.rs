@@ -82,6 +82,10 @@ pub(crate) fn write(path: &Path, bytes: &[u8]) -> io::Result<()> {
     }
     let mut file = options.open(path)?;
     file.write_all(bytes)?;
+    // Synced here first: a sync that fails drops the file, which removes its temporary copy (`commit` marks the
+    // file done before it syncs, and so would leave the copy behind, one per failed write: a full disk's history
+    // saves, say). `commit` syncs again, a clean file at no cost, and renames it.
+    file.sync_all()?;
     file.commit()
 }
 
