@@ -15,7 +15,7 @@ use crate::visit::VisitSlot;
 
 /// What happens on `AppExit`, in this order, in the `Last` schedule: in-game agent sessions end or disconnect
 /// and their agent processes stop; then the open visit closes (its calls end, `VISIT_ENDED`), its save completes,
-/// tool handlers still cleaning up after their calls ended return (at most 5 s: rule H10) and the lifecycle shuts
+/// tool handlers still cleaning up after their calls ended return (at most 2 s: rule H10) and the lifecycle shuts
 /// down; then transports send the outcomes of the calls that ended and stop; after
 /// `Transport`, the host's runtime stops. The sessions' part is bounded by 5 s (an agent's close: its input closed,
 /// 1 s, `SIGTERM`, 2 s, `SIGKILL`), the host's and the transports' by
@@ -113,7 +113,7 @@ pub(crate) struct ExitStarted {
 
 /// How long the exit waits, at most, for tool handlers still running after their calls ended (rule H10: they
 /// clean up what they started; one that ignores `ended()` is stopped with the runtime).
-pub(crate) const HANDLER_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const HANDLER_GRACE: Duration = Duration::from_secs(2);
 
 /// On `AppExit`: exits the open visit, waits for every outstanding close completion (bounded, each miss logged
 /// with its world), for the tool handlers still running to return (at most [`HANDLER_GRACE`]), calls `shutdown`
@@ -155,7 +155,8 @@ pub(crate) fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
         if unfinished > 0 {
             tracing::warn!(
                 unfinished,
-                "tool handlers were still running {HANDLER_GRACE:?} after their calls ended: stopped"
+                "tool handlers were still running {HANDLER_GRACE:?} after their calls ended: stopped (a handler that \
+                 waits should also wait for `CallContext::ended()`, and stop there)"
             );
         }
         match slot.lifecycle.shutdown().wait_timeout(deadline.saturating_duration_since(Instant::now())) {
