@@ -150,13 +150,14 @@ pub(crate) fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
             world.write_message(crate::visit::VisitSaved { info, result });
         }
         // Handlers whose call ended clean up what they started (rule H10) before the workers stop.
-        let until = deadline.min(Instant::now() + HANDLER_GRACE);
-        let unfinished = slot.host.running.wait_none(until);
+        let waited_from = Instant::now();
+        let unfinished = slot.host.running.wait_none(deadline.min(waited_from + HANDLER_GRACE));
         if unfinished > 0 {
+            let waited = waited_from.elapsed();
             tracing::warn!(
                 unfinished,
-                "tool handlers were still running {HANDLER_GRACE:?} after their calls ended: stopped (a handler that \
-                 waits should also wait for `CallContext::ended()`, and stop there)"
+                "tool handlers were still running {waited:?} after their calls ended: stopped (a handler that waits \
+                 should also wait for `CallContext::ended()`, and stop there)"
             );
         }
         match slot.lifecycle.shutdown().wait_timeout(deadline.saturating_duration_since(Instant::now())) {

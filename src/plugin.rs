@@ -257,7 +257,8 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
         self
     }
 
-    /// How long `AppExit` waits, in all, for outstanding close completions and `shutdown`.
+    /// How long `AppExit` waits, in all, for outstanding close completions, tool handlers still returning after
+    /// their calls ended (at most 2 s of it), `shutdown` and the world store's saves.
     pub fn exit_deadline(mut self, deadline: Duration) -> Self {
         self.exit_deadline = deadline;
         self

@@ -239,7 +239,9 @@ impl AgentTestAppExt for App {
 }
 
 /// Holds handlers at a point until the test opens it: put `gate.pass().await` in a handler, run until
-/// [`arrived`](Gate::arrived) counts it, make a transition, then [`open`](Gate::open).
+/// [`arrived`](Gate::arrived) counts it, make a transition, then [`open`](Gate::open). A gate does not watch the
+/// call's `ended()`: a handler still held at the game's exit holds the exit up to 2 s (rule H10's wait for
+/// handlers), so open gates before the exit, or select on `ctx.ended()` beside `pass()`.
 #[derive(Clone, Default)]
 pub struct Gate {
     inner: Arc<GateInner>,

@@ -115,6 +115,24 @@ fn h13_a_call_waited_for_elsewhere_gets_an_outcome_when_the_game_is_dropped_with
 }
 
 #[test]
+fn h13_a_call_that_waited_for_its_tool_then_ran_reads_its_executions_end_when_the_game_is_dropped() {
+    let gate = Gate::new();
+    let plugin = AgentToolsPlugin::new(TestGame::default()).tool_wait(Duration::from_secs(600));
+    let mut app = headless_app(plugin);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("late", json!({}));
+    app.agent()
+        .register_tool(bump_tool("late", ToolScope::World, Arc::new(AtomicUsize::new(0)), Some(gate.clone())))
+        .expect("registered");
+    app.run_until("the handler waits at its gate", |_| gate.arrived() == 1);
+    drop(app);
+    let caller = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+    let outcome = caller.block_on(async { tokio::time::timeout(Duration::from_secs(10), call).await });
+    let error = outcome.expect("an outcome").expect_err("the game stopped");
+    assert_eq!(error.code, ErrorCode::VisitEnded, "it ran: not that it stopped while waiting for its tool: {error:?}");
+}
+
+#[test]
 fn progress_reports_reach_the_caller_in_order() {
     let tool = AgentTool::new("long", "Reports progress.", |ctx: CallContext<Session>, _: NoArgs| async move {
         for step in 1..=3 {

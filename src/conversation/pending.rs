@@ -324,12 +324,25 @@ fn game_exiting() -> ToolError {
     ToolError::with_code(ErrorCode::WorldClosed, "the game is exiting: calls are no longer admitted")
 }
 
-/// Resolves the call with `INTERNAL` if its task is dropped before it set an outcome.
+/// Resolves the call if its task is dropped before it set an outcome (the plugin's runtime stopped without
+/// `AppExit`): with its execution's outcome if it was admitted (its driver, dropped too, ends it `VISIT_ENDED`: the
+/// caller reads what its conversation was told), else `INTERNAL`.
 struct OutcomeOnDrop(Arc<WaitingCall>);
 
 impl Drop for OutcomeOnDrop {
     fn drop(&mut self) {
-        self.0.outcome.set(Err(ToolError::internal("the game stopped while the call waited for its tool")));
+        if self.0.outcome.is_set() {
+            return;
+        }
+        let admitted = self.0.slot.lock().life.as_ref().map(|(life, _)| life.clone());
+        let outcome = match admitted {
+            Some(life) => life.outcome().get().unwrap_or_else(|| {
+                Err(ToolError::with_code(ErrorCode::VisitEnded, "the game stopped before the call ended")
+                    .locate(&life.coords))
+            }),
+            None => Err(ToolError::internal("the game stopped while the call waited for its tool")),
+        };
+        self.0.outcome.set(outcome);
     }
 }
 
@@ -379,4 +392,55 @@ pub(crate) fn ended(conversation: &ConversationId) -> ToolError {
     )
     .with_detail("conversation", conversation)
     .with_detail("conversation_ended", true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::{admit, Admitted, CallRequest};
+    use crate::tool::AgentTool;
+    use crate::{CallContext, NoArgs};
+
+    fn waiting() -> Arc<WaitingCall> {
+        Arc::new(WaitingCall {
+            outcome: OnceSignal::new(),
+            cancel: CancellationToken::new(),
+            why: Arc::default(),
+            slot: Mutex::default(),
+        })
+    }
+
+    #[test]
+    fn h13_a_waiting_call_dropped_after_its_execution_was_admitted_reads_the_executions_end() {
+        let (host, _jobs, _feed, _runtime) = crate::host::test_host(None);
+        let noop = AgentTool::new("noop", "Does nothing.", |_: CallContext<()>, _: NoArgs| async { Ok(()) });
+        host.register_tool(Arc::new(noop)).expect("registered");
+        let conversation = ConversationId::new("agent");
+        let admitted = |host: &Arc<HostShared>| match admit(
+            host,
+            &conversation,
+            CallRequest::new("noop", serde_json::json!({})),
+        ) {
+            Ok(Admitted::Running { life, seat, .. }) => (life, seat),
+            _ => panic!("admitted"),
+        };
+        // The runtime stops with both tasks: the waiting one dropped first, its execution still running.
+        let (life, seat) = admitted(&host);
+        let call = waiting();
+        call.admitted(&life, &seat);
+        drop(OutcomeOnDrop(call.clone()));
+        let code = |call: &WaitingCall| call.outcome.get().and_then(|outcome| outcome.err()).map(|error| error.code);
+        assert_eq!(code(&call), Some(ErrorCode::VisitEnded), "it ran: not that it stopped waiting for its tool");
+        // Its execution ended first: what it ended with.
+        let (life, seat) = admitted(&host);
+        life.finish(Err(ToolError::with_code(ErrorCode::Timeout, "slow")));
+        let call = waiting();
+        call.admitted(&life, &seat);
+        drop(OutcomeOnDrop(call.clone()));
+        assert_eq!(code(&call), Some(ErrorCode::Timeout));
+        // Never admitted: it stopped while it waited.
+        let call = waiting();
+        drop(OutcomeOnDrop(call.clone()));
+        assert_eq!(code(&call), Some(ErrorCode::Internal));
+    }
 }

@@ -466,11 +466,6 @@ const RESPONSE_GRACE: Duration = Duration::from_millis(500);
 /// How long the exit waits for the server's connections to close once it stopped (their responses are sent).
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-/// On `AppExit`, after the host ended the visit's calls ([`ExitSet::Host`](crate::ExitSet::Host)): waits until
-/// every call that ended has had its response sent (bounded by what is left of the exit deadline, and at least
-/// [`RESPONSE_GRACE`]), then stops the server and waits (up to [`CLOSE_GRACE`]) for its connections to close.
-/// Every call has ended by then (the host ends the visit's calls and those waiting for a tool); one whose
-/// outcome is still on its way at the deadline is not waited for: its client sees the connection close.
 /// Whether the file at `path` holds `token`: read as a plain file only (in a folder others can write to, someone
 /// may have put a link to `/dev/zero` or a FIFO there, whose read would hold the exit without end), at most one
 /// byte past the token.
@@ -481,6 +476,11 @@ fn holds_token(path: &std::path::Path, token: &str) -> bool {
     file.take(token.len() as u64 + 1).read_to_string(&mut held).is_ok() && held == token
 }
 
+/// On `AppExit`, after the host ended the visit's calls ([`ExitSet::Host`](crate::ExitSet::Host)): waits until
+/// every call that ended has had its response sent (bounded by what is left of the exit deadline, and at least
+/// [`RESPONSE_GRACE`]), then stops the server and waits (up to [`CLOSE_GRACE`]) for its connections to close.
+/// Every call has ended by then (the host ends the visit's calls and those waiting for a tool); one whose
+/// outcome is still on its way at the deadline is not waited for: its client sees the connection close.
 fn stop_on_app_exit(mut exits: MessageReader<AppExit>, server: Res<McpServer>, started: Option<Res<ExitStarted>>) {
     if exits.read().count() == 0 || server.shutdown.is_cancelled() {
         return;

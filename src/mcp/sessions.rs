@@ -647,7 +647,7 @@ pub(crate) async fn bind_to_agent_sessions(
     if let (Some(conversation), Some(credential)) = (bound, credential) {
         if let Some(id) = asked.or_else(|| named(response.headers())) {
             if let Some(room) = sessions.bind(&id, &conversation, &credential) {
-                tracing::info!(session = %room, "{BOUND_KEPT} MCP sessions of an in-game agent open: its longest-silent idle one ends");
+                tracing::info!(session = %room, "over {BOUND_KEPT} MCP sessions of an in-game agent open: its longest-silent one not in use ends");
                 let _ = sessions.close_session(&room).await;
             }
         }
