@@ -2,30 +2,35 @@
 //! ended (`ended()` fired at the world's exit) may still be cleaning up what it started, and the plugin's runtime
 //! stopping would drop it mid-way.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-/// How many call drivers are running (each until its handler has returned, or it is dropped).
+/// How many call drivers are running (each until its handler has returned, or it is dropped). Counted without a
+/// lock (every call passes here); the lock is only for the exit's wait and the last driver's wake-up.
 #[derive(Default)]
 pub(crate) struct RunningHandlers {
-    count: Mutex<usize>,
+    count: AtomicUsize,
+    waiting: Mutex<()>,
     none: Condvar,
 }
 
 impl RunningHandlers {
     /// Counts a driver until the returned guard is dropped.
     pub(crate) fn enter(self: &Arc<Self>) -> RunningHandler {
-        *self.count.lock() += 1;
+        self.count.fetch_add(1, Ordering::SeqCst);
         RunningHandler(self.clone())
     }
 
     /// Waits until none runs, or until `until`; returns how many still run.
     pub(crate) fn wait_none(&self, until: Instant) -> usize {
-        let mut count = self.count.lock();
-        while *count > 0 && !self.none.wait_until(&mut count, until).timed_out() {}
-        *count
+        let mut waiting = self.waiting.lock();
+        // The last driver takes the lock before it wakes the waiter: its end is not missed between the look at
+        // the count and the wait.
+        while self.count.load(Ordering::SeqCst) > 0 && !self.none.wait_until(&mut waiting, until).timed_out() {}
+        self.count.load(Ordering::SeqCst)
     }
 }
 
@@ -34,9 +39,8 @@ pub(crate) struct RunningHandler(Arc<RunningHandlers>);
 
 impl Drop for RunningHandler {
     fn drop(&mut self) {
-        let mut count = self.0.count.lock();
-        *count -= 1;
-        if *count == 0 {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            let _waiting = self.0.waiting.lock();
             self.0.none.notify_all();
         }
     }
