@@ -83,12 +83,30 @@ fn a_connection_that_sends_no_request_or_half_a_body_is_let_go_after_the_read_ti
     assert_eq!(status(&unauthorized_request(&server)), 401);
 }
 
+/// A connection that presented the token (its request answered, the connection kept open for the next).
+fn presenting_the_token(server: &McpServer) -> TcpStream {
+    let mut stream = connect(server);
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: 2\r\n\r\n{{}}",
+        server.address()
+    );
+    stream.write_all(request.as_bytes()).expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(stream.read(&mut byte).expect("an answer"), 1, "answered, not closed: {head:?}");
+        head.push(byte[0]);
+    }
+    stream
+}
+
 #[test]
 fn connections_over_the_cap_are_answered_503_and_served_again_once_one_closes() {
     let (_game, server) = game(|mcp| mcp.max_connections(2));
-    // Two idle connections (accepted in order: each takes one of the two places).
-    let first = connect(&server);
-    let _second = connect(&server);
+    // Two idle connections that presented the token (accepted in order: each takes one of the two places).
+    let first = presenting_the_token(&server);
+    let _second = presenting_the_token(&server);
 
     let said = unauthorized_request(&server);
     assert_eq!(status(&said), 503, "{said}");
@@ -104,4 +122,21 @@ fn connections_over_the_cap_are_answered_503_and_served_again_once_one_closes() 
         said = unauthorized_request(&server);
     }
     assert_eq!(status(&said), 401, "a closed connection's place is free again: {said}");
+}
+
+#[test]
+fn at_the_cap_a_connection_that_presented_no_token_gives_way_to_a_new_one() {
+    let (_game, server) = game(|mcp| mcp.max_connections(2));
+    // Someone without the token holds every place with connections that send nothing.
+    let mut silent = [connect(&server), connect(&server)];
+    // After a moment (a client's time to send its first request), the longest open of them gives way.
+    let deadline = Instant::now() + CLIENT_PATIENCE;
+    let mut said = unauthorized_request(&server);
+    while status(&said) == 503 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        said = unauthorized_request(&server);
+    }
+    assert_eq!(status(&said), 401, "served, not refused for the silent ones: {said}");
+    let closed = read_until_closed(&mut silent[0]).expect("closed by the server");
+    assert!(closed.is_empty(), "closed without a word: {closed:?}");
 }

@@ -2,13 +2,17 @@
 //! may take to arrive, so a client that connects and sends nothing (or half a request line) holds nothing for long,
 //! and no number of such clients uses up the descriptors the game needs for its own files.
 //!
-//! A connection over the cap is answered `503 Service Unavailable` with `Retry-After: 1` and closed, without
-//! serving its request. The head's bound also closes a kept-alive connection that sends no next request for that
+//! At the cap, the longest-open connection that has not presented a token (none of its requests got past the
+//! token check) and has been open for [`ANONYMOUS_GRACE`] gives way to the new one: connections without the token
+//! (another user of the machine, a web page) cannot hold every place against the game's agents. With none to
+//! give way, a connection over the cap is answered `503 Service Unavailable` with `Retry-After: 1` and closed,
+//! without serving its request. The head's bound also closes a kept-alive connection that sends no next request for that
 //! long (clients open another); a request whose response takes long (a call, a `GET` stream) is not bounded by it.
 //! The body's bound is [`read_body`]'s.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::StatusCode;
@@ -34,6 +38,53 @@ pub(crate) struct ConnectionLimits {
     pub request_read_timeout: Duration,
 }
 
+/// How long a connection may be open without presenting a token before a new one at the cap may take its place
+/// (a client is given that long to send its first request).
+const ANONYMOUS_GRACE: Duration = Duration::from_secs(1);
+/// How long a new connection at the cap waits for the place of one that gives way.
+const GIVE_WAY_WAIT: Duration = Duration::from_secs(1);
+
+/// One open connection, as the cap sees it: in every request's extensions, for the token check to mark.
+pub(crate) struct Connection {
+    opened: Instant,
+    /// One of its requests got past the token check.
+    presented_token: AtomicBool,
+    /// Closes it, to make room for a new one.
+    give_way: CancellationToken,
+}
+
+impl Connection {
+    /// Notes that one of its requests presented a valid token.
+    pub(crate) fn presented_token(&self) {
+        self.presented_token.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The open connections, for the cap to pick one that gives way.
+#[derive(Default)]
+struct Open(parking_lot::Mutex<Vec<Weak<Connection>>>);
+
+impl Open {
+    fn add(&self, connection: &Arc<Connection>) {
+        let mut open = self.0.lock();
+        open.retain(|open| open.strong_count() > 0);
+        open.push(Arc::downgrade(connection));
+    }
+
+    /// Closes the longest-open connection that presented no token and is older than [`ANONYMOUS_GRACE`]; whether
+    /// there was one.
+    fn make_room(&self) -> bool {
+        let mut open = self.0.lock();
+        open.retain(|open| open.strong_count() > 0);
+        let anonymous = open.iter().filter_map(Weak::upgrade).find(|connection| {
+            !connection.presented_token.load(Ordering::Relaxed)
+                && !connection.give_way.is_cancelled()
+                && connection.opened.elapsed() >= ANONYMOUS_GRACE
+        });
+        anonymous.map(|connection| connection.give_way.cancel()).is_some()
+    }
+}
+
 /// How long answering a connection over the cap may take (a client that does not read is not waited for).
 const REFUSAL_WRITE_LIMIT: Duration = Duration::from_secs(1);
 /// How much of the refused connection's request is read (and thrown away) after the answer, so that closing it
@@ -49,6 +100,7 @@ const MAX_CONNECTIONS: usize =
 pub(crate) async fn serve(listener: TcpListener, router: Router, limits: ConnectionLimits, stop: CancellationToken) {
     let max = limits.max_connections.clamp(1, MAX_CONNECTIONS);
     let permits = Arc::new(Semaphore::new(max));
+    let open = Arc::new(Open::default());
     // Whether the cap was reached and not left since (to warn once each time).
     let mut full = false;
     loop {
@@ -64,34 +116,68 @@ pub(crate) async fn serve(listener: TcpListener, router: Router, limits: Connect
         };
         // Without TCP_NODELAY a response written in two pieces waits for the client's delayed ACK (~40 ms).
         let _ = tcp.set_nodelay(true);
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            if !std::mem::replace(&mut full, true) {
-                tracing::warn!(max, "the MCP server has its limit of connections open: new ones are answered 503");
+        let (router, stop, open) = (router.clone(), stop.clone(), open.clone());
+        match permits.clone().try_acquire_owned() {
+            Ok(permit) => {
+                full = false;
+                tokio::spawn(serve_connection(tcp, permit, router, limits, stop, open));
             }
-            tokio::spawn(refuse(tcp, max));
-            continue;
-        };
-        full = false;
-        let service = TowerToHyperService::new(router.clone());
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let mut builder = http1::Builder::new();
-            builder.timer(TokioTimer::new()).header_read_timeout(limits.request_read_timeout);
-            let connection = builder.serve_connection(TokioIo::new(tcp), service);
-            tokio::pin!(connection);
-            tokio::select! {
-                _ = connection.as_mut() => return,
-                _ = stop.cancelled() => {}
+            Err(_) if open.make_room() => {
+                // The place is free once the connection giving way has closed, on its own task.
+                let permits = permits.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(GIVE_WAY_WAIT, permits.acquire_owned()).await {
+                        Ok(Ok(permit)) => serve_connection(tcp, permit, router, limits, stop, open).await,
+                        _ => refuse(tcp, max).await,
+                    }
+                });
             }
-            // Requests in flight finish; an idle connection closes now.
-            connection.as_mut().graceful_shutdown();
-            let _ = connection.await;
-        });
+            Err(_) => {
+                if !std::mem::replace(&mut full, true) {
+                    tracing::warn!(max, "the MCP server has its limit of connections open: new ones are answered 503");
+                }
+                tokio::spawn(refuse(tcp, max));
+            }
+        }
     }
     drop(listener);
     // Every connection holds a permit until it has closed.
     let _all = permits.acquire_many(max as u32).await;
+}
+
+/// Serves one connection, holding its place (`permit`) until it closes: when it ends, when the server stops (its
+/// requests in flight finish first), or when it gives way to a new one.
+async fn serve_connection(
+    tcp: TcpStream,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    router: Router,
+    limits: ConnectionLimits,
+    stop: CancellationToken,
+    open: Arc<Open>,
+) {
+    let _permit = permit;
+    let connection = Arc::new(Connection {
+        opened: Instant::now(),
+        presented_token: AtomicBool::new(false),
+        give_way: CancellationToken::new(),
+    });
+    open.add(&connection);
+    let service = TowerToHyperService::new(router.layer(axum::Extension(connection.clone())));
+    let mut builder = http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(limits.request_read_timeout);
+    let served = builder.serve_connection(TokioIo::new(tcp), service);
+    tokio::pin!(served);
+    tokio::select! {
+        _ = served.as_mut() => return,
+        _ = connection.give_way.cancelled() => {
+            tracing::debug!("an MCP connection that presented no token gave way to a new one at the limit");
+            return;
+        }
+        _ = stop.cancelled() => {}
+    }
+    // Requests in flight finish; an idle connection closes now.
+    served.as_mut().graceful_shutdown();
+    let _ = served.await;
 }
 
 /// Answers a connection over the cap with 503, without reading its request, and closes it.

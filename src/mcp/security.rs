@@ -4,6 +4,7 @@
 use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::http::{header, Method, StatusCode};
@@ -116,14 +117,24 @@ impl RebindingCheck {
 /// ([`BoundConversation`](super::credentials::BoundConversation)). 401 with a JSON body that says why otherwise. The game's token is compared in
 /// constant time.
 pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Request, next: Next) -> Response {
+    let presented = |request: &Request| {
+        // Its connection keeps its place at the connection cap (`connections`).
+        if let Some(connection) = request.extensions().get::<Arc<super::connections::Connection>>() {
+            connection.presented_token();
+        }
+    };
     let reason = match presented_bearer(request.headers()) {
         None => {
             "missing bearer token: send the header `Authorization: Bearer <token>`, with the token from the \
                  file the game printed at start-up (this server does not use OAuth)"
         }
-        Some(token) if constant_time_eq(token.as_bytes(), bearer.token.as_bytes()) => return next.run(request).await,
+        Some(token) if constant_time_eq(token.as_bytes(), bearer.token.as_bytes()) => {
+            presented(&request);
+            return next.run(request).await;
+        }
         Some(token) => match bearer.credentials.conversation_of(token) {
             Some(bound) => {
+                presented(&request);
                 request.extensions_mut().insert(bound);
                 return next.run(request).await;
             }
