@@ -3,8 +3,9 @@
 //! and no number of such clients uses up the descriptors the game needs for its own files.
 //!
 //! At the cap, the longest-open connection that has not presented a token (none of its requests got past the
-//! token check) and has been open for [`ANONYMOUS_GRACE`] gives way to the new one: connections without the token
-//! (another user of the machine, a web page) cannot hold every place against the game's agents. With none to
+//! token check) gives way to the new one: connections without the token (another user of the machine, a web page)
+//! cannot hold every place against the game's agents, who present it with their first request, while a newcomer
+//! waits behind every older connection without it. With none to
 //! give way, a connection over the cap is answered `503 Service Unavailable` with `Retry-After: 1` and closed,
 //! without serving its request. The head's bound also closes a kept-alive connection that sends no next request for that
 //! long (clients open another); a request whose response takes long (a call, a `GET` stream) is not bounded by it.
@@ -38,18 +39,16 @@ pub(crate) struct ConnectionLimits {
     pub request_read_timeout: Duration,
 }
 
-/// How long a connection may be open without presenting a token before a new one at the cap may take its place
-/// (a client is given that long to send its first request).
-const ANONYMOUS_GRACE: Duration = Duration::from_secs(1);
 /// How long a new connection at the cap waits for the place of one that gives way.
 const GIVE_WAY_WAIT: Duration = Duration::from_secs(1);
 
 /// One open connection, as the cap sees it: in every request's extensions, for the token check to mark.
 pub(crate) struct Connection {
+    /// When it was accepted.
     opened: Instant,
     /// One of its requests got past the token check.
     presented_token: AtomicBool,
-    /// Closes it, to make room for a new one.
+    /// Closes it, to make room for a new one; cancelled too once it has closed.
     give_way: CancellationToken,
 }
 
@@ -62,25 +61,49 @@ impl Connection {
 
 /// The open connections, for the cap to pick one that gives way.
 #[derive(Default)]
-struct Open(parking_lot::Mutex<Vec<Weak<Connection>>>);
+struct Open(parking_lot::Mutex<OpenList>);
+
+#[derive(Default)]
+struct OpenList {
+    connections: Vec<Weak<Connection>>,
+    /// The length at which closed ones are next let go (twice what was left last time: a scan per accepted
+    /// connection would cost as much as the connections open).
+    prune_at: usize,
+}
+
+impl OpenList {
+    fn prune(&mut self) {
+        self.connections.retain(|open| open.upgrade().is_some_and(|open| !open.give_way.is_cancelled()));
+        self.prune_at = (self.connections.len() * 2).max(64);
+    }
+}
 
 impl Open {
-    fn add(&self, connection: &Arc<Connection>) {
+    /// A connection accepted at `opened`, listed.
+    fn add(&self, opened: Instant) -> Arc<Connection> {
+        let connection = Arc::new(Connection {
+            opened,
+            presented_token: AtomicBool::new(false),
+            give_way: CancellationToken::new(),
+        });
         let mut open = self.0.lock();
-        open.retain(|open| open.strong_count() > 0);
-        open.push(Arc::downgrade(connection));
+        if open.connections.len() >= open.prune_at {
+            open.prune();
+        }
+        open.connections.push(Arc::downgrade(&connection));
+        connection
     }
 
-    /// Closes the longest-open connection that presented no token and is older than [`ANONYMOUS_GRACE`]; whether
-    /// there was one.
+    /// Closes the longest-open connection that presented no token; whether there was one.
     fn make_room(&self) -> bool {
         let mut open = self.0.lock();
-        open.retain(|open| open.strong_count() > 0);
-        let anonymous = open.iter().filter_map(Weak::upgrade).find(|connection| {
-            !connection.presented_token.load(Ordering::Relaxed)
-                && !connection.give_way.is_cancelled()
-                && connection.opened.elapsed() >= ANONYMOUS_GRACE
-        });
+        open.prune();
+        let anonymous = open
+            .connections
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|connection| !connection.presented_token.load(Ordering::Relaxed))
+            .min_by_key(|connection| connection.opened);
         anonymous.map(|connection| connection.give_way.cancel()).is_some()
     }
 }
@@ -120,14 +143,16 @@ pub(crate) async fn serve(listener: TcpListener, router: Router, limits: Connect
         match permits.clone().try_acquire_owned() {
             Ok(permit) => {
                 full = false;
-                tokio::spawn(serve_connection(tcp, permit, router, limits, stop, open));
+                // Listed now, in the order accepted, before the next accept can look for one to give way.
+                let connection = open.add(Instant::now());
+                tokio::spawn(serve_connection(tcp, connection, permit, router, limits, stop));
             }
             Err(_) if open.make_room() => {
                 // The place is free once the connection giving way has closed, on its own task.
-                let permits = permits.clone();
+                let (permits, opened) = (permits.clone(), Instant::now());
                 tokio::spawn(async move {
                     match tokio::time::timeout(GIVE_WAY_WAIT, permits.acquire_owned()).await {
-                        Ok(Ok(permit)) => serve_connection(tcp, permit, router, limits, stop, open).await,
+                        Ok(Ok(permit)) => serve_connection(tcp, open.add(opened), permit, router, limits, stop).await,
                         _ => refuse(tcp, max).await,
                     }
                 });
@@ -149,19 +174,15 @@ pub(crate) async fn serve(listener: TcpListener, router: Router, limits: Connect
 /// requests in flight finish first), or when it gives way to a new one.
 async fn serve_connection(
     tcp: TcpStream,
+    connection: Arc<Connection>,
     permit: tokio::sync::OwnedSemaphorePermit,
     router: Router,
     limits: ConnectionLimits,
     stop: CancellationToken,
-    open: Arc<Open>,
 ) {
     let _permit = permit;
-    let connection = Arc::new(Connection {
-        opened: Instant::now(),
-        presented_token: AtomicBool::new(false),
-        give_way: CancellationToken::new(),
-    });
-    open.add(&connection);
+    // Closed, it is no longer one that could give way (a request's copy of it may outlive the connection).
+    let _closed = connection.give_way.clone().drop_guard();
     let service = TowerToHyperService::new(router.layer(axum::Extension(connection.clone())));
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(limits.request_read_timeout);

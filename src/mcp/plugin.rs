@@ -178,9 +178,9 @@ impl McpPlugin {
     }
 
     /// How many connections may be open at once (each client uses a few: one for its `GET` stream, some for its
-    /// requests). At the limit, the longest-open connection that never presented a token (open for 1 s at least)
-    /// is closed to make room, so connections without the token cannot hold every place; with none such, a new
-    /// connection is answered `503` with `Retry-After: 1` and closed. Default 256; at least 1 (`usize::MAX`: as
+    /// requests). At the limit, the longest-open connection that never presented a token is closed to make room
+    /// (a client presents it with its first request), so connections without the token cannot hold every place;
+    /// with none such, a new connection is answered `503` with `Retry-After: 1` and closed. Default 256; at least 1 (`usize::MAX`: as
     /// many as the system allows).
     pub fn max_connections(mut self, connections: usize) -> Self {
         self.limits.max_connections = connections.max(1);
