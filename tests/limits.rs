@@ -108,10 +108,15 @@ fn h13_a_call_waited_for_elsewhere_gets_an_outcome_when_the_game_is_dropped_with
     app.run_until("the handler waits at its gate", |_| gate.arrived() == 1);
     // The app unwinds from a panic, or is dropped: no `AppExit`, the plugin's runtime stops with it.
     drop(app);
+    let error = awaited_elsewhere(call).expect_err("the game stopped");
+    assert_eq!(error.code, ErrorCode::VisitEnded, "{error:?}");
+}
+
+/// The outcome of `call` awaited on a runtime of the caller's own; panics if none comes within 10 s.
+fn awaited_elsewhere(call: bevy_agent_tools::Call) -> bevy_agent_tools::CallOutcome {
     let caller = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
     let outcome = caller.block_on(async { tokio::time::timeout(Duration::from_secs(10), call).await });
-    let error = outcome.expect("an outcome, not a wait without end").expect_err("the game stopped");
-    assert_eq!(error.code, ErrorCode::VisitEnded, "{error:?}");
+    outcome.expect("an outcome, not a wait without end")
 }
 
 #[test]
@@ -126,9 +131,7 @@ fn h13_a_call_that_waited_for_its_tool_then_ran_reads_its_executions_end_when_th
         .expect("registered");
     app.run_until("the handler waits at its gate", |_| gate.arrived() == 1);
     drop(app);
-    let caller = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
-    let outcome = caller.block_on(async { tokio::time::timeout(Duration::from_secs(10), call).await });
-    let error = outcome.expect("an outcome").expect_err("the game stopped");
+    let error = awaited_elsewhere(call).expect_err("the game stopped");
     assert_eq!(error.code, ErrorCode::VisitEnded, "it ran: not that it stopped while waiting for its tool: {error:?}");
 }
 

@@ -350,14 +350,18 @@ fn drive(
     }
 }
 
+/// The outcome of a call whose driver the plugin's runtime dropped as it stopped, before the call ended.
+pub(crate) fn game_stopped() -> ToolError {
+    ToolError::with_code(ErrorCode::VisitEnded, "the game stopped before the call ended")
+}
+
 /// Ends the call of a driver dropped before its outcome.
 struct EndsOnDrop(Option<(Arc<HostShared>, Arc<CallLife>)>);
 
 impl Drop for EndsOnDrop {
     fn drop(&mut self) {
         let Some((host, life)) = self.0.take() else { return };
-        let stopped = ToolError::with_code(ErrorCode::VisitEnded, "the game stopped before the call ended");
-        if life.finish(Err(stopped)) {
+        if life.finish(Err(game_stopped())) {
             tracing::debug!(request = %life.coords.request, "the call's driver was dropped: the game stopped");
         }
         host.release_call(&life);

@@ -336,10 +336,7 @@ impl Drop for OutcomeOnDrop {
         }
         let admitted = self.0.slot.lock().life.as_ref().map(|(life, _)| life.clone());
         let outcome = match admitted {
-            Some(life) => life.outcome().get().unwrap_or_else(|| {
-                Err(ToolError::with_code(ErrorCode::VisitEnded, "the game stopped before the call ended")
-                    .locate(&life.coords))
-            }),
+            Some(life) => life.outcome().get().unwrap_or_else(|| Err(crate::call::game_stopped().locate(&life.coords))),
             None => Err(ToolError::internal("the game stopped while the call waited for its tool")),
         };
         self.0.outcome.set(outcome);

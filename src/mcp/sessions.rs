@@ -456,24 +456,17 @@ impl ConversationSessions {
         tracked.bound = Some((conversation.clone(), credential.to_string()));
         let of_credential =
             |tracked: &Tracked| tracked.bound.as_ref().is_some_and(|(_, bound)| bound.as_str() == credential);
-        if open.values().filter(|tracked| of_credential(tracked)).count() <= BOUND_KEPT {
+        let kept = open.values().filter(|tracked| of_credential(tracked)).count();
+        if kept <= BOUND_KEPT {
             return None;
         }
         let may_end =
             |other: &SessionId, tracked: &Tracked| other != id && of_credential(tracked) && tracked.requests == 0;
-        if let Some(room) = take_longest_silent_idle(&mut open, Instant::now(), may_end) {
-            return Some(room);
+        match take_longest_silent_idle(&mut open, Instant::now(), may_end) {
+            Some(room) => Some(room),
+            None if kept > BOUND_MOST => take_longest_silent(&mut open, may_end),
+            None => None,
         }
-        if open.values().filter(|tracked| of_credential(tracked)).count() <= BOUND_MOST {
-            return None;
-        }
-        let room = open
-            .iter()
-            .filter(|(other, tracked)| may_end(other, tracked))
-            .min_by_key(|(_, tracked)| tracked.last_seen)
-            .map(|(other, _)| other.clone())?;
-        open.remove(&room);
-        Some(room)
     }
 
     /// A call of session `id` runs in `conversation` (named by a handle).
@@ -503,10 +496,18 @@ fn take_longest_silent_idle(
     now: Instant,
     may_end: impl Fn(&SessionId, &Tracked) -> bool,
 ) -> Option<SessionId> {
+    take_longest_silent(open, |id, tracked| {
+        tracked.listening == 0 && now.saturating_duration_since(tracked.last_seen) >= ROOM_GRACE && may_end(id, tracked)
+    })
+}
+
+/// Of the `open` sessions that `may_end`, the longest silent, taken out of them.
+fn take_longest_silent(
+    open: &mut HashMap<SessionId, Tracked>,
+    may_end: impl Fn(&SessionId, &Tracked) -> bool,
+) -> Option<SessionId> {
     let room = open
         .iter()
-        .filter(|(_, tracked)| tracked.listening == 0)
-        .filter(|(_, tracked)| now.saturating_duration_since(tracked.last_seen) >= ROOM_GRACE)
         .filter(|(id, tracked)| may_end(id, tracked))
         .min_by_key(|(_, tracked)| tracked.last_seen)
         .map(|(id, _)| id.clone())?;
