@@ -127,7 +127,8 @@ impl AgentHandle {
     /// for it are admitted at once. A tool of the same name is replaced. Fails if the tool is for another session
     /// type than the lifecycle's, has an empty name or the MCP transport's own `begin_conversation`, takes arguments
     /// that cannot be an object (`()`: use [`NoArgs`](crate::NoArgs)), or has an argument named `operation_id`,
-    /// `task_id` or `conversation`, in any of its shapes (the transports take those out of every call).
+    /// `task_id` or `conversation`, in any of its shapes (the transports take those out of every call), or its
+    /// [`argument_enum`](crate::AgentTool::argument_enum) names an argument it does not have.
     /// `AgentToolsPlugin::with_tool` panics at start-up for the same.
     pub fn register_tool<S: Send + Sync + 'static>(&self, tool: AgentTool<S>) -> Result<(), ToolError> {
         self.host.register_tool(Arc::new(tool)).map_err(ToolError::internal)

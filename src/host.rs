@@ -232,6 +232,9 @@ impl HostShared {
             ));
         }
         crate::tool::check_name(tool.info())?;
+        if let Some(mistake) = tool.mistake() {
+            return Err(mistake.to_string());
+        }
         crate::tool::check_arguments(tool.info())?;
         self.tools.insert(tool);
         self.tool_or_visit_came.notify_waiters();

@@ -145,8 +145,9 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// At start-up (when the plugin is built), for a tool the host cannot serve, a mistake in the game's set-up:
     /// an empty name or the MCP transport's own `begin_conversation`; arguments that cannot be an object (`()`:
     /// use [`NoArgs`](crate::NoArgs)); an argument named `operation_id`, `task_id` or `conversation` in any of
-    /// its shapes (the transports take those out of every call). [`AgentHandle::register_tool`] returns the same
-    /// as an error.
+    /// its shapes (the transports take those out of every call); an
+    /// [`argument_enum`](AgentTool::argument_enum) for an argument the tool does not have.
+    /// [`AgentHandle::register_tool`] returns the same as an error.
     pub fn with_tool(mut self, tool: AgentTool<L::Session>) -> Self {
         self.tools.push(Arc::new(tool));
         self

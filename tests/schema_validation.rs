@@ -319,6 +319,29 @@ fn argument_enum_on_an_optional_argument_still_takes_null_and_leaving_it_out() {
 }
 
 #[test]
+fn argument_enum_naming_an_argument_the_tool_lacks_is_refused_at_registration() {
+    #[derive(Deserialize, JsonSchema)]
+    #[serde(rename = "Paint")]
+    #[allow(dead_code)]
+    struct Paint {
+        #[serde(rename = "shade")]
+        colour: String,
+    }
+    let app = app_with(TestGame::default(), vec![]);
+    // Misspelt, or the Rust name of an argument serde renames: the enum would never apply, any string would pass.
+    for field in ["color", "colour"] {
+        let paint = AgentTool::new("paint", "Paints.", |_: CallContext<Session>, _: Paint| async move { Ok(()) })
+            .argument_enum(field, ["red", "green"]);
+        let refused = app.agent().register_tool(paint).expect_err("the enum names no argument");
+        assert!(refused.message.contains(&format!("`{field}`")), "{}", refused.message);
+        assert!(app.agent().tools().iter().all(|tool| tool.name != "paint"), "not registered");
+    }
+    let paint = AgentTool::new("paint", "Paints.", |_: CallContext<Session>, _: Paint| async move { Ok(()) })
+        .argument_enum("shade", ["red", "green"]);
+    app.agent().register_tool(paint).expect("the argument as the schema names it");
+}
+
+#[test]
 fn requires_confirmation_on_a_tool_without_arguments_publishes_confirm_and_enforces_it() {
     let reset =
         AgentTool::new("reset", "Resets the bricks.", |_: CallContext<Session>, _: NoArgs| async move { Ok(()) })

@@ -98,6 +98,8 @@ pub(crate) type PreparedCall = Box<dyn FnOnce(CallCore) -> BoxFuture<Result<Valu
 pub(crate) trait ErasedTool: Send + Sync + 'static {
     fn info(&self) -> &ToolInfo;
     fn session_type(&self) -> (TypeId, &'static str);
+    /// A mistake the tool's builder found, which registering it reports.
+    fn mistake(&self) -> Option<&str>;
     /// Parses the arguments (rejections happen here, before anything runs).
     fn prepare(&self, args: Value) -> Result<PreparedCall, ToolError>;
 }
@@ -137,6 +139,9 @@ pub struct AgentTool<S> {
     /// takes the `confirm` that [`requires_confirmation`](Self::requires_confirmation) adds out of the arguments
     /// before they are parsed, so arguments that refuse unknown fields still parse.
     handler_confirms: bool,
+    /// A mistake a builder method found (an enum for an argument the tool does not have): registering the tool
+    /// fails with it, as for the mistakes the host checks.
+    mistake: Option<String>,
     start: Arc<dyn Fn(Value) -> Result<PreparedCall, ToolError> + Send + Sync>,
     _session: PhantomData<fn(S)>,
 }
@@ -190,6 +195,7 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
             },
             validator: OnceLock::new(),
             handler_confirms: false,
+            mistake: None,
             start,
             _session: PhantomData,
         }
@@ -264,6 +270,10 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
     /// checked against it like the rest of the schema: a value not in the list is refused with `INVALID_INPUT`
     /// (`details.field`) before the handler runs.
     ///
+    /// `field` is the argument's name as the schema has it (after serde's renames). Naming an argument the tool
+    /// does not have is a mistake in the game's set-up: registering the tool fails
+    /// ([`AgentToolsPlugin::with_tool`](crate::AgentToolsPlugin::with_tool) panics at start-up).
+    ///
     /// ```
     /// # use bevy_agent_tools::prelude::*;
     /// # #[derive(serde::Deserialize, schemars::JsonSchema)] struct Paint { colour: String }
@@ -284,10 +294,15 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
                     values.push(Value::Null);
                 }
                 property.insert("enum".into(), Value::Array(values));
+                return self;
             }
-        } else {
-            tracing::warn!(tool = %self.info.name, field, "argument_enum: the tool has no such argument");
         }
+        self.mistake.get_or_insert_with(|| {
+            format!(
+                "agent tool `{}`: argument_enum names `{field}`, an argument the tool does not have",
+                self.info.name
+            )
+        });
         self
     }
 
@@ -310,6 +325,10 @@ impl<S: Send + Sync + 'static> ErasedTool for AgentTool<S> {
 
     fn session_type(&self) -> (TypeId, &'static str) {
         (TypeId::of::<S>(), std::any::type_name::<S>())
+    }
+
+    fn mistake(&self) -> Option<&str> {
+        self.mistake.as_deref()
     }
 
     fn prepare(&self, args: Value) -> Result<PreparedCall, ToolError> {
