@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bevy::platform::cell::SyncCell;
 use bevy::prelude::Resource;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -183,6 +184,11 @@ impl Conversation {
     /// Calls `tool` with `arguments` (a JSON object). Admission happens now; the returned [`Call`] resolves with
     /// the outcome. As over MCP, an `operation_id` or `task_id` among the arguments is the call's (see
     /// [`CallRequest::from_wire`]), not the tool's.
+    ///
+    /// Dropping the returned [`Call`] before it resolves cancels the call (`let _ = conversation.call(..)` too).
+    /// From a game system, keep it (in a `Local`, a resource or a component) and read
+    /// [`try_outcome`](Call::try_outcome) in later frames, or [`detach`](Call::detach) it and read
+    /// [`CallFinished`](crate::CallFinished).
     pub fn call(&self, tool: impl Into<String>, arguments: Value) -> Call {
         self.request(CallRequest::new(tool, arguments))
     }
@@ -401,8 +407,9 @@ pub struct Call {
     ready: Option<CallOutcome>,
     /// A call that waits for its tool to be registered.
     pending: Option<Arc<WaitingCall>>,
-    /// Made on the first poll.
-    waiting: Option<Pin<Box<dyn Future<Output = CallOutcome> + Send>>>,
+    /// Made on the first poll. Only ever used through `&mut`, so a `Call` is `Sync` (it can be kept in a
+    /// resource or a component) without its future being so.
+    waiting: Option<SyncCell<Pin<Box<dyn Future<Output = CallOutcome> + Send>>>>,
 }
 
 impl Call {
@@ -563,11 +570,11 @@ impl Future for Call {
             self.waiting = match (&self.pending, &self.life) {
                 (Some(pending), _) => {
                     let pending = pending.clone();
-                    Some(Box::pin(async move { pending.outcome.wait().await }))
+                    Some(SyncCell::new(Box::pin(async move { pending.outcome.wait().await })))
                 }
                 (None, Some(life)) => {
                     let (life, withdrawn, seat) = (life.clone(), self.withdrawn.clone(), self.seat.clone());
-                    Some(Box::pin(async move {
+                    Some(SyncCell::new(Box::pin(async move {
                         // Withdrawn first: a caller that cancelled while the execution ran gets `CANCELLED`, even
                         // polled after the execution ended, as `try_outcome` says.
                         tokio::select! {
@@ -575,13 +582,13 @@ impl Future for Call {
                             _ = withdrawn.cancelled() => life.withdrawn_outcome(seat.as_ref()),
                             outcome = life.outcome().wait() => outcome,
                         }
-                    }))
+                    })))
                 }
                 (None, None) => None,
             };
         }
         match self.waiting.as_mut() {
-            Some(waiting) => waiting.as_mut().poll(cx),
+            Some(waiting) => waiting.get().as_mut().poll(cx),
             None => Poll::Ready(Err(ToolError::internal("the call has no outcome to wait for"))),
         }
     }

@@ -936,3 +936,30 @@ fn the_handles_a_game_keeps_are_debug_and_say_which_call_and_conversation() {
     assert!(shown.starts_with("Call") && shown.contains("request"), "{shown}");
     let _ = app.run_until_resolved(&call);
 }
+
+/// A game system calls a tool and keeps the call in a resource (a HUD button, a scripted event), then reads its
+/// outcome in a later frame: a `Call` is `Sync`, and keeping it there does not cancel it.
+#[test]
+fn a_call_made_by_a_game_system_can_be_kept_in_a_resource_until_it_resolves() {
+    #[derive(Resource, Default)]
+    struct Kept {
+        call: Option<Call>,
+        outcome: Option<bevy_agent_tools::CallOutcome>,
+    }
+    let executions = Arc::new(AtomicUsize::new(0));
+    let mut app = app_with(TestGame::default(), vec![bump_tool("bump", ToolScope::World, executions.clone(), None)]);
+    app.enter_world("alpha");
+    app.init_resource::<Kept>().add_systems(Update, |agent: Res<AgentHandle>, mut kept: ResMut<Kept>| {
+        if kept.outcome.is_some() {
+            return;
+        }
+        match &kept.call {
+            None => kept.call = Some(agent.conversation("hud").call("bump", json!({ "by": 2 }))),
+            Some(call) => kept.outcome = call.try_outcome(),
+        }
+    });
+    app.run_until("the kept call's outcome", |app| app.world().resource::<Kept>().outcome.is_some());
+    let outcome = app.world_mut().resource_mut::<Kept>().outcome.take().expect("resolved");
+    assert_eq!(outcome.expect("ran").value["counter"], 2);
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+}
