@@ -162,7 +162,9 @@ impl Completion {
         self.result().is_some()
     }
 
-    /// Blocks this thread until resolved. Do not call it on the Bevy main thread in a frame.
+    /// Blocks this thread until resolved. Do not call it on the Bevy main thread in a frame. In async code (a
+    /// tool's handler) await [`finished`](Self::finished) instead: a blocked handler still finishes, but it holds
+    /// one of the runtime's few workers while it waits.
     pub fn wait(&self) -> CompletionResult {
         loop {
             if let Some(result) = self.wait_until(Instant::now() + Duration::from_secs(3600)) {

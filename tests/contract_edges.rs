@@ -86,3 +86,27 @@ fn h12_a_retained_duplicate_reports_the_request_id_of_the_call_that_ran() {
     assert!(!again.is_running(), "a retained failure, nothing ran again");
     assert_eq!(again.request_id(), failed.request_id(), "a retained failure names its request too");
 }
+
+/// A tool's handler that blocks on a completion instead of awaiting it (`store.save(..).wait()`, a documented
+/// call) still finishes: the work it waits for, spawned from the same worker, runs on another one meanwhile.
+/// Without that, the call would never end (its driver is the blocked task: its timeout cannot fire either).
+#[test]
+fn h13_a_handler_blocking_on_work_it_spawned_still_finishes() {
+    let blocking = AgentTool::new(
+        "save_and_wait",
+        "Saves, blocking until the save is done.",
+        |_: CallContext<Session>, _: NoArgs| async move {
+            let runtime = tokio::runtime::Handle::current();
+            // Spawned from this worker, as `WorldStore::save` spawns its write.
+            let saved = Completion::spawn(&runtime, async { Ok(()) });
+            saved.wait().map_err(|error| ToolError::internal(error.to_string()))?;
+            Ok("saved")
+        },
+    )
+    .timeout(std::time::Duration::from_secs(5));
+    let mut app = app_with(TestGame::default(), vec![blocking]);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("save_and_wait", serde_json::json!({}));
+    let outcome = app.run_until_resolved(&call);
+    assert_eq!(outcome.expect("the save finished and so did the call").value, "saved");
+}
