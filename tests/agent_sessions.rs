@@ -1359,9 +1359,11 @@ fn permission_requests_for_the_games_own_tools_are_allowed_without_asking_under_
         (PermissionPolicy::AskPlayer, "ask-call-gemini"),
         (PermissionPolicy::Deny, "ask-call-codex"),
         (PermissionPolicy::AskPlayer, "ask-call-codex"),
+        (PermissionPolicy::Deny, "ask-call-codex-1"),
+        (PermissionPolicy::AskPlayer, "ask-call-codex-1"),
     ] {
         // Codex's requests are read so only from an agent that says it is Codex's adapter.
-        let name: &[&str] = if ask == "ask-call-codex" { &["--name", "codex-acp"] } else { &[] };
+        let name: &[&str] = if ask.starts_with("ask-call-codex") { &["--name", "codex-acp"] } else { &[] };
         let session = game.create(agent(&dirs, name).permissions(policy)).expect("starts");
         let before = game.counter();
         let turn = game.block_on(session.send_text(&format!("{ask} bump {{}}"))).expect("the turn ends");
@@ -1383,11 +1385,13 @@ fn a_request_shaped_as_codexs_approval_from_another_agent_goes_to_the_permission
     // Another agent may put a model's own arguments in a request's raw input: its requests are never read as
     // Codex's, so the default policy denies this one and the game's tool does not run.
     for name in [&["--name", "claude-agent-acp"][..], &[]] {
-        let session = game.create(agent(&dirs, name)).expect("starts");
-        let before = game.counter();
-        let turn = game.block_on(session.send_text("ask-call-codex bump {}")).expect("the turn ends");
-        assert_eq!(turn.final_message.as_deref(), Some("permission: denied"), "{name:?}");
-        assert_eq!(game.counter(), before, "{name:?}: the tool did not run");
+        for ask in ["ask-call-codex", "ask-call-codex-1"] {
+            let session = game.create(agent(&dirs, name)).expect("starts");
+            let before = game.counter();
+            let turn = game.block_on(session.send_text(&format!("{ask} bump {{}}"))).expect("the turn ends");
+            assert_eq!(turn.final_message.as_deref(), Some("permission: denied"), "{name:?} {ask}");
+            assert_eq!(game.counter(), before, "{name:?} {ask}: the tool did not run");
+        }
     }
 }
 

@@ -17,7 +17,7 @@
 //! The frame rate is then the display's, not `--tps`.
 //!
 //! `--agent-auth METHOD` signs in to the ACP agent with one of the methods it offers (for example Codex's
-//! `openai-api-key`, which reads `OPENAI_API_KEY`); an agent that needs a sign-in without it says which it offers.
+//! `api-key`, which reads `CODEX_API_KEY` or `OPENAI_API_KEY`); an agent that needs a sign-in without it says which it offers.
 //!
 //! `--agent-openai` (build with `--features openai`) runs the agent loop in the game against an OpenAI-compatible
 //! endpoint (e.g. `http://127.0.0.1:11434/v1` for Ollama), with the API key from the variable `--api-key-env`

@@ -8,8 +8,8 @@ use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     CancelNotification, ClientCapabilities, CloseSessionRequest, ContentBlock, HttpHeader, Implementation,
     InitializeRequest, InitializeResponse, LoadSessionRequest, McpServer, McpServerHttp, NewSessionRequest,
-    PromptRequest, RequestPermissionRequest, ResumeSessionRequest, SessionId, SessionNotification, SystemPrompt,
-    TextContent,
+    PromptRequest, RequestPermissionRequest, ResumeSessionRequest, SessionId, SessionNotification, SessionUpdate,
+    SystemPrompt, TextContent,
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{AcpAgent, Agent, Client};
@@ -99,11 +99,16 @@ pub(crate) fn spawn(
             let replaying = replay.clone();
             let agent_name = AgentName::default();
             let named = agent_name.clone();
+            let codex_calls = super::codex::CodexCalls::default();
+            let heard_calls = codex_calls.clone();
             let ended = Client
                 .v1()
                 .name("bevy_agent_tools")
                 .on_receive_notification(
                     async move |notification: SessionNotification, _cx| {
+                        if let SessionUpdate::ToolCall(call) = &notification.update {
+                            heard_calls.heard(call);
+                        }
                         updates::forward(&notifications, &replaying, notification.update);
                         Ok(())
                     },
@@ -112,20 +117,20 @@ pub(crate) fn spawn(
                 .on_receive_request(
                     async move |request: RequestPermissionRequest, responder, cx: ConnectionTo<Agent>| {
                         let (reply, decision) = oneshot::channel();
-                        let tool = request
-                            .tool_call
-                            .fields
+                        let fields = &request.tool_call.fields;
+                        let tool = fields
                             .title
                             .clone()
-                            .or_else(|| request.tool_call.fields.name.clone())
+                            .or_else(|| fields.name.clone())
+                            .or_else(|| codex_calls.tool(&request.tool_call.tool_call_id.0))
                             .unwrap_or_else(|| request.tool_call.tool_call_id.to_string());
                         let agent = named.get().map(String::as_str);
                         // One of the game's own tools, reached through the game's MCP server: guarded by the
                         // host's rules (H1–H14, its confirmations), not by the permission policy; allowed unless
                         // the player cancelled the turn (the request crossed the cancel).
-                        let game_tool =
-                            updates::is_game_tool(&request.tool_call.fields, |name| registered.is_registered(name))
-                                || updates::codex_approves_game_tool(&request.tool_call, agent);
+                        let registered = |name: &str| registered.is_registered(name);
+                        let game_tool = updates::is_game_tool(fields, registered)
+                            || super::codex::approves_game_tool(&request, agent, &codex_calls, registered);
                         if !game_tool && !updates::can_allow_once(&request.options) {
                             // Only a standing allow is offered: nobody is asked to give one. Refused, as the
                             // game's answer would have to be.

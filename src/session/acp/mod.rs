@@ -9,6 +9,7 @@
 //! boundaries and usage; `session/request_permission` goes to the session's policy.
 
 mod auth;
+mod codex;
 mod connection;
 mod ending;
 mod quirks;

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use agent_client_protocol::v1::schema::{
     ContentBlock, PermissionOption, PermissionOptionKind, RequestPermissionOutcome, RequestPermissionResponse,
-    SelectedPermissionOutcome, SessionUpdate, StopReason as AcpStopReason, ToolCallContent, ToolCallUpdate,
-    ToolCallUpdateFields, ToolKind,
+    SelectedPermissionOutcome, SessionUpdate, StopReason as AcpStopReason, ToolCallContent, ToolCallUpdateFields,
+    ToolKind,
 };
 
 use crate::session::backend::{BackendEvent, EventSink, PermissionDecision, StopReason, Usage};
@@ -118,7 +118,7 @@ pub(crate) const GAME_SERVER: &str = "game";
 ///   could set to this form: so the request's content (Gemini's: the arguments as JSON, or the names of the first
 ///   five when they are long) must show no `command` argument.
 ///
-/// Codex asks otherwise ([`codex_approves_game_tool`]).
+/// Codex asks otherwise ([`codex`](super::codex)).
 ///
 /// The request must be of no kind but `other`: an agent may title a shell command's request with the command
 /// itself, which a model could make read like a game tool's name, and such a request is of kind `execute`.
@@ -132,33 +132,6 @@ pub(crate) fn is_game_tool(fields: &ToolCallUpdateFields, registered: impl Fn(&s
     let gemini = named.strip_suffix(" MCP Server)").and_then(|rest| rest.strip_suffix(GAME_SERVER));
     let gemini = gemini.and_then(|rest| rest.strip_suffix(" (")).filter(|_| shows_no_command(fields));
     claude.or(gemini).is_some_and(registered)
-}
-
-/// Whether a request of the agent named `agent` (in its answer to `initialize`) is Codex's approval of a call to
-/// a tool of the game's server. Codex asks before any MCP tool not marked read-only (unless the person chose full
-/// access), as an elicitation of its own that codex-acp turns into a request of no kind titled `Approve <the
-/// tool's title>`, whose raw input is that elicitation: `server_name` (set by Codex from the connection the call
-/// goes to: a model cannot write it), an `id` of `mcp_tool_call_approval_` and the request's tool call id, and a
-/// form whose `_meta.codex_approval_kind` is `mcp_tool_call`. An MCP server can send an elicitation of that shape
-/// too, under its own name only, and the game's server sends none. Other agents may put a model's own arguments
-/// in a request's raw input (Claude's adapter does), so only codex-acp's requests are read so. The tool's name is
-/// not in the request (only its title and a sentence): any tool of the game's server is recognised, all of them
-/// the game's, guarded by the host's rules.
-pub(crate) fn codex_approves_game_tool(call: &ToolCallUpdate, agent: Option<&str>) -> bool {
-    let fields = &call.fields;
-    let (Some(title), Some(raw)) = (fields.title.as_deref(), fields.raw_input.as_ref()) else { return false };
-    let text = |pointer: &str| raw.pointer(pointer).and_then(serde_json::Value::as_str);
-    let approval_of_this_call = text("/id")
-        .and_then(|id| id.strip_prefix("mcp_tool_call_approval_"))
-        .is_some_and(|id| *id == *call.tool_call_id.0);
-    agent.is_some_and(|agent| agent.to_ascii_lowercase().contains("codex"))
-        && title.starts_with("Approve ")
-        && fields.name.is_none()
-        && fields.kind.is_none()
-        && text("/server_name") == Some(GAME_SERVER)
-        && approval_of_this_call
-        && text("/request/mode") == Some("form")
-        && text("/request/_meta/codex_approval_kind") == Some("mcp_tool_call")
 }
 
 /// Whether a Gemini CLI permission request's content shows the tool's arguments, without one named `command`.
@@ -305,59 +278,6 @@ mod tests {
         assert!(!is_game_tool(&gemini(Some(six)), registered), "a sixth argument could be `command`");
         assert!(!is_game_tool(&gemini(None), registered), "arguments not shown");
         assert!(!is_game_tool(&gemini(Some("not the arguments")), registered));
-    }
-
-    #[test]
-    fn a_codex_approval_is_recognised_by_the_server_codex_names_in_its_own_elicitation() {
-        const CODEX: Option<&str> = Some("codex-acp");
-        // As codex-acp sends it: `raw_input` is Codex's `ElicitationRequestEvent`.
-        let event = |server: &str, id: &str, mode: &str, kind: &str| {
-            serde_json::json!({
-                "turn_id": "1",
-                "server_name": server,
-                "id": id,
-                "request": {
-                    "mode": mode,
-                    "_meta": { "codex_approval_kind": kind, "persist": ["session", "always"], "tool_params": {"x": 1} },
-                    "message": "Allow the game MCP server to run tool \"place_block\"?",
-                    "requested_schema": { "type": "object", "properties": {} }
-                }
-            })
-        };
-        let asked = |title: &str, raw: serde_json::Value| {
-            ToolCallUpdate::new("call_7", ToolCallUpdateFields::new().title(title).raw_input(raw))
-        };
-        let codex = event("game", "mcp_tool_call_approval_call_7", "form", "mcp_tool_call");
-        assert!(codex_approves_game_tool(&asked("Approve MCP tool call", codex.clone()), CODEX));
-        assert!(codex_approves_game_tool(&asked("Approve Place a block", codex.clone()), CODEX));
-        assert!(codex_approves_game_tool(&asked("Approve MCP tool call", codex.clone()), Some("Codex CLI")));
-        // Another server's tool, an elicitation of another kind or mode, an id not of this call's approval.
-        for raw in [
-            event("other", "mcp_tool_call_approval_call_7", "form", "mcp_tool_call"),
-            event("game ", "mcp_tool_call_approval_call_7", "form", "mcp_tool_call"),
-            event("game", "mcp_tool_call_approval_call_7", "form", "form"),
-            event("game", "mcp_tool_call_approval_call_7", "url", "mcp_tool_call"),
-            event("game", "mcp_tool_call_approval_call_8", "form", "mcp_tool_call"),
-            event("game", "call_7", "form", "mcp_tool_call"),
-            serde_json::json!({ "server_name": "game", "command": ["rm", "-rf", "/"] }),
-            serde_json::json!("game"),
-        ] {
-            assert!(!codex_approves_game_tool(&asked("Approve MCP tool call", raw.clone()), CODEX), "{raw}");
-        }
-        // Another agent, whose raw input may be a model's own arguments: never read so.
-        for agent in [Some("@agentclientprotocol/claude-agent-acp"), Some("gemini-cli"), None] {
-            assert!(!codex_approves_game_tool(&asked("Approve MCP tool call", codex.clone()), agent), "{agent:?}");
-        }
-        // Not titled as Codex's approvals, or of a kind (a shell command's: `execute`), or named otherwise.
-        let with = |fields: ToolCallUpdateFields| ToolCallUpdate::new("call_7", fields);
-        let fields = ToolCallUpdateFields::new().raw_input(codex.clone());
-        assert!(!codex_approves_game_tool(&with(fields.clone().title("Run place_block")), CODEX));
-        let titled = fields.title("Approve MCP tool call");
-        assert!(!codex_approves_game_tool(&with(titled.clone().kind(ToolKind::Execute)), CODEX));
-        assert!(!codex_approves_game_tool(&with(titled.clone().kind(ToolKind::Other)), CODEX));
-        assert!(!codex_approves_game_tool(&with(titled.name("shell")), CODEX));
-        let bare = ToolCallUpdateFields::new().title("Approve MCP tool call");
-        assert!(!codex_approves_game_tool(&with(bare), CODEX), "no raw input");
     }
 
     #[test]
