@@ -568,6 +568,15 @@ fn an_agent_that_answers_a_turn_with_an_error_fails_that_turn_only_and_takes_the
     assert!(session.cancel());
     assert_eq!(game.block_on(waiting).expect("it ends").stop_reason, StopReason::Cancelled);
     assert_eq!(session.status(), ConversationStatus::Idle);
+
+    // Or with an internal error saying it aborted (Gemini CLI): cancelled too, not the agent's failure.
+    let waiting = game.block_on(session.start_turn("wait-aborted")).expect("sent");
+    assert!(session.cancel());
+    assert_eq!(game.block_on(waiting).expect("it ends").stop_reason, StopReason::Cancelled);
+    assert_eq!(session.status(), ConversationStatus::Idle);
+    // The same error in a turn nobody cancelled is the agent's.
+    let (code, _) = code_of(game.block_on(session.send_text("refuse This operation was aborted")));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
 }
 
 #[test]
@@ -1736,6 +1745,13 @@ fn the_games_instructions_go_again_until_a_turn_that_carried_them_ended() {
     assert!(game.block_on(session.send_text("crash")).is_err());
     assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
     assert_eq!(blocks(&session), vec![text.to_string()], "a re-attached session that had them is not sent them again");
+
+    // A turn the model refused: ACP leaves its prompt out of what the agent keeps, the instructions with it.
+    let refused = game.create(agent(&dirs, &["--no-system-prompt"]).system_prompt("Be brief.")).expect("starts");
+    let turn = game.block_on(refused.send_text("refusal")).expect("the turn ends");
+    assert_eq!(turn.stop_reason, StopReason::Refusal);
+    assert_eq!(blocks(&refused), instructed, "sent again: the agent did not keep the turn that carried them");
+    assert_eq!(blocks(&refused), vec![text.to_string()]);
 }
 
 #[test]

@@ -504,6 +504,17 @@ impl SessionCore {
             if !matches!(state.phase, Phase::Live) {
                 return;
             }
+            // A turn the player cancelled that the agent answers with an error (Gemini CLI's "This operation was
+            // aborted", `-32603`) ended as cancelled, as ACP asks of a cancelled turn: not the agent's failure.
+            let event = match event {
+                BackendEvent::TurnRefused { turn, error }
+                    if state.turn.as_ref().is_some_and(|running| running.number == turn && running.cancelled) =>
+                {
+                    tracing::debug!(session = %self.id, %error, "the agent answered the cancelled turn with an error");
+                    BackendEvent::TurnEnded { turn, stop: super::StopReason::Cancelled }
+                }
+                event => event,
+            };
             match event {
                 BackendEvent::MessageChunk { message, text } => {
                     let continues =
@@ -548,7 +559,9 @@ impl SessionCore {
                         self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
                         self.finish_message(&mut state, &mut feed);
                         ended_turn = state.turn.take().map(|turn| (turn, Ok(stop)));
-                        if ended_turn.as_ref().is_some_and(|(turn, _)| turn.carries_instructions) {
+                        // A refusal leaves the prompt out of what the agent keeps (ACP): still owed then.
+                        let kept = stop != super::StopReason::Refusal;
+                        if kept && ended_turn.as_ref().is_some_and(|(turn, _)| turn.carries_instructions) {
                             state.instructions_owed = false;
                             instructions_delivered = true;
                         }
