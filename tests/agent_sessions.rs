@@ -1357,6 +1357,34 @@ fn an_agent_that_needs_a_sign_in_says_which_methods_it_offers_and_signs_in_with_
 }
 
 #[test]
+fn a_sign_in_is_not_counted_against_the_start_timeout_and_has_its_own() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    // The person takes longer to sign in (in a browser) than the whole start may take.
+    let signing_in = |start: u64, sign_in: u64| {
+        let timeouts = SessionTimeouts {
+            start: Duration::from_secs(start),
+            sign_in: Duration::from_secs(sign_in),
+            ..Default::default()
+        };
+        agent(&dirs, &["--require-auth"])
+            .auth_method("scripted-key")
+            .env("SCRIPTED_AGENT_KEY", "k")
+            .env("SCRIPTED_SIGN_IN_MS", "6000")
+            .timeouts(timeouts)
+    };
+    let session = game.create(signing_in(5, 300)).expect("signed in, started");
+    game.block_on(session.send_text("hello")).expect("a turn");
+    // A sign-in past its own timeout fails the start, saying so.
+    let error = game.create(signing_in(20, 1)).expect_err("the sign-in took too long");
+    assert_eq!(error.code, ErrorCode::AgentUnavailable);
+    assert!(
+        error.message.contains("signing in to the agent with `scripted-key` did not finish within 1s"),
+        "{error:?}"
+    );
+}
+
+#[test]
 fn permission_requests_for_the_games_own_tools_are_allowed_without_asking_under_any_policy() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

@@ -182,7 +182,8 @@ impl std::fmt::Display for AcpAgentCommand {
 /// process does.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionTimeouts {
-    /// Starting the agent, up to its answer to `initialize` and to the session's creation or resumption.
+    /// Starting the agent, up to its answer to `initialize` and to the session's creation or resumption (not
+    /// counting a sign-in: see `sign_in`).
     /// For an OpenAI-compatible endpoint, how long it is asked again while it answers `503` (llama.cpp's server
     /// loading its model) or refuses connections (vLLM listens only once its model has loaded).
     /// Default 30 s (agents started through `npx` can be slow the first time).
@@ -198,6 +199,9 @@ pub struct SessionTimeouts {
     pub permission: Duration,
     /// How long `end` waits for the agent to close the session before the process is stopped anyway. Default 2 s.
     pub close: Duration,
+    /// How long signing in to an ACP agent ([`SessionConfig::auth_method`]) may take: a method may open a
+    /// browser and wait for the person. Not counted in `start`. Default 5 minutes.
+    pub sign_in: Duration,
 }
 
 impl Default for SessionTimeouts {
@@ -208,6 +212,7 @@ impl Default for SessionTimeouts {
             cancel_grace: Duration::from_secs(10),
             permission: Duration::from_secs(60),
             close: Duration::from_secs(2),
+            sign_in: Duration::from_secs(300),
         }
     }
 }

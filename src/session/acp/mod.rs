@@ -56,7 +56,7 @@ impl Backend for AcpBackend {
             let (commands, running) = connection::spawn(agent, setup, auth_method, sink, &runtime);
             let connection::Running { ready, step, task, exit } = running;
             let mut starting = Starting { task: task.abort_handle(), done: false };
-            let ready = tokio::time::timeout(start, ready).await;
+            let ready = within_start(start, &step, ready).await;
             let failure = match ready {
                 Ok(Ok(Ok(opened))) => {
                     starting.done = true;
@@ -75,7 +75,7 @@ impl Backend for AcpBackend {
                 }
                 Err(_elapsed) => {
                     task.abort();
-                    let waited_for = *step.lock();
+                    let waited_for = step.lock().waiting;
                     return Err(ToolError::with_code(
                         ErrorCode::AgentUnavailable,
                         format!("the agent `{described}` did not start within {start:?} ({waited_for})"),
@@ -179,6 +179,28 @@ impl Link for AcpLink {
     fn kill(&self) {
         // Dropping the connection's future kills the agent's whole process group.
         self.task.abort();
+    }
+}
+
+/// Waits for `ready` at most `start`, not counting the time spent signing in (which has its own timeout).
+async fn within_start<T>(
+    start: std::time::Duration,
+    step: &connection::StartStep,
+    mut ready: tokio::sync::oneshot::Receiver<T>,
+) -> Result<Result<T, tokio::sync::oneshot::error::RecvError>, tokio::time::error::Elapsed> {
+    use tokio::time::Instant;
+    let started = Instant::now();
+    let deadline = || {
+        let signing_in = step.lock().signing_in(Instant::now().into_std());
+        crate::deadline::after_tokio(started, start.saturating_add(signing_in))
+    };
+    loop {
+        match tokio::time::timeout_at(deadline(), &mut ready).await {
+            Ok(ready) => return Ok(ready),
+            // Moved on by a sign-in meanwhile.
+            Err(_) if deadline() > Instant::now() => {}
+            Err(elapsed) => return Err(elapsed),
+        }
     }
 }
 
