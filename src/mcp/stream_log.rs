@@ -141,6 +141,9 @@ async fn hand_on(inner: &mut BoxedSseStream, tx: &mpsc::Sender<ServerSseMessage>
             () = tx.closed() => return,
         };
         let Some(event) = event else { return };
+        if !belongs_on_standalone(&event) {
+            continue;
+        }
         match tokio::time::timeout(stall_timeout, tx.send(event)).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) => return,
@@ -151,6 +154,22 @@ async fn hand_on(inner: &mut BoxedSseStream, tx: &mpsc::Sender<ServerSseMessage>
                 return;
             }
         }
+    }
+}
+
+/// Whether `event` may go on a session's standalone stream. rmcp sends a request's messages there once the
+/// request's own stream is gone, which it is the moment the client cancels the request: its later progress reports
+/// and its response, which MCP allows only on the request's stream (a client has forgotten the token and the id:
+/// the TypeScript SDK reports each as an error). Every request's stream is kept open until its response (its log
+/// drains it), so nothing else of a request's reaches the standalone stream: those are dropped.
+fn belongs_on_standalone(event: &ServerSseMessage) -> bool {
+    use rmcp::model::{JsonRpcMessage, ServerNotification};
+    match event.message.as_deref() {
+        Some(JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_)) => false,
+        Some(JsonRpcMessage::Notification(notification)) => {
+            !matches!(notification.notification, ServerNotification::ProgressNotification(_))
+        }
+        _ => true,
     }
 }
 
@@ -278,6 +297,34 @@ mod tests {
             tokio::time::timeout(Duration::from_secs(10), sends).await.expect("rmcp was never held up for good");
             assert!(rmcp.is_closed(), "rmcp's stream was let go");
             assert!(drained(connection).await.len() <= LIVE_CAPACITY);
+        });
+    }
+
+    #[test]
+    fn a_standalone_stream_carries_no_request_s_progress_or_response() {
+        use rmcp::model::{NumberOrString, ProgressNotificationParam, ProgressToken, ServerNotification, ServerResult};
+        runtime().block_on(async {
+            let (rmcp, inner) = mpsc::channel::<ServerSseMessage>(16);
+            let connection = handed_on(Box::pin(Replay { missed: VecDeque::new(), live: Some(inner) }), STALL, ());
+            // What rmcp routes there for a request whose stream the client's cancel closed.
+            let token = ProgressToken(NumberOrString::String("p7".into()));
+            let progress = ServerNotification::ProgressNotification(rmcp::model::Notification::new(
+                ProgressNotificationParam::new(token, 3.0),
+            ));
+            let response = ServerJsonRpcMessage::response(ServerResult::empty(()), NumberOrString::Number(7));
+            let error = ServerJsonRpcMessage::error(
+                rmcp::model::ErrorData::internal_error("x", None),
+                Some(NumberOrString::Number(7)),
+            );
+            for message in [ServerJsonRpcMessage::notification(progress), response, error] {
+                rmcp.send(ServerSseMessage::from_message(message)).await.expect("sent");
+            }
+            // And what belongs there: a change of the tool list.
+            rmcp.send(event(0)).await.expect("sent");
+            drop(rmcp);
+            let sent = drained(connection).await;
+            assert_eq!(sent.len(), 1, "only the tool list's change: {sent:?}");
+            assert_eq!(event_index(&sent[0]), Some(0));
         });
     }
 
