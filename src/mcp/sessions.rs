@@ -432,7 +432,7 @@ impl ConversationSessions {
 
     /// Session `id` takes requests: it is open and not being closed. Otherwise the error rmcp gives a session it
     /// does not know.
-    fn takes_requests(&self, id: &SessionId) -> Result<(), LocalSessionManagerError> {
+    pub(crate) fn takes_requests(&self, id: &SessionId) -> Result<(), LocalSessionManagerError> {
         match self.open.lock().get(id) {
             Some(tracked) if !tracked.closing => Ok(()),
             _ => Err(LocalSessionManagerError::SessionNotFound(id.clone())),

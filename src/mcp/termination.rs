@@ -7,8 +7,9 @@
 //! ended its conversation, or it expired).
 //!
 //! Any other request naming a session that ends while rmcp handles it (rmcp found the session, then its worker
-//! stopped) gets rmcp's `500 ... Session service terminated`; it is answered 404 too, as for a session that had
-//! already gone: the client's cue to start a new one, where a 500 would read as the server failing.
+//! stopped, or the crate refused the request: the session is being closed, or was taken out to make room) gets
+//! rmcp's `500`; it is answered 404 too, as for a session that had already gone: the client's cue to start a new
+//! one, where a 500 would read as the server failing.
 
 use std::sync::Arc;
 
@@ -34,8 +35,8 @@ pub(crate) async fn answer_session_end(
     let named = named.map(|id| SessionId::from(id.to_owned()));
     if request.method() != Method::DELETE {
         let response = next.run(request).await;
-        let ended_meanwhile =
-            response.status() == StatusCode::INTERNAL_SERVER_ERROR && !is_open(&sessions, named.as_ref()).await;
+        let ended_meanwhile = response.status() == StatusCode::INTERNAL_SERVER_ERROR
+            && (!is_open(&sessions, named.as_ref()).await || !takes_requests(&sessions, named.as_ref()));
         return if ended_meanwhile { not_found() } else { response };
     }
     let was_open = is_open(&sessions, named.as_ref()).await;
@@ -55,6 +56,12 @@ async fn is_open(sessions: &ConversationSessions, id: Option<&SessionId>) -> boo
         Some(id) => sessions.has_session(id).await.unwrap_or(true),
         None => true,
     }
+}
+
+/// Whether the named session takes requests as the crate sees it: not being closed, nor taken out to make room
+/// (rmcp still has those until their close is done, and answers a request the crate refused in one with 500).
+fn takes_requests(sessions: &ConversationSessions, id: Option<&SessionId>) -> bool {
+    id.is_none_or(|id| sessions.takes_requests(id).is_ok())
 }
 
 /// rmcp's own answer for a session it does not know.
