@@ -283,7 +283,7 @@ impl GameServer {
         arguments: JsonObject,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let mut call_request = match CallRequest::from_wire(tool, Value::Object(arguments)) {
+        let mut call_request = match CallRequest::from_wire(tool.clone(), Value::Object(arguments)) {
             Ok(call_request) => call_request,
             Err(error) => return Ok(error_result(&error).into()),
         };
@@ -319,7 +319,9 @@ impl GameServer {
         while let Some(progress) = queue.pop() {
             notify_progress(context, &mut progress_token, progress).await;
         }
-        outcome_to_result(outcome).map(Into::into)
+        // Looked up now: a call may have waited for its tool to be registered.
+        let schema = self.agent.host().tools.get(&tool).map(|tool| tool.info().output_schema.clone());
+        outcome_to_result(outcome, schema.as_ref().unwrap_or(&Value::Null)).map(Into::into)
     }
 }
 
@@ -352,11 +354,13 @@ async fn notify_progress(context: &RequestContext<RoleServer>, token: &mut Optio
 ///   that check `structuredContent` against the tool's output schema even on errors (the TypeScript SDK, the
 ///   MCP Inspector) would otherwise throw away the error for not matching it.
 /// - An unknown tool: a JSON-RPC error (-32602), as the specification asks.
-pub(crate) fn outcome_to_result(outcome: CallOutcome) -> Result<CallToolResult, ErrorData> {
+///
+/// `schema` is the tool's output schema: it says which fields are images.
+pub(crate) fn outcome_to_result(outcome: CallOutcome, schema: &Value) -> Result<CallToolResult, ErrorData> {
     match outcome {
         Ok(output) => {
             let mut value = output.value;
-            let images = value.as_object_mut().map(take_images).unwrap_or_default();
+            let images = value.as_object_mut().map(|object| take_images(object, schema)).unwrap_or_default();
             let mut content = vec![ContentBlock::text(value.to_string())];
             content.extend(images.into_iter().map(|image| ContentBlock::image(image.data, image.mime_type)));
             let mut result = CallToolResult::success(content);
@@ -423,6 +427,48 @@ mod tests {
         let _ = agent.conversation(other.clone()).end();
         let _ = conversation_for_call(&agent, other.clone(), false);
         assert_eq!(agent.conversation_status(&other), Some(ConversationStatus::Idle));
+    }
+
+    #[test]
+    fn a_results_structured_content_is_what_the_client_output_schema_describes_images_aside() {
+        #[derive(serde::Serialize, schemars::JsonSchema)]
+        #[serde(deny_unknown_fields)]
+        struct Look {
+            picture: Option<crate::ImageContent>,
+            /// Free-form JSON that happens to be shaped like an image: declared, so it stays.
+            raw: Value,
+            label: String,
+        }
+        let tool = crate::AgentTool::new("look", "Looks.", |_: crate::CallContext<u64>, _: crate::NoArgs| async {
+            Ok(Look { picture: None, raw: Value::Null, label: String::new() })
+        });
+        let info = tool.info();
+        let client_schema = info.client_output_schema();
+        let validator = jsonschema::validator_for(&client_schema).expect("a schema");
+        let image = serde_json::json!({ "type": "image", "mimeType": "image/png", "data": "AA==" });
+        let observed = crate::VisitInfo {
+            visit: crate::VisitId(1),
+            world: crate::WorldId::new("alpha"),
+            location: crate::Location {
+                dimension: crate::DimensionId::new("overworld"),
+                revision: crate::LocationRevision(0),
+            },
+        };
+        for (picture, images) in [(Value::Null, 0), (image.clone(), 1)] {
+            let value = serde_json::json!({ "picture": picture, "raw": image, "label": "x" });
+            let output = crate::CallOutput { value, observed: observed.clone() };
+            let result = outcome_to_result(Ok(output), &info.output_schema).expect("a result");
+            let structured = result.structured_content.expect("structured");
+            assert_eq!(structured, serde_json::json!({ "raw": image, "label": "x" }), "picture {picture}");
+            assert!(validator.is_valid(&structured), "{structured} against {client_schema}");
+            assert_eq!(result.content.len(), 1 + images, "the text, and the picture when there is one");
+        }
+        // Free-form output: an image-shaped field is taken.
+        let value = serde_json::json!({ "shot": image, "label": "x" });
+        let output = crate::CallOutput { value, observed };
+        let result = outcome_to_result(Ok(output), &Value::Null).expect("a result");
+        assert_eq!(result.structured_content, Some(serde_json::json!({ "label": "x" })));
+        assert_eq!(result.content.len(), 2);
     }
 
     #[test]

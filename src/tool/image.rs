@@ -43,11 +43,21 @@ pub(crate) fn is_image_schema(property: &serde_json::Value) -> bool {
         })
 }
 
-/// Takes the image fields out of a tool's output object: what is left is the structured result; the images go
-/// to image content.
+/// Takes the image fields out of a tool's output object, as its output schema (`schema`) says them: what is left
+/// is the structured result, as the client's output schema describes it
+/// ([`client_output_schema`](super::ToolInfo::client_output_schema)); the images go to image content. A field the
+/// schema says is an image goes whatever its value (an `Option` left `None` too); one it declares otherwise
+/// stays, even shaped like an image; one it does not declare (an output of free-form JSON) goes if it is one.
 #[cfg(feature = "mcp")]
-pub(crate) fn take_images(object: &mut serde_json::Map<String, serde_json::Value>) -> Vec<ImageContent> {
-    let names: Vec<String> =
-        object.iter().filter(|(_, value)| ImageContent::from_value(value).is_some()).map(|(k, _)| k.clone()).collect();
+pub(crate) fn take_images(
+    object: &mut serde_json::Map<String, serde_json::Value>,
+    schema: &serde_json::Value,
+) -> Vec<ImageContent> {
+    let declared = schema.get("properties").and_then(serde_json::Value::as_object);
+    let taken = |name: &str, value: &serde_json::Value| match declared.and_then(|declared| declared.get(name)) {
+        Some(property) => is_image_schema(property),
+        None => ImageContent::from_value(value).is_some(),
+    };
+    let names: Vec<String> = object.iter().filter(|(name, value)| taken(name, value)).map(|(k, _)| k.clone()).collect();
     names.iter().filter_map(|name| object.remove(name)).filter_map(|value| ImageContent::from_value(&value)).collect()
 }
