@@ -36,6 +36,14 @@ impl fmt::Display for CompletionError {
 
 impl std::error::Error for CompletionError {}
 
+/// A failed completion as a tool's error: `INTERNAL`, with its message, so that a handler can use `?` on what it
+/// awaited (`saved.finished().await?`).
+impl From<CompletionError> for crate::ToolError {
+    fn from(error: CompletionError) -> Self {
+        crate::ToolError::internal(error.to_string())
+    }
+}
+
 /// What a completion resolved to.
 pub type CompletionResult = Result<(), CompletionError>;
 

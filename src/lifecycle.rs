@@ -136,7 +136,8 @@ pub trait WorldLifecycle: Send + Sync + 'static {
     /// [`on_end`](crate::CallContext::on_end) cleanups ran. Take what must be saved, start the I/O off the main
     /// thread, and return a [`Completion`] that resolves when it is durable.
     ///
-    /// The visit ends on [`ExitWorld`](crate::ExitWorld), on entering another world, and on `AppExit` (the window
+    /// The visit ends on [`ExitWorld`](crate::ExitWorld), on [`EnterWorld`](crate::EnterWorld) (for any world,
+    /// the open one too: it is closed and opened again as a new visit), and on `AppExit` (the window
     /// closed, Ctrl+C): then too `close` runs, and the plugin waits for its completion (bounded by
     /// [`exit_deadline`](crate::AgentToolsPlugin::exit_deadline)) before the process goes on to exit.
     fn close(&self, session: Self::Session, world: &mut World) -> Completion;

@@ -99,7 +99,7 @@ fn h13_a_handler_blocking_on_work_it_spawned_still_finishes() {
             let runtime = tokio::runtime::Handle::current();
             // Spawned from this worker, as `WorldStore::save` spawns its write.
             let saved = Completion::spawn(&runtime, async { Ok(()) });
-            saved.wait().map_err(|error| ToolError::internal(error.to_string()))?;
+            saved.wait()?;
             Ok("saved")
         },
     )

@@ -247,7 +247,8 @@ impl<S: Send + Sync + 'static> CallContext<S> {
     /// It runs while the call's visit is still open: in the [`Pump`](crate::AgentToolsSet::Pump) of the frame
     /// the call ended in (or the next one, when it ended after that frame's pump ran; or between the two under a
     /// runner that serves steps there, see [`StepPoints`](crate::StepPoints)), in order with other steps;
-    /// when the visit exits (by [`ExitWorld`](crate::ExitWorld), entering another world, or `AppExit`), right
+    /// when the visit exits (by [`ExitWorld`](crate::ExitWorld), [`EnterWorld`](crate::EnterWorld) for any world, or
+    /// `AppExit`), right
     /// after the visit's calls end and before `close` gets the session. After a travel it runs in the new
     /// location, unlike a step. Registered after the call ended, it runs at the next pump all the same if the
     /// visit is still open. It never runs once its visit has closed: it is then dropped unrun (after `AppExit` no

@@ -163,11 +163,35 @@ impl fmt::Display for StoreError {
     }
 }
 
+/// A store's error as a tool's: `INTERNAL`, with the store's message, so that a handler can use `?` on a load or a
+/// save (`store.load(&world, "player").await?`).
+impl From<StoreError> for crate::ToolError {
+    fn from(error: StoreError) -> Self {
+        crate::ToolError::internal(error.to_string())
+    }
+}
+
 impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             StoreError::Io { error, .. } => Some(&**error),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_error_is_a_tools_internal_error_with_the_stores_message() {
+        fn load() -> Result<(), crate::ToolError> {
+            let world = WorldId::new("alpha");
+            Err(StoreError::Interrupted { world, message: "the game stopped".into() })?
+        }
+        let error = load().expect_err("the store's error");
+        assert_eq!(error.code, crate::ErrorCode::Internal);
+        assert_eq!(error.message, "world `alpha`: interrupted: the game stopped");
     }
 }

@@ -15,7 +15,12 @@ pub(crate) fn next_order() -> u64 {
     ORDER.fetch_add(1, Ordering::Relaxed)
 }
 
-/// The player enters a world. If a visit is open, it is exited first (then this one opens).
+/// The player enters a world. If a visit is open, it is exited first (then this one opens): for the open world
+/// too, which is then closed (saved) and opened again as a new visit, whose calls start afresh. A game that writes
+/// it on entering a play state (after a pause menu, say) should write it only when the player is not in that world
+/// already; [`follow_state`](crate::AgentToolsPlugin::follow_state) does nothing for the world already open.
+///
+/// Messages written in one frame apply in the order they were made (with [`new`](Self::new)), whatever their type.
 #[derive(Message, Clone, Debug)]
 pub struct EnterWorld {
     /// The world to enter.
