@@ -135,6 +135,14 @@ impl AgentHandle {
         self.host.register_tool(Arc::new(tool)).map_err(ToolError::internal)
     }
 
+    /// Removes the tool named `name` (a world's own tool, registered when it loaded, once the player left it):
+    /// clients are told the list changed, and a call for it from now on gets `TOOL_NOT_FOUND` (or waits for it to
+    /// be registered again, see [`AgentToolsPlugin::tool_wait`](crate::AgentToolsPlugin::tool_wait)). Its calls
+    /// already admitted run on. Returns whether it was registered.
+    pub fn unregister_tool(&self, name: &str) -> bool {
+        self.host.unregister_tool(name)
+    }
+
     pub(crate) fn host(&self) -> &Arc<HostShared> {
         &self.host
     }

@@ -178,7 +178,8 @@ pub(crate) struct HostShared {
     /// Wakes calls waiting for their tool when one is registered, and when a visit opens (a call made with no world
     /// open waits for one too).
     pub tool_or_visit_came: tokio::sync::Notify,
-    /// Counts tool registrations after start-up: transports tell their clients the list changed.
+    /// Counts changes of the tool list after start-up (registrations, removals): transports tell their clients the
+    /// list changed.
     pub tools_changed: tokio::sync::watch::Sender<u64>,
     /// The calls made in the open visit that wait for their tool: its exit ends them.
     pub waiting_calls: crate::conversation::WaitingCalls,
@@ -240,6 +241,15 @@ impl HostShared {
         self.tool_or_visit_came.notify_waiters();
         self.tools_changed.send_modify(|registered| *registered += 1);
         Ok(())
+    }
+
+    /// Removes tool `name` (see [`AgentHandle::unregister_tool`](crate::AgentHandle::unregister_tool)).
+    pub(crate) fn unregister_tool(&self, name: &str) -> bool {
+        let removed = self.tools.remove(name);
+        if removed {
+            self.tools_changed.send_modify(|changes| *changes += 1);
+        }
+        removed
     }
 
     pub(crate) fn next_request_id(&self) -> RequestId {

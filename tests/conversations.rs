@@ -963,3 +963,26 @@ fn a_call_made_by_a_game_system_can_be_kept_in_a_resource_until_it_resolves() {
     assert_eq!(outcome.expect("ran").value["counter"], 2);
     assert_eq!(executions.load(Ordering::SeqCst), 1);
 }
+
+/// A world's own tool, removed once the player left it: not listed, a new call for it is `TOOL_NOT_FOUND`, and a
+/// call of it already running finishes.
+#[test]
+fn an_unregistered_tool_takes_no_new_calls_and_its_running_ones_finish() {
+    let gate = Gate::new();
+    let executions = Arc::new(AtomicUsize::new(0));
+    let mut app = app_with(TestGame::default(), vec![]);
+    app.enter_world("alpha");
+    let agent = app.agent();
+    agent.register_tool(bump_tool("forge", ToolScope::World, executions.clone(), Some(gate.clone()))).expect("ok");
+    let running = agent.conversation("a").call("forge", json!({}));
+    app.run_until("the call at its gate", |_| gate.arrived() == 1);
+
+    assert!(agent.unregister_tool("forge"));
+    assert!(agent.tools().iter().all(|tool| tool.name != "forge"), "no longer listed");
+    let refused = agent.conversation("a").call("forge", json!({})).try_outcome().expect("at once");
+    assert_eq!(refused.expect_err("unknown now").code, ErrorCode::ToolNotFound);
+
+    gate.open();
+    assert!(app.run_until_resolved(&running).is_ok(), "admitted before: it ran on");
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+}

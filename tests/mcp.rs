@@ -370,6 +370,12 @@ fn a_tool_registered_while_the_game_runs_is_announced_to_connected_clients_which
         agent.register_tool(late_tool()).expect("registered");
         tokio::time::timeout(Duration::from_secs(10), changed.recv()).await.expect("announced in time");
         assert!(client.list_all_tools().await.expect("tools").iter().any(|tool| tool.name == "late"));
+
+        // The player left that world: its tools go, and that is announced too.
+        assert!(agent.unregister_tool("late"));
+        assert!(!agent.unregister_tool("late"), "gone already");
+        tokio::time::timeout(Duration::from_secs(10), changed.recv()).await.expect("announced in time");
+        assert!(!client.list_all_tools().await.expect("tools").iter().any(|tool| tool.name == "late"));
         client.cancel().await.expect("close");
     });
     game.stop();

@@ -52,6 +52,11 @@ impl ToolRegistry {
         Err(error)
     }
 
+    /// Removes the tool named `name`; returns whether there was one.
+    pub(crate) fn remove(&self, name: &str) -> bool {
+        self.tools.write().remove(name).is_some()
+    }
+
     /// Whether a tool named `name` is registered.
     pub(crate) fn contains(&self, name: &str) -> bool {
         self.tools.read().contains_key(name)
