@@ -268,9 +268,14 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// Follows the game's own `States` type instead of (or besides) messages: `target` says, for each state,
     /// which world and dimension the player is in (`None`: not in a world). Each change of the state becomes the
     /// enter, travel or exit that makes the open visit agree. Needs Bevy's `StatesPlugin` (in `DefaultPlugins`,
-    /// not in `MinimalPlugins`) and the state set up (`init_state`, or `add_sub_state` / `add_computed_state`):
-    /// without them it follows nothing. A sub-state or computed state exists only while its source allows it: when
+    /// not in `MinimalPlugins`) and the state set up (`init_state`, or `add_sub_state` / `add_computed_state`).
+    /// A sub-state or computed state exists only while its source allows it: when
     /// it goes (the player went back to the menu), the player is outside any world, as for `None`.
+    ///
+    /// # Panics
+    ///
+    /// When the app is finished (`App::run` does it), if the state was never set up: a mistake in the game's
+    /// set-up, which would otherwise leave every agent's call with `NO_WORLD`.
     ///
     /// ```
     /// # use bevy::prelude::*;
@@ -432,18 +437,17 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
         }
     }
 
-    /// Warns about a state given to [`follow_state`](Self::follow_state) that was never initialized (it would
-    /// never be followed: every call would get `NO_WORLD`). In a windowed app (feature `winit`), agent work that
+    /// Panics for a state given to [`follow_state`](Self::follow_state) that was never set up (it would never be
+    /// followed: every call would get `NO_WORLD`), a mistake in the game's set-up, as `with_tool` panics for its. In a windowed app (feature `winit`), agent work that
     /// needs a frame wakes winit's loop (see [`AgentHandle::set_wake`]), so a game with reactive updates
     /// (`WinitSettings::desktop_app()`) runs that frame instead of sleeping until the next window event. Plugins
     /// are all built by now, so the order in which the game added them does not matter.
     fn finish(&self, app: &mut App) {
         crate::exit::run_late_exit_last(app);
-        for missing in self.state_checks.iter().filter_map(|check| check(app)) {
-            tracing::warn!(
-                state = missing,
-                "AgentToolsPlugin::follow_state: the app has no `State<{missing}>`, so it is never followed and \
-                 agents' calls get NO_WORLD: initialize it (`app.init_state::<{missing}>()`, with Bevy's \
+        if let Some(missing) = self.state_checks.iter().find_map(|check| check(app)) {
+            panic!(
+                "AgentToolsPlugin::follow_state: the app has no `State<{missing}>`, so it would never be followed \
+                 and agents' calls would get NO_WORLD: initialize it (`app.init_state::<{missing}>()`, with Bevy's \
                  `StatesPlugin`, which `MinimalPlugins` lacks)"
             );
         }

@@ -156,7 +156,7 @@ enum Screen {
 }
 
 #[test]
-fn a_followed_state_the_app_never_initialized_is_warned_about_when_the_app_is_built() {
+fn a_followed_state_the_app_never_initialized_is_refused_when_the_app_is_built() {
     let follow = || {
         AgentToolsPlugin::new(TestGame::default()).follow_state::<Screen>(|screen| match screen {
             Screen::Menu => None,
@@ -164,30 +164,26 @@ fn a_followed_state_the_app_never_initialized_is_warned_about_when_the_app_is_bu
         })
     };
     let build = |init: bool| {
-        common::warnings::with_warnings(|| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut app = App::new();
             app.add_plugins((MinimalPlugins, bevy::state::app::StatesPlugin, follow()));
             if init {
                 app.init_state::<Screen>();
             }
             app.finish();
-        })
-        .1
+        }))
     };
-    let warned = build(false);
-    assert!(warned.iter().any(|line| line.contains("State<") && line.contains("init_state")), "{warned:?}");
-    let initialized = build(true);
-    assert!(!initialized.iter().any(|line| line.contains("follow_state")), "{initialized:?}");
+    let refused = build(false).expect_err("a set-up mistake");
+    let said = refused.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(said.contains("State<") && said.contains("init_state"), "{said}");
+    build(true).expect("initialized: followed");
 
-    // A sub-state set up right has no `State<S>` until its source allows: no warning either.
-    let (_, sub_state) = common::warnings::with_warnings(|| {
-        let follow = AgentToolsPlugin::new(TestGame::default()).follow_state::<Paused>(|_| None);
-        let mut app = App::new();
-        app.add_plugins((MinimalPlugins, bevy::state::app::StatesPlugin, follow));
-        app.init_state::<Screen>().add_sub_state::<Paused>();
-        app.finish();
-    });
-    assert!(!sub_state.iter().any(|line| line.contains("follow_state")), "{sub_state:?}");
+    // A sub-state set up right has no `State<S>` until its source allows: not refused either.
+    let follow = AgentToolsPlugin::new(TestGame::default()).follow_state::<Paused>(|_| None);
+    let mut app = App::new();
+    app.add_plugins((MinimalPlugins, bevy::state::app::StatesPlugin, follow));
+    app.init_state::<Screen>().add_sub_state::<Paused>();
+    app.finish();
 }
 
 #[derive(SubStates, Clone, Debug, Default, PartialEq, Eq, Hash)]
