@@ -51,7 +51,7 @@ impl Sandbox {
         let mcp = sandbox.next_line();
         assert!(mcp.starts_with("mcp: http://127.0.0.1:") && mcp.ends_with("/mcp"), "{mcp}");
         sandbox.url = mcp.trim_start_matches("mcp: ").to_string();
-        assert_eq!(sandbox.next_line(), format!("token: {TOKEN}"));
+        assert_eq!(sandbox.next_line(), "token: as given with --token", "a token of the player's own is not printed");
         sandbox
     }
 
@@ -268,6 +268,16 @@ fn bad_commands_get_one_error_line_each_and_end_of_input_quits_after_saving() {
     game.expect("visit-closed world=gamma visit=2");
     game.expect("saved world=gamma visit=2");
     assert_eq!(game.wait_exit().code(), Some(0));
+}
+
+#[test]
+fn an_unknown_flag_is_named_as_unknown_even_last() {
+    for args in [&["--windwo"][..], &["--verbose"], &["--world", "alpha", "--verbose"], &["--verbose", "x"]] {
+        let out = Command::new(sandbox_binary()).args(args).stdin(Stdio::null()).output().expect("the sandbox runs");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(said.contains("unknown option") && !said.contains("needs a value"), "{args:?}: {said}");
+    }
 }
 
 #[test]

@@ -145,6 +145,22 @@ impl Args {
                 }
                 _ => {}
             }
+            const TAKE_VALUES: &[&str] = &[
+                "--data-dir",
+                "--port",
+                "--token",
+                "--world",
+                "--tps",
+                "--agent",
+                "--agent-auth",
+                "--agent-openai",
+                "--model",
+                "--api-key-env",
+                "--context-window",
+            ];
+            if !TAKE_VALUES.contains(&flag.as_str()) {
+                return Err(format!("unknown option {flag:?}"));
+            }
             let value = inline.or_else(|| words.next()).ok_or_else(|| format!("{flag} needs a value"))?;
             match flag.as_str() {
                 "--data-dir" => args.data_dir = value.into(),
@@ -340,7 +356,11 @@ fn main() -> AppExit {
     match (app.world().get_resource::<McpServer>(), app.world().get_resource::<McpUnavailable>()) {
         (Some(server), _) => {
             say(format_args!("mcp: {}", server.url()));
-            say(format_args!("token: {}", server.token()));
+            // A token of the player's own (`--token`, often long-lived) is not repeated where logs keep it.
+            match &args.token {
+                Some(_) => say(format_args!("token: as given with --token")),
+                None => say(format_args!("token: {}", server.token())),
+            }
             // Another copy has the port: this one's URL and token file are not the README's.
             if let Some(taken) = server.replaced_port() {
                 say(format_args!(
