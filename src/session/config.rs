@@ -201,7 +201,13 @@ pub struct SessionTimeouts {
     pub close: Duration,
     /// How long signing in to an ACP agent ([`SessionConfig::auth_method`]) may take: a method may open a
     /// browser and wait for the person. Not counted in `start`. Default 5 minutes.
+    #[serde(default = "default_sign_in")]
     pub sign_in: Duration,
+}
+
+/// [`SessionTimeouts::sign_in`]'s default, also for a session kept before it existed.
+fn default_sign_in() -> Duration {
+    Duration::from_secs(300)
 }
 
 impl Default for SessionTimeouts {
@@ -212,7 +218,7 @@ impl Default for SessionTimeouts {
             cancel_grace: Duration::from_secs(10),
             permission: Duration::from_secs(60),
             close: Duration::from_secs(2),
-            sign_in: Duration::from_secs(300),
+            sign_in: default_sign_in(),
         }
     }
 }
@@ -246,4 +252,20 @@ pub enum PermissionPolicy {
 /// Where sessions keep their records and working directories: `<data_dir>/<session id>/`.
 pub(crate) fn session_dir(data_dir: &std::path::Path, id: &str) -> PathBuf {
     data_dir.join(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_config_kept_before_a_timeout_existed_still_reads_with_its_default() {
+        let config = SessionConfig::acp("agent", Vec::<String>::new());
+        let mut kept = serde_json::to_value(&config).expect("JSON");
+        let timeouts = kept["timeouts"].as_object_mut().expect("the timeouts");
+        assert!(timeouts.remove("sign_in").is_some(), "written now");
+        let read: SessionConfig = serde_json::from_value(kept).expect("a record of an earlier version reads");
+        assert_eq!(read.timeouts.sign_in, SessionTimeouts::default().sign_in);
+        assert_eq!(read.timeouts, config.timeouts);
+    }
 }
