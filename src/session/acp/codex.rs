@@ -30,48 +30,60 @@ use super::updates::GAME_SERVER;
 /// its calls one approval at a time.
 const REMEMBERED: usize = 64;
 
-/// Codex's calls to tools of the game's server as its `tool_call` updates announced them: (tool call id, tool).
+/// Codex's calls to MCP tools as its `tool_call` updates announced them: (tool call id, the tool if it is one of
+/// the game's server). The latest announcement of an id stands (a provider may reuse ids from turn to turn).
 #[derive(Clone, Default)]
-pub(crate) struct CodexCalls(Arc<Mutex<VecDeque<(String, String)>>>);
+pub(crate) struct CodexCalls(Arc<Mutex<VecDeque<(String, Option<String>)>>>);
 
 impl CodexCalls {
-    /// Remembers `call` if it is Codex's announcement of a call to a tool of the game's server.
+    /// Remembers `call` if it is Codex's announcement of a call to an MCP tool: with the tool if it is one of the
+    /// game's server, else as another server's (replacing what an earlier announcement of its id said).
     pub(crate) fn heard(&self, call: &ToolCall) {
         let marked = call.meta.as_ref().and_then(|meta| meta.get("is_mcp_tool_call")) == Some(&Value::Bool(true));
-        let raw = |field: &str| call.raw_input.as_ref().and_then(|raw| raw.get(field)).and_then(Value::as_str);
-        let (Some(GAME_SERVER), Some(tool)) = (raw("server"), raw("tool")) else { return };
-        if !marked || call.kind != ToolKind::Execute {
+        if !marked {
             return;
         }
+        let raw = |field: &str| call.raw_input.as_ref().and_then(|raw| raw.get(field)).and_then(Value::as_str);
+        let game_tool = match (raw("server"), raw("tool")) {
+            (Some(GAME_SERVER), Some(tool)) if call.kind == ToolKind::Execute => Some(tool.to_string()),
+            _ => None,
+        };
+        let id = &*call.tool_call_id.0;
         let mut calls = self.0.lock();
+        calls.retain(|(call, _)| call != id);
         if calls.len() == REMEMBERED {
             calls.pop_front();
         }
-        calls.push_back((call.tool_call_id.0.to_string(), tool.to_string()));
+        calls.push_back((id.to_string(), game_tool));
     }
 
-    /// The game's tool that the announced call `id` is for.
-    pub(crate) fn tool(&self, id: &str) -> Option<String> {
-        self.0.lock().iter().rev().find(|(call, _)| call == id).map(|(_, tool)| tool.clone())
+    /// Takes out what the announcement of call `id` said: the game's tool it is for, if it is one. Each
+    /// announcement answers one request.
+    pub(crate) fn take(&self, id: &str) -> Option<String> {
+        let mut calls = self.0.lock();
+        let at = calls.iter().position(|(call, _)| call == id)?;
+        calls.remove(at).and_then(|(_, tool)| tool)
     }
 }
 
 /// Whether `request`, from the agent named `agent` (in its answer to `initialize`), is Codex's approval of a call
-/// to a tool of the game's server (`registered` says whether a name is one of its tools).
+/// to a tool of the game's server (`registered` says whether a name is one of its tools). `announced` is the
+/// game's tool that Codex announced the request's call for ([`CodexCalls::take`]).
 pub(crate) fn approves_game_tool(
     request: &RequestPermissionRequest,
     agent: Option<&str>,
-    calls: &CodexCalls,
+    announced: Option<&str>,
     registered: impl Fn(&str) -> bool,
 ) -> bool {
     agent.is_some_and(|agent| agent.to_ascii_lowercase().contains("codex"))
-        && (approves_announced_call(request, calls, registered) || approves_by_elicitation_event(&request.tool_call))
+        && (approves_announced_call(request, announced, registered)
+            || approves_by_elicitation_event(&request.tool_call))
 }
 
 /// codex-acp 1.x's shape.
 fn approves_announced_call(
     request: &RequestPermissionRequest,
-    calls: &CodexCalls,
+    announced: Option<&str>,
     registered: impl Fn(&str) -> bool,
 ) -> bool {
     let marked = request.meta.as_ref().and_then(|meta| meta.get("is_mcp_tool_approval")) == Some(&Value::Bool(true));
@@ -80,7 +92,7 @@ fn approves_announced_call(
         return false;
     }
     let id = &*request.tool_call.tool_call_id.0;
-    let announced = calls.tool(id).is_some_and(|tool| registered(&tool));
+    let announced = announced.is_some_and(registered);
     let server = fields.raw_input.as_ref().and_then(|raw| raw.get("serverName")).and_then(Value::as_str);
     let unannounced = id.strip_prefix("elicitation-") == Some(GAME_SERVER) && server == Some(GAME_SERVER);
     announced || unannounced
@@ -173,7 +185,7 @@ mod tests {
 
     /// The Rust adapter's requests: no announced calls, any tool of the game's server.
     fn old_shape(call: &ToolCallUpdate, agent: Option<&str>) -> bool {
-        approves_game_tool(&request(call.clone(), false), agent, &CodexCalls::default(), |_| false)
+        approves_game_tool(&request(call.clone(), false), agent, None, |_| false)
     }
 
     /// As codex-acp 1.x announces a call to an MCP tool (`createMcpToolCallUpdate`).
@@ -190,23 +202,28 @@ mod tests {
     #[test]
     fn a_codex_acp_1_approval_is_recognised_by_the_call_it_announced_to_the_games_server() {
         let registered = |tool: &str| tool == "place_block";
-        let calls = CodexCalls::default();
-        calls.heard(&announced("item_1", "game", "place_block", true));
         // As `buildPermissionRequest` asks for a call it announced: its id, `execute`, nothing else.
-        let pending = ToolCallUpdateFields::new().kind(ToolKind::Execute);
+        let pending = || ToolCallUpdateFields::new().kind(ToolKind::Execute);
         let asked = |id: &str, fields: ToolCallUpdateFields, approval: bool| {
             request(ToolCallUpdate::new(id.to_string(), fields), approval)
         };
-        assert!(approves_game_tool(&asked("item_1", pending.clone(), true), CODEX, &calls, registered));
-        assert!(approves_game_tool(&asked("item_1", pending.clone(), true), Some("Codex"), &calls, registered));
-        assert_eq!(calls.tool("item_1").as_deref(), Some("place_block"));
-        // Not marked as an MCP tool approval, of another kind, for a call not announced, from another agent.
-        assert!(!approves_game_tool(&asked("item_1", pending.clone(), false), CODEX, &calls, registered));
-        let other_kind = ToolCallUpdateFields::new().kind(ToolKind::Other);
-        assert!(!approves_game_tool(&asked("item_1", other_kind, true), CODEX, &calls, registered));
-        assert!(!approves_game_tool(&asked("item_2", pending.clone(), true), CODEX, &calls, registered));
+        let calls = CodexCalls::default();
+        let approves = |request: &RequestPermissionRequest, agent: Option<&str>, announced: Option<&str>| {
+            approves_game_tool(request, agent, announced, registered)
+        };
+        calls.heard(&announced("item_1", "game", "place_block", true));
+        let tool = calls.take("item_1");
+        assert_eq!(tool.as_deref(), Some("place_block"));
+        assert_eq!(calls.take("item_1"), None, "an announcement answers one request");
+        let tool = tool.as_deref();
+        assert!(approves(&asked("item_1", pending(), true), CODEX, tool));
+        assert!(approves(&asked("item_1", pending(), true), Some("Codex"), tool));
+        // Not marked as an MCP tool approval, of another kind, for no announced call, from another agent.
+        assert!(!approves(&asked("item_1", pending(), false), CODEX, tool));
+        assert!(!approves(&asked("item_1", ToolCallUpdateFields::new().kind(ToolKind::Other), true), CODEX, tool));
+        assert!(!approves(&asked("item_2", pending(), true), CODEX, None));
         for agent in [Some("claude-agent-acp"), None] {
-            assert!(!approves_game_tool(&asked("item_1", pending.clone(), true), agent, &calls, registered));
+            assert!(!approves(&asked("item_1", pending(), true), agent, tool));
         }
         // Announcements that are not of a call to a registered tool of the game's server.
         for (id, server, tool, marked) in [
@@ -215,14 +232,19 @@ mod tests {
             ("item_5", "game", "unknown", true),
         ] {
             calls.heard(&announced(id, server, tool, marked));
-            assert!(!approves_game_tool(&asked(id, pending.clone(), true), CODEX, &calls, registered), "{id}");
+            assert!(!approves(&asked(id, pending(), true), CODEX, calls.take(id).as_deref()), "{id}");
         }
         let dynamic = ToolCall::new("item_6".to_string(), "mcp.game.place_block")
             .kind(ToolKind::Execute)
             .raw_input(serde_json::json!({ "arguments": {} }))
             .meta(serde_json::json!({ "is_mcp_tool_call": true }).as_object().cloned());
         calls.heard(&dynamic);
-        assert!(!approves_game_tool(&asked("item_6", pending.clone(), true), CODEX, &calls, registered));
+        assert_eq!(calls.take("item_6"), None, "not a call to the game's server");
+
+        // An id a provider reuses: the latest announcement stands, another server's call is not the game's.
+        calls.heard(&announced("call_0", "game", "place_block", true));
+        calls.heard(&announced("call_0", "filesystem", "write", true));
+        assert_eq!(calls.take("call_0"), None);
 
         // Not announced: Codex's approval for the game's server by the elicitation's own id and server.
         let unannounced = |server: &str| {
@@ -230,17 +252,11 @@ mod tests {
                 .kind(ToolKind::Execute)
                 .raw_input(serde_json::json!({ "serverName": server, "schema": { "type": "object" } }))
         };
-        let game = unannounced("game");
-        assert!(approves_game_tool(&asked("elicitation-game", game.clone(), true), CODEX, &calls, registered));
-        assert!(!approves_game_tool(&asked("elicitation-game", game.clone(), false), CODEX, &calls, registered));
-        assert!(!approves_game_tool(
-            &asked("elicitation-other", unannounced("other"), true),
-            CODEX,
-            &calls,
-            registered
-        ));
-        assert!(!approves_game_tool(&asked("elicitation-game", unannounced("other"), true), CODEX, &calls, registered));
-        assert!(!approves_game_tool(&asked("elicitation-other", game, true), CODEX, &calls, registered));
+        assert!(approves(&asked("elicitation-game", unannounced("game"), true), CODEX, None));
+        assert!(!approves(&asked("elicitation-game", unannounced("game"), false), CODEX, None));
+        assert!(!approves(&asked("elicitation-other", unannounced("other"), true), CODEX, None));
+        assert!(!approves(&asked("elicitation-game", unannounced("other"), true), CODEX, None));
+        assert!(!approves(&asked("elicitation-other", unannounced("game"), true), CODEX, None));
     }
 
     #[test]
@@ -249,7 +265,7 @@ mod tests {
         for n in 0..=REMEMBERED {
             calls.heard(&announced(&format!("item_{n}"), "game", "place_block", true));
         }
-        assert_eq!(calls.tool("item_0"), None);
-        assert_eq!(calls.tool("item_1").as_deref(), Some("place_block"));
+        assert_eq!(calls.take("item_0"), None);
+        assert_eq!(calls.take("item_1").as_deref(), Some("place_block"));
     }
 }

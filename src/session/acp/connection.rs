@@ -138,11 +138,12 @@ pub(crate) fn spawn(
                     async move |request: RequestPermissionRequest, responder, cx: ConnectionTo<Agent>| {
                         let (reply, decision) = oneshot::channel();
                         let fields = &request.tool_call.fields;
+                        let announced = codex_calls.take(&request.tool_call.tool_call_id.0);
                         let tool = fields
                             .title
                             .clone()
                             .or_else(|| fields.name.clone())
-                            .or_else(|| codex_calls.tool(&request.tool_call.tool_call_id.0))
+                            .or_else(|| announced.clone())
                             .unwrap_or_else(|| request.tool_call.tool_call_id.to_string());
                         let agent = named.get().map(String::as_str);
                         // One of the game's own tools, reached through the game's MCP server: guarded by the
@@ -150,7 +151,7 @@ pub(crate) fn spawn(
                         // the player cancelled the turn (the request crossed the cancel).
                         let registered = |name: &str| registered.is_registered(name);
                         let game_tool = updates::is_game_tool(fields, registered)
-                            || super::codex::approves_game_tool(&request, agent, &codex_calls, registered);
+                            || super::codex::approves_game_tool(&request, agent, announced.as_deref(), registered);
                         if !game_tool && !updates::can_allow_once(&request.options) {
                             // Only a standing allow is offered: nobody is asked to give one. Refused, as the
                             // game's answer would have to be.
