@@ -33,7 +33,10 @@ const REMEMBERED: usize = 64;
 /// Codex's calls to MCP tools as its `tool_call` updates announced them: (tool call id, the tool if it is one of
 /// the game's server). The latest announcement of an id stands (a provider may reuse ids from turn to turn).
 #[derive(Clone, Default)]
-pub(crate) struct CodexCalls(Arc<Mutex<VecDeque<(String, Option<String>)>>>);
+pub(crate) struct CodexCalls(Arc<Mutex<VecDeque<Announced>>>);
+
+/// One announcement: the call's id, and the game's tool it is for, if it is one of the game's server.
+type Announced = (String, Option<String>);
 
 impl CodexCalls {
     /// Remembers `call` if it is Codex's announcement of a call to an MCP tool: with the tool if it is one of the
