@@ -37,23 +37,17 @@ pub(crate) struct Opened {
 
 /// What set-up waits for: a start that runs out of time names it. A sign-in is not counted against the start's
 /// timeout (the person may be signing in in a browser): it has its own.
-pub(crate) type StartStep = Arc<parking_lot::Mutex<Step>>;
+/// Watched by the start's wait, which works its deadline out again at each change.
+pub(crate) type StartStep = Arc<watch::Sender<Step>>;
 
 /// What set-up waits for now, and how long it has spent signing in.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Step {
     pub waiting: Waiting,
-    /// The sign-in under way, since when.
-    signing_in: Option<Instant>,
+    /// A sign-in is under way.
+    pub signing_in: bool,
     /// The sign-ins that ended, together.
-    signed_in_for: Duration,
-}
-
-impl Step {
-    /// How much of the start's time up to `now` went to signing in.
-    pub(crate) fn signing_in(&self, now: Instant) -> Duration {
-        self.signed_in_for + self.signing_in.map_or(Duration::ZERO, |since| now.saturating_duration_since(since))
-    }
+    pub signed_in_for: Duration,
 }
 
 /// What set-up waits for.
@@ -76,8 +70,8 @@ impl std::fmt::Display for Waiting {
 
 /// The first step: the agent is started and asked to `initialize`.
 fn first_step() -> StartStep {
-    let first = Step { waiting: Waiting::Answer("initialize"), signing_in: None, signed_in_for: Duration::ZERO };
-    Arc::new(parking_lot::Mutex::new(first))
+    let first = Step { waiting: Waiting::Answer("initialize"), signing_in: false, signed_in_for: Duration::ZERO };
+    Arc::new(watch::Sender::new(first))
 }
 
 pub(crate) struct Running {
@@ -352,7 +346,7 @@ async fn open(
     step: &StartStep,
     agent_name: &AgentName,
 ) -> Result<Open, ToolError> {
-    let at = |request: &'static str| step.lock().waiting = Waiting::Answer(request);
+    let at = |request: &'static str| step.send_modify(|step| step.waiting = Waiting::Answer(request));
     at("initialize");
     // No `fs`, no `terminal`: the agent gets no access to the player's machine through the game.
     let initialize = InitializeRequest::new(ProtocolVersion::V1)
@@ -369,13 +363,13 @@ async fn open(
     match (attach(cx, setup, &info, &sign_in, replay, step).await, auth_method) {
         (Err(error), Some(chosen)) if SignIn::asked_in(&error) => {
             at("authenticate");
-            step.lock().signing_in = Some(Instant::now());
+            let since = Instant::now();
+            step.send_modify(|step| step.signing_in = true);
             let signed_in = tokio::time::timeout(setup.timeouts.sign_in, sign_in.authenticate(cx, chosen)).await;
-            {
-                let mut step = step.lock();
-                step.signed_in_for = step.signing_in(Instant::now());
-                step.signing_in = None;
-            }
+            step.send_modify(|step| {
+                step.signing_in = false;
+                step.signed_in_for += since.elapsed();
+            });
             let signed_in = signed_in.map_err(|_| {
                 let after = setup.timeouts.sign_in;
                 ToolError::with_code(
@@ -400,7 +394,7 @@ async fn attach(
     replay: &Replay,
     step: &StartStep,
 ) -> Result<Open, ToolError> {
-    let at = |request: &'static str| step.lock().waiting = Waiting::Answer(request);
+    let at = |request: &'static str| step.send_modify(|step| step.waiting = Waiting::Answer(request));
     let refused = |what: &str, error: &agent_client_protocol::Error| {
         sign_in.required(error).unwrap_or_else(|| unavailable(what, error))
     };
@@ -449,7 +443,7 @@ async fn attach(
             match loaded {
                 // What it still replays after answering (Gemini CLI replays then) is let pass first.
                 Ok(_) => {
-                    step.lock().waiting = Waiting::Replay;
+                    step.send_modify(|step| step.waiting = Waiting::Replay);
                     replay.quiet(updates::REPLAY_QUIET, updates::REPLAY_LIMIT).await
                 }
                 Err(_) => replay.stop(),

@@ -58,7 +58,7 @@ impl Backend for AcpBackend {
             let mut starting = Starting { task: task.abort_handle(), done: false };
             let ready = within_start(start, &step, ready).await;
             let failure = match ready {
-                Ok(Ok(Ok(opened))) => {
+                Some(Ok(Ok(opened))) => {
                     starting.done = true;
                     let link = AcpLink {
                         commands,
@@ -69,13 +69,13 @@ impl Backend for AcpBackend {
                     };
                     return Ok((Arc::new(link) as Arc<dyn Link>, opened.attached, opened.system_prompt_sent));
                 }
-                Ok(Ok(Err(error))) => error,
-                Ok(Err(_dropped)) => {
+                Some(Ok(Err(error))) => error,
+                Some(Err(_dropped)) => {
                     ToolError::with_code(ErrorCode::AgentUnavailable, "the agent stopped while starting")
                 }
-                Err(_elapsed) => {
+                None => {
                     task.abort();
-                    let waited_for = step.lock().waiting;
+                    let waited_for = step.borrow().waiting;
                     return Err(ToolError::with_code(
                         ErrorCode::AgentUnavailable,
                         format!("the agent `{described}` did not start within {start:?} ({waited_for})"),
@@ -182,24 +182,28 @@ impl Link for AcpLink {
     }
 }
 
-/// Waits for `ready` at most `start`, not counting the time spent signing in (which has its own timeout).
+/// Waits for `ready` at most `start`, not counting the time spent signing in (which has its own timeout): `None`
+/// if that time passed.
 async fn within_start<T>(
     start: std::time::Duration,
     step: &connection::StartStep,
     mut ready: tokio::sync::oneshot::Receiver<T>,
-) -> Result<Result<T, tokio::sync::oneshot::error::RecvError>, tokio::time::error::Elapsed> {
-    use tokio::time::Instant;
-    let started = Instant::now();
-    let deadline = || {
-        let signing_in = step.lock().signing_in(Instant::now().into_std());
-        crate::deadline::after_tokio(started, start.saturating_add(signing_in))
-    };
+) -> Option<Result<T, tokio::sync::oneshot::error::RecvError>> {
+    let started = tokio::time::Instant::now();
+    let mut changes = step.subscribe();
     loop {
-        match tokio::time::timeout_at(deadline(), &mut ready).await {
-            Ok(ready) => return Ok(ready),
-            // Moved on by a sign-in meanwhile.
-            Err(_) if deadline() > Instant::now() => {}
-            Err(elapsed) => return Err(elapsed),
+        let (signing_in, signed_in_for) = {
+            let step = changes.borrow_and_update();
+            (step.signing_in, step.signed_in_for)
+        };
+        // No deadline while a sign-in runs; after it, the start's time less what signing in took.
+        let deadline = crate::deadline::after_tokio(started, start.saturating_add(signed_in_for));
+        tokio::select! {
+            ready = &mut ready => return Some(ready),
+            // A step changed (a sign-in began or ended): the deadline is worked out again. The sender is kept
+            // by `step`, so this never ends.
+            _ = changes.changed() => {}
+            () = tokio::time::sleep_until(deadline), if !signing_in => return None,
         }
     }
 }
