@@ -283,6 +283,9 @@ impl GameServer {
         arguments: JsonObject,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        // The schema of the tool the call is for, as it is now: the call's result is read by it even if the tool is
+        // replaced or removed while the call runs.
+        let schema = self.agent.host().tools.output_schema(&tool);
         let mut call_request = match CallRequest::from_wire(tool.clone(), Value::Object(arguments)) {
             Ok(call_request) => call_request,
             Err(error) => return Ok(error_result(&error).into()),
@@ -319,8 +322,8 @@ impl GameServer {
         while let Some(progress) = queue.pop() {
             notify_progress(context, &mut progress_token, progress).await;
         }
-        // Looked up now: a call may have waited for its tool to be registered.
-        let schema = self.agent.host().tools.get(&tool).map(|tool| tool.info().output_schema.clone());
+        // Or as it is now: a call may have waited for its tool to be registered.
+        let schema = schema.or_else(|| self.agent.host().tools.output_schema(&tool));
         outcome_to_result(outcome, schema.as_ref().unwrap_or(&Value::Null)).map(Into::into)
     }
 }

@@ -52,6 +52,11 @@ impl ToolRegistry {
         Err(error)
     }
 
+    /// The output schema of the tool named `name`, if it is registered.
+    pub(crate) fn output_schema(&self, name: &str) -> Option<serde_json::Value> {
+        self.tools.read().get(name).map(|tool| tool.info().output_schema.clone())
+    }
+
     /// Removes the tool named `name`; returns whether there was one.
     pub(crate) fn remove(&self, name: &str) -> bool {
         self.tools.write().remove(name).is_some()
