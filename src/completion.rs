@@ -171,8 +171,9 @@ impl Completion {
     }
 
     /// Blocks this thread until resolved. Do not call it on the Bevy main thread in a frame. In async code (a
-    /// tool's handler) await [`finished`](Self::finished) instead: a blocked handler still finishes, but it holds
-    /// one of the runtime's few workers while it waits.
+    /// tool's handler) await [`finished`](Self::finished) instead: a handler that blocks holds a thread while it
+    /// waits, and its call's timeout cannot end it meanwhile (the work it waits for still runs, on another
+    /// worker).
     pub fn wait(&self) -> CompletionResult {
         loop {
             if let Some(result) = self.wait_until(Instant::now() + Duration::from_secs(3600)) {
@@ -229,5 +230,26 @@ fn join_errors(mut errors: Vec<CompletionError>) -> CompletionResult {
 impl fmt::Debug for Completion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Completion").field("result", &self.result()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wait on a thread that entered a multi-threaded runtime some other way than as its worker (inside a
+    /// current-thread runtime's `block_on`, the handle of another entered) blocks as any wait does: tokio's
+    /// `block_in_place`, which the plugin's workers wait in, would panic there.
+    #[test]
+    fn a_wait_inside_a_current_thread_runtime_that_entered_a_multi_threaded_one_blocks_without_panicking() {
+        let multi = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().expect("a runtime");
+        let current = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+        let (completer, completion) = Completion::pending();
+        let resolving = std::thread::spawn(move || completer.succeed());
+        current.block_on(async {
+            let _entered = multi.handle().enter();
+            assert!(completion.wait().is_ok());
+        });
+        resolving.join().expect("resolved");
     }
 }

@@ -13,9 +13,22 @@ pub use priority::WorkerPriority;
 /// Each worker thread starts at its priority, with rmcp's log lines quiet (see [`crate::mcp`]:
 /// `BEVY_AGENT_TOOLS_RMCP_LOG`).
 fn on_worker_start(priority: WorkerPriority) {
+    ON_AGENT_RUNTIME.set(true);
     priority.apply_to_this_thread();
     #[cfg(feature = "mcp")]
     crate::mcp::quiet::on_this_thread();
+}
+
+thread_local! {
+    /// Set on the plugin's runtime's threads (its workers, and its blocking pool's threads).
+    static ON_AGENT_RUNTIME: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is one of the plugin's runtime's: a worker there may block in `block_in_place` (tokio allows
+/// it on a multi-threaded runtime's workers and, doing nothing, outside any runtime; it panics on a thread that
+/// entered a runtime some other way, such as a current-thread runtime's `block_on`).
+pub(crate) fn on_agent_runtime() -> bool {
+    ON_AGENT_RUNTIME.get()
 }
 
 /// The plugin's tokio runtime (named worker threads `agent-tools-worker`, at the plugin's [`WorkerPriority`]).

@@ -46,9 +46,9 @@ impl<T: Clone> OnceSignal<T> {
     /// Blocks until set, until `stop` says so, or until `deadline`; `None` if still unset then. Whoever makes
     /// `stop` true wakes the waiter with [`nudge`](Self::nudge).
     ///
-    /// On a worker of a multi-threaded tokio runtime (a tool's handler that blocks instead of awaiting), the wait
-    /// runs in `block_in_place`: a task spawned from that worker (the save the handler waits for, often) waits in
-    /// the worker's own slot, which no other worker takes, so it would never run while the worker blocks.
+    /// On a worker of the plugin's runtime (a tool's handler that blocks instead of awaiting), the wait runs in
+    /// `block_in_place`: a task spawned from that worker (the save the handler waits for, often) waits in the
+    /// worker's own slot, which no other worker takes, so it would never run while the worker blocks.
     pub(crate) fn wait_until_or(&self, deadline: Instant, stop: impl Fn() -> bool) -> Option<T> {
         if let Some(value) = self.get() {
             return Some(value);
@@ -62,11 +62,9 @@ impl<T: Clone> OnceSignal<T> {
             }
             slot.clone()
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(wait)
-            }
-            _ => wait(),
+        match crate::runtime::on_agent_runtime() {
+            true => tokio::task::block_in_place(wait),
+            false => wait(),
         }
     }
 
