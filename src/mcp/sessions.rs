@@ -192,15 +192,16 @@ impl ConversationSessions {
     }
 
     /// Session `id`'s `GET` stream from rmcp, handed on to its client ([`handed_on`]), counted as its client
-    /// listening until it is let go: the client went away, or stopped reading it.
-    fn listening(&self, id: &SessionId, stream: BoxedSseStream) -> BoxedSseStream {
+    /// listening until it is let go: the client went away, or stopped reading it. `standalone`: the session's
+    /// standalone stream, not a request's that rmcp resumes.
+    fn listening(&self, id: &SessionId, stream: BoxedSseStream, standalone: bool) -> BoxedSseStream {
         if let Some(tracked) = self.open.lock().get_mut(id) {
             tracked.listening += 1;
         }
         let listening =
             Arc::new(Listening { open: self.open.clone(), id: id.clone(), stopped: AtomicBool::new(false) });
         // Whichever goes first: the connection's stream (the client went away), or the hand-on (it stopped reading).
-        let stream = handed_on(stream, STALL_TIMEOUT, StopsListening(listening.clone()));
+        let stream = handed_on(stream, STALL_TIMEOUT, StopsListening(listening.clone()), standalone);
         Box::pin(ListeningStream { stream, _stops: StopsListening(listening) })
     }
 
@@ -746,7 +747,7 @@ impl SessionManager for ConversationSessions {
         let inner = self.inner.create_standalone_stream(id);
         async move {
             refused?;
-            Ok(self.listening(id, Box::pin(inner.await?)))
+            Ok(self.listening(id, Box::pin(inner.await?), true))
         }
     }
 
@@ -756,13 +757,17 @@ impl SessionManager for ConversationSessions {
         last_event_id: String,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
         self.seen(id);
-        let logged = parse_event_id(&last_event_id)
+        let of_request = parse_event_id(&last_event_id);
+        let logged = of_request
             .and_then(|(index, request)| Some((index, self.log_of(id, request)?)))
             .map(|(index, log)| log.resume(index));
         match logged {
             Some(stream) => Ok(stream),
             // The standalone stream (`GET` without a request), or a request stream no longer kept: rmcp's.
-            None => Ok(self.listening(id, Box::pin(self.inner.resume(id, last_event_id).await?))),
+            None => {
+                let standalone = of_request.is_none();
+                Ok(self.listening(id, Box::pin(self.inner.resume(id, last_event_id).await?), standalone))
+            }
         }
     }
 }
@@ -951,7 +956,7 @@ mod tests {
         sessions.open.lock().insert(recent.clone(), Tracked::new(session_conversation("recent"), now));
         let call = app.agent().conversation(session_conversation("busy")).call("held", json!({}));
         app.run_until("the call is in its handler", |_| gate.arrived() == 1);
-        let _stream = sessions.listening(&ids[1], Box::pin(Quiet));
+        let _stream = sessions.listening(&ids[1], Box::pin(Quiet), true);
         sessions.open.lock().get_mut(&ids[2]).expect("open").bound = Some(("game-agent".into(), "secret".into()));
 
         assert_eq!(sessions.to_make_room(7, now), None, "below the cap nothing ends");
@@ -990,8 +995,8 @@ mod tests {
         for id in [&listening, &silent] {
             sessions.open.lock().insert(id.clone(), Tracked::new(session_conversation(id.as_ref()), start));
         }
-        let first = sessions.listening(&listening, Box::pin(Quiet));
-        let second = sessions.listening(&listening, Box::pin(Quiet));
+        let first = sessions.listening(&listening, Box::pin(Quiet), true);
+        let second = sessions.listening(&listening, Box::pin(Quiet), true);
         assert_eq!(sessions.expired(start + timeout * 10), vec![silent.clone()], "a listening client is there");
         drop(first);
         assert_eq!(sessions.expired(start + timeout * 10), vec![silent.clone()], "while any of its streams is open");
@@ -1030,7 +1035,7 @@ mod tests {
         let start = Instant::now();
         sessions.open.lock().insert(id.clone(), Tracked::new(session_conversation(id.as_ref()), start));
         let (rmcp, inner) = tokio::sync::mpsc::channel(16);
-        let _connection = sessions.listening(&id, Box::pin(Rmcp(inner)));
+        let _connection = sessions.listening(&id, Box::pin(Rmcp(inner)), true);
         assert!(sessions.expired(start + timeout * 10).is_empty(), "listening");
 
         // Events come; the client's connection stays open and takes none of them.

@@ -120,11 +120,19 @@ impl StreamLog {
 /// would have been sent next instead of waiting for it, and makes the client's next `GET` the session's standalone
 /// stream again, replaying what it kept. `held` is kept until then: dropped when rmcp's stream ends or is let go,
 /// just before rmcp's stream is dropped.
-pub(crate) fn handed_on(inner: BoxedSseStream, stall_timeout: Duration, held: impl Send + 'static) -> BoxedSseStream {
+///
+/// `standalone`: the stream is the session's standalone one, which carries none of a request's messages
+/// ([`belongs_on_standalone`]); otherwise it is a request's stream rmcp resumes, handed on whole.
+pub(crate) fn handed_on(
+    inner: BoxedSseStream,
+    stall_timeout: Duration,
+    held: impl Send + 'static,
+    standalone: bool,
+) -> BoxedSseStream {
     let (tx, rx) = mpsc::channel(LIVE_CAPACITY);
     tokio::spawn(async move {
         let mut inner = inner;
-        hand_on(&mut inner, &tx, stall_timeout).await;
+        hand_on(&mut inner, &tx, stall_timeout, standalone).await;
         drop(held);
         drop(inner);
     });
@@ -132,7 +140,12 @@ pub(crate) fn handed_on(inner: BoxedSseStream, stall_timeout: Duration, held: im
 }
 
 /// Sends `inner`'s events on `tx` until it ends, `tx`'s receiver is gone, or takes nothing for `stall_timeout`.
-async fn hand_on(inner: &mut BoxedSseStream, tx: &mpsc::Sender<ServerSseMessage>, stall_timeout: Duration) {
+async fn hand_on(
+    inner: &mut BoxedSseStream,
+    tx: &mpsc::Sender<ServerSseMessage>,
+    stall_timeout: Duration,
+    standalone: bool,
+) {
     loop {
         let event = tokio::select! {
             event = std::future::poll_fn(|cx| inner.as_mut().poll_next(cx)) => event,
@@ -141,7 +154,7 @@ async fn hand_on(inner: &mut BoxedSseStream, tx: &mpsc::Sender<ServerSseMessage>
             () = tx.closed() => return,
         };
         let Some(event) = event else { return };
-        if !belongs_on_standalone(&event) {
+        if standalone && !belongs_on_standalone(&event) {
             continue;
         }
         match tokio::time::timeout(stall_timeout, tx.send(event)).await {
@@ -287,7 +300,7 @@ mod tests {
             // rmcp's side: a bounded channel, as its session worker sends into (waiting while it is full).
             let (rmcp, inner) = mpsc::channel::<ServerSseMessage>(16);
             let inner: BoxedSseStream = Box::pin(Replay { missed: VecDeque::new(), live: Some(inner) });
-            let connection = handed_on(inner, STALL, ());
+            let connection = handed_on(inner, STALL, (), true);
             // Its client reads nothing. rmcp's sends end (delivered or refused) rather than wait for ever.
             let sends = async {
                 for index in 0..1_000 {
@@ -301,31 +314,40 @@ mod tests {
     }
 
     #[test]
-    fn a_standalone_stream_carries_no_request_s_progress_or_response() {
+    fn a_standalone_stream_carries_no_request_s_progress_or_response_and_a_resumed_request_stream_does() {
         use rmcp::model::{NumberOrString, ProgressNotificationParam, ProgressToken, ServerNotification, ServerResult};
-        runtime().block_on(async {
-            let (rmcp, inner) = mpsc::channel::<ServerSseMessage>(16);
-            let connection = handed_on(Box::pin(Replay { missed: VecDeque::new(), live: Some(inner) }), STALL, ());
-            // What rmcp routes there for a request whose stream the client's cancel closed.
-            let token = ProgressToken(NumberOrString::String("p7".into()));
-            let progress = ServerNotification::ProgressNotification(rmcp::model::Notification::new(
-                ProgressNotificationParam::new(token, 3.0),
-            ));
-            let response = ServerJsonRpcMessage::response(ServerResult::empty(()), NumberOrString::Number(7));
-            let error = ServerJsonRpcMessage::error(
-                rmcp::model::ErrorData::internal_error("x", None),
-                Some(NumberOrString::Number(7)),
-            );
-            for message in [ServerJsonRpcMessage::notification(progress), response, error] {
-                rmcp.send(ServerSseMessage::from_message(message)).await.expect("sent");
-            }
-            // And what belongs there: a change of the tool list.
-            rmcp.send(event(0)).await.expect("sent");
-            drop(rmcp);
-            let sent = drained(connection).await;
-            assert_eq!(sent.len(), 1, "only the tool list's change: {sent:?}");
-            assert_eq!(event_index(&sent[0]), Some(0));
-        });
+        for standalone in [true, false] {
+            runtime().block_on(async {
+                let (rmcp, inner) = mpsc::channel::<ServerSseMessage>(16);
+                let inner = Box::pin(Replay { missed: VecDeque::new(), live: Some(inner) });
+                let connection = handed_on(inner, STALL, (), standalone);
+                // What rmcp routes to the standalone stream for a request whose stream the client's cancel closed,
+                // and what a request's stream it resumes carries.
+                let token = ProgressToken(NumberOrString::String("p7".into()));
+                let progress = ServerNotification::ProgressNotification(rmcp::model::Notification::new(
+                    ProgressNotificationParam::new(token, 3.0),
+                ));
+                let response = ServerJsonRpcMessage::response(ServerResult::empty(()), NumberOrString::Number(7));
+                let error = ServerJsonRpcMessage::error(
+                    rmcp::model::ErrorData::internal_error("x", None),
+                    Some(NumberOrString::Number(7)),
+                );
+                for message in [ServerJsonRpcMessage::notification(progress), response, error] {
+                    rmcp.send(ServerSseMessage::from_message(message)).await.expect("sent");
+                }
+                // And what belongs on either: a change of the tool list.
+                rmcp.send(event(0)).await.expect("sent");
+                drop(rmcp);
+                let sent = drained(connection).await;
+                match standalone {
+                    true => {
+                        assert_eq!(sent.len(), 1, "only the tool list's change: {sent:?}");
+                        assert_eq!(event_index(&sent[0]), Some(0));
+                    }
+                    false => assert_eq!(sent.len(), 4, "a request's stream, whole: {sent:?}"),
+                }
+            });
+        }
     }
 
     #[test]
@@ -333,7 +355,7 @@ mod tests {
         runtime().block_on(async {
             let (rmcp, inner) = mpsc::channel::<ServerSseMessage>(16);
             let connection =
-                handed_on(Box::pin(Replay { missed: VecDeque::new(), live: Some(inner) }), STALL_TIMEOUT, ());
+                handed_on(Box::pin(Replay { missed: VecDeque::new(), live: Some(inner) }), STALL_TIMEOUT, (), true);
             drop(connection);
             // With no event sent: rmcp sees the stream closed, and makes the client's next GET the live one.
             tokio::time::timeout(Duration::from_secs(10), rmcp.closed()).await.expect("let go at once");
