@@ -193,7 +193,8 @@ impl Conversation {
     /// the outcome. As over MCP, an `operation_id` or `task_id` among the arguments is the call's (see
     /// [`CallRequest::from_wire`]), not the tool's.
     ///
-    /// Dropping the returned [`Call`] before it resolves cancels the call (`let _ = conversation.call(..)` too).
+    /// Dropping the returned [`Call`] before it resolves cancels the call (`let _ = conversation.call(..)` too),
+    /// unless it carries an operation id (see [`Call`]).
     /// From a game system, keep it (in a `Local`, a resource or a component) and read
     /// [`try_outcome`](Call::try_outcome) in later frames, or [`detach`](Call::detach) it and read
     /// [`CallFinished`](crate::CallFinished).

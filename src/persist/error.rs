@@ -163,11 +163,16 @@ impl fmt::Display for StoreError {
     }
 }
 
-/// A store's error as a tool's: `INTERNAL`, with the store's message, so that a handler can use `?` on a load or a
-/// save (`store.load(&world, "player").await?`).
+/// A store's error as a tool's, with the store's message, so that a handler can use `?` on a load or a save
+/// (`store.load(&world, "player").await?`): `INVALID_INPUT` for a name the store refuses (a document named after an
+/// agent's argument), `INTERNAL` for the rest.
 impl From<StoreError> for crate::ToolError {
     fn from(error: StoreError) -> Self {
-        crate::ToolError::internal(error.to_string())
+        let code = match error {
+            StoreError::InvalidName { .. } => crate::ErrorCode::InvalidInput,
+            _ => crate::ErrorCode::Internal,
+        };
+        crate::ToolError::with_code(code, error.to_string())
     }
 }
 
@@ -193,5 +198,8 @@ mod tests {
         let error = load().expect_err("the store's error");
         assert_eq!(error.code, crate::ErrorCode::Internal);
         assert_eq!(error.message, "world `alpha`: interrupted: the game stopped");
+        let refused: crate::ToolError =
+            StoreError::InvalidName { kind: NameKind::Document, name: "../x".into(), reason: "a path".into() }.into();
+        assert_eq!(refused.code, crate::ErrorCode::InvalidInput, "{}", refused.message);
     }
 }
