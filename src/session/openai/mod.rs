@@ -40,6 +40,7 @@ mod answer_end;
 mod client;
 mod config;
 mod history;
+mod inlined;
 mod probe;
 mod roles;
 mod turn;
@@ -242,7 +243,7 @@ impl Shared {
     }
 
     /// The game's tools as function tools: the schemas the MCP server publishes, without the reserved arguments
-    /// ([`without_reserved`]).
+    /// ([`without_reserved`]), their nested types inlined ([`inlined`](inlined::inlined)).
     fn tools(&self) -> Vec<Value> {
         self.agent
             .tools()
@@ -251,7 +252,7 @@ impl Shared {
                 json!({"type": "function", "function": {
                     "name": tool.name,
                     "description": tool.description,
-                    "parameters": crate::tool::flat_root(without_reserved(tool.client_input_schema())),
+                    "parameters": inlined::inlined(crate::tool::flat_root(without_reserved(tool.client_input_schema()))),
                 }})
             })
             .collect()
