@@ -2134,6 +2134,23 @@ fn an_answer_that_was_only_reasoning_cut_at_the_token_limit_tells_the_player_not
 }
 
 #[test]
+fn thinking_in_the_answers_text_is_never_shown_nor_kept() {
+    let (_data, server, game, session) = started();
+    // As LM Studio streams a Qwen3 answer: the thinking inside the text, the tags cut across pieces.
+    let pieces = ["<thi", "nk>\nThe player ", "greets me.\n</th", "ink>\n\nHel", "lo!"];
+    let mut stream: Vec<Piece> = pieces.iter().map(|piece| text(piece)).collect();
+    stream.push(finish("stop"));
+    server.reply(Reply::Stream(stream)).reply(says("<think>\n\n</think>\n\nAgain!"));
+    let turn = game.block_on(session.send_text("hi")).expect("a turn");
+    assert_eq!(turn.final_message.as_deref(), Some("Hello!"));
+    let turn = game.block_on(session.send_text("hi again")).expect("a turn");
+    assert_eq!(turn.final_message.as_deref(), Some("Again!"), "a no-think answer's empty block");
+    let shown: Vec<String> = game.log.0.lines().into_iter().filter(|line| line.starts_with("delta ")).collect();
+    assert!(shown.iter().all(|line| !line.contains("greets") && !line.contains("think>")), "{shown:#?}");
+    assert_eq!(server.history(1), ["user: hi", "assistant: Hello!", "user: hi again"], "no thinking kept");
+}
+
+#[test]
 fn an_empty_first_answer_tells_the_player_the_model_answered_nothing() {
     let (_data, server, game, session) = started();
     // LM Studio's answer to a prompt longer than the context it loaded the model with: no delta, `stop`.

@@ -43,6 +43,7 @@ mod history;
 mod inlined;
 mod probe;
 mod roles;
+mod think_tags;
 mod turn;
 
 use std::path::PathBuf;

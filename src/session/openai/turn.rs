@@ -82,6 +82,14 @@ impl Reasoning {
         added
     }
 
+    /// Adds thinking the answer's text held ([`ThinkTags`](super::think_tags::ThinkTags)): never sent back (the
+    /// chat templates of such models leave earlier thinking out).
+    fn thought(&mut self, thought: &str) {
+        if !thought.trim().is_empty() || !self.text.is_empty() {
+            self.text.push_str(thought);
+        }
+    }
+
     fn any(&self) -> bool {
         !self.text.is_empty()
     }
@@ -381,6 +389,7 @@ async fn stream_round(
     let mut calls: Vec<PendingCall> = Vec::new();
     let mut finish = None;
     let mut reasoning = Reasoning::default();
+    let mut think_tags = super::think_tags::ThinkTags::default();
     // What the answer holds so far (a server that streams without end is stopped at the limit, not by memory).
     let mut held = 0usize;
     loop {
@@ -426,8 +435,12 @@ async fn stream_round(
             held = held.saturating_add(reasoning.add(&choice.delta));
             if let Some(piece) = choice.delta.content.filter(|piece| !piece.is_empty()) {
                 held = held.saturating_add(piece.len());
-                text.push_str(&piece);
-                (shared.sink)(BackendEvent::MessageChunk { message: Some(message.clone()), text: piece });
+                let split = think_tags.push(&piece);
+                reasoning.thought(&split.thought);
+                if !split.shown.is_empty() {
+                    text.push_str(&split.shown);
+                    (shared.sink)(BackendEvent::MessageChunk { message: Some(message.clone()), text: split.shown });
+                }
             }
             for fragment in choice.delta.tool_calls.unwrap_or_default() {
                 // `"null"`, as text, is a placeholder (the GLM model Mistral hosts sends it on later fragments of a
@@ -487,6 +500,12 @@ async fn stream_round(
         if held > ANSWER_LIMIT || calls.len() > MAX_CALLS_PER_ANSWER {
             return Err(oversized(shared, held, calls.len()));
         }
+    }
+    let split = think_tags.finish();
+    reasoning.thought(&split.thought);
+    if !split.shown.is_empty() {
+        text.push_str(&split.shown);
+        (shared.sink)(BackendEvent::MessageChunk { message: Some(message.clone()), text: split.shown });
     }
     for (n, call) in calls.iter_mut().enumerate() {
         if call.id.is_empty() {
