@@ -1333,6 +1333,17 @@ fn a_server_error_is_retried_then_fails_the_turn_and_resume_recovers_with_the_hi
 }
 
 #[test]
+fn a_server_that_does_not_support_the_request_is_not_asked_again() {
+    let (_data, server, game, session) = started();
+    // llama.cpp's answer to what its build cannot do (`not_supported_error`): the same however often it is asked.
+    server.reply(Reply::Status(501, None)).reply(says("never asked"));
+    let (code, message) = code_of(game.block_on(session.send_text("one")));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert!(message.contains("501"), "{message}");
+    assert_eq!(server.requests().len(), 1, "asked once");
+}
+
+#[test]
 fn a_turn_that_fails_after_its_tool_call_ran_keeps_the_call_and_its_result_and_says_it_failed() {
     let (_data, server, game, session) = after_one_turn();
     server.reply(calls(vec![text("Bumping."), call(0, "call-1", "bump", "{\"by\": 1}")]));

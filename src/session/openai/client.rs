@@ -270,7 +270,10 @@ impl Retry {
             }
             let response = self.http.execute(request).await.map_err(OpenAIError::Reqwest)?;
             let status = response.status();
-            let retryable = status.as_u16() == 429 || status.is_server_error();
+            // A server that does not do what was asked (501: llama.cpp's `not_supported_error`; 505) says the same
+            // however often it is asked.
+            let unsupported = matches!(status.as_u16(), 501 | 505);
+            let retryable = status.as_u16() == 429 || (status.is_server_error() && !unsupported);
             if !retryable || attempt >= self.max_retries {
                 return readable(response).await;
             }
