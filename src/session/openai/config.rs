@@ -107,7 +107,10 @@ impl TokenLimitField {
     }
 }
 
-/// Sampling parameters sent with each request (`None`: the endpoint's default).
+/// Sampling parameters sent with each request (`None`: the endpoint's default). The endpoint's default is not always
+/// the model's: Ollama's `/v1` takes a missing `temperature` or `top_p` as 1.0, over the values the model was
+/// published with (set them for small models that call tools), and reads only `max_tokens`
+/// ([`TokenLimitField::MaxTokens`]).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Sampling {
     /// `temperature`.
