@@ -39,10 +39,13 @@ fn palette() -> Arc<Palette> {
 }
 
 fn sandbox(data_dir: &std::path::Path) -> App {
+    sandbox_autosaving(data_dir, session::AUTOSAVE_EVERY)
+}
+
+fn sandbox_autosaving(data_dir: &std::path::Path, every: std::time::Duration) -> App {
     let palette = palette();
-    let host = tools::all(palette.clone())
-        .into_iter()
-        .fold(AgentToolsPlugin::new(session::Sandbox::new(palette)), |host, tool| host.with_tool(tool));
+    let sandbox = session::Sandbox::new(palette.clone()).autosave_every(every);
+    let host = tools::all(palette).into_iter().fold(AgentToolsPlugin::new(sandbox), |host, tool| host.with_tool(tool));
     let mut app = App::new();
     app.add_plugins(MinimalPlugins).add_plugins(host).add_plugins(WorldStorePlugin::new(data_dir));
     app.finish();
@@ -141,6 +144,36 @@ fn observe_returns_a_png_of_the_asked_size() {
     assert_eq!(u32::from_be_bytes(drawn.png[16..20].try_into().expect("4 bytes")), drawn.width);
     assert!(drawn.summary.contains("overworld"), "{}", drawn.summary);
     assert_eq!(picture::base64(b"any carnal pleas"), "YW55IGNhcm5hbCBwbGVhcw==");
+}
+
+#[test]
+fn a_changed_world_is_saved_while_the_player_is_in_it_so_a_crash_loses_only_what_came_after() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut app = sandbox_autosaving(dir.path(), std::time::Duration::ZERO);
+    app.enter_world("alpha");
+    let (x, y, z) = (5, 120, 5);
+    ok(call(&mut app, "place_block", json!({"x": x, "y": y, "z": z, "block": "gold"})));
+    let summary = |app: &mut App| {
+        let summary = app.world().resource::<session::VisitSummary>();
+        summary.0.as_ref().map_or((0, 0), |summary| (summary.changes, summary.autosaved))
+    };
+    // The frame after the change: its count includes it.
+    app.update();
+    let (changes, _) = summary(&mut app);
+    assert!(changes > 0);
+    app.run_until("the change is saved", |app| summary(app).1 >= changes);
+    // The game dies: no exit, no close, no save at the end.
+    drop(app);
+
+    let mut app = sandbox(dir.path());
+    app.enter_world("alpha");
+    let cell = ok(call(&mut app, "get_block", json!({"x": x, "y": y, "z": z})));
+    assert_eq!((cell["block"].as_str(), cell["version"].as_u64()), (Some("gold"), Some(1)));
+    // A visit changes nothing by going on (the player arrives once): nothing is saved again and again.
+    for _ in 0..3 {
+        app.update();
+    }
+    assert_eq!(summary(&mut app), (0, 0), "nothing changed, nothing saved");
 }
 
 #[test]

@@ -421,10 +421,14 @@ fn status(player: &Player, binding: &WorldBinding<Sandbox>, summary: &VisitSumma
         "world={world} visit={} phase={phase} dimension={} revision={}",
         info.visit.0, info.location.dimension, info.location.revision.0
     );
-    match summary.0.as_ref().filter(|s| s.visit == info.visit).and_then(|s| s.loaded.as_ref()) {
+    let summary = summary.0.as_ref().filter(|s| s.visit == info.visit);
+    match summary.and_then(|s| s.loaded.as_ref()) {
         None => line.push_str(" player=loading"),
         Some(Ok((pos, notes, changed))) => {
             line.push_str(&format!(" player={},{},{} notes={notes} changed={changed}", pos.x, pos.y, pos.z));
+            // The visit's changes no autosave made durable yet (the save at the visit's end holds them all).
+            let unsaved = summary.map_or(0, |s| s.changes.saturating_sub(s.autosaved));
+            line.push_str(&format!(" unsaved={unsaved}"));
         }
         Some(Err(error)) => line.push_str(&format!(" load-error={error:?}")),
     }

@@ -4,7 +4,7 @@
 //! `chat-end`, `chat-resume [ID]`, `chat-forget ID`, `chat-allow R`, `chat-deny R` (see `chat.rs`).
 //!
 //! ```sh
-//! cargo run --example sandbox -- [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N]
+//! cargo run --example sandbox -- [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N] [--autosave SECS]
 //!     [--agent "COMMAND ARGS" [--agent-auth METHOD] | --agent-openai URL --model NAME [--api-key-env VAR]
 //!     [--context-window TOKENS]]
 //!     [--agent-keep]
@@ -27,7 +27,8 @@
 //!
 //! Worlds are saved under the data directory (default `sandbox-data/`), one directory per world, as one document
 //! (`sandbox.json`: changed blocks with their versions, notes, the player's position in each dimension) written
-//! when the visit closes and loaded in the background when it opens. A visit starts in the overworld; each
+//! when the visit closes, and while it is open every `--autosave` seconds (default 30) if the world changed (a
+//! crash loses at most that much), and loaded in the background when it opens. A visit starts in the overworld; each
 //! dimension remembers where the player stood. The player stands on the ground of their column: a block placed
 //! under them lifts them, a block broken under them drops them. Logs go to standard error; standard output
 //! carries only the lines a program driving the sandbox reads.
@@ -66,7 +67,8 @@ use console::{check_world_name, say, ConsolePlugin};
 use session::Sandbox;
 use world::Palette;
 
-const USAGE: &str = "usage: sandbox [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N] \
+const USAGE: &str =
+    "usage: sandbox [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N] [--autosave SECS] \
 [--agent \"COMMAND ARGS\" [--agent-auth METHOD] | --agent-openai URL --model NAME [--api-key-env VAR] \
 [--context-window TOKENS]] [--agent-keep] [--ask-permissions] \
 [--window]";
@@ -78,6 +80,8 @@ struct Args {
     token: Option<String>,
     world: Option<String>,
     tps: u32,
+    /// `--autosave SECS`: how often a changed world is saved while the player is in it.
+    autosave: u64,
     /// The in-game agent's command line, split shell-style.
     agent: Option<Vec<String>>,
     /// `--agent-auth METHOD`: the sign-in method for the ACP agent.
@@ -102,6 +106,7 @@ impl Args {
             token: None,
             world: None,
             tps: 60,
+            autosave: session::AUTOSAVE_EVERY.as_secs(),
             agent: None,
             agent_auth: None,
             agent_openai: None,
@@ -151,6 +156,7 @@ impl Args {
                 "--token",
                 "--world",
                 "--tps",
+                "--autosave",
                 "--agent",
                 "--agent-auth",
                 "--agent-openai",
@@ -181,6 +187,13 @@ impl Args {
                         value.parse().ok().filter(|tps| (1..=1000).contains(tps)).ok_or_else(|| {
                             format!("--tps: {value:?} is not a number of ticks per second in 1..=1000")
                         })?;
+                }
+                "--autosave" => {
+                    args.autosave = value
+                        .parse()
+                        .ok()
+                        .filter(|secs| (1..=86_400).contains(secs))
+                        .ok_or_else(|| format!("--autosave: {value:?} is not a number of seconds in 1..=86400"))?;
                 }
                 "--agent" => {
                     let words = shell_words::split(&value).map_err(|e| format!("--agent: {e}"))?;
@@ -336,9 +349,10 @@ fn main() -> AppExit {
             TerminalCtrlCHandlerPlugin,
         ));
     }
-    let host = tools::all(palette.clone())
-        .into_iter()
-        .fold(AgentToolsPlugin::new(Sandbox::new(palette)), |host, tool| host.with_tool(tool));
+    let host = tools::all(palette.clone()).into_iter().fold(
+        AgentToolsPlugin::new(Sandbox::new(palette).autosave_every(std::time::Duration::from_secs(args.autosave))),
+        |host, tool| host.with_tool(tool),
+    );
     app.add_plugins(host)
         .add_plugins(WorldStorePlugin::new(&args.data_dir))
         .add_plugins(ConsolePlugin { enter_at_start: args.world.clone() });

@@ -2,6 +2,7 @@
 //! thread), and saves it through the [`WorldStore`] when the player leaves.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bevy::prelude::*;
 use bevy_agent_tools::persist::{Loaded, WorldStore};
@@ -23,11 +24,22 @@ const TOWER_LOG_LEN: usize = 16;
 /// The sandbox's worlds.
 pub struct Sandbox {
     palette: Arc<Palette>,
+    /// How often a changed world is saved while the player is in it (a crash loses at most this much).
+    autosave: Duration,
 }
+
+/// How often a changed world is saved while the player is in it, by default.
+pub const AUTOSAVE_EVERY: Duration = Duration::from_secs(30);
 
 impl Sandbox {
     pub fn new(palette: Arc<Palette>) -> Self {
-        Self { palette }
+        Self { palette, autosave: AUTOSAVE_EVERY }
+    }
+
+    /// Saves a changed world every `every` while the player is in it.
+    pub fn autosave_every(mut self, every: Duration) -> Self {
+        self.autosave = every;
+        self
     }
 }
 
@@ -43,9 +55,40 @@ pub struct Visit {
     state: Option<WorldState>,
     /// What `build_tower` calls did in this visit, newest last.
     pub towers: TowerLog,
+    /// The world's changes the last save holds ([`WorldState::changes`]), when the next may be made, and the one
+    /// under way.
+    autosaved: u64,
+    next_autosave: Instant,
+    autosaving: Option<(Completion, u64)>,
+    /// The changes the latest autosave that finished made durable.
+    durable: u64,
 }
 
 impl Visit {
+    /// Saves the world if it changed since its last save and that was long enough ago (a save of a world is made
+    /// after the one before it: rule H7). One that fails is said, and made again at the next turn.
+    fn autosave(&mut self, world: &mut World, every: Duration) {
+        if let Some((saving, changes)) = &self.autosaving {
+            match saving.result() {
+                None => return,
+                Some(Ok(())) => self.durable = *changes,
+                Some(Err(error)) => {
+                    // A console line (`console::say` writes so too; this module is also built without the console).
+                    println!("autosave-failed world={}: {error}", self.world);
+                    self.autosaved = 0;
+                }
+            }
+            self.autosaving = None;
+        }
+        let (Some(state), Some(store)) = (&self.state, world.get_resource::<WorldStore>()) else { return };
+        if state.changes() == self.autosaved || Instant::now() < self.next_autosave {
+            return;
+        }
+        self.autosaving = Some((store.save(&self.world, SAVE_DOCUMENT, state.to_save()), state.changes()));
+        self.autosaved = state.changes();
+        self.next_autosave = Instant::now() + every;
+    }
+
     /// The world's state; `INTERNAL` only if the host ran a step before the load finished (it never does).
     pub fn state(&mut self) -> Result<&mut WorldState, ToolError> {
         if self.state.is_none() {
@@ -146,6 +189,9 @@ pub struct Summary {
     pub visit: VisitId,
     /// `None` while the save is loading; the error if it could not be loaded.
     pub loaded: Option<Result<(Pos, usize, usize), String>>,
+    /// The visit's changes to the world so far, and how many of them the latest autosave made durable.
+    pub changes: u64,
+    pub autosaved: u64,
 }
 
 impl WorldLifecycle for Sandbox {
@@ -167,6 +213,10 @@ impl WorldLifecycle for Sandbox {
             ready: ready.clone(),
             state: None,
             towers: TowerLog::default(),
+            autosaved: 0,
+            next_autosave: Instant::now() + self.autosave,
+            autosaving: None,
+            durable: 0,
         };
         Ok(Opened::loading(session, ready))
     }
@@ -177,7 +227,11 @@ impl WorldLifecycle for Sandbox {
             Ok(()) => session.summary().map_err(|error| error.message),
         });
         let ready = matches!(loaded, Some(Ok(_)));
-        world.insert_resource(VisitSummary(Some(Summary { visit: session.visit, loaded })));
+        if ready {
+            session.autosave(world, self.autosave);
+        }
+        let (changes, autosaved) = (session.state.as_ref().map_or(0, WorldState::changes), session.durable);
+        world.insert_resource(VisitSummary(Some(Summary { visit: session.visit, loaded, changes, autosaved })));
         // With `--window`: the player and the chunks the window needs (the headless sandbox has no view).
         if let (true, Some(mut view), Ok(dimension)) =
             (ready, world.get_resource_mut::<WorldView>(), session.dimension())
@@ -200,8 +254,8 @@ impl WorldLifecycle for Sandbox {
             view.clear();
         }
         let Some(state) = session.state else {
-            // No tool ran and no frame saw the save loaded: nothing changed, and the files stay as they are. A
-            // world that failed to load says so rather than "saved".
+            // The save never loaded (or the visit ended before a frame saw it loaded): nothing changed, and the
+            // files stay as they are. A world that failed to load says so rather than "saved".
             return match (session.ready.result(), session.newer_save()) {
                 (Some(Err(error)), _) => Completion::failed(format!(
                     "world `{}` did not load ({error}): nothing was saved, its files are as they were",

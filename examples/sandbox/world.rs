@@ -261,6 +261,8 @@ pub struct WorldState {
     /// Saved cells whose block this palette does not have (renamed, or from a newer palette): not in the world,
     /// but saved again as they were, so that a palette change never loses them.
     unknown: Vec<SavedCell>,
+    /// Counts the changes a save would carry (blocks, notes, where the player is).
+    changes: u64,
 }
 
 impl WorldState {
@@ -274,6 +276,7 @@ impl WorldState {
             notes: Vec::new(),
             dirty: HashSet::new(),
             unknown: Vec::new(),
+            changes: 0,
         }
     }
 
@@ -296,6 +299,7 @@ impl WorldState {
     pub fn set(&mut self, dimension: Dimension, pos: Pos, block: BlockId) -> u64 {
         // (A save can hold any version: at the largest it stays there.)
         let version = self.block(dimension, pos).version.saturating_add(1);
+        self.changes += 1;
         let layer = &mut self.layers[dimension.index()];
         layer.edits.entry((pos.x, pos.z)).or_default().insert(pos.y, Cell { block, version });
         // The cell's chunk, and a neighbour whose edge ring shows it.
@@ -336,6 +340,7 @@ impl WorldState {
         if self.palette.is_solid(self.block(dimension, to).block) {
             return from;
         }
+        self.changes += 1;
         self.layers[dimension.index()].player = Some(to);
         to
     }
@@ -376,7 +381,11 @@ impl WorldState {
     /// Records that the player is in `dimension` (placing them at its spawn on their first visit).
     pub fn arrive(&mut self, dimension: Dimension) -> Pos {
         let player = self.player(dimension);
-        self.layers[dimension.index()].player = Some(player);
+        let layer = &mut self.layers[dimension.index()];
+        if layer.player != Some(player) {
+            self.changes += 1;
+            layer.player = Some(player);
+        }
         player
     }
 
@@ -433,7 +442,13 @@ impl WorldState {
             return None;
         }
         self.notes.push(text);
+        self.changes += 1;
         Some(self.notes.len())
+    }
+
+    /// How many changes a save would carry were made so far (a save made when this was `n` holds the first `n`).
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// How many cells were changed, in all dimensions.
