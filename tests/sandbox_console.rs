@@ -215,6 +215,37 @@ fn quits_saving_on(signal: &str) {
     assert_eq!(game.wait_exit().code(), Some(130), "Ctrl+C's exit code, after the save ({signal})");
 }
 
+/// `--no-console`: run without a terminal (standard input at its end at once), the sandbox serves until a signal.
+#[test]
+fn without_a_console_the_sandbox_serves_until_a_signal_and_then_saves() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let mut child = Command::new(sandbox_binary())
+        .args(["--data-dir".as_ref(), data.path().as_os_str()])
+        .args(["--port", "0", "--token", TOKEN, "--world", "alpha", "--no-console"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the sandbox starts");
+    let mut out = Lines::of(child.stdout.take().expect("stdout"), WAIT);
+    let url = out.until("its address", |line| line.starts_with("mcp: "));
+    let address: std::net::SocketAddr =
+        url.trim_start_matches("mcp: http://").trim_end_matches("/mcp").parse().expect("an address");
+    out.until("the visit", |line| line == "visit-opened world=alpha visit=1");
+    // Its input ended at once: the world is still open to agents, many frames later.
+    let session = common::raw_mcp::open_session(address, TOKEN);
+    let in_session = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
+    let info = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"world_info","arguments":{}}}"#;
+    let (status, answer) = common::raw_mcp::send(address, TOKEN, &in_session, info);
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains(r#"\"world\":\"alpha\""#) && !answer.contains("isError\":true"), "{answer}");
+    let signalled = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill runs");
+    assert!(signalled.success());
+    out.until("the save", |line| line == "saved world=alpha visit=1");
+    out.until_closed();
+    assert_eq!(child.wait().expect("waiting works").code(), Some(130), "ended by the signal, not by its input's end");
+}
+
 #[test]
 fn quit_waits_for_the_save_and_a_failed_save_exits_1() {
     let data = tempfile::tempdir().expect("temp dir");

@@ -47,8 +47,11 @@ pub fn check_world_name(name: &str) -> Result<(), String> {
 }
 
 /// Reads standard input and answers on standard output. `enter_at_start` is entered before the first command.
+/// Without `read_stdin` (`--no-console`: a sandbox run in the background, by a service manager, in a container
+/// without a terminal) no command is read, and only a signal quits.
 pub struct ConsolePlugin {
     pub enter_at_start: Option<String>,
+    pub read_stdin: bool,
 }
 
 enum Input {
@@ -128,19 +131,21 @@ impl Plugin for ConsolePlugin {
     fn build(&self, app: &mut App) {
         let (lines, input) = crossbeam_channel::unbounded();
         app.insert_resource(ConsoleLines(lines.clone()));
-        let reader = std::thread::Builder::new().name("console".into()).spawn(move || {
-            // Bytes, not `lines()`: a line that is not UTF-8 is read as well as it can be (and answered with an
-            // error line), never taken for the end of input.
-            let mut stdin = std::io::stdin().lock();
-            let mut line = Vec::new();
-            while let Some(input) = read_line(&mut stdin, &mut line) {
-                if lines.send(input).is_err() {
-                    return;
+        let reader = self.read_stdin.then(|| {
+            std::thread::Builder::new().name("console".into()).spawn(move || {
+                // Bytes, not `lines()`: a line that is not UTF-8 is read as well as it can be (and answered with an
+                // error line), never taken for the end of input.
+                let mut stdin = std::io::stdin().lock();
+                let mut line = Vec::new();
+                while let Some(input) = read_line(&mut stdin, &mut line) {
+                    if lines.send(input).is_err() {
+                        return;
+                    }
                 }
-            }
-            let _ = lines.send(Input::End);
+                let _ = lines.send(Input::End);
+            })
         });
-        if let Err(error) = reader {
+        if let Some(Err(error)) = reader {
             error!("cannot read the console: {error}");
         }
         let mut player = Player::default();

@@ -8,13 +8,17 @@
 //!     [--agent "COMMAND ARGS" [--agent-auth METHOD] | --agent-openai URL --model NAME [--api-key-env VAR]
 //!     [--context-window TOKENS]]
 //!     [--agent-keep]
-//!     [--ask-permissions] [--window]
+//!     [--ask-permissions] [--no-console] [--window]
 //! ```
 //!
 //! `--window` (build with `--features window`) shows the world in a window: 3D blocks, the player, a HUD of the
 //! agents' calls and conversations, and a chat panel (T) for the in-game agent; WASD walks, the mouse orbits and
 //! zooms, L lists worlds, P travels between dimensions, Esc leaves the world; closing the window is `quit`.
 //! The frame rate is then the display's, not `--tps`.
+//!
+//! `--no-console` reads no commands from standard input, whose end would otherwise quit: for a sandbox run in the
+//! background, by a service manager, or without a terminal; give it `--world` to enter a world, and end it with a
+//! signal (Ctrl+C, `kill`), which closes and saves the visit as `quit` does.
 //!
 //! `--agent-auth METHOD` signs in to the ACP agent with one of the methods it offers (for example Codex's
 //! `api-key`, which reads `CODEX_API_KEY` or `OPENAI_API_KEY`); an agent that needs a sign-in without it says which it offers.
@@ -70,7 +74,7 @@ use world::Palette;
 const USAGE: &str =
     "usage: sandbox [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N] [--autosave SECS] \
 [--agent \"COMMAND ARGS\" [--agent-auth METHOD] | --agent-openai URL --model NAME [--api-key-env VAR] \
-[--context-window TOKENS]] [--agent-keep] [--ask-permissions] \
+[--context-window TOKENS]] [--agent-keep] [--ask-permissions] [--no-console] \
 [--window]";
 
 /// The command line.
@@ -94,6 +98,8 @@ struct Args {
     context_window: Option<u64>,
     agent_keep: bool,
     ask_permissions: bool,
+    /// `--no-console`: standard input is not read (only a signal quits).
+    no_console: bool,
     /// `--window`: a real window (feature `window`).
     window: bool,
 }
@@ -115,6 +121,7 @@ impl Args {
             context_window: None,
             agent_keep: false,
             ask_permissions: false,
+            no_console: false,
             window: false,
         };
         let mut tps_given = false;
@@ -123,7 +130,7 @@ impl Args {
                 Some((flag, value)) => (flag.to_string(), Some(value.to_string())),
                 None => (word, None),
             };
-            let switch = ["--agent-keep", "--ask-permissions", "--window"].contains(&flag.as_str());
+            let switch = ["--agent-keep", "--ask-permissions", "--no-console", "--window"].contains(&flag.as_str());
             if let (true, Some(value)) = (switch, &inline) {
                 return Err(format!(
                     "{flag} takes no value (got `={value}`): give {flag} to turn it on, nothing to leave it off"
@@ -137,6 +144,10 @@ impl Args {
                 }
                 "--ask-permissions" => {
                     args.ask_permissions = true;
+                    continue;
+                }
+                "--no-console" => {
+                    args.no_console = true;
                     continue;
                 }
                 "--window" if cfg!(feature = "window") => {
@@ -355,7 +366,7 @@ fn main() -> AppExit {
     );
     app.add_plugins(host)
         .add_plugins(WorldStorePlugin::new(&args.data_dir))
-        .add_plugins(ConsolePlugin { enter_at_start: args.world.clone() });
+        .add_plugins(ConsolePlugin { enter_at_start: args.world.clone(), read_stdin: !args.no_console });
     info!(data_dir = %args.data_dir.display(), tps = args.tps, "sandbox started");
 
     let mut mcp = McpPlugin::new().port(args.port).token_file(args.data_dir.join("mcp-token"));
