@@ -261,6 +261,23 @@ fn travel_during_build_tower_stops_it_with_location_changed_and_the_count_is_kep
 }
 
 #[test]
+fn look_gives_each_columns_ground_height_where_a_block_placed_on_it_goes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut app = sandbox(dir.path());
+    app.enter_world("alpha");
+    let seen = ok(call(&mut app, "look", json!({"radius": 1})));
+    let player = &seen["player"];
+    let (px, pz) = (player["x"].as_i64().unwrap(), player["z"].as_i64().unwrap());
+    // Rows north to south, columns west to east, the player in the middle.
+    let east = seen["heights"][1][2].as_i64().expect("a column in the world");
+    let on_it = json!({"x": px + 1, "y": east + 1, "z": pz, "block": "gold"});
+    assert_eq!(ok(call(&mut app, "place_block", on_it))["changed"], true);
+    let again = ok(call(&mut app, "look", json!({"radius": 1})));
+    assert_eq!(again["heights"][1][2].as_i64(), Some(east + 1), "{again}");
+    assert_eq!(again["map"].as_str().unwrap().lines().nth(1).unwrap().chars().nth(2), Some('$'), "{again}");
+}
+
+#[test]
 fn walking_into_a_column_solid_up_to_the_nether_roof_is_a_wall_the_player_never_climbs_into() {
     let mut state = WorldState::generate("alpha", palette());
     let start = state.arrive(Dimension::Nether);

@@ -80,7 +80,7 @@ struct WorldInfo {
     visit: u64,
     dimension: Dimension,
     revision: u64,
-    /// Where the player stands.
+    /// Where the player stands: the cell their feet are in (the ground they stand on is the block below, at y - 1).
     player: Pos,
     /// How many notes the world has.
     notes: usize,
@@ -134,6 +134,9 @@ struct LookOutput {
     /// One line per z (north first), one character per x (west first): the highest block of each column. `@`
     /// is the player.
     map: String,
+    /// The same rows and columns as `map`: the y of each column's highest block, water too (a block placed on
+    /// it goes at y + 1), `null` outside the world or where a column has none.
+    heights: Vec<Vec<Option<i32>>>,
     /// What each character of the map means.
     legend: BTreeMap<String, String>,
 }
@@ -142,7 +145,9 @@ fn look() -> AgentTool<Visit> {
     AgentTool::new(
         "look",
         "A text map of the columns around the player, seen from above: each character is the highest block of one \
-         column (see the legend); `@` is the player. Rows go north to south (z increasing), columns west to east.",
+         column (see the legend); `@` is the player. Rows go north to south (z increasing), columns west to east. \
+         `heights` gives the y of each column's highest block (water too) in the same layout: a block placed on \
+         it goes at y + 1.",
         |ctx: CallContext<Visit>, args: LookArgs| async move {
             let dimension = called_in(&ctx)?;
             step(&ctx, move |_, visit| {
@@ -151,8 +156,12 @@ fn look() -> AgentTool<Visit> {
                 let palette = state.palette().clone();
                 let mut legend = BTreeMap::from([("@".to_string(), "you".to_string())]);
                 let mut map = String::new();
+                let mut heights = Vec::new();
                 for z in player.z - args.radius..=player.z + args.radius {
+                    let mut row = Vec::new();
                     for x in player.x - args.radius..=player.x + args.radius {
+                        let inside = XZ_BOUNDS.contains(&x) && XZ_BOUNDS.contains(&z);
+                        row.push(inside.then(|| state.top(dimension, x, z).map(|(y, _)| y)).flatten());
                         let symbol = if (x, z) == (player.x, player.z) {
                             '@'
                         } else if !XZ_BOUNDS.contains(&x) || !XZ_BOUNDS.contains(&z) {
@@ -167,8 +176,9 @@ fn look() -> AgentTool<Visit> {
                         map.push(symbol);
                     }
                     map.push('\n');
+                    heights.push(row);
                 }
-                Ok(LookOutput { dimension, player, radius: args.radius, map, legend })
+                Ok(LookOutput { dimension, player, radius: args.radius, map, heights, legend })
             })
             .await
         },
