@@ -273,6 +273,11 @@ fn bad_commands_get_one_error_line_each_and_end_of_input_quits_after_saving() {
         ("exit", "error: no world is open"),
         ("dance", "error: unknown command \"dance\""),
         ("enter", "error: wrong arguments for `enter`"),
+        // Without an agent; a bare `say`, or one with only blanks, asks what to say; a tab after it is a blank.
+        ("say\thi", "error: no agent configured"),
+        ("say", "error: say what?"),
+        ("say   ", "error: say what?"),
+        ("help", "ok commands: help, enter WORLD"),
     ] {
         let answer = game.command(command);
         assert!(answer.starts_with(error), "{command:?} answered {answer:?}");

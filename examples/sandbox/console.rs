@@ -22,7 +22,7 @@ use crate::world::Dimension;
 /// How long `quit` waits for saves before it exits anyway (the plugin then waits once more, bounded too).
 const QUIT_DEADLINE: Duration = Duration::from_secs(30);
 
-const USAGE: &str = "commands: enter WORLD, travel DIMENSION, exit, status, quit; with --agent or --agent-openai: say TEXT, \
+const USAGE: &str = "commands: help, enter WORLD, travel DIMENSION, exit, status, quit; with --agent or --agent-openai: say TEXT, \
 chat-cancel, chat-end, chat-resume [ID], chat-forget ID, chat-allow R, chat-deny R; with --window: screenshot PATH, hud, frames [each]";
 
 /// Prints one line to standard output and flushes it. A closed pipe is not the game's problem: it is ignored.
@@ -180,6 +180,8 @@ pub enum Command {
     Status,
     /// `quit`
     Quit,
+    /// `help`: the commands.
+    Help,
     /// A command for the in-game agent session (`say`, `chat-*`), answered by the chat module.
     Chat(ChatCommand),
     /// A command for the window (`screenshot`, `hud`, `frames`), answered by the window module.
@@ -238,17 +240,19 @@ impl Command {
     /// the console prints for it. Pure, so it can be tested and fuzzed away from the game.
     pub fn parse(line: &str) -> Result<Option<Self>, String> {
         let line = line.trim_start();
-        if let Some(path) = line.strip_prefix("screenshot ") {
-            if path.trim().is_empty() {
+        // The command's word, then the rest of the line as it was typed (after the one space or tab after it).
+        let (word, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+        if word == "screenshot" {
+            if rest.trim().is_empty() {
                 return Err(format!("screenshot where? `screenshot PATH`; {USAGE}"));
             }
-            return Ok(Some(Self::Window(WindowCommand::Screenshot(path.trim().to_string()))));
+            return Ok(Some(Self::Window(WindowCommand::Screenshot(rest.trim().to_string()))));
         }
-        if let Some(text) = line.strip_prefix("say ") {
-            if text.trim().is_empty() {
+        if word == "say" {
+            if rest.trim().is_empty() {
                 return Err(format!("say what? `say TEXT`; {USAGE}"));
             }
-            return Ok(Some(Self::Chat(ChatCommand::Say(text.to_string()))));
+            return Ok(Some(Self::Chat(ChatCommand::Say(rest.to_string()))));
         }
         let words: Vec<&str> = line.split_whitespace().collect();
         let request =
@@ -263,6 +267,7 @@ impl Command {
             ["exit"] => Self::Exit,
             ["status"] => Self::Status,
             ["quit"] => Self::Quit,
+            ["help"] => Self::Help,
             ["chat-cancel"] => Self::Chat(ChatCommand::Cancel),
             ["chat-end"] => Self::Chat(ChatCommand::End),
             ["chat-resume"] => Self::Chat(ChatCommand::Resume(None)),
@@ -282,7 +287,8 @@ impl Command {
     }
 }
 
-const COMMANDS: [&str; 15] = [
+const COMMANDS: [&str; 16] = [
+    "help",
     "enter",
     "travel",
     "exit",
@@ -385,6 +391,7 @@ fn read_command(
             }
             None => Err("no world is open".into()),
         },
+        Command::Help => Ok(USAGE.to_string()),
         Command::Status => Ok(match chat.status.0.as_ref().and_then(|read| read()) {
             Some(chat) => format!("{} {chat}", status(&player, &binding, &summary)),
             None => status(&player, &binding, &summary),
