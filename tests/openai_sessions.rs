@@ -2081,6 +2081,14 @@ fn a_request_too_long_without_any_history_says_the_server_context_or_the_tools_n
     assert!(message.contains("exceeds the available context size"), "the endpoint's words: {message}");
     assert!(message.contains("fewer tools") && message.contains("-c"), "what to change: {message}");
     assert!(!message.contains("context_window"), "the history's bound is not the cause: {message}");
+    assert!(!message.contains("max_tokens"), "no answer's room was asked: {message}");
+
+    // With room asked for the answer (vLLM counts it in the request's length): lowering it may be the remedy.
+    let limited = endpoint(&server).sampling(Sampling { max_tokens: Some(8192), ..Sampling::default() });
+    let session = game.create(limited).expect("starts");
+    server.reply(Reply::Refusal(400, LLAMA_CPP_TOO_LONG));
+    let (_, message) = code_of(game.block_on(session.send_text("hi")));
+    assert!(message.contains("Sampling::max_tokens (8192)"), "{message}");
 
     // With a window set and still refused at half the history: the window is more than the server gives.
     let (_data, server, game, _) = started();

@@ -566,6 +566,20 @@ pub(crate) fn in_stream_too_long(error: &Value) -> bool {
 pub(crate) fn too_long_advice(endpoint: &OpenAiEndpoint, history_sent: usize, round: u32) -> String {
     let server_context = "start the server with a larger context (llama.cpp's -c, Ollama's num_ctx, vLLM's \
                           --max-model-len)";
+    let advice = too_long_cause(endpoint, history_sent, round, server_context);
+    // Servers that count the answer's room in the request's length (vLLM) refuse a large one however short the
+    // history is.
+    match endpoint.sampling.max_tokens {
+        Some(tokens) => format!(
+            "{advice}; the answer's room counts too: Sampling::max_tokens ({tokens}) is asked of the same context, \
+             lower it"
+        ),
+        None => advice,
+    }
+}
+
+/// [`too_long_advice`] without the answer's room.
+fn too_long_cause(endpoint: &OpenAiEndpoint, history_sent: usize, round: u32, server_context: &str) -> String {
     match endpoint.context_window {
         _ if history_sent == 0 && round > 0 => format!(
             "this turn's tool calls and their results, with the system prompt, the tools' descriptions and the \
