@@ -251,7 +251,7 @@ impl SessionCore {
         new_if_unresumable: bool,
     ) -> Result<Attached, ToolError> {
         self.settle_stopped().await;
-        let (session_dir, working_directory) = self.host.session_dirs(&self.id)?;
+        let (session_dir, working_directory) = self.host.session_dirs(&self.id).await?;
         // Only an agent process gets a credential: a backend the game runs calls the tools in process.
         let mcp = if self.config.backend.reaches_tools_over_mcp() {
             self.host.endpoint(&self.id, self.config.timeouts.start).await?

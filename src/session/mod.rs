@@ -249,12 +249,17 @@ impl SessionHost {
     }
 
     /// The session's folder (`<data_dir>/<id>`, the user's alone) and its own working directory in it, created
-    /// empty: `<data_dir>/<id>/workspace`.
-    pub(crate) fn session_dirs(&self, id: &ConversationId) -> Result<(PathBuf, PathBuf), ToolError> {
-        let session_dir = self.records.session_dir(id.as_str()).map_err(self.folder_error(id))?;
-        let workspace = session_dir.join("workspace");
-        std::fs::create_dir_all(&workspace).map_err(|error| folder_unavailable(&workspace, error))?;
-        Ok((session_dir, workspace))
+    /// empty: `<data_dir>/<id>/workspace`. Made on a blocking thread: a slow disk (a network home folder) holds
+    /// none of the runtime's few workers, which serve the MCP server too.
+    pub(crate) async fn session_dirs(&self, id: &ConversationId) -> Result<(PathBuf, PathBuf), ToolError> {
+        let (records, name, unavailable) = (self.records.clone(), id.to_string(), self.folder_error(id));
+        let made = self.runtime.spawn_blocking(move || {
+            let session_dir = records.session_dir(&name).map_err(unavailable)?;
+            let workspace = session_dir.join("workspace");
+            std::fs::create_dir_all(&workspace).map_err(|error| folder_unavailable(&workspace, error))?;
+            Ok((session_dir, workspace))
+        });
+        made.await.map_err(|error| ToolError::internal(format!("could not make the session's folder: {error}")))?
     }
 
     pub(crate) fn backend(&self, config: &SessionConfig) -> Box<dyn Backend> {
