@@ -10,20 +10,38 @@
 
 use serde_json::{Map, Value};
 
-/// `schema` with its local references replaced by their definitions and `oneOf`s of constants as `enum`s.
+/// How large a tool's parameters may grow by inlining: past `GROWTH` times their size (and [`INLINED_LEAST`]), they
+/// are sent as they were, references kept. Types that refer to one another are copied once per path through them.
+const GROWTH: usize = 4;
+const INLINED_LEAST: usize = 16 * 1024;
+/// The most definitions inlined in one schema, which stops the copying long before it could take time or memory.
+const INLINES_MOST: usize = 256;
+
+/// `schema` with its local references replaced by their definitions and `oneOf`s of constants as `enum`s; as it
+/// was (without `$schema`) where that would make it much larger.
 pub(crate) fn inlined(schema: Value) -> Value {
     let Value::Object(mut root) = schema else { return schema };
     root.remove("$schema");
-    let defs = root.remove("$defs").or_else(|| root.remove("definitions"));
+    let original = Value::Object(root.clone());
+    let (key, defs) = match root.remove("$defs") {
+        Some(defs) => ("$defs", Some(defs)),
+        None => ("definitions", root.remove("definitions")),
+    };
     let named = defs.as_ref().and_then(Value::as_object).cloned().unwrap_or_default();
+    let mut walk = Walk { named, within: Vec::new(), kept: false, inlines: 0 };
     let mut inlined = Value::Object(root);
-    let mut kept = false;
-    inline(&mut inlined, &named, &mut Vec::new(), &mut kept);
-    // A reference left (a type that contains itself): its definitions stay, under the name they had.
-    if let (true, Some(defs), Value::Object(root)) = (kept, defs, &mut inlined) {
-        root.insert("$defs".into(), defs);
+    if walk.inline(&mut inlined).is_none() {
+        return original;
     }
-    inlined
+    // A reference left (a type that contains itself): its definitions stay, under the name they had.
+    if let (true, Some(defs), Value::Object(root)) = (walk.kept, defs, &mut inlined) {
+        root.insert(key.into(), defs);
+    }
+    let limit = original.to_string().len().saturating_mul(GROWTH).max(INLINED_LEAST);
+    match inlined.to_string().len() > limit {
+        true => original,
+        false => inlined,
+    }
 }
 
 /// The definition a `$ref` names, if it is a local one (`#/$defs/Name`, `#/definitions/Name`).
@@ -32,48 +50,67 @@ fn reference(schema: &Map<String, Value>) -> Option<&str> {
     target.strip_prefix("#/$defs/").or_else(|| target.strip_prefix("#/definitions/"))
 }
 
-/// Inlines in `value`, below definitions `within` (which must not be inlined again in themselves). Sets `kept` when
-/// a reference stays.
-fn inline(value: &mut Value, named: &Map<String, Value>, within: &mut Vec<String>, kept: &mut bool) {
-    match value {
-        Value::Array(items) => items.iter_mut().for_each(|item| inline(item, named, within, kept)),
-        Value::Object(schema) => {
-            let target = reference(schema).map(str::to_string);
-            for (key, child) in schema.iter_mut() {
-                if key != "$ref" {
-                    inline(child, named, within, kept);
-                }
-            }
-            if let Some(target) = target {
-                match named.get(&target) {
-                    Some(definition) if !within.contains(&target) => {
-                        let mut definition = definition.clone();
-                        within.push(target);
-                        inline(&mut definition, named, within, kept);
-                        within.pop();
-                        schema.remove("$ref");
-                        // The referring schema's own keys (a field's description) over the definition's; two
-                        // descriptions both said (the field's, then its type's and its constants').
-                        if let Value::Object(definition) = definition {
-                            for (key, value) in definition {
-                                match (key.as_str(), schema.get(&key), &value) {
-                                    ("description", Some(Value::String(own)), Value::String(theirs))
-                                        if own != theirs =>
-                                    {
-                                        let both = format!("{own} ({theirs})");
-                                        schema.insert(key, Value::String(both));
-                                    }
-                                    _ => drop(schema.entry(key).or_insert(value)),
-                                }
-                            }
-                        }
+/// One schema's inlining.
+struct Walk {
+    /// The definitions, by name.
+    named: Map<String, Value>,
+    /// The definitions being inlined, outermost first: not inlined again inside themselves.
+    within: Vec<String>,
+    /// A reference stays.
+    kept: bool,
+    /// Definitions inlined so far.
+    inlines: usize,
+}
+
+impl Walk {
+    /// Inlines in `value`; `None` past [`INLINES_MOST`].
+    fn inline(&mut self, value: &mut Value) -> Option<()> {
+        match value {
+            Value::Array(items) => items.iter_mut().try_for_each(|item| self.inline(item)),
+            Value::Object(schema) => {
+                let target = reference(schema).map(str::to_string);
+                for (key, child) in schema.iter_mut() {
+                    // Values, not schemas: left as they are.
+                    if !matches!(key.as_str(), "$ref" | "const" | "enum" | "default" | "examples") {
+                        self.inline(child)?;
                     }
-                    _ => *kept = true,
                 }
+                if let Some(target) = target {
+                    match self.named.get(&target).cloned() {
+                        Some(mut definition) if !self.within.contains(&target) => {
+                            self.inlines += 1;
+                            if self.inlines > INLINES_MOST {
+                                return None;
+                            }
+                            self.within.push(target);
+                            self.inline(&mut definition)?;
+                            self.within.pop();
+                            schema.remove("$ref");
+                            merge(schema, definition);
+                        }
+                        _ => self.kept = true,
+                    }
+                }
+                constants_as_enum(schema);
+                Some(())
             }
-            constants_as_enum(schema);
+            _ => Some(()),
         }
-        _ => {}
+    }
+}
+
+/// The referring schema's own keys (a field's description) over its definition's; two descriptions both said
+/// (the field's, then its type's and its constants').
+fn merge(schema: &mut Map<String, Value>, definition: Value) {
+    let Value::Object(definition) = definition else { return };
+    for (key, value) in definition {
+        match (key.as_str(), schema.get(&key), &value) {
+            ("description", Some(Value::String(own)), Value::String(theirs)) if own != theirs => {
+                let both = format!("{own} ({theirs})");
+                schema.insert(key, Value::String(both));
+            }
+            _ => drop(schema.entry(key).or_insert(value)),
+        }
     }
 }
 
@@ -95,12 +132,16 @@ fn constants_as_enum(schema: &mut Map<String, Value>) {
             .iter()
             .filter_map(|alternative| {
                 let description = alternative.get("description")?.as_str()?;
-                Some(format!("{}: {description}", alternative.get("const")?.as_str()?))
+                let value = alternative.get("const")?;
+                Some(format!("{}: {description}", value.as_str().map_or_else(|| value.to_string(), str::to_string)))
             })
             .collect();
         let values: Vec<Value> = values.into_iter().cloned().collect();
         let same_type = |kind: fn(&Value) -> bool, name: &str| values.iter().all(kind).then(|| name.to_string());
-        let kind = same_type(Value::is_string, "string").or_else(|| same_type(Value::is_number, "number"));
+        let integer = |value: &Value| value.is_i64() || value.is_u64();
+        let kind = same_type(Value::is_string, "string")
+            .or_else(|| same_type(integer, "integer"))
+            .or_else(|| same_type(Value::is_number, "number"));
         schema.remove(keyword);
         schema.insert("enum".into(), Value::Array(values));
         if let Some(kind) = kind {
@@ -197,6 +238,46 @@ mod tests {
         let tree = &plain["properties"]["tree"];
         assert_eq!(tree["properties"]["label"]["type"], "string", "inlined once: {plain:#}");
         assert_eq!(tree["properties"]["children"]["items"]["$ref"], "#/$defs/Node", "{plain:#}");
+    }
+
+    #[test]
+    fn types_that_refer_to_one_another_are_not_copied_without_end() {
+        // Eight types each referring to all the others: every path through them would be a copy.
+        let names: Vec<String> = (0..8).map(|n| format!("T{n}")).collect();
+        let defs: Map<String, Value> = names
+            .iter()
+            .map(|name| {
+                let fields: Map<String, Value> = names
+                    .iter()
+                    .filter(|other| *other != name)
+                    .map(|other| (other.to_lowercase(), json!({ "$ref": format!("#/$defs/{other}") })))
+                    .collect();
+                (name.clone(), json!({ "type": "object", "properties": fields }))
+            })
+            .collect();
+        let schema = json!({ "type": "object", "properties": { "root": { "$ref": "#/$defs/T0" } }, "$defs": defs });
+        let sent = inlined(schema.clone());
+        assert_eq!(sent, schema, "sent as it was, references kept");
+        // One big definition referred to many times grows within the bound, or is sent as it was.
+        let big: Map<String, Value> = (0..20).map(|n| (format!("f{n}"), json!({ "$ref": "#/$defs/Small" }))).collect();
+        let small: Map<String, Value> = (0..20).map(|n| (format!("g{n}"), json!({ "type": "integer" }))).collect();
+        let wide = json!({
+            "type": "object",
+            "properties": (0..20).map(|n| (format!("b{n}"), json!({ "$ref": "#/$defs/Big" }))).collect::<Map<_, _>>(),
+            "$defs": { "Big": { "type": "object", "properties": big }, "Small": { "type": "object", "properties": small } },
+        });
+        let sent = inlined(wide.clone()).to_string().len();
+        assert!(sent <= (wide.to_string().len() * GROWTH).max(INLINED_LEAST), "{sent} bytes");
+    }
+
+    #[test]
+    fn integer_constants_are_integers_and_values_are_not_rewritten() {
+        let schema = json!({ "oneOf": [{ "const": 1, "description": "one" }, { "const": 2 }], "default": { "$ref": "#/$defs/X" } });
+        let sent = inlined(schema);
+        assert_eq!(sent["enum"], json!([1, 2]));
+        assert_eq!(sent["type"], "integer");
+        assert_eq!(sent["description"], "1: one");
+        assert_eq!(sent["default"], json!({ "$ref": "#/$defs/X" }), "a value, not a schema");
     }
 
     #[test]
