@@ -248,7 +248,7 @@ pub(crate) fn build(endpoint: &OpenAiEndpoint, connect_timeout: Duration) -> Res
     })))
 }
 
-/// Sends a request again after `429` and `5xx`, a bounded number of times, waiting what `Retry-After` asks (up to
+/// Sends a request again after `429` and `5xx` (not `501`, `505`), a bounded number of times, waiting what `Retry-After` asks (up to
 /// a bound) or a doubling backoff.
 #[derive(Clone)]
 struct Retry {
@@ -479,6 +479,7 @@ pub(crate) fn describe(endpoint: &OpenAiEndpoint, error: OpenAIError) -> ToolErr
                     endpoint.model
                 ),
                 429 => format!("{url} is rate limiting (429: {said}), still after {} retries", endpoint.max_retries),
+                501 | 505 => format!("{url} does not support the request ({status}: {said}): not asked again"),
                 500..=599 => format!("{url} failed ({status}: {said}), still after {} retries", endpoint.max_retries),
                 _ => format!("{url} refused the request ({status}: {said})"),
             };

@@ -51,7 +51,8 @@ pub struct OpenAiEndpoint {
     /// How long the endpoint may stay silent (before its answer starts, or between two chunks of it) before the
     /// turn fails with `TIMEOUT`. Default 60 s (a local model loading into memory can take that long).
     pub stall_timeout: Duration,
-    /// Retries of a request answered `429` or `5xx`, each after the `Retry-After` the endpoint asked for (at most
+    /// Retries of a request answered `429` or `5xx` (but `501` and `505`, which say the same however often
+    /// asked), each after the `Retry-After` the endpoint asked for (at most
     /// [`max_retry_wait`](Self::max_retry_wait)), else after 250 ms, 500 ms, 1 s... Default 3.
     pub max_retries: u32,
     /// The longest wait before one retry, whatever `Retry-After` says. Default 20 s.
@@ -197,7 +198,7 @@ impl OpenAiEndpoint {
         self
     }
 
-    /// Retries after `429` and `5xx`, and the longest wait before one.
+    /// Retries after `429` and `5xx` (not `501`, `505`), and the longest wait before one.
     pub fn retries(mut self, max_retries: u32, max_wait: Duration) -> Self {
         self.max_retries = max_retries;
         self.max_retry_wait = max_wait;
