@@ -248,8 +248,8 @@ pub(crate) fn build(endpoint: &OpenAiEndpoint, connect_timeout: Duration) -> Res
     })))
 }
 
-/// Sends a request again after `429` and `5xx` (not `501`, `505`), a bounded number of times, waiting what `Retry-After` asks (up to
-/// a bound) or a doubling backoff.
+/// Sends a request again after `429` and `5xx` (not `501`, `505`), a bounded number of times, waiting what
+/// `Retry-After` asks (up to a bound) or a doubling backoff.
 #[derive(Clone)]
 struct Retry {
     http: reqwest::Client,
