@@ -438,10 +438,11 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
     }
 
     /// Panics for a state given to [`follow_state`](Self::follow_state) that was never set up (it would never be
-    /// followed: every call would get `NO_WORLD`), a mistake in the game's set-up, as `with_tool` panics for its. In a windowed app (feature `winit`), agent work that
-    /// needs a frame wakes winit's loop (see [`AgentHandle::set_wake`]), so a game with reactive updates
-    /// (`WinitSettings::desktop_app()`) runs that frame instead of sleeping until the next window event. Plugins
-    /// are all built by now, so the order in which the game added them does not matter.
+    /// followed: every call would get `NO_WORLD`), a mistake in the game's set-up, as `with_tool` panics for its. In a
+    /// windowed app (feature `winit`), agent work that needs a frame wakes winit's loop (see
+    /// [`AgentHandle::set_wake`]), so a game with reactive updates (`WinitSettings::desktop_app()`) runs that frame
+    /// instead of sleeping until the next window event. Plugins are all built by now, so the order in which the game
+    /// added them does not matter.
     fn finish(&self, app: &mut App) {
         crate::exit::run_late_exit_last(app);
         if let Some(missing) = self.state_checks.iter().find_map(|check| check(app)) {

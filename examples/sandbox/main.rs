@@ -4,7 +4,8 @@
 //! `chat-end`, `chat-resume [ID]`, `chat-forget ID`, `chat-allow R`, `chat-deny R` (see `chat.rs`).
 //!
 //! ```sh
-//! cargo run --example sandbox -- [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N] [--autosave SECS]
+//! cargo run --example sandbox -- [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N]
+//!     [--autosave SECS]
 //!     [--agent "COMMAND ARGS" [--agent-auth METHOD] | --agent-openai URL --model NAME [--api-key-env VAR]
 //!     [--context-window TOKENS]]
 //!     [--agent-keep]
@@ -20,8 +21,8 @@
 //! background, by a service manager, or without a terminal; give it `--world` to enter a world, and end it with a
 //! signal (Ctrl+C, `kill`), which closes and saves the visit as `quit` does.
 //!
-//! `--agent-auth METHOD` signs in to the ACP agent with one of the methods it offers (for example Codex's
-//! `api-key`, which reads `CODEX_API_KEY` or `OPENAI_API_KEY`); an agent that needs a sign-in without it says which it offers.
+//! `--agent-auth METHOD` signs in to the ACP agent with one of the methods it offers (for example Codex's `api-key`,
+//! which reads `CODEX_API_KEY` or `OPENAI_API_KEY`); an agent that needs a sign-in without it says which it offers.
 //!
 //! `--agent-openai` (build with `--features openai`) runs the agent loop in the game against an OpenAI-compatible
 //! endpoint (e.g. `http://127.0.0.1:11434/v1` for Ollama), with the API key from the variable `--api-key-env`

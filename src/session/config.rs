@@ -100,13 +100,13 @@ impl SessionConfig {
         self
     }
 
-    /// Signs in to the agent with `method`, one of the methods it offers, when the agent says it needs a sign-in
-    /// to create or resume the session (ACP `authenticate`, then the session is asked for again): for example
-    /// Codex's adapter's `api-key`, which reads `CODEX_API_KEY` or `OPENAI_API_KEY` from the agent's environment
-    /// (and stores it as Codex's login; the adapter's 0.x releases call it `openai-api-key`). An agent that needs none is not signed in. Without a method the game never signs in
-    /// on its own (a method may open a browser or bill an API key): an agent that needs a sign-in fails the
-    /// start, or the turn, with `AGENT_UNAVAILABLE` listing the methods it offers (details `auth_required`,
-    /// `auth_methods`). Only for ACP agents; other backends ignore it.
+    /// Signs in to the agent with `method`, one of the methods it offers, when the agent says it needs a sign-in to
+    /// create or resume the session (ACP `authenticate`, then the session is asked for again): for example Codex's
+    /// adapter's `api-key`, which reads `CODEX_API_KEY` or `OPENAI_API_KEY` from the agent's environment (and stores it
+    /// as Codex's login; the adapter's 0.x releases call it `openai-api-key`). An agent that needs none is not signed
+    /// in. Without a method the game never signs in on its own (a method may open a browser or bill an API key): an
+    /// agent that needs a sign-in fails the start, or the turn, with `AGENT_UNAVAILABLE` listing the methods it offers
+    /// (details `auth_required`, `auth_methods`). Only for ACP agents; other backends ignore it.
     pub fn auth_method(mut self, method: impl Into<String>) -> Self {
         #[allow(irrefutable_let_patterns)]
         if let SessionBackend::Acp(command) = &mut self.backend {
