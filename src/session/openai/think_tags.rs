@@ -6,7 +6,8 @@
 //! the text, where the player would read the model's whole chain of thought (and a no-think answer as an empty
 //! `<think></think>`). So a text that starts with `<think>` (after white space) is read as thinking up to
 //! `</think>`, never shown nor kept as said; what follows is the answer. The tag is looked for only at the start:
-//! the same words later in an answer are its text.
+//! the same words later in an answer are its text. (A model whose chat template opens the thinking in the prompt
+//! itself streams only its end, `</think>`: that thinking is not told apart.)
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
@@ -14,8 +15,9 @@ const CLOSE: &str = "</think>";
 /// Where the answer's text is.
 #[derive(Debug)]
 enum State {
-    /// At its start: what came so far could still be the opening tag.
-    Start(String),
+    /// At its start: what came so far could still be the opening tag (after the white space it starts with, whose
+    /// length in bytes is counted once, not looked at again with every piece).
+    Start { so_far: String, blank: usize },
     /// Inside the thinking; the end of what came, which could be the start of the closing tag.
     Thinking(String),
     /// After the thinking (or in an answer without it), before any of its text.
@@ -30,7 +32,7 @@ pub(crate) struct ThinkTags(State);
 
 impl Default for ThinkTags {
     fn default() -> Self {
-        Self(State::Start(String::new()))
+        Self(State::Start { so_far: String::new(), blank: 0 })
     }
 }
 
@@ -63,9 +65,10 @@ impl ThinkTags {
                     rest = answer.to_string();
                     self.0 = State::Answer;
                 }
-                State::Start(so_far) => {
+                State::Start { so_far, blank } => {
                     so_far.push_str(&rest);
-                    let trimmed = so_far.trim_start();
+                    *blank += so_far[*blank..].len() - so_far[*blank..].trim_start().len();
+                    let trimmed = &so_far[*blank..];
                     if let Some(after) = trimmed.strip_prefix(OPEN) {
                         rest = after.to_string();
                         self.0 = State::Thinking(String::new());
@@ -101,11 +104,11 @@ impl ThinkTags {
     /// The text's end: what was held back to tell a tag (an answer of `<thi`), or thinking never closed.
     pub(crate) fn finish(&mut self) -> Split {
         let split = match std::mem::replace(&mut self.0, State::Answer) {
-            State::Start(so_far) => Split { shown: so_far.trim_start().to_string(), thought: String::new() },
+            State::Start { so_far, blank } => Split { shown: so_far[blank..].to_string(), thought: String::new() },
             State::Thinking(carry) => Split { shown: String::new(), thought: carry },
             State::AfterThinking | State::Answer => Split::default(),
         };
-        self.0 = State::Start(String::new());
+        *self = Self::default();
         split
     }
 }

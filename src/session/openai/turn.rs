@@ -65,6 +65,8 @@ enum RoundEnd {
 struct Reasoning {
     field: Option<&'static str>,
     text: String,
+    /// Thinking the answer's text held, apart: never sent back, whatever `field` says.
+    tagged: String,
 }
 
 impl Reasoning {
@@ -85,13 +87,13 @@ impl Reasoning {
     /// Adds thinking the answer's text held ([`ThinkTags`](super::think_tags::ThinkTags)): never sent back (the
     /// chat templates of such models leave earlier thinking out).
     fn thought(&mut self, thought: &str) {
-        if !thought.trim().is_empty() || !self.text.is_empty() {
-            self.text.push_str(thought);
+        if !thought.trim().is_empty() || !self.tagged.is_empty() {
+            self.tagged.push_str(thought);
         }
     }
 
     fn any(&self) -> bool {
-        !self.text.is_empty()
+        !self.text.is_empty() || !self.tagged.is_empty()
     }
 }
 
