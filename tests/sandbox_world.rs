@@ -165,7 +165,7 @@ fn a_changed_world_is_saved_while_the_player_is_in_it_so_a_crash_loses_only_what
     // The game dies: no exit, no close, no save at the end.
     drop(app);
 
-    let mut app = sandbox(dir.path());
+    let mut app = sandbox_autosaving(dir.path(), std::time::Duration::ZERO);
     app.enter_world("alpha");
     let cell = ok(call(&mut app, "get_block", json!({"x": x, "y": y, "z": z})));
     assert_eq!((cell["block"].as_str(), cell["version"].as_u64()), (Some("gold"), Some(1)));

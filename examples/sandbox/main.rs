@@ -237,6 +237,11 @@ impl Args {
             return Err("--agent-openai URL needs --model NAME (and --model needs --agent-openai)".into());
         }
         // A flag that would change nothing is refused, not silently dropped.
+        if args.no_console && args.world.is_none() && !args.window {
+            return Err("--no-console is for a sandbox in a world of its own: give --world NAME too (nothing else \
+                        could enter one)"
+                .into());
+        }
         let agent_flags = [("--agent-keep", args.agent_keep), ("--ask-permissions", args.ask_permissions)];
         if args.agent_auth.is_some() && args.agent.is_none() {
             return Err("--agent-auth is for an ACP agent: give --agent too (an --agent-openai endpoint takes \

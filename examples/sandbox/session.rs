@@ -1,6 +1,7 @@
 //! The sandbox's [`WorldLifecycle`]: a visit loads its world's save in the background (open never blocks the main
 //! thread), and saves it through the [`WorldStore`] when the player leaves.
 
+use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,10 +56,11 @@ pub struct Visit {
     state: Option<WorldState>,
     /// What `build_tower` calls did in this visit, newest last.
     pub towers: TowerLog,
-    /// The world's changes the last save holds ([`WorldState::changes`]), when the next may be made, and the one
-    /// under way.
+    /// The world's changes the latest autosave made (under way or done) holds ([`WorldState::changes`]).
     autosaved: u64,
+    /// When the next autosave may be made.
     next_autosave: Instant,
+    /// The autosave under way, and the changes it holds.
     autosaving: Option<(Completion, u64)>,
     /// The changes the latest autosave that finished made durable.
     durable: u64,
@@ -73,8 +75,16 @@ impl Visit {
                 None => return,
                 Some(Ok(())) => self.durable = *changes,
                 Some(Err(error)) => {
-                    // A console line (`console::say` writes so too; this module is also built without the console).
-                    println!("autosave-failed world={}: {error}", self.world);
+                    // A console line as `console::say` writes one (this module is also built without the console): a
+                    // closed standard output is not the game's problem.
+                    let line = format!(
+                        "autosave-failed world={} visit={} error={:?}",
+                        self.world,
+                        self.visit.0,
+                        error.to_string()
+                    );
+                    let mut out = std::io::stdout().lock();
+                    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
                     self.autosaved = 0;
                 }
             }
@@ -189,8 +199,9 @@ pub struct Summary {
     pub visit: VisitId,
     /// `None` while the save is loading; the error if it could not be loaded.
     pub loaded: Option<Result<(Pos, usize, usize), String>>,
-    /// The visit's changes to the world so far, and how many of them the latest autosave made durable.
+    /// The visit's changes to the world so far.
     pub changes: u64,
+    /// How many of them the latest autosave that finished made durable.
     pub autosaved: u64,
 }
 

@@ -134,8 +134,9 @@ struct LookOutput {
     /// One line per z (north first), one character per x (west first): the highest block of each column. `@`
     /// is the player.
     map: String,
-    /// The same rows and columns as `map`: the y of each column's highest block, water too (a block placed on
-    /// it goes at y + 1), `null` outside the world or where a column has none.
+    /// The same rows and columns as `map`: the y of each column's highest block, water or lava too (a block
+    /// placed on it goes at y + 1, below the world's top and the nether's roof), `null` outside the world or where
+    /// a column has none.
     heights: Vec<Vec<Option<i32>>>,
     /// What each character of the map means.
     legend: BTreeMap<String, String>,
@@ -146,8 +147,8 @@ fn look() -> AgentTool<Visit> {
         "look",
         "A text map of the columns around the player, seen from above: each character is the highest block of one \
          column (see the legend); `@` is the player. Rows go north to south (z increasing), columns west to east. \
-         `heights` gives the y of each column's highest block (water too) in the same layout: a block placed on \
-         it goes at y + 1.",
+         `heights` gives the y of each column's highest block (water or lava too) in the same layout: a block \
+         placed on it goes at y + 1, where there is room.",
         |ctx: CallContext<Visit>, args: LookArgs| async move {
             let dimension = called_in(&ctx)?;
             step(&ctx, move |_, visit| {
