@@ -1333,6 +1333,19 @@ fn a_server_error_is_retried_then_fails_the_turn_and_resume_recovers_with_the_hi
 }
 
 #[test]
+fn a_proxys_html_error_page_is_reported_by_its_title() {
+    let (_data, server, game, session) = started();
+    let page = "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>";
+    for _ in 0..4 {
+        server.reply(Reply::Refusal(502, page));
+    }
+    let (code, message) = code_of(game.block_on(session.send_text("one")));
+    assert_eq!(code, ErrorCode::AgentUnavailable);
+    assert!(message.contains(r#"an HTML page titled "502 Bad Gateway""#), "{message}");
+    assert!(!message.contains("<html") && !message.contains("<center>"), "{message}");
+}
+
+#[test]
 fn a_server_that_does_not_support_the_request_is_not_asked_again() {
     let (_data, server, game, session) = started();
     // llama.cpp's answer to what its build cannot do (`not_supported_error`): the same however often it is asked.

@@ -367,7 +367,7 @@ fn refusal(body: &[u8]) -> ApiError {
         // Mistral's API puts its validation errors there as an object: `{"detail": [...]}`.
         .or_else(|| fields.and_then(|fields| fields.get("message")).filter(|m| !m.is_null()).map(Value::to_string))
         .or_else(|| parsed.as_ref().and_then(|value| text_of(value, "error").or_else(|| text_of(value, "detail"))))
-        .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_string());
+        .unwrap_or_else(|| page_title(body).unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_string()));
     let code = fields.and_then(|fields| fields.get("code")).filter(|code| !code.is_null());
     ApiError {
         message: if message.is_empty() { "no message".into() } else { message },
@@ -375,6 +375,20 @@ fn refusal(body: &[u8]) -> ApiError {
         code: code.map(|code| code.as_str().map(str::to_string).unwrap_or_else(|| code.to_string())),
         ..Default::default()
     }
+}
+
+/// The title of an HTML page (a reverse proxy's `502 Bad Gateway`), which says what its markup would only bury.
+fn page_title(body: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(body);
+    if !text.trim_start().starts_with('<') {
+        return None;
+    }
+    let lower = text.to_ascii_lowercase();
+    let start = lower.find("<title")?;
+    let start = start + lower[start..].find('>')? + 1;
+    let end = start + lower[start..].find("</title")?;
+    let title = text[start..end].split_whitespace().collect::<Vec<_>>().join(" ");
+    (!title.is_empty()).then(|| format!("an HTML page titled \"{title}\""))
 }
 
 /// A whole chat completion as the one streamed chunk it amounts to, then `[DONE]`: each choice's `message`
