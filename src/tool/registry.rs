@@ -53,6 +53,7 @@ impl ToolRegistry {
     }
 
     /// The output schema of the tool named `name`, if it is registered.
+    #[cfg(feature = "mcp")]
     pub(crate) fn output_schema(&self, name: &str) -> Option<serde_json::Value> {
         self.tools.read().get(name).map(|tool| tool.info().output_schema.clone())
     }
