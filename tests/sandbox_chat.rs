@@ -119,6 +119,8 @@ fn the_player_chats_with_an_agent_that_builds_through_the_game_and_quit_leaves_n
     let root = tempfile::tempdir().expect("temp dir");
     let state = root.path().join("agent state");
     let mut game = Sandbox::start(&root.path().join("data"), &agent_flag(&state, "--no-system-prompt"));
+    // Said before the agent has started: commands typed now wait for it.
+    game.line_starting("chat-starting");
     let created = game.line_starting("chat-status ");
     let id = session_of(&created);
     assert!(created.ends_with("status=idle previous=none"), "{created}");

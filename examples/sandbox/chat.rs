@@ -3,6 +3,7 @@
 //! console's `say` and `chat-*` commands drive it, and its conversation's messages become lines:
 //!
 //! ```text
+//! chat-starting                                  at start-up: the agent starts (commands typed meanwhile wait)
 //! chat-status session=ID status=S previous=P     every status change, once, in order
 //! chat session=ID: TEXT                          each completed agent message (newlines as \n)
 //! chat-error session=ID code=C message=M         the session failed (a crash is AGENT_UNAVAILABLE)
@@ -137,6 +138,8 @@ async fn run(
     answered: crossbeam_channel::Sender<ChatAnswered>,
 ) {
     let sessions = opening.sessions.clone();
+    // An agent can take a while to start (`npx` fetching it, a sign-in): commands typed meanwhile wait for it.
+    say("chat-starting");
     if let Err(error) = reattach_kept(&opening, &current).await {
         say(format_args!("chat-error session=none code={} message={}", error.code, one_line(&error.message)));
         // The window's chat panel shows it too (it has no console line to point at).
