@@ -246,6 +246,23 @@ fn without_a_console_the_sandbox_serves_until_a_signal_and_then_saves() {
     assert_eq!(child.wait().expect("waiting works").code(), Some(130), "ended by the signal, not by its input's end");
 }
 
+/// A signal ends the sandbox with 130, unless a save failed: then 1, as after `quit`.
+#[test]
+fn a_signal_after_which_the_save_failed_exits_1() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let mut game = Sandbox::start(data.path());
+    game.enter_alpha();
+    let folder = data.path().join("alpha");
+    std::fs::remove_dir_all(&folder).expect("the world's folder");
+    std::fs::write(&folder, "in the way").expect("a file in its place");
+    let signalled = Command::new("kill").args(["-TERM", &game.child.id().to_string()]).status().expect("kill runs");
+    assert!(signalled.success());
+    game.expect("visit-closed world=alpha visit=1");
+    let failed = game.next_line();
+    assert!(failed.starts_with("save-failed world=alpha visit=1 error="), "{failed}");
+    assert_eq!(game.wait_exit().code(), Some(1), "a lost save is not a clean stop");
+}
+
 #[test]
 fn quit_waits_for_the_save_and_a_failed_save_exits_1() {
     let data = tempfile::tempdir().expect("temp dir");

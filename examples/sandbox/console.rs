@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Display;
 use std::io::{BufRead, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bevy::app::AppExit;
@@ -24,6 +25,18 @@ const QUIT_DEADLINE: Duration = Duration::from_secs(30);
 
 const USAGE: &str = "commands: help, enter WORLD, travel DIMENSION, exit, status, quit; with --agent or --agent-openai: say TEXT, \
 chat-cancel, chat-end, chat-resume [ID], chat-forget ID, chat-allow R, chat-deny R; with --window: screenshot PATH, hud, frames [each]";
+
+/// Set when a save of this run failed, whichever way the sandbox then ends (`quit`, a signal, the window closed).
+static A_SAVE_FAILED: AtomicBool = AtomicBool::new(false);
+
+/// The exit code the sandbox ends with: `app_exit`, or 1 if a save failed (a signal's 130 too: a script or a
+/// service manager then tells a lost save from a clean stop).
+pub fn exit_code(app_exit: AppExit) -> AppExit {
+    match A_SAVE_FAILED.load(Ordering::SeqCst) {
+        true => AppExit::from_code(1),
+        false => app_exit,
+    }
+}
 
 /// Prints one line to standard output and flushes it. A closed pipe is not the game's problem: it is ignored.
 pub fn say(line: impl Display) {
@@ -515,6 +528,7 @@ fn report_events(
         match &m.result {
             Ok(()) => say(format_args!("saved world={} visit={}", m.info.world, m.info.visit.0)),
             Err(error) => {
+                A_SAVE_FAILED.store(true, Ordering::SeqCst);
                 say(format_args!(
                     "save-failed world={} visit={} error={:?}",
                     m.info.world,

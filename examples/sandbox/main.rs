@@ -358,7 +358,8 @@ fn main() -> AppExit {
         // The crate's runner instead of `ScheduleRunnerPlugin`: the same fixed frame rate, and an agent's steps are
         // also served while the loop waits for the next frame, so a call that reads or changes the world returns
         // in well under a frame (BENCHMARKS.md, MCP vs BRP).
-        // Ctrl+C is `AppExit` (exit code 130), as in `DefaultPlugins`: the visit closes and its save completes.
+        // Ctrl+C is `AppExit` (exit code 130), as in `DefaultPlugins`: the visit closes and its save completes (1
+        // instead if a save failed).
         app.add_plugins((
             MinimalPlugins.build().disable::<ScheduleRunnerPlugin>(),
             AgentToolsRunnerPlugin::run_loop(frame),
@@ -412,5 +413,5 @@ fn main() -> AppExit {
             .add_plugins(ChatPlugin { config, kept: args.agent_keep.then(|| args.data_dir.join("kept-session.json")) });
     }
 
-    app.run()
+    console::exit_code(app.run())
 }
