@@ -102,6 +102,12 @@ impl Sandbox {
         self.loaded_status()
     }
 
+    /// Sends the sandbox `signal` (`-TERM`, ...) with `kill`.
+    fn signal(&self, signal: &str) {
+        let signalled = Command::new("kill").args([signal, &self.child.id().to_string()]).status().expect("kill runs");
+        assert!(signalled.success());
+    }
+
     fn wait_exit(mut self) -> ExitStatus {
         self.out.until_closed();
         self.child.wait().expect("waiting works")
@@ -207,8 +213,7 @@ fn quits_saving_on(signal: &str) {
     let data = tempfile::tempdir().expect("temp dir");
     let mut game = Sandbox::start(data.path());
     game.enter_alpha();
-    let signalled = Command::new("kill").args([signal, &game.child.id().to_string()]).status().expect("kill runs");
-    assert!(signalled.success());
+    game.signal(signal);
     game.expect("visit-closed world=alpha visit=1");
     game.expect("saved world=alpha visit=1");
     assert!(data.path().join("alpha").join("sandbox.json").is_file(), "the save is on disk ({signal})");
@@ -249,34 +254,28 @@ fn without_a_console_the_sandbox_serves_until_a_signal_and_then_saves() {
 /// A signal ends the sandbox with 130, unless a save failed: then 1, as after `quit`.
 #[test]
 fn a_signal_after_which_the_save_failed_exits_1() {
-    let data = tempfile::tempdir().expect("temp dir");
-    let mut game = Sandbox::start(data.path());
-    game.enter_alpha();
-    let folder = data.path().join("alpha");
-    std::fs::remove_dir_all(&folder).expect("the world's folder");
-    std::fs::write(&folder, "in the way").expect("a file in its place");
-    let signalled = Command::new("kill").args(["-TERM", &game.child.id().to_string()]).status().expect("kill runs");
-    assert!(signalled.success());
-    game.expect("visit-closed world=alpha visit=1");
-    let failed = game.next_line();
-    assert!(failed.starts_with("save-failed world=alpha visit=1 error="), "{failed}");
-    assert_eq!(game.wait_exit().code(), Some(1), "a lost save is not a clean stop");
+    a_failed_save_exits_1_after(|game| game.signal("-TERM"));
 }
 
 #[test]
 fn quit_waits_for_the_save_and_a_failed_save_exits_1() {
+    a_failed_save_exits_1_after(|game| assert_eq!(game.command("quit"), "ok quitting"));
+}
+
+/// In `alpha`, the world's folder becomes a file (the save cannot be written, whoever runs the test); `end` ends
+/// the sandbox: the save fails, it says so, and it exits 1.
+fn a_failed_save_exits_1_after(end: impl FnOnce(&mut Sandbox)) {
     let data = tempfile::tempdir().expect("temp dir");
     let mut game = Sandbox::start(data.path());
     game.enter_alpha();
-    // The world's folder becomes a file: the save cannot be written (whoever runs the test).
     let folder = data.path().join("alpha");
     std::fs::remove_dir_all(&folder).expect("the world's folder");
     std::fs::write(&folder, "in the way").expect("a file in its place");
-    assert_eq!(game.command("quit"), "ok quitting");
+    end(&mut game);
     game.expect("visit-closed world=alpha visit=1");
     let failed = game.next_line();
     assert!(failed.starts_with("save-failed world=alpha visit=1 error="), "{failed}");
-    assert_eq!(game.wait_exit().code(), Some(1), "a lost save is not a clean exit");
+    assert_eq!(game.wait_exit().code(), Some(1), "a lost save is not a clean stop");
 }
 
 #[test]
