@@ -103,13 +103,11 @@ impl ThinkTags {
 
     /// The text's end: what was held back to tell a tag (an answer of `<thi`), or thinking never closed.
     pub(crate) fn finish(&mut self) -> Split {
-        let split = match std::mem::replace(&mut self.0, State::Answer) {
+        match std::mem::take(self).0 {
             State::Start { so_far, blank } => Split { shown: so_far[blank..].to_string(), thought: String::new() },
             State::Thinking(carry) => Split { shown: String::new(), thought: carry },
             State::AfterThinking | State::Answer => Split::default(),
-        };
-        *self = Self::default();
-        split
+        }
     }
 }
 
