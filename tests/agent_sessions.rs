@@ -1593,6 +1593,38 @@ fn a_permission_prompt_the_agent_leaves_open_when_its_turn_ends_is_withdrawn_wit
 }
 
 #[test]
+fn a_permission_request_the_agent_withdraws_is_answered_cancelled_and_taken_down() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let mut config = agent(&dirs, &[]).permissions(PermissionPolicy::AskPlayer);
+    // Nobody answers: only the agent's withdrawal can settle the prompt before the turn's own end.
+    config.timeouts.permission = Duration::from_secs(600);
+    config.timeouts.turn = Duration::from_secs(60);
+    let session = game.create(config).expect("starts");
+    let mut events = game.game.agent().subscribe();
+    let turn = game.block_on(session.send_text("ask-withdrawn")).expect("the turn ends");
+    assert_eq!(turn.final_message.as_deref(), Some("withdrawn permission: cancelled"), "as ACP answers it");
+    let events = events.drain();
+    let request = events
+        .iter()
+        .find_map(|event| match event {
+            ConversationEvent::PermissionRequested(asked) if &asked.session == session.id() => Some(asked.request),
+            _ => None,
+        })
+        .expect("the prompt was put to the player");
+    let settled = events.iter().position(|event| {
+        matches!(event, ConversationEvent::PermissionSettled(settled)
+            if settled.request == request && settled.outcome == PermissionOutcome::Withdrawn)
+    });
+    let said = events.iter().position(|event| {
+        matches!(event, ConversationEvent::ChatMessage(message)
+        if message.text.contains("withdrawn permission"))
+    });
+    assert!(settled.is_some() && settled < said, "taken down before the agent heard of it: {events:#?}");
+    assert!(!game.sessions.answer_permission(request, true), "nobody waits for an answer any more");
+}
+
+#[test]
 fn a_permission_prompt_of_a_session_that_ends_is_settled_withdrawn_before_its_end_is_published() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

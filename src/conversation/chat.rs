@@ -98,8 +98,8 @@ pub enum PermissionOutcome {
     Denied,
     /// Nobody answered within the session's permission timeout: it was denied.
     TimedOut,
-    /// Its turn was cancelled, or its session failed or ended: the agent no longer waits for an answer (an
-    /// answer now is refused).
+    /// Its turn was cancelled, or its session failed or ended, or the agent took the request back (ACP's
+    /// `$/cancel_request`): the agent no longer waits for an answer (an answer now is refused).
     Withdrawn,
 }
 

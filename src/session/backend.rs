@@ -188,9 +188,15 @@ pub(crate) enum BackendEvent {
     Usage(Usage),
     /// The agent asks permission; answer through `reply` (dropping it denies). For one of the game's own tools
     /// (`game_tool`: guarded by the host's rules, not by the permission policy) the answer is `Allow` unless the
-    /// turn was cancelled.
+    /// turn was cancelled. `withdrawn` is cancelled when the agent takes the request back: a prompt put to the
+    /// player is taken down and settled, then answered `Cancelled`.
     #[cfg_attr(not(feature = "acp"), allow(dead_code))]
-    Permission { tool: String, game_tool: bool, reply: oneshot::Sender<PermissionDecision> },
+    Permission {
+        tool: String,
+        game_tool: bool,
+        reply: oneshot::Sender<PermissionDecision>,
+        withdrawn: tokio_util::sync::CancellationToken,
+    },
     /// The turn ended.
     TurnEnded { turn: u64, stop: StopReason },
     /// The turn failed and the session with it: the agent is stopped and the status is `Error` until `resume`

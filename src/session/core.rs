@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use super::backend::{Attached, BackendEvent, EventSink, Link, PermissionDecision, PromptBlock, Usage};
-use super::permission::PermissionBook;
+use super::permission::{Asking, PermissionBook};
 use super::record::Record;
 use super::{SessionConfig, SessionHost, TurnEnd};
 use crate::conversation::{ChatDelta, ChatError, ChatMessage, ConversationEvent};
@@ -541,7 +542,7 @@ impl SessionCore {
                 }
                 BackendEvent::ToolCall => self.finish_message(&mut state, &mut feed),
                 BackendEvent::Usage(usage) => state.usage = Some(usage),
-                BackendEvent::Permission { tool, game_tool, reply } => {
+                BackendEvent::Permission { tool, game_tool, reply, withdrawn } => {
                     if state.turn.as_ref().is_some_and(|turn| turn.cancelled) {
                         // Sent before the agent read the player's cancel: answered as ACP asks of every request
                         // pending at a cancel, without asking anyone.
@@ -550,7 +551,7 @@ impl SessionCore {
                         let _ = reply.send(PermissionDecision::Allow);
                     } else {
                         // Under the lock: an end or a failure after this withdraws the request it puts to the player.
-                        self.host.permissions.ask(self, tool, reply);
+                        self.host.permissions.ask(self, tool, reply, withdrawn);
                     }
                 }
                 BackendEvent::TurnEnded { turn, stop } => {
@@ -817,8 +818,15 @@ pub(crate) fn next_permission_request() -> u64 {
 
 impl PermissionBook {
     /// Decides a request by the session's policy, or asks the player.
-    pub(crate) fn ask(&self, core: &Arc<SessionCore>, tool: String, reply: oneshot::Sender<PermissionDecision>) {
-        self.decide(core.id.clone(), core.config.permissions, core.config.timeouts.permission, tool, reply);
+    pub(crate) fn ask(
+        &self,
+        core: &Arc<SessionCore>,
+        tool: String,
+        reply: oneshot::Sender<PermissionDecision>,
+        withdrawn: CancellationToken,
+    ) {
+        let (policy, timeout) = (core.config.permissions, core.config.timeouts.permission);
+        self.decide(core.id.clone(), policy, timeout, Asking { tool, reply, withdrawn });
     }
 }
 

@@ -1,7 +1,7 @@
 //! Permission requests from agents: decided by the session's policy, or put to the player with a deadline (at most
 //! [`MAX_WAITING_PER_SESSION`] of a session at once; past it, denied without asking). A request put to the player
 //! is published ([`PermissionRequested`]) and, however it ends, settled once
-//! ([`PermissionSettled`]): answered, timed out, or withdrawn with its turn or session.
+//! ([`PermissionSettled`]): answered, timed out, or withdrawn (with its turn or session, or by the agent).
 //!
 //! The book's lock is taken after a session's state lock (a request is put, or withdrawn, under it) and before
 //! the conversation hub's (requests and settlements are published under it, so they are in order).
@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use super::backend::PermissionDecision;
 use super::PermissionPolicy;
@@ -22,6 +23,14 @@ use crate::ids::ConversationId;
 /// The most requests of one session put to the player at once: past it, the agent's next request is denied
 /// without asking (an agent that asks in a loop does not fill the player's screen with prompts).
 const MAX_WAITING_PER_SESSION: usize = 16;
+
+/// A request from the agent: what it would do, where its answer goes, and the token the agent's taking it back
+/// cancels.
+pub(crate) struct Asking {
+    pub(crate) tool: String,
+    pub(crate) reply: oneshot::Sender<PermissionDecision>,
+    pub(crate) withdrawn: CancellationToken,
+}
 
 struct Asked {
     session: ConversationId,
@@ -56,14 +65,8 @@ impl PermissionBook {
         Self { waiting: Arc::default(), agent, runtime }
     }
 
-    pub(crate) fn decide(
-        &self,
-        session: ConversationId,
-        policy: PermissionPolicy,
-        timeout: Duration,
-        tool: String,
-        reply: oneshot::Sender<PermissionDecision>,
-    ) {
+    pub(crate) fn decide(&self, session: ConversationId, policy: PermissionPolicy, timeout: Duration, asking: Asking) {
+        let Asking { tool, reply, withdrawn } = asking;
         let request = super::core::next_permission_request();
         tracing::info!(%session, request, %tool, ?policy, "the agent asks permission");
         match policy {
@@ -93,11 +96,18 @@ impl PermissionBook {
                 }
                 let (waiting, agent) = (self.waiting.clone(), self.agent.clone());
                 self.runtime.spawn(async move {
-                    tokio::time::sleep(timeout).await;
+                    let timed_out = tokio::select! {
+                        () = tokio::time::sleep(timeout) => true,
+                        () = withdrawn.cancelled() => false,
+                    };
                     let mut waiting = waiting.lock();
-                    if let Some(asked) = waiting.remove(&request) {
+                    let Some(asked) = waiting.remove(&request) else { return };
+                    if timed_out {
                         tracing::info!(request, ?timeout, "no answer to the permission request: denied");
                         settle(&agent, request, asked, PermissionOutcome::TimedOut, PermissionDecision::Deny);
+                    } else {
+                        tracing::info!(request, "the agent took its permission request back: withdrawn");
+                        settle(&agent, request, asked, PermissionOutcome::Withdrawn, PermissionDecision::Cancelled);
                     }
                 });
             }

@@ -153,11 +153,31 @@ pub(crate) fn spawn(
                             let refused = crate::session::backend::PermissionDecision::Deny;
                             return responder.respond(updates::permission_response(&request.options, refused));
                         }
-                        permissions(BackendEvent::Permission { tool: tool.clone(), game_tool, reply });
+                        let withdrawn = tokio_util::sync::CancellationToken::new();
+                        let ask = BackendEvent::Permission {
+                            tool: tool.clone(),
+                            game_tool,
+                            reply,
+                            withdrawn: withdrawn.clone(),
+                        };
+                        permissions(ask);
+                        let taken_back = responder.cancellation();
                         // The answer may take the player a minute: wait for it outside the dispatch loop.
                         cx.spawn(async move {
                             use crate::session::backend::PermissionDecision;
-                            let decision = decision.await.unwrap_or(PermissionDecision::Deny);
+                            let mut decision = decision;
+                            let decision = tokio::select! {
+                                biased;
+                                decision = &mut decision => decision,
+                                // `$/cancel_request`: the prompt is taken down and settled, then the agent is
+                                // answered (`cancelled`, as ACP says), so the game hears of it first.
+                                () = taken_back.cancelled() => {
+                                    tracing::info!(%tool, "the agent took its permission request back");
+                                    withdrawn.cancel();
+                                    decision.await
+                                }
+                            };
+                            let decision = decision.unwrap_or(PermissionDecision::Deny);
                             let response = match (game_tool, decision) {
                                 (true, PermissionDecision::Allow) => {
                                     tracing::debug!(%tool, "the agent asked permission for a game tool: allowed");
