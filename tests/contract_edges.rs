@@ -37,7 +37,7 @@ fn resolver(
 
 fn resolve_after(
     scope: ToolScope,
-    transition: impl FnOnce(&mut bevy::prelude::App),
+    transition: impl FnOnce(&mut bevy::prelude::App, &bevy_agent_tools::Call),
 ) -> Option<(Option<ErrorCode>, Option<ErrorCode>)> {
     let (gate, binding, answers) = (Gate::new(), Arc::new(Mutex::new(None)), Answers::default());
     let mut app = app_with(TestGame::default(), vec![resolver(scope, gate.clone(), binding.clone(), answers.clone())]);
@@ -45,7 +45,7 @@ fn resolve_after(
     app.enter_world("alpha");
     let call = app.agent().conversation("agent").call("resolver", serde_json::json!({}));
     app.run_until("the handler is at the gate", |_| gate.arrived() == 1);
-    transition(&mut app);
+    transition(&mut app, &call);
     let _ = app.run_until_resolved(&call);
     gate.open();
     app.run_until("the handler recorded its answers", |_| answers.lock().is_some());
@@ -55,7 +55,7 @@ fn resolve_after(
 
 #[test]
 fn h9_resolve_on_a_call_ended_by_exit_answers_visit_ended_as_its_next_on_client_does() {
-    let answers = resolve_after(ToolScope::World, |app| {
+    let answers = resolve_after(ToolScope::World, |app, _| {
         app.exit_world();
     });
     assert_eq!(answers, Some((Some(ErrorCode::VisitEnded), Some(ErrorCode::VisitEnded))));
@@ -63,10 +63,19 @@ fn h9_resolve_on_a_call_ended_by_exit_answers_visit_ended_as_its_next_on_client_
 
 #[test]
 fn h9_resolve_on_a_location_call_ended_by_travel_answers_location_changed_as_its_next_on_client_does() {
-    let answers = resolve_after(ToolScope::Location, |app| {
+    let answers = resolve_after(ToolScope::Location, |app, _| {
         app.travel("nether");
     });
     assert_eq!(answers, Some((Some(ErrorCode::LocationChanged), Some(ErrorCode::LocationChanged))));
+}
+
+#[test]
+fn h9_resolve_on_a_call_its_caller_cancelled_answers_cancelled_as_its_next_on_client_does() {
+    // The visit is still open and where it was: only the call's own end can refuse it.
+    let answers = resolve_after(ToolScope::Location, |_, call| {
+        assert!(call.cancel(), "cancelled while its handler waits");
+    });
+    assert_eq!(answers, Some((Some(ErrorCode::Cancelled), Some(ErrorCode::Cancelled))));
 }
 
 #[test]

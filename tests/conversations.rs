@@ -286,6 +286,17 @@ fn resuming_an_empty_or_unknown_id_fails_with_a_clear_code() {
 }
 
 #[test]
+fn ending_an_unknown_conversation_is_conversation_not_found_and_creates_nothing() {
+    let app = app_with(TestGame::default(), vec![]);
+    let agent = app.agent();
+    let error = agent.end_conversation(&"nobody".into()).expect_err("nothing to end");
+    assert_eq!(error.code, ErrorCode::ConversationNotFound, "{}", error.message);
+    assert_eq!(agent.conversation_status(&"nobody".into()), None);
+    agent.conversation("known").end().expect("a known one ends");
+    agent.end_conversation(&"known".into()).expect("ending an ended one succeeds");
+}
+
+#[test]
 fn reconnect_with_a_call_in_flight_gets_the_snapshot_first_then_the_outcome() {
     let gate = Gate::new();
     let mut app = gated_app(&gate);
@@ -373,6 +384,18 @@ fn late_tool_app(game: TestGame, wait: Option<Duration>) -> App {
 }
 
 #[test]
+fn h5_a_call_for_a_tool_not_yet_registered_made_while_close_runs_is_refused_world_closed() {
+    // `TestGame::close` calls `bump`, which this game never registers: the call would wait for its tool under a
+    // visit that is going away.
+    let game = TestGame::default();
+    let record = game.record.clone();
+    let mut app = late_tool_app(game, Some(Duration::MAX));
+    app.enter_world("alpha");
+    app.exit_world();
+    assert_eq!(*record.call_during_close.lock(), vec![Some(ErrorCode::WorldClosed)], "refused, not left waiting");
+}
+
+#[test]
 fn a_call_for_a_tool_registered_later_completes_once_it_appears() {
     // As long as the clock allows: `Duration::MAX` is no limit, not a panic.
     let mut app = late_tool_app(TestGame::default(), Some(Duration::MAX));
@@ -415,6 +438,23 @@ fn cancel_task_ends_that_tasks_call_waiting_for_its_tool_saying_why_and_not_anot
     assert_eq!(app.run_until_resolved(&own).expect("runs once the tool comes").value["counter"], 1);
     app.step(3);
     assert_eq!(executions.load(Ordering::SeqCst), 1, "the cancelled call never ran");
+}
+
+#[test]
+fn cancel_task_ends_that_tasks_running_call_and_not_the_conversations_other_task() {
+    let gate = Gate::new();
+    let mut app = gated_app(&gate);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("agent");
+    let build = conversation.request(CallRequest::new("slow_bump", json!({})).task("build"));
+    let own = conversation.call("slow_bump", json!({}));
+    app.run_until("both handlers wait at the gate", |_| gate.arrived() == 2);
+
+    assert_eq!(conversation.cancel_task("build"), 1, "one call of the task was live");
+    gate.open();
+    let error = app.run_until_resolved(&build).expect_err("cancelled");
+    assert_eq!(error.code, ErrorCode::Cancelled, "{}", error.message);
+    assert_eq!(app.run_until_resolved(&own).expect("another task's call goes on").value["counter"], 1);
 }
 
 #[test]

@@ -754,6 +754,31 @@ fn a_cancel_while_the_turn_waits_for_the_games_observation_stops_it_before_it_is
 }
 
 #[test]
+fn a_second_text_while_the_first_waits_for_the_games_observation_is_session_busy_at_once() {
+    let (_data, server, game, session) = started();
+    server.reply(says("first"));
+    let (first_tx, first) = std::sync::mpsc::channel();
+    let (sending, second, agent) = (session.clone(), session.clone(), game.game.agent());
+    // On the game's thread: no frame runs meanwhile, so the first text waits for the observation it asked for.
+    let (refused, asked) = game.game.with_app(move |_| {
+        let runtime = agent.runtime().clone();
+        runtime.spawn(async move { first_tx.send(sending.send_text("one").await) });
+        let until = Instant::now() + LIMIT;
+        while agent.queued_steps() == 0 {
+            assert!(Instant::now() < until, "the first text never asked for its observation");
+            std::thread::yield_now();
+        }
+        let refused = runtime.block_on(second.start_turn("two")).err().map(|error| error.code);
+        (refused, agent.queued_steps())
+    });
+    assert_eq!(refused, Some(ErrorCode::SessionBusy), "refused at once, not after the first text's wait");
+    assert_eq!(asked, 1, "the refused text asked the game for nothing");
+    let end = first.recv_timeout(LIMIT).expect("one outcome").expect("the first turn ends");
+    assert_eq!(end.final_message.as_deref(), Some("first"));
+    assert_eq!(server.history(0), ["user: one"], "only the first text reached the model");
+}
+
+#[test]
 fn a_session_ended_during_its_tool_call_tells_the_model_the_game_stopped_the_turn_not_the_player() {
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();

@@ -42,6 +42,29 @@ fn h12_how_long_outcomes_are_kept_is_the_games_choice_and_an_evicted_operation_r
     assert_eq!(run("op-1"), 4, "op-1's outcome was evicted for op-3's: its retry runs again");
 }
 
+#[test]
+fn h12_a_keyed_call_when_every_kept_entry_is_in_flight_is_refused_busy_and_runs_nothing() {
+    let (gate, executions) = (Gate::new(), Arc::new(AtomicUsize::new(0)));
+    let plugin = AgentToolsPlugin::new(TestGame::default())
+        .replay_retention(bevy_agent_tools::ReplayRetention { max_entries: 1, ..Default::default() })
+        .with_tool(bump_tool("slow", ToolScope::World, executions.clone(), Some(gate.clone())));
+    let mut app = bevy_agent_tools::testing::headless_app(plugin);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("agent");
+    let first = conversation.request(keyed("slow", json!({}), "op-1"));
+    app.run_until("op-1's handler waits at the gate", |_| gate.arrived() == 1);
+
+    // An in-flight entry is never evicted: there is no room for op-2's, and the table does not grow past its cap.
+    let second = conversation.request(keyed("slow", json!({}), "op-2")).try_outcome().expect("refused at once");
+    let error = second.expect_err("no room to keep its outcome");
+    assert_eq!(error.code, ErrorCode::Busy, "{}", error.message);
+    assert!(error.message.contains("keyed operations"), "{}", error.message);
+    gate.open();
+    assert!(app.run_until_resolved(&first).is_ok());
+    app.step(3);
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "op-2 never ran");
+}
+
 fn keyed(tool: &str, args: Value, operation: &str) -> CallRequest {
     CallRequest::new(tool, args).operation(operation)
 }

@@ -102,6 +102,7 @@ fn h5_exit_closes_admission_ends_calls_and_closes_once_after_admission_closed() 
         vec![Some(ErrorCode::WorldClosed)],
         "while close runs, admission is already closed"
     );
+    assert_eq!(*record.input_during_close.lock(), vec![Some(ErrorCode::WorldClosed)], "and inputs are refused");
 
     gate.open();
     // Each handler, let go, asks for its step: answered (refused) without running it.

@@ -31,6 +31,8 @@ pub struct Record {
     pub ticks: AtomicUsize,
     /// What a call made from inside `close` got: it must be rejected, admission being closed.
     pub call_during_close: Mutex<Vec<Option<ErrorCode>>>,
+    /// What a player's input observed from inside `close` got at once (`None`: no refusal at once).
+    pub input_during_close: Mutex<Vec<Option<ErrorCode>>>,
 }
 
 impl Record {
@@ -103,6 +105,14 @@ impl WorldLifecycle for TestGame {
         self.record.push(format!("close {} {}", session.world, session.visit));
         let probe = world.resource::<AgentHandle>().conversation("probe").call("bump", serde_json::json!({}));
         self.record.call_during_close.lock().push(probe.try_outcome().and_then(|o| o.err()).map(|e| e.code));
+        use std::future::Future as _;
+        let mut observing = std::pin::pin!(world.resource::<AgentHandle>().conversation("probe").observe_input());
+        let at_once = observing.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        let refused = match at_once {
+            std::task::Poll::Ready(Err(error)) => Some(error.code),
+            _ => None,
+        };
+        self.record.input_during_close.lock().push(refused);
         Completion::done()
     }
 
