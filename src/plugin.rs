@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use bevy::ecs::schedule::{InternedScheduleLabel, ScheduleLabel, SingleThreadedExecutor};
 use bevy::prelude::*;
-use bevy::state::state::States;
+use bevy::state::state::{StateTransition, StateTransitionSystems, States};
 
 use crate::agent::AgentHandle;
 use crate::call::{run_jobs, run_jobs_between_frames, BetweenFrames, PumpStats, PumpWindow};
@@ -22,9 +22,9 @@ use crate::replay::ReplayRetention;
 use crate::runtime::{AgentRuntime, WorkerPriority};
 use crate::tool::{AgentTool, ErasedTool, DEFAULT_TOOL_TIMEOUT};
 use crate::visit::{
-    apply_transitions, collect_transitions, follow_state, EnterWorld, ExitWorld, PendingTransitions, StateTarget,
-    TravelTo, VisitClosed, VisitClosing, VisitLoadFailed, VisitOpened, VisitRelocated, VisitSaved, VisitSlot,
-    WorldBinding, WorldOpenFailed,
+    apply_followed_transitions, apply_transitions, collect_transitions, follow_state, EnterWorld, ExitWorld,
+    PendingTransitions, StateTarget, TravelTo, VisitClosed, VisitClosing, VisitLoadFailed, VisitOpened, VisitRelocated,
+    VisitSaved, VisitSlot, WorldBinding, WorldOpenFailed,
 };
 
 /// The host's systems, in the schedule the plugin runs in (`PostUpdate` unless
@@ -272,6 +272,12 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// A sub-state or computed state exists only while its source allows it: when
     /// it goes (the player went back to the menu), the player is outside any world, as for `None`.
     ///
+    /// Applied where Bevy changes the state (its `StateTransition` schedule), once the new state is set and before
+    /// any `OnExit`: the world a state leaves is closed (and saved) while its entities are still there, before
+    /// `OnExit` systems and `DespawnOnExit` remove them; the world a state enters is open in its `OnEnter` systems
+    /// (its session reachable, e.g. to spawn the level from it). The start-up state is the exception: its world is
+    /// opened in the first frame, after the game's `Startup` systems (a world's `open` may need what they set up).
+    ///
     /// # Panics
     ///
     /// When the app is finished (`App::run` does it), if the state was never set up: a mistake in the game's
@@ -314,11 +320,11 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
             let target = target.clone();
             app.insert_resource(StateTarget::<S> { map: Box::new(move |state| target(state)), host });
             app.add_systems(
-                app_schedule(app),
-                follow_state::<S>
-                    .after(collect_transitions)
-                    .before(apply_transitions::<L>)
-                    .in_set(AgentToolsSet::Transitions),
+                StateTransition,
+                (follow_state::<S>, apply_followed_transitions::<L>)
+                    .chain()
+                    .after(StateTransitionSystems::DependentTransitions)
+                    .before(StateTransitionSystems::ExitSchedules),
             );
         }));
         // Every way of setting a state up (`init_state`, `insert_state`, `add_sub_state`, `add_computed_state`) adds

@@ -226,6 +226,87 @@ fn a_followed_states_type_drives_enter_travel_and_exit() {
     assert_eq!(events, ["open alpha", "relocated visit#1", "close alpha", "open beta", "close beta"]);
 }
 
+/// A game whose level is entities of its own: `close` says how many blocks it found to save.
+struct LevelGame {
+    seen: Arc<parking_lot::Mutex<Vec<String>>>,
+}
+
+#[derive(Component)]
+struct Block;
+
+impl WorldLifecycle for LevelGame {
+    type Session = ();
+
+    fn open(&self, visit: &VisitInfo, _: &mut World) -> Result<Opened<()>, OpenError> {
+        self.seen.lock().push(format!("open {}", visit.world));
+        Ok(Opened::ready(()))
+    }
+
+    fn close(&self, _: (), world: &mut World) -> Completion {
+        let blocks = world.query::<&Block>().iter(world).count();
+        self.seen.lock().push(format!("close with {blocks} blocks"));
+        Completion::done()
+    }
+}
+
+#[test]
+fn a_followed_state_closes_its_world_before_on_exit_despawns_it_and_opens_it_before_on_enter() {
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let plugin =
+        AgentToolsPlugin::new(LevelGame { seen: seen.clone() }).follow_state::<Screen>(|screen| match screen {
+            Screen::Menu => None,
+            Screen::Playing { save, dimension } => Some(((*save).into(), (*dimension).into())),
+        });
+    let alpha = Screen::Playing { save: "alpha", dimension: "overworld" };
+    let mut app = App::new();
+    app.add_plugins((MinimalPlugins, bevy::state::app::StatesPlugin, plugin)).init_state::<Screen>();
+    let (entered, exited, scoped) = (seen.clone(), seen.clone(), alpha.clone());
+    // The level is spawned from the open world's session, and goes with the state.
+    app.add_systems(OnEnter(alpha.clone()), move |world: &mut World| {
+        let open = world.with_visit_session::<LevelGame, _>(|visit, _, _| visit.world.clone());
+        entered.lock().push(format!("OnEnter sees {open:?}"));
+        world.spawn_batch((0..3).map(|_| (Block, DespawnOnExit(scoped.clone()))));
+    });
+    app.add_systems(OnExit(alpha.clone()), move |agent: Res<AgentHandle>| {
+        exited.lock().push(format!("OnExit sees a visit: {}", agent.visit().is_some()));
+    });
+    app.finish();
+    app.cleanup();
+    app.update();
+    let go = |app: &mut App, screen: Screen| {
+        app.world_mut().resource_mut::<NextState<Screen>>().set(screen);
+        app.update();
+    };
+    go(&mut app, alpha);
+    go(&mut app, Screen::Menu);
+    assert_eq!(
+        *seen.lock(),
+        ["open alpha", "OnEnter sees Some(WorldId(\"alpha\"))", "close with 3 blocks", "OnExit sees a visit: false"],
+        "the world saved is the one the player left, not what was left of it"
+    );
+    assert_eq!(app.world_mut().query::<&Block>().iter(app.world()).count(), 0, "the state's entities went");
+}
+
+#[test]
+fn a_followed_state_that_starts_in_a_world_opens_it_after_the_games_startup_systems() {
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let plugin =
+        AgentToolsPlugin::new(LevelGame { seen: seen.clone() }).follow_state::<Screen>(|screen| match screen {
+            Screen::Menu => None,
+            Screen::Playing { save, dimension } => Some(((*save).into(), (*dimension).into())),
+        });
+    let mut app = App::new();
+    app.add_plugins((MinimalPlugins, bevy::state::app::StatesPlugin, plugin))
+        .insert_state(Screen::Playing { save: "alpha", dimension: "overworld" });
+    let started = seen.clone();
+    app.add_systems(Startup, move || started.lock().push("Startup".to_string()));
+    app.finish();
+    app.cleanup();
+    app.update();
+    assert_eq!(*seen.lock(), ["Startup", "open alpha"]);
+    assert!(app.agent().visit().is_some());
+}
+
 /// Where the player is, computed from [`Screen`]: it exists only while the player is playing.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct InWorld(&'static str);

@@ -19,7 +19,9 @@ pub use messages::{
     EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitClosing, VisitLoadFailed, VisitOpened, VisitRelocated,
     VisitSaved, WorldOpenFailed,
 };
-pub(crate) use transitions::{apply_transitions, collect_transitions, PendingTransitions, Transition};
+pub(crate) use transitions::{
+    apply_followed_transitions, apply_transitions, collect_transitions, PendingTransitions, Transition,
+};
 
 use crate::call::Job;
 use crate::completion::Completion;

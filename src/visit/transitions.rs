@@ -52,34 +52,51 @@ pub(crate) fn collect_transitions(
 
 /// Applies this frame's transitions in order, then ticks the open session.
 pub(crate) fn apply_transitions<L: WorldLifecycle>(world: &mut World) {
-    let mut pending = std::mem::take(&mut world.resource_mut::<PendingTransitions>().0);
-    pending.sort_by_key(|(order, _)| *order);
     world.resource_scope(|world, mut slot: Mut<VisitSlot<L>>| {
-        if slot.shut_down {
-            // The game exited (its lifecycle's `shutdown` ran, its workers stopped): a world entered now would
-            // never be closed or saved, and its calls would have no worker to run on.
+        if slot.apply_pending(world) {
+            slot.tick(world);
+            slot.report_load_failure(world);
+            slot.report_saved(world);
+        }
+    });
+}
+
+/// Applies the transitions a followed `States` type queued, in Bevy's `StateTransition` schedule: the visit a
+/// state leaves is closed before that state's `OnExit` (and its `DespawnOnExit` entities go), the one it enters
+/// opened before its `OnEnter`. Except in the start-up run (before `PreStartup`): those are applied in the first
+/// frame with the rest, after the game's `Startup` systems.
+pub(crate) fn apply_followed_transitions<L: WorldLifecycle>(world: &mut World, mut started: Local<bool>) {
+    if std::mem::replace(&mut *started, true) {
+        world.resource_scope(|world, mut slot: Mut<VisitSlot<L>>| slot.apply_pending(world));
+    }
+}
+
+impl<L: WorldLifecycle> VisitSlot<L> {
+    /// Applies the transitions queued so far, in the order they were made. False once the game exited (its
+    /// lifecycle's `shutdown` ran, its workers stopped): then they are dropped, as a world entered now would never
+    /// be closed or saved, and its calls would have no worker to run on.
+    fn apply_pending(&mut self, world: &mut World) -> bool {
+        let mut pending = std::mem::take(&mut world.resource_mut::<PendingTransitions>().0);
+        pending.sort_by_key(|(order, _)| *order);
+        if self.shut_down {
             if !pending.is_empty() {
                 tracing::warn!(transitions = pending.len(), "the game has exited: its world transitions are ignored");
             }
-            return;
+            return false;
         }
         for (_, transition) in pending {
             match transition {
                 Transition::Enter { world: id, dimension } => {
-                    slot.exit(world);
-                    slot.enter(world, id, dimension);
+                    self.exit(world);
+                    self.enter(world, id, dimension);
                 }
-                Transition::Travel { dimension } => slot.travel(world, dimension),
-                Transition::Exit => slot.exit(world),
+                Transition::Travel { dimension } => self.travel(world, dimension),
+                Transition::Exit => self.exit(world),
             }
         }
-        slot.tick(world);
-        slot.report_load_failure(world);
-        slot.report_saved(world);
-    });
-}
+        true
+    }
 
-impl<L: WorldLifecycle> VisitSlot<L> {
     fn enter(&mut self, world: &mut World, id: WorldId, dimension: Option<DimensionId>) {
         let visit = self.host.state.lock().next_visit_id();
         let dimension = dimension.unwrap_or_else(|| self.default_dimension.clone());
