@@ -28,7 +28,10 @@ use crate::visit::{
 };
 
 /// The host's systems, in the schedule the plugin runs in (`PostUpdate` unless
-/// [`AgentToolsPlugin::in_schedule`] says otherwise), in this order.
+/// [`AgentToolsPlugin::in_schedule`] says otherwise), in this order, before Bevy propagates transforms
+/// (`TransformSystems::Propagate`): an entity a step moved or spawned is where the game's later systems and the
+/// renderer see it in the frame the step ran. (A followed `States` type's transitions are applied in Bevy's
+/// `StateTransition` schedule instead: [`AgentToolsPlugin::follow_state`].)
 ///
 /// Conversation events that happened on other threads ([`ConversationStatusChanged`], [`CallStarted`],
 /// [`CallProgress`], [`CallFinished`], chat events) are written as messages twice a frame: at the start of `Transitions` (what happened since
@@ -36,9 +39,8 @@ use crate::visit::{
 /// steps caused). The idle timeout of conversations is checked at the start of `Transitions`.
 #[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AgentToolsSet {
-    /// Applies this frame's [`EnterWorld`], [`TravelTo`] and [`ExitWorld`] (and changes of a followed `States`
-    /// type) in the order they were created, calling `open`, `relocated` and `close`; then calls `tick` on the
-    /// open session.
+    /// Applies this frame's [`EnterWorld`], [`TravelTo`] and [`ExitWorld`] in the order they were created, calling
+    /// `open`, `relocated` and `close`; then calls `tick` on the open session.
     Transitions,
     /// Runs queued `on_client` steps, each rechecked right before it runs, until the per-frame budget is spent.
     /// This is the frame's step point; under [`AgentToolsRunnerPlugin`](crate::AgentToolsRunnerPlugin) steps also
@@ -54,7 +56,8 @@ pub enum AgentToolsSet {
 /// (call live, deadline, visit, location revision: rule H8), and counts against one budget per frame
 /// ([`AgentToolsPlugin::pump_budget`]): what the frame's [`AgentToolsSet::Pump`] spent, the wait after it may
 /// only spend the rest of. No point runs during a transition: transitions are applied inside a frame, in
-/// [`AgentToolsSet::Transitions`], and the wait between frames is outside every schedule.
+/// [`AgentToolsSet::Transitions`] (a followed state's, in Bevy's `StateTransition`), and the wait between frames is
+/// outside every schedule.
 ///
 /// Why between frames: a headless game at 60 frames per second works well under a millisecond per frame and then
 /// waits ~16 ms for the next one. A call arriving in that wait (as a client's next call does, right after the
@@ -415,7 +418,14 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
             .add_message::<VisitSaved>()
             .add_message::<WorldOpenFailed>()
             .add_message::<VisitLoadFailed>()
-            .configure_sets(self.schedule, (AgentToolsSet::Transitions, AgentToolsSet::Pump).chain())
+            .configure_sets(
+                self.schedule,
+                // Before transforms propagate: what a step moved is where the game's later systems and the
+                // renderer see it, in the frame the step ran.
+                (AgentToolsSet::Transitions, AgentToolsSet::Pump)
+                    .chain()
+                    .before(bevy::transform::TransformSystems::Propagate),
+            )
             .add_systems(
                 self.schedule,
                 (

@@ -342,3 +342,51 @@ fn on_end_registered_after_its_call_ended_still_runs_while_the_visit_is_open() {
     let visit = app.agent().visit().expect("open").info.visit;
     assert_eq!(*ran.lock(), Some((visit, true)), "ran in the next frame, told the call succeeded");
 }
+
+#[derive(Component)]
+struct Marker;
+
+/// The frame each step that moved the marker ran in, and what `Last` saw of it in each frame: (frame, global x).
+#[derive(Resource, Clone, Default)]
+struct Moves {
+    stepped: Arc<Mutex<Vec<u32>>>,
+    seen: Arc<Mutex<Vec<(u32, f32)>>>,
+}
+
+#[test]
+fn a_step_that_moves_an_entity_is_propagated_in_the_frame_it_ran() {
+    let moves = Moves::default();
+    let stepped = moves.stepped.clone();
+    let mover = AgentTool::new("move_it", "Moves the marker.", move |ctx: CallContext<Session>, _: NoArgs| {
+        let stepped = stepped.clone();
+        async move {
+            ctx.on_client(move |world, _| {
+                let mut markers = world.query_filtered::<&mut Transform, With<Marker>>();
+                for mut transform in markers.iter_mut(world) {
+                    transform.translation.x = 5.0;
+                }
+                stepped.lock().push(world.resource::<FrameCount>().0);
+            })
+            .await?;
+            Ok(())
+        }
+    });
+    let plugin = AgentToolsPlugin::new(TestGame::default()).with_tool(mover);
+    let mut app = bevy_agent_tools::testing::headless_app_with(plugin, bevy::transform::TransformPlugin);
+    app.insert_resource(moves.clone());
+    app.add_systems(
+        Last,
+        |moves: Res<Moves>, frame: Res<FrameCount>, markers: Query<&GlobalTransform, With<Marker>>| {
+            for global in &markers {
+                moves.seen.lock().push((frame.0, global.translation().x));
+            }
+        },
+    );
+    app.world_mut().spawn((Marker, Transform::default()));
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("move_it", json!({}));
+    app.run_until_resolved(&call).expect("moved");
+    let frame = moves.stepped.lock().first().copied().expect("the step ran");
+    let seen = moves.seen.lock().iter().find(|(seen, _)| *seen == frame).map(|(_, x)| *x);
+    assert_eq!(seen, Some(5.0), "the game's later systems and the renderer see where the step put it");
+}

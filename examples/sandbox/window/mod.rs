@@ -82,9 +82,11 @@ impl Plugin for SandboxWindow {
             .add_systems(Update, (chat_panel::type_keys, keys::transitions, camera::walk, close_is_quit).chain())
             .add_systems(
                 PostUpdate,
+                // After the host's steps, which run before transforms propagate: a block placed is meshed and
+                // drawn in the frame its step ran.
                 (chunks::sync_chunks, camera::orbit)
                     .chain()
-                    .after(AgentToolsSet::Transitions)
+                    .after(AgentToolsSet::Pump)
                     .before(bevy::transform::TransformSystems::Propagate),
             )
             .add_systems(
