@@ -1625,6 +1625,33 @@ fn a_permission_request_the_agent_withdraws_is_answered_cancelled_and_taken_down
 }
 
 #[test]
+fn a_permission_prompt_of_a_session_that_fails_is_settled_withdrawn_before_its_failure_is_published() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let mut config = agent(&dirs, &[]).permissions(PermissionPolicy::AskPlayer);
+    config.timeouts.turn = Duration::from_secs(5);
+    let session = game.create(config).expect("starts");
+    let id = session.id().to_string();
+    let pending = game.block_on(session.start_turn("ask")).expect("sent");
+    let line = game.log.wait_for(&format!("permission {id} "));
+    let request: u64 = line.split(' ').nth(2).and_then(|n| n.parse().ok()).expect("a request number");
+
+    // Every event from now on, in the order published; nobody answers, and the turn times out.
+    let mut events = game.game.agent().subscribe();
+    let (code, _) = code_of(game.block_on(pending));
+    assert_eq!(code, ErrorCode::Timeout);
+    let events = events.drain();
+    let settled = events.iter().position(|event| {
+        matches!(event, ConversationEvent::PermissionSettled(settled)
+            if settled.request == request && settled.outcome == PermissionOutcome::Withdrawn)
+    });
+    let failed =
+        events.iter().position(|event| event.as_status().is_some_and(|s| s.status == ConversationStatus::Error));
+    assert!(settled.is_some() && settled < failed, "the prompt is taken down, then the session fails: {events:#?}");
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
 fn a_permission_prompt_of_a_session_that_ends_is_settled_withdrawn_before_its_end_is_published() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

@@ -659,9 +659,11 @@ impl SessionCore {
             let link = self.take_connection(&mut state);
             state.stopped.clone_from(&link);
             self.finish_message(&mut state, &mut feed);
+            self.host.publish(&self.id, std::mem::take(&mut feed), None, StatusSource::Host);
+            // Before `Error`, as before `Ended`: a prompt the player sees goes before its session's failure.
+            self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
             feed.push(self.chat_error(&error));
             self.host.publish(&self.id, feed, Some(ConversationStatus::Error), StatusSource::Host);
-            self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
             (link, state.turn.take())
         };
         tracing::warn!(session = %self.id, code = %error.code, message = %error.message, "the in-game agent session failed");
