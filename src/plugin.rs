@@ -83,7 +83,8 @@ type Follower = dyn Fn(&mut App, Arc<HostShared>) + Send + Sync;
 /// The name of a followed state that the app, once built, does not have (it was never initialized).
 type StateCheck = dyn Fn(&App) -> Option<&'static str> + Send + Sync;
 
-/// Adds the agent-tools host for one [`WorldLifecycle`].
+/// Adds the agent-tools host for one [`WorldLifecycle`]: one per app (a second one, for another lifecycle, panics
+/// when added).
 ///
 /// ```no_run
 /// # use bevy::prelude::*;
@@ -364,6 +365,15 @@ impl AgentHost {
 
 impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
     fn build(&self, app: &mut App) {
+        if app.world().contains_resource::<AgentHost>() {
+            // A second lifecycle would take the first one's handles and runtime, and both would apply every
+            // transition: one game, one lifecycle, one host.
+            panic!(
+                "AgentToolsPlugin was added twice (a second lifecycle, `{}`): an app has one host, for one \
+                 WorldLifecycle",
+                std::any::type_name::<L>()
+            );
+        }
         let runtime = AgentRuntime::start(self.worker_threads, self.worker_priority)
             .unwrap_or_else(|error| panic!("agent tools could not start their tokio runtime: {error}"));
         let session_type = (TypeId::of::<L::Session>(), std::any::type_name::<L::Session>());

@@ -288,6 +288,17 @@ fn a_followed_state_closes_its_world_before_on_exit_despawns_it_and_opens_it_bef
 }
 
 #[test]
+fn a_second_lifecycle_is_refused_when_it_is_added() {
+    let added = std::panic::catch_unwind(|| {
+        let second = AgentToolsPlugin::new(LevelGame { seen: Arc::default() });
+        App::new().add_plugins((MinimalPlugins, AgentToolsPlugin::new(TestGame::default()), second));
+    });
+    let refused = added.expect_err("one host per app");
+    let said = refused.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(said.contains("added twice") && said.contains("LevelGame"), "{said}");
+}
+
+#[test]
 fn a_followed_state_that_starts_in_a_world_opens_it_after_the_games_startup_systems() {
     let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let plugin =

@@ -105,10 +105,10 @@ impl Plugin for AgentSessionsPlugin {
             .add_message::<PermissionAnswer>()
             .add_message::<SessionRequest>()
             .add_message::<SessionAnswered>()
-            .add_systems(PostUpdate, apply_permission_answers)
             .add_systems(
                 schedule,
                 (
+                    apply_permission_answers.before(AgentToolsSet::Transitions),
                     (serve_session_requests, take_session_answers)
                         .chain()
                         .after(AgentToolsSet::Transitions)
