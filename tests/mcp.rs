@@ -382,6 +382,33 @@ fn a_tool_registered_while_the_game_runs_is_announced_to_connected_clients_which
 }
 
 #[test]
+fn a_client_that_says_initialized_again_and_again_is_told_of_a_change_once() {
+    let (game, server) = game(Arc::default(), Gate::new());
+    let url = server.url().to_string();
+    let agent = game.agent();
+    runtime().block_on(async move {
+        let (tx, mut changed) = mpsc::unbounded_channel();
+        let transport = StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(url).auth_header(TOKEN),
+        );
+        let client = ListWatcher(tx).serve(transport).await.expect("connect (2025-11-25)");
+        for _ in 0..5 {
+            client.peer().notify_initialized().await.expect("sent");
+        }
+        // Read after every one of them (the session's messages are handled in order).
+        client.list_all_tools().await.expect("tools");
+        agent.register_tool(late_tool()).expect("registered");
+        tokio::time::timeout(Duration::from_secs(10), changed.recv()).await.expect("announced in time");
+        client.list_all_tools().await.expect("tools");
+        // The copies an announcement to each `initialized` would send go out with the first: none follows.
+        let again = tokio::time::timeout(Duration::from_millis(500), changed.recv()).await;
+        assert!(again.is_err(), "one announcement per change and session");
+        client.cancel().await.expect("close");
+    });
+    game.stop();
+}
+
+#[test]
 fn a_tool_registered_while_the_game_runs_is_announced_to_sessionless_clients_that_listen() {
     let (game, server) = game(Arc::default(), Gate::new());
     let url = server.url().to_string();

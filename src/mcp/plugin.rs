@@ -295,10 +295,15 @@ impl McpPlugin {
             clients: Default::default(),
             sessions: sessions.clone(),
             peers,
+            announced: Arc::default(),
         };
         sessions.spawn_upkeep(runtime, shutdown.child_token());
-        let service: StreamableHttpService<GameServer, ConversationSessions> =
-            StreamableHttpService::new(move || Ok(handler.clone()), sessions.clone(), config);
+        let service: StreamableHttpService<GameServer, ConversationSessions> = StreamableHttpService::new(
+            // A server for each session (or sessionless request): its own `announced`.
+            move || Ok(GameServer { announced: Arc::default(), ..handler.clone() }),
+            sessions.clone(),
+            config,
+        );
         let exchanges = Arc::new(Exchanges::default());
         let rebinding = security::RebindingCheck(service.clone());
         // Outermost last: rmcp's Host and Origin check (asked first, and again by rmcp), CORS for the allowed web

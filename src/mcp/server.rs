@@ -61,6 +61,9 @@ pub(crate) struct GameServer {
     pub sessions: Arc<ConversationSessions>,
     /// The clients of those sessions, told when the tool list changes.
     pub peers: super::announce::Peers,
+    /// This session's client is among [`peers`](Self::peers) (each session has a server of its own): a client
+    /// that says `initialized` again is not added again, to be told of each change once per time it said it.
+    pub announced: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl GameServer {
@@ -197,7 +200,9 @@ impl ServerHandler for GameServer {
     }
 
     async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
-        self.peers.add(context.peer);
+        if !self.announced.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.peers.add(context.peer);
+        }
     }
 
     fn get_info(&self) -> ServerConfig {
