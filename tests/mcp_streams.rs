@@ -165,6 +165,36 @@ fn a_client_that_resumes_after_its_call_finished_gets_the_result_it_missed() {
     game.stop();
 }
 
+#[test]
+fn a_request_with_the_id_of_one_still_running_in_its_session_is_refused_and_the_first_keeps_its_answer() {
+    let gate = Gate::new();
+    let tool = bump_tool("gated", ToolScope::World, Arc::default(), Some(gate.clone()));
+    let (game, server, mut events) = serve(tool);
+    let session = open_session(&server);
+    let in_session = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"gated","arguments":{"by":3}}}"#;
+    let (mut first, _) = send(&server, "POST", &in_session, call);
+    read_until(&mut first, |line| line.starts_with("id:")).expect("a priming event: rmcp has the first");
+
+    // MCP: an id is used once in a session. rmcp answers by id: the first answer would go to the second stream,
+    // and the first stream would be held, never ended, for as long as the session lives.
+    let (mut second, head) = send(&server, "POST", &in_session, call);
+    assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    let refusal = read_until(&mut second, |line| line.contains("-32600")).expect("a JSON-RPC error");
+    assert!(refusal.contains(r#""id":7"#) && refusal.contains("in use"), "{refusal}");
+
+    gate.open();
+    let answer = read_until(&mut first, |line| line.contains(r#""id":7"#)).expect("the first's answer, on its stream");
+    assert!(answer.contains(r#""counter":3"#), "{answer}");
+    assert_eq!(next_call_finished(&mut events), None, "the call succeeded");
+    // Answered, the id is free again (a client that numbers its requests anew each session, or reuses ids).
+    let (mut again, head) = send(&server, "POST", &in_session, call);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let answer = read_until(&mut again, |line| line.contains(r#""id":7"#)).expect("answered");
+    assert!(answer.contains(r#""counter":6"#), "{answer}");
+    game.stop();
+}
+
 /// Claude Code never opens a new session after a 404 (its tools are gone until it restarts), and its user may read
 /// for longer than the idle timeout between two calls. A client listening on its session's `GET` stream is there,
 /// however quiet: neither the session's idle timeout nor the host's conversation idle timeout (for sessionless

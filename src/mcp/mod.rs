@@ -103,6 +103,7 @@ mod plugin;
 mod progress;
 pub(crate) mod quiet;
 mod recent;
+mod request_ids;
 mod security;
 mod server;
 mod sessions;

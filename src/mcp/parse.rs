@@ -127,7 +127,7 @@ fn misfit(method: &str, params: Option<Value>) -> String {
 }
 
 /// A JSON-RPC error response for `id`, as JSON, with HTTP `status`.
-fn answered_with_error(status: StatusCode, id: serde_json::Value, code: i32, message: String) -> Response {
+pub(crate) fn answered_with_error(status: StatusCode, id: serde_json::Value, code: i32, message: String) -> Response {
     let body = json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message } });
     (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }

@@ -51,12 +51,15 @@ use futures_core::Stream;
 use parking_lot::Mutex;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::common::http_header::{HEADER_LAST_EVENT_ID, HEADER_SESSION_ID};
-use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, LocalSessionManagerError};
+use rmcp::transport::streamable_http_server::session::local::{
+    LocalSessionManager, LocalSessionManagerError, SessionError,
+};
 use rmcp::transport::streamable_http_server::session::{ServerSseMessage, SessionId, SessionManager};
 use tokio_util::sync::CancellationToken;
 
 use super::credentials::{BoundConversation, Credentials};
 use super::naming::session_conversation;
+use super::request_ids::{self, IdKey, RunningIds};
 use super::stream_log::{handed_on, parse_event_id, BoxedSseStream, StreamLog, STALL_TIMEOUT};
 use crate::agent::AgentHandle;
 use crate::conversation::{ConversationEvent, ConversationStatus};
@@ -105,6 +108,8 @@ struct Tracked {
     /// It is being closed: a request that comes now is refused as of a closed session (404), not handed to a
     /// session about to be closed under it (its stream would end without its response).
     closing: bool,
+    /// The JSON-RPC ids of those requests, until each is answered: a request with one of them is refused.
+    ids: RunningIds,
 }
 
 /// A request counted on its way to rmcp: uncounted when dropped before its response stream started (from then on
@@ -112,6 +117,8 @@ struct Tracked {
 struct Counted<'a> {
     sessions: &'a ConversationSessions,
     id: &'a SessionId,
+    /// Its JSON-RPC id, taken with it.
+    key: Option<IdKey>,
     started: bool,
 }
 
@@ -122,6 +129,9 @@ impl Drop for Counted<'_> {
         }
         if let Some(tracked) = self.sessions.open.lock().get_mut(self.id) {
             tracked.requests = tracked.requests.saturating_sub(1);
+            if let Some(key) = &self.key {
+                tracked.ids.release(key);
+            }
         }
         self.sessions.request_ended.notify_waiters();
     }
@@ -169,7 +179,8 @@ const ROOM_GRACE: Duration = Duration::from_secs(30);
 impl Tracked {
     fn new(conversation: ConversationId, now: Instant) -> Self {
         let used = VecDeque::new();
-        Self { conversation, last_seen: now, bound: None, used, listening: 0, requests: 0, closing: false }
+        let ids = RunningIds::default();
+        Self { conversation, last_seen: now, bound: None, used, listening: 0, requests: 0, closing: false, ids }
     }
 
     /// Whether its calls ran in `conversation`.
@@ -206,8 +217,9 @@ impl ConversationSessions {
     }
 
     /// Drains rmcp's stream for a request into a log, whether or not the client stays connected, and returns the
-    /// client's view of it.
-    fn logged(&self, id: &SessionId, mut inner: BoxedSseStream) -> BoxedSseStream {
+    /// client's view of it. The request's id (`key`) is released as its answer goes out: a client that sends its
+    /// next request with it once answered is not refused.
+    fn logged(&self, id: &SessionId, mut inner: BoxedSseStream, mut key: Option<IdKey>) -> BoxedSseStream {
         let (log, connection) = StreamLog::connected(STALL_TIMEOUT);
         let log = Arc::new(log);
         let (logs, open, session) = (self.logs.clone(), self.open.clone(), id.clone());
@@ -226,9 +238,13 @@ impl ConversationSessions {
                         }
                     }
                 }
+                if event.message.as_deref().is_some_and(request_ids::answers) {
+                    release(&open, &session, key.take());
+                }
                 log.feed(event).await;
             }
             // Its client may come back for the result it missed: not silence until now.
+            release(&open, &session, key.take());
             if let Some(tracked) = open.lock().get_mut(&session) {
                 tracked.requests = tracked.requests.saturating_sub(1);
                 tracked.last_seen = Instant::now();
@@ -261,8 +277,8 @@ impl ConversationSessions {
 
     /// Waits until session `id` has no request whose response stream still runs, or [`drain_limit`] passed. Each
     /// ends with its call, which ends by its deadline (H13), whether or not its client still reads it (its log
-    /// drains it: [`StreamLog`]); the limit is for a stream rmcp never ends (a client that sent two requests with
-    /// one id: rmcp routes both answers to the second).
+    /// drains it: [`StreamLog`]); the limit is for a stream rmcp would never end (two requests with one id, which
+    /// [`request_ids`] refuses).
     async fn drained(&self, id: &SessionId) {
         let until = crate::deadline::after_tokio(tokio::time::Instant::now(), self.drain_limit());
         loop {
@@ -375,8 +391,7 @@ impl ConversationSessions {
                 continue;
             }
             // A request still running (a long call, even in a conversation the session used long ago) is not
-            // silence. (One that never ends, two requests sent with one id, keeps the session from expiring; it
-            // can still end to make room for a new one.)
+            // silence.
             if tracked.requests > 0 || self.has_calls_in_flight(tracked) {
                 tracked.last_seen = now;
                 continue;
@@ -596,6 +611,9 @@ pub(crate) async fn refuse_closing_sessions(
     if starts_in_closing_session(&sessions, &request) {
         return (axum::http::StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
     }
+    if let Some(id) = reused_id(&sessions, &request) {
+        return request_ids::in_use(&id);
+    }
     if opens_a_session_past_the_ceiling(&sessions, &request) {
         let why = format!("Service Unavailable: {SESSION_CEILING} MCP sessions are open and in use; try again later");
         let retry = [(axum::http::header::RETRY_AFTER, CEILING_RETRY_SECS)];
@@ -611,6 +629,22 @@ fn opens_a_session_past_the_ceiling(sessions: &ConversationSessions, request: &R
     // A session id read as rmcp reads it: a header that is not text names none, and rmcp opens a new session.
     let names_a_session = request.headers().get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok()).is_some();
     initialize && !names_a_session && sessions.open.lock().len() >= SESSION_CEILING
+}
+
+/// The id of `request` if a request of its session still running has it.
+fn reused_id(sessions: &ConversationSessions, request: &Request) -> Option<serde_json::Value> {
+    let id = &request.extensions().get::<super::parse::JsonRpcRequestId>()?.id;
+    let session = request.headers().get(HEADER_SESSION_ID).and_then(|value| value.to_str().ok())?;
+    let open = sessions.open.lock();
+    let tracked = open.get(&SessionId::from(session.to_owned()))?;
+    tracked.ids.holds(&request_ids::body_key(id)).then(|| id.clone())
+}
+
+/// Frees `key` in session `id`'s running ids (once: `key` was taken out of its holder).
+fn release(open: &Mutex<HashMap<SessionId, Tracked>>, id: &SessionId, key: Option<IdKey>) {
+    if let (Some(key), Some(tracked)) = (key, open.lock().get_mut(id)) {
+        tracked.ids.release(&key);
+    }
 }
 
 fn starts_in_closing_session(sessions: &ConversationSessions, request: &Request) -> bool {
@@ -701,6 +735,7 @@ impl SessionManager for ConversationSessions {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        let key = request_ids::request_key(&message);
         {
             // Counted before rmcp has it, under the lock a close decides under: a close either waits for it (the
             // game ended the conversation), leaves the session be (expiry, room), or came first and refuses it.
@@ -708,14 +743,18 @@ impl SessionManager for ConversationSessions {
             let Some(tracked) = open.get_mut(id).filter(|tracked| !tracked.closing) else {
                 return Err(LocalSessionManagerError::SessionNotFound(id.clone()));
             };
+            if let Some(key) = key.as_ref().filter(|key| !tracked.ids.take(key)) {
+                // Sent at the same time as the running one: past `refuse_closing_sessions`' look.
+                return Err(SessionError::Io(request_ids::in_use_error(key)).into());
+            }
             tracked.requests += 1;
             tracked.last_seen = Instant::now();
         }
         // Uncounted if its stream does not start: rmcp refused it, or the HTTP request went away meanwhile.
-        let mut counted = Counted { sessions: self, id, started: false };
+        let mut counted = Counted { sessions: self, id, key: key.clone(), started: false };
         let inner = self.inner.create_stream(id, message).await?;
         counted.started = true;
-        Ok(self.logged(id, Box::pin(inner)))
+        Ok(self.logged(id, Box::pin(inner), key))
     }
 
     fn accept_message(
@@ -1141,7 +1180,7 @@ mod tests {
         sessions.open.lock().get_mut(&ids[1]).expect("open").requests += 1;
         let answer = {
             let _runtime = app.agent().runtime().enter();
-            sessions.logged(&ids[1], running)
+            sessions.logged(&ids[1], running, None)
         };
         for id in &ids[..BOUND_KEPT] {
             assert_eq!(sessions.bind(id, &in_game, &credential), None, "up to {BOUND_KEPT} are kept");
