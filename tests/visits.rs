@@ -288,6 +288,24 @@ fn a_followed_state_closes_its_world_before_on_exit_despawns_it_and_opens_it_bef
 }
 
 #[test]
+fn an_app_that_ends_without_app_exit_with_a_world_open_says_the_world_was_not_saved() {
+    let ended = |exit: bool| {
+        let ((), said) = common::warnings::with_warnings(|| {
+            let mut app = app_with(TestGame::default(), vec![]);
+            app.enter_world("alpha");
+            if exit {
+                app.world_mut().write_message(AppExit::Success);
+                app.update();
+            }
+            drop(app);
+        });
+        said.iter().any(|line| line.starts_with("ERROR") && line.contains("AppExit") && line.contains("alpha"))
+    };
+    assert!(ended(false), "run_once, or a loop that stops calling update: nothing else would show the loss");
+    assert!(!ended(true), "AppExit closed and saved it");
+}
+
+#[test]
 fn a_second_lifecycle_is_refused_when_it_is_added() {
     let added = std::panic::catch_unwind(|| {
         let second = AgentToolsPlugin::new(LevelGame { seen: Arc::default() });

@@ -55,3 +55,18 @@ pub(crate) struct VisitSlot<L: WorldLifecycle> {
     pub loading: Option<(VisitInfo, Completion)>,
     pub shut_down: bool,
 }
+
+impl<L: WorldLifecycle> Drop for VisitSlot<L> {
+    /// An app that ends without `AppExit` (`ScheduleRunnerPlugin::run_once`, a loop of the game's own that stops
+    /// calling `update`) drops the open world unsaved: said, as nothing else would show it.
+    fn drop(&mut self) {
+        if let Some(open) = self.open.as_ref().filter(|_| !std::thread::panicking()) {
+            tracing::error!(
+                world = %open.info.world,
+                visit = %open.info.visit,
+                "the app ended without AppExit while a world was open: its `close` never ran and it was not saved \
+                 (end the game by writing AppExit)"
+            );
+        }
+    }
+}
