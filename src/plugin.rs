@@ -9,7 +9,7 @@ use bevy::prelude::*;
 use bevy::state::state::{StateTransition, StateTransitionSystems, States};
 
 use crate::agent::AgentHandle;
-use crate::call::{run_jobs, run_jobs_between_frames, BetweenFrames, PumpStats, PumpWindow};
+use crate::call::{notice_sleeping_loop, run_jobs, run_jobs_between_frames, BetweenFrames, PumpStats, PumpWindow};
 use crate::conversation::{
     end_idle_conversations, publish_conversation_messages, CallFinished, CallProgress, CallStarted, ChatDelta,
     ChatError, ChatMessage, ConversationFeed, ConversationStatusChanged, PermissionRequested, PermissionSettled,
@@ -447,7 +447,9 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
                     )
                         .chain()
                         .in_set(AgentToolsSet::Transitions),
-                    (run_jobs::<L>, publish_conversation_messages).chain().in_set(AgentToolsSet::Pump),
+                    (notice_sleeping_loop::<L>, run_jobs::<L>, publish_conversation_messages)
+                        .chain()
+                        .in_set(AgentToolsSet::Pump),
                 ),
             )
             .add_systems(BetweenFrames, run_jobs_between_frames::<L>)

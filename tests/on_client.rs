@@ -600,3 +600,32 @@ fn points_the_runner_serves_steps_between_frames_and_a_step_that_exits_ends_the_
     assert_eq!(exit_rx.recv_timeout(HARNESS_LIMIT).expect("the game exited at once"), AppExit::Success);
     assert!(quit.wait_timeout(HARNESS_LIMIT).is_some(), "the quit call ended too");
 }
+
+#[test]
+fn steps_a_late_frame_kept_waiting_are_warned_of_once_unless_the_game_can_be_woken() {
+    let warned = |woken: bool| {
+        let ((), said) = common::warnings::with_warnings(|| {
+            let executions = Arc::new(AtomicUsize::new(0));
+            let mut app = app_with(TestGame::default(), vec![bump_tool("bump", ToolScope::World, executions, None)]);
+            app.enter_world("alpha");
+            if woken {
+                app.agent().set_wake(|| ());
+            }
+            // A loop that sleeps between window events: each frame comes 5 s after the one before.
+            app.insert_resource(bevy::time::TimeUpdateStrategy::ManualDuration(Duration::from_secs(5)));
+            for _ in 0..2 {
+                let call = app.agent().conversation("a").call("bump", serde_json::json!({}));
+                let until = Instant::now() + HARNESS_LIMIT;
+                while app.agent().queued_steps() == 0 {
+                    assert!(Instant::now() < until, "the step was never queued");
+                    std::thread::yield_now();
+                }
+                app.update();
+                assert!(app.run_until_resolved(&call).is_ok());
+            }
+        });
+        said.iter().filter(|line| line.contains("`winit` feature")).count()
+    };
+    assert_eq!(warned(false), 1, "said once");
+    assert_eq!(warned(true), 0, "a game that wakes its loop is served at once");
+}

@@ -28,7 +28,7 @@ pub use pump::PumpStats;
 pub(crate) use pump::{run_cleanups, run_jobs, run_jobs_between_frames, BetweenFrames, PumpWindow};
 #[cfg(feature = "winit")]
 pub(crate) use queue::winit_wake;
-pub(crate) use queue::JobSender;
+pub(crate) use queue::{notice_sleeping_loop, JobSender};
 pub(crate) use running::RunningHandlers;
 
 use crate::error::ToolError;

@@ -43,10 +43,43 @@ impl JobSender {
         self.jobs.len()
     }
 
+    /// Whether a wake was set.
+    pub(crate) fn has_wake(&self) -> bool {
+        self.wake.get().is_some()
+    }
+
     /// Sets how to wake the game's loop; the first one set stays (`false` if one was set already).
     pub(crate) fn set_wake(&self, wake: Wake) -> bool {
         self.wake.set(wake).is_ok()
     }
+}
+
+/// Frames further apart than this, with steps waiting for them: the game's loop may sleep between frames.
+const SLEEPING_LOOP: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Warns once when steps waited for a frame that came more than [`SLEEPING_LOOP`] after the one before while
+/// nothing wakes the game's loop: a windowed game with reactive updates (`WinitSettings::desktop_app()`) serves a
+/// step only at its next window event (an unfocused one waits a minute, and its calls time out) unless it has the
+/// crate's `winit` feature or sets a wake ([`AgentHandle::set_wake`](crate::AgentHandle::set_wake)).
+/// (On the main thread, as the pump: where the game's log subscriber, if it set one for its thread, is.)
+pub(crate) fn notice_sleeping_loop<L: crate::lifecycle::WorldLifecycle>(
+    world: &mut bevy::prelude::World,
+    mut warned: bevy::prelude::Local<bool>,
+) {
+    let time = world.get_resource::<bevy::time::Time<bevy::time::Real>>();
+    let waited = time.map(|time| time.delta()).unwrap_or_default();
+    let Some(slot) = world.get_resource::<crate::visit::VisitSlot<L>>() else { return };
+    if *warned || waited < SLEEPING_LOOP || slot.jobs.is_empty() || slot.host.jobs.has_wake() {
+        return;
+    }
+    *warned = true;
+    tracing::warn!(
+        ?waited,
+        steps = slot.jobs.len(),
+        "agents' steps waited for a frame that came late: a game whose loop sleeps between frames \
+         (WinitSettings::desktop_app) turns on bevy_agent_tools' `winit` feature, or sets a wake with \
+         AgentHandle::set_wake, or its agents' calls wait for the next window event (said once)"
+    );
 }
 
 /// A wake for a windowed app (Bevy's `WinitPlugin`): `WinitUserEvent::WakeUp` through the event loop's proxy,
