@@ -341,10 +341,11 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     }
 }
 
-/// The schedule recorded by the plugin, for followers added while it builds.
+/// The schedule recorded by the plugin, for the in-game agent sessions' systems (added by a plugin of their own).
 #[derive(Resource, Clone, Copy)]
-struct HostSchedule(InternedScheduleLabel);
+struct HostSchedule(#[cfg_attr(not(any(feature = "acp", feature = "openai")), allow(dead_code))] InternedScheduleLabel);
 
+#[cfg(any(feature = "acp", feature = "openai"))]
 pub(crate) fn app_schedule(app: &App) -> InternedScheduleLabel {
     app.world().resource::<HostSchedule>().0
 }
