@@ -276,6 +276,11 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// A sub-state or computed state exists only while its source allows it: when
     /// it goes (the player went back to the menu), the player is outside any world, as for `None`.
     ///
+    /// Beside messages, the state has the last word at each of its changes: a [`TravelTo`] sent since the last
+    /// change is undone by a change to a state mapped to another dimension (a pause screen mapped to the world's
+    /// first dimension takes the player back there). Map each state to where the player really is, or keep one of
+    /// the two ways.
+    ///
     /// Applied where Bevy changes the state (its `StateTransition` schedule), once the new state is set and before
     /// any `OnExit`: the world a state leaves is closed (and saved) while its entities are still there, before
     /// `OnExit` systems and `DespawnOnExit` remove them; the world a state enters is open in its `OnEnter` systems
