@@ -386,6 +386,27 @@ fn s3_a_world_exit_during_the_agents_tool_call_ends_the_call_not_the_turn_and_ap
 }
 
 #[test]
+fn a_said_text_whose_turn_fails_is_answered_as_sent_and_failed_not_as_refused() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let [create] = game.requests([SessionRequest::Create(agent(&dirs, &[]))]);
+    let Ok(SessionReply::Created { session: id }) = game.log.answer(create).outcome else {
+        panic!("created: {:#?}", game.log.lines())
+    };
+    let say = |text: &str| SessionRequest::Say { session: id.clone(), text: text.into() };
+    // The agent crashes in the turn: the text reached it; the player should not be told it was not sent.
+    let [crashed] = game.requests([say("crash")]);
+    let Ok(SessionReply::TurnFailed(error)) = game.log.answer(crashed).outcome else {
+        panic!("sent, then failed: {:#?}", game.log.lines())
+    };
+    assert_eq!(error.code, ErrorCode::AgentUnavailable, "{}", error.message);
+    // The session failed: the next text is not sent, and says so.
+    let [refused] = game.requests([say("hello")]);
+    assert!(game.log.answer(refused).outcome.is_err(), "not sent while the session is failed");
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
 fn session_requests_as_messages_run_in_order_per_session_and_each_is_answered_once_after_its_chat() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

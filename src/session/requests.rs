@@ -39,12 +39,14 @@ use crate::panic::{panic_message, CatchUnwind};
 /// fn send_line(mut requests: MessageWriter<SessionRequest>, session: Res<ChatSession>, line: Res<TypedLine>) {
 ///     requests.write(SessionRequest::Say { session: session.0.clone(), text: line.0.clone() });
 /// }
-/// /// Shows why a line was not sent (`SESSION_BUSY` while a turn runs, ...); the reply itself streams in as
-/// /// `ChatDelta` and `ChatMessage`.
+/// /// Shows why a line was not sent (`SESSION_BUSY` while a turn runs, ...: the player may send it again), or
+/// /// why its turn failed; the reply itself streams in as `ChatDelta` and `ChatMessage`.
 /// fn show_answers(mut answers: MessageReader<SessionAnswered>) {
 ///     for answer in answers.read() {
-///         if let (SessionRequest::Say { .. }, Err(error)) = (&answer.asked, &answer.outcome) {
-///             info!("not sent: {} {}", error.code, error.message);
+///         match (&answer.asked, &answer.outcome) {
+///             (SessionRequest::Say { .. }, Err(error)) => info!("not sent: {} {}", error.code, error.message),
+///             (_, Ok(SessionReply::TurnFailed(error))) => info!("the turn failed: {}", error.message),
+///             _ => {}
 ///         }
 ///     }
 /// }
@@ -58,8 +60,9 @@ pub enum SessionRequest {
     /// text, or with the reason it could not start.
     Create(SessionConfig),
     /// Send the player's text ([`AgentSession::send_text`](super::AgentSession::send_text)): answered when the
-    /// turn ends ([`SessionReply::TurnEnded`]; the reply streams meanwhile as chat messages), or at once when it
-    /// is refused (`SESSION_BUSY` while a turn runs, `SESSION_ENDED`, ...). The next request for the session runs
+    /// turn ends ([`SessionReply::TurnEnded`], or [`SessionReply::TurnFailed`]; the reply streams meanwhile as
+    /// chat messages), or at once with an error when it is not sent (`SESSION_BUSY` while a turn runs,
+    /// `SESSION_ENDED`, the failure of a session that failed, ...). The next request for the session runs
     /// once the text was sent (or refused), not when the turn ends.
     Say {
         /// The session.
@@ -107,15 +110,18 @@ impl SessionRequest {
 }
 
 /// What a [`SessionRequest`] did.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum SessionReply {
     /// The session was created and is `Idle`.
     Created {
         /// Its id: name it in the next requests.
         session: ConversationId,
     },
-    /// The turn ended.
+    /// The text was sent and its turn ended.
     TurnEnded(TurnEnd),
+    /// The text was sent and its turn failed (the agent crashed or did not end it in time, the session ended
+    /// under it, ...): the error says why. A text that was not sent is the answer's `Err` instead.
+    TurnFailed(ToolError),
     /// Whether a turn was running (or being sent) to cancel.
     Cancelled {
         /// `false`: there was none.
@@ -211,7 +217,11 @@ async fn carry_out(
         SessionRequest::Say { session, text } => {
             let turn = live(&session)?.start_turn(text).await;
             drop(done);
-            turn?.await.map(SessionReply::TurnEnded)
+            // Sent: whatever becomes of the turn, the text reached the agent.
+            Ok(match turn?.await {
+                Ok(end) => SessionReply::TurnEnded(end),
+                Err(error) => SessionReply::TurnFailed(error),
+            })
         }
         SessionRequest::Cancel { session } => Ok(SessionReply::Cancelled { running: live(&session)?.cancel() }),
         SessionRequest::End { session } => {
