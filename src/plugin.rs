@@ -355,6 +355,10 @@ pub(crate) fn app_schedule(app: &App) -> InternedScheduleLabel {
     app.world().resource::<HostSchedule>().0
 }
 
+/// Tools given to `add_agent_tool` before the plugin was added: registered when it is built.
+#[derive(Resource, Default)]
+struct EarlyTools(Vec<Arc<dyn ErasedTool>>);
+
 /// What `add_agent_tool` needs to find the host.
 #[derive(Resource, Clone)]
 pub(crate) struct AgentHost {
@@ -385,8 +389,9 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
         let session_type = (TypeId::of::<L::Session>(), std::any::type_name::<L::Session>());
         let (host, jobs, feed) = HostShared::new(runtime.handle().clone(), self.config.clone(), session_type);
         let agent_host = AgentHost { host: host.clone() };
-        for tool in &self.tools {
-            agent_host.register(tool.clone());
+        let early = app.world_mut().remove_resource::<EarlyTools>().map(|early| early.0).unwrap_or_default();
+        for tool in self.tools.iter().cloned().chain(early) {
+            agent_host.register(tool);
         }
         app.insert_resource(HostSchedule(self.schedule))
             .insert_resource(runtime)
@@ -497,10 +502,13 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
 pub trait AgentToolsAppExt {
     /// Registers `tool`.
     ///
+    /// A tool added before the `AgentToolsPlugin` (a plugin of the game's own that brings its tools, added first)
+    /// is registered when the plugin is built.
+    ///
     /// # Panics
     ///
-    /// If no `AgentToolsPlugin` was added before, if the tool is for another session type than the lifecycle's,
-    /// or for any reason [`AgentToolsPlugin::with_tool`] gives: mistakes in the game's set-up, found at start-up.
+    /// If the tool is for another session type than the lifecycle's, or for any reason
+    /// [`AgentToolsPlugin::with_tool`] gives: mistakes in the game's set-up, found at start-up.
     fn add_agent_tool<S: Send + Sync + 'static>(&mut self, tool: AgentTool<S>) -> &mut Self;
 
     /// Waits until `until` (returns at once if it passed), running queued main-thread steps as they arrive: the
@@ -516,10 +524,11 @@ pub trait AgentToolsAppExt {
 
 impl AgentToolsAppExt for App {
     fn add_agent_tool<S: Send + Sync + 'static>(&mut self, tool: AgentTool<S>) -> &mut Self {
-        let Some(host) = self.world().get_resource::<AgentHost>() else {
-            panic!("add AgentToolsPlugin before registering agent tool `{}`", tool.info().name);
-        };
-        host.register(Arc::new(tool));
+        let tool: Arc<dyn ErasedTool> = Arc::new(tool);
+        match self.world().get_resource::<AgentHost>() {
+            Some(host) => host.register(tool),
+            None => self.world_mut().get_resource_or_init::<EarlyTools>().0.push(tool),
+        }
         self
     }
 

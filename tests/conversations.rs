@@ -952,6 +952,25 @@ fn ending_a_conversation_ends_its_call_waiting_for_a_tool() {
 }
 
 #[test]
+fn a_tool_added_to_the_app_before_the_plugin_is_registered_when_the_plugin_is_built() {
+    // A plugin of the game's own that brings its tools, added before `AgentToolsPlugin`: plugin order is free.
+    let executions = Arc::new(AtomicUsize::new(0));
+    let mut app = App::new();
+    app.add_plugins(MinimalPlugins);
+    bevy_agent_tools::AgentToolsAppExt::add_agent_tool(
+        &mut app,
+        bump_tool("early", ToolScope::World, executions.clone(), None),
+    );
+    app.add_plugins(AgentToolsPlugin::new(TestGame::default()));
+    app.finish();
+    app.cleanup();
+    app.enter_world("alpha");
+    let call = app.agent().conversation("agent").call("early", json!({}));
+    assert_eq!(app.run_until_resolved(&call).expect("registered").value["counter"], 1);
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+}
+
+#[test]
 fn registering_a_tool_for_another_session_type_at_run_time_is_an_error_not_a_panic() {
     let app = app_with(TestGame::default(), vec![]);
     let wrong = AgentTool::new("wrong", "For another game.", |_: CallContext<u32>, _: NoArgs| async move { Ok(()) });
