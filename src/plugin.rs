@@ -34,9 +34,9 @@ use crate::visit::{
 /// `StateTransition` schedule instead: [`AgentToolsPlugin::follow_state`].)
 ///
 /// Conversation events that happened on other threads ([`ConversationStatusChanged`], [`CallStarted`],
-/// [`CallProgress`], [`CallFinished`], chat events) are written as messages twice a frame: at the start of `Transitions` (what happened since
-/// the last frame, before this frame's transitions) and at the end of `Pump` (what this frame's transitions and
-/// steps caused). The idle timeout of conversations is checked at the start of `Transitions`.
+/// [`CallProgress`], [`CallFinished`], chat events) are written as messages twice a frame: at the start of
+/// `Transitions` (what happened since the last frame, and what a followed state's transitions caused earlier in
+/// this one) and at the end of `Pump` (what this frame's transitions and steps caused). The idle timeout of conversations is checked at the start of `Transitions`.
 #[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AgentToolsSet {
     /// Applies this frame's [`EnterWorld`], [`TravelTo`] and [`ExitWorld`] in the order they were created, calling
@@ -471,9 +471,6 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
         crate::exit::add_exit_systems(app, || stop_on_app_exit::<L>.in_set(ExitSet::Host));
         // The runtime serves the transports too: it stops once they sent what they owed.
         crate::exit::add_exit_systems(app, || stop_runtime.after(ExitSet::Transport));
-        for follower in &self.followers {
-            follower(app, host.clone());
-        }
     }
 
     /// Panics for a state given to [`follow_state`](Self::follow_state) that was never set up (it would never be
@@ -484,12 +481,24 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
     /// added them does not matter.
     fn finish(&self, app: &mut App) {
         crate::exit::run_late_exit_last(app);
+        if !self.followers.is_empty() && !app.is_plugin_added::<bevy::state::app::StatesPlugin>() {
+            panic!(
+                "AgentToolsPlugin::follow_state needs Bevy's `StatesPlugin` (in `DefaultPlugins`, not in \
+                 `MinimalPlugins`): without it no state changes, and agents' calls would get NO_WORLD"
+            );
+        }
         if let Some(missing) = self.state_checks.iter().find_map(|check| check(app)) {
             panic!(
                 "AgentToolsPlugin::follow_state: the app has no `State<{missing}>`, so it would never be followed \
                  and agents' calls would get NO_WORLD: initialize it (`app.init_state::<{missing}>()`, with Bevy's \
                  `StatesPlugin`, which `MinimalPlugins` lacks)"
             );
+        }
+        // Added now, once Bevy's `StatesPlugin` has set up its `StateTransition` schedule (it leaves alone one
+        // that exists already: made here first, its sets would be left unordered).
+        let host = app.world().resource::<AgentHost>().host.clone();
+        for follower in &self.followers {
+            follower(app, host.clone());
         }
         #[cfg(feature = "winit")]
         if let Some(wake) = crate::call::winit_wake(app.world()) {

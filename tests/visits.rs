@@ -179,6 +179,16 @@ fn a_followed_state_the_app_never_initialized_is_refused_when_the_app_is_built()
     assert!(said.contains("State<") && said.contains("init_state"), "{said}");
     build(true).expect("initialized: followed");
 
+    // Without Bevy's `StatesPlugin` no state ever changes: refused too.
+    let refused = std::panic::catch_unwind(|| {
+        let mut app = App::new();
+        app.add_plugins((MinimalPlugins, follow()));
+        app.finish();
+    })
+    .expect_err("a set-up mistake");
+    let said = refused.downcast_ref::<&str>().map(|said| said.to_string()).unwrap_or_default();
+    assert!(said.contains("StatesPlugin"), "{said}");
+
     // A sub-state set up right has no `State<S>` until its source allows: not refused either.
     let follow = AgentToolsPlugin::new(TestGame::default()).follow_state::<Paused>(|_| None);
     let mut app = App::new();
@@ -251,6 +261,14 @@ impl WorldLifecycle for LevelGame {
 
 #[test]
 fn a_followed_state_closes_its_world_before_on_exit_despawns_it_and_opens_it_before_on_enter() {
+    // Whichever plugin comes first: Bevy's own order of a state change (`OnExit`, then `OnEnter`, in the frame the
+    // state changes) holds either way.
+    for states_first in [true, false] {
+        followed_level(states_first);
+    }
+}
+
+fn followed_level(states_first: bool) {
     let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let plugin =
         AgentToolsPlugin::new(LevelGame { seen: seen.clone() }).follow_state::<Screen>(|screen| match screen {
@@ -259,7 +277,13 @@ fn a_followed_state_closes_its_world_before_on_exit_despawns_it_and_opens_it_bef
         });
     let alpha = Screen::Playing { save: "alpha", dimension: "overworld" };
     let mut app = App::new();
-    app.add_plugins((MinimalPlugins, bevy::state::app::StatesPlugin, plugin)).init_state::<Screen>();
+    app.add_plugins(MinimalPlugins);
+    if states_first {
+        app.add_plugins((bevy::state::app::StatesPlugin, plugin));
+    } else {
+        app.add_plugins((plugin, bevy::state::app::StatesPlugin));
+    }
+    app.init_state::<Screen>();
     let (entered, exited, scoped) = (seen.clone(), seen.clone(), alpha.clone());
     // The level is spawned from the open world's session, and goes with the state.
     app.add_systems(OnEnter(alpha.clone()), move |world: &mut World| {
@@ -278,6 +302,7 @@ fn a_followed_state_closes_its_world_before_on_exit_despawns_it_and_opens_it_bef
         app.update();
     };
     go(&mut app, alpha);
+    assert_eq!(seen.lock().len(), 2, "opened, then OnEnter, in the frame the state changed: {:?}", seen.lock());
     go(&mut app, Screen::Menu);
     assert_eq!(
         *seen.lock(),

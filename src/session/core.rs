@@ -428,7 +428,11 @@ impl SessionCore {
             (number, link.prompt(number, blocks))
         };
         match prompted {
-            Err(error) => self.fail(error),
+            // Not sent (the connection had just closed): refused as such, the session failed with it.
+            Err(error) => {
+                self.fail(error.clone());
+                return Err(error);
+            }
             Ok(()) => self.watch_turn(number, self.config.timeouts.turn, ErrorCode::Timeout),
         }
         Ok(outcome)
