@@ -140,12 +140,12 @@ async fn run(
     let sessions = opening.sessions.clone();
     // An agent can take a while to start (`npx` fetching it, a sign-in): commands typed meanwhile wait for it.
     say("chat-starting");
-    if let Err(error) = reattach_kept(&opening, &current).await {
+    // The window's chat panel shows the outcome too (it has no console line to point at).
+    let started = reattach_kept(&opening, &current).await.map_err(|error| {
         say(format_args!("chat-error session=none code={} message={}", error.code, one_line(&error.message)));
-        // The window's chat panel shows it too (it has no console line to point at).
-        let why = format!("the agent did not start: {} {}", error.code, one_line(&error.message));
-        let _ = answered.send(ChatAnswered { command: ChatCommand::Resume(None), answer: Err(why) });
-    }
+        format!("the agent did not start: {} {}", error.code, one_line(&error.message))
+    });
+    let _ = answered.send(ChatAnswered { command: ChatCommand::Resume(None), answer: started });
     while let Some(command) = inbox.recv().await {
         let asked = command.clone();
         let session = current.lock().clone();

@@ -32,6 +32,9 @@ pub struct ChatPanel {
     /// The agent message being streamed: its id and the text so far.
     streaming: Option<(String, String)>,
     status: Option<String>,
+    /// The player's session, once the chat task said which (started, re-attached, or resumed by id): only its
+    /// status is shown (another one's, as the one it replaced ending, is not).
+    session: Option<String>,
     /// The permission requests waiting for the player, in the order asked: number and tool. The first is shown.
     asking: VecDeque<(u64, String)>,
 }
@@ -208,11 +211,25 @@ impl ChatPanel {
         None
     }
 
-    /// A refused text says so after the player's line; an agent that could not start (or resume) says why.
+    /// A refused text says so after the player's line; an agent that could not start (or resume) says why; a
+    /// session started or attached becomes the one whose status is shown, and one forgotten is no longer shown.
     fn answered(&mut self, answered: &ChatAnswered) {
+        let field =
+            |answer: &str, name: &str| answer.split(' ').find_map(|word| word.strip_prefix(name).map(str::to_string));
         match (&answered.command, &answered.answer) {
             (ChatCommand::Say(_), Err(why)) => self.push(format!("[not sent: {why}]")),
             (ChatCommand::Resume(_), Err(why)) => self.push(format!("[{why}]")),
+            (ChatCommand::Resume(_), Ok(answer)) => {
+                if let Some(session) = field(answer, "session=") {
+                    let status = field(answer, "status=").unwrap_or_else(|| "idle".into());
+                    self.status = Some(format!("{session} {status}"));
+                    self.session = Some(session);
+                }
+            }
+            (ChatCommand::Forget(id), Ok(_)) if self.session.as_ref() == Some(id) => {
+                self.session = None;
+                self.status = Some(format!("{id} forgotten"));
+            }
             _ => {}
         }
     }
@@ -244,7 +261,11 @@ impl ChatPanel {
                     }
                 }
             }
-            PanelEvent::Status(s) => self.status = Some(format!("{} {}", s.conversation, s.status)),
+            PanelEvent::Status(s) => {
+                if self.session.as_ref().is_none_or(|session| session == s.conversation.as_str()) {
+                    self.status = Some(format!("{} {}", s.conversation, s.status));
+                }
+            }
         }
         false
     }
@@ -278,7 +299,7 @@ impl ChatPanel {
 
 #[cfg(test)]
 mod tests {
-    use bevy_agent_tools::{ConversationId, PermissionOutcome};
+    use bevy_agent_tools::{ConversationId, ConversationStatus, PermissionOutcome};
 
     use super::*;
 
@@ -382,5 +403,34 @@ mod tests {
         assert!(text.contains("you: hello") && text.contains(&format!("[not sent: {refused}]")), "{text}");
         panel.answered(&ChatAnswered { command: ChatCommand::Say("again".into()), answer: Ok("sent".into()) });
         assert_eq!(panel.render(), text, "a text that went says nothing more");
+    }
+
+    fn status(session: &str, status: ConversationStatus) -> PanelEvent {
+        PanelEvent::Status(ConversationStatusChanged {
+            conversation: ConversationId::new(session),
+            previous: ConversationStatus::Idle,
+            status,
+            source: bevy_agent_tools::StatusSource::Host,
+            sequence: 0,
+        })
+    }
+
+    #[test]
+    fn the_status_shown_is_the_players_session_from_its_start_and_not_the_one_it_replaced() {
+        let mut panel = ChatPanel::default();
+        let answer = |command: ChatCommand, answer: &str| ChatAnswered { command, answer: Ok(answer.into()) };
+        // Started: idle at once, not "no session" until the first text.
+        panel.answered(&answer(ChatCommand::Resume(None), "started session=chat-1"));
+        assert!(panel.render().starts_with("chat  chat-1 idle"), "{}", panel.render());
+        // Another session resumed in its place: the old one's end is not the player's session's status.
+        let resumed = "attached session=chat-2 status=idle ended=chat-1";
+        panel.answered(&answer(ChatCommand::Resume(Some("chat-2".into())), resumed));
+        panel.apply(status("chat-1", ConversationStatus::Ended));
+        assert!(panel.render().starts_with("chat  chat-2 idle"), "{}", panel.render());
+        panel.apply(status("chat-2", ConversationStatus::Running));
+        assert!(panel.render().starts_with("chat  chat-2 running"), "{}", panel.render());
+        // Forgotten: said, whatever its last status was.
+        panel.answered(&answer(ChatCommand::Forget("chat-2".into()), "forgot session=chat-2"));
+        assert!(panel.render().starts_with("chat  chat-2 forgotten"), "{}", panel.render());
     }
 }
