@@ -408,6 +408,7 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
                 closing: Vec::new(),
                 loading: None,
                 shut_down: false,
+                test_app: false,
             })
             .insert_resource(PumpWindow {
                 spent: Duration::ZERO,

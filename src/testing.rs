@@ -117,6 +117,8 @@ pub fn headless_app_with<L: WorldLifecycle, M>(plugin: AgentToolsPlugin<L>, more
     app.add_plugins(MinimalPlugins).add_plugins(plugin).add_plugins(more);
     app.finish();
     app.cleanup();
+    // A test ends with its world open as it likes: nothing to save, nothing to warn of.
+    app.world_mut().resource_mut::<crate::visit::VisitSlot<L>>().test_app = true;
     app
 }
 

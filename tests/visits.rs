@@ -316,7 +316,11 @@ fn followed_level(states_first: bool) {
 fn an_app_that_ends_without_app_exit_with_a_world_open_says_the_world_was_not_saved() {
     let ended = |exit: bool| {
         let ((), said) = common::warnings::with_warnings(|| {
-            let mut app = app_with(TestGame::default(), vec![]);
+            // A game's app (the test harness's apps say nothing: a test loses nothing).
+            let mut app = App::new();
+            app.add_plugins((MinimalPlugins, AgentToolsPlugin::new(TestGame::default())));
+            app.finish();
+            app.cleanup();
             app.enter_world("alpha");
             if exit {
                 app.world_mut().write_message(AppExit::Success);
@@ -328,6 +332,11 @@ fn an_app_that_ends_without_app_exit_with_a_world_open_says_the_world_was_not_sa
     };
     assert!(ended(false), "run_once, or a loop that stops calling update: nothing else would show the loss");
     assert!(!ended(true), "AppExit closed and saved it");
+    let ((), said) = common::warnings::with_warnings(|| {
+        let mut app = app_with(TestGame::default(), vec![]);
+        app.enter_world("alpha");
+    });
+    assert!(said.iter().all(|line| !line.contains("AppExit")), "a test app says nothing: {said:?}");
 }
 
 #[test]

@@ -54,13 +54,15 @@ pub(crate) struct VisitSlot<L: WorldLifecycle> {
     /// The open visit's readiness while its session loads: a failure is reported once ([`VisitLoadFailed`]).
     pub loading: Option<(VisitInfo, Completion)>,
     pub shut_down: bool,
+    /// Built by the [`testing`](crate::testing) harness: a test that ends with a world open loses nothing.
+    pub test_app: bool,
 }
 
 impl<L: WorldLifecycle> Drop for VisitSlot<L> {
     /// An app that ends without `AppExit` (`ScheduleRunnerPlugin::run_once`, a loop of the game's own that stops
     /// calling `update`) drops the open world unsaved: said, as nothing else would show it.
     fn drop(&mut self) {
-        if let Some(open) = self.open.as_ref().filter(|_| !std::thread::panicking()) {
+        if let Some(open) = self.open.as_ref().filter(|_| !std::thread::panicking() && !self.test_app) {
             tracing::error!(
                 world = %open.info.world,
                 visit = %open.info.visit,
