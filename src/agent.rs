@@ -269,7 +269,8 @@ impl Conversation {
 
     /// The explicit `Ended → Idle`: reactivates this ended conversation (a no-op on an active one).
     /// `CONVERSATION_NOT_FOUND` if the host no longer knows it; `SESSION_ENDED` for the ended conversation of an
-    /// in-game agent session, which only resuming the session reactivates (`AgentSessions::resume`).
+    /// in-game agent session, which only resuming the session reactivates (`AgentSession::resume`, or
+    /// `AgentSessions::resume_session` after a restart).
     pub fn resume(&self) -> Result<(), ToolError> {
         let held = self.host.conversations.is_held(&self.id);
         if held && self.status() == ConversationStatus::Ended {

@@ -26,8 +26,8 @@ use crate::runtime::AgentRuntime;
 /// second, `SIGTERM`, two seconds, then `SIGKILL`; this bounds the whole.
 const EXIT_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Adds in-game agent sessions: the [`AgentSessions`] resource, the [`PermissionAnswer`] message (read in
-/// `PostUpdate`), the [`SessionRequest`] and [`SessionAnswered`] messages (the session API for systems; read and
+/// Adds in-game agent sessions: the [`AgentSessions`] resource, the [`PermissionAnswer`] message (read in the
+/// host's schedule, before [`AgentToolsSet::Transitions`]), the [`SessionRequest`] and [`SessionAnswered`] messages (the session API for systems; read and
 /// written in the host's schedule, around [`AgentToolsSet::Pump`]; the chat messages,
 /// [`ChatDelta`](crate::ChatDelta) and the others, are written with the other conversation messages, see
 /// [`AgentToolsSet`](crate::AgentToolsSet)), and, on `AppExit`, the end (or, for sessions with
