@@ -1614,6 +1614,22 @@ fn a_permission_prompt_the_agent_leaves_open_when_its_turn_ends_is_withdrawn_wit
 }
 
 #[test]
+fn an_agent_process_gets_no_variable_holding_the_games_own_token_but_the_rest_of_the_environment() {
+    // A game that reads its MCP token from its environment: the agent, which inherits it, must reach the game with
+    // its session's credential only (revoked with the session), never with the token that opens every conversation.
+    std::env::set_var("AGENT_SESSIONS_GAME_TOKEN", TOKEN);
+    std::env::set_var("AGENT_SESSIONS_OTHER", "kept");
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("starts");
+    let said = |name: &str| game.block_on(session.send_text(&format!("env {name}"))).expect("a turn").final_message;
+    assert_eq!(said("AGENT_SESSIONS_GAME_TOKEN").as_deref(), Some("env AGENT_SESSIONS_GAME_TOKEN="));
+    assert_eq!(said("AGENT_SESSIONS_OTHER").as_deref(), Some("env AGENT_SESSIONS_OTHER=kept"));
+    game.block_on(session.end());
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
 fn a_permission_request_the_agent_withdraws_is_answered_cancelled_and_taken_down() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

@@ -39,7 +39,9 @@ impl Sandbox {
     fn start_at(data_dir: &Path, tps: u32) -> Self {
         let mut child = Command::new(sandbox_binary())
             .args(["--data-dir".as_ref(), data_dir.as_os_str()])
-            .args(["--tps", &tps.to_string(), "--port", "0", "--token", TOKEN])
+            // The token from the environment (`--token-env`), not the command line.
+            .args(["--tps", &tps.to_string(), "--port", "0", "--token-env", "SANDBOX_TEST_TOKEN"])
+            .env("SANDBOX_TEST_TOKEN", TOKEN)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -51,7 +53,11 @@ impl Sandbox {
         let mcp = sandbox.next_line();
         assert!(mcp.starts_with("mcp: http://127.0.0.1:") && mcp.ends_with("/mcp"), "{mcp}");
         sandbox.url = mcp.trim_start_matches("mcp: ").to_string();
-        assert_eq!(sandbox.next_line(), "token: as given with --token", "a token of the player's own is not printed");
+        assert_eq!(
+            sandbox.next_line(),
+            "token: as given with --token or --token-env",
+            "a token of the player's own is not printed"
+        );
         sandbox
     }
 
@@ -329,6 +335,21 @@ fn an_unknown_flag_is_named_as_unknown_even_last() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let said = String::from_utf8_lossy(&out.stderr);
         assert!(said.contains("unknown option") && !said.contains("needs a value"), "{args:?}: {said}");
+    }
+}
+
+#[test]
+fn a_token_variable_that_is_unset_or_empty_is_refused_saying_which() {
+    for value in [None, Some("")] {
+        let mut sandbox = Command::new(sandbox_binary());
+        sandbox.args(["--token-env", "SANDBOX_NO_SUCH_TOKEN"]).env_remove("SANDBOX_NO_SUCH_TOKEN");
+        if let Some(value) = value {
+            sandbox.env("SANDBOX_NO_SUCH_TOKEN", value);
+        }
+        let out = sandbox.stdin(Stdio::null()).output().expect("the sandbox runs");
+        assert_eq!(out.status.code(), Some(2), "{value:?}");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(said.contains("--token-env: SANDBOX_NO_SUCH_TOKEN"), "{value:?}: {said}");
     }
 }
 

@@ -4,7 +4,7 @@
 //! `chat-end`, `chat-resume [ID]`, `chat-forget ID`, `chat-allow R`, `chat-deny R` (see `chat.rs`).
 //!
 //! ```sh
-//! cargo run --example sandbox -- [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N]
+//! cargo run --example sandbox -- [--data-dir DIR] [--port N] [--token-env VAR | --token TOKEN] [--world NAME] [--tps N]
 //!     [--autosave SECS]
 //!     [--agent "COMMAND ARGS" [--agent-auth METHOD] | --agent-openai URL --model NAME [--api-key-env VAR]
 //!     [--context-window TOKENS]]
@@ -73,7 +73,7 @@ use session::Sandbox;
 use world::Palette;
 
 const USAGE: &str =
-    "usage: sandbox [--data-dir DIR] [--port N] [--token TOKEN] [--world NAME] [--tps N] [--autosave SECS] \
+    "usage: sandbox [--data-dir DIR] [--port N] [--token-env VAR | --token TOKEN] [--world NAME] [--tps N] [--autosave SECS] \
 [--agent \"COMMAND ARGS\" [--agent-auth METHOD] | --agent-openai URL --model NAME [--api-key-env VAR] \
 [--context-window TOKENS]] [--agent-keep] [--ask-permissions] [--no-console] \
 [--window]";
@@ -166,6 +166,7 @@ impl Args {
                 "--data-dir",
                 "--port",
                 "--token",
+                "--token-env",
                 "--world",
                 "--tps",
                 "--autosave",
@@ -189,6 +190,15 @@ impl Args {
                     return Err("--token: use a non-empty token without spaces".into());
                 }
                 "--token" => args.token = Some(value),
+                // The token read from the environment: on the command line, any user of the machine could read it
+                // (`ps`), and it opens every conversation.
+                "--token-env" => match std::env::var(&value) {
+                    Ok(token) if !token.is_empty() && !token.chars().any(|c| c.is_whitespace() || c.is_control()) => {
+                        args.token = Some(token)
+                    }
+                    Ok(_) => return Err(format!("--token-env: {value} holds an empty token or one with spaces")),
+                    Err(_) => return Err(format!("--token-env: {value} is not set (or not UTF-8)")),
+                },
                 "--world" => {
                     check_world_name(&value).map_err(|e| format!("--world: {e}"))?;
                     args.world = Some(value);
@@ -390,7 +400,7 @@ fn main() -> AppExit {
             say(format_args!("mcp: {}", server.url()));
             // A token of the player's own (`--token`, often long-lived) is not repeated where logs keep it.
             match &args.token {
-                Some(_) => say(format_args!("token: as given with --token")),
+                Some(_) => say(format_args!("token: as given with --token or --token-env")),
                 None => say(format_args!("token: {}", server.token())),
             }
             // Another copy has the port: this one's URL and token file are not the README's.

@@ -27,6 +27,9 @@ pub(crate) struct McpEndpoint {
     #[cfg_attr(not(feature = "acp"), allow(dead_code))]
     pub url: String,
     pub credential: String,
+    /// The game's own token (every conversation's, never revoked): kept out of an agent process's environment.
+    #[cfg_attr(not(feature = "acp"), allow(dead_code))]
+    pub game_token: String,
 }
 
 /// What a backend needs to open a session.

@@ -219,7 +219,8 @@ impl SessionHost {
         {
             let credential =
                 server.credentials().mint_for_session(id).map_err(|error| ToolError::internal(error.to_string()))?;
-            Ok(Ok(McpEndpoint { url: server.url().to_string(), credential }))
+            let game_token = server.token().to_string();
+            Ok(Ok(McpEndpoint { url: server.url().to_string(), credential, game_token }))
         }
     }
 

@@ -36,14 +36,27 @@ impl AcpBackend {
     }
 }
 
+/// The game's environment variables that hold its MCP token (a game that reads it from, say, `GAME_MCP_TOKEN`),
+/// emptied for the agent process, which inherits the game's environment: the agent reaches the game with its
+/// session's own credential, revoked when the session ends, never with the token that opens every conversation.
+fn without_game_token(game_token: &str) -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter(|(_, value)| !game_token.is_empty() && value.to_str().is_some_and(|value| value.contains(game_token)))
+        .filter_map(|(name, _)| name.into_string().ok())
+        .map(|name| (name, String::new()))
+        .collect()
+}
+
 impl Backend for AcpBackend {
     fn connect(&self, setup: Setup, sink: EventSink) -> BoxFuture<Result<Connected, ToolError>> {
         // Without the game's MCP server the agent would have no tools: refuse before starting its process.
-        if let Err(error) = setup.require_mcp() {
-            return Box::pin(std::future::ready(Err(error)));
-        }
+        let game_token = match setup.require_mcp() {
+            Ok(mcp) => mcp.game_token.clone(),
+            Err(error) => return Box::pin(std::future::ready(Err(error))),
+        };
         let config = AcpAgentConfig::new(&self.command.program)
             .args(self.command.args.clone())
+            .envs(without_game_token(&game_token))
             .envs(self.command.env.iter().cloned());
         let agent = AcpAgent::new(config);
         let described = self.command.to_string();
