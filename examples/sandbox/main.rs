@@ -4,8 +4,8 @@
 //! `chat-end`, `chat-resume [ID]`, `chat-forget ID`, `chat-allow R`, `chat-deny R` (see `chat.rs`).
 //!
 //! ```sh
-//! cargo run --example sandbox -- [--data-dir DIR] [--port N] [--token-env VAR | --token TOKEN] [--world NAME] [--tps N]
-//!     [--autosave SECS]
+//! cargo run --example sandbox -- [--data-dir DIR] [--port N] [--token-env VAR | --token TOKEN] [--world NAME]
+//!     [--tps N] [--autosave SECS]
 //!     [--agent "COMMAND ARGS" [--agent-auth METHOD] | --agent-openai URL --model NAME [--api-key-env VAR]
 //!     [--context-window TOKENS]]
 //!     [--agent-keep]
@@ -73,7 +73,8 @@ use session::Sandbox;
 use world::Palette;
 
 const USAGE: &str =
-    "usage: sandbox [--data-dir DIR] [--port N] [--token-env VAR | --token TOKEN] [--world NAME] [--tps N] [--autosave SECS] \
+    "usage: sandbox [--data-dir DIR] [--port N] [--token-env VAR | --token TOKEN] [--world NAME] [--tps N] \
+[--autosave SECS] \
 [--agent \"COMMAND ARGS\" [--agent-auth METHOD] | --agent-openai URL --model NAME [--api-key-env VAR] \
 [--context-window TOKENS]] [--agent-keep] [--ask-permissions] [--no-console] \
 [--window]";
