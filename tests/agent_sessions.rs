@@ -346,6 +346,18 @@ fn chat_message_ids_never_repeat_across_runs_of_a_session_resumed_after_a_restar
 }
 
 #[test]
+fn an_in_game_agent_cannot_begin_other_conversations_and_so_push_other_clients_handles_out() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("the session starts");
+    let turn = game.block_on(session.send_text("call begin_conversation {}")).expect("the turn ends");
+    let answer = turn.final_message.expect("a final message");
+    assert!(answer.contains("INVALID_INPUT") && !answer.contains("cv-"), "no handle minted: {answer}");
+    game.block_on(session.end());
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
 fn an_agent_that_stays_silent_past_the_mcp_session_idle_timeout_keeps_its_tools() {
     let dirs = Dirs::new();
     let idle = Duration::from_millis(300);

@@ -246,6 +246,13 @@ impl ServerHandler for GameServer {
         // Minting one names none: a handle sent along (the server's instructions say to send it in every call) is
         // not checked, or a client whose handle was forgotten could never get a new one.
         if request.name == BEGIN_CONVERSATION {
+            let parts = context.extensions.get::<axum::http::request::Parts>();
+            if parts.is_some_and(|parts| parts.extensions.get::<BoundConversation>().is_some()) {
+                // Its calls are its session's conversation whatever it names; and minting handles could only push
+                // other clients' out (the oldest are forgotten past the number kept).
+                let why = "an in-game agent's calls are its session's conversation: it has no other to begin";
+                return Ok(error_result(&ToolError::with_code(ErrorCode::InvalidInput, why)).into());
+            }
             let running = |old: &str| self.agent.host().conversations.waits_for_tools(&handle_conversation(old));
             return Ok(match self.handles.mint(|old| !running(old)) {
                 Ok((handle, forgotten)) => {
