@@ -197,6 +197,29 @@ fn h6_completion_resolves_without_another_frame_and_the_file_has_the_new_content
     assert!(on_disk(&app, "alpha").ends_with(r#"{"count":2}"#), "durable content: {}", on_disk(&app, "alpha"));
 }
 
+#[cfg(unix)]
+#[test]
+fn a_save_that_came_world_writable_is_replaced_by_one_only_its_owner_may_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let data = tempfile::tempdir().unwrap();
+    let mut app = game(Saves::default(), data.path());
+    app.enter_world("alpha");
+    call(&mut app, "bump");
+    app.exit_world();
+    assert_eq!(last_close(&mut app).wait_timeout(DEADLINE), Some(Ok(())));
+    let path = store(&app).document_path(&WorldId::new("alpha"), "progress").expect("valid names");
+    // As a save pack shared between players may bring it.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+
+    app.enter_world("alpha");
+    call(&mut app, "bump");
+    app.exit_world();
+    assert_eq!(last_close(&mut app).wait_timeout(DEADLINE), Some(Ok(())));
+    let mode = std::fs::metadata(&path).expect("saved").permissions().mode() & 0o777;
+    assert_eq!(mode & 0o022, 0, "no other user may rewrite the world: {mode:o}");
+    assert!(on_disk(&app, "alpha").ends_with(r#"{"count":2}"#), "{}", on_disk(&app, "alpha"));
+}
+
 #[test]
 fn h7_reentering_a_world_while_its_save_is_in_flight_loads_what_the_previous_visit_saved() {
     let data = tempfile::tempdir().unwrap();

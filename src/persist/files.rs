@@ -226,7 +226,7 @@ impl WorldFiles {
     ) -> Result<(), StoreError> {
         self.ensure_locked()?;
         let path = self.primary(document);
-        let file = AtomicWriteFile::open(&path).map_err(|e| self.error("creating a temporary file for", &path, e))?;
+        let file = save_options().open(&path).map_err(|e| self.error("creating a temporary file for", &path, e))?;
         let header_len = envelope::header_len(codec);
         let written = (|| {
             let mut out = file.as_file();
@@ -439,6 +439,20 @@ impl WorldFiles {
 
 fn not_followed() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidInput, "a link: not followed (move what it points to here instead)")
+}
+
+/// How a save is written: readable by all, writable by its owner alone (less what the umask takes away), whatever
+/// mode the save it replaces had: one that came world-writable (in a shared save pack) does not stay so for
+/// other users of the machine to rewrite.
+fn save_options() -> atomic_write_file::OpenOptions {
+    let mut options = AtomicWriteFile::options();
+    #[cfg(unix)]
+    {
+        use atomic_write_file::unix::OpenOptionsExt as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.preserve_mode(false).mode(0o644);
+    }
+    options
 }
 
 /// The bytes of the save at `path`. Something other than a plain file in its place (a link, which could point
