@@ -445,6 +445,7 @@ fn not_followed() -> std::io::Error {
 /// mode the save it replaces had: one that came world-writable (in a shared save pack) does not stay so for
 /// other users of the machine to rewrite.
 fn save_options() -> atomic_write_file::OpenOptions {
+    #[cfg_attr(not(unix), allow(unused_mut))]
     let mut options = AtomicWriteFile::options();
     #[cfg(unix)]
     {
