@@ -1600,6 +1600,25 @@ fn s2_a_cancelled_turn_the_agent_never_ends_stops_the_agent_after_the_grace_and_
     assert_eq!(next.final_message.as_deref(), Some("You said: hello"), "by the restarted agent");
 }
 
+/// The permission request of `session` the events show put to the player.
+fn requested(events: &[ConversationEvent], session: &ConversationId) -> u64 {
+    events
+        .iter()
+        .find_map(|event| match event {
+            ConversationEvent::PermissionRequested(asked) if &asked.session == session => Some(asked.request),
+            _ => None,
+        })
+        .expect("the prompt was put to the player")
+}
+
+/// Where in `events` permission request `request` was settled as withdrawn.
+fn withdrawn_at(events: &[ConversationEvent], request: u64) -> Option<usize> {
+    events.iter().position(|event| {
+        matches!(event, ConversationEvent::PermissionSettled(settled)
+            if settled.request == request && settled.outcome == PermissionOutcome::Withdrawn)
+    })
+}
+
 #[test]
 fn a_permission_prompt_the_agent_leaves_open_when_its_turn_ends_is_withdrawn_with_the_turn() {
     let dirs = Dirs::new();
@@ -1610,17 +1629,8 @@ fn a_permission_prompt_the_agent_leaves_open_when_its_turn_ends_is_withdrawn_wit
     assert_eq!(turn.stop_reason, StopReason::EndTurn);
     // Everything the turn published came before its outcome.
     let events = events.drain();
-    let request = events
-        .iter()
-        .find_map(|event| match event {
-            ConversationEvent::PermissionRequested(asked) if &asked.session == session.id() => Some(asked.request),
-            _ => None,
-        })
-        .expect("the prompt was put to the player");
-    let withdrawn = events.iter().any(|event| {
-        matches!(event, ConversationEvent::PermissionSettled(settled)
-            if settled.request == request && settled.outcome == PermissionOutcome::Withdrawn)
-    });
+    let request = requested(&events, session.id());
+    let withdrawn = withdrawn_at(&events, request).is_some();
     assert!(withdrawn, "the prompt is taken down with its turn: {events:#?}");
     assert!(!game.sessions.answer_permission(request, true), "nobody waits for an answer any more");
 }
@@ -1654,17 +1664,8 @@ fn a_permission_request_the_agent_withdraws_is_answered_cancelled_and_taken_down
     let turn = game.block_on(session.send_text("ask-withdrawn")).expect("the turn ends");
     assert_eq!(turn.final_message.as_deref(), Some("withdrawn permission: cancelled"), "as ACP answers it");
     let events = events.drain();
-    let request = events
-        .iter()
-        .find_map(|event| match event {
-            ConversationEvent::PermissionRequested(asked) if &asked.session == session.id() => Some(asked.request),
-            _ => None,
-        })
-        .expect("the prompt was put to the player");
-    let settled = events.iter().position(|event| {
-        matches!(event, ConversationEvent::PermissionSettled(settled)
-            if settled.request == request && settled.outcome == PermissionOutcome::Withdrawn)
-    });
+    let request = requested(&events, session.id());
+    let settled = withdrawn_at(&events, request);
     let said = events.iter().position(|event| {
         matches!(event, ConversationEvent::ChatMessage(message)
         if message.text.contains("withdrawn permission"))
@@ -1690,10 +1691,7 @@ fn a_permission_prompt_of_a_session_that_fails_is_settled_withdrawn_before_its_f
     let (code, _) = code_of(game.block_on(pending));
     assert_eq!(code, ErrorCode::Timeout);
     let events = events.drain();
-    let settled = events.iter().position(|event| {
-        matches!(event, ConversationEvent::PermissionSettled(settled)
-            if settled.request == request && settled.outcome == PermissionOutcome::Withdrawn)
-    });
+    let settled = withdrawn_at(&events, request);
     let failed =
         events.iter().position(|event| event.as_status().is_some_and(|s| s.status == ConversationStatus::Error));
     assert!(settled.is_some() && settled < failed, "the prompt is taken down, then the session fails: {events:#?}");
@@ -1716,10 +1714,7 @@ fn a_permission_prompt_of_a_session_that_ends_is_settled_withdrawn_before_its_en
     let (code, _) = code_of(game.block_on(pending));
     assert_eq!(code, ErrorCode::SessionEnded);
     let events = events.drain();
-    let settled = events.iter().position(|event| {
-        matches!(event, ConversationEvent::PermissionSettled(settled)
-            if settled.request == request && settled.outcome == PermissionOutcome::Withdrawn)
-    });
+    let settled = withdrawn_at(&events, request);
     let ended =
         events.iter().position(|event| event.as_status().is_some_and(|s| s.status == ConversationStatus::Ended));
     assert!(settled.is_some() && settled < ended, "the prompt is taken down, then the session ends: {events:#?}");

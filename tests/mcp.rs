@@ -339,6 +339,15 @@ impl ClientHandler for ListWatcher {
     }
 }
 
+/// A 2025-11-25 client of the game at `url`, and the announcements it hears.
+async fn list_watcher(url: String) -> (RunningService<RoleClient, ListWatcher>, mpsc::UnboundedReceiver<()>) {
+    let (tx, changed) = mpsc::unbounded_channel();
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(url).auth_header(TOKEN),
+    );
+    (ListWatcher(tx).serve(transport).await.expect("connect (2025-11-25)"), changed)
+}
+
 /// A tool a world registers once it has loaded.
 fn late_tool() -> AgentTool<Session> {
     AgentTool::new("late", "Registered late.", |_: CallContext<Session>, _: NoArgs| async move {
@@ -358,11 +367,7 @@ fn a_tool_registered_while_the_game_runs_is_announced_to_connected_clients_which
     let url = server.url().to_string();
     let agent = game.agent();
     runtime().block_on(async move {
-        let (tx, mut changed) = mpsc::unbounded_channel();
-        let transport = StreamableHttpClientTransport::from_config(
-            StreamableHttpClientTransportConfig::with_uri(url).auth_header(TOKEN),
-        );
-        let client = ListWatcher(tx).serve(transport).await.expect("connect (2025-11-25)");
+        let (client, mut changed) = list_watcher(url).await;
         assert_says_it_announces(&client);
         assert!(!client.list_all_tools().await.expect("tools").iter().any(|tool| tool.name == "late"));
 
@@ -387,11 +392,7 @@ fn a_client_that_says_initialized_again_and_again_is_told_of_a_change_once() {
     let url = server.url().to_string();
     let agent = game.agent();
     runtime().block_on(async move {
-        let (tx, mut changed) = mpsc::unbounded_channel();
-        let transport = StreamableHttpClientTransport::from_config(
-            StreamableHttpClientTransportConfig::with_uri(url).auth_header(TOKEN),
-        );
-        let client = ListWatcher(tx).serve(transport).await.expect("connect (2025-11-25)");
+        let (client, mut changed) = list_watcher(url).await;
         for _ in 0..5 {
             client.peer().notify_initialized().await.expect("sent");
         }

@@ -156,6 +156,12 @@ enum Screen {
     },
 }
 
+/// Sets the followed state to `screen` and runs the frame that changes it.
+fn go(app: &mut App, screen: Screen) {
+    app.world_mut().resource_mut::<NextState<Screen>>().set(screen);
+    app.update();
+}
+
 #[test]
 fn a_followed_state_the_app_never_initialized_is_refused_when_the_app_is_built() {
     let follow = || {
@@ -219,10 +225,6 @@ fn a_followed_states_type_drives_enter_travel_and_exit() {
     app.update();
     assert!(app.agent().visit().is_none());
 
-    let go = |app: &mut App, screen: Screen| {
-        app.world_mut().resource_mut::<NextState<Screen>>().set(screen);
-        app.update();
-    };
     go(&mut app, Screen::Playing { save: "alpha", dimension: "overworld" });
     go(&mut app, Screen::Playing { save: "alpha", dimension: "nether" });
     let status = app.agent().visit().expect("in alpha");
@@ -297,10 +299,6 @@ fn followed_level(states_first: bool) {
     app.finish();
     app.cleanup();
     app.update();
-    let go = |app: &mut App, screen: Screen| {
-        app.world_mut().resource_mut::<NextState<Screen>>().set(screen);
-        app.update();
-    };
     go(&mut app, alpha);
     assert_eq!(seen.lock().len(), 2, "opened, then OnEnter, in the frame the state changed: {:?}", seen.lock());
     go(&mut app, Screen::Menu);
@@ -398,10 +396,6 @@ fn a_followed_computed_state_that_stops_existing_exits_the_world() {
     app.finish();
     app.cleanup();
     app.update();
-    let go = |app: &mut App, screen: Screen| {
-        app.world_mut().resource_mut::<NextState<Screen>>().set(screen);
-        app.update();
-    };
     go(&mut app, Screen::Playing { save: "alpha", dimension: "overworld" });
     assert_eq!(app.agent().visit().expect("in alpha").info.world.as_str(), "alpha");
     go(&mut app, Screen::Menu);
