@@ -36,7 +36,8 @@ use crate::visit::{
 /// Conversation events that happened on other threads ([`ConversationStatusChanged`], [`CallStarted`],
 /// [`CallProgress`], [`CallFinished`], chat events) are written as messages twice a frame: at the start of
 /// `Transitions` (what happened since the last frame, and what a followed state's transitions caused earlier in
-/// this one) and at the end of `Pump` (what this frame's transitions and steps caused). The idle timeout of conversations is checked at the start of `Transitions`.
+/// this one) and at the end of `Pump` (what this frame's transitions and steps caused). The idle timeout of
+/// conversations is checked at the start of `Transitions`.
 #[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AgentToolsSet {
     /// Applies this frame's [`EnterWorld`], [`TravelTo`] and [`ExitWorld`] in the order they were created, calling
@@ -289,8 +290,9 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     ///
     /// # Panics
     ///
-    /// When the app is finished (`App::run` does it), if the state was never set up: a mistake in the game's
-    /// set-up, which would otherwise leave every agent's call with `NO_WORLD`.
+    /// When the app is finished (`App::run` does it), if the state was never set up, or the app has no Bevy
+    /// `StatesPlugin`: a mistake in the game's set-up, which would otherwise leave every agent's call with
+    /// `NO_WORLD`.
     ///
     /// ```
     /// # use bevy::prelude::*;

@@ -215,8 +215,11 @@ fn a_save_that_came_world_writable_is_replaced_by_one_only_its_owner_may_write()
     call(&mut app, "bump");
     app.exit_world();
     assert_eq!(last_close(&mut app).wait_timeout(DEADLINE), Some(Ok(())));
-    let mode = std::fs::metadata(&path).expect("saved").permissions().mode() & 0o777;
-    assert_eq!(mode & 0o022, 0, "no other user may rewrite the world: {mode:o}");
+    let mode = |path: &std::path::Path| std::fs::metadata(path).expect("saved").permissions().mode() & 0o777;
+    assert_eq!(mode(&path) & 0o022, 0, "no other user may rewrite the world: {:o}", mode(&path));
+    // The save it replaced is kept as the previous one, loaded if the next is damaged: not rewritable either.
+    let previous = path.with_extension("json.prev");
+    assert_eq!(mode(&previous) & 0o022, 0, "nor its previous save: {:o}", mode(&previous));
     assert!(on_disk(&app, "alpha").ends_with(r#"{"count":2}"#), "{}", on_disk(&app, "alpha"));
 }
 

@@ -232,9 +232,11 @@ async fn reattach_kept(opening: &Opening, current: &Mutex<Option<AgentSession>>)
     if let Some(KeptNote { session: id, .. }) = note {
         match opening.sessions.resume_session(id.as_str()).await {
             Ok(session) => {
-                say(format_args!("chat-status session={} status={} previous=none", session.id(), session.status()));
+                let status = session.status();
+                say(format_args!("chat-status session={} status={status} previous=none", session.id()));
                 *current.lock() = Some(session);
-                return Ok(format!("attached session={id}"));
+                // The window's panel shows it: a kept session ended before the restart is still ended.
+                return Ok(format!("attached session={id} status={status}"));
             }
             // Gone (forgotten, or its agent no longer knows it): a new one is kept in its place.
             Err(error) if error.code == ErrorCode::SessionNotFound => {

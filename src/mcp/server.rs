@@ -250,7 +250,8 @@ impl ServerHandler for GameServer {
             if parts.is_some_and(|parts| parts.extensions.get::<BoundConversation>().is_some()) {
                 // Its calls are its session's conversation whatever it names; and minting handles could only push
                 // other clients' out (the oldest are forgotten past the number kept).
-                let why = "an in-game agent's calls are its session's conversation: it has no other to begin";
+                let why = "this credential is bound to one conversation (an in-game agent's session): its calls \
+                           are that conversation's, and it has no other to begin";
                 return Ok(error_result(&ToolError::with_code(ErrorCode::InvalidInput, why)).into());
             }
             let running = |old: &str| self.agent.host().conversations.waits_for_tools(&handle_conversation(old));

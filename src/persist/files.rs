@@ -308,7 +308,10 @@ impl WorldFiles {
         }
         // No directory fsync of its own: the commit that follows fsyncs the directory, which makes this rename
         // durable too. Until then the old primary is still in place, so nothing depends on `.prev` yet.
-        fs::rename(&staging, &previous).map_err(|e| self.error("keeping the previous save as", &previous, e))
+        fs::rename(&staging, &previous).map_err(|e| self.error("keeping the previous save as", &previous, e))?;
+        // Loaded if the next primary is damaged: not left for other users to rewrite, as a save that came so.
+        only_its_owner_writes(&previous);
+        Ok(())
     }
 
     /// Keeps `document`'s primary as `<doc>.json.unreadable-N` (the first number free: an earlier one is never
@@ -439,6 +442,24 @@ impl WorldFiles {
 
 fn not_followed() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidInput, "a link: not followed (move what it points to here instead)")
+}
+
+/// Takes away the write permission of others from the kept save at `path` (a save that came world-writable, in a
+/// shared save pack, keeps its mode when it is kept aside). Best effort: a save that cannot be changed stays as it
+/// is.
+fn only_its_owner_writes(path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = fs::symlink_metadata(path) {
+            let mode = meta.permissions().mode();
+            if meta.is_file() && mode & 0o022 != 0 {
+                let _ = fs::set_permissions(path, fs::Permissions::from_mode(mode & 0o7755));
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
 }
 
 /// How a save is written: readable by all, writable by its owner alone (less what the umask takes away), whatever

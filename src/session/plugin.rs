@@ -27,8 +27,8 @@ use crate::runtime::AgentRuntime;
 const EXIT_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Adds in-game agent sessions: the [`AgentSessions`] resource, the [`PermissionAnswer`] message (read in the
-/// host's schedule, before [`AgentToolsSet::Transitions`]), the [`SessionRequest`] and [`SessionAnswered`] messages (the session API for systems; read and
-/// written in the host's schedule, around [`AgentToolsSet::Pump`]; the chat messages,
+/// host's schedule, before [`AgentToolsSet::Transitions`]), the [`SessionRequest`] and [`SessionAnswered`]
+/// messages (the session API for systems; read and written in the host's schedule, around [`AgentToolsSet::Pump`]; the chat messages,
 /// [`ChatDelta`](crate::ChatDelta) and the others, are written with the other conversation messages, see
 /// [`AgentToolsSet`](crate::AgentToolsSet)), and, on `AppExit`, the end (or, for sessions with
 /// `auto_end_on_disconnect(false)`, the disconnection) of every session, with its agent process stopped
