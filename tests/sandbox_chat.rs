@@ -210,7 +210,7 @@ fn a_kept_session_whose_agent_fails_to_start_is_tried_again_by_chat_resume_not_r
     assert!(failed.contains("code=AGENT_UNAVAILABLE"), "{failed}");
     std::fs::remove_file(state.join("start-fails")).expect("removed");
     second.send("chat-resume");
-    assert_eq!(second.line_starting("ok "), format!("ok attached session={kept}"), "the kept one, tried again");
+    assert_eq!(second.line_starting("ok "), format!("ok attached session={kept} status=idle"), "the kept one, again");
     assert!(second.quit().success());
 }
 
