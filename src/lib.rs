@@ -8,6 +8,7 @@ mod conversation;
 mod deadline;
 mod error;
 mod exit;
+mod file_lock;
 mod finite;
 mod host;
 mod ids;

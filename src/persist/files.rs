@@ -175,25 +175,15 @@ impl WorldFiles {
             opened => opened,
         };
         let mut file = opened.map_err(|e| self.error("opening the lock file", &path, e))?;
-        let mut tries = 0;
-        loop {
-            match file.try_lock() {
-                Ok(()) => break,
-                Err(TryLockError::WouldBlock) => {
-                    let mut text = String::new();
-                    let read = file.rewind().and_then(|()| file.read_to_string(&mut text));
-                    let holder = read.ok().and_then(|_| text.trim().parse().ok());
-                    // This process's own lock, let go a moment ago: a process another thread of the game was
-                    // starting (an agent, say) holds a copy of every open file until it runs its program.
-                    if holder == Some(std::process::id()) && tries < OWN_LOCK_TRIES {
-                        tries += 1;
-                        std::thread::sleep(OWN_LOCK_RETRY);
-                        continue;
-                    }
-                    return Err(StoreError::Locked { world: self.world.clone(), lock_file: path, holder });
-                }
-                Err(TryLockError::Error(e)) => return Err(self.error("locking", &path, e)),
+        // Tried again only while the lock file names this process (its own lock, let go a moment ago): another
+        // process's is refused at once.
+        match crate::file_lock::try_lock(&file, |file| lock_holder(file) == Some(std::process::id())) {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let holder = lock_holder(&file);
+                return Err(StoreError::Locked { world: self.world.clone(), lock_file: path, holder });
             }
+            Err(TryLockError::Error(e)) => return Err(self.error("locking", &path, e)),
         }
         // The pid is only for the other process's error message: best effort, no sync needed.
         let _ = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| write!(file, "{}", std::process::id()));
@@ -451,9 +441,12 @@ impl WorldFiles {
     }
 }
 
-/// How many more times a world's lock that this process itself let go of is tried, [`OWN_LOCK_RETRY`] apart.
-const OWN_LOCK_TRIES: u32 = 20;
-const OWN_LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(5);
+/// The process id the holder of a world's lock wrote into its lock file, if it can be read.
+fn lock_holder(mut file: &File) -> Option<u32> {
+    let mut text = String::new();
+    file.rewind().and_then(|()| file.read_to_string(&mut text)).ok()?;
+    text.trim().parse().ok()
+}
 
 fn not_followed() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidInput, "a link: not followed (move what it points to here instead)")

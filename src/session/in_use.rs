@@ -55,12 +55,6 @@ impl InUse {
     }
 }
 
-/// How many more times a lock held elsewhere is tried, [`LOCK_RETRY`] apart, before the session is busy.
-#[cfg(unix)]
-const LOCK_TRIES: u32 = 20;
-#[cfg(unix)]
-const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(5);
-
 /// Locks session `id`'s folder `dir` (blocking: call it on a blocking thread). `SESSION_NOT_FOUND` if the folder
 /// is not there, `SESSION_BUSY` if another copy of the game holds it.
 pub(crate) fn lock(id: &str, dir: &Path) -> Result<Lock, ToolError> {
@@ -74,20 +68,9 @@ pub(crate) fn lock(id: &str, dir: &Path) -> Result<Lock, ToolError> {
             }
             Err(error) => return Err(unlockable(id, dir, error)),
         };
-        // A lock this copy let go of a moment ago may still be held for a moment by a process another thread of
-        // the game was starting: a new process holds a copy of every open file until it runs its program (the
-        // folder's is closed then). Tried again for a little while before the session is called busy.
-        let mut tries = 0;
-        let locked = loop {
-            match folder.try_lock() {
-                Err(TryLockError::WouldBlock) if tries < LOCK_TRIES => {
-                    tries += 1;
-                    std::thread::sleep(LOCK_RETRY);
-                }
-                locked => break locked,
-            }
-        };
-        match locked {
+        // A lock this copy let go of a moment ago may still be held by a process being started: the folder's lock
+        // names no holder, so any holder may be this copy.
+        match crate::file_lock::try_lock(&folder, |_| true) {
             Ok(()) => Ok(Lock { folder: Some(folder) }),
             Err(TryLockError::WouldBlock) => Err(ToolError::with_code(
                 crate::error::ErrorCode::SessionBusy,
