@@ -949,20 +949,51 @@ fn h12_an_older_version_asked_without_a_session_after_discovery_is_its_clients_c
 
 /// A 2026-07-28 `tools/call` of `tool` (no session), presenting `bearer`: its result.
 fn sessionless_call(server: &McpServer, bearer: &str, id: u32, tool: &str, arguments: Value) -> Value {
-    let meta = json!({ "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    sessionless_request(server, bearer, id, "tools/call", json!({ "name": tool, "arguments": arguments }))
+}
+
+/// A 2026-07-28 request of `method` with `params` (no session), presenting `bearer`: its result.
+fn sessionless_request(server: &McpServer, bearer: &str, id: u32, method: &str, mut params: Value) -> Value {
+    params["_meta"] = json!({ "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {},
         "io.modelcontextprotocol/clientInfo": { "name": "outside", "version": "1" } });
-    let params = json!({ "name": tool, "arguments": arguments, "_meta": meta });
-    let body = json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params }).to_string();
-    let headers = [
-        ("Authorization", bearer),
-        ("MCP-Protocol-Version", "2026-07-28"),
-        ("Mcp-Method", "tools/call"),
-        ("Mcp-Name", tool),
-    ];
+    let name = params["name"].as_str().map(str::to_string);
+    let body = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }).to_string();
+    let mut headers = vec![("Authorization", bearer), ("MCP-Protocol-Version", "2026-07-28"), ("Mcp-Method", method)];
+    headers.extend(name.as_deref().map(|name| ("Mcp-Name", name)));
     let (status, response) = raw(server, &headers, &body);
     assert_eq!(status, 200, "{response}");
     answer_of(&response)["result"].clone()
+}
+
+#[test]
+fn a_bound_credential_is_shown_no_way_to_name_another_conversation_and_a_named_one_is_ignored() {
+    // An in-game agent's credential (or one the game mints) is bound to one conversation: `begin_conversation`
+    // and the `conversation` argument are of no use to it (it is refused the one; and a model shown the other may
+    // make a handle up), so neither is shown, nor do the instructions speak of them.
+    let (game, server) = game(Arc::default(), Gate::new());
+    let bound = ConversationId::new("bound-tool");
+    let bearer = format!("Bearer {}", server.credentials().mint(&bound).expect("minted"));
+    let shown = |bearer: &str| {
+        let listed = sessionless_request(&server, bearer, 1, "tools/list", json!({}));
+        let names: Vec<String> =
+            listed["tools"].as_array().expect("tools").iter().map(|t| t["name"].to_string()).collect();
+        let bump = listed["tools"].as_array().expect("tools").iter().find(|t| t["name"] == "bump").cloned();
+        let argument = bump.expect("bump is listed")["inputSchema"]["properties"].get("conversation").is_some();
+        let discovered = sessionless_request(&server, bearer, 2, "server/discover", json!({}));
+        let instructions = discovered["instructions"].as_str().expect("instructions").to_string();
+        (names.contains(&"\"begin_conversation\"".to_string()), argument, instructions.contains("begin_conversation"))
+    };
+    assert_eq!(shown(&format!("Bearer {TOKEN}")), (true, true, true), "the game's token names conversations");
+    assert_eq!(shown(&bearer), (false, false, false), "a bound credential is shown none of it");
+    let (status, response) = raw(&server, &[("Authorization", bearer.as_str())], INITIALIZE);
+    assert_eq!(status, 200, "{response}");
+    let instructions = answer_of(&response)["result"]["instructions"].to_string();
+    assert!(instructions.contains("your credential") && !instructions.contains("begin_conversation"), "{instructions}");
+    let called = sessionless_call(&server, &bearer, 3, "bump", json!({ "by": 1, "conversation": "cv-made-up" }));
+    assert_eq!(called["isError"], false, "a handle it sends is ignored, not refused: {called}");
+    assert!(game.agent().conversation_status(&bound).is_some(), "the call was the credential's conversation's");
+    game.stop();
 }
 
 #[test]

@@ -42,9 +42,28 @@ location-scoped tools, the exact location) it was made in: if the player leaves 
 refused (VISIT_ENDED, LOCATION_CHANGED) and nothing is applied elsewhere. An error result's text is JSON with a \
 stable `code`, a `message` and `details`. For non-read-only tools, pass an `operation_id` when you may retry: \
 retries run once. After TIMEOUT, or CANCELLED with `effect_unknown` in its details, the effect is unknown: look \
-before you retry. Retries are recognised within a conversation: your MCP \
-session, or without one every client of your client's name and version; to keep your calls apart from other \
-copies of your client, call `begin_conversation` once and pass its handle as `conversation` in every call.";
+before you retry.";
+
+/// How a client names its conversation, after [`INSTRUCTIONS`].
+const CONVERSATIONS: &str = " Retries are recognised within a conversation: your MCP session, or without one \
+every client of your client's name and version; to keep your calls apart from other copies of your client, call \
+`begin_conversation` once and pass its handle as `conversation` in every call.";
+
+/// The same, for a client whose credential is bound to one conversation (an in-game agent's session).
+const BOUND_CONVERSATION: &str = " Retries are recognised within your conversation: every call made with your \
+credential.";
+
+/// The server's instructions to a client whose credential is bound to one conversation (`bound`) or not.
+fn instructions(bound: bool) -> String {
+    [INSTRUCTIONS, if bound { BOUND_CONVERSATION } else { CONVERSATIONS }].concat()
+}
+
+/// Whether the request's credential is bound to one conversation ([`BoundConversation`]): it names no other,
+/// so it is shown neither `begin_conversation` nor the `conversation` argument.
+fn is_bound(context: &RequestContext<RoleServer>) -> bool {
+    let parts = context.extensions.get::<axum::http::request::Parts>();
+    parts.is_some_and(|parts| parts.extensions.get::<BoundConversation>().is_some())
+}
 
 /// Numbers the conversations of sessionless requests without a handle.
 static NEXT_REQUEST: AtomicU64 = AtomicU64::new(1);
@@ -81,6 +100,9 @@ impl GameServer {
         context: &RequestContext<RoleServer>,
     ) -> Result<Named, ToolError> {
         let handle = match arguments.remove(CONVERSATION) {
+            // A bound credential's calls are its conversation's whatever they name (it is not shown the argument,
+            // but a model may still send one).
+            _ if is_bound(context) => None,
             None | Some(Value::Null) => None,
             Some(Value::String(handle)) => {
                 self.handles.check(&handle)?;
@@ -178,6 +200,16 @@ pub(crate) fn to_mcp_tool(info: &ToolInfo) -> Tool {
     tool
 }
 
+/// `tool` without the `conversation` argument [`to_mcp_tool`] adds, for a client that names no conversation.
+fn without_conversation(mut tool: Tool) -> Tool {
+    let mut input = (*tool.input_schema).clone();
+    if let Some(properties) = input.get_mut("properties").and_then(Value::as_object_mut) {
+        properties.remove(CONVERSATION);
+    }
+    tool.input_schema = Arc::new(input);
+    tool
+}
+
 /// Writes the properties whose schema is `true` (any value) as `{}`, which means the same.
 fn anything_as_empty_schema(schema: &mut JsonObject) {
     if let Some(properties) = schema.get_mut("properties").and_then(Value::as_object_mut) {
@@ -208,13 +240,30 @@ impl ServerHandler for GameServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build())
             .with_server_info(Implementation::new("bevy_agent_tools", env!("CARGO_PKG_VERSION")))
-            .with_instructions(INSTRUCTIONS)
+            .with_instructions(instructions(false))
+    }
+
+    async fn initialize(
+        &self,
+        request: rmcp::model::InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ServerConfig, ErrorData> {
+        context.peer.set_peer_info(request.clone());
+        let mut info = self.negotiate_initialize(&request)?;
+        info.instructions = Some(instructions(is_bound(&context)));
+        Ok(info)
+    }
+
+    async fn discover(&self, context: RequestContext<RoleServer>) -> Result<rmcp::model::DiscoverResult, ErrorData> {
+        let mut info = self.get_info();
+        info.instructions = Some(instructions(is_bound(&context)));
+        Ok(rmcp::model::DiscoverResult::from_server_info(self.supported_protocol_versions().into_owned(), info))
     }
 
     async fn list_tools(
         &self,
         request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         // Every tool comes in one page: no cursor was ever given out, so any is unknown (MCP: "Invalid cursors
         // SHOULD result in an error with code -32602").
@@ -226,8 +275,12 @@ impl ServerHandler for GameServer {
             ));
         }
         let registered = self.agent.tools();
-        let tools = std::iter::once(begin_conversation_tool()).chain(registered.iter().map(to_mcp_tool));
-        Ok(ListToolsResult::with_all_items(tools.collect()))
+        let tools: Vec<Tool> = if is_bound(&context) {
+            registered.iter().map(|info| without_conversation(to_mcp_tool(info))).collect()
+        } else {
+            std::iter::once(begin_conversation_tool()).chain(registered.iter().map(to_mcp_tool)).collect()
+        };
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -246,8 +299,7 @@ impl ServerHandler for GameServer {
         // Minting one names none: a handle sent along (the server's instructions say to send it in every call) is
         // not checked, or a client whose handle was forgotten could never get a new one.
         if request.name == BEGIN_CONVERSATION {
-            let parts = context.extensions.get::<axum::http::request::Parts>();
-            if parts.is_some_and(|parts| parts.extensions.get::<BoundConversation>().is_some()) {
+            if is_bound(&context) {
                 // Its calls are its session's conversation whatever it names; and minting handles could only push
                 // other clients' out (the oldest are forgotten past the number kept).
                 let why = "this credential is bound to one conversation (an in-game agent's session): its calls \
