@@ -1639,8 +1639,20 @@ fn a_permission_prompt_the_agent_leaves_open_when_its_turn_ends_is_withdrawn_wit
 fn an_agent_process_gets_no_variable_holding_the_games_own_token_but_the_rest_of_the_environment() {
     // A game that reads its MCP token from its environment: the agent, which inherits it, must reach the game with
     // its session's credential only (revoked with the session), never with the token that opens every conversation.
-    std::env::set_var("AGENT_SESSIONS_GAME_TOKEN", TOKEN);
-    std::env::set_var("AGENT_SESSIONS_OTHER", "kept");
+    // Setting a variable races other threads reading the environment (other tests start processes): the test runs
+    // again in a process of its own, started with the variables.
+    if std::env::var_os("AGENT_SESSIONS_GAME_TOKEN").is_none() {
+        let name = "an_agent_process_gets_no_variable_holding_the_games_own_token_but_the_rest_of_the_environment";
+        let run = std::process::Command::new(std::env::current_exe().expect("this test binary"))
+            .args([name, "--exact", "--test-threads=1"])
+            .env("AGENT_SESSIONS_GAME_TOKEN", TOKEN)
+            .env("AGENT_SESSIONS_OTHER", "kept")
+            .output()
+            .expect("the test runs in a process of its own");
+        let shown = format!("{}{}", String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+        assert!(run.status.success() && shown.contains("1 passed"), "{shown}");
+        return;
+    }
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
     let session = game.create(agent(&dirs, &[])).expect("starts");
