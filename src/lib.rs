@@ -60,7 +60,7 @@ pub use tool::{
 };
 pub use visit::{
     EnterWorld, ExitWorld, TravelTo, VisitClosed, VisitClosing, VisitLoadFailed, VisitOpened, VisitRelocated,
-    VisitSaved, VisitSessionExt, WorldBinding, WorldOpenFailed,
+    VisitSaved, VisitSession, VisitSessionExt, WorldBinding, WorldOpenFailed,
 };
 
 /// Internals exposed for the crate's benchmarks only; not part of the API.
@@ -74,6 +74,7 @@ pub mod prelude {
     pub use crate::{
         AgentHandle, AgentTool, AgentToolsAppExt, AgentToolsPlugin, AgentToolsRunnerPlugin, AgentToolsSet, CallContext,
         Completion, DimensionId, EnterWorld, ErrorCode, ExitWorld, Location, NoArgs, OpenError, Opened, ToolError,
-        ToolScope, TravelTo, VisitInfo, VisitSessionExt, WorldBinding, WorldId, WorldLifecycle,
+        ToolScope, TravelTo, VisitInfo, VisitLoadFailed, VisitSession, VisitSessionExt, WorldBinding, WorldId,
+        WorldLifecycle, WorldOpenFailed,
     };
 }

@@ -147,7 +147,7 @@ pub trait AgentTestAppExt {
     fn run_future<F>(&mut self, future: F) -> F::Output
     where
         F: Future + Send + 'static,
-        F::Output: Clone + Send + 'static;
+        F::Output: Send + 'static;
 }
 
 impl AgentTestAppExt for App {
@@ -222,19 +222,20 @@ impl AgentTestAppExt for App {
     fn run_future<F>(&mut self, future: F) -> F::Output
     where
         F: Future + Send + 'static,
-        F::Output: Clone + Send + 'static,
+        F::Output: Send + 'static,
     {
-        let signal = Arc::new(OnceSignal::new());
-        let setter = signal.clone();
+        let (output, outcome) = crossbeam_channel::bounded(1);
         self.agent().runtime().spawn(async move {
-            setter.set(future.await);
+            let _ = output.send(future.await);
         });
         let started = Instant::now();
         loop {
             assert!(started.elapsed() < HARNESS_LIMIT, "future did not resolve within {HARNESS_LIMIT:?}");
             self.update();
-            if let Some(output) = signal.wait_until(Instant::now() + Duration::from_micros(200)) {
-                return output;
+            match outcome.recv_timeout(Duration::from_micros(200)) {
+                Ok(output) => return output,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => panic!("the future panicked"),
             }
         }
     }

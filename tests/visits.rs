@@ -449,3 +449,47 @@ fn h1_the_games_own_code_reaches_the_open_visits_session_and_no_other() {
     app.enter_world("beta");
     assert_eq!(lend(&mut app, 1).map(|(world, _, counter)| (world, counter)), Some((WorldId::new("beta"), 1)));
 }
+
+/// The same through the system parameter [`VisitSession`], for the game's ordinary (not exclusive) systems.
+#[test]
+fn h1_an_ordinary_systems_visit_session_is_the_open_visits_and_no_other() {
+    use bevy::ecs::system::RunSystemOnce;
+    #[derive(Resource)]
+    struct By(u64);
+    let mut app = app_with(TestGame::default(), vec![]);
+    let lend = |app: &mut App, by: u64| {
+        app.world_mut().insert_resource(By(by));
+        let bumped = app.world_mut().run_system_once(|by: Res<By>, mut visit: VisitSession<TestGame>| {
+            let (visit, session) = visit.get_mut()?;
+            session.counter += by.0;
+            Some((visit.world.clone(), visit.location.dimension.to_string(), session.counter))
+        });
+        let read = app.world_mut().run_system_once(|visit: VisitSession<TestGame>| {
+            visit.get().map(|(visit, session)| (visit.world.clone(), session.counter))
+        });
+        let bumped = bumped.expect("the system runs");
+        assert_eq!(read.expect("the system runs"), bumped.clone().map(|(world, _, counter)| (world, counter)));
+        bumped
+    };
+    assert_eq!(lend(&mut app, 1), None, "no visit is open");
+    app.enter_world("alpha");
+    let agent = app.agent().conversation("a");
+    assert_eq!(app.run_until_resolved(&agent.call("bump", json!({}))).expect("bumps").value["counter"], 1);
+    assert_eq!(lend(&mut app, 10), Some((WorldId::new("alpha"), "overworld".to_string(), 11)), "the tool's change");
+    assert_eq!(app.run_until_resolved(&agent.call("bump", json!({}))).expect("bumps").value["counter"], 12);
+    app.travel("nether");
+    assert_eq!(lend(&mut app, 0).map(|(_, dimension, _)| dimension), Some("nether".to_string()), "where it is now");
+    app.exit_world();
+    assert_eq!(lend(&mut app, 1), None, "the visit ended");
+    app.enter_world("beta");
+    assert_eq!(lend(&mut app, 1).map(|(world, _, counter)| (world, counter)), Some((WorldId::new("beta"), 1)));
+}
+
+/// The harness hands back a future's output as it is: a game's save type need not be `Clone` to be loaded in a test.
+#[test]
+fn the_harness_runs_a_future_whose_output_cannot_be_cloned() {
+    struct Save(#[allow(dead_code)] std::sync::Mutex<u32>);
+    let mut app = app_with(TestGame::default(), vec![]);
+    let save = app.run_future(async { Save(std::sync::Mutex::new(7)) });
+    assert_eq!(save.0.into_inner().expect("not poisoned"), 7);
+}

@@ -213,9 +213,22 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
         self
     }
 
-    /// Says whether the tool may destroy or overwrite something.
+    /// Says whether the tool may destroy or overwrite something. A tool that may is not read-only: this undoes
+    /// an earlier [`read_only`](Self::read_only) (its calls take replay keys again).
+    ///
+    /// ```
+    /// # use bevy_agent_tools::prelude::*;
+    /// let clear = AgentTool::new("clear", "Clears the board.", |_: CallContext<()>, _: NoArgs| async move { Ok(()) })
+    ///     .read_only()
+    ///     .destructive(true);
+    /// assert!(!clear.info().annotations.read_only && clear.info().annotations.destructive);
+    /// assert!(clear.info().client_input_schema()["properties"].get("operation_id").is_some(), "retries are keyed");
+    /// ```
     pub fn destructive(mut self, destructive: bool) -> Self {
         self.info.annotations.destructive = destructive;
+        if destructive {
+            self.info.annotations.read_only = false;
+        }
         self
     }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bevy::prelude::*;
 use crossbeam_channel::Receiver;
 
-pub use access::VisitSessionExt;
+pub use access::{VisitSession, VisitSessionExt};
 pub use binding::WorldBinding;
 pub(crate) use follow::{follow_state, StateTarget};
 pub use messages::{
