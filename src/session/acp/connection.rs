@@ -239,11 +239,17 @@ pub(super) fn agent_gone(error: &agent_client_protocol::Error) -> bool {
 /// `-32002` (resource not found), or, from agents that use another code, words that say the session was not found
 /// (not any "not found": an API key, a model or a method not found is the agent's own trouble), in the error's
 /// message or in its data: agents built on ACP's TypeScript SDK answer a thrown "Session not found" with `-32603`
-/// "Internal error", their own words in `data` (as a string, or a string field of an object).
+/// "Internal error", their own words in `data` (as a string, or a string field of an object). Codex and Gemini
+/// CLI keep no session before its first prompt, and say so in words of their own: Codex's "no rollout found for
+/// thread id …" (also for a thread it never had), Gemini's "No previous sessions found for this project." (none
+/// at all) and "Invalid session identifier …".
 fn unknown_session(error: &agent_client_protocol::Error) -> bool {
+    const THEIR_WORDS: [&str; 4] =
+        ["no rollout found", "thread not found", "no previous sessions found", "invalid session identifier"];
     let says_so = |text: &str| {
         let text = text.to_ascii_lowercase();
         text.contains("session") && (text.contains("not found") || text.contains("unknown"))
+            || THEIR_WORDS.iter().any(|words| text.contains(words))
     };
     let data = match &error.data {
         Some(serde_json::Value::String(text)) => vec![text.as_str()],
@@ -532,5 +538,22 @@ mod tests {
         assert!(unknown_session(&internal().data(serde_json::json!({ "details": "Session not found: sess-1" }))));
         assert!(!unknown_session(&internal()), "a bare internal error says nothing about the session");
         assert!(!unknown_session(&internal().data(serde_json::json!(["session not found"]))), "only text is read");
+    }
+
+    #[test]
+    fn codex_and_gemini_words_for_a_session_they_never_kept_count_as_an_unknown_session() {
+        // What codex-acp and Gemini CLI answer `session/resume` / `session/load` for a session that had no prompt
+        // (they keep none before it) or that they do not know, through ACP's TypeScript SDK.
+        let said = [
+            "no rollout found for thread id 019ee0dd-6f13-7043-995f-d88646e16316",
+            "thread/resume failed: no rollout found for thread id abc",
+            "No previous sessions found for this project.",
+            "Invalid session identifier \"3f2a\". Use --list-sessions to see available sessions.",
+        ];
+        for words in said {
+            let in_data = Error::new(-32603, "Internal error").data(serde_json::json!({ "details": words }));
+            assert!(unknown_session(&in_data), "{words}");
+            assert!(unknown_session(&Error::new(-32600, words)), "{words}");
+        }
     }
 }
