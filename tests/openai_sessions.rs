@@ -1419,6 +1419,7 @@ fn a_stream_that_stalls_times_out() {
     let (code, message) = code_of(game.block_on(session.send_text("hi")));
     assert_eq!(code, ErrorCode::Timeout, "{message}");
     assert!(!message.contains("reading the prompt"), "part of the answer had come: {message}");
+    assert!(message.contains("holds a tool call back") && message.contains("stall_timeout"), "{message}");
     assert_eq!(session.status(), ConversationStatus::Error);
 
     // Silent from the start, as a local server reading a long prompt is: the message says so, and what to set.
@@ -1427,6 +1428,25 @@ fn a_stream_that_stalls_times_out() {
     let (code, message) = code_of(game.block_on(session.send_text("hi again")));
     assert_eq!(code, ErrorCode::Timeout, "{message}");
     assert!(message.contains("reading the prompt") && message.contains("stall_timeout"), "{message}");
+}
+
+#[test]
+fn s2_comments_that_keep_a_waiting_stream_alive_are_not_a_stall() {
+    // DeepSeek and OpenRouter send `: keep-alive` comments while a request waits its turn: no event, but the
+    // endpoint is there. Silence longer than the stall timeout passes between the answer's events, none between
+    // its bytes.
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let game = Game::start(data.path());
+    let mut pieces = vec![text("Placing")];
+    for _ in 0..12 {
+        pieces.extend([Piece::Wait(Duration::from_millis(200)), Piece::Raw(": keep-alive\n\n")]);
+    }
+    pieces.extend([text(" done."), finish("stop")]);
+    server.reply(Reply::Stream(pieces));
+    let session = game.create(endpoint(&server).stall_timeout(Duration::from_secs(1))).expect("starts");
+    let turn = game.block_on(session.send_text("hi")).expect("not a stall");
+    assert_eq!(turn.final_message.as_deref(), Some("Placing done."));
 }
 
 #[test]

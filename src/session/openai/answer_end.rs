@@ -16,7 +16,9 @@
 
 use std::error::Error;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use futures_util::Stream;
 use serde_json::Value;
@@ -36,6 +38,28 @@ const REPLACEMENT: &[u8] = "\u{FFFD}".as_bytes();
 /// so a server that streams one without end would otherwise fill memory while the stall timeout never fires.
 const EVENT_LIMIT: usize = super::client::WHOLE_ANSWER_LIMIT;
 
+/// When the endpoint last sent bytes of an answer: any, also what the SSE reader passes over (the `: keep-alive`
+/// comments DeepSeek and OpenRouter send while a request waits its turn), so that the stall timeout counts only
+/// true silence. One per session: its turns' requests come one at a time.
+#[derive(Clone)]
+pub(crate) struct Heard(Arc<parking_lot::Mutex<Instant>>);
+
+impl Heard {
+    pub(crate) fn new() -> Self {
+        Self(Arc::new(parking_lot::Mutex::new(Instant::now())))
+    }
+
+    /// Bytes came (or a request opened) now.
+    pub(crate) fn now(&self) {
+        *self.0.lock() = Instant::now();
+    }
+
+    /// How long ago bytes last came.
+    pub(crate) fn since(&self) -> Duration {
+        self.0.lock().elapsed()
+    }
+}
+
 /// The answer's body, passed on as it is (with each error line also as a `data:` chunk), with an error at its end if
 /// it never said `data: [DONE]`.
 pub(crate) struct DoneWatch<S> {
@@ -53,6 +77,8 @@ pub(crate) struct DoneWatch<S> {
     blank: bool,
     /// The start of a character the previous chunk ended in the middle of (at most 3 bytes).
     split_char: Vec<u8>,
+    /// Told of every chunk of the body.
+    heard: Option<Heard>,
 }
 
 impl<S> DoneWatch<S> {
@@ -68,7 +94,14 @@ impl<S> DoneWatch<S> {
             in_event: 0,
             blank: true,
             split_char: Vec::new(),
+            heard: None,
         }
+    }
+
+    /// Tells `heard` of every chunk of the body.
+    pub(crate) fn hearing(mut self, heard: Heard) -> Self {
+        self.heard = Some(heard);
+        self
     }
 
     /// `chunk` as valid UTF-8 (after the start of a character the previous one ended in, and without the start of
@@ -202,6 +235,9 @@ where
             match Pin::new(&mut self.body).poll_next(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(chunk))) => {
+                    if let Some(heard) = &self.heard {
+                        heard.now();
+                    }
                     let chunk = match self.valid_utf8(chunk.as_ref()) {
                         Some(valid) => B::from(valid),
                         None => chunk,

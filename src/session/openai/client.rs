@@ -11,7 +11,7 @@ use async_openai::Client;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::answer_end::DoneWatch;
+use super::answer_end::{DoneWatch, Heard};
 use super::OpenAiEndpoint;
 use crate::error::{ErrorCode, ToolError};
 
@@ -214,8 +214,13 @@ pub(crate) fn api_key(endpoint: &OpenAiEndpoint) -> Result<Option<String>, ToolE
     }
 }
 
-/// The client for `endpoint`: its key and headers, a connect timeout, and the bounded retry.
-pub(crate) fn build(endpoint: &OpenAiEndpoint, connect_timeout: Duration) -> Result<Client<OpenAIConfig>, ToolError> {
+/// The client for `endpoint`: its key and headers, a connect timeout, and the bounded retry; `heard` is told of
+/// every chunk of its answers.
+pub(crate) fn build(
+    endpoint: &OpenAiEndpoint,
+    connect_timeout: Duration,
+    heard: Heard,
+) -> Result<Client<OpenAIConfig>, ToolError> {
     if endpoint.base_url.starts_with("https://") && !cfg!(feature = "openai-tls") {
         return Err(ToolError::with_code(
             ErrorCode::AgentUnavailable,
@@ -241,7 +246,7 @@ pub(crate) fn build(endpoint: &OpenAiEndpoint, connect_timeout: Duration) -> Res
         .connect_timeout(connect_timeout)
         .build()
         .map_err(|error| ToolError::internal(format!("could not build the HTTP client: {error}")))?;
-    let retry = Retry { http, max_retries: endpoint.max_retries, max_wait: endpoint.max_retry_wait };
+    let retry = Retry { http, max_retries: endpoint.max_retries, max_wait: endpoint.max_retry_wait, heard };
     Ok(Client::with_config(config).with_http_service(tower::service_fn(move |factory: HttpRequestFactory| {
         let retry = retry.clone();
         async move { retry.send(factory).await }
@@ -255,6 +260,7 @@ struct Retry {
     http: reqwest::Client,
     max_retries: u32,
     max_wait: Duration,
+    heard: Heard,
 }
 
 impl Retry {
@@ -275,7 +281,7 @@ impl Retry {
             let unsupported = matches!(status.as_u16(), 501 | 505);
             let retryable = status.as_u16() == 429 || (status.is_server_error() && !unsupported);
             if !retryable || attempt >= self.max_retries {
-                return readable(response).await;
+                return readable(response, &self.heard).await;
             }
             let asked = response
                 .headers()
@@ -304,7 +310,7 @@ pub(crate) const WHOLE_ANSWER_LIMIT: usize = 16 * 1024 * 1024;
 /// vLLM's fields at the top level, a plain-text 404), where the client reads only OpenAI's shape and reports any
 /// other as a malformed chunk without the status. A whole JSON answer to the streamed request (a server or proxy
 /// that ignores `stream: true`) becomes the stream it stands for, so that its text and tool calls are not lost.
-async fn readable(response: reqwest::Response) -> Result<reqwest::Response, OpenAIError> {
+async fn readable(response: reqwest::Response, heard: &Heard) -> Result<reqwest::Response, OpenAIError> {
     let status = response.status();
     if !status.is_success() {
         return Err(refused(response).await);
@@ -318,7 +324,8 @@ async fn readable(response: reqwest::Response) -> Result<reqwest::Response, Open
     if !content_type.is_some_and(|value| value.trim_start().to_ascii_lowercase().starts_with("application/json")) {
         // The stream, watched for its end (`answer_end`).
         let headers = response.headers().clone();
-        return Ok(hand_on(status, headers, reqwest::Body::wrap_stream(DoneWatch::new(response.bytes_stream()))));
+        let watched = DoneWatch::new(response.bytes_stream()).hearing(heard.clone());
+        return Ok(hand_on(status, headers, reqwest::Body::wrap_stream(watched)));
     }
     let body = read_bounded(response, WHOLE_ANSWER_LIMIT).await?;
     let mut headers = reqwest::header::HeaderMap::new();

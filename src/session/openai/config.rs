@@ -49,7 +49,9 @@ pub struct OpenAiEndpoint {
     #[serde(default = "default_max_tool_calls_per_round")]
     pub max_tool_calls_per_round: u32,
     /// How long the endpoint may stay silent (before its answer starts, or between two chunks of it) before the
-    /// turn fails with `TIMEOUT`. Default 60 s (a local model loading into memory can take that long).
+    /// turn fails with `TIMEOUT`. Default 60 s (a local model loading into memory can take that long). Any bytes
+    /// count, also the comments some endpoints send to keep a waiting request alive; Ollama sends none while the
+    /// model writes a tool call, so raise it for a slow model that writes long arguments.
     pub stall_timeout: Duration,
     /// Retries of a request answered `429` or `5xx` (but `501` and `505`, which say the same however often
     /// asked), each after the `Retry-After` the endpoint asked for (at most

@@ -84,13 +84,15 @@ impl Backend for OpenAiBackend {
         let endpoint = self.endpoint.clone();
         let runtime = self.runtime.clone();
         Box::pin(async move {
-            let client = client::build(&endpoint, setup.timeouts.start)?;
+            let heard = answer_end::Heard::new();
+            let client = client::build(&endpoint, setup.timeouts.start, heard.clone())?;
             probe::probe(&endpoint, setup.timeouts.start).await?;
             let history_path = history::path(&setup.session_dir);
             let (history, attached) = open_history(&history_path, &setup, &runtime).await?;
             let shared = Arc::new(Shared {
                 endpoint,
                 client,
+                heard,
                 agent: setup.agent,
                 conversation: setup.conversation.clone(),
                 system_prompt: setup.system_prompt,
@@ -214,6 +216,8 @@ const RESERVED: [&str; 3] = [OPERATION_ID, TASK_ID, "conversation"];
 pub(crate) struct Shared {
     endpoint: OpenAiEndpoint,
     client: Client<OpenAIConfig>,
+    /// When `client` last got bytes of an answer.
+    heard: answer_end::Heard,
     agent: AgentHandle,
     conversation: ConversationId,
     system_prompt: Option<String>,

@@ -394,10 +394,13 @@ async fn stream_round(
     let mut think_tags = super::think_tags::ThinkTags::default();
     // What the answer holds so far (a server that streams without end is stopped at the limit, not by memory).
     let mut held = 0usize;
+    // Silence is counted from the answer's last bytes, whatever they were: a comment that keeps the connection
+    // alive is no event, yet says the endpoint is there.
+    shared.heard.now();
     loop {
         // Once the answer said how it finished, only what may follow it (the usage chunk, `[DONE]`) is awaited, and
         // not for long: a server that then keeps the connection open without a word has given its whole answer.
-        let wait = if finish.is_some() { stall.min(AFTER_FINISH) } else { stall };
+        let wait = if finish.is_some() { stall.min(AFTER_FINISH) } else { stall.saturating_sub(shared.heard.since()) };
         let next = tokio::select! {
             biased;
             // Dropping the stream closes the request: the endpoint stops generating.
@@ -406,6 +409,8 @@ async fn stream_round(
         };
         let chunk = match next {
             Err(_elapsed) if finish.is_some() => break,
+            // Bytes came meanwhile (a comment): the silence is counted from them.
+            Err(_elapsed) if shared.heard.since() < stall => continue,
             Err(_elapsed) => return Err(stalled(shared, stall, held == 0)),
             Ok(None) => break,
             // The answer said how it finished: what breaks after that (a server that sends no `[DONE]`) takes
@@ -543,6 +548,12 @@ fn stalled(shared: &Shared, waited: std::time::Duration, before_the_answer: bool
         message.push_str(
             " (before any of the answer: a local server may still have been reading the prompt, which takes minutes \
              on a CPU; `OpenAiEndpoint::stall_timeout` sets how long a silence is waited for)",
+        );
+    } else {
+        message.push_str(
+            " (after part of the answer: a server that holds a tool call back until the model has written all of it, \
+             as Ollama does, sends nothing meanwhile, which takes long on a CPU; `OpenAiEndpoint::stall_timeout` sets \
+             how long a silence is waited for)",
         );
     }
     ToolError::with_code(ErrorCode::Timeout, message).with_detail("url", &url)
