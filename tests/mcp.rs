@@ -967,6 +967,40 @@ fn sessionless_request(server: &McpServer, bearer: &str, id: u32, method: &str, 
 }
 
 #[test]
+fn h12_a_request_that_names_no_conversation_is_refused_an_operation_id_it_could_not_keep() {
+    // A 2026-07-28 request without a client name (a SHOULD), a handle or a session is a conversation of its own:
+    // its retry would be another's and run again, where `operation_id` promises once. It is refused, and one that
+    // also names its task (which any conversation's retry shares) runs once.
+    let (game, server) = game(Arc::default(), Gate::new());
+    let bearer = format!("Bearer {TOKEN}");
+    let call = |id: u32, arguments: Value| {
+        let meta = json!({ "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {} });
+        let params = json!({ "name": "bump", "arguments": arguments, "_meta": meta });
+        let body = json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params }).to_string();
+        let headers = [
+            ("Authorization", bearer.as_str()),
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "bump"),
+        ];
+        let (status, response) = raw(&server, &headers, &body);
+        assert_eq!(status, 200, "{response}");
+        answer_of(&response)["result"].clone()
+    };
+    let refused = call(1, json!({ "by": 1, "operation_id": "op-anonymous" }));
+    assert_eq!(refused["isError"], true, "{refused}");
+    assert!(refused["content"][0]["text"].as_str().unwrap_or_default().contains("INVALID_INPUT"), "{refused}");
+    let plain = call(2, json!({ "by": 1 }));
+    assert_eq!(plain["structuredContent"]["counter"], 1, "nothing ran before; a call without a key runs: {plain}");
+    let in_task = json!({ "by": 1, "operation_id": "op-anonymous", "task_id": "task-anonymous" });
+    let first = call(3, in_task.clone());
+    assert_eq!(first["structuredContent"]["counter"], 2, "{first}");
+    assert_eq!(call(4, in_task)["structuredContent"]["counter"], 2, "the retry in its task ran once");
+    game.stop();
+}
+
+#[test]
 fn a_bound_credential_is_shown_no_way_to_name_another_conversation_and_a_named_one_is_ignored() {
     // An in-game agent's credential (or one the game mints) is bound to one conversation: `begin_conversation`
     // and the `conversation` argument are of no use to it (it is refused the one; and a model shown the other may

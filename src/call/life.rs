@@ -128,8 +128,10 @@ impl CallLife {
         }
     }
 
-    /// Why a call ends when its agent cancels it.
-    pub(crate) const CANCELLED_BY_AGENT: &'static str = "the agent cancelled the call";
+    /// Why a call ends when its agent cancels it: by asking, or, over MCP 2026-07-28, by closing the stream that
+    /// carried the call (which its client must then send again: a retry with its `operation_id` reads this).
+    pub(crate) const CANCELLED_BY_AGENT: &'static str =
+        "the agent cancelled the call, or closed the connection that carried it";
 
     /// One more caller from `conversation` waits for the call: its first caller at admission, or a retry of its
     /// operation that joined it. It gets the call's progress reports in `progress`, if it has one, for as long as it

@@ -82,16 +82,16 @@ pub(crate) fn begin_conversation_tool() -> Tool {
         "required": ["conversation"]
     });
     let as_object = |value: serde_json::Value| value.as_object().cloned().unwrap_or_else(JsonObject::new);
-    Tool::new(
-        BEGIN_CONVERSATION,
+    let description = format!(
         "Starts a conversation with the game and returns its handle. Call it once, then pass the handle as the \
          `conversation` argument of every call, so that your calls are never mixed with another client's (not \
          even another copy of your client's) and your retries with an operation_id run once among them. Not \
-         needed when your client keeps an MCP session.",
-        Arc::new(as_object(input)),
-    )
-    .with_raw_output_schema(Arc::new(as_object(output)))
-    .with_annotations(ToolAnnotations::new().read_only(true).destructive(false).idempotent(false).open_world(false))
+         needed when your client keeps an MCP session. The game keeps the {KEPT} handles used most recently: a \
+         handle it no longer knows is refused (CONVERSATION_NOT_FOUND); then begin a new conversation."
+    );
+    Tool::new(BEGIN_CONVERSATION, description, Arc::new(as_object(input)))
+        .with_raw_output_schema(Arc::new(as_object(output)))
+        .with_annotations(ToolAnnotations::new().read_only(true).destructive(false).idempotent(false).open_world(false))
 }
 
 #[cfg(test)]

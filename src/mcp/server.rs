@@ -28,6 +28,7 @@ use crate::call::{CallOutcome, CallRequest, Progress, ProgressSink};
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
 use crate::tool::{take_images, ToolInfo};
+use crate::tool::{OPERATION_ID, TASK_ID};
 
 /// The `_meta` key under which results carry the visit and location they observed (rule H11). Its prefix follows
 /// MCP's rule for `_meta` keys (labels of letters, digits and hyphens: no `_`).
@@ -328,6 +329,15 @@ impl ServerHandler for GameServer {
         };
         // A sessionless request without a handle or a client name: a conversation of its own, ended with it.
         let anonymous = named.id.is_none();
+        let keyed = |name: &str| arguments.get(name).is_some_and(|value| !value.is_null());
+        if anonymous && keyed(OPERATION_ID) && !keyed(TASK_ID) {
+            // Its retry would be another conversation's, whose default task is another: it would run again, where
+            // the argument promises it runs once.
+            let why = "a retry is recognised within a conversation, and this request names none: send your \
+                       client's name in `_meta` (`io.modelcontextprotocol/clientInfo`), a `conversation` handle \
+                       from `begin_conversation`, or a `task_id`";
+            return Ok(error_result(&ToolError::invalid_input(OPERATION_ID, why)).into());
+        }
         let id = named.id.unwrap_or_else(|| {
             ConversationId::new(format!("mcp-request:{}", NEXT_REQUEST.fetch_add(1, Ordering::Relaxed)))
         });

@@ -40,7 +40,26 @@ pub(crate) fn check_name(info: &ToolInfo) -> Result<(), String> {
             "some agents cannot call this tool: name tools with 1 to 64 letters, digits, `_` and `-`"
         );
     }
+    for argument in unusable_arguments(info) {
+        tracing::warn!(
+            tool = name,
+            argument,
+            "Claude's API refuses this tool, and with it every request of an agent that lists it: name arguments \
+             with 1 to 64 letters, digits, `_`, `.` and `-` (`#[serde(rename)]`)"
+        );
+    }
     Ok(())
+}
+
+/// The names of the tool's arguments, as clients see them at its root, that Anthropic's API refuses: it takes
+/// property keys of 1 to 64 letters, digits, `_`, `.` and `-` only, and refuses the whole request otherwise.
+fn unusable_arguments(info: &ToolInfo) -> Vec<String> {
+    let schema = super::flat_root(info.client_input_schema());
+    let Some(properties) = schema.get("properties").and_then(Value::as_object) else { return Vec::new() };
+    let usable = |key: &str| {
+        (1..=64).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+    };
+    properties.keys().filter(|key| !usable(key)).cloned().collect()
 }
 
 const OPERATION_HELP: &str = "Optional. A unique id for this operation: use a UUID (without an MCP session, other \
@@ -234,6 +253,23 @@ mod tests {
     struct View {
         shot: ImageContent,
         tiles: Vec<Tile>,
+    }
+
+    #[derive(serde::Deserialize, JsonSchema)]
+    struct Odd {
+        #[serde(rename = "x y")]
+        _spaced: u32,
+        _plain: u32,
+        #[serde(rename = "größe")]
+        _accented: u32,
+    }
+
+    #[test]
+    fn argument_names_claudes_api_refuses_are_told() {
+        let odd = AgentTool::new("odd", "Odd names.", |_: CallContext<()>, _: Odd| async move { Ok(()) });
+        let mut unusable = super::unusable_arguments(odd.info());
+        unusable.sort();
+        assert_eq!(unusable, ["größe", "x y"], "the reserved arguments and `_plain` are fine");
     }
 
     #[test]
