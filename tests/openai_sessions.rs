@@ -473,10 +473,12 @@ fn after_one_turn() -> (tempfile::TempDir, Server, Game, AgentSession) {
 
 /// After "one" was answered "first" and the next turn failed: `resume`, and the next turn's request carries the
 /// history as it was before the failure.
-fn resumes_with_the_failed_turn_left_out(game: &Game, server: &Server, session: &AgentSession) {
-    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+/// The turn failed alone: the session takes the next text as it is (no `resume`), and the failed turn left no
+/// trace in the history.
+fn goes_on_with_the_failed_turn_left_out(game: &Game, server: &Server, session: &AgentSession) {
+    assert_eq!(session.status(), ConversationStatus::Idle, "only the turn failed");
     server.reply(says("back"));
-    game.block_on(session.send_text("three")).expect("a turn");
+    game.block_on(session.send_text("three")).expect("a turn, without resume");
     let last = server.requests().len() - 1;
     assert_eq!(server.history(last), ["user: one", "assistant: first", "user: three"], "the failed turn left no trace");
 }
@@ -1310,7 +1312,22 @@ fn a_rate_limit_is_retried_after_its_retry_after_and_gives_up_after_the_bounded_
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains("429") && message.contains("rate limiting"), "{message}");
     assert_eq!(server.requests().len(), 4 + 3, "one request and two retries, no more");
-    assert_eq!(session.status(), ConversationStatus::Error);
+    assert_eq!(session.status(), ConversationStatus::Idle, "the turn failed, not the session");
+    let turn = game.block_on(session.send_text("later")).expect("the next text is taken as it is");
+    assert_eq!(turn.final_message.as_deref(), Some("never asked"), "the answer the failed turn never asked for");
+}
+
+#[test]
+fn a_key_refused_mid_session_fails_the_session_so_that_resume_reads_the_key_again() {
+    let (_data, server, game, session) = started();
+    server.reply(Reply::Status(401, None));
+    let (code, message) = code_of(game.block_on(session.send_text("hi")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert!(message.contains("401"), "{message}");
+    assert_eq!(session.status(), ConversationStatus::Error, "its client holds the refused key");
+    game.block_on(session.resume()).expect("resumed");
+    server.reply(says("again"));
+    assert_eq!(game.block_on(session.send_text("hi")).expect("a turn").final_message.as_deref(), Some("again"));
 }
 
 #[test]
@@ -1337,7 +1354,7 @@ fn numbers_too_big_from_the_endpoint_or_its_config_never_stall_a_turn() {
 }
 
 #[test]
-fn a_server_error_is_retried_then_fails_the_turn_and_resume_recovers_with_the_history() {
+fn a_server_error_is_retried_then_fails_the_turn_alone_and_the_next_text_goes_on_with_the_history() {
     let data = tempfile::tempdir().unwrap();
     let server = Server::start();
     let game = Game::start(data.path());
@@ -1351,10 +1368,9 @@ fn a_server_error_is_retried_then_fails_the_turn_and_resume_recovers_with_the_hi
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains("503") && message.contains(&server.url), "{message}");
     assert_eq!(server.requests().len(), 4);
-    assert_eq!(session.status(), ConversationStatus::Error);
     game.log.wait_for(&format!("error {} AGENT_UNAVAILABLE", session.id()));
 
-    resumes_with_the_failed_turn_left_out(&game, &server, &session);
+    goes_on_with_the_failed_turn_left_out(&game, &server, &session);
 }
 
 #[test]
@@ -1393,8 +1409,7 @@ fn a_turn_that_fails_after_its_tool_call_ran_keeps_the_call_and_its_result_and_s
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert_eq!(game.counter(), 1, "the call ran before the endpoint failed");
 
-    // The next connection reads the history from disk: the model learns what it did in the world.
-    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    // The next turn sends the history: the model learns what it did in the world.
     server.reply(says("back"));
     game.block_on(session.send_text("three")).expect("a turn");
     let last = server.requests().len() - 1;
@@ -1420,10 +1435,9 @@ fn a_stream_that_stalls_times_out() {
     assert_eq!(code, ErrorCode::Timeout, "{message}");
     assert!(!message.contains("reading the prompt"), "part of the answer had come: {message}");
     assert!(message.contains("holds a tool call back") && message.contains("stall_timeout"), "{message}");
-    assert_eq!(session.status(), ConversationStatus::Error);
+    assert_eq!(session.status(), ConversationStatus::Idle, "the turn failed, not the session");
 
     // Silent from the start, as a local server reading a long prompt is: the message says so, and what to set.
-    game.block_on(session.resume()).expect("resumed");
     server.reply(Reply::Stream(vec![Piece::Stall]));
     let (code, message) = code_of(game.block_on(session.send_text("hi again")));
     assert_eq!(code, ErrorCode::Timeout, "{message}");
@@ -1488,7 +1502,7 @@ fn an_answer_with_nothing_in_it_and_no_finish_reason_fails_the_turn_and_leaves_t
     let (code, message) = code_of(game.block_on(session.send_text("two")));
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains("no finish_reason"), "{message}");
-    resumes_with_the_failed_turn_left_out(&game, &server, &session);
+    goes_on_with_the_failed_turn_left_out(&game, &server, &session);
 }
 
 #[test]
@@ -1508,7 +1522,7 @@ fn an_error_line_llama_cpp_sends_outside_the_data_lines_fails_the_turn_quoting_t
             format!("{}/chat/completions reported an error in its stream (500: the KV cache is full)", server.url),
             "the endpoint and the server's own words"
         );
-        resumes_with_the_failed_turn_left_out(&game, &server, &session);
+        goes_on_with_the_failed_turn_left_out(&game, &server, &session);
     }
 }
 
@@ -1724,8 +1738,7 @@ fn a_connection_broken_mid_answer_fails_the_turn_and_leaves_the_history() {
     server.reply(Reply::Stream(vec![text("half"), Piece::Break]));
     let (code, message) = code_of(game.block_on(session.send_text("two")));
     assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
-    assert_eq!(session.status(), ConversationStatus::Error);
-    resumes_with_the_failed_turn_left_out(&game, &server, &session);
+    goes_on_with_the_failed_turn_left_out(&game, &server, &session);
 }
 
 #[test]
@@ -1735,7 +1748,7 @@ fn an_answer_cut_short_before_its_end_fails_the_turn_and_runs_none_of_its_calls(
     let (code, message) = code_of(game.block_on(session.send_text("two")));
     assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
     assert_eq!(game.counter(), 0, "the call of an answer cut short never ran");
-    resumes_with_the_failed_turn_left_out(&game, &server, &session);
+    goes_on_with_the_failed_turn_left_out(&game, &server, &session);
     // A server that sends no `[DONE]` after its finish_reason: the answer stands.
     server.reply(Reply::Stream(vec![text("whole"), finish("stop"), Piece::Close]));
     let turn = game.block_on(session.send_text("four")).expect("a turn");

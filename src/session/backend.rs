@@ -203,12 +203,12 @@ pub(crate) enum BackendEvent {
     /// The turn ended.
     TurnEnded { turn: u64, stop: StopReason },
     /// The turn failed and the session with it: the agent is stopped and the status is `Error` until `resume`
-    /// (an OpenAI-compatible endpoint that failed the request; a panic in the turn's loop).
+    /// (an OpenAI-compatible endpoint that refused its API key; a panic in the turn's loop).
     #[cfg_attr(not(feature = "openai"), allow(dead_code))]
     TurnFailed { turn: u64, error: ToolError },
     /// The agent answered the turn with an error (its provider's rate limit or overload, a context too long) and
     /// is still running: the turn fails with `error`, and the session takes the next text.
-    #[cfg_attr(not(feature = "acp"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "acp", feature = "openai")), allow(dead_code))]
     TurnRefused { turn: u64, error: ToolError },
     /// Something the player should know that fails nothing (an OpenAI-compatible session's history that could
     /// not be written): shown as a `ChatError`.

@@ -31,10 +31,11 @@
 //!   `--jinja`, vLLM without `--enable-auto-tool-choice`, a conversation longer than the model's context) says
 //!   what to change; one for the context's length is first asked again, once a round, with the history sent bounded
 //!   to half of it (and so, cut as any history over its bound is, to its newest turns within 30% of it); a share
-//!   the endpoint took bounds the history from then on, for the rest of the session's run. A failed
-//!   turn fails the session (status `Error`; `resume` reconnects, with
-//!   the history as it was before that turn, or, if tool calls ran in it, with them and their results and a line
-//!   saying the turn failed: the model then knows what it changed in the world).
+//!   the endpoint took bounds the history from then on, for the rest of the session's run. A failed turn fails
+//!   alone: the session stays `Idle` and takes the next text (the endpoint may be back), with the history as it
+//!   was before that turn, or, if tool calls ran in it, with them and their results and a line saying the turn
+//!   failed: the model then knows what it changed in the world. A refused API key (`401`, `403`) fails the session
+//!   (status `Error`): `resume` reconnects, reading the key again.
 
 mod answer_end;
 mod client;

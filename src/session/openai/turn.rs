@@ -101,6 +101,10 @@ impl Reasoning {
 /// what was said and done so far, every tool call with its result). A failed turn leaves the history as it was,
 /// unless tool calls ran in it: the world may have changed, so they are kept with their results, followed by a
 /// line saying the turn failed and why (as the model's own, which every chat template accepts after tool results).
+///
+/// A turn the endpoint failed (a refusal, a rate limit past its retries, a broken or silent stream, an answer
+/// that cannot be used) fails alone: the session takes the next text, with the history as above. A refusal of the
+/// key (`401`, `403`) fails the session: its client holds the key, and `resume` reads it again.
 pub(crate) async fn run(
     shared: Arc<Shared>,
     turn: u64,
@@ -121,7 +125,12 @@ pub(crate) async fn run(
                 messages.push(json!({"role": "assistant", "content": failed_note(&error)}));
                 shared.commit(messages).await;
             }
-            BackendEvent::TurnFailed { turn, error }
+            let status = error.details.extra.get("status").and_then(Value::as_u64);
+            if matches!(status, Some(401 | 403)) {
+                BackendEvent::TurnFailed { turn, error }
+            } else {
+                BackendEvent::TurnRefused { turn, error }
+            }
         }
     }
 }
