@@ -6,7 +6,9 @@
 //! `anyOf` and `description`: a struct or an enum argument reached its models as an untyped field (the sandbox's
 //! `travel` as a `dimension` with no list of dimensions). So models are given each reference replaced by what it
 //! names (a type that contains itself keeps its reference, and the definitions with it), constants as an `enum`
-//! (their docs joined into the description), and no `$schema`. Calls are still checked against the exact schema.
+//! (their docs joined into the description), and no `$schema`; and, as Ollama reads neither `oneOf` nor `const`,
+//! alternatives that are not all constants (an enum whose variants carry data) as `anyOf`, and a lone constant (a
+//! variant's tag) as an `enum` of one. Calls are still checked against the exact schema.
 
 use serde_json::{Map, Value};
 
@@ -17,9 +19,50 @@ const INLINED_LEAST: usize = 16 * 1024;
 /// The most definitions inlined in one schema, which stops the copying long before it could take time or memory.
 const INLINES_MOST: usize = 256;
 
+/// `schema` with its local references replaced by their definitions and `oneOf`s of constants as `enum`s (as it
+/// was, without `$schema`, where that would make it much larger), in the words Ollama reads.
+pub(crate) fn inlined(schema: Value) -> Value {
+    let mut inlined = references_inlined(schema);
+    in_ollamas_words(&mut inlined);
+    inlined
+}
+
+/// `schema` in the keywords Ollama's tool structure keeps (`anyOf`, `enum`; it drops what it does not know):
+/// `oneOf` as `anyOf` (the alternatives of a Rust enum are disjoint, so both say the same), `const` as an `enum`
+/// of one.
+fn in_ollamas_words(schema: &mut Value) {
+    match schema {
+        Value::Array(items) => items.iter_mut().for_each(in_ollamas_words),
+        Value::Object(keywords) => {
+            for (key, child) in keywords.iter_mut() {
+                match (key.as_str(), child) {
+                    // Values, not schemas.
+                    ("const" | "enum" | "default" | "examples", _) => {}
+                    // Schemas by name: the names are not keywords.
+                    ("properties" | "patternProperties" | "$defs" | "definitions", Value::Object(named)) => {
+                        named.values_mut().for_each(in_ollamas_words)
+                    }
+                    (_, child) => in_ollamas_words(child),
+                }
+            }
+            if !keywords.contains_key("anyOf") {
+                if let Some(alternatives) = keywords.remove("oneOf") {
+                    keywords.insert("anyOf".into(), alternatives);
+                }
+            }
+            if !keywords.contains_key("enum") {
+                if let Some(constant) = keywords.remove("const") {
+                    keywords.insert("enum".into(), Value::Array(vec![constant]));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 /// `schema` with its local references replaced by their definitions and `oneOf`s of constants as `enum`s; as it
 /// was (without `$schema`) where that would make it much larger.
-pub(crate) fn inlined(schema: Value) -> Value {
+fn references_inlined(schema: Value) -> Value {
     let Value::Object(mut root) = schema else { return schema };
     root.remove("$schema");
     let original = Value::Object(root.clone());
@@ -281,9 +324,40 @@ mod tests {
     }
 
     #[test]
-    fn alternatives_that_are_not_all_constants_stay() {
+    fn alternatives_that_are_not_all_constants_stay_alternatives_in_ollamas_words() {
         let mixed = json!({ "oneOf": [{ "const": "a" }, { "type": "integer" }] });
-        assert_eq!(inlined(mixed.clone()), mixed);
+        assert_eq!(inlined(mixed), json!({ "anyOf": [{ "enum": ["a"] }, { "type": "integer" }] }));
         assert_eq!(inlined(json!(true)), json!(true));
+    }
+
+    /// A data-carrying enum, tagged as serde's internally tagged enums are.
+    #[derive(JsonSchema)]
+    #[serde(tag = "kind", rename_all = "snake_case")]
+    #[allow(dead_code)]
+    enum Action {
+        Move { x: i32 },
+        Wait { ticks: u32 },
+    }
+
+    #[derive(JsonSchema)]
+    #[allow(dead_code)]
+    struct Holder {
+        action: Action,
+        /// A property that is named as a keyword.
+        #[serde(rename = "const")]
+        named_const: u32,
+    }
+
+    #[test]
+    fn an_enum_whose_variants_carry_data_reaches_ollama_with_its_shapes_and_tags() {
+        // Ollama's tool structure has no `oneOf` and no `const`, and drops what it does not know: the argument
+        // would reach its models with its description alone.
+        let sent = inlined(schema_of::<Holder>());
+        let text = sent.to_string();
+        assert!(!text.contains("\"oneOf\""), "{sent:#}");
+        let action = &sent["properties"]["action"];
+        assert_eq!(action["anyOf"][0]["properties"]["kind"]["enum"], json!(["move"]), "{sent:#}");
+        assert_eq!(action["anyOf"][1]["properties"]["ticks"]["type"], "integer", "{sent:#}");
+        assert_eq!(sent["properties"]["const"]["type"], "integer", "a property's name is not a keyword: {sent:#}");
     }
 }
