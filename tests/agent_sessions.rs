@@ -1381,11 +1381,20 @@ fn an_agent_that_needs_a_sign_in_says_which_methods_it_offers_and_signs_in_with_
     let turn = game.block_on(session.send_text("hello")).expect("a turn");
     assert_eq!(turn.final_message.as_deref(), Some("You said: hello"));
 
-    // A turn refused for a sign-in (a login that expired) says so too; the session takes the next text.
+    // A turn refused for a sign-in (a login that expired): the game signs in again with the method it chose, says
+    // so, and the next text is taken.
     let (code, message) = code_of(game.block_on(session.send_text("needs-sign-in")));
     assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
-    assert!(message.contains("needs you to sign in") && message.contains("`scripted-key`"), "{message}");
+    assert!(message.contains("needs you to sign in") && message.contains("signed in again with `scripted-key`"));
     assert!(message.contains("the stored login expired"), "the agent's own words: {message}");
+    game.block_on(session.send_text("again")).expect("the next turn, signed in");
+
+    // Without a method chosen, the refusal says what the agent offers and how to sign in.
+    let session = game.create(agent(&dirs, &[])).expect("started");
+    let (code, message) = code_of(game.block_on(session.send_text("needs-sign-in")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert!(message.contains("the stored login expired") && message.contains("command line"), "{message}");
+    assert!(!message.contains("signed in again"), "{message}");
     game.block_on(session.send_text("again")).expect("the next turn");
 }
 

@@ -3,7 +3,8 @@
 //! `auth_required` (`-32000`) and list the methods they offer in `initialize`. The game never picks one on its
 //! own (a method may open a browser, or bill an API key): when the agent asks, it signs in with the method the game
 //! chose ([`SessionConfig::auth_method`](crate::session::SessionConfig::auth_method)) and asks for the session
-//! again, and otherwise tells the player what the agent offers and how to sign in. It never signs in unasked: a
+//! again (for a turn, it signs in and refuses the turn saying to send it again), and otherwise tells the player
+//! what the agent offers and how to sign in. It never signs in unasked: a
 //! sign-in replaces the login the person already has (Codex's stored ChatGPT login).
 
 use agent_client_protocol::v1::schema::{AuthMethod, AuthenticateRequest, AuthenticateResponse};
@@ -61,6 +62,11 @@ impl SignIn {
     /// The error for an agent's answer that it needs a sign-in, or `None` for any other error. The agent's own
     /// words go with it where it said more than ACP's default (Claude's adapter says why a login cannot be used).
     pub(crate) fn required(&self, error: &agent_client_protocol::Error) -> Option<ToolError> {
+        self.asked(error).map(|what| self.error(what))
+    }
+
+    /// What the agent said asking for a sign-in, or `None` if `error` is not that.
+    pub(crate) fn asked(&self, error: &agent_client_protocol::Error) -> Option<String> {
         if error.code != agent_client_protocol::ErrorCode::AUTH_REQUIRED {
             return None;
         }
@@ -71,11 +77,10 @@ impl SignIn {
             other => other.to_string(),
         });
         let words: Vec<String> = said.map(str::to_string).into_iter().chain(data).collect();
-        let what = match words.is_empty() {
+        Some(match words.is_empty() {
             true => "the agent needs you to sign in (ACP auth_required)".to_string(),
             false => format!("the agent needs you to sign in (ACP auth_required: {})", words.join(": ")),
-        };
-        Some(self.error(what))
+        })
     }
 
     /// Whether `error` is the agent asking for a sign-in ([`required`](Self::required)).

@@ -18,7 +18,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::{oneshot, watch};
 
 use super::auth::SignIn;
-use super::ending::{Ending, TurnAnswer};
+use super::ending::{Ending, SignInAgain, TurnAnswer};
 use super::updates::{self, Replay};
 use super::{quirks, Command};
 use crate::error::{ErrorCode, ToolError};
@@ -302,6 +302,7 @@ async fn run(
     let session = SessionId::new(opened.session.clone());
     let can_close = opened.can_close;
     let sign_in = opened.sign_in;
+    let again = auth_method.map(|method| SignInAgain { cx: cx.clone(), method, timeout: setup.timeouts.sign_in });
     let (agent, conversation) = (setup.agent.clone(), setup.conversation.clone());
     let _ = ready.send(Ok(Opened {
         session: opened.session,
@@ -317,7 +318,8 @@ async fn run(
                     .into_iter()
                     .map(|PromptBlock::Text(text)| ContentBlock::Text(TextContent::new(text)))
                     .collect();
-                let answer = TurnAnswer::new(turn, sink.clone(), exit.clone(), ending.clone(), sign_in.clone());
+                let answer =
+                    TurnAnswer::new(turn, sink.clone(), exit.clone(), ending.clone(), sign_in.clone(), again.clone());
                 // Reported in the connection's order (the dispatch of what the agent sends next waits for it): the
                 // callback is registered before the request goes out (`prepare_request`; a request sent first could
                 // be answered before the order is asked for).
