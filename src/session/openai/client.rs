@@ -565,9 +565,18 @@ pub(crate) fn refuses_stream_options(error: &OpenAIError) -> bool {
 
 /// Whether a refusal's words ([`refusal_words`]) say the request is longer than the model's context.
 fn says_too_long(words: &str) -> bool {
-    ["exceed_context_size", "context_length_exceeded", "context size", "context length"]
-        .iter()
-        .any(|marker| words.contains(marker))
+    // Gemini's OpenAI-compatible endpoint: "The input token count (N) exceeds the maximum number of tokens allowed
+    // (M)"; Anthropic's: "prompt is too long: N tokens > M maximum".
+    [
+        "exceed_context_size",
+        "context_length_exceeded",
+        "context size",
+        "context length",
+        "exceeds the maximum number of tokens allowed",
+        "prompt is too long",
+    ]
+    .iter()
+    .any(|marker| words.contains(marker))
 }
 
 /// A refusal's message, type and code, in lower case, for recognising the refusals [`advice`] knows.
@@ -744,6 +753,16 @@ mod tests {
         for nothing in ["-1", "NaN", "1e20", "soon", ""] {
             assert_eq!(retry_after(nothing, now), None, "{nothing:?}");
         }
+    }
+
+    #[test]
+    fn gemini_and_anthropic_words_for_a_request_longer_than_the_context_are_read_as_such() {
+        let gemini = "The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).";
+        let anthropic = "prompt is too long: 210000 tokens > 200000 maximum";
+        for said in [gemini, anthropic] {
+            assert!(in_stream_too_long(&json!({ "message": said })), "{said}");
+        }
+        assert!(!in_stream_too_long(&json!({ "message": "the answer is too long to show" })));
     }
 
     #[test]
