@@ -11,6 +11,7 @@ use crate::ids::{LocationRevision, RequestId, VisitId, WorldId};
 /// The stable error codes. Each variant serializes as its `SCREAMING_SNAKE_CASE` name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[non_exhaustive]
 pub enum ErrorCode {
     /// No visit is open: the player is not in a world.
     NoWorld,

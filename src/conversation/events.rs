@@ -99,6 +99,7 @@ pub struct CallProgress {
 /// One event of a conversation, in the order it was published.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ConversationEvent {
     /// The status changed.
     Status(ConversationStatusChanged),

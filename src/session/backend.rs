@@ -131,6 +131,7 @@ pub(crate) enum PromptBlock {
 /// Why a turn ended, as the agent said.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum StopReason {
     /// The agent finished.
     EndTurn,

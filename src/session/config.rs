@@ -130,6 +130,7 @@ impl SessionConfig {
 /// Which agent a session talks to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum SessionBackend {
     /// An agent speaking the Agent Client Protocol over its standard input and output, started as a child
     /// process: Claude Code through `@agentclientprotocol/claude-agent-acp`, Codex through

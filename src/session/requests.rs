@@ -111,6 +111,7 @@ impl SessionRequest {
 
 /// What a [`SessionRequest`] did.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum SessionReply {
     /// The session was created and is `Idle`.
     Created {
