@@ -389,6 +389,12 @@ pub struct Resumed {
     pub events: Subscription,
 }
 
+impl std::fmt::Debug for Resumed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resumed").field("snapshot", &self.snapshot).finish_non_exhaustive()
+    }
+}
+
 impl std::fmt::Debug for Conversation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Conversation").field("id", &self.id).field("status", &self.status()).finish()

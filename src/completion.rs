@@ -80,6 +80,12 @@ pub struct Completer {
     slot: Arc<Slot>,
 }
 
+impl std::fmt::Debug for Completer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completer").finish_non_exhaustive()
+    }
+}
+
 impl Completer {
     /// Resolves the completion with this result. Only the first resolution counts.
     pub fn complete(self, result: CompletionResult) {

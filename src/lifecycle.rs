@@ -65,6 +65,12 @@ pub struct Opened<S> {
     pub(crate) ready: Option<Completion>,
 }
 
+impl<S> std::fmt::Debug for Opened<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opened").field("loading", &self.ready.is_some()).finish_non_exhaustive()
+    }
+}
+
 impl<S> Opened<S> {
     /// A session that is ready for calls now.
     pub fn ready(session: S) -> Self {

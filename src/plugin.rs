@@ -115,6 +115,18 @@ pub struct AgentToolsPlugin<L: WorldLifecycle> {
     step_points: StepPoints,
 }
 
+impl<L: WorldLifecycle> std::fmt::Debug for AgentToolsPlugin<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentToolsPlugin")
+            .field("lifecycle", &std::any::type_name::<L>())
+            .field("tools", &self.tools.len())
+            .field("default_dimension", &self.default_dimension)
+            .field("worker_threads", &self.worker_threads)
+            .field("exit_deadline", &self.exit_deadline)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// A host for `lifecycle`, with the defaults: 30 s call timeout, 1 ms pump budget per frame, dimension
     /// `"overworld"`, 2 worker threads below the game's threads ([`WorkerPriority::Background`]), `PostUpdate`,

@@ -125,6 +125,7 @@ impl ReplayKey {
 }
 
 /// What admission should do with a keyed call.
+#[allow(missing_debug_implementations)] // internals, for the benches
 pub enum Begin<T, O> {
     /// First of its key: run it, then [`ReplayTable::start`] it.
     Fresh,
@@ -139,6 +140,7 @@ pub enum Begin<T, O> {
 }
 
 /// One visit's table: keyed executions in flight (`T`) and retained outcomes (`O`).
+#[allow(missing_debug_implementations)] // internals, for the benches
 pub struct ReplayTable<T, O> {
     retention: ReplayRetention,
     entries: HashMap<ReplayKey, Entry<T, O>>,

@@ -40,6 +40,12 @@ pub struct AgentRuntime {
     handle: tokio::runtime::Handle,
 }
 
+impl std::fmt::Debug for AgentRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentRuntime").field("handle", &self.handle).finish_non_exhaustive()
+    }
+}
+
 impl AgentRuntime {
     pub(crate) fn start(worker_threads: usize, priority: WorkerPriority) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()

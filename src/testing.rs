@@ -250,6 +250,12 @@ pub struct Gate {
     inner: Arc<GateInner>,
 }
 
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate").field("arrived", &self.arrived()).finish_non_exhaustive()
+    }
+}
+
 #[derive(Default)]
 struct GateInner {
     arrived: AtomicUsize,
@@ -308,6 +314,12 @@ pub struct RunningGame {
     commands: crossbeam_channel::Sender<GameCommand>,
     thread: Option<std::thread::JoinHandle<()>>,
     agent: AgentHandle,
+}
+
+impl std::fmt::Debug for RunningGame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningGame").field("running", &self.thread.is_some()).finish_non_exhaustive()
+    }
 }
 
 impl RunningGame {
@@ -382,6 +394,7 @@ impl Drop for RunningGame {
 
 /// The smallest world lifecycle: a `u64` counter as each visit's session, nothing saved. For benches, transport
 /// tests and examples that need a world but no game.
+#[derive(Debug)]
 pub struct CounterGame;
 
 impl WorldLifecycle for CounterGame {

@@ -309,6 +309,12 @@ fn wrong_session<S>() -> ToolError {
 /// The future returned by [`CallContext::ended`]: resolves with why the call ended.
 pub struct Ended(std::pin::Pin<Box<dyn Future<Output = ToolError> + Send>>);
 
+impl std::fmt::Debug for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ended").finish_non_exhaustive()
+    }
+}
+
 impl Future for Ended {
     type Output = ToolError;
 

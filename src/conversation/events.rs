@@ -181,6 +181,12 @@ pub struct Subscription {
     pub(crate) events: UnboundedReceiver<ConversationEvent>,
 }
 
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription").field("waiting", &self.events.len()).finish()
+    }
+}
+
 impl Subscription {
     /// The next event if one is waiting.
     pub fn try_next(&mut self) -> Option<ConversationEvent> {

@@ -19,6 +19,7 @@ use crate::runtime::AgentRuntime;
 /// app.add_plugins(WorldStorePlugin::new("saves").codec(Codec::Postcard));
 /// # }
 /// ```
+#[derive(Debug)]
 pub struct WorldStorePlugin {
     root: PathBuf,
     codec: Codec,

@@ -47,6 +47,12 @@ pub struct AgentSessions {
     exiting: tokio_util::sync::CancellationToken,
 }
 
+impl std::fmt::Debug for AgentSessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentSessions").field("live", &self.live.lock().len()).finish_non_exhaustive()
+    }
+}
+
 impl AgentSessions {
     pub(crate) fn new(host: Arc<SessionHost>) -> Self {
         Self {
@@ -543,6 +549,12 @@ impl std::fmt::Debug for AgentSession {
 #[must_use = "the turn's outcome is lost unless awaited"]
 pub struct PendingTurn {
     outcome: oneshot::Receiver<Result<TurnEnd, ToolError>>,
+}
+
+impl std::fmt::Debug for PendingTurn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingTurn").finish_non_exhaustive()
+    }
 }
 
 impl Future for PendingTurn {

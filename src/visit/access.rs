@@ -95,6 +95,12 @@ pub struct VisitSession<'w, L: WorldLifecycle> {
     slot: Option<ResMut<'w, VisitSlot<L>>>,
 }
 
+impl<L: WorldLifecycle> std::fmt::Debug for VisitSession<'_, L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VisitSession").field("visit", &self.get().map(|(visit, _)| visit)).finish_non_exhaustive()
+    }
+}
+
 impl<L: WorldLifecycle> VisitSession<'_, L> {
     /// The open visit (its world, visit id and current location) and its session; `None` when none is open.
     pub fn get(&self) -> Option<(&VisitInfo, &L::Session)> {
