@@ -54,7 +54,7 @@ pub(crate) fn check_name(info: &ToolInfo) -> Result<(), String> {
 /// The names of the tool's arguments, as clients see them at its root, that Anthropic's API refuses: it takes
 /// property keys of 1 to 64 letters, digits, `_`, `.` and `-` only, and refuses the whole request otherwise.
 fn unusable_arguments(info: &ToolInfo) -> Vec<String> {
-    let schema = super::flat_root(info.client_input_schema());
+    let schema = super::flat_root::flat_root(info.client_input_schema());
     let Some(properties) = schema.get("properties").and_then(Value::as_object) else { return Vec::new() };
     let usable = |key: &str| {
         (1..=64).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
