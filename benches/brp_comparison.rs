@@ -409,7 +409,7 @@ fn phase(label: &str, frame: Duration, points: StepPoints, quick_ack: bool, roun
             app.insert_resource(Stop(stop_rx))
                 .insert_resource(timeline)
                 .add_systems(First, (stop_when_asked, frame_starts))
-                .add_systems(PostUpdate, pump_starts.before(AgentToolsSet::Pump));
+                .add_systems(PostUpdate, pump_starts.before(AgentToolsSystems::Pump));
             app.world_mut().spawn(Position { x: 1.0, y: 64.0, z: -3.0 });
             app.world_mut().write_message(EnterWorld::new("bench"));
             app.update(); // Startup (BRP's server starts) and the world is open before anyone calls

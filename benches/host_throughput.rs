@@ -236,8 +236,8 @@ fn pump_frame(c: &mut Criterion) {
     app.init_resource::<PumpClock>().add_systems(
         PostUpdate,
         (
-            pump_started.after(AgentToolsSet::Transitions).before(AgentToolsSet::Pump),
-            pump_ended.after(AgentToolsSet::Pump),
+            pump_started.after(AgentToolsSystems::Transitions).before(AgentToolsSystems::Pump),
+            pump_ended.after(AgentToolsSystems::Pump),
         ),
     );
     let conversation = app.agent().conversation("pump");

@@ -1,5 +1,5 @@
 //! The game's exit (`AppExit`): the order in which in-game agent sessions, the host and the transports stop
-//! ([`ExitSet`]), and the host's part of it.
+//! ([`AgentToolsExitSystems`]), and the host's part of it.
 
 use std::time::{Duration, Instant};
 
@@ -28,7 +28,7 @@ use crate::visit::VisitSlot;
 /// the whole exit, in the same order, runs in a schedule right after `Last` in that frame, so the visit is still
 /// closed and saved before the app's runner sees the exit (systems in `Last` do not see that exit's messages).
 #[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ExitSet {
+pub enum AgentToolsExitSystems {
     /// In-game agent sessions (`session::AgentSessionsPlugin`, feature `acp` or `openai`).
     Sessions,
     /// The host: the visit's exit, every outstanding save, `WorldLifecycle::shutdown`.
@@ -36,6 +36,10 @@ pub enum ExitSet {
     /// Transports (`mcp::McpPlugin`, feature `mcp`).
     Transport,
 }
+
+/// The name [`AgentToolsExitSystems`] had before it followed Bevy's naming of system sets (`*Systems`).
+#[deprecated(since = "0.1.0", note = "renamed `AgentToolsExitSystems`, as Bevy names its system sets")]
+pub type ExitSet = AgentToolsExitSystems;
 
 /// Runs right after `Last`: the exit, for an `AppExit` written in `Last` after the exit was decided there.
 #[derive(ScheduleLabel, Clone, Debug, PartialEq, Eq, Hash)]
@@ -55,14 +59,20 @@ pub(crate) fn configure(app: &mut App) {
     if let Some(mut order) = app.world_mut().get_resource_mut::<MainScheduleOrder>() {
         order.insert_after(Last, LateExit);
     }
-    let decide_in_last = decide(ExitIn::Last).before(ExitSet::Sessions);
+    let decide_in_last = decide(ExitIn::Last).before(AgentToolsExitSystems::Sessions);
     // Bevy's window-close exits (`exit_on_all_closed`, ...) are written in `Last`: decide after them.
     #[cfg(feature = "winit")]
     let decide_in_last = decide_in_last.after(bevy::window::ExitSystems);
-    app.configure_sets(Last, (ExitSet::Sessions, ExitSet::Host, ExitSet::Transport).chain())
-        .configure_sets(LateExit, (ExitSet::Sessions, ExitSet::Host, ExitSet::Transport).chain())
-        .add_systems(Last, decide_in_last)
-        .add_systems(LateExit, decide(ExitIn::LateExit).before(ExitSet::Sessions));
+    app.configure_sets(
+        Last,
+        (AgentToolsExitSystems::Sessions, AgentToolsExitSystems::Host, AgentToolsExitSystems::Transport).chain(),
+    )
+    .configure_sets(
+        LateExit,
+        (AgentToolsExitSystems::Sessions, AgentToolsExitSystems::Host, AgentToolsExitSystems::Transport).chain(),
+    )
+    .add_systems(Last, decide_in_last)
+    .add_systems(LateExit, decide(ExitIn::LateExit).before(AgentToolsExitSystems::Sessions));
 }
 
 /// Moves [`LateExit`] to the end of the frame's schedules, once every plugin is built: one a plugin inserted after
@@ -76,8 +86,8 @@ pub(crate) fn run_late_exit_last(app: &mut App) {
     }
 }
 
-/// Adds the exit's `systems` (each placed in an [`ExitSet`]) to `Last` and to the schedule after it: they run in
-/// the one the exit was decided in.
+/// Adds the exit's `systems` (each placed in an [`AgentToolsExitSystems`]) to `Last` and to the schedule after it: they
+/// run in the one the exit was decided in.
 pub(crate) fn add_exit_systems<M, C: IntoScheduleConfigs<ScheduleSystem, M>>(app: &mut App, systems: impl Fn() -> C) {
     app.add_systems(Last, systems().run_if(exits_in(ExitIn::Last)))
         .add_systems(LateExit, systems().run_if(exits_in(ExitIn::LateExit)));
@@ -118,7 +128,8 @@ pub(crate) const HANDLER_GRACE: Duration = Duration::from_secs(2);
 /// On `AppExit`: exits the open visit, waits for every outstanding close completion (bounded, each miss logged
 /// with its world), for the tool handlers still running to return (at most [`HANDLER_GRACE`]), calls `shutdown`
 /// exactly once, then waits for every operation of the
-/// [`WorldStore`](crate::persist::WorldStore), if there is one (bounded by the same deadline). The runtime stops later, in [`stop_runtime`].
+/// [`WorldStore`](crate::persist::WorldStore), if there is one (bounded by the same deadline). The runtime stops later,
+/// in [`stop_runtime`].
 pub(crate) fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
     if world.resource::<Messages<AppExit>>().is_empty() || world.contains_resource::<ExitStarted>() {
         return;
@@ -135,8 +146,8 @@ pub(crate) fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
         // transports stop.
         slot.host.waiting_calls.close();
         for (info, completion) in slot.closing.drain(..) {
-            // As between frames: logged, and a `VisitSaved` a system after `ExitSet::Host` can read; a save still
-            // running at the deadline is reported as failed (the app does not wait for it).
+            // As between frames: logged, and a `VisitSaved` a system after `AgentToolsExitSystems::Host` can read; a
+            // save still running at the deadline is reported as failed (the app does not wait for it).
             let result =
                 completion.wait_timeout(deadline.saturating_duration_since(Instant::now())).unwrap_or_else(|| {
                     Err(crate::CompletionError::new("the save did not finish before the exit deadline"))
@@ -175,7 +186,7 @@ pub(crate) fn stop_on_app_exit<L: WorldLifecycle>(world: &mut World) {
     }
 }
 
-/// After the transports stopped ([`ExitSet::Transport`]): stops the runtime, giving its tasks a second.
+/// After the transports stopped ([`AgentToolsExitSystems::Transport`]): stops the runtime, giving its tasks a second.
 pub(crate) fn stop_runtime(world: &mut World) {
     if world.contains_resource::<ExitStarted>() && !world.resource::<AgentRuntime>().is_stopped() {
         world.resource_mut::<AgentRuntime>().stop(Duration::from_secs(1));

@@ -46,12 +46,14 @@ pub use conversation::{
     PermissionRequested, PermissionSettled, Reported, StatusSource, Subscription,
 };
 pub use error::{ErrorCode, ErrorDetails, ToolError};
-pub use exit::ExitSet;
+#[allow(deprecated)]
+pub use exit::{AgentToolsExitSystems, ExitSet};
 pub use host::{VisitPhase, VisitStatus};
 pub use ids::{ConversationId, DimensionId, LocationRevision, OperationId, RequestId, TaskId, VisitId, WorldId};
 pub use lifecycle::{Location, OpenError, Opened, VisitInfo, WorldLifecycle};
 pub use persist::{Loaded, StoreError, WorldStore, WorldStorePlugin};
-pub use plugin::{AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet, StepPoints};
+#[allow(deprecated)]
+pub use plugin::{AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet, AgentToolsSystems, StepPoints};
 pub use replay::ReplayRetention;
 pub use runner::AgentToolsRunnerPlugin;
 pub use runtime::{AgentRuntime, WorkerPriority};
@@ -73,9 +75,9 @@ pub mod internals {
 /// Everything you need to get started: the trait to implement, the plugin, tools, contexts and errors.
 pub mod prelude {
     pub use crate::{
-        AgentHandle, AgentTool, AgentToolsAppExt, AgentToolsPlugin, AgentToolsRunnerPlugin, AgentToolsSet, CallContext,
-        Completion, DimensionId, EnterWorld, ErrorCode, ExitWorld, Location, NoArgs, OpenError, Opened, ToolError,
-        ToolScope, TravelTo, VisitInfo, VisitLoadFailed, VisitSession, VisitSessionExt, WorldBinding, WorldId,
-        WorldLifecycle, WorldOpenFailed,
+        AgentHandle, AgentTool, AgentToolsAppExt, AgentToolsPlugin, AgentToolsRunnerPlugin, AgentToolsSystems,
+        CallContext, Completion, DimensionId, EnterWorld, ErrorCode, ExitWorld, Location, NoArgs, OpenError, Opened,
+        ToolError, ToolScope, TravelTo, VisitInfo, VisitLoadFailed, VisitSession, VisitSessionExt, WorldBinding,
+        WorldId, WorldLifecycle, WorldOpenFailed,
     };
 }

@@ -14,7 +14,7 @@ use crate::conversation::{
     end_idle_conversations, publish_conversation_messages, CallFinished, CallProgress, CallStarted, ChatDelta,
     ChatError, ChatMessage, ConversationFeed, ConversationStatusChanged, PermissionRequested, PermissionSettled,
 };
-use crate::exit::{stop_on_app_exit, stop_runtime, ExitSet};
+use crate::exit::{stop_on_app_exit, stop_runtime, AgentToolsExitSystems};
 use crate::host::{HostConfig, HostShared};
 use crate::ids::{DimensionId, WorldId};
 use crate::lifecycle::WorldLifecycle;
@@ -39,7 +39,7 @@ use crate::visit::{
 /// this one) and at the end of `Pump` (what this frame's transitions and steps caused). The idle timeout of
 /// conversations is checked at the start of `Transitions`.
 #[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AgentToolsSet {
+pub enum AgentToolsSystems {
     /// Applies this frame's [`EnterWorld`], [`TravelTo`] and [`ExitWorld`] in the order they were created, calling
     /// `open`, `relocated` and `close`; then calls `tick` on the open session.
     Transitions,
@@ -49,15 +49,19 @@ pub enum AgentToolsSet {
     Pump,
 }
 
+/// The name [`AgentToolsSystems`] had before it followed Bevy's naming of system sets (`*Systems`).
+#[deprecated(since = "0.1.0", note = "renamed `AgentToolsSystems`, as Bevy names its system sets")]
+pub type AgentToolsSet = AgentToolsSystems;
+
 /// Where in the game's loop queued main-thread steps (`on_client` steps, `on_end` cleanups, input observations)
-/// run. `every_frame` steps always run in the frame's [`AgentToolsSet::Pump`], once per frame; a step queued
+/// run. `every_frame` steps always run in the frame's [`AgentToolsSystems::Pump`], once per frame; a step queued
 /// after one waits for that pump too, to keep the queue's order. Set with [`AgentToolsPlugin::step_points`].
 ///
 /// Every point takes steps from the one queue in the order they were queued, rechecks each right before it runs
 /// (call live, deadline, visit, location revision: rule H8), and counts against one budget per frame
-/// ([`AgentToolsPlugin::pump_budget`]): what the frame's [`AgentToolsSet::Pump`] spent, the wait after it may
+/// ([`AgentToolsPlugin::pump_budget`]): what the frame's [`AgentToolsSystems::Pump`] spent, the wait after it may
 /// only spend the rest of. No point runs during a transition: transitions are applied inside a frame, in
-/// [`AgentToolsSet::Transitions`] (a followed state's, in Bevy's `StateTransition`), and the wait between frames is
+/// [`AgentToolsSystems::Transitions`] (a followed state's, in Bevy's `StateTransition`), and the wait between frames is
 /// outside every schedule.
 ///
 /// Why between frames: a headless game at 60 frames per second works well under a millisecond per frame and then
@@ -69,9 +73,9 @@ pub enum AgentToolsSet {
 /// the rest of the budget late when steps keep arriving at its end.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StepPoints {
-    /// One point per frame: [`AgentToolsSet::Pump`] only. Steps wait for the next frame, whatever the runner.
+    /// One point per frame: [`AgentToolsSystems::Pump`] only. Steps wait for the next frame, whatever the runner.
     OncePerFrame,
-    /// [`AgentToolsSet::Pump`], and between frames while the app's runner waits for the next frame, if the runner
+    /// [`AgentToolsSystems::Pump`], and between frames while the app's runner waits for the next frame, if the runner
     /// serves steps there: [`AgentToolsRunnerPlugin`](crate::AgentToolsRunnerPlugin), or a loop of the game's own
     /// that waits with [`AgentToolsAppExt::serve_steps_until`]. Under any other runner (`ScheduleRunnerPlugin`,
     /// winit) this is the same as `OncePerFrame`. The default.
@@ -177,7 +181,7 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     }
 
     /// How long the pump may run `on_client` steps per frame, all step points together (the frame's
-    /// [`AgentToolsSet::Pump`] and the wait after it, see [`StepPoints`]). At least one queued step runs per frame,
+    /// [`AgentToolsSystems::Pump`] and the wait after it, see [`StepPoints`]). At least one queued step runs per frame,
     /// in the frame's `Pump`, besides the `every_frame` steps (of which at least one runs, the others taking turns
     /// when they do not all fit).
     pub fn pump_budget(mut self, budget: Duration) -> Self {
@@ -185,7 +189,7 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
         self
     }
 
-    /// Where queued steps run: in the frame's [`AgentToolsSet::Pump`] only ([`StepPoints::OncePerFrame`]), or
+    /// Where queued steps run: in the frame's [`AgentToolsSystems::Pump`] only ([`StepPoints::OncePerFrame`]), or
     /// also between frames where the app's runner serves them ([`StepPoints::AlsoBetweenFrames`], the default).
     ///
     /// ```no_run
@@ -222,15 +226,14 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
 
     /// How long a call for a tool that is not registered waits for it to be registered (with
     /// [`AgentHandle::register_tool`] or `add_agent_tool`) before it fails with `TOOL_NOT_FOUND`; the call's own
-    /// timeout, when it sets one, replaces this wait. By default (and with `Duration::ZERO`) such a call waits only while
-    /// the open visit is still loading (up to the default timeout), and is rejected at once otherwise, so that a
-    /// mistyped name does not hang. A call that waits is still bound to the visit open when it was made (rules H5,
-    /// H9): it ends with `VISIT_ENDED` when that visit ends, and a location-scoped one is refused with
-    /// `LOCATION_CHANGED` if the player relocated before its tool appeared; one made with no world open waits for
-    /// its tool and a visit both (a game may register its tools before it enters, in `open` or an `OnEnter`
-    /// system), runs in that visit, gets `NO_WORLD` if no world opened within its wait, and ends with
-    /// `WORLD_CLOSED` if the game exits first. One still waiting when its wait passes while the world loads gets
-    /// `WORLD_LOADING_TIMEOUT`.
+    /// timeout, when it sets one, replaces this wait. By default (and with `Duration::ZERO`) such a call waits only
+    /// while the open visit is still loading (up to the default timeout), and is rejected at once otherwise, so that a
+    /// mistyped name does not hang. A call that waits is still bound to the visit open when it was made (rules H5, H9):
+    /// it ends with `VISIT_ENDED` when that visit ends, and a location-scoped one is refused with `LOCATION_CHANGED` if
+    /// the player relocated before its tool appeared; one made with no world open waits for its tool and a visit both
+    /// (a game may register its tools before it enters, in `open` or an `OnEnter` system), runs in that visit, gets
+    /// `NO_WORLD` if no world opened within its wait, and ends with `WORLD_CLOSED` if the game exits first. One still
+    /// waiting when its wait passes while the world loads gets `WORLD_LOADING_TIMEOUT`.
     pub fn tool_wait(mut self, wait: Duration) -> Self {
         self.config.tool_wait = Some(wait);
         self
@@ -266,7 +269,7 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
         self
     }
 
-    /// Runs the host's [`AgentToolsSet`]s in `schedule` instead of `PostUpdate`. It must run once every frame,
+    /// Runs the host's [`AgentToolsSystems`]s in `schedule` instead of `PostUpdate`. It must run once every frame,
     /// after the game's own systems that write transitions (a schedule that never runs applies no transitions
     /// and runs no steps: every call gets `NO_WORLD`, or waits until it times out). `Last` and a schedule the
     /// game runs itself every frame work; `FixedUpdate` does not (it runs zero or several times a frame).
@@ -458,7 +461,7 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
                 self.schedule,
                 // Before transforms propagate: what a step moved is where the game's later systems and the
                 // renderer see it, in the frame the step ran.
-                (AgentToolsSet::Transitions, AgentToolsSet::Pump)
+                (AgentToolsSystems::Transitions, AgentToolsSystems::Pump)
                     .chain()
                     .before(bevy::transform::TransformSystems::Propagate),
             )
@@ -472,10 +475,10 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
                         apply_transitions::<L>,
                     )
                         .chain()
-                        .in_set(AgentToolsSet::Transitions),
+                        .in_set(AgentToolsSystems::Transitions),
                     (notice_sleeping_loop::<L>, run_jobs::<L>, publish_conversation_messages)
                         .chain()
-                        .in_set(AgentToolsSet::Pump),
+                        .in_set(AgentToolsSystems::Pump),
                 ),
             )
             .add_systems(BetweenFrames, run_jobs_between_frames::<L>)
@@ -483,9 +486,9 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
                 schedule.set_executor(SingleThreadedExecutor::new());
             });
         crate::exit::configure(app);
-        crate::exit::add_exit_systems(app, || stop_on_app_exit::<L>.in_set(ExitSet::Host));
+        crate::exit::add_exit_systems(app, || stop_on_app_exit::<L>.in_set(AgentToolsExitSystems::Host));
         // The runtime serves the transports too: it stops once they sent what they owed.
-        crate::exit::add_exit_systems(app, || stop_runtime.after(ExitSet::Transport));
+        crate::exit::add_exit_systems(app, || stop_runtime.after(AgentToolsExitSystems::Transport));
     }
 
     /// Panics for a state given to [`follow_state`](Self::follow_state) that was never set up (it would never be

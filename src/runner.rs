@@ -16,7 +16,7 @@ use crate::{AgentToolsAppExt, StepPoints};
 ///
 /// A headless game at 60 frames per second spends well under a millisecond on a frame and sleeps the rest. Under
 /// `ScheduleRunnerPlugin` a call that arrives in that sleep waits for the next frame's
-/// [`Pump`](crate::AgentToolsSet::Pump): ~16 ms. Under this runner its step runs as soon as it is queued, with
+/// [`Pump`](crate::AgentToolsSystems::Pump): ~16 ms. Under this runner its step runs as soon as it is queued, with
 /// the same rules as in the pump (FIFO order, the recheck right before it runs, one budget per frame shared with
 /// the frame's pump: see [`StepPoints`]). Frames start on time as before, up to what is left of the frame's
 /// budget late when steps keep arriving at its end. With [`StepPoints::OncePerFrame`] it sleeps like

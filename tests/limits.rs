@@ -234,7 +234,7 @@ fn h6_an_exit_whose_save_never_finishes_waits_only_its_deadline_then_says_so_and
     std::thread::spawn(move || {
         let mut app = headless_app(AgentToolsPlugin::new(game).exit_deadline(Duration::from_millis(200)));
         app.insert_resource(in_game)
-            .add_systems(bevy::prelude::Last, saved_seen.after(bevy_agent_tools::ExitSet::Host));
+            .add_systems(bevy::prelude::Last, saved_seen.after(bevy_agent_tools::AgentToolsExitSystems::Host));
         app.enter_world("alpha");
         app.world_mut().write_message(AppExit::Success);
         app.update();

@@ -10,7 +10,7 @@ use bevy::prelude::{AppExit, IntoScheduleConfigs, Last, MessageWriter, Res, Reso
 use bevy_agent_tools::mcp::{McpPlugin, McpServer, McpUnavailable, ERROR_META_KEY, OBSERVED_META_KEY};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{headless_app_with, Gate, RunningGame};
-use bevy_agent_tools::{ConversationId, ExitSet, NoArgs};
+use bevy_agent_tools::{AgentToolsExitSystems, ConversationId, NoArgs};
 use common::*;
 use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest, ProgressNotificationParam, ProtocolVersion};
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, NotificationContext, PeerRequestOptions, RunningService};
@@ -1217,7 +1217,8 @@ fn app_exit_sends_every_call_in_flight_its_outcome_before_the_server_stops() {
         let exiting = std::time::Instant::now();
         if written_in_last {
             game.send(|app| {
-                app.add_systems(Last, quit.after(ExitSet::Host).before(ExitSet::Transport)).insert_resource(Quit);
+                app.add_systems(Last, quit.after(AgentToolsExitSystems::Host).before(AgentToolsExitSystems::Transport))
+                    .insert_resource(Quit);
             });
         }
         game.stop(); // AppExit (unless the game wrote it already), then the game's thread ends

@@ -27,7 +27,7 @@ fn h5_exit_ends_the_call_and_drains_its_queued_step_before_the_pump_of_that_fram
     app.enter_world("alpha");
     let call = app.agent().conversation("a").call("count", json!({}));
     app.wait_for_queued_steps(1);
-    // The exit is applied in AgentToolsSet::Transitions, before AgentToolsSet::Pump of the same frame.
+    // The exit is applied in AgentToolsSystems::Transitions, before AgentToolsSystems::Pump of the same frame.
     app.exit_world();
     assert_eq!(code(&call.try_outcome().expect("resolved by the exit")), Some(ErrorCode::VisitEnded));
     assert_eq!(app.agent().queued_steps(), 0, "the dead step was dropped, not left queued");

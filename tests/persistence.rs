@@ -13,7 +13,7 @@ use bevy::prelude::*;
 use bevy_agent_tools::persist::{Codec, Loaded, WorldStore, WorldStorePlugin};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::AgentTestAppExt;
-use bevy_agent_tools::{ExitSet, NoArgs, VisitClosed, VisitSaved, WorldId};
+use bevy_agent_tools::{AgentToolsExitSystems, NoArgs, VisitClosed, VisitSaved, WorldId};
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -443,11 +443,11 @@ fn release_once_the_exit_begins(app: &mut App, hold: Hold, after: Duration) -> R
             }));
         }
     }
-    app.insert_resource(releasing.clone()).add_systems(Last, start.before(ExitSet::Host));
+    app.insert_resource(releasing.clone()).add_systems(Last, start.before(AgentToolsExitSystems::Host));
     releasing
 }
 
-/// What a system after `ExitSet::Host` read on the exit's frame.
+/// What a system after `AgentToolsExitSystems::Host` read on the exit's frame.
 #[derive(Resource, Default)]
 struct ReadAfterExit(Vec<String>);
 
@@ -464,7 +464,7 @@ fn read_after_exit(
 fn h6_the_exits_close_and_save_reach_a_system_after_exit_set_host() {
     let data = tempfile::tempdir().unwrap();
     let mut app = game(Saves::default(), data.path());
-    app.init_resource::<ReadAfterExit>().add_systems(Last, read_after_exit.after(ExitSet::Host));
+    app.init_resource::<ReadAfterExit>().add_systems(Last, read_after_exit.after(AgentToolsExitSystems::Host));
     app.enter_world("alpha");
     call(&mut app, "bump");
     app.world_mut().write_message(AppExit::Success);
@@ -491,7 +491,7 @@ fn quit_late(quit: Option<Res<Quit>>, mut exit: MessageWriter<AppExit>) {
 fn h6_an_app_exit_written_in_last_after_the_exit_sets_still_closes_and_saves_the_visit_in_that_frame() {
     let data = tempfile::tempdir().unwrap();
     let mut app = game(Saves::default(), data.path());
-    app.add_systems(Last, quit_late.after(ExitSet::Transport));
+    app.add_systems(Last, quit_late.after(AgentToolsExitSystems::Transport));
     app.enter_world("alpha");
     call(&mut app, "bump");
     app.insert_resource(Quit);

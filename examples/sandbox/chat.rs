@@ -107,7 +107,7 @@ impl Plugin for ChatPlugin {
             .insert_resource(Chat { commands, answers })
             .add_message::<ChatAnswered>()
             .add_systems(Update, forward_commands)
-            .add_systems(PostUpdate, (print_chat, publish_answers).after(bevy_agent_tools::AgentToolsSet::Pump));
+            .add_systems(PostUpdate, (print_chat, publish_answers).after(bevy_agent_tools::AgentToolsSystems::Pump));
     }
 }
 

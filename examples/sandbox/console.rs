@@ -12,8 +12,8 @@ use bevy::app::AppExit;
 use bevy::prelude::*;
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::{
-    ConversationStatusChanged, ExitSet, StatusSource, VisitClosed, VisitId, VisitLoadFailed, VisitOpened, VisitPhase,
-    VisitRelocated, VisitSaved, WorldOpenFailed,
+    AgentToolsExitSystems, ConversationStatusChanged, StatusSource, VisitClosed, VisitId, VisitLoadFailed, VisitOpened,
+    VisitPhase, VisitRelocated, VisitSaved, WorldOpenFailed,
 };
 use crossbeam_channel::{Receiver, TryRecvError};
 
@@ -174,9 +174,10 @@ impl Plugin for ConsolePlugin {
             .add_message::<ChatRequest>()
             .add_message::<WindowRequest>()
             .add_systems(Update, read_command)
-            .add_systems(PostUpdate, (report_conversations, finish_quit).chain().after(AgentToolsSet::Pump))
-            // After the exit's close too (`ExitSet::Host`), so Ctrl+C and a closed window print its lines.
-            .add_systems(Last, report_events.after(ExitSet::Host));
+            .add_systems(PostUpdate, (report_conversations, finish_quit).chain().after(AgentToolsSystems::Pump))
+            // After the exit's close too (`AgentToolsExitSystems::Host`), so Ctrl+C and a closed window print its
+            // lines.
+            .add_systems(Last, report_events.after(AgentToolsExitSystems::Host));
     }
 }
 

@@ -177,7 +177,7 @@ impl<S: Send + Sync + 'static> CallContext<S> {
     /// deadline not passed, same visit, and for `Location` scope the same location revision), so the steps stop
     /// when the call ends: the future then resolves with why (`CANCELLED`, `TIMEOUT`, `VISIT_ENDED`,
     /// `LOCATION_CHANGED`), and the step never runs again. It runs at most once per frame, in
-    /// [`AgentToolsSet::Pump`](crate::AgentToolsSet::Pump); a panic in it ends the call with `INTERNAL` (and
+    /// [`AgentToolsSystems::Pump`](crate::AgentToolsSystems::Pump); a panic in it ends the call with `INTERNAL` (and
     /// leaves the session as it left it, as for [`on_client`](Self::on_client)). To
     /// report progress or record details from inside it, move a clone of the context into it.
     ///
@@ -217,8 +217,8 @@ impl<S: Send + Sync + 'static> CallContext<S> {
         queue_and_wait(&self.core, |life| Job::EveryFrame { life, run }, result)
     }
 
-    /// Resolves at the start of the next frame's [`AgentToolsSet::Pump`](crate::AgentToolsSet::Pump), or with why
-    /// the call ended, if it ends first. A step queued with [`on_client`](Self::on_client) right after it runs in
+    /// Resolves at the start of the next frame's [`AgentToolsSystems::Pump`](crate::AgentToolsSystems::Pump), or with
+    /// why the call ended, if it ends first. A step queued with [`on_client`](Self::on_client) right after it runs in
     /// that frame or the next, so a loop of `next_frame` then `on_client` takes at most one step per frame.
     /// Cancel-safe.
     pub fn next_frame(&self) -> impl Future<Output = Result<(), ToolError>> + Send + 'static {
@@ -244,7 +244,7 @@ impl<S: Send + Sync + 'static> CallContext<S> {
     /// session and why the call ended (`None` when it succeeded). For what a handler set going in the game and
     /// must stop: the paddle still sliding, a lock on an entity (rule H10: the producer owns its cleanup).
     ///
-    /// It runs while the call's visit is still open: in the [`Pump`](crate::AgentToolsSet::Pump) of the frame
+    /// It runs while the call's visit is still open: in the [`Pump`](crate::AgentToolsSystems::Pump) of the frame
     /// the call ended in (or the next one, when it ended after that frame's pump ran; or between the two under a
     /// runner that serves steps there, see [`StepPoints`](crate::StepPoints)), in order with other steps;
     /// when the visit exits (by [`ExitWorld`](crate::ExitWorld), [`EnterWorld`](crate::EnterWorld) for any world, or

@@ -1,9 +1,9 @@
 //! The main-thread pump: runs queued `on_client` steps in FIFO order within a per-frame time budget, each
-//! rechecked right before it runs (rule H8). A frame has one step point, [`AgentToolsSet::Pump`], and, when the
+//! rechecked right before it runs (rule H8). A frame has one step point, [`AgentToolsSystems::Pump`], and, when the
 //! app's runner waits between frames ([`AgentToolsRunnerPlugin`]), a second one in that wait; both take from the
 //! same queue and share the frame's budget.
 //!
-//! [`AgentToolsSet::Pump`]: crate::AgentToolsSet::Pump
+//! [`AgentToolsSystems::Pump`]: crate::AgentToolsSystems::Pump
 //! [`AgentToolsRunnerPlugin`]: crate::AgentToolsRunnerPlugin
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -21,7 +21,7 @@ use crate::tool::ToolScope;
 use crate::visit::{OpenSession, VisitSlot};
 
 /// What the pump did in the last frame, at all of the frame's step points (the frame's
-/// [`Pump`](crate::AgentToolsSet::Pump) and, under a runner that serves steps between frames, the wait after it).
+/// [`Pump`](crate::AgentToolsSystems::Pump) and, under a runner that serves steps between frames, the wait after it).
 /// Read it for a HUD or a test.
 #[derive(Resource, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PumpStats {

@@ -3,10 +3,10 @@
 //!
 //! A layer registers each POST and keeps it until its response body has been sent to the end (or dropped, when the
 //! client went away). A `tools/call` tells its exchange how to ask whether its call still runs. On `AppExit`, after
-//! the host ended every call of the visit ([`ExitSet::Host`](crate::ExitSet::Host)), the transport waits, bounded,
-//! until every exchange left is one whose call is still running (a call waiting for a tool that was never
-//! registered, say), or whose client stopped reading (it was handed data and has taken in none of it for the stall
-//! timeout: a hung client must not hold the exit up to its deadline); only then does it cancel the server.
+//! the host ended every call of the visit ([`AgentToolsExitSystems::Host`](crate::AgentToolsExitSystems::Host)), the
+//! transport waits, bounded, until every exchange left is one whose call is still running (a call waiting for a tool
+//! that was never registered, say), or whose client stopped reading (it was handed data and has taken in none of it for
+//! the stall timeout: a hung client must not hold the exit up to its deadline); only then does it cancel the server.
 
 use std::collections::HashMap;
 use std::pin::Pin;

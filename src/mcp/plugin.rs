@@ -180,8 +180,8 @@ impl McpPlugin {
     /// How many connections may be open at once (each client uses a few: one for its `GET` stream, some for its
     /// requests). At the limit, the longest-open connection that never presented a token is closed to make room
     /// (a client presents it with its first request), so connections without the token cannot hold every place;
-    /// with none such, a new connection is answered `503` with `Retry-After: 1` and closed. Default 256; at least 1 (`usize::MAX`: as
-    /// many as the system allows).
+    /// with none such, a new connection is answered `503` with `Retry-After: 1` and closed. Default 256; at least 1
+    /// (`usize::MAX`: as many as the system allows).
     pub fn max_connections(mut self, connections: usize) -> Self {
         self.limits.max_connections = connections.max(1);
         self
@@ -307,10 +307,10 @@ impl McpPlugin {
         let exchanges = Arc::new(Exchanges::default());
         let rebinding = security::RebindingCheck(service.clone());
         // Outermost last: rmcp's Host and Origin check (asked first, and again by rmcp), CORS for the allowed web
-        // pages (a preflight answered), the token, then the in-flight limit, then rmcp (Host, Origin, body limit); every POST
-        // that reaches rmcp is tracked until its response is sent, for the exit; a session's end is answered 204; a
-        // resume with nothing left to send, 405, and a request starting something in a session being closed, 404;
-        // each request notes how many tools were registered when it arrived (a `subscriptions/listen` acknowledged
+        // pages (a preflight answered), the token, then the in-flight limit, then rmcp (Host, Origin, body limit);
+        // every POST that reaches rmcp is tracked until its response is sent, for the exit; a session's end is answered
+        // 204; a resume with nothing left to send, 405, and a request starting something in a session being closed,
+        // 404; each request notes how many tools were registered when it arrived (a `subscriptions/listen` acknowledged
         // before it listens announces what it missed); an answer rmcp is slow to give, streamed.
         let router = Router::new()
             .nest_service(&self.path, service)
@@ -445,7 +445,9 @@ impl Plugin for McpPlugin {
         match self.start(agent.clone(), runtime.handle()) {
             Ok(server) => {
                 app.insert_resource(server);
-                crate::exit::add_exit_systems(app, || stop_on_app_exit.in_set(crate::exit::ExitSet::Transport));
+                crate::exit::add_exit_systems(app, || {
+                    stop_on_app_exit.in_set(crate::exit::AgentToolsExitSystems::Transport)
+                });
             }
             Err(error) => {
                 tracing::error!(%error, "the MCP server could not start: the game runs without MCP");
@@ -483,11 +485,12 @@ fn holds_token(path: &std::path::Path, token: &str) -> bool {
     file.take(token.len() as u64 + 1).read_to_string(&mut held).is_ok() && held == token
 }
 
-/// On `AppExit`, after the host ended the visit's calls ([`ExitSet::Host`](crate::ExitSet::Host)): waits until
-/// every call that ended has had its response sent (bounded by what is left of the exit deadline, and at least
-/// [`RESPONSE_GRACE`]), then stops the server and waits (up to [`CLOSE_GRACE`]) for its connections to close.
-/// Every call has ended by then (the host ends the visit's calls and those waiting for a tool); one whose
-/// outcome is still on its way at the deadline is not waited for: its client sees the connection close.
+/// On `AppExit`, after the host ended the visit's calls
+/// ([`AgentToolsExitSystems::Host`](crate::AgentToolsExitSystems::Host)): waits until every call that ended has had its
+/// response sent (bounded by what is left of the exit deadline, and at least [`RESPONSE_GRACE`]), then stops the server
+/// and waits (up to [`CLOSE_GRACE`]) for its connections to close. Every call has ended by then (the host ends the
+/// visit's calls and those waiting for a tool); one whose outcome is still on its way at the deadline is not waited
+/// for: its client sees the connection close.
 fn stop_on_app_exit(mut exits: MessageReader<AppExit>, server: Res<McpServer>, started: Option<Res<ExitStarted>>) {
     if exits.read().count() == 0 || server.shutdown.is_cancelled() {
         return;

@@ -16,10 +16,10 @@ use super::requests::{
 };
 use super::{AgentSessions, SessionHost};
 use crate::agent::AgentHandle;
-use crate::exit::ExitSet;
+use crate::exit::AgentToolsExitSystems;
 #[cfg(feature = "mcp")]
 use crate::mcp::{McpServer, McpUnavailable};
-use crate::plugin::{app_schedule, AgentToolsSet};
+use crate::plugin::{app_schedule, AgentToolsSystems};
 use crate::runtime::AgentRuntime;
 
 /// How long `AppExit` waits for agents to close their sessions and exit: the agent gets its stdin closed, one
@@ -27,12 +27,12 @@ use crate::runtime::AgentRuntime;
 const EXIT_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Adds in-game agent sessions: the [`AgentSessions`] resource, the [`PermissionAnswer`] message (read in the
-/// host's schedule, before [`AgentToolsSet::Transitions`]), the [`SessionRequest`] and [`SessionAnswered`]
-/// messages (the session API for systems; read and written in the host's schedule, around [`AgentToolsSet::Pump`]; the chat messages,
-/// [`ChatDelta`](crate::ChatDelta) and the others, are written with the other conversation messages, see
-/// [`AgentToolsSet`](crate::AgentToolsSet)), and, on `AppExit`, the end (or, for sessions with
+/// host's schedule, before [`AgentToolsSystems::Transitions`]), the [`SessionRequest`] and [`SessionAnswered`]
+/// messages (the session API for systems; read and written in the host's schedule, around [`AgentToolsSystems::Pump`];
+/// the chat messages, [`ChatDelta`](crate::ChatDelta) and the others, are written with the other conversation messages,
+/// see [`AgentToolsSystems`](crate::AgentToolsSystems)), and, on `AppExit`, the end (or, for sessions with
 /// `auto_end_on_disconnect(false)`, the disconnection) of every session, with its agent process stopped
-/// ([`ExitSet::Sessions`]).
+/// ([`AgentToolsExitSystems::Sessions`]).
 ///
 /// Add it after [`AgentToolsPlugin`](crate::AgentToolsPlugin). An ACP agent reaches the game's tools through the
 /// MCP server of `McpPlugin` (added before or after this plugin: a session created before the app is finished
@@ -108,15 +108,15 @@ impl Plugin for AgentSessionsPlugin {
             .add_systems(
                 schedule,
                 (
-                    apply_permission_answers.before(AgentToolsSet::Transitions),
+                    apply_permission_answers.before(AgentToolsSystems::Transitions),
                     (serve_session_requests, take_session_answers)
                         .chain()
-                        .after(AgentToolsSet::Transitions)
-                        .before(AgentToolsSet::Pump),
-                    write_session_answers.after(AgentToolsSet::Pump),
+                        .after(AgentToolsSystems::Transitions)
+                        .before(AgentToolsSystems::Pump),
+                    write_session_answers.after(AgentToolsSystems::Pump),
                 ),
             );
-        crate::exit::add_exit_systems(app, || disconnect_on_app_exit.in_set(ExitSet::Sessions));
+        crate::exit::add_exit_systems(app, || disconnect_on_app_exit.in_set(AgentToolsExitSystems::Sessions));
     }
 
     /// `McpPlugin` may have been added after this plugin: its server (or why it has none) is known by now.

@@ -10,10 +10,10 @@
 //!
 //! Requests are read, and answers written, in the host's schedule (`PostUpdate` unless
 //! [`AgentToolsPlugin::in_schedule`](crate::AgentToolsPlugin::in_schedule) says otherwise, which must run every
-//! frame, as for [`EnterWorld`](crate::EnterWorld)); answers after [`AgentToolsSet::Pump`](crate::AgentToolsSet::Pump),
-//! never before the chat messages their work published: a `Say`'s answer comes with or after the turn's last
-//! [`ChatMessage`](crate::ChatMessage) and its status change. An answer wakes a windowed game's loop, as chat
-//! messages do.
+//! frame, as for [`EnterWorld`](crate::EnterWorld)); answers after
+//! [`AgentToolsSystems::Pump`](crate::AgentToolsSystems::Pump), never before the chat messages their work published: a
+//! `Say`'s answer comes with or after the turn's last [`ChatMessage`](crate::ChatMessage) and its status change. An
+//! answer wakes a windowed game's loop, as chat messages do.
 
 use std::collections::HashMap;
 

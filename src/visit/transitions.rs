@@ -22,7 +22,7 @@ use crate::panic::panic_message;
 use crate::replay::ReplayTable;
 use crate::tool::ToolScope;
 
-/// A transition waiting for this frame's [`AgentToolsSet::Transitions`](crate::AgentToolsSet::Transitions).
+/// A transition waiting for this frame's [`AgentToolsSystems::Transitions`](crate::AgentToolsSystems::Transitions).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Transition {
     Enter { world: WorldId, dimension: Option<DimensionId> },

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use bevy::app::PluginGroupBuilder;
 use bevy::prelude::*;
 use bevy::window::{ExitCondition, WindowCloseRequested, WindowResolution};
-use bevy_agent_tools::AgentToolsSet;
+use bevy_agent_tools::AgentToolsSystems;
 
 use crate::console::ConsoleLines;
 use crate::view::WorldView;
@@ -77,8 +77,8 @@ impl Plugin for SandboxWindow {
             .init_resource::<requests::FrameTimes>()
             .add_systems(Startup, (chunks::setup, camera::setup, hud::setup, chat_panel::setup, keys::setup))
             .add_systems(First, requests::record_frame)
-            .add_systems(PostUpdate, requests::host_started.before(AgentToolsSet::Transitions))
-            .add_systems(PostUpdate, requests::host_finished.after(AgentToolsSet::Pump))
+            .add_systems(PostUpdate, requests::host_started.before(AgentToolsSystems::Transitions))
+            .add_systems(PostUpdate, requests::host_finished.after(AgentToolsSystems::Pump))
             .add_systems(Update, (chat_panel::type_keys, keys::transitions, camera::walk, close_is_quit).chain())
             .add_systems(
                 PostUpdate,
@@ -86,7 +86,7 @@ impl Plugin for SandboxWindow {
                 // drawn in the frame its step ran.
                 (chunks::sync_chunks, camera::orbit)
                     .chain()
-                    .after(AgentToolsSet::Pump)
+                    .after(AgentToolsSystems::Pump)
                     .before(bevy::transform::TransformSystems::Propagate),
             )
             .add_systems(
@@ -97,7 +97,7 @@ impl Plugin for SandboxWindow {
                     keys::draw_list,
                     requests::answer,
                 )
-                    .after(AgentToolsSet::Pump)
+                    .after(AgentToolsSystems::Pump)
                     .before(bevy::ui::UiSystems::Prepare),
             );
     }

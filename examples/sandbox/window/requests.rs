@@ -29,7 +29,7 @@ pub fn record_frame(time: Res<Time<Real>>, mut frames: ResMut<FrameTimes>) {
     }
 }
 
-/// Runs right before the host's sets (`AgentToolsSet::Transitions`, then `Pump`).
+/// Runs right before the host's sets (`AgentToolsSystems::Transitions`, then `Pump`).
 pub fn host_started(mut frames: ResMut<FrameTimes>) {
     frames.host_started = Some(Instant::now());
 }
