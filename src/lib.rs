@@ -74,6 +74,8 @@ pub mod internals {
 
 /// Everything you need to get started: the trait to implement, the plugin, tools, contexts and errors.
 pub mod prelude {
+    #[allow(deprecated)]
+    pub use crate::AgentToolsSet;
     pub use crate::{
         AgentHandle, AgentTool, AgentToolsAppExt, AgentToolsPlugin, AgentToolsRunnerPlugin, AgentToolsSystems,
         CallContext, Completion, DimensionId, EnterWorld, ErrorCode, ExitWorld, Location, NoArgs, OpenError, Opened,

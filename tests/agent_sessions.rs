@@ -1398,11 +1398,11 @@ fn an_agent_that_needs_a_sign_in_says_which_methods_it_offers_and_signs_in_with_
     let turn = game.block_on(session.send_text("hello")).expect("a turn");
     assert_eq!(turn.final_message.as_deref(), Some("You said: hello"));
 
-    // A turn refused for a sign-in (a login that expired): the game signs in again with the method it chose, says
-    // so, and the next text is taken.
+    // A turn refused for a sign-in (a login that expired): the game signs in again with the method it chose, before
+    // the next text, which is taken.
     let (code, message) = code_of(game.block_on(session.send_text("needs-sign-in")));
     assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
-    assert!(message.contains("needs you to sign in") && message.contains("signed in again with `scripted-key`"));
+    assert!(message.contains("needs you to sign in") && message.contains("signs in again with `scripted-key`"));
     assert!(message.contains("the stored login expired"), "the agent's own words: {message}");
     game.block_on(session.send_text("again")).expect("the next turn, signed in");
 
@@ -1411,7 +1411,7 @@ fn an_agent_that_needs_a_sign_in_says_which_methods_it_offers_and_signs_in_with_
     let (code, message) = code_of(game.block_on(session.send_text("needs-sign-in")));
     assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
     assert!(message.contains("the stored login expired") && message.contains("command line"), "{message}");
-    assert!(!message.contains("signed in again"), "{message}");
+    assert!(!message.contains("signs in again"), "{message}");
     game.block_on(session.send_text("again")).expect("the next turn");
 }
 

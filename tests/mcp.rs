@@ -973,21 +973,22 @@ fn h12_a_request_that_names_no_conversation_is_refused_an_operation_id_it_could_
     // also names its task (which any conversation's retry shares) runs once.
     let (game, server) = game(Arc::default(), Gate::new());
     let bearer = format!("Bearer {TOKEN}");
-    let call = |id: u32, arguments: Value| {
+    let answer = |id: u32, tool: &str, arguments: Value| {
         let meta = json!({ "io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientCapabilities": {} });
-        let params = json!({ "name": "bump", "arguments": arguments, "_meta": meta });
+        let params = json!({ "name": tool, "arguments": arguments, "_meta": meta });
         let body = json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params }).to_string();
         let headers = [
             ("Authorization", bearer.as_str()),
             ("MCP-Protocol-Version", "2026-07-28"),
             ("Mcp-Method", "tools/call"),
-            ("Mcp-Name", "bump"),
+            ("Mcp-Name", tool),
         ];
         let (status, response) = raw(&server, &headers, &body);
         assert_eq!(status, 200, "{response}");
-        answer_of(&response)["result"].clone()
+        answer_of(&response)
     };
+    let call = |id: u32, arguments: Value| answer(id, "bump", arguments)["result"].clone();
     let refused = call(1, json!({ "by": 1, "operation_id": "op-anonymous" }));
     assert_eq!(refused["isError"], true, "{refused}");
     assert!(refused["content"][0]["text"].as_str().unwrap_or_default().contains("INVALID_INPUT"), "{refused}");
@@ -997,6 +998,11 @@ fn h12_a_request_that_names_no_conversation_is_refused_an_operation_id_it_could_
     let first = call(3, in_task.clone());
     assert_eq!(first["structuredContent"]["counter"], 2, "{first}");
     assert_eq!(call(4, in_task)["structuredContent"]["counter"], 2, "the retry in its task ran once");
+    // A read-only tool keys nothing, and an unknown tool is refused as such.
+    let peek = answer(5, "peek", json!({ "operation_id": "op-anonymous" }));
+    assert_eq!(peek["result"]["structuredContent"]["counter"], 2, "{peek}");
+    let unknown = answer(6, "nope", json!({ "operation_id": "op-anonymous" }));
+    assert_eq!(unknown["error"]["code"], -32602, "a JSON-RPC error, as for any unknown tool: {unknown}");
     game.stop();
 }
 

@@ -1320,14 +1320,18 @@ fn a_rate_limit_is_retried_after_its_retry_after_and_gives_up_after_the_bounded_
 #[test]
 fn a_key_refused_mid_session_fails_the_session_so_that_resume_reads_the_key_again() {
     let (_data, server, game, session) = started();
-    server.reply(Reply::Status(401, None));
-    let (code, message) = code_of(game.block_on(session.send_text("hi")));
-    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
-    assert!(message.contains("401"), "{message}");
-    assert_eq!(session.status(), ConversationStatus::Error, "its client holds the refused key");
-    game.block_on(session.resume()).expect("resumed");
-    server.reply(says("again"));
-    assert_eq!(game.block_on(session.send_text("hi")).expect("a turn").final_message.as_deref(), Some("again"));
+    // OpenAI's 401, and Gemini's OpenAI-compatible endpoint's 400 for a key that is not valid.
+    let gemini = r#"[{"error": {"code": 400, "message": "API key not valid. Please pass a valid API key.", "status": "INVALID_ARGUMENT"}}]"#;
+    for (refusal, status) in [(Reply::Status(401, None), "401"), (Reply::Refusal(400, gemini), "400")] {
+        server.reply(refusal);
+        let (code, message) = code_of(game.block_on(session.send_text("hi")));
+        assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+        assert!(message.contains(status) && message.contains("API key"), "{message}");
+        assert_eq!(session.status(), ConversationStatus::Error, "its client holds the refused key: {message}");
+        game.block_on(session.resume()).expect("resumed");
+        server.reply(says("again"));
+        assert_eq!(game.block_on(session.send_text("hi")).expect("a turn").final_message.as_deref(), Some("again"));
+    }
 }
 
 #[test]

@@ -40,9 +40,10 @@ pub struct ChatMessage {
 ///
 /// - the session failed (its backend stopped or could not be reached, a turn timed out): its status is then
 ///   `Error` until `session::AgentSession::resume`;
-/// - an ACP agent answered that it could not do one turn (its provider overloaded or rate limiting, the context
-///   too long): that turn ends, the status goes back to `Idle`, and the next text is taken (an OpenAI-compatible
-///   endpoint that still refuses after its retries fails the session, as above);
+/// - the agent could not do one turn (an ACP agent's provider overloaded or rate limiting, the context too long; an
+///   OpenAI-compatible endpoint that still refuses after its retries, or whose answer broke off or stalled): that
+///   turn ends, the status goes back to `Idle`, and the next text is taken (an endpoint that refuses the API key
+///   fails the session, as above: `resume` reads the key again);
 /// - a notice that fails nothing: the session goes on as it was (`HISTORY_NOT_SAVED`: the turn's history could not
 ///   be written; from an OpenAI-compatible endpoint, `NO_ANSWER`: the model answered nothing, and
 ///   `CALL_CUT_SHORT`: it reached its token limit while it wrote a tool call, which was not run).

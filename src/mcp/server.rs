@@ -330,7 +330,10 @@ impl ServerHandler for GameServer {
         // A sessionless request without a handle or a client name: a conversation of its own, ended with it.
         let anonymous = named.id.is_none();
         let keyed = |name: &str| arguments.get(name).is_some_and(|value| !value.is_null());
-        if anonymous && keyed(OPERATION_ID) && !keyed(TASK_ID) {
+        // (Only for a tool that takes the key: an unknown tool is refused as such, a read-only one keys nothing.)
+        let takes_keys =
+            self.agent.tools().iter().any(|tool| tool.name == *request.name && !tool.annotations.read_only);
+        if anonymous && takes_keys && keyed(OPERATION_ID) && !keyed(TASK_ID) {
             // Its retry would be another conversation's, whose default task is another: it would run again, where
             // the argument promises it runs once.
             let why = "a retry is recognised within a conversation, and this request names none: send your \

@@ -212,8 +212,8 @@ pub(crate) enum BackendEvent {
     #[cfg_attr(not(any(feature = "acp", feature = "openai")), allow(dead_code))]
     TurnRefused { turn: u64, error: ToolError },
     /// Something the player should know that fails nothing (an OpenAI-compatible session's history that could
-    /// not be written): shown as a `ChatError`.
-    #[cfg_attr(not(feature = "openai"), allow(dead_code))]
+    /// not be written; an ACP agent's sign-in made again that failed): shown as a `ChatError`.
+    #[cfg_attr(not(any(feature = "acp", feature = "openai")), allow(dead_code))]
     Notice(ToolError),
     /// The connection ended (the agent exited or closed its output); `None` if the backend was asked to close.
     #[cfg_attr(not(feature = "acp"), allow(dead_code))]

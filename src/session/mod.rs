@@ -23,8 +23,9 @@
 //!   status machine, published as [`ConversationStatusChanged`](crate::ConversationStatusChanged) with sequence
 //!   numbers. `send_text` sets `Running` (source `Host`); while one of its agent's tool calls runs in the game it
 //!   is `WaitingToolResult` (`Host`); the turn's end, as the agent reports it, sets `Idle` (source `Agent`; also
-//!   a turn an ACP agent answered with an error of its own: the agent stays); a backend failure the game
-//!   detects (the agent exited, a turn timed out, an endpoint failed) sets `Error` (`Host`); `end` sets `Ended`
+//!   a turn the agent or endpoint answered with an error of its own: the session stays); a backend failure the
+//!   game detects (the agent exited, a turn timed out, an endpoint refused the API key) sets `Error` (`Host`); `end`
+//!   sets `Ended`
 //!   (`Host`), once.
 //!   Status changes and chat events are published in the order the session decided them, whatever thread they
 //!   came from: a turn's `Idle` never lands after the next turn's `Running`, nor a failure's `Error` after the

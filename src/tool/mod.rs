@@ -214,7 +214,8 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
     }
 
     /// Says whether the tool may destroy or overwrite something. A tool that may is not read-only: this undoes
-    /// an earlier [`read_only`](Self::read_only) (its calls take replay keys again).
+    /// an earlier [`read_only`](Self::read_only) (its calls take replay keys again, and it is not said idempotent
+    /// unless [`idempotent`](Self::idempotent) says so after this).
     ///
     /// ```
     /// # use bevy_agent_tools::prelude::*;
@@ -222,13 +223,15 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
     ///     .read_only()
     ///     .destructive(true);
     /// assert!(!clear.info().annotations.read_only && clear.info().annotations.destructive);
+    /// assert!(!clear.info().annotations.idempotent, "what read_only implied is undone");
     /// assert!(clear.info().client_input_schema()["properties"].get("operation_id").is_some(), "retries are keyed");
     /// ```
     pub fn destructive(mut self, destructive: bool) -> Self {
-        self.info.annotations.destructive = destructive;
-        if destructive {
+        if destructive && self.info.annotations.read_only {
             self.info.annotations.read_only = false;
+            self.info.annotations.idempotent = false;
         }
+        self.info.annotations.destructive = destructive;
         self
     }
 

@@ -3,7 +3,7 @@
 //! `auth_required` (`-32000`) and list the methods they offer in `initialize`. The game never picks one on its
 //! own (a method may open a browser, or bill an API key): when the agent asks, it signs in with the method the game
 //! chose ([`SessionConfig::auth_method`](crate::session::SessionConfig::auth_method)) and asks for the session
-//! again (for a turn, it signs in and refuses the turn saying to send it again), and otherwise tells the player
+//! again (for a turn, it refuses the turn saying so and signs in before the next one), and otherwise tells the player
 //! what the agent offers and how to sign in. It never signs in unasked: a
 //! sign-in replaces the login the person already has (Codex's stored ChatGPT login).
 

@@ -14,7 +14,7 @@ use agent_client_protocol::v1::schema::{
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{AcpAgent, Agent, Client};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender, WeakUnboundedSender};
 use tokio::sync::{oneshot, watch};
 
 use super::auth::SignIn;
@@ -96,6 +96,7 @@ pub(crate) fn spawn(
     runtime: &tokio::runtime::Handle,
 ) -> (UnboundedSender<Command>, Running) {
     let (commands, inbox) = unbounded_channel();
+    let again_to = commands.downgrade();
     let (ready_tx, ready) = oneshot::channel();
     let (exit_tx, exit) = watch::channel(None);
     let replay = Replay::default();
@@ -191,7 +192,7 @@ pub(crate) fn spawn(
                     agent_client_protocol::on_receive_request!(),
                 )
                 .connect_with(agent, async move |cx: ConnectionTo<Agent>| {
-                    let start = Start { ready: ready_tx, replay, step: stepping, auth_method, agent_name };
+                    let start = Start { ready: ready_tx, replay, step: stepping, auth_method, agent_name, again_to };
                     let ran = run(cx, setup, inbox, start, Reports { sink, exit, ending }).await;
                     if ran.is_ok() {
                         asked_to_close.store(true, Ordering::SeqCst);
@@ -280,6 +281,9 @@ struct Start {
     step: StartStep,
     auth_method: Option<String>,
     agent_name: AgentName,
+    /// The connection's commands, for a sign-in a turn's answer asks to make again ([`SignInAgain`]); weak, so
+    /// that the connection still ends when its link lets go.
+    again_to: WeakUnboundedSender<Command>,
 }
 
 /// The agent's name, from its answer to `initialize` (some requests are read as one agent sends them).
@@ -289,7 +293,7 @@ async fn run(
     cx: ConnectionTo<Agent>,
     setup: Setup,
     mut inbox: UnboundedReceiver<Command>,
-    Start { ready, replay, step, auth_method, agent_name }: Start,
+    Start { ready, replay, step, auth_method, agent_name, again_to }: Start,
     Reports { sink, exit, ending }: Reports,
 ) -> Result<(), agent_client_protocol::Error> {
     let opened = match open(&cx, &setup, auth_method.as_deref(), &replay, &step, &agent_name).await {
@@ -302,7 +306,7 @@ async fn run(
     let session = SessionId::new(opened.session.clone());
     let can_close = opened.can_close;
     let sign_in = opened.sign_in;
-    let again = auth_method.map(|method| SignInAgain { cx: cx.clone(), method, timeout: setup.timeouts.sign_in });
+    let again = auth_method.clone().map(|method| SignInAgain { commands: again_to, method });
     let (agent, conversation) = (setup.agent.clone(), setup.conversation.clone());
     let _ = ready.send(Ok(Opened {
         session: opened.session,
@@ -352,6 +356,21 @@ async fn run(
                 if by_player {
                     let stopped = agent.host().cancel_calls(&conversation, None, "the player cancelled the turn");
                     tracing::debug!(%conversation, stopped, "the cancelled turn's tool calls were cancelled");
+                }
+            }
+            Command::SignInAgain => {
+                let Some(method) = auth_method.as_deref() else { continue };
+                // Before the next prompt, which is queued after this: the agent takes it signed in.
+                let timeout = setup.timeouts.sign_in;
+                match tokio::time::timeout(timeout, sign_in.authenticate(&cx, method)).await {
+                    Ok(Ok(())) => {
+                        tracing::info!(method, "signed in to the agent again, as it asked during the session")
+                    }
+                    Ok(Err(error)) => sink(BackendEvent::Notice(error)),
+                    Err(_) => sink(BackendEvent::Notice(ToolError::with_code(
+                        ErrorCode::AgentUnavailable,
+                        format!("signing in to the agent again with `{method}` took longer than {timeout:?}"),
+                    ))),
                 }
             }
             Command::Close { end_session, close_timeout } => {

@@ -3,11 +3,9 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use agent_client_protocol::v1::schema::PromptResponse;
-use agent_client_protocol::v1::ConnectionTo;
-use agent_client_protocol::Agent;
+use tokio::sync::mpsc::WeakUnboundedSender;
 
 use super::auth::SignIn;
 use super::connection::{agent_gone, describe, unavailable, wait_exit, ExitWatch};
@@ -72,14 +70,20 @@ pub(super) struct TurnAnswer {
     reported: bool,
 }
 
-/// How the game signs in again when the agent refuses a turn for a sign-in (a login that expired): the connection,
-/// the method the game chose ([`SessionConfig::auth_method`](crate::session::SessionConfig::auth_method)) and how
-/// long a sign-in may take.
+/// How the game signs in again when the agent refuses a turn for a sign-in (a login that expired): the method it
+/// chose ([`SessionConfig::auth_method`](crate::session::SessionConfig::auth_method)), and the connection's
+/// commands, where the sign-in is queued ahead of the next prompt.
 #[derive(Clone)]
 pub(super) struct SignInAgain {
-    pub cx: ConnectionTo<Agent>,
+    pub commands: WeakUnboundedSender<super::Command>,
     pub method: String,
-    pub timeout: Duration,
+}
+
+impl SignInAgain {
+    /// Queues the sign-in; false if the connection is gone.
+    fn ask(&self) -> bool {
+        self.commands.upgrade().is_some_and(|commands| commands.send(super::Command::SignInAgain).is_ok())
+    }
 }
 
 impl TurnAnswer {
@@ -109,57 +113,28 @@ impl TurnAnswer {
             Err(error) if error.code == agent_client_protocol::ErrorCode::REQUEST_CANCELLED => {
                 BackendEvent::TurnEnded { turn, stop: StopReason::Cancelled }
             }
-            // A sign-in the agent asks for during the session (its login expired), with a method the game chose:
-            // signed in again, then the turn is refused (it did not run), and the player may send again.
-            Err(error) if self.sign_in.asked(&error).is_some() && self.again.is_some() => {
-                let (asked, again) = (self.sign_in.asked(&error), self.again.take());
-                if let (Some(asked), Some(again)) = (asked, again) {
-                    self.sign_in_again(asked, again);
-                }
-                return;
-            }
             // The agent's own trouble (a sign-in it needs, its provider's rate limit, a context too long): this
-            // turn fails, the agent stays, and the player may send again.
+            // turn fails, the agent stays, and the player may send again. A sign-in it asks for during the session
+            // (its login expired) with a method the game chose is made again before the next prompt.
             Err(error) => {
-                let error =
-                    self.sign_in.required(&error).unwrap_or_else(|| unavailable("the agent failed the turn", &error));
+                let error = match (self.sign_in.asked(&error), &self.again) {
+                    (Some(asked), Some(again)) if again.ask() => {
+                        let method = &again.method;
+                        let message = format!("{asked}; the game signs in again with `{method}`: send the text again");
+                        ToolError::with_code(ErrorCode::AgentUnavailable, message)
+                            .with_detail("auth_required", true)
+                            .with_detail("signing_in_again", method)
+                    }
+                    _ => self
+                        .sign_in
+                        .required(&error)
+                        .unwrap_or_else(|| unavailable("the agent failed the turn", &error)),
+                };
                 BackendEvent::TurnRefused { turn, error }
             }
         };
         (self.sink)(event);
         self.ending.turn_ended(&self.sink, &self.exit);
-    }
-
-    /// Signs in again with the game's method (`asked`: what the agent said), on a task of its own (the answer's
-    /// callback waits for nothing), then refuses the turn saying so, or why the sign-in failed.
-    fn sign_in_again(&self, asked: String, again: SignInAgain) {
-        let (sink, exit, ending, sign_in, turn) =
-            (self.sink.clone(), self.exit.clone(), self.ending.clone(), self.sign_in.clone(), self.turn);
-        let report = move |error: ToolError| {
-            sink(BackendEvent::TurnRefused { turn, error: error.with_detail("auth_required", true) });
-            ending.turn_ended(&sink, &exit);
-        };
-        let SignInAgain { cx, method, timeout } = again;
-        let unsigned = ToolError::with_code(ErrorCode::AgentUnavailable, asked.clone());
-        let signing_in = async move {
-            match tokio::time::timeout(timeout, sign_in.authenticate(&cx, &method)).await {
-                Ok(Ok(())) => {
-                    tracing::info!(%method, %asked, "the agent asked for a sign-in during the session: signed in again");
-                    let message = format!("{asked}; the game signed in again with `{method}`: send the text again");
-                    ToolError::with_code(ErrorCode::AgentUnavailable, message).with_detail("signed_in_again", true)
-                }
-                Ok(Err(error)) => error,
-                Err(_) => ToolError::with_code(
-                    ErrorCode::AgentUnavailable,
-                    format!("{asked}; signing in again with `{method}` took longer than {timeout:?}"),
-                ),
-            }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(async move { report(signing_in.await) })),
-            // Not on a runtime (the connection's tasks run on the plugin's): refused as it is.
-            Err(_) => report(unsigned),
-        }
     }
 
     /// The agent went away during the turn (`error`; or no answer came, `None`): its exit says why (status,

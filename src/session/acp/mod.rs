@@ -139,9 +139,20 @@ fn program_exists(program: &str) -> bool {
 /// an end, which ends them itself with the session's conversation) it cancels the session's tool calls running in
 /// the game too.
 pub(crate) enum Command {
-    Prompt { turn: u64, blocks: Vec<PromptBlock> },
-    Cancel { by_player: bool },
-    Close { end_session: bool, close_timeout: std::time::Duration },
+    Prompt {
+        turn: u64,
+        blocks: Vec<PromptBlock>,
+    },
+    Cancel {
+        by_player: bool,
+    },
+    Close {
+        end_session: bool,
+        close_timeout: std::time::Duration,
+    },
+    /// The agent refused a turn asking for a sign-in: sign in again with the game's method, before the next
+    /// prompt (queued after this).
+    SignInAgain,
 }
 
 struct AcpLink {

@@ -298,6 +298,9 @@ impl Retry {
     }
 }
 
+/// The detail of an error that says the endpoint refused the API key (which the client holds until `resume`).
+pub(crate) const KEY_REFUSED: &str = "key_refused";
+
 /// The shortest key looked for in an endpoint's message to hide it (a shorter one would match ordinary words).
 const MIN_KEY_HIDDEN: usize = 6;
 /// The most of a refusal's body read (the message quoted from it is shorter still).
@@ -485,8 +488,11 @@ pub(crate) fn describe(endpoint: &OpenAiEndpoint, error: OpenAIError) -> ToolErr
             let status = api.status_code.as_u16();
             let said = quoted(endpoint, &api.api_error.message);
             let advice = advice(endpoint, &api.api_error);
+            // Gemini's OpenAI-compatible endpoint refuses a key with `400` "API key not valid".
+            let key_refused =
+                matches!(status, 401 | 403) || (status == 400 && refusal_words(&api.api_error).contains("api key"));
             let message = match status {
-                401 | 403 => match &endpoint.api_key_env {
+                _ if key_refused => match &endpoint.api_key_env {
                     Some(var) => format!(
                         "{url} refused the API key ({status}: {said}): check the key in the environment variable {var}"
                     ),
@@ -508,7 +514,11 @@ pub(crate) fn describe(endpoint: &OpenAiEndpoint, error: OpenAIError) -> ToolErr
                 Some(advice) => format!("{message}: {advice}"),
                 None => message,
             };
-            unavailable(message).with_detail("status", status)
+            let refused = unavailable(message).with_detail("status", status);
+            match key_refused {
+                true => refused.with_detail(KEY_REFUSED, true),
+                false => refused,
+            }
         }
         OpenAIError::JSONDeserialize(error, content) => unavailable(format!(
             "{url} sent a malformed chunk ({error}): {}",

@@ -104,7 +104,7 @@ impl Reasoning {
 ///
 /// A turn the endpoint failed (a refusal, a rate limit past its retries, a broken or silent stream, an answer
 /// that cannot be used) fails alone: the session takes the next text, with the history as above. A refusal of the
-/// key (`401`, `403`) fails the session: its client holds the key, and `resume` reads it again.
+/// key (`401`, `403`, Gemini's `400`) fails the session: its client holds the key, and `resume` reads it again.
 pub(crate) async fn run(
     shared: Arc<Shared>,
     turn: u64,
@@ -125,8 +125,7 @@ pub(crate) async fn run(
                 messages.push(json!({"role": "assistant", "content": failed_note(&error)}));
                 shared.commit(messages).await;
             }
-            let status = error.details.extra.get("status").and_then(Value::as_u64);
-            if matches!(status, Some(401 | 403)) {
+            if error.details.extra.get(super::client::KEY_REFUSED) == Some(&Value::Bool(true)) {
                 BackendEvent::TurnFailed { turn, error }
             } else {
                 BackendEvent::TurnRefused { turn, error }
