@@ -1833,6 +1833,52 @@ fn a_session_being_resumed_when_the_game_exits_stops_and_ends_as_the_exit_ends_i
 }
 
 #[test]
+fn an_end_stops_a_resume_under_way_instead_of_waiting_for_it() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let timeouts = SessionTimeouts { start: Duration::from_secs(600), ..Default::default() };
+    let session = game.create(agent(&dirs, &[]).timeouts(timeouts)).expect("starts");
+    game.block_on(session.end());
+    dirs.wait_no_agents(LIMIT);
+    // Its agent, started again, never answers `initialize` (as one waiting for a sign-in in a browser), and the
+    // start may take 10 minutes: the player's End must not wait for it.
+    std::fs::create_dir_all(&dirs.state).expect("the agent's state folder");
+    std::fs::write(dirs.state.join("init-hangs"), b"").expect("written");
+    let resuming = game.game.agent().runtime().spawn({
+        let session = session.clone();
+        async move { session.resume().await }
+    });
+    let until = Instant::now() + LIMIT;
+    while dirs.agents_alive() == 0 {
+        assert!(Instant::now() < until, "the agent was started again");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ending = Instant::now();
+    game.block_on(session.end());
+    assert!(ending.elapsed() < Duration::from_secs(20), "the end waited {:?} for the resume", ending.elapsed());
+    let resumed = bevy::tasks::block_on(resuming).expect("the resume ended");
+    assert_eq!(resumed.expect_err("stopped by the end").code, ErrorCode::SessionEnded);
+    assert_eq!(session.status(), ConversationStatus::Ended);
+    dirs.wait_no_agents(LIMIT);
+
+    // Nor must forgetting the session wait for one.
+    let resuming = game.game.agent().runtime().spawn({
+        let session = session.clone();
+        async move { session.resume().await }
+    });
+    while dirs.agents_alive() == 0 {
+        assert!(Instant::now() < until, "the agent was started again");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let forgetting = Instant::now();
+    game.block_on(game.sessions.forget(session.id().clone())).expect("forgotten");
+    assert!(forgetting.elapsed() < Duration::from_secs(20), "the forget waited {:?}", forgetting.elapsed());
+    let resumed = bevy::tasks::block_on(resuming).expect("the resume ended");
+    assert_eq!(resumed.expect_err("stopped by the forget").code, ErrorCode::SessionEnded);
+    dirs.wait_no_agents(LIMIT);
+}
+
+#[test]
 fn s4_the_games_exit_stops_every_agent_even_one_that_ignores_sigterm_and_its_input() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

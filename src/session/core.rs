@@ -148,6 +148,9 @@ pub(crate) struct SessionCore {
     state: Mutex<State>,
     /// End and resume, one at a time.
     lifecycle: tokio::sync::Mutex<()>,
+    /// Counts the ends asked for: a resume asked for before one stops when it comes, also while it connects (an
+    /// agent that does not answer, a sign-in in a browser), instead of holding the end up until it is done.
+    ends: tokio::sync::watch::Sender<u64>,
     /// Forgotten by the game (`AgentSessions::forget`): ended for good, never resumed. Not in `state`: errors
     /// built while `state` is held read it.
     forgotten: AtomicBool,
@@ -178,6 +181,7 @@ impl SessionCore {
                 startings: 0,
             }),
             lifecycle: tokio::sync::Mutex::new(()),
+            ends: tokio::sync::watch::Sender::new(0),
             forgotten: AtomicBool::new(false),
         })
     }
@@ -688,8 +692,14 @@ impl SessionCore {
     /// disconnected, for a later `resume_session`). Pending work rejects with `SESSION_ENDED`; `Ended` is
     /// published once; ending again does nothing. Resolves when the agent process is gone.
     pub(crate) async fn end(self: &Arc<Self>, end_session: bool) {
+        self.stop_resuming();
         let _lifecycle = self.lifecycle.lock().await;
         self.end_locked(end_session).await;
+    }
+
+    /// Stops a resume asked for before now (it is `SESSION_ENDED`): an end is coming.
+    pub(crate) fn stop_resuming(&self) {
+        self.ends.send_modify(|ends| *ends += 1);
     }
 
     /// Whether the session ended (and is not live again).
@@ -699,6 +709,7 @@ impl SessionCore {
 
     /// Ends the session (as [`end`](Self::end)) for good: a later `resume` is `SESSION_NOT_FOUND`.
     pub(crate) async fn end_and_forget(self: &Arc<Self>) {
+        self.stop_resuming();
         let _lifecycle = self.lifecycle.lock().await;
         // First: the turn this end rejects already says so.
         self.forgotten.store(true, Ordering::Relaxed);
@@ -746,6 +757,9 @@ impl SessionCore {
     /// `Ended` or `Error` → `Idle`: reconnects the agent and re-attaches the backend session (or starts a new
     /// one where it cannot, and says so). A live session is left as it is.
     pub(crate) async fn resume(self: &Arc<Self>) -> Result<Attached, ToolError> {
+        // An end asked for from now on stops this resume (`SESSION_ENDED`), whether it still waits its turn or
+        // connects: dropping the connection under way stops its agent and revokes its credential.
+        let mut ends = self.ends.subscribe();
         let _lifecycle = self.lifecycle.lock().await;
         let backend_session = {
             let state = self.state.lock();
@@ -758,7 +772,15 @@ impl SessionCore {
             state.backend_session.clone()
         };
         // Going live publishes `Idle` (and reopens an ended session's conversation) with the change of phase.
-        self.connect(backend_session, true).await
+        tokio::select! {
+            biased;
+            _ = ends.changed() => Err(ToolError::with_code(
+                ErrorCode::SessionEnded,
+                format!("session `{}` was ended while it was being resumed", self.id),
+            )
+            .with_detail("session", &self.id)),
+            connected = self.connect(backend_session, true) => connected,
+        }
     }
 
     pub(crate) fn ended_error(&self) -> ToolError {

@@ -202,6 +202,10 @@ impl AgentSessions {
             return Err(ToolError::invalid_input("session", "the session id is empty"));
         }
         let _under_way = UnderWay::begin(&self.forgetting);
+        // A resume of it under way holds the id's lock: it is stopped, not waited for.
+        if let Some(core) = self.live.lock().get(&id) {
+            core.stop_resuming();
+        }
         // Whatever puts a known id back in the live map (`resume_session`, `AgentSession::resume`) does it under
         // the id's lock: a resume under way finishes first, and none puts the session back after this.
         let _forgetting = self.by_id.lock(&id).await;
