@@ -1,7 +1,8 @@
 //! The sandbox: a small voxel world that AI agents play through MCP tools, headless, at a fixed 60 ticks per
-//! second (run by [`AgentToolsRunnerPlugin`], which also serves agents' steps between ticks). The console (standard input) stands in for the player: `enter WORLD`, `travel DIMENSION`, `exit`,
-//! `status`, `quit`; with `--agent` or `--agent-openai`, the player also chats with an in-game agent: `say TEXT`, `chat-cancel`,
-//! `chat-end`, `chat-resume [ID]`, `chat-forget ID`, `chat-allow R`, `chat-deny R` (see `chat.rs`).
+//! second (run by [`AgentToolsRunnerPlugin`], which also serves agents' steps between ticks). The console (standard
+//! input) stands in for the player: `enter WORLD`, `travel DIMENSION`, `exit`, `status`, `quit`; with `--agent` or
+//! `--agent-openai`, the player also chats with an in-game agent: `say TEXT`, `chat-cancel`, `chat-end`, `chat-resume
+//! [ID]`, `chat-forget ID`, `chat-allow R`, `chat-deny R` (see `chat.rs`).
 //!
 //! ```sh
 //! cargo run --example sandbox -- [--data-dir DIR] [--port N] [--token-env VAR | --token TOKEN] [--world NAME]
@@ -27,8 +28,8 @@
 //! `--agent-openai` (build with `--features openai`) runs the agent loop in the game against an OpenAI-compatible
 //! endpoint (e.g. `http://127.0.0.1:11434/v1` for Ollama), with the API key from the variable `--api-key-env`
 //! names (none without it: a key is never sent unasked); `--context-window` gives the model's window in tokens,
-//! which the history sent is kept within (Ollama's default is 4,096). A flag that would change nothing with the
-//! others given (`--agent-keep` without an agent, `--context-window` with `--agent`, ...) is refused.
+//! which the history sent is kept within (Ollama's default is 4,096 under 24 GiB of VRAM). A flag that would change
+//! nothing with the others given (`--agent-keep` without an agent, `--context-window` with `--agent`, ...) is refused.
 //!
 //! Worlds are saved under the data directory (default `sandbox-data/`), one directory per world, as one document
 //! (`sandbox.json`: changed blocks with their versions, notes, the player's position in each dimension) written
