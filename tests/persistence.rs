@@ -287,6 +287,19 @@ fn a_world_left_and_saved_is_let_go_by_the_store_and_locked_again_when_entered()
 }
 
 #[test]
+fn a_world_a_menu_reads_before_any_visit_is_let_go_once_read() {
+    // The main menu reads a world to show it, before the player entered any: the world is not kept locked for the
+    // rest of the run (another game process, a save-sync tool may use it).
+    let (mut app, neighbour) = game_beside_another();
+    let beta = WorldId::new("beta");
+    assert_eq!(neighbour.saves(&beta, 5), Some(Ok(())));
+    let shown: Option<Progress> = app.run_future(store(&app).load(&beta, "progress")).expect("read");
+    assert_eq!(shown.map(|progress| progress.count), Some(5));
+    assert_eq!(store(&app).flush().wait_timeout(DEADLINE), Some(Ok(())));
+    assert_eq!(neighbour.saves(&beta, 7), Some(Ok(())), "let go once read");
+}
+
+#[test]
 fn a_world_left_while_its_store_is_busy_is_let_go_once_the_store_is_done_with_it() {
     let (mut app, neighbour) = game_beside_another();
     let alpha = WorldId::new("alpha");

@@ -44,7 +44,7 @@ impl Plugin for WorldStorePlugin {
         let Some(runtime) = app.world().get_resource::<AgentRuntime>() else {
             panic!("add AgentToolsPlugin before WorldStorePlugin: the store runs on its runtime");
         };
-        let store = WorldStore::new(self.root.clone(), runtime.handle().clone()).with_codec(self.codec);
+        let store = WorldStore::new(self.root.clone(), runtime.handle().clone()).with_codec(self.codec).managed();
         app.insert_resource(store);
     }
 }

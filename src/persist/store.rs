@@ -79,8 +79,9 @@ struct Worlds {
     queues: HashMap<WorldId, InUse>,
     /// Visits open or closing, by world. Counted once the app's host has used this store for a visit (`managed`).
     visits: HashMap<WorldId, usize>,
-    /// Whether the app's host uses this store for its visits: then a world no visit uses is let go whenever nothing
-    /// of it is queued or running. A store the host never used keeps each world until it is dropped.
+    /// Whether the app's host uses this store for its visits (the plugin's store from the start, another from its
+    /// first visit): then a world no visit uses is let go whenever nothing of it is queued or running. A store the
+    /// host never used keeps each world until it is dropped.
     managed: bool,
     /// Worlds let go whose lock file is being closed, each with the completion of that close and its number: the
     /// world's next queue starts after it (its lock file would be found locked by this very process before).
@@ -248,6 +249,13 @@ impl WorldStore {
     /// ```
     pub fn with_codec(mut self, codec: Codec) -> Self {
         self.codec = codec;
+        self
+    }
+
+    /// This store is the app's, whose host counts its visits: from now on it lets go of a world nothing uses, also
+    /// one read (from a menu) before any visit opened.
+    pub(crate) fn managed(self) -> Self {
+        self.shared.worlds.lock().managed = true;
         self
     }
 
