@@ -49,28 +49,52 @@ pub(crate) fn header(len: u64, crc: u32, codec: Codec) -> Vec<u8> {
 
 /// Passes a payload through to `W`, counting it and computing its CRC-32 on the way: the header of a streamed
 /// payload, without a second pass over it.
+///
+/// A write that fails fails every later one and [`finish`](Self::finish): a `Serialize` that ignores an error (a
+/// disk full midway) and goes on would otherwise leave a gap in the payload that the header, counting what was
+/// written, calls intact, and the save would report success and never load.
 pub(crate) struct PayloadWriter<W> {
     inner: W,
     codec: Codec,
     len: u64,
     crc: crc32fast::Hasher,
+    /// The first write's failure, if one failed.
+    failed: Option<(io::ErrorKind, String)>,
 }
 
 impl<W: Write> PayloadWriter<W> {
     pub(crate) fn new(inner: W, codec: Codec) -> Self {
-        Self { inner, codec, len: 0, crc: crc32fast::Hasher::new() }
+        Self { inner, codec, len: 0, crc: crc32fast::Hasher::new(), failed: None }
     }
 
     /// Flushes what is buffered and returns the payload's header.
     pub(crate) fn finish(mut self) -> io::Result<Vec<u8>> {
+        self.check()?;
         self.inner.flush()?;
         Ok(header(self.len, self.crc.finalize(), self.codec))
+    }
+
+    /// The first failure again, if a write failed.
+    fn check(&self) -> io::Result<()> {
+        match &self.failed {
+            Some((kind, message)) => Err(io::Error::new(*kind, format!("an earlier write failed: {message}"))),
+            None => Ok(()),
+        }
     }
 }
 
 impl<W: Write> Write for PayloadWriter<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let written = self.inner.write(buf)?;
+        self.check()?;
+        let written = match self.inner.write(buf) {
+            Ok(written) => written,
+            // Tried again by `write_all`: nothing was lost.
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => return Err(error),
+            Err(error) => {
+                self.failed = Some((error.kind(), error.to_string()));
+                return Err(error);
+            }
+        };
         self.crc.update(&buf[..written]);
         self.len += written as u64;
         Ok(written)
@@ -129,6 +153,39 @@ pub(crate) fn open(file: &[u8]) -> Result<Opened<'_>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_error_a_careless_serialize_ignores_fails_the_payload_in_either_codec() {
+        struct Careless;
+        impl serde::Serialize for Careless {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                use serde::ser::SerializeTuple;
+                let mut tuple = serializer.serialize_tuple(2)?;
+                let _ = tuple.serialize_element(&"x".repeat(1 << 20)); // drops the write's error
+                tuple.serialize_element(&1u8)?;
+                tuple.end()
+            }
+        }
+        /// Refuses its first write only: later bytes would land after a gap.
+        struct FailsOnce(bool);
+        impl Write for FailsOnce {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                match std::mem::replace(&mut self.0, true) {
+                    false => Err(io::Error::new(io::ErrorKind::StorageFull, "no space left")),
+                    true => Ok(buf.len()),
+                }
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        for codec in [Codec::Json, Codec::Postcard] {
+            let mut writer = PayloadWriter::new(FailsOnce(false), codec);
+            let _ = codec.encode(&Careless, &mut writer);
+            let finished = writer.finish();
+            assert_eq!(finished.map_err(|error| error.kind()), Err(io::ErrorKind::StorageFull), "{codec}");
+        }
+    }
 
     fn wrap(payload: &[u8], codec: Codec) -> Vec<u8> {
         let mut writer = PayloadWriter::new(Vec::new(), codec);
