@@ -155,6 +155,18 @@ fn a_tool_with_an_argument_of_a_reserved_name_is_refused_at_registration() {
     let unit = AgentTool::new("unit", "Nothing.", |_: CallContext<Session>, _: ()| async move { Ok(()) });
     let refused = app.agent().register_tool(unit).expect_err("not an object");
     assert!(refused.message.contains("not an object"), "{}", refused.message);
+
+    // An enum of which one shape is not an object (an externally tagged unit variant is a string): clients see
+    // only the object shapes, and send objects.
+    #[derive(Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    enum External {
+        Stop,
+        Go { speed: u8 },
+    }
+    let go = AgentTool::new("go", "Goes.", |_: CallContext<Session>, _: External| async move { Ok(()) });
+    let refused = app.agent().register_tool(go).expect_err("`Stop` could never be called");
+    assert!(refused.message.contains("not an object") && refused.message.contains("Stop"), "{}", refused.message);
 }
 
 #[test]
@@ -457,4 +469,56 @@ fn a_flattened_destructive_guard_adds_its_fields_but_never_its_own_doc() {
     let text = schema.to_string();
     assert!(schema["properties"]["confirm"].is_object() && schema["properties"]["expected_version"].is_object());
     assert!(!text.contains("Flatten this") && !text.contains("serde(flatten)"), "no Rust docs leak: {schema}");
+}
+
+/// Documented variants: schemars writes them as a `oneOf` of constants.
+#[derive(Deserialize, JsonSchema)]
+#[allow(dead_code)]
+enum Gait {
+    /// Slowly.
+    Walk,
+    /// Fast.
+    Run,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[allow(dead_code)]
+struct Steer {
+    turn: Option<Direction>,
+    at: Option<Waypoint>,
+    gait: Option<Gait>,
+}
+
+#[test]
+fn a_value_that_fits_no_alternative_is_explained_by_the_alternative_it_was_meant_for() {
+    // An enum is a `oneOf` (or, optional, an `anyOf` with `null`): the validator says only that the value fits
+    // none, and flags every property of a tagged one as unexpected. A model needs what its value lacks, where.
+    let edit = AgentTool::new("edit", "Edits.", |_: CallContext<Session>, _: Edit| async move { Ok(()) });
+    let steer = AgentTool::new("steer", "Steers.", |_: CallContext<Session>, _: Steer| async move { Ok(()) });
+    let mut app = app_with(TestGame::default(), vec![edit, steer]);
+    app.enter_world("alpha");
+    let mut refused = |tool: &str, args: Value| {
+        let call = app.agent().conversation("a").call(tool, args);
+        let error = app.run_until_resolved(&call).expect_err("refused");
+        assert_eq!(error.code, ErrorCode::InvalidInput, "{error:?}");
+        assert!(!error.message.contains("nevaluated") && !error.message.contains("any of the schemas"), "{error:?}");
+        (error.details.extra["field"].as_str().unwrap_or_default().to_string(), error.message)
+    };
+    // The tag names its shape: that shape's own problems.
+    let (_, message) = refused("edit", json!({ "action": "break" }));
+    assert!(message.contains("`x`") && message.contains("required"), "{message}");
+    // A tag no shape has: the tags there are.
+    let (field, message) = refused("edit", json!({ "action": "erase", "x": 1 }));
+    assert_eq!(field, "action");
+    assert!(message.contains(r#""paint""#) && message.contains(r#""break""#), "{message}");
+    // Optional: not `null`, so the value's own type's problem.
+    let (field, message) = refused("steer", json!({ "turn": "up" }));
+    assert_eq!(field, "turn");
+    assert!(message.contains(r#""left""#), "{message}");
+    let (field, _) = refused("steer", json!({ "at": { "x": "a" } }));
+    assert_eq!(field, "at.x");
+    // Documented variants (constants): the choices.
+    let (field, message) = refused("steer", json!({ "gait": "Fly" }));
+    assert_eq!(field, "gait");
+    assert!(message.contains(r#""Walk""#) && message.contains(r#""Run""#), "{message}");
 }

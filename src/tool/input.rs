@@ -158,8 +158,13 @@ fn strip_rust_formats(schema: &mut Value) {
 pub(crate) fn normalize_numbers(value: &mut Value) {
     match value {
         Value::Number(number) => {
-            if let Some(float) = number.as_f64().filter(|f| number.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15) {
-                *value = Value::from(float as i64);
+            // Any integral float an integer argument could hold (the validator takes `1e16` as an integer too).
+            if let Some(float) = number.as_f64().filter(|f| number.is_f64() && f.fract() == 0.0) {
+                if float >= i64::MIN as f64 && float < i64::MAX as f64 {
+                    *value = Value::from(float as i64);
+                } else if float >= 0.0 && float < u64::MAX as f64 {
+                    *value = Value::from(float as u64);
+                }
             }
         }
         Value::Array(items) => items.iter_mut().for_each(normalize_numbers),
@@ -217,6 +222,125 @@ pub(crate) fn compile_schema(tool: &str, schema: &Value) -> Option<jsonschema::V
 
 /// How many of the arguments' problems one error lists.
 const PROBLEMS_LISTED: usize = 10;
+/// How many of the validator's errors are read (the rest are not counted).
+const ERRORS_READ: usize = 64;
+/// How deep alternatives inside alternatives are explained.
+const ALTERNATIVES_DEPTH: usize = 8;
+
+use jsonschema::error::ValidationErrorKind;
+
+/// Where an error is, in the form `pos.x` or `blocks[2]` (empty: the arguments as a whole).
+fn path_of(location: &jsonschema::paths::Location) -> String {
+    let mut field = String::new();
+    for segment in location.iter() {
+        match segment {
+            jsonschema::paths::LocationSegment::Property(name) => push_property(&mut field, &name),
+            jsonschema::paths::LocationSegment::Index(index) => field.push_str(&format!("[{index}]")),
+        }
+    }
+    field
+}
+
+/// Whether `path` is a property right inside `parent`.
+fn is_property_of(parent: &str, path: &str) -> bool {
+    let rest = match parent {
+        "" => path,
+        parent => match path.strip_prefix(parent).and_then(|rest| rest.strip_prefix('.')) {
+            Some(rest) => rest,
+            None => return false,
+        },
+    };
+    !rest.is_empty() && !rest.contains(['.', '['])
+}
+
+/// What a model can act on, for one of the validator's errors. A value that fits none of its alternatives (an
+/// enum: `oneOf`/`anyOf`) is explained by the alternative it was meant for: an alternative whose tag (a property
+/// right inside, refused by `const` or `enum`) or whose type (`null` for an `Option`) is not the value's is not it.
+/// One left: its own problems, where they are. None left: the tag is not one of those the alternatives take.
+/// Several: the problems they all have (a property every one requires), or all their constants as one choice.
+fn explained(error: &jsonschema::ValidationError<'_>, depth: usize) -> Vec<Problem> {
+    let context = match error.kind() {
+        ValidationErrorKind::OneOfNotValid { context } | ValidationErrorKind::AnyOf { context } => context,
+        _ => return vec![Problem::of(error)],
+    };
+    if depth >= ALTERNATIVES_DEPTH {
+        return vec![Problem::of(error)];
+    }
+    let at = path_of(error.instance_path());
+    let mut tags: Vec<(String, Value, String)> = Vec::new();
+    let mut meant = Vec::new();
+    for branch in context {
+        let mut fits = true;
+        for inner in branch {
+            let path = path_of(inner.instance_path());
+            let expected = match inner.kind() {
+                ValidationErrorKind::Constant { expected_value } => Some(vec![(**expected_value).clone()]),
+                ValidationErrorKind::Enum { options } => options.as_array().cloned(),
+                _ => None,
+            };
+            match (inner.kind(), expected) {
+                (ValidationErrorKind::Type { .. }, _) if path == at => fits = false,
+                (_, Some(expected)) if is_property_of(&at, &path) => {
+                    fits = false;
+                    let given = inner.instance().to_string();
+                    tags.extend(expected.into_iter().map(|value| (path.clone(), value, given.clone())));
+                }
+                _ => {}
+            }
+        }
+        if fits {
+            meant.push(branch);
+        }
+    }
+    let own_problems = |branch: &Vec<jsonschema::ValidationError<'static>>| -> Vec<Problem> {
+        branch.iter().flat_map(|inner| explained(inner, depth + 1)).collect()
+    };
+    match meant.as_slice() {
+        [branch] => own_problems(branch),
+        [] => match tags.first() {
+            Some((path, _, given)) => {
+                let choices: Vec<String> =
+                    tags.iter().filter(|(at, ..)| at == path).map(|(_, value, _)| value.to_string()).collect();
+                let reason = format!("{given} is not one of {}", choices.join(", "));
+                vec![Problem { field: path.clone(), reason, keyword: "const".into() }]
+            }
+            None => vec![Problem::of(error)],
+        },
+        branches => {
+            let constants: Option<Vec<String>> = branches
+                .iter()
+                .flat_map(|branch| branch.iter())
+                .map(|inner| match inner.kind() {
+                    ValidationErrorKind::Constant { expected_value } => Some(vec![expected_value.to_string()]),
+                    ValidationErrorKind::Enum { options } => {
+                        options.as_array().map(|values| values.iter().map(Value::to_string).collect())
+                    }
+                    _ => None,
+                })
+                .collect::<Option<Vec<Vec<String>>>>()
+                .map(|all| all.concat());
+            if let Some(choices) = constants.filter(|choices| !choices.is_empty()) {
+                let reason = format!("{} is not one of {}", error.instance(), choices.join(", "));
+                return vec![Problem { field: at, reason, keyword: "enum".into() }];
+            }
+            // What every alternative finds wrong (a property they all require), where they agree.
+            let mut each = branches.iter().map(|branch| own_problems(branch));
+            let first = each.next().unwrap_or_default();
+            let rest: Vec<Vec<Problem>> = each.collect();
+            let shared: Vec<Problem> = first
+                .into_iter()
+                .filter(|problem| {
+                    rest.iter()
+                        .all(|other| other.iter().any(|o| o.field == problem.field && o.reason == problem.reason))
+                })
+                .collect();
+            match shared.is_empty() {
+                true => vec![Problem::of(error)],
+                false => shared,
+            }
+        }
+    }
+}
 
 /// `INVALID_INPUT` naming the first argument that breaks the published schema (`details.field`, in the form
 /// `pos.x` or `blocks[2]`) and why (`details.reason`, the validator's words, e.g. "1 is less than the minimum of
@@ -224,11 +348,25 @@ const PROBLEMS_LISTED: usize = 10;
 /// `{field, reason, schema_keyword}`; `details.problems_unlisted` counts the rest) and the message names them, so
 /// an agent can mend them in a single retry.
 pub(crate) fn validate(tool: &str, validator: &jsonschema::Validator, args: &Value) -> Result<(), ToolError> {
-    let mut errors = validator.iter_errors(args);
-    let Some(first) = errors.next().map(|error| Problem::of(&error)) else { return Ok(()) };
-    let others: Vec<Problem> = errors.by_ref().take(PROBLEMS_LISTED - 1).map(|error| Problem::of(&error)).collect();
+    let errors: Vec<jsonschema::ValidationError<'_>> = validator.iter_errors(args).take(ERRORS_READ).collect();
+    // Where alternatives failed (an enum): properties unevaluated there are only that failure's echo (no branch
+    // was taken, so none of its properties counts as evaluated), and would call a right tag unexpected.
+    let alternatives: Vec<String> = errors
+        .iter()
+        .filter(|error| {
+            matches!(error.kind(), ValidationErrorKind::OneOfNotValid { .. } | ValidationErrorKind::AnyOf { .. })
+        })
+        .map(|error| path_of(error.instance_path()))
+        .collect();
+    let echo = |error: &jsonschema::ValidationError<'_>| {
+        matches!(error.kind(), ValidationErrorKind::UnevaluatedProperties { .. })
+            && alternatives.contains(&path_of(error.instance_path()))
+    };
+    let mut problems = errors.iter().filter(|error| !echo(error)).flat_map(|error| explained(error, 0));
+    let Some(first) = problems.next() else { return Ok(()) };
+    let others: Vec<Problem> = problems.by_ref().take(PROBLEMS_LISTED - 1).collect();
     // Only counted: the rest are not described.
-    let unlisted = errors.count();
+    let unlisted = problems.count();
     let Problem { field, reason, keyword } = &first;
     let mut message = if field.is_empty() {
         format!("the arguments of `{tool}` are invalid: {reason}")
@@ -268,19 +406,13 @@ struct Problem {
 
 impl Problem {
     fn of(error: &jsonschema::ValidationError<'_>) -> Self {
-        let mut field = String::new();
-        for segment in error.instance_path().iter() {
-            match segment {
-                jsonschema::paths::LocationSegment::Property(name) => push_property(&mut field, &name),
-                jsonschema::paths::LocationSegment::Index(index) => field.push_str(&format!("[{index}]")),
-            }
-        }
+        let mut field = path_of(error.instance_path());
         // `required` and `additionalProperties` are reported at the object that lacks or has the property: name it.
         match error.kind() {
-            jsonschema::error::ValidationErrorKind::Required { property } => {
+            ValidationErrorKind::Required { property } => {
                 push_property(&mut field, property.as_str().unwrap_or_default())
             }
-            jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected }
+            ValidationErrorKind::AdditionalProperties { unexpected }
             | jsonschema::error::ValidationErrorKind::UnevaluatedProperties { unexpected } => {
                 if let Some(name) = unexpected.first() {
                     push_property(&mut field, name)
@@ -290,7 +422,7 @@ impl Problem {
         }
         let mut reason = match error.kind() {
             // The validator names a few choices and counts the rest: a model needs them all to pick one.
-            jsonschema::error::ValidationErrorKind::Enum { options } => match options.as_array() {
+            ValidationErrorKind::Enum { options } => match options.as_array() {
                 Some(choices) => {
                     let choices: Vec<String> = choices.iter().map(Value::to_string).collect();
                     format!("{} is not one of {}", error.instance(), choices.join(", "))
@@ -382,6 +514,19 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn an_integral_float_of_any_size_an_integer_holds_is_that_integer() {
+        let mut numbers = serde_json::json!([3.0, 1e16, -1e18, 1.5e19, 1e20, 2.5]);
+        super::normalize_numbers(&mut numbers);
+        let sixteen: i64 = 10_000_000_000_000_000;
+        let nineteen: u64 = 15_000_000_000_000_000_000;
+        let eighteen: i64 = -1_000_000_000_000_000_000;
+        assert_eq!(numbers, serde_json::json!([3, sixteen, eighteen, nineteen, 1e20, 2.5]));
+        let parsed: i64 = super::parse("t", serde_json::json!({ "b": 1e16 }))
+            .map(|args: std::collections::HashMap<String, i64>| args["b"])
+            .expect("an i64");
+        assert_eq!(parsed, sixteen);
+    }
     #[test]
     fn every_number_of_an_output_schema_may_be_null_but_data_and_integers_stay_as_they_are() {
         let mut schema = json!({

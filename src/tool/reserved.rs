@@ -91,6 +91,28 @@ pub(crate) fn check_arguments(info: &ToolInfo) -> Result<(), String> {
             info.name, schema["type"]
         ));
     }
+    // A shape of an enum at the root that is no object (a unit variant of an externally tagged enum is a string)
+    // could never be called: clients send an object, and see only the object shapes.
+    let shapes = ["oneOf", "anyOf"].iter().filter_map(|keyword| schema.get(*keyword).and_then(Value::as_array));
+    for shape in shapes.flatten() {
+        let referred = shape.get("$ref").and_then(Value::as_str).and_then(|pointer| pointer.strip_prefix('#'));
+        let shape = referred.and_then(|pointer| schema.pointer(pointer)).unwrap_or(shape);
+        let takes = |kind: &Value| kind == "object" || kind == "null";
+        let not_an_object = match shape.get("type") {
+            Some(Value::String(_)) => !shape.get("type").is_some_and(takes),
+            Some(Value::Array(kinds)) => !kinds.iter().any(takes),
+            Some(_) => true,
+            None => shape.get("enum").is_some() || shape.get("const").is_some(),
+        };
+        if not_an_object {
+            return Err(format!(
+                "agent tool `{}` takes arguments of which one shape is not an object ({shape}): a client sends an \
+                 object, so it could never be called; tag the enum (`#[serde(tag = \"kind\")]`) or give the \
+                 variant fields",
+                info.name
+            ));
+        }
+    }
     match RESERVED.iter().find(|name| declares(schema, name)) {
         Some(taken) => Err(format!(
             "agent tool `{}` has an argument named `{taken}`, which the transports take out of every call (it would \
