@@ -62,6 +62,36 @@ fn every_frame_runs_its_step_once_per_frame_until_it_says_it_is_done() {
     assert_eq!(frames.lock().len(), 5, "a step that said it was done never runs again");
 }
 
+#[test]
+fn every_frame_steps_stop_once_nobody_waits_for_them() {
+    // A handler that gives up on its action (a timeout won, a select took another branch) and goes on: the
+    // action stops, rather than change the world every frame until the call ends.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let gate = Gate::new();
+    let held = gate.clone();
+    let tool = AgentTool::new("give_up", "Gives up.", move |ctx: CallContext<Session>, _: NoArgs| {
+        let (counted, held) = (counted.clone(), held.clone());
+        async move {
+            let action = ctx.every_frame(move |_, _| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                ControlFlow::<()>::Continue(())
+            });
+            drop(action);
+            held.pass().await;
+            Ok(())
+        }
+    });
+    let mut app = app_with(TestGame::default(), vec![tool]);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("give_up", json!({}));
+    app.run_until("the handler waits at its gate", |_| gate.arrived() == 1);
+    app.step(3);
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the dropped action never ran");
+    gate.open();
+    app.run_until_resolved(&call).expect("done");
+}
+
 /// Between frames (the step point of `serve_steps_until`) an `every_frame` step does not run: a game counting
 /// frames would see two runs in one. It runs in the next frame's pump, and a step queued after it waits with it.
 #[test]

@@ -203,6 +203,11 @@ impl<S: Send + Sync + 'static> CallContext<S> {
         let (reply, result) = tokio::sync::oneshot::channel();
         let mut reply = Some(reply);
         let run = Box::new(move |world: &mut World, session: &mut dyn Any| {
+            // Nobody waits for it any more (the handler dropped the future: a timeout won, say): it stops, rather
+            // than go on changing the world every frame until the call ends.
+            if reply.as_ref().is_some_and(|reply| reply.is_closed()) {
+                return Ok(true);
+            }
             let session = session.downcast_mut::<S>().ok_or_else(|| wrong_session::<S>())?;
             match step(world, session) {
                 ControlFlow::Continue(()) => Ok(false),
