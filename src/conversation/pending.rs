@@ -225,9 +225,45 @@ pub(crate) fn wait_for_tool(
         }
     };
     let arrival = Arrival { at: std::time::Instant::now(), made_in };
-    let task = run(host.clone(), conversation.clone(), request, wait, call.clone(), arrival);
+    // Counted among its conversation's waiting calls now, not once its task runs: a `cancel_task` or an end that
+    // follows at once finds it.
+    let hub = &host.conversations;
+    let cancel = WaitCancel { token: call.cancel.clone(), why: call.why.clone() };
+    let started =
+        hub.pending_started(&conversation, &request.tool, request.task.clone(), cancel, host.config.max_in_flight);
+    let place = match started.unwrap_or_else(|| Err(hub.refusal(&conversation))) {
+        Ok(key) => WaitingPlace { host: host.clone(), conversation: conversation.clone(), key: Some(key) },
+        Err(mut error) => {
+            error.details.tool.get_or_insert_with(|| shown_name(&request.tool));
+            call.outcome.set(Err(error));
+            return call;
+        }
+    };
+    let task = run(host.clone(), conversation.clone(), request, wait, call.clone(), arrival, place);
     host.runtime.spawn(task);
     call
+}
+
+/// A call's place among its conversation's waiting calls, given back once it stops waiting, or when its task is
+/// dropped (the runtime stopped before it ran).
+struct WaitingPlace {
+    host: Arc<HostShared>,
+    conversation: ConversationId,
+    key: Option<u64>,
+}
+
+impl WaitingPlace {
+    fn give_back(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.host.conversations.pending_finished(&self.conversation, key);
+        }
+    }
+}
+
+impl Drop for WaitingPlace {
+    fn drop(&mut self) {
+        self.give_back();
+    }
 }
 
 async fn run(
@@ -237,21 +273,11 @@ async fn run(
     wait: Duration,
     call: Arc<WaitingCall>,
     arrival: Arrival,
+    mut place: WaitingPlace,
 ) {
     // If the runtime stops (the game exits) while this waits, the caller still gets an outcome (rule H13).
     let _stopped = OutcomeOnDrop(call.clone());
-    let hub = &host.conversations;
     let tool = request.tool.clone();
-    let cancel = WaitCancel { token: call.cancel.clone(), why: call.why.clone() };
-    let started = hub.pending_started(&conversation, &tool, request.task.clone(), cancel, host.config.max_in_flight);
-    let key = match started.unwrap_or_else(|| Err(hub.refusal(&conversation))) {
-        Ok(key) => key,
-        Err(mut error) => {
-            error.details.tool.get_or_insert_with(|| shown_name(&tool));
-            call.outcome.set(Err(error));
-            return;
-        }
-    };
     let deadline = crate::deadline::after_tokio(tokio::time::Instant::now(), wait);
     let found = loop {
         let registered = host.tool_or_visit_came.notified();
@@ -279,14 +305,14 @@ async fn run(
     };
     let outcome = match found {
         Err(error) => {
-            hub.pending_finished(&conversation, key);
+            place.give_back();
             Err(error)
         }
         Ok(()) => {
             tracing::debug!(tool = %tool, conversation = %conversation, "the tool a call waited for was registered");
             let admitted = admit_since(&host, &conversation, request, arrival);
             // Admission counted the call as executing first: the status never dips between waiting and running.
-            hub.pending_finished(&conversation, key);
+            place.give_back();
             match admitted {
                 Ok(Admitted::Running { life, seat, .. }) => {
                     call.admitted(&life, &seat);
@@ -405,6 +431,20 @@ mod tests {
             why: Arc::default(),
             slot: Mutex::default(),
         })
+    }
+
+    #[test]
+    fn cancel_task_ends_a_call_made_a_moment_ago_that_waits_for_its_tool() {
+        // The test's runtime runs nothing until driven: the call's task has not run when the task is cancelled.
+        let (host, _jobs, _feed, runtime) = crate::host::test_host(None);
+        let conversation = ConversationId::new("agent");
+        let request = CallRequest::new("late", serde_json::json!({})).task("T");
+        let call = wait_for_tool(&host, &conversation, request, Duration::from_secs(600));
+        assert_eq!(host.cancel_task(&conversation, &crate::ids::TaskId::new("T")), 1, "found, though just made");
+        let outcome = runtime.block_on(call.outcome.wait());
+        assert_eq!(outcome.map_err(|error| error.code), Err(ErrorCode::Cancelled));
+        // Its tool registered later does not run it.
+        assert!(!host.conversations.waits_for_tools(&conversation), "its place given back");
     }
 
     #[test]
