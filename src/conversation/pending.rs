@@ -230,8 +230,8 @@ pub(crate) fn wait_for_tool(
     let hub = &host.conversations;
     let cancel = WaitCancel { token: call.cancel.clone(), why: call.why.clone() };
     let started =
-        hub.pending_started(&conversation, &request.tool, request.task.clone(), cancel, host.config.max_in_flight);
-    let place = match started.unwrap_or_else(|| Err(hub.refusal(&conversation))) {
+        hub.pending_started(conversation, &request.tool, request.task.clone(), cancel, host.config.max_in_flight);
+    let place = match started.unwrap_or_else(|| Err(hub.refusal(conversation))) {
         Ok(key) => WaitingPlace { host: host.clone(), conversation: conversation.clone(), key: Some(key) },
         Err(mut error) => {
             error.details.tool.get_or_insert_with(|| shown_name(&request.tool));
