@@ -1861,6 +1861,18 @@ fn an_end_stops_a_resume_under_way_instead_of_waiting_for_it() {
     assert_eq!(session.status(), ConversationStatus::Ended);
     dirs.wait_no_agents(LIMIT);
 
+    // The same through the game's messages, which carry out one session's requests in order: the end does not
+    // wait behind the resume written before it.
+    let ending = Instant::now();
+    let id = session.id().clone();
+    let [resume, end] =
+        game.requests([SessionRequest::Resume { session: id.clone() }, SessionRequest::End { session: id.clone() }]);
+    let resumed = game.log.answer(resume).outcome.expect_err("stopped by the end");
+    assert_eq!(resumed.code, ErrorCode::SessionEnded, "{resumed:?}");
+    assert!(matches!(game.log.answer(end).outcome, Ok(SessionReply::Ended)));
+    assert!(ending.elapsed() < Duration::from_secs(20), "the end waited {:?} for the resume", ending.elapsed());
+    dirs.wait_no_agents(LIMIT);
+
     // Nor must forgetting the session wait for one.
     let resuming = game.game.agent().runtime().spawn({
         let session = session.clone();

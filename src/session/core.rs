@@ -250,41 +250,61 @@ impl SessionCore {
     /// Starts the agent and opens (or re-attaches, with `resume`) the backend session, under a new credential
     /// (for an agent that reaches the tools over MCP). On success the session is live; on failure nothing is left
     /// running and the credential is revoked.
+    ///
+    /// With `ends` (a resume's), an end asked for meanwhile stops it while the agent starts (`SESSION_ENDED`): the
+    /// agent is stopped and the credential revoked; once the session went live, it goes on, and the end ends it.
     pub(crate) async fn connect(
         self: &Arc<Self>,
         resume: Option<String>,
         new_if_unresumable: bool,
+        mut ends: Option<tokio::sync::watch::Receiver<u64>>,
     ) -> Result<Attached, ToolError> {
+        // Whatever happens next, the previous connection's stop is waited for (its history written, its process
+        // gone) before this one starts, or the end that stops this one ends.
         self.settle_stopped().await;
-        let (session_dir, working_directory) = self.host.session_dirs(&self.id).await?;
-        // Only an agent process gets a credential: a backend the game runs calls the tools in process.
-        let mcp = if self.config.backend.reaches_tools_over_mcp() {
-            self.host.endpoint(&self.id, self.config.timeouts.start).await?
-        } else {
-            Err("the game calls this backend's tools in process".to_string())
+        let starting = async {
+            let (session_dir, working_directory) = self.host.session_dirs(&self.id).await?;
+            // Only an agent process gets a credential: a backend the game runs calls the tools in process.
+            let mcp = if self.config.backend.reaches_tools_over_mcp() {
+                self.host.endpoint(&self.id, self.config.timeouts.start).await?
+            } else {
+                Err("the game calls this backend's tools in process".to_string())
+            };
+            // Revoked unless the session takes it: on a failure, and if this future is dropped midway.
+            let minted = Minted { host: &self.host, credential: mcp.as_ref().ok().map(|e| e.credential.clone()) };
+            let generation = {
+                let mut state = self.state.lock();
+                state.generation += 1;
+                state.exited_while_connecting = None;
+                state.generation
+            };
+            let setup = super::backend::Setup {
+                mcp,
+                working_directory,
+                system_prompt: self.config.system_prompt.clone(),
+                resume,
+                new_if_unresumable,
+                timeouts: self.config.timeouts.clone(),
+                agent: self.host.agent.clone(),
+                conversation: self.id.clone(),
+                session_dir,
+            };
+            let sink = self.sink(generation);
+            let connected = self.host.backend(&self.config).connect(setup, sink).await?;
+            Ok::<_, ToolError>((minted, generation, connected))
         };
-        // Revoked unless the session takes it: on a failure, and if this future is dropped midway.
-        let mut minted = Minted { host: &self.host, credential: mcp.as_ref().ok().map(|e| e.credential.clone()) };
-        let generation = {
-            let mut state = self.state.lock();
-            state.generation += 1;
-            state.exited_while_connecting = None;
-            state.generation
+        let ended = async {
+            match ends.as_mut() {
+                // (The sender lives as long as this session: an error never comes.)
+                Some(ends) => drop(ends.changed().await),
+                None => std::future::pending().await,
+            }
         };
-        let setup = super::backend::Setup {
-            mcp,
-            working_directory,
-            system_prompt: self.config.system_prompt.clone(),
-            resume,
-            new_if_unresumable,
-            timeouts: self.config.timeouts.clone(),
-            agent: self.host.agent.clone(),
-            conversation: self.id.clone(),
-            session_dir,
+        let (mut minted, generation, (link, attached, system_prompt_sent)) = tokio::select! {
+            biased;
+            () = ended => return Err(self.ended_while_resumed()),
+            started = starting => started?,
         };
-        let sink = self.sink(generation);
-        let connected = self.host.backend(&self.config).connect(setup, sink).await;
-        let (link, attached, system_prompt_sent) = connected?;
         let (refused, exited) = {
             let mut state = self.state.lock();
             let exited = state.exited_while_connecting.take();
@@ -756,11 +776,17 @@ impl SessionCore {
 
     /// `Ended` or `Error` → `Idle`: reconnects the agent and re-attaches the backend session (or starts a new
     /// one where it cannot, and says so). A live session is left as it is.
-    pub(crate) async fn resume(self: &Arc<Self>) -> Result<Attached, ToolError> {
-        // An end asked for from now on stops this resume (`SESSION_ENDED`), whether it still waits its turn or
-        // connects: dropping the connection under way stops its agent and revokes its credential.
-        let mut ends = self.ends.subscribe();
+    ///
+    /// `ends` ([`watch_ends`](Self::watch_ends), taken when the resume was asked for): an end asked for since
+    /// stops it (`SESSION_ENDED`), whether it still waits its turn or its agent starts.
+    pub(crate) async fn resume(
+        self: &Arc<Self>,
+        ends: tokio::sync::watch::Receiver<u64>,
+    ) -> Result<Attached, ToolError> {
         let _lifecycle = self.lifecycle.lock().await;
+        if ends.has_changed().unwrap_or(false) {
+            return Err(self.ended_while_resumed());
+        }
         let backend_session = {
             let state = self.state.lock();
             if self.forgotten.load(Ordering::Relaxed) {
@@ -772,15 +798,20 @@ impl SessionCore {
             state.backend_session.clone()
         };
         // Going live publishes `Idle` (and reopens an ended session's conversation) with the change of phase.
-        tokio::select! {
-            biased;
-            _ = ends.changed() => Err(ToolError::with_code(
-                ErrorCode::SessionEnded,
-                format!("session `{}` was ended while it was being resumed", self.id),
-            )
-            .with_detail("session", &self.id)),
-            connected = self.connect(backend_session, true) => connected,
-        }
+        self.connect(backend_session, true, Some(ends)).await
+    }
+
+    /// Watches for ends asked for from now on: what a resume asked for now goes by.
+    pub(crate) fn watch_ends(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.ends.subscribe()
+    }
+
+    fn ended_while_resumed(&self) -> ToolError {
+        ToolError::with_code(
+            ErrorCode::SessionEnded,
+            format!("session `{}` was ended while it was being resumed", self.id),
+        )
+        .with_detail("session", &self.id)
     }
 
     pub(crate) fn ended_error(&self) -> ToolError {

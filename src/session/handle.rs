@@ -117,7 +117,7 @@ impl AgentSessions {
         self.host.agent.host().conversations.open_held(&id);
         let unkept = Unkept { host: &self.host, core: &core, new: true };
         let holding = self.host.hold(&id, true).await?;
-        core.connect(None, false).await?;
+        core.connect(None, false, None).await?;
         holding.keep();
         unkept.keep();
         self.live.lock().insert(id, core.clone());
@@ -177,7 +177,7 @@ impl AgentSessions {
             let Some(backend_session) = record.backend_session else {
                 return Err(not_found(id.as_str()));
             };
-            core.connect(Some(backend_session), false).await?;
+            core.connect(Some(backend_session), false, None).await?;
         }
         holding.keep();
         unkept.keep();
@@ -191,10 +191,19 @@ impl AgentSessions {
     /// (`<data_dir>/<id>`: its record, its history, its working directory), so it can never be resumed: for a
     /// "delete this chat" in the game, and for kept sessions the game no longer wants. What an ACP agent keeps of
     /// the session on its own side is the agent's. An id the game does not know is `SESSION_NOT_FOUND`; an empty
-    /// one `INVALID_INPUT`. A resume of the same id under way finishes first.
+    /// one `INVALID_INPUT`. A resume of a live session under way ([`AgentSession::resume`]) is stopped
+    /// (`SESSION_ENDED`); a `resume_session` of the same id under way finishes first.
     pub async fn forget(&self, id: impl Into<ConversationId>) -> Result<(), ToolError> {
         let (this, id) = (self.clone(), id.into());
         self.on_tokio(async move { this.forget_here(id).await }).await
+    }
+
+    /// Stops a resume of live session `id` asked for before now ([`AgentSession::resume`]): an end or a forget
+    /// of it is coming.
+    pub(crate) fn stop_resuming(&self, id: &ConversationId) {
+        if let Some(core) = self.live.lock().get(id) {
+            core.stop_resuming();
+        }
     }
 
     async fn forget_here(&self, id: ConversationId) -> Result<(), ToolError> {
@@ -203,9 +212,7 @@ impl AgentSessions {
         }
         let _under_way = UnderWay::begin(&self.forgetting);
         // A resume of it under way holds the id's lock: it is stopped, not waited for.
-        if let Some(core) = self.live.lock().get(&id) {
-            core.stop_resuming();
-        }
+        self.stop_resuming(&id);
         // Whatever puts a known id back in the live map (`resume_session`, `AgentSession::resume`) does it under
         // the id's lock: a resume under way finishes first, and none puts the session back after this.
         let _forgetting = self.by_id.lock(&id).await;
@@ -503,8 +510,20 @@ impl AgentSession {
     /// ([`Attached::Replaced`]). Any other failure of the agent's is `AGENT_UNAVAILABLE` and replaces nothing: a
     /// later `resume` can still re-attach. A new credential is minted. A live session is left as it is. An ended
     /// session another copy of the game took meanwhile is `SESSION_BUSY`. The game's exit stops a resume under way
-    /// (`AGENT_UNAVAILABLE`, "the game is exiting").
+    /// (`AGENT_UNAVAILABLE`, "the game is exiting"), and so does an [`end`](Self::end) or a `forget` asked for
+    /// after it, while its agent starts (`SESSION_ENDED`).
     pub async fn resume(&self) -> Result<Attached, ToolError> {
+        self.resume_watching(self.core.watch_ends()).await
+    }
+
+    /// Watches for ends asked for from now on ([`resume_watching`](Self::resume_watching)).
+    pub(crate) fn watch_ends(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.core.watch_ends()
+    }
+
+    /// [`resume`](Self::resume), stopped by an end asked for since `ends` was taken (a request's, when it was
+    /// written).
+    pub(crate) async fn resume_watching(&self, ends: tokio::sync::watch::Receiver<u64>) -> Result<Attached, ToolError> {
         let this = self.clone();
         let work = async move {
             // Under the id's lock, as `resume_session` and `forget`: a `forget` cannot end between the re-attach
@@ -520,7 +539,7 @@ impl AgentSession {
                 this.core.set_backend_session(record.backend_session.clone());
                 this.core.take_up(&Record { ended: true, ..record }).await;
             }
-            let attached = this.core.resume().await?;
+            let attached = this.core.resume(ends).await?;
             holding.keep();
             this.sessions.live.lock().insert(this.core.id.clone(), this.core.clone());
             Ok(attached)

@@ -178,6 +178,16 @@ pub(crate) fn serve_session_requests(
     // A session whose last request is over needs no entry: the map holds only sessions with requests under way.
     queue.tails.retain(|_, end| matches!(end.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
     for (asked, request) in requests.read_with_id() {
+        // An end or forget stops a resume written before it, which it would otherwise wait for (requests for one
+        // session are carried out in order); a resume goes by the ends asked for from when it was written.
+        let ends = match asked {
+            SessionRequest::End { session } | SessionRequest::Forget { session } => {
+                sessions.stop_resuming(session);
+                None
+            }
+            SessionRequest::Resume { session } => sessions.get(session).map(|live| live.watch_ends()),
+            _ => None,
+        };
         let (done, previous) = match asked.session() {
             Some(session) => {
                 let (done, end) = oneshot::channel();
@@ -192,7 +202,7 @@ pub(crate) fn serve_session_requests(
                 let _ = previous.await;
             }
             // A panic still gets its answer (and drops `done`: the next request goes on).
-            let outcome = match CatchUnwind(Box::pin(carry_out(&sessions, asked.clone(), done))).await {
+            let outcome = match CatchUnwind(Box::pin(carry_out(&sessions, asked.clone(), done, ends))).await {
                 Ok(outcome) => outcome,
                 Err(panic) => Err(ToolError::internal(format!("the request panicked: {}", panic_message(&*panic)))),
             };
@@ -209,6 +219,7 @@ async fn carry_out(
     sessions: &AgentSessions,
     asked: SessionRequest,
     done: Option<oneshot::Sender<()>>,
+    ends: Option<tokio::sync::watch::Receiver<u64>>,
 ) -> Result<SessionReply, ToolError> {
     let live = |session: &ConversationId| sessions.get(session).ok_or_else(|| not_live(session));
     match asked {
@@ -231,7 +242,8 @@ async fn carry_out(
         }
         SessionRequest::Resume { session } => {
             let session = sessions.resume_session(session).await?;
-            session.resume().await.map(SessionReply::Resumed)
+            let ends = ends.unwrap_or_else(|| session.watch_ends());
+            session.resume_watching(ends).await.map(SessionReply::Resumed)
         }
         SessionRequest::Forget { session } => sessions.forget(session).await.map(|()| SessionReply::Forgotten),
     }
