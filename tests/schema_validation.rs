@@ -156,8 +156,12 @@ fn a_tool_with_an_argument_of_a_reserved_name_is_refused_at_registration() {
     let refused = app.agent().register_tool(unit).expect_err("not an object");
     assert!(refused.message.contains("not an object"), "{}", refused.message);
 
-    // An enum of which one shape is not an object (an externally tagged unit variant is a string): clients see
-    // only the object shapes, and send objects.
+    // An enum none of whose shapes is an object (documented unit variants are constants): clients send objects.
+    let gait = AgentTool::new("gait", "Walks.", |_: CallContext<Session>, _: Gait| async move { Ok(()) });
+    let refused = app.agent().register_tool(gait).expect_err("no shape could ever be called");
+    assert!(refused.message.contains("none of whose shapes is an object"), "{}", refused.message);
+    // One shape that is not (an externally tagged unit variant is a string): the rest can be called, that one is
+    // said to be of no use.
     #[derive(Deserialize, JsonSchema)]
     #[allow(dead_code)]
     enum External {
@@ -165,8 +169,9 @@ fn a_tool_with_an_argument_of_a_reserved_name_is_refused_at_registration() {
         Go { speed: u8 },
     }
     let go = AgentTool::new("go", "Goes.", |_: CallContext<Session>, _: External| async move { Ok(()) });
-    let refused = app.agent().register_tool(go).expect_err("`Stop` could never be called");
-    assert!(refused.message.contains("not an object") && refused.message.contains("Stop"), "{}", refused.message);
+    let (registered, said) = common::warnings::with_warnings(|| app.agent().register_tool(go));
+    registered.expect("`Go` can be called");
+    assert!(said.iter().any(|line| line.contains("never be called") && line.contains("Stop")), "{said:?}");
 }
 
 #[test]
@@ -489,13 +494,23 @@ struct Steer {
     gait: Option<Gait>,
 }
 
+/// Tagged shapes, one with an enum field (an `enum`, where serde's tag is a `const`).
+#[derive(Deserialize, JsonSchema)]
+#[serde(tag = "action", rename_all = "snake_case")]
+#[allow(dead_code)]
+enum Brush {
+    Paint { colour: String },
+    Fill { x: i32, direction: Direction },
+}
+
 #[test]
 fn a_value_that_fits_no_alternative_is_explained_by_the_alternative_it_was_meant_for() {
     // An enum is a `oneOf` (or, optional, an `anyOf` with `null`): the validator says only that the value fits
     // none, and flags every property of a tagged one as unexpected. A model needs what its value lacks, where.
     let edit = AgentTool::new("edit", "Edits.", |_: CallContext<Session>, _: Edit| async move { Ok(()) });
     let steer = AgentTool::new("steer", "Steers.", |_: CallContext<Session>, _: Steer| async move { Ok(()) });
-    let mut app = app_with(TestGame::default(), vec![edit, steer]);
+    let brush = AgentTool::new("brush", "Brushes.", |_: CallContext<Session>, _: Brush| async move { Ok(()) });
+    let mut app = app_with(TestGame::default(), vec![edit, steer, brush]);
     app.enter_world("alpha");
     let mut refused = |tool: &str, args: Value| {
         let call = app.agent().conversation("a").call(tool, args);
@@ -507,6 +522,10 @@ fn a_value_that_fits_no_alternative_is_explained_by_the_alternative_it_was_meant
     // The tag names its shape: that shape's own problems.
     let (_, message) = refused("edit", json!({ "action": "break" }));
     assert!(message.contains("`x`") && message.contains("required"), "{message}");
+    // A wrong value of an enum field of the shape the tag names is that field's problem, not the tag's.
+    let (field, message) = refused("brush", json!({ "action": "fill", "x": 1, "direction": "up" }));
+    assert_eq!(field, "direction", "{message}");
+    assert!(message.contains(r#""left""#), "{message}");
     // A tag no shape has: the tags there are.
     let (field, message) = refused("edit", json!({ "action": "erase", "x": 1 }));
     assert_eq!(field, "action");

@@ -176,7 +176,8 @@ impl<S: Send + Sync + 'static> CallContext<S> {
     /// Every frame's run is rechecked first, exactly as an [`on_client`](Self::on_client) step is (call live,
     /// deadline not passed, same visit, and for `Location` scope the same location revision), so the steps stop
     /// when the call ends: the future then resolves with why (`CANCELLED`, `TIMEOUT`, `VISIT_ENDED`,
-    /// `LOCATION_CHANGED`), and the step never runs again. It runs at most once per frame, in
+    /// `LOCATION_CHANGED`), and the step never runs again; so when its future is dropped (a timeout won, a `select!`
+    /// took another branch), unlike an `on_client` step, which runs anyway. It runs at most once per frame, in
     /// [`AgentToolsSystems::Pump`](crate::AgentToolsSystems::Pump); a panic in it ends the call with `INTERNAL` (and
     /// leaves the session as it left it, as for [`on_client`](Self::on_client)). To
     /// report progress or record details from inside it, move a clone of the context into it.

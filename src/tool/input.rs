@@ -255,7 +255,8 @@ fn is_property_of(parent: &str, path: &str) -> bool {
 
 /// What a model can act on, for one of the validator's errors. A value that fits none of its alternatives (an
 /// enum: `oneOf`/`anyOf`) is explained by the alternative it was meant for: an alternative whose tag (a property
-/// right inside, refused by `const` or `enum`) or whose type (`null` for an `Option`) is not the value's is not it.
+/// right inside, refused by `const`: serde's tags are constants, where an enum field is an `enum`) or whose type
+/// (`null` for an `Option`) is not the value's is not it.
 /// One left: its own problems, where they are. None left: the tag is not one of those the alternatives take.
 /// Several: the problems they all have (a property every one requires), or all their constants as one choice.
 fn explained(error: &jsonschema::ValidationError<'_>, depth: usize) -> Vec<Problem> {
@@ -273,17 +274,11 @@ fn explained(error: &jsonschema::ValidationError<'_>, depth: usize) -> Vec<Probl
         let mut fits = true;
         for inner in branch {
             let path = path_of(inner.instance_path());
-            let expected = match inner.kind() {
-                ValidationErrorKind::Constant { expected_value } => Some(vec![(**expected_value).clone()]),
-                ValidationErrorKind::Enum { options } => options.as_array().cloned(),
-                _ => None,
-            };
-            match (inner.kind(), expected) {
-                (ValidationErrorKind::Type { .. }, _) if path == at => fits = false,
-                (_, Some(expected)) if is_property_of(&at, &path) => {
+            match inner.kind() {
+                ValidationErrorKind::Type { .. } if path == at => fits = false,
+                ValidationErrorKind::Constant { expected_value } if is_property_of(&at, &path) => {
                     fits = false;
-                    let given = inner.instance().to_string();
-                    tags.extend(expected.into_iter().map(|value| (path.clone(), value, given.clone())));
+                    tags.push((path, (**expected_value).clone(), inner.instance().to_string()));
                 }
                 _ => {}
             }
@@ -345,8 +340,8 @@ fn explained(error: &jsonschema::ValidationError<'_>, depth: usize) -> Vec<Probl
 /// `INVALID_INPUT` naming the first argument that breaks the published schema (`details.field`, in the form
 /// `pos.x` or `blocks[2]`) and why (`details.reason`, the validator's words, e.g. "1 is less than the minimum of
 /// 10"). When more than one breaks it, `details.problems` lists them (the first [`PROBLEMS_LISTED`], each
-/// `{field, reason, schema_keyword}`; `details.problems_unlisted` counts the rest) and the message names them, so
-/// an agent can mend them in a single retry.
+/// `{field, reason, schema_keyword}`; `details.problems_unlisted` counts the rest, of the first [`ERRORS_READ`]
+/// the validator reports) and the message names them, so an agent can mend them in a single retry.
 pub(crate) fn validate(tool: &str, validator: &jsonschema::Validator, args: &Value) -> Result<(), ToolError> {
     let errors: Vec<jsonschema::ValidationError<'_>> = validator.iter_errors(args).take(ERRORS_READ).collect();
     // Where alternatives failed (an enum): properties unevaluated there are only that failure's echo (no branch

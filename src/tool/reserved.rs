@@ -92,26 +92,34 @@ pub(crate) fn check_arguments(info: &ToolInfo) -> Result<(), String> {
         ));
     }
     // A shape of an enum at the root that is no object (a unit variant of an externally tagged enum is a string)
-    // could never be called: clients send an object, and see only the object shapes.
+    // can never be called: clients send an object, and see only the object shapes. None that is: refused.
     let shapes = ["oneOf", "anyOf"].iter().filter_map(|keyword| schema.get(*keyword).and_then(Value::as_array));
-    for shape in shapes.flatten() {
-        let referred = shape.get("$ref").and_then(Value::as_str).and_then(|pointer| pointer.strip_prefix('#'));
-        let shape = referred.and_then(|pointer| schema.pointer(pointer)).unwrap_or(shape);
-        let takes = |kind: &Value| kind == "object" || kind == "null";
-        let not_an_object = match shape.get("type") {
-            Some(Value::String(_)) => !shape.get("type").is_some_and(takes),
-            Some(Value::Array(kinds)) => !kinds.iter().any(takes),
-            Some(_) => true,
-            None => shape.get("enum").is_some() || shape.get("const").is_some(),
-        };
-        if not_an_object {
-            return Err(format!(
-                "agent tool `{}` takes arguments of which one shape is not an object ({shape}): a client sends an \
-                 object, so it could never be called; tag the enum (`#[serde(tag = \"kind\")]`) or give the \
-                 variant fields",
-                info.name
-            ));
-        }
+    let shapes: Vec<&Value> = shapes.flatten().collect();
+    let not_objects: Vec<&Value> = shapes
+        .iter()
+        .map(|shape| {
+            let referred = shape.get("$ref").and_then(Value::as_str).and_then(|pointer| pointer.strip_prefix('#'));
+            referred.and_then(|pointer| schema.pointer(pointer)).unwrap_or(shape)
+        })
+        .filter(|shape| {
+            let takes = |kind: &Value| kind == "object" || kind == "null";
+            match shape.get("type") {
+                Some(Value::String(_)) => !shape.get("type").is_some_and(takes),
+                Some(Value::Array(kinds)) => !kinds.iter().any(takes),
+                Some(_) => true,
+                None => shape.get("enum").is_some() || shape.get("const").is_some(),
+            }
+        })
+        .collect();
+    let fix = "tag the enum (`#[serde(tag = \"kind\")]`) or give the variants fields";
+    if !shapes.is_empty() && not_objects.len() == shapes.len() {
+        return Err(format!(
+            "agent tool `{}` takes arguments none of whose shapes is an object: a client sends an object; {fix}",
+            info.name
+        ));
+    }
+    for shape in not_objects {
+        tracing::warn!(tool = %info.name, %shape, "a shape of the tool's arguments is not an object: a client sends an object, so it can never be called; {fix}");
     }
     match RESERVED.iter().find(|name| declares(schema, name)) {
         Some(taken) => Err(format!(
