@@ -425,17 +425,11 @@ fn tick_runs_once_per_frame_on_the_open_session_and_never_between_visits() {
     assert_eq!(record.ticks.load(Ordering::SeqCst), after_exit, "no tick after the exit");
 }
 
-/// The game's own main-thread code reaches the open visit's one session (H1): what it changes, the tools see, and
-/// what they change, it sees; with no visit open there is none to reach.
-#[test]
-fn h1_the_games_own_code_reaches_the_open_visits_session_and_no_other() {
+/// `lend(app, by)` adds `by` to the open visit's session as the game's own code reaches it, and returns that visit's
+/// world, dimension and counter: what it changes, the tools see, and what they change, it sees; with no visit open
+/// there is none to reach.
+fn reaches_the_open_visits_session_and_no_other(lend: impl Fn(&mut App, u64) -> Option<(WorldId, String, u64)>) {
     let mut app = app_with(TestGame::default(), vec![]);
-    let lend = |app: &mut App, by: u64| {
-        app.world_mut().with_visit_session::<TestGame, _>(|visit, session, _world| {
-            session.counter += by;
-            (visit.world.clone(), visit.location.dimension.to_string(), session.counter)
-        })
-    };
     assert_eq!(lend(&mut app, 1), None, "no visit is open");
     app.enter_world("alpha");
     let agent = app.agent().conversation("a");
@@ -450,13 +444,25 @@ fn h1_the_games_own_code_reaches_the_open_visits_session_and_no_other() {
     assert_eq!(lend(&mut app, 1).map(|(world, _, counter)| (world, counter)), Some((WorldId::new("beta"), 1)));
 }
 
+/// The game's own main-thread code reaches the open visit's one session (H1): what it changes, the tools see, and
+/// what they change, it sees; with no visit open there is none to reach.
+#[test]
+fn h1_the_games_own_code_reaches_the_open_visits_session_and_no_other() {
+    let lend = |app: &mut App, by: u64| {
+        app.world_mut().with_visit_session::<TestGame, _>(|visit, session, _world| {
+            session.counter += by;
+            (visit.world.clone(), visit.location.dimension.to_string(), session.counter)
+        })
+    };
+    reaches_the_open_visits_session_and_no_other(lend);
+}
+
 /// The same through the system parameter [`VisitSession`], for the game's ordinary (not exclusive) systems.
 #[test]
 fn h1_an_ordinary_systems_visit_session_is_the_open_visits_and_no_other() {
     use bevy::ecs::system::RunSystemOnce;
     #[derive(Resource)]
     struct By(u64);
-    let mut app = app_with(TestGame::default(), vec![]);
     let lend = |app: &mut App, by: u64| {
         app.world_mut().insert_resource(By(by));
         let bumped = app.world_mut().run_system_once(|by: Res<By>, mut visit: VisitSession<TestGame>| {
@@ -471,18 +477,7 @@ fn h1_an_ordinary_systems_visit_session_is_the_open_visits_and_no_other() {
         assert_eq!(read.expect("the system runs"), bumped.clone().map(|(world, _, counter)| (world, counter)));
         bumped
     };
-    assert_eq!(lend(&mut app, 1), None, "no visit is open");
-    app.enter_world("alpha");
-    let agent = app.agent().conversation("a");
-    assert_eq!(app.run_until_resolved(&agent.call("bump", json!({}))).expect("bumps").value["counter"], 1);
-    assert_eq!(lend(&mut app, 10), Some((WorldId::new("alpha"), "overworld".to_string(), 11)), "the tool's change");
-    assert_eq!(app.run_until_resolved(&agent.call("bump", json!({}))).expect("bumps").value["counter"], 12);
-    app.travel("nether");
-    assert_eq!(lend(&mut app, 0).map(|(_, dimension, _)| dimension), Some("nether".to_string()), "where it is now");
-    app.exit_world();
-    assert_eq!(lend(&mut app, 1), None, "the visit ended");
-    app.enter_world("beta");
-    assert_eq!(lend(&mut app, 1).map(|(world, _, counter)| (world, counter)), Some((WorldId::new("beta"), 1)));
+    reaches_the_open_visits_session_and_no_other(lend);
 }
 
 /// The harness hands back a future's output as it is: a game's save type need not be `Clone` to be loaded in a test.
