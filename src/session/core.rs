@@ -711,8 +711,9 @@ impl SessionCore {
     /// Ends the session (`end_session`: the agent is asked to end its session too; else it is only
     /// disconnected, for a later `resume_session`). Pending work rejects with `SESSION_ENDED`; `Ended` is
     /// published once; ending again does nothing. Resolves when the agent process is gone.
+    /// (A resume asked for before the end is stopped by whoever asked for the end, when it was asked:
+    /// [`stop_resuming`](Self::stop_resuming).)
     pub(crate) async fn end(self: &Arc<Self>, end_session: bool) {
-        self.stop_resuming();
         let _lifecycle = self.lifecycle.lock().await;
         self.end_locked(end_session).await;
     }

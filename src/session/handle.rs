@@ -490,6 +490,14 @@ impl AgentSession {
     /// ended session is no longer this copy of the game's: another copy sharing the data directory may resume it
     /// (a `resume` here is then `SESSION_BUSY`).
     pub async fn end(&self) {
+        // A resume asked for before now stops (`SESSION_ENDED`) rather than hold this end up.
+        self.core.stop_resuming();
+        self.end_as_asked().await
+    }
+
+    /// [`end`](Self::end) of a session whose resumes asked for before the end were stopped when it was asked (a
+    /// `SessionRequest::End`, when it was written): one asked for since goes on, and this end waits for it.
+    pub(crate) async fn end_as_asked(&self) {
         let this = self.clone();
         let ended = async move {
             this.core.end(true).await;

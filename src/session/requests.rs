@@ -237,7 +237,8 @@ async fn carry_out(
         }
         SessionRequest::Cancel { session } => Ok(SessionReply::Cancelled { running: live(&session)?.cancel() }),
         SessionRequest::End { session } => {
-            live(&session)?.end().await;
+            // Resumes written before it were stopped when it was served; one written after it goes on after it.
+            live(&session)?.end_as_asked().await;
             Ok(SessionReply::Ended)
         }
         SessionRequest::Resume { session } => {
