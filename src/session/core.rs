@@ -730,7 +730,7 @@ impl SessionCore {
 
     /// Ends the session (as [`end`](Self::end)) for good: a later `resume` is `SESSION_NOT_FOUND`.
     pub(crate) async fn end_and_forget(self: &Arc<Self>) {
-        self.stop_resuming();
+        // (A resume asked for before the forget was stopped when it was asked: `AgentSessions::forget`.)
         let _lifecycle = self.lifecycle.lock().await;
         // First: the turn this end rejects already says so.
         self.forgotten.store(true, Ordering::Relaxed);

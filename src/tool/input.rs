@@ -1,5 +1,6 @@
 //! Turning an agent's JSON into typed arguments, with `INVALID_INPUT` errors that name the field and why.
 
+use jsonschema::error::ValidationErrorKind;
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -227,8 +228,6 @@ const ERRORS_READ: usize = 64;
 /// How deep alternatives inside alternatives are explained.
 const ALTERNATIVES_DEPTH: usize = 8;
 
-use jsonschema::error::ValidationErrorKind;
-
 /// Where an error is, in the form `pos.x` or `blocks[2]` (empty: the arguments as a whole).
 fn path_of(location: &jsonschema::paths::Location) -> String {
     let mut field = String::new();
@@ -239,6 +238,11 @@ fn path_of(location: &jsonschema::paths::Location) -> String {
         }
     }
     field
+}
+
+/// Why `given` is refused, with every choice there is (a model needs them all to pick one).
+fn not_one_of(given: impl std::fmt::Display, choices: &[String]) -> String {
+    format!("{given} is not one of {}", choices.join(", "))
 }
 
 /// Whether `path` is a property right inside `parent`.
@@ -296,7 +300,7 @@ fn explained(error: &jsonschema::ValidationError<'_>, depth: usize) -> Vec<Probl
             Some((path, _, given)) => {
                 let choices: Vec<String> =
                     tags.iter().filter(|(at, ..)| at == path).map(|(_, value, _)| value.to_string()).collect();
-                let reason = format!("{given} is not one of {}", choices.join(", "));
+                let reason = not_one_of(given, &choices);
                 vec![Problem { field: path.clone(), reason, keyword: "const".into() }]
             }
             None => vec![Problem::of(error)],
@@ -315,7 +319,7 @@ fn explained(error: &jsonschema::ValidationError<'_>, depth: usize) -> Vec<Probl
                 .collect::<Option<Vec<Vec<String>>>>()
                 .map(|all| all.concat());
             if let Some(choices) = constants.filter(|choices| !choices.is_empty()) {
-                let reason = format!("{} is not one of {}", error.instance(), choices.join(", "));
+                let reason = not_one_of(error.instance(), &choices);
                 return vec![Problem { field: at, reason, keyword: "enum".into() }];
             }
             // What every alternative finds wrong (a property they all require), where they agree.
@@ -420,7 +424,7 @@ impl Problem {
             ValidationErrorKind::Enum { options } => match options.as_array() {
                 Some(choices) => {
                     let choices: Vec<String> = choices.iter().map(Value::to_string).collect();
-                    format!("{} is not one of {}", error.instance(), choices.join(", "))
+                    not_one_of(error.instance(), &choices)
                 }
                 None => error.to_string(),
             },

@@ -97,10 +97,7 @@ pub(crate) fn check_arguments(info: &ToolInfo) -> Result<(), String> {
     let shapes: Vec<&Value> = shapes.flatten().collect();
     let not_objects: Vec<&Value> = shapes
         .iter()
-        .map(|shape| {
-            let referred = shape.get("$ref").and_then(Value::as_str).and_then(|pointer| pointer.strip_prefix('#'));
-            referred.and_then(|pointer| schema.pointer(pointer)).unwrap_or(shape)
-        })
+        .map(|shape| referred(schema, shape).unwrap_or(shape))
         .filter(|shape| {
             let takes = |kind: &Value| kind == "object" || kind == "null";
             match shape.get("type") {
@@ -137,12 +134,17 @@ pub(crate) fn declares(schema: &Value, name: &str) -> bool {
     declares_in(schema, schema, name, 0)
 }
 
+/// What `shape` refers to (`$ref` to `#/...`) in `root`, if it refers to something there.
+fn referred<'a>(root: &'a Value, shape: &Value) -> Option<&'a Value> {
+    let pointer = shape.get("$ref").and_then(Value::as_str)?.strip_prefix('#')?;
+    root.pointer(pointer)
+}
+
 fn declares_in(root: &Value, shape: &Value, name: &str, depth: usize) -> bool {
     if depth > 16 {
         return false;
     }
-    let referred = shape.get("$ref").and_then(Value::as_str).and_then(|pointer| pointer.strip_prefix('#'));
-    if let Some(target) = referred.and_then(|pointer| root.pointer(pointer)) {
+    if let Some(target) = referred(root, shape) {
         if declares_in(root, target, name, depth + 1) {
             return true;
         }
