@@ -224,14 +224,27 @@ fn h8_a_worker_queueing_a_step_while_the_exit_drains_the_queue_never_runs_it_and
             })
         };
         main.join().expect("exit");
-        // The next frames' pump: a step queued after the drain meets a call that already ended.
-        while let Ok(Job::Call { life, .. }) = fixture.jobs.try_recv() {
-            assert!(life.begin_step().is_err(), "a step of an ended call would run");
-        }
         let result = worker.join().expect("worker");
         assert_eq!(result.err().map(|e| e.code), Some(ErrorCode::VisitEnded), "on_client resolves with the end");
+        // The next frames' pump: a step queued after the drain meets a call that already ended.
+        let mut queued_after = false;
+        while let Ok(job) = fixture.jobs.try_recv() {
+            let Job::Call { life, .. } = job else { panic!("only the worker's step was queued") };
+            queued_after = true;
+            assert!(life.begin_step().is_err(), "a step of an ended call would run");
+        }
+        QUEUED_AFTER_DRAIN[usize::from(queued_after)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     });
+    // Both sides of the race were explored: steps the drain took, and steps queued after it.
+    let [before, after] =
+        [&QUEUED_AFTER_DRAIN[0], &QUEUED_AFTER_DRAIN[1]].map(|n| n.load(std::sync::atomic::Ordering::Relaxed));
+    assert!(before > 0 && after > 0, "schedules with the step drained: {before}, queued after the drain: {after}");
 }
+
+/// Schedules of `h8_a_worker_queueing_a_step_while_the_exit_drains_the_queue_never_runs_it_and_never_hangs` where
+/// no step / a step was queued after the drain. (std's atomics, outside shuttle: they count across schedules.)
+static QUEUED_AFTER_DRAIN: [std::sync::atomic::AtomicUsize; 2] =
+    [std::sync::atomic::AtomicUsize::new(0), std::sync::atomic::AtomicUsize::new(0)];
 
 #[test]
 fn h13_a_late_completion_racing_the_exit_gives_each_call_exactly_one_outcome() {

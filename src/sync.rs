@@ -16,6 +16,14 @@ pub(crate) use shuttle::thread_local;
 #[cfg(feature = "shuttle")]
 pub(crate) use controlled::{Mutex, MutexGuard};
 
+/// Where another thread may run between two steps that take no lock of [`Mutex`]'s (a check, then a send on a
+/// channel): nothing normally; under `shuttle`, a point where its schedules switch threads.
+pub(crate) fn may_switch_threads() {
+    // (shuttle's `sleep` switches as a lock does: it does not model time, nor ask to let others go first.)
+    #[cfg(feature = "shuttle")]
+    shuttle::thread::sleep(std::time::Duration::ZERO);
+}
+
 #[cfg(feature = "shuttle")]
 mod controlled {
     use std::ops::{Deref, DerefMut};
@@ -27,7 +35,9 @@ mod controlled {
 
     /// shuttle's guard, which also lets another thread run just after it unlocks (shuttle switches threads only
     /// at its own operations: without this, what a thread does between an unlock and its next lock would look
-    /// atomic to the tests, where real threads can be preempted).
+    /// atomic to the tests, where real threads can be preempted). A point where the schedule may switch, not a
+    /// yield: shuttle's PCT scheduler always switches away from a thread that yields, so with a yield at every
+    /// unlock no thread would ever get through two locks while another waits.
     pub(crate) struct MutexGuard<'a, T>(Option<shuttle::sync::MutexGuard<'a, T>>);
 
     impl<T> Mutex<T> {
@@ -63,7 +73,7 @@ mod controlled {
     impl<T> Drop for MutexGuard<'_, T> {
         fn drop(&mut self) {
             self.0 = None;
-            shuttle::thread::yield_now();
+            super::may_switch_threads();
         }
     }
 }

@@ -290,6 +290,9 @@ fn queue_and_wait<R: Send + 'static>(
 ) -> impl Future<Output = Result<R, ToolError>> + Send + 'static {
     let life = core.life.clone();
     let queued = !life.is_ended();
+    // The call may end here, and the exit drain the queue, before the step is queued: the pump refuses a step of
+    // an ended call.
+    crate::sync::may_switch_threads();
     if queued && core.host.jobs.send(job(life.clone())).is_err() {
         life.fail(ErrorCode::VisitEnded, "the game stopped before this step could run");
     }
