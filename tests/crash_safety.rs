@@ -125,7 +125,16 @@ fn crash_sigkill_during_saves_never_leaves_a_mixed_or_unloadable_world() {
         seed ^= seed << 17;
         std::thread::sleep(Duration::from_micros(seed % 60_000));
         child.kill().unwrap();
-        child.wait().unwrap();
+        let status = child.wait().unwrap();
+        // Killed, not ended on its own: a child whose saves failed (it stops at the first) acknowledges nothing,
+        // and its world would load as it was.
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(status.signal(), Some(9), "kill {kill}: the child ended before the kill: {status}");
+        }
+        #[cfg(not(unix))]
+        assert!(!status.success(), "kill {kill}: the child ended before the kill: {status}");
         let before = last;
         while let Ok(n) = acks.recv_timeout(Duration::from_secs(5)) {
             last = n;
@@ -151,6 +160,7 @@ fn crash_sigkill_during_saves_never_leaves_a_mixed_or_unloadable_world() {
         );
         unacknowledged += u32::from(state.generation == last + 1);
     }
+    assert!(saves_seen > 0, "no save was acknowledged in {kills} kills: the kills found nothing to interrupt");
     println!(
         "crash test: {kills} kills, {saves_seen} acknowledged saves, {unacknowledged} kills between rename and \
          acknowledgement, {:?}",

@@ -269,6 +269,20 @@ const HARNESS: Duration = bevy_agent_tools::testing::HARNESS_LIMIT;
 
 #[test]
 fn h10_a_handler_cleaning_up_after_its_call_ended_at_the_exit_finishes_before_the_workers_stop() {
+    exit_with_a_handler_cleaning_up();
+}
+
+#[test]
+fn h6_a_game_that_runs_its_app_inside_a_tokio_runtime_of_its_own_exits_as_any_game_does() {
+    // `#[tokio::main] async fn main() { app.run(); }`: tokio refuses to block there, so the exit stops the
+    // plugin's workers another way; it still closes the visit, ends its calls and waits for their cleanup.
+    let outer = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    outer.block_on(async { exit_with_a_handler_cleaning_up() });
+}
+
+/// Exits while a handler holds a resource it releases once its call ended, and checks the exit: the visit closed
+/// once, the call ended `VISIT_ENDED`, and the handler's cleanup ran to its end before the workers stopped.
+fn exit_with_a_handler_cleaning_up() {
     let cleaned = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let tool = AgentTool::new("holds", "Holds a resource until its call ends, then releases it.", {
@@ -285,30 +299,18 @@ fn h10_a_handler_cleaning_up_after_its_call_ended_at_the_exit_finishes_before_th
             }
         }
     });
-    let mut app = headless_app(AgentToolsPlugin::new(TestGame::default()).with_tool(tool));
+    let game = TestGame::default();
+    let record = game.record.clone();
+    let mut app = headless_app(AgentToolsPlugin::new(game).with_tool(tool));
     app.enter_world("alpha");
     let call = app.agent().conversation("a").call("holds", json!({}));
     app.run_until("the handler holds its resource", |_| started.load(std::sync::atomic::Ordering::SeqCst));
     app.world_mut().write_message(AppExit::Success);
     app.update();
-    assert!(app.should_exit().is_some());
+    assert_eq!(app.should_exit(), Some(AppExit::Success));
+    assert_eq!(record.closes.load(std::sync::atomic::Ordering::SeqCst), 1, "the visit was closed");
     assert_eq!(call.try_outcome().map(|outcome| outcome.map_err(|e| e.code)), Some(Err(ErrorCode::VisitEnded)));
     assert!(cleaned.load(std::sync::atomic::Ordering::SeqCst), "its cleanup ran to its end before the workers stopped");
-}
-
-#[test]
-fn h6_a_game_that_runs_its_app_inside_a_tokio_runtime_of_its_own_exits_without_a_panic() {
-    // `#[tokio::main] async fn main() { app.run(); }`: the exit stops the plugin's workers where tokio refuses to
-    // block.
-    let outer = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-    let exited = outer.block_on(async {
-        let mut app = headless_app(AgentToolsPlugin::new(TestGame::default()));
-        app.enter_world("alpha");
-        app.world_mut().write_message(AppExit::Success);
-        app.update();
-        app.should_exit()
-    });
-    assert_eq!(exited, Some(AppExit::Success));
 }
 
 #[test]

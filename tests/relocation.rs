@@ -43,7 +43,9 @@ fn h2_location_scoped_call_admitted_before_travel_gets_location_changed_and_neve
     gate.open();
     app.run_until("the handler's step answered", |_| answered.arrived() == 1);
     assert_eq!(executions.load(Ordering::SeqCst), 0, "its closure never ran");
-    assert!(record.events().iter().any(|e| e.starts_with("relocated")), "relocated ran on the same session");
+    // On the same session, told where the player was and is now.
+    let relocations: Vec<String> = record.events().into_iter().filter(|e| e.starts_with("relocated")).collect();
+    assert_eq!(relocations, ["relocated visit#1 overworld@rev#0->nether@rev#1"]);
     assert_eq!(record.opens.load(Ordering::SeqCst), 1, "travel keeps the session");
 }
 

@@ -97,7 +97,8 @@ impl WorldLifecycle for TestGame {
 
     fn relocated(&self, session: &mut Session, from: &Location, to: &Location, _world: &mut World) {
         session.revision = to.revision.0;
-        self.record.push(format!("relocated {} {}->{}", session.visit, from.dimension, to.dimension));
+        let [from, to] = [from, to].map(|at| format!("{}@{}", at.dimension, at.revision));
+        self.record.push(format!("relocated {} {from}->{to}", session.visit));
     }
 
     fn close(&self, session: Session, world: &mut World) -> Completion {
