@@ -131,7 +131,8 @@ impl Dirs {
 
     fn agents(&self, zombies: bool) -> usize {
         let needle = self.state.to_string_lossy().to_string();
-        let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
+        // (Linux's: elsewhere every agent would count as gone.)
+        let entries = std::fs::read_dir("/proc").expect("/proc lists this machine's processes");
         entries
             .filter_map(Result::ok)
             .filter(|entry| entry.file_name().to_string_lossy().chars().all(|c| c.is_ascii_digit()))
@@ -221,6 +222,13 @@ impl Game {
 
     fn counter(&self) -> u64 {
         self.game.with_app(|app| app.world().resource::<WorldLog>().0.len() as u64)
+    }
+
+    /// The game's log once it has read every message sent so far: the game's systems write what they read a frame
+    /// or more after the event, so a line that is not there yet might still come without these frames.
+    fn log_after_frames(&self) -> Vec<String> {
+        self.game.with_app(|app| (0..3).for_each(|_| app.update()));
+        self.log.lines()
     }
 }
 
@@ -700,8 +708,7 @@ fn s2_an_agent_that_fails_to_start_is_agent_unavailable_with_its_stderr_and_leav
     }
     wait_no_session_folders(&dirs);
     // Whatever their agents said on the way out, the game heard nothing of sessions it never got.
-    game.game.with_app(|app| (0..3).for_each(|_| app.update()));
-    let heard: Vec<String> = game.log.lines().into_iter().filter(|line| line.contains("chat-")).collect();
+    let heard: Vec<String> = game.log_after_frames().into_iter().filter(|line| line.contains("chat-")).collect();
     assert!(heard.is_empty(), "events of sessions that never started: {heard:#?}");
 }
 
@@ -988,7 +995,8 @@ fn end_rejects_pending_work_with_session_ended_publishes_ended_once_and_revokes_
     assert_eq!(code, ErrorCode::SessionEnded);
     dirs.wait_no_agents(LIMIT);
     game.log.wait_for(&format!("status {id} running->ended"));
-    let ended = game.log.lines().iter().filter(|line| line.contains(&id) && line.ends_with("->ended Host")).count();
+    let log = game.log_after_frames();
+    let ended = log.iter().filter(|line| line.contains(&id) && line.ends_with("->ended Host")).count();
     assert_eq!(ended, 1, "Ended is published once");
 
     // Opening the session's conversation (a HUD subscribing to it) never resumes the ended session (§6b).
@@ -1175,8 +1183,7 @@ fn two_resume_sessions_of_one_id_at_once_share_one_session_and_one_agent_that_wo
     assert_eq!(game.counter(), 1);
     assert_eq!(a.status(), ConversationStatus::Idle, "not ended by a discarded second connection");
     assert!(!game
-        .log
-        .lines()
+        .log_after_frames()
         .iter()
         .any(|line| line.starts_with(&format!("status {id} ")) && line.contains("->ended")));
 }
@@ -1467,11 +1474,8 @@ fn permission_requests_for_the_games_own_tools_are_allowed_without_asking_under_
         assert!(answer.starts_with("bump answered: {") && !answer.contains("error"), "{policy:?} {ask}: {answer}");
         assert_eq!(game.counter(), before + 1, "{policy:?} {ask}: the game's tool ran");
     }
-    assert!(
-        !game.log.lines().iter().any(|line| line.starts_with("permission ")),
-        "the player was never asked: {:?}",
-        game.log.lines()
-    );
+    let log = game.log_after_frames();
+    assert!(!log.iter().any(|line| line.starts_with("permission ")), "the player was never asked: {log:?}");
 }
 
 #[test]
@@ -1503,8 +1507,9 @@ fn an_agent_asking_permission_in_a_loop_puts_at_most_16_requests_to_the_player_a
     let turn = game.block_on(session.send_text("ask-many 20")).expect("the turn ends");
     // Unanswered, the 16 put to the player time out (denied); the 4 past the cap were denied at once.
     assert_eq!(turn.final_message.as_deref(), Some(r#"permissions: {"denied":20}"#));
-    let asked = game.log.lines().iter().filter(|line| line.starts_with(&format!("permission {id} "))).count();
-    assert_eq!(asked, 16, "only 16 prompts reached the player: {:#?}", game.log.lines());
+    let log = game.log_after_frames();
+    let asked = log.iter().filter(|line| line.starts_with(&format!("permission {id} "))).count();
+    assert_eq!(asked, 16, "only 16 prompts reached the player: {log:#?}");
 }
 
 #[test]
@@ -1583,7 +1588,8 @@ fn s2_a_tool_call_the_agent_makes_after_the_players_cancel_is_refused_and_never_
     assert!(answer.contains("the player cancelled the turn"), "says why: {answer}");
     assert_eq!(turn.stop_reason, StopReason::Cancelled);
     assert_eq!(game.executions.load(Ordering::SeqCst), 0, "the call never ran");
-    assert!(!game.log.lines().iter().any(|line| line.starts_with(&format!("call-started {id}"))), "nor started");
+    let log = game.log_after_frames();
+    assert!(!log.iter().any(|line| line.starts_with(&format!("call-started {id}"))), "nor started");
 
     // The next turn's calls run.
     let next = game.block_on(session.send_text("call held {}")).expect("the next turn runs");
@@ -1598,7 +1604,8 @@ fn s2_a_permission_request_that_crosses_the_players_cancel_is_answered_cancelled
     let answer = turn.final_message.expect("the agent's last message");
     assert!(answer.ends_with("permission: cancelled"), "ACP: `cancelled` after a cancel: {answer}");
     assert_eq!(turn.stop_reason, StopReason::Cancelled);
-    assert!(!game.log.lines().iter().any(|line| line.starts_with(&format!("permission {id} "))), "nobody was asked");
+    let log = game.log_after_frames();
+    assert!(!log.iter().any(|line| line.starts_with(&format!("permission {id} "))), "nobody was asked");
     assert_eq!(session.status(), ConversationStatus::Idle, "the session stays usable");
 
     // For one of the game's own tools too, which is allowed without asking while the turn runs.
@@ -2141,4 +2148,35 @@ fn a_session_created_while_the_app_is_built_waits_for_its_mcp_server() {
     app.cleanup();
     let session = runtime.block_on(creating).expect("the session starts once the app is finished");
     runtime.block_on(session.end());
+}
+
+#[test]
+fn an_answered_permission_request_leaves_no_task_waiting_out_its_timeout() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[]).permissions(PermissionPolicy::AskPlayer)).expect("starts");
+    let id = session.id().to_string();
+    let metrics = game.game.agent().runtime().metrics();
+    let before = metrics.num_alive_tasks();
+    for n in 1..=20 {
+        let pending = game.block_on(session.start_turn("ask")).expect("sent");
+        let prefix = format!("permission {id} ");
+        let request = game.log.0.wait_until("the agent's next request", LIMIT, |lines| {
+            let asked: Vec<&String> = lines.iter().filter(|line| line.starts_with(&prefix)).collect();
+            (asked.len() == n).then(|| asked[n - 1].split(' ').nth(2).and_then(|n| n.parse::<u64>().ok()))
+        });
+        assert!(game.sessions.answer_permission(request.expect("a request number"), true));
+        assert_eq!(game.block_on(pending).expect("ends").final_message.as_deref(), Some("permission: allowed"));
+    }
+    // Each request's timeout (a minute by default) stops once it is answered. (Polled: a stopped timeout's task
+    // ends when the runtime next polls it.)
+    let until = Instant::now() + LIMIT;
+    while metrics.num_alive_tasks() > before + 5 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        metrics.num_alive_tasks() <= before + 5,
+        "{} tasks alive, {before} before 20 requests",
+        metrics.num_alive_tasks()
+    );
 }

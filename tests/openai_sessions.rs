@@ -2384,3 +2384,25 @@ fn the_sandbox_chats_with_an_openai_compatible_endpoint_with_the_same_commands_a
     let status = child.wait().unwrap();
     assert!(status.success());
 }
+
+#[test]
+fn a_finished_turn_leaves_no_task_waiting_out_its_timeout() {
+    let (_data, server, game, session) = after_one_turn();
+    let metrics = game.game.agent().runtime().metrics();
+    let before = metrics.num_alive_tasks();
+    for n in 0..30 {
+        server.reply(says("ok"));
+        game.block_on(session.send_text(&format!("turn {n}"))).expect("a turn");
+    }
+    // A turn's timeout (10 minutes by default) stops watching it once it ends: the tasks left are the runtime's
+    // steady ones. (Polled: a stopped watcher's task ends when the runtime next polls it.)
+    let until = Instant::now() + LIMIT;
+    while metrics.num_alive_tasks() > before + 5 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        metrics.num_alive_tasks() <= before + 5,
+        "{} tasks alive, {before} before 30 turns",
+        metrics.num_alive_tasks()
+    );
+}

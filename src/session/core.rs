@@ -47,6 +47,10 @@ struct Turn {
     /// It carries the game's instructions (an agent that takes no system prompt): they reached the agent once it
     /// ended.
     carries_instructions: bool,
+    /// Cancelled once the turn is over (taken out of the state and dropped): its timeouts stop watching it, so
+    /// that no task waits out the timeout of every turn ever sent.
+    over: CancellationToken,
+    _over_when_dropped: tokio_util::sync::DropGuard,
 }
 
 /// The message being streamed.
@@ -439,7 +443,17 @@ impl SessionCore {
                 blocks.push(PromptBlock::Text(format!("[Instructions from the game]\n{prompt}")));
             }
             let carries_instructions = instructions.is_some();
-            state.turn = Some(Turn { number, reply, cancelled: false, last_message: None, carries_instructions });
+            let over = CancellationToken::new();
+            let _over_when_dropped = over.clone().drop_guard();
+            state.turn = Some(Turn {
+                number,
+                reply,
+                cancelled: false,
+                last_message: None,
+                carries_instructions,
+                over,
+                _over_when_dropped,
+            });
             blocks.push(PromptBlock::Text(text));
             if let Some(context) = context {
                 blocks.push(PromptBlock::Text(format!(
@@ -465,9 +479,16 @@ impl SessionCore {
     /// Fails turn `number` with `code` if it still runs after `after`: the agent no longer answers (an agent that
     /// ignores a cancel could go on calling tools), so it is stopped and the session fails.
     fn watch_turn(self: &Arc<Self>, number: u64, after: Duration, code: ErrorCode) {
+        let Some(over) = self.state.lock().turn.as_ref().filter(|turn| turn.number == number).map(|t| t.over.clone())
+        else {
+            return;
+        };
         let core = Arc::downgrade(self);
         self.host.runtime.spawn(async move {
-            tokio::time::sleep(after).await;
+            tokio::select! {
+                () = tokio::time::sleep(after) => {}
+                () = over.cancelled() => return,
+            }
             let Some(core) = core.upgrade() else { return };
             let why = match code {
                 ErrorCode::Cancelled => format!("the agent did not end the cancelled turn within {after:?}"),

@@ -35,6 +35,9 @@ pub(crate) struct Asking {
 struct Asked {
     session: ConversationId,
     reply: oneshot::Sender<PermissionDecision>,
+    /// Stops the request's timeout once it is settled (answered, withdrawn) and dropped, so that no task waits out
+    /// the timeout of every request ever made.
+    _settled: tokio_util::sync::DropGuard,
 }
 
 /// The requests waiting for the player's answer.
@@ -78,6 +81,7 @@ impl PermissionBook {
             }
             PermissionPolicy::AskPlayer => {
                 let requested = PermissionRequested { session: session.clone(), request, tool, sequence: 0 };
+                let settled = CancellationToken::new();
                 {
                     // Published before anyone can take it out: its settlement follows it.
                     let mut waiting = self.waiting.lock();
@@ -91,7 +95,7 @@ impl PermissionBook {
                         let _ = reply.send(PermissionDecision::Deny);
                         return;
                     }
-                    waiting.insert(request, Asked { session, reply });
+                    waiting.insert(request, Asked { session, reply, _settled: settled.clone().drop_guard() });
                     self.agent.host().conversations.publish_chat(ConversationEvent::PermissionRequested(requested));
                 }
                 let (waiting, agent) = (self.waiting.clone(), self.agent.clone());
@@ -99,6 +103,7 @@ impl PermissionBook {
                     let timed_out = tokio::select! {
                         () = tokio::time::sleep(timeout) => true,
                         () = withdrawn.cancelled() => false,
+                        () = settled.cancelled() => return,
                     };
                     let mut waiting = waiting.lock();
                     let Some(asked) = waiting.remove(&request) else { return };
