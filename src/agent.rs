@@ -210,7 +210,9 @@ impl Conversation {
     /// agree with one set with [`CallRequest::operation`] or [`CallRequest::task`]: `INVALID_INPUT` if not).
     pub fn request(&self, mut request: CallRequest) -> Call {
         if !self.host.conversations.accepts(&self.id) {
-            return Call::ready(None, Err(self.host.conversations.refusal(&self.id)));
+            let mut refusal = self.host.conversations.refusal(&self.id);
+            refusal.details.tool = Some(crate::tool::shown_name(&request.tool));
+            return Call::ready(None, Err(refusal));
         }
         if let Err(mut error) = request.take_wire_ids() {
             error.details.tool = Some(crate::tool::shown_name(&request.tool));

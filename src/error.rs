@@ -15,7 +15,8 @@ use crate::ids::{LocationRevision, RequestId, VisitId, WorldId};
 pub enum ErrorCode {
     /// No visit is open: the player is not in a world.
     NoWorld,
-    /// Admission is closed: the visit is exiting.
+    /// Admission is closed: the visit is exiting, or the game is (a call still waiting for its tool with no world
+    /// open, [`AgentToolsPlugin::tool_wait`](crate::AgentToolsPlugin::tool_wait)).
     WorldClosed,
     /// The call's visit ended before its main-thread step ran.
     VisitEnded,

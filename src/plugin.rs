@@ -232,7 +232,8 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// it ends with `VISIT_ENDED` when that visit ends, and a location-scoped one is refused with `LOCATION_CHANGED` if
     /// the player relocated before its tool appeared; one made with no world open waits for its tool and a visit both
     /// (a game may register its tools before it enters, in `open` or an `OnEnter` system), runs in that visit, gets
-    /// `NO_WORLD` if no world opened within its wait, and ends with `WORLD_CLOSED` if the game exits first. One still
+    /// `NO_WORLD` if its tool came but no world opened within its wait (`TOOL_NOT_FOUND` if the tool never came),
+    /// and ends with `WORLD_CLOSED` if the game exits first. One still
     /// waiting when its wait passes while the world loads gets `WORLD_LOADING_TIMEOUT`.
     pub fn tool_wait(mut self, wait: Duration) -> Self {
         self.config.tool_wait = Some(wait);

@@ -267,6 +267,7 @@ fn ending_a_conversation_cancels_its_calls_and_never_touches_the_visit() {
     app.run_until("the handler saw ended()", |_| ended_seen.load(Ordering::SeqCst) == 1);
     let refused = conversation.call("bump", json!({})).try_outcome().expect("rejected at once").expect_err("ended");
     assert_eq!(refused.details.extra["conversation_ended"], json!(true));
+    assert_eq!(refused.details.tool.as_deref(), Some("bump"), "it names the tool, as every refusal does");
 
     gate.open();
     app.step(3);
