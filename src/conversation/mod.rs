@@ -9,7 +9,8 @@
 //! - **Events** ([`ConversationEvent`]): status changes (only when the value changes, with the previous status
 //!   and the [`StatusSource`]), calls started and finished. Each carries the conversation's next sequence number.
 //!   The game reads them as Bevy messages; Rust code subscribes through [`AgentHandle`](crate::AgentHandle).
-//!   The host keeps the 1,024 most recently ended conversations; one it forgot that comes back (by the same id)
+//!   The host keeps the 1,024 most recently ended conversations (it looks for older ones to forget every 64
+//!   ends); one it forgot that comes back (by the same id)
 //!   numbers its events after its last ones, never from the start again.
 //! - **End**: ends the conversation's calls (`CANCELLED`, their `ended()` fires) and never touches the visit.
 //!   `Ended` is published once per transition into it; ending again succeeds without an event. Only a resume

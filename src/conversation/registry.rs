@@ -28,6 +28,9 @@ use crate::sync::Mutex;
 
 /// How many ended conversations are remembered (so that resuming one says "ended", not "not found").
 const ENDED_KEPT: usize = 1024;
+/// How many conversations end between two looks for ended ones to forget: each look reads every conversation
+/// (up to the 10,000 MCP handles and more), so it is not made at every end (a sessionless MCP request ends one).
+const ENDS_BETWEEN_LOOKS: u32 = 64;
 
 struct Entry {
     facts: StatusFacts,
@@ -102,6 +105,8 @@ struct HubInner {
     transport_owned: Option<TransportOwned>,
     /// Where a forgotten conversation's events go on if it comes back.
     forgotten: Forgotten,
+    /// Conversations that ended since [`ConversationHub::forget_old_ended`] last looked for ones to forget.
+    ends_unlooked: u32,
 }
 
 impl HubInner {
@@ -761,12 +766,18 @@ impl ConversationHub {
         }
     }
 
-    /// Keeps at most [`ENDED_KEPT`] ended conversations, forgetting the longest ended first. The game's own (an
+    /// Keeps at most [`ENDED_KEPT`] ended conversations (looked for every [`ENDS_BETWEEN_LOOKS`] ends: as many
+    /// more may be kept for a moment), forgetting the longest ended first. The game's own (an
     /// in-game agent session's, which can be resumed) are kept until the game forgets the session, and so is one
     /// someone still subscribes to (a HUD waiting for it to come back): forgetting it would end the subscription
     /// as if the host were gone. Subscriptions are the game's own objects, so these are as few as it keeps.
     fn forget_old_ended(&self) {
         let mut inner = self.inner.lock();
+        inner.ends_unlooked += 1;
+        if inner.ends_unlooked < ENDS_BETWEEN_LOOKS {
+            return;
+        }
+        inner.ends_unlooked = 0;
         let mut ended: Vec<(Instant, ConversationId)> = inner
             .conversations
             .iter()
