@@ -226,13 +226,14 @@ fn quits_saving_on(signal: &str) {
     assert_eq!(game.wait_exit().code(), Some(130), "Ctrl+C's exit code, after the save ({signal})");
 }
 
-/// `--no-console`: run without a terminal (standard input at its end at once), the sandbox serves until a signal.
+/// `--no-console`: run without a terminal (standard input at its end at once), the sandbox serves until a signal;
+/// its output, which a service's logs keep, names its token's file, not the token.
 #[test]
 fn without_a_console_the_sandbox_serves_until_a_signal_and_then_saves() {
     let data = tempfile::tempdir().expect("temp dir");
     let mut child = Command::new(sandbox_binary())
         .args(["--data-dir".as_ref(), data.path().as_os_str()])
-        .args(["--port", "0", "--token", TOKEN, "--world", "alpha", "--no-console"])
+        .args(["--port", "0", "--world", "alpha", "--no-console"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -242,12 +243,15 @@ fn without_a_console_the_sandbox_serves_until_a_signal_and_then_saves() {
     let url = out.until("its address", |line| line.starts_with("mcp: "));
     let address: std::net::SocketAddr =
         url.trim_start_matches("mcp: http://").trim_end_matches("/mcp").parse().expect("an address");
+    let file = out.until("where its token is", |line| line.starts_with("token: "));
+    let token = std::fs::read_to_string(file.trim_start_matches("token: in ")).expect("the token file");
+    assert!(!file.contains(&token) && token.len() >= 16, "{file}");
     out.until("the visit", |line| line == "visit-opened world=alpha visit=1");
     // Its input ended at once: the world is still open to agents, many frames later.
-    let session = common::raw_mcp::open_session(address, TOKEN);
+    let session = common::raw_mcp::open_session(address, &token);
     let in_session = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
     let info = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"world_info","arguments":{}}}"#;
-    let (status, answer) = common::raw_mcp::send(address, TOKEN, &in_session, info);
+    let (status, answer) = common::raw_mcp::send(address, &token, &in_session, info);
     assert_eq!(status, 200, "{answer}");
     assert!(answer.contains(r#"\"world\":\"alpha\""#) && !answer.contains("isError\":true"), "{answer}");
     let signalled = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill runs");
@@ -255,6 +259,7 @@ fn without_a_console_the_sandbox_serves_until_a_signal_and_then_saves() {
     out.until("the save", |line| line == "saved world=alpha visit=1");
     out.until_closed();
     assert_eq!(child.wait().expect("waiting works").code(), Some(130), "ended by the signal, not by its input's end");
+    assert!(!out.seen.iter().any(|line| line.contains(&token)), "the token was printed: {:#?}", out.seen);
 }
 
 /// A signal ends the sandbox with 130, unless a save failed: then 1, as after `quit`.

@@ -400,10 +400,12 @@ fn main() -> AppExit {
     match (app.world().get_resource::<McpServer>(), app.world().get_resource::<McpUnavailable>()) {
         (Some(server), _) => {
             say(format_args!("mcp: {}", server.url()));
-            // A token of the player's own (`--token`, often long-lived) is not repeated where logs keep it.
-            match &args.token {
-                Some(_) => say(format_args!("token: as given with --token or --token-env")),
-                None => say(format_args!("token: {}", server.token())),
+            // A token of the player's own (`--token`, often long-lived) is not repeated where logs keep it; nor,
+            // without a console (a service, whose output goes to logs others may read), this run's.
+            match (&args.token, args.no_console) {
+                (Some(_), _) => say(format_args!("token: as given with --token or --token-env")),
+                (None, true) => say(format_args!("token: in {}", server.token_file().display())),
+                (None, false) => say(format_args!("token: {}", server.token())),
             }
             // Another copy has the port: this one's URL and token file are not the README's.
             if let Some(taken) = server.replaced_port() {

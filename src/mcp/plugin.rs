@@ -237,6 +237,15 @@ impl McpPlugin {
             (Some(path), Some(_)) => security::beside(path, address.port()),
         };
         security::write_token_file(&token_file, &token)?;
+        if let (Some(Replaced { port: taken, .. }), Some(_)) = (&replaced, &self.token) {
+            // Not necessarily another copy: whoever holds the port hears the token from every client configured
+            // with the game's usual URL and a token of the player's own, and can use it here.
+            tracing::warn!(
+                taken,
+                "clients configured for port {taken} send this game's token to the program that holds it: if that \
+                 is not a copy of this game, change the token"
+            );
+        }
         if let Some(Replaced { port: taken, why }) = &replaced {
             tracing::warn!(
                 taken,
