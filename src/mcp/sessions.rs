@@ -154,7 +154,9 @@ pub(crate) const MAX_SESSIONS: usize = 1_000;
 
 /// Sessions open at once at which a new one is refused (503 with `Retry-After`): past [`MAX_SESSIONS`] a new one
 /// ends an idle one, but sessions in use (heard from within [`ROOM_GRACE`], listening, running calls) are never
-/// ended for it, so a client opening sessions in a loop would otherwise grow them without bound.
+/// ended for it, so a client opening sessions in a loop would otherwise grow them without bound. Sessions of a
+/// credential (an in-game agent's) neither count nor are refused: each credential keeps at most [`BOUND_MOST`],
+/// and a client of the game's token that fills the ceiling does not keep the game's own agents out.
 pub(crate) const SESSION_CEILING: usize = 2 * MAX_SESSIONS;
 
 /// How long a client refused a new session at [`SESSION_CEILING`] is asked to wait: about as long as it takes
@@ -622,13 +624,18 @@ pub(crate) async fn refuse_closing_sessions(
     next.run(request).await
 }
 
-/// Whether `request` is an `initialize` (a new session) while [`SESSION_CEILING`] sessions are open.
+/// Whether `request` is an `initialize` (a new session) of the game's token while [`SESSION_CEILING`] sessions of
+/// the game's token are open.
 fn opens_a_session_past_the_ceiling(sessions: &ConversationSessions, request: &Request) -> bool {
     let initialize =
         request.extensions().get::<super::parse::JsonRpcRequestId>().is_some_and(|r| r.method == "initialize");
     // A session id read as rmcp reads it: a header that is not text names none, and rmcp opens a new session.
     let names_a_session = request.headers().get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok()).is_some();
-    initialize && !names_a_session && sessions.open.lock().len() >= SESSION_CEILING
+    let of_a_credential = request.extensions().get::<BoundConversation>().is_some();
+    initialize
+        && !names_a_session
+        && !of_a_credential
+        && sessions.open.lock().values().filter(|tracked| tracked.bound.is_none()).count() >= SESSION_CEILING
 }
 
 /// The id of `request` if a request of its session still running has it.
@@ -870,8 +877,18 @@ mod tests {
             !opens_a_session_past_the_ceiling(&sessions, &initialize(Some(&kept[0].0))),
             "an open one's requests go on"
         );
+        // An in-game agent's client (its credential) is not kept out by the game token's sessions.
+        let credential = sessions.credentials.mint_for_session(&ConversationId::new("agent")).expect("minted");
+        let bound = sessions.credentials.conversation_of(&credential).expect("live");
+        let mut of_the_agent = initialize(None);
+        of_the_agent.extensions_mut().insert(bound.clone());
+        assert!(!opens_a_session_past_the_ceiling(&sessions, &of_the_agent), "the agent's client opens its session");
         runtime.block_on(sessions.close_session(&kept[0].0)).expect("closed");
         assert!(!opens_a_session_past_the_ceiling(&sessions, &initialize(None)), "room again");
+        // Nor do an agent's sessions take the game token's room.
+        let (agents, _transport) = runtime.block_on(sessions.create_session()).expect("a session");
+        sessions.open.lock().get_mut(&agents).expect("tracked").bound = Some((bound.conversation, credential));
+        assert!(!opens_a_session_past_the_ceiling(&sessions, &initialize(None)), "an agent's session takes no room");
     }
 
     #[test]
