@@ -2180,3 +2180,20 @@ fn an_answered_permission_request_leaves_no_task_waiting_out_its_timeout() {
         metrics.num_alive_tasks()
     );
 }
+
+#[test]
+fn s2_a_turn_awaited_elsewhere_gets_an_outcome_when_the_game_is_dropped_without_an_exit() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("starts");
+    // The agent never answers this turn.
+    let pending = game.block_on(session.start_turn("hang")).expect("sent");
+    // The game panics: its app unwinds without `AppExit`, and the plugin's runtime stops with it.
+    game.game.send(|_| panic!("the game panicked (on purpose)"));
+    // Awaited on a runtime of the caller's own (a game thread, say), not the plugin's.
+    let caller = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+    let outcome = caller.block_on(async { tokio::time::timeout(LIMIT, pending).await });
+    let error = outcome.expect("an outcome, not a wait without end").expect_err("the game stopped");
+    assert_eq!(error.code, ErrorCode::SessionEnded, "{error:?}");
+    dirs.wait_no_agents(LIMIT);
+}

@@ -485,6 +485,7 @@ impl SessionCore {
         };
         let core = Arc::downgrade(self);
         self.host.runtime.spawn(async move {
+            let _unfinished = FailsTurnIfDropped { core: core.clone(), number };
             tokio::select! {
                 () = tokio::time::sleep(after) => {}
                 () = over.cancelled() => return,
@@ -914,6 +915,26 @@ impl PermissionBook {
 /// What an agent's exit fails its session with: the backend's account of it, or that it exited.
 fn exit_error(reported: Option<ToolError>) -> ToolError {
     reported.unwrap_or_else(|| ToolError::with_code(ErrorCode::AgentUnavailable, "the agent exited"))
+}
+
+/// Held by a turn's timeout while it waits: dropped unfinished only when the runtime stops (the app dropped, or
+/// unwound from a panic, without `AppExit`), when it fails turn `number` if that still runs. No task of the runtime
+/// is left to answer it, and whoever awaits it off the runtime (a game thread, a Bevy task) would wait forever. A
+/// no-op once the turn is over (the failure checks the turn's number).
+struct FailsTurnIfDropped {
+    core: std::sync::Weak<SessionCore>,
+    number: u64,
+}
+
+impl Drop for FailsTurnIfDropped {
+    fn drop(&mut self) {
+        let Some(core) = self.core.upgrade() else { return };
+        if !core.state.lock().turn.as_ref().is_some_and(|turn| turn.number == self.number) {
+            return;
+        }
+        let error = ToolError::with_code(ErrorCode::SessionEnded, "the game stopped before the turn ended");
+        core.fail_turn(Some(self.number), error);
+    }
 }
 
 #[cfg(test)]
