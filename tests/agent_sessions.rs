@@ -862,7 +862,7 @@ fn s3_ending_a_session_never_touches_the_visit_and_it_stays_resumable_past_the_b
     };
     untouched("after the session ended");
     // Clients that come and go (each stateless MCP request that names no client is a conversation that ends)
-    // past the host's bound on ended conversations it keeps.
+    // past the host's bound on ended conversations it keeps (1,024, looked for every 64 ends: 1,100 is past both).
     for n in 0..1_100 {
         agent_handle.conversation(format!("passing-{n}")).end().expect("an open conversation ends");
     }

@@ -174,7 +174,7 @@ fn a_conversation_the_host_forgot_goes_on_numbering_its_events_after_its_last_wh
     conversation.end().expect("ended");
     let last = drain(&mut events).last().map(ConversationEvent::sequence).expect("its events");
     // Nobody subscribes to it any more (a subscription would keep it), and enough others end after it that the
-    // host no longer keeps it.
+    // host no longer keeps it (it keeps 1,024, and looks for older ones every 64 ends: 1,100 is past both).
     drop(events);
     for n in 0..1_100 {
         agent.conversation(format!("other-{n}")).end().expect("ended");
@@ -364,7 +364,7 @@ fn an_ended_conversation_someone_subscribes_to_is_not_forgotten_with_the_oldest_
     let watched = agent.conversation("watched");
     let (_, mut events) = watched.subscribe().expect("subscribed");
     watched.end().expect("ended");
-    // More ended conversations than the host keeps: the oldest ended are forgotten.
+    // More ended conversations than the host keeps (1,024, looked for every 64 ends): the oldest are forgotten.
     for n in 0..1100 {
         agent.conversation(format!("passing-{n}")).end().expect("ended");
     }
@@ -500,6 +500,7 @@ fn a_call_made_with_no_world_open_whose_tool_came_but_no_world_gets_no_world_at_
     let error = app.run_until_resolved(&call).expect_err("no world came");
     assert_eq!(error.code, ErrorCode::NoWorld, "{}", error.message);
     assert!(error.message.contains("waited 300ms for one"), "not at once when its tool came: {}", error.message);
+    assert_eq!(error.details.tool.as_deref(), Some("late_bump"), "it names its tool");
 }
 
 #[test]

@@ -20,7 +20,8 @@
 //!
 //! `--no-console` reads no commands from standard input, whose end would otherwise quit: for a sandbox run in the
 //! background, by a service manager, or without a terminal; give it `--world` to enter a world, and end it with a
-//! signal (Ctrl+C, `kill`), which closes and saves the visit as `quit` does.
+//! signal (Ctrl+C, `kill`), which closes and saves the visit as `quit` does. It prints where its token is
+//! (`token: in PATH`), not the token: a service manager's logs keep what it prints.
 //!
 //! `--agent-auth METHOD` signs in to the ACP agent with one of the methods it offers (for example Codex's `api-key`,
 //! which reads `CODEX_API_KEY` or `OPENAI_API_KEY`); an agent that needs a sign-in without it says which it offers.

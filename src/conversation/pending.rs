@@ -97,7 +97,7 @@ impl WaitingCall {
 
 /// How the conversation cancels one of its calls waiting for its tool, saying why (the player cancelled the turn,
 /// the agent the task).
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub(crate) struct WaitCancel {
     token: CancellationToken,
     why: Arc<Mutex<Option<String>>>,
@@ -343,7 +343,11 @@ async fn run(
             }
         }
     };
-    call.outcome.set(outcome);
+    // Every way the wait ends names the call's tool, as an admission's refusals do.
+    call.outcome.set(outcome.map_err(|mut error| {
+        error.details.tool.get_or_insert_with(|| shown_name(&tool));
+        error
+    }));
 }
 
 fn game_exiting() -> ToolError {

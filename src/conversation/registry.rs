@@ -589,12 +589,11 @@ impl ConversationHub {
     }
 }
 
-/// Takes `life` off the calls in flight of conversation `id` and publishes its outcome there. Returns whether it
-/// was one of them.
+/// Takes `life` off the calls in flight of conversation `id` and publishes its outcome there (ending it if it was
+/// to end once idle, counted in `ends_unlooked`). Returns whether it was one of them.
 fn finished(
     game: &GameFeed,
-    conversations: &mut HashMap<ConversationId, Entry>,
-    watchers: &mut Vec<UnboundedSender<ConversationEvent>>,
+    (conversations, watchers, ends_unlooked): Hub<'_>,
     id: &ConversationId,
     life: &CallLife,
     outcome: &CallOutcome,
@@ -617,20 +616,26 @@ fn finished(
     };
     publish(game, watchers, entry, ConversationEvent::CallFinished(finished));
     update(game, watchers, id, entry, StatusSource::Host);
-    end_if_due(game, watchers, id, entry);
+    end_if_due(game, watchers, id, entry, ends_unlooked);
     true
 }
 
-/// Ends `entry` if its last call just finished and it was to [end once idle](ConversationHub::end_once_idle).
+/// What [`finished`] changes of the hub.
+type Hub<'a> = (&'a mut HashMap<ConversationId, Entry>, &'a mut Vec<UnboundedSender<ConversationEvent>>, &'a mut u32);
+
+/// Ends `entry` if its last call just finished and it was to [end once idle](ConversationHub::end_once_idle),
+/// counting the end in `ends_unlooked` ([`HubInner::forget_old_ended_if_due`]).
 fn end_if_due(
     game: &GameFeed,
     watchers: &mut Vec<UnboundedSender<ConversationEvent>>,
     id: &ConversationId,
     entry: &mut Entry,
+    ends_unlooked: &mut u32,
 ) {
     if entry.end_when_idle && entry.active.is_empty() && entry.pending.is_empty() {
         // No call of it is left to end.
         let _no_calls = end_entry(game, watchers, id, entry, StatusSource::Host);
+        *ends_unlooked += 1;
     }
 }
 
@@ -689,11 +694,12 @@ impl ConversationHub {
     pub(crate) fn call_finished(&self, life: &CallLife, outcome: &CallOutcome) {
         let mut inner = self.inner.lock();
         life.finished_in_hub.store(true, std::sync::atomic::Ordering::Release);
-        let HubInner { conversations, watchers, joined, .. } = &mut *inner;
+        let HubInner { conversations, watchers, joined, ends_unlooked, .. } = &mut *inner;
         let others = joined.remove(&life.coords.request).unwrap_or_default();
         for id in std::iter::once(&life.coords.conversation).chain(&others) {
-            finished(&self.game, conversations, watchers, id, life, outcome);
+            finished(&self.game, (&mut *conversations, &mut *watchers, &mut *ends_unlooked), id, life, outcome);
         }
+        inner.forget_old_ended_if_due();
     }
 
     /// The conversation `id` stopped waiting for its call `life`, which goes on for a caller of another
@@ -702,8 +708,10 @@ impl ConversationHub {
     pub(crate) fn call_withdrawn(&self, id: &ConversationId, life: &CallLife) -> bool {
         let cancelled = Err(ToolError::with_code(ErrorCode::Cancelled, "withdrawn"));
         let mut inner = self.inner.lock();
-        let HubInner { conversations, watchers, .. } = &mut *inner;
-        finished(&self.game, conversations, watchers, id, life, &cancelled)
+        let HubInner { conversations, watchers, ends_unlooked, .. } = &mut *inner;
+        let was_its = finished(&self.game, (conversations, watchers, ends_unlooked), id, life, &cancelled);
+        inner.forget_old_ended_if_due();
+        was_its
     }
 
     /// Records a call that waits for its tool. `None` if the conversation ended (or is unknown); `Some(Err)` with
@@ -756,29 +764,37 @@ impl ConversationHub {
     /// The call stopped waiting for its tool (it was admitted, or gave up).
     pub(crate) fn pending_finished(&self, id: &ConversationId, key: u64) {
         let mut inner = self.inner.lock();
-        let HubInner { conversations, watchers, .. } = &mut *inner;
+        let HubInner { conversations, watchers, ends_unlooked, .. } = &mut *inner;
         let Some(entry) = conversations.get_mut(id) else { return };
         if entry.pending.remove(&key).is_some() {
             entry.facts.calls = entry.facts.calls.saturating_sub(1);
             entry.last_activity = Instant::now();
             update(&self.game, watchers, id, entry, StatusSource::Host);
-            end_if_due(&self.game, watchers, id, entry);
+            end_if_due(&self.game, watchers, id, entry, ends_unlooked);
         }
+        inner.forget_old_ended_if_due();
     }
 
+    /// Counts an end, then [`HubInner::forget_old_ended_if_due`].
+    fn forget_old_ended(&self) {
+        let mut inner = self.inner.lock();
+        inner.ends_unlooked += 1;
+        inner.forget_old_ended_if_due();
+    }
+}
+
+impl HubInner {
     /// Keeps at most [`ENDED_KEPT`] ended conversations (looked for every [`ENDS_BETWEEN_LOOKS`] ends: as many
     /// more may be kept for a moment), forgetting the longest ended first. The game's own (an
     /// in-game agent session's, which can be resumed) are kept until the game forgets the session, and so is one
     /// someone still subscribes to (a HUD waiting for it to come back): forgetting it would end the subscription
     /// as if the host were gone. Subscriptions are the game's own objects, so these are as few as it keeps.
-    fn forget_old_ended(&self) {
-        let mut inner = self.inner.lock();
-        inner.ends_unlooked += 1;
-        if inner.ends_unlooked < ENDS_BETWEEN_LOOKS {
+    fn forget_old_ended_if_due(&mut self) {
+        if self.ends_unlooked < ENDS_BETWEEN_LOOKS {
             return;
         }
-        inner.ends_unlooked = 0;
-        let mut ended: Vec<(Instant, ConversationId)> = inner
+        self.ends_unlooked = 0;
+        let mut ended: Vec<(Instant, ConversationId)> = self
             .conversations
             .iter()
             .filter(|(_, entry)| !entry.held)
@@ -791,7 +807,7 @@ impl ConversationHub {
         ended.sort();
         let excess = ended.len() - ENDED_KEPT;
         for (_, id) in ended.into_iter().take(excess) {
-            inner.forget(&id);
+            self.forget(&id);
         }
     }
 }
@@ -885,5 +901,25 @@ mod tests {
         assert_eq!(inner.conversations[&id].subscribers.len(), 1, "only the subscription still held");
         assert_eq!(inner.watchers.len(), 1, "the last, dropped only after it was counted");
         drop(kept);
+    }
+
+    #[test]
+    fn conversations_that_end_once_their_last_call_is_done_count_toward_the_bound_on_ended_ones() {
+        let (jobs, _queue) = crossbeam_channel::unbounded();
+        let (hub, _feed) = ConversationHub::new(None, JobSender::new(jobs));
+        // MCP handles forgotten while a call of theirs waited for its tool: each ends when that call stops waiting.
+        let ends = ENDED_KEPT + ENDS_BETWEEN_LOOKS as usize;
+        for n in 0..ends {
+            let id = ConversationId::new(format!("handle-{n}"));
+            hub.open(&id);
+            let waiting = hub.pending_started(&id, "tool", None, WaitCancel::default(), 32);
+            let key = waiting.expect("open").expect("below the limit");
+            assert!(!hub.end_once_idle(&id), "a call of it still waits");
+            hub.pending_finished(&id, key);
+        }
+        let inner = hub.inner.lock();
+        let ended = inner.conversations.values().filter(|entry| entry.facts.ended).count();
+        assert_eq!(ended, ENDED_KEPT, "{ends} ended: the oldest were forgotten");
+        assert!(!inner.conversations.contains_key(&ConversationId::new("handle-0")));
     }
 }

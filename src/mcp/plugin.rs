@@ -237,23 +237,23 @@ impl McpPlugin {
             (Some(path), Some(_)) => security::beside(path, address.port()),
         };
         security::write_token_file(&token_file, &token)?;
-        if let (Some(Replaced { port: taken, .. }), Some(_)) = (&replaced, &self.token) {
-            // Not necessarily another copy: whoever holds the port hears the token from every client configured
-            // with the game's usual URL and a token of the player's own, and can use it here.
-            tracing::warn!(
-                taken,
-                "clients configured for port {taken} send this game's token to the program that holds it: if that \
-                 is not a copy of this game, change the token"
-            );
-        }
         if let Some(Replaced { port: taken, why }) = &replaced {
+            // Not necessarily another copy: whoever holds the port hears the token of every client configured
+            // with the game's usual URL and a token of the player's own.
+            let own_token = match self.token {
+                Some(_) => {
+                    "; they send the token to the program that holds it: if that is not a copy of this game, \
+                     change the token"
+                }
+                None => "",
+            };
             tracing::warn!(
                 taken,
                 %why,
                 port = address.port(),
                 token_file = %token_file.display(),
                 "the MCP port {taken} could not be bound ({why}; another copy of the game?): serving on {} \
-                 instead, token in {}; clients configured with the old port need the new URL",
+                 instead, token in {}; clients configured with the old port need the new URL{own_token}",
                 address.port(),
                 token_file.display()
             );

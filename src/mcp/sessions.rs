@@ -155,8 +155,10 @@ pub(crate) const MAX_SESSIONS: usize = 1_000;
 /// Sessions open at once at which a new one is refused (503 with `Retry-After`): past [`MAX_SESSIONS`] a new one
 /// ends an idle one, but sessions in use (heard from within [`ROOM_GRACE`], listening, running calls) are never
 /// ended for it, so a client opening sessions in a loop would otherwise grow them without bound. Sessions of a
-/// credential (an in-game agent's) neither count nor are refused: each credential keeps at most [`BOUND_MOST`],
-/// and a client of the game's token that fills the ceiling does not keep the game's own agents out.
+/// credential (an in-game agent's, or one the game minted) neither count toward it nor are refused: each
+/// credential keeps [`BOUND_MOST`] (and those with a request running), and a client of the game's token that
+/// fills the ceiling does not keep the game's own agents out. ([`MAX_SESSIONS`] counts them: past it, a new
+/// session ends an idle one of the game token's.)
 pub(crate) const SESSION_CEILING: usize = 2 * MAX_SESSIONS;
 
 /// How long a client refused a new session at [`SESSION_CEILING`] is asked to wait: about as long as it takes

@@ -929,9 +929,6 @@ struct FailsTurnIfDropped {
 impl Drop for FailsTurnIfDropped {
     fn drop(&mut self) {
         let Some(core) = self.core.upgrade() else { return };
-        if !core.state.lock().turn.as_ref().is_some_and(|turn| turn.number == self.number) {
-            return;
-        }
         let error = ToolError::with_code(ErrorCode::SessionEnded, "the game stopped before the turn ended");
         core.fail_turn(Some(self.number), error);
     }
