@@ -109,8 +109,9 @@ pub(crate) trait Link: Send + Sync {
         self.cancel();
     }
     /// Closes the connection: ends the backend session first when `end_session` (where the backend offers it,
-    /// bounded by the close timeout), then stops the agent. Resolves when the agent process is gone.
-    fn close(&self, end_session: bool) -> BoxFuture<()>;
+    /// bounded by `close_timeout`: the session's, or less at the game's exit), then stops the agent. Resolves when
+    /// the agent process is gone.
+    fn close(&self, end_session: bool, close_timeout: std::time::Duration) -> BoxFuture<()>;
     /// Stops the agent now, without a word to it: no more model requests or tool calls.
     fn kill(&self);
     /// Resolves once a [killed](Self::kill) connection has written what the game keeps of the session (an

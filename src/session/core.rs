@@ -65,6 +65,9 @@ struct OpenMessage {
 /// The most of one chat message kept and shown: an agent that streams without end (a loop, between turns or in
 /// one) is cut there, with a line saying so, instead of filling the game's memory.
 const MESSAGE_LIMIT: usize = 1024 * 1024;
+/// The longest an agent is given to answer `session/close` at the game's exit (its session's close timeout if
+/// shorter): the exit's time for sessions (5 s) also stops the agent (up to 3 s) and removes the session's folder.
+pub(crate) const EXIT_CLOSE: Duration = Duration::from_secs(1);
 /// What ends a message cut at [`MESSAGE_LIMIT`].
 const MESSAGE_CUT: &str = "\n[the rest of this message was not kept: it passed 1 MiB]";
 
@@ -737,7 +740,15 @@ impl SessionCore {
     /// [`stop_resuming`](Self::stop_resuming).)
     pub(crate) async fn end(self: &Arc<Self>, end_session: bool) {
         let _lifecycle = self.lifecycle.lock().await;
-        self.end_locked(end_session).await;
+        self.end_locked(end_session, self.config.timeouts.close).await;
+    }
+
+    /// [`end`](Self::end) at the game's exit: the agent is given at most [`EXIT_CLOSE`] to answer `session/close`,
+    /// so that its stop (up to 3 s more) and the removal of the session's folder fit in the exit's time for
+    /// sessions.
+    pub(crate) async fn end_at_exit(self: &Arc<Self>, end_session: bool) {
+        let _lifecycle = self.lifecycle.lock().await;
+        self.end_locked(end_session, self.config.timeouts.close.min(EXIT_CLOSE)).await;
     }
 
     /// Stops a resume asked for before now (it is `SESSION_ENDED`): an end is coming.
@@ -756,10 +767,10 @@ impl SessionCore {
         let _lifecycle = self.lifecycle.lock().await;
         // First: the turn this end rejects already says so.
         self.forgotten.store(true, Ordering::Relaxed);
-        self.end_locked(true).await;
+        self.end_locked(true, self.config.timeouts.close).await;
     }
 
-    async fn end_locked(self: &Arc<Self>, end_session: bool) {
+    async fn end_locked(self: &Arc<Self>, end_session: bool, close_timeout: Duration) {
         // Before the record is saved, and before `forget` removes the session's folder.
         self.settle_stopped().await;
         let (link, turn) = {
@@ -791,7 +802,7 @@ impl SessionCore {
         // The agent is stopped meanwhile: a slow disk does not keep it running.
         let close = async {
             if let Some(link) = link {
-                link.close(end_session).await;
+                link.close(end_session, close_timeout).await;
             }
         };
         tokio::join!(self.save_record(end_session), close);

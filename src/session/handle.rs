@@ -271,12 +271,13 @@ impl AgentSessions {
     }
 
     fn disconnect(&self, cores: Vec<Arc<SessionCore>>, until: std::time::Instant) {
-        let (done, all_done) = crossbeam_channel::bounded(cores.len());
+        let count = cores.len();
+        let (done, all_done) = crossbeam_channel::bounded(count);
         for core in cores {
             let (done, host) = (done.clone(), self.host.clone());
             self.host.runtime.spawn(async move {
                 let end_session = core.config.auto_end_on_disconnect;
-                core.end(end_session).await;
+                core.end_at_exit(end_session).await;
                 if end_session {
                     // Under its lock (taken again if the session had ended and let it go): not deleted under
                     // another copy of the game that took the session since.
@@ -295,7 +296,17 @@ impl AgentSessions {
             });
         }
         drop(done);
-        while all_done.recv_deadline(until).is_ok() {}
+        let mut ended = 0;
+        while all_done.recv_deadline(until).is_ok() {
+            ended += 1;
+        }
+        if ended < count {
+            tracing::warn!(
+                left = count - ended,
+                "in-game agent sessions had not ended when the exit's time for them ran out: their agents stop with \
+                 the runtime, and an ended session's folder may be left for the next start to remove"
+            );
+        }
     }
 }
 

@@ -65,7 +65,6 @@ impl Backend for AcpBackend {
         let runtime = self.runtime.clone();
         Box::pin(async move {
             let start = setup.timeouts.start;
-            let close_timeout = setup.timeouts.close;
             let (commands, running) = connection::spawn(agent, setup, auth_method, sink, &runtime);
             let connection::Running { ready, step, task, exit } = running;
             let mut starting = Starting { task: task.abort_handle(), done: false };
@@ -73,13 +72,7 @@ impl Backend for AcpBackend {
             let failure = match ready {
                 Some(Ok(Ok(opened))) => {
                     starting.done = true;
-                    let link = AcpLink {
-                        commands,
-                        backend_session: opened.session,
-                        task: Arc::new(task),
-                        exit,
-                        close_timeout,
-                    };
+                    let link = AcpLink { commands, backend_session: opened.session, task: Arc::new(task), exit };
                     return Ok((Arc::new(link) as Arc<dyn Link>, opened.attached, opened.system_prompt_sent));
                 }
                 Some(Ok(Err(error))) => error,
@@ -160,7 +153,6 @@ struct AcpLink {
     backend_session: String,
     task: Arc<tokio::task::JoinHandle<()>>,
     exit: connection::ExitWatch,
-    close_timeout: std::time::Duration,
 }
 
 impl Link for AcpLink {
@@ -182,8 +174,7 @@ impl Link for AcpLink {
         let _ = self.commands.send(Command::Cancel { by_player: false });
     }
 
-    fn close(&self, end_session: bool) -> BoxFuture<()> {
-        let close_timeout = self.close_timeout;
+    fn close(&self, end_session: bool, close_timeout: std::time::Duration) -> BoxFuture<()> {
         let sent = self.commands.send(Command::Close { end_session, close_timeout }).is_ok();
         let task = self.task.clone();
         let exit = self.exit.clone();

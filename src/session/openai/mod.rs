@@ -411,12 +411,11 @@ impl Link for OpenAiLink {
         }
     }
 
-    fn close(&self, _end_session: bool) -> BoxFuture<()> {
+    fn close(&self, _end_session: bool, close_timeout: std::time::Duration) -> BoxFuture<()> {
         // The history stays on disk: `resume` continues the conversation. A turn still running ends as a cancel
         // ends it (what was said and done so far is kept, every time), within the close timeout; else it is
         // stopped where it is.
         let running = self.running.lock().take();
-        let close_timeout = self.close_timeout;
         Box::pin(async move {
             let Some(Running { cancel, task, .. }) = running else { return };
             cancel.cancel();
@@ -433,7 +432,7 @@ impl Link for OpenAiLink {
         // timeout, so that the model knows after a resume what it changed in the world.
         // Now, not when the task below first runs: the turn must not start another request or tool call.
         self.stop_for_end();
-        let stopping = self.runtime.spawn(self.close(false));
+        let stopping = self.runtime.spawn(self.close(false, self.close_timeout));
         *self.stopping.lock() = Some(stopping);
     }
 
@@ -441,7 +440,7 @@ impl Link for OpenAiLink {
         // Asked before `kill` ran (the session's failure kills its link just after recording it): wind the turn
         // down here, as the kill would.
         let stopping = self.stopping.lock().take();
-        let winding = stopping.is_none().then(|| self.close(false));
+        let winding = stopping.is_none().then(|| self.close(false, self.close_timeout));
         Box::pin(async move {
             if let Some(stopping) = stopping {
                 let _ = stopping.await;
