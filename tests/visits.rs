@@ -51,7 +51,11 @@ fn h4_failed_open_leaves_no_session_reports_and_the_next_enter_works() {
     let game = TestGame { failing: vec![WorldId::new("corrupt")], ..Default::default() };
     let record = game.record.clone();
     let mut app = app_with(game, vec![]);
-    app.enter_world("corrupt");
+    let (_, logged) = common::warnings::with_warnings(|| app.enter_world("corrupt"));
+    assert!(
+        logged.iter().any(|line| line.contains("corrupt") && (line.starts_with("ERROR") || line.starts_with("WARN"))),
+        "the failure is logged, naming the world: {logged:#?}"
+    );
 
     let failures: Vec<WorldOpenFailed> = app.world_mut().resource_mut::<Messages<WorldOpenFailed>>().drain().collect();
     assert_eq!(failures.len(), 1, "the failure is visible as a message");
