@@ -55,7 +55,7 @@ pub fn acp_config(agent: &[String], auth_method: Option<&str>) -> Option<Session
     let (program, args) = agent.split_first()?;
     let config = SessionConfig::acp(program, args.iter().cloned()).system_prompt(
         "You are in a voxel sandbox game. Act through the game's MCP tools (server `game`); the player reads your \
-         messages in the game's console.",
+         messages in the game (its console, or its chat panel in a window).",
     );
     Some(match auth_method {
         Some(method) => config.auth_method(method),
@@ -296,8 +296,20 @@ fn answer_permission(sessions: &AgentSessions, request: u64, allow: bool) -> Res
     }
 }
 
+/// `text` on one line, as the console prints an agent's words: line breaks as `\n` and `\r`, and every other control
+/// character escaped too (an agent's text or its stderr tail could otherwise move the cursor, clear the screen or
+/// print a line that looks like the game's own).
 fn one_line(text: &str) -> String {
-    text.replace('\r', "\\r").replace('\n', "\\n")
+    let mut line = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' => line.push_str("\\n"),
+            '\r' => line.push_str("\\r"),
+            c if c.is_control() => line.extend(c.escape_unicode()),
+            c => line.push(c),
+        }
+    }
+    line
 }
 
 /// Prints the sessions' events as lines, in their conversation's order (the messages of one frame are sorted
@@ -353,5 +365,14 @@ fn status_of(current: Arc<Mutex<Option<AgentSession>>>) -> impl Fn() -> Option<S
             None => "none".into(),
         };
         Some(format!("chat={} chat-status={} usage={usage}", session.id(), session.status()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_agents_words_reach_the_console_on_one_line_with_no_control_character_left() {
+        let said = "done\r\nok quitting\u{1b}[2J\u{7}";
+        assert_eq!(super::one_line(said), "done\\r\\nok quitting\\u{1b}[2J\\u{7}");
     }
 }

@@ -1,9 +1,15 @@
 //! The chat panel: T opens it, typing fills the input line, Enter sends it to the in-game agent (the same
-//! `say` the console has), Esc closes it. The agent's replies stream in as they arrive; its status shows on top;
-//! a permission request becomes a prompt that Y allows and N denies while the input line is empty (a prompt that
-//! arrives mid-sentence never takes its letters: send or clear the line, then answer; several wait in the order
-//! asked; one that timed out or was withdrawn with its turn leaves the panel by itself). A text the agent refused
-//! (its turn still running, the session ended or failed) says so in the transcript.
+//! `say` the console has), Ctrl+C cancels the agent's turn, Ctrl+R resumes a session that failed or ended, Esc
+//! closes the panel. The agent's replies stream in as they arrive; its status shows on top. A permission request
+//! shows the panel without taking the keyboard (the player may be walking): Y allows and N denies while the input
+//! line is empty (a prompt that arrives mid-sentence never takes its letters: send or clear the line, then answer;
+//! a held key answers one prompt, not every one queued; several wait in the order asked), and the transcript says
+//! what became of it once the agent is told (allowed, denied, or timed out if the answer came too late). A text
+//! the agent refused (its turn still running, the session ended or failed) says so, and goes back to the input
+//! line to be sent again.
+//!
+//! Bevy's default font has ASCII only: a game whose players write other scripts gives the panel a font that has
+//! them (and turns on `Window::ime_enabled` for input methods).
 
 use std::collections::VecDeque;
 
@@ -21,6 +27,9 @@ use crate::console::{ChatCommand, ChatRequest};
 
 /// How many lines of conversation the panel keeps.
 const LINES: usize = 14;
+/// The most characters of one line of the transcript shown (a long reply, an agent's error with its stderr), so
+/// that the panel stays on the screen; the reply streaming in shows its last ones.
+const SHOWN_PER_LINE: usize = 400;
 /// The longest message the input line takes.
 const MAX_INPUT: usize = 2000;
 
@@ -37,6 +46,8 @@ pub struct ChatPanel {
     session: Option<String>,
     /// The permission requests waiting for the player, in the order asked: number and tool. The first is shown.
     asking: VecDeque<(u64, String)>,
+    /// Those the player answered, until they are settled (the transcript then says what the agent was told).
+    answered: Vec<(u64, String)>,
 }
 
 /// The panel's node and text.
@@ -65,10 +76,11 @@ pub fn setup(mut commands: Commands) {
         });
 }
 
-/// Keys: T opens the panel; while it is open, typing, Backspace, Enter (send) and Esc (close); Y and N answer a
-/// permission prompt while the input line is empty.
+/// Keys: T opens the panel; while it is open, typing, Backspace, Enter (send), Ctrl+C (cancel the turn), Ctrl+R
+/// (resume) and Esc (close); Y and N answer a permission prompt while the input line is empty.
 pub fn type_keys(
     mut keys: MessageReader<KeyboardInput>,
+    held: Res<ButtonInput<KeyCode>>,
     mut focus: ResMut<Focus>,
     mut panel: ResMut<ChatPanel>,
     mut requests: MessageWriter<ChatRequest>,
@@ -76,12 +88,22 @@ pub fn type_keys(
 ) {
     // On a copy: `Focus` is marked changed only when it changed (the Esc that leaves the world looks for that).
     let mut now = *focus;
+    let ctrl = held.any_pressed([KeyCode::ControlLeft, KeyCode::ControlRight]);
     for key in keys.read().filter(|key| key.state.is_pressed()) {
-        if let Some(command) = panel.press(&key.logical_key, key.key_code, &mut now, agents.is_some()) {
+        let press = Press { key: &key.logical_key, code: key.key_code, repeat: key.repeat, ctrl };
+        if let Some(command) = panel.press(press, &mut now, agents.is_some()) {
             requests.write(ChatRequest(command));
         }
     }
     focus.set_if_neq(now);
+}
+
+/// One key pressed: which, whether the key is held (a repeat), and whether Ctrl is.
+struct Press<'a> {
+    key: &'a Key,
+    code: KeyCode,
+    repeat: bool,
+    ctrl: bool,
 }
 
 /// What the chat module answered to the panel's texts: a refused one says so.
@@ -113,12 +135,7 @@ enum PanelEvent {
 }
 
 /// The in-game sessions' events, in their conversation's order.
-pub fn read_messages(
-    mut panel: ResMut<ChatPanel>,
-    mut focus: ResMut<Focus>,
-    agents: Option<Res<AgentSessions>>,
-    mut read: ChatReaders,
-) {
+pub fn read_messages(mut panel: ResMut<ChatPanel>, agents: Option<Res<AgentSessions>>, mut read: ChatReaders) {
     let ChatReaders { deltas, messages, errors, permissions, settled, statuses } = &mut read;
     let Some(agents) = agents else { return };
     let mut events: Vec<(u64, PanelEvent)> = Vec::new();
@@ -135,9 +152,7 @@ pub fn read_messages(
     );
     events.sort_by_key(|(sequence, _)| *sequence);
     for (_, event) in events {
-        if panel.apply(event) {
-            *focus = Focus::Chat;
-        }
+        panel.apply(event);
     }
 }
 
@@ -156,14 +171,15 @@ pub fn draw(
         *visibility = if open { Visibility::Visible } else { Visibility::Hidden };
     }
     if let Ok(mut text) = text.single_mut() {
-        text.0 = panel.render();
+        text.0 = panel.render(*focus == Focus::Chat);
     }
 }
 
 impl ChatPanel {
     /// One key press: the command it sends, if any. A waiting prompt takes Y and N while the input line is
-    /// empty (or the panel is closed); otherwise they are letters of the line.
-    fn press(&mut self, key: &Key, code: KeyCode, focus: &mut Focus, agent: bool) -> Option<ChatCommand> {
+    /// empty (or the panel is closed), not from a held key; otherwise they are letters of the line.
+    fn press(&mut self, press: Press, focus: &mut Focus, agent: bool) -> Option<ChatCommand> {
+        let Press { key, code, repeat, ctrl } = press;
         let answers = self.input.is_empty() || *focus != Focus::Chat;
         if let (true, Some((request, tool))) = (answers, self.asking.front().cloned()) {
             let answer = match key {
@@ -172,13 +188,21 @@ impl ChatPanel {
                 _ => None,
             };
             if let Some(allow) = answer {
-                let verdict = if allow { "allowed" } else { "denied" };
-                self.push(format!("[{verdict} {tool}]"));
+                if repeat {
+                    return None;
+                }
+                // What the agent is told shows when it is settled: a late answer is a denial (timed out).
                 self.asking.pop_front();
+                self.answered.push((request, tool));
                 return Some(if allow { ChatCommand::Allow(request) } else { ChatCommand::Deny(request) });
             }
         }
         match *focus {
+            Focus::Chat if ctrl => match code {
+                KeyCode::KeyC if agent => return Some(ChatCommand::Cancel),
+                KeyCode::KeyR if agent => return Some(ChatCommand::Resume(None)),
+                _ => {}
+            },
             Focus::World if code == KeyCode::KeyT => {
                 *focus = Focus::Chat;
                 if !agent {
@@ -217,8 +241,14 @@ impl ChatPanel {
         let field =
             |answer: &str, name: &str| answer.split(' ').find_map(|word| word.strip_prefix(name).map(str::to_string));
         match (&answered.command, &answered.answer) {
-            (ChatCommand::Say(_), Err(why)) => self.push(format!("[not sent: {why}]")),
-            (ChatCommand::Resume(_), Err(why)) => self.push(format!("[{why}]")),
+            (ChatCommand::Say(text), Err(why)) => {
+                self.push(format!("[not sent: {why}]"));
+                // Back in the line, to send again once the turn has ended (unless the player typed on).
+                if self.input.is_empty() {
+                    self.input.clone_from(text);
+                }
+            }
+            (ChatCommand::Resume(_) | ChatCommand::Cancel, Err(why)) => self.push(format!("[{why}]")),
             (ChatCommand::Resume(_), Ok(answer)) => {
                 if let Some(session) = field(answer, "session=") {
                     let status = field(answer, "status=").unwrap_or_else(|| "idle".into());
@@ -234,8 +264,8 @@ impl ChatPanel {
         }
     }
 
-    /// Shows `event`. Returns whether the panel must take the keys (a permission prompt).
-    fn apply(&mut self, event: PanelEvent) -> bool {
+    /// Shows `event`.
+    fn apply(&mut self, event: PanelEvent) {
         match event {
             PanelEvent::Delta(d) => match &mut self.streaming {
                 Some((id, text)) if *id == d.message => text.push_str(&d.text),
@@ -249,16 +279,19 @@ impl ChatPanel {
                 self.streaming = None;
                 self.push(format!("error {}: {}", e.code, e.message));
             }
-            PanelEvent::Permission(p) => {
-                self.asking.push_back((p.request, p.tool));
-                return true;
-            }
-            // Settled without the player's key (timed out, withdrawn with its turn): the prompt goes.
+            PanelEvent::Permission(p) => self.asking.push_back((p.request, p.tool)),
+            // Answered, or settled without the player's key (timed out, withdrawn with its turn): the prompt goes,
+            // saying what the agent was told.
             PanelEvent::Settled(s) => {
-                if let Some(at) = self.asking.iter().position(|(request, _)| *request == s.request) {
-                    if let Some((_, tool)) = self.asking.remove(at) {
-                        self.push(format!("[{tool}: {}]", s.outcome));
-                    }
+                let tool = match self.asking.iter().position(|(request, _)| *request == s.request) {
+                    Some(at) => self.asking.remove(at).map(|(_, tool)| tool),
+                    None => self.answered.iter().position(|(request, _)| *request == s.request).map(|at| {
+                        let (_, tool) = self.answered.swap_remove(at);
+                        tool
+                    }),
+                };
+                if let Some(tool) = tool {
+                    self.push(format!("[{tool}: {}]", s.outcome));
                 }
             }
             PanelEvent::Status(s) => {
@@ -267,32 +300,45 @@ impl ChatPanel {
                 }
             }
         }
-        false
     }
 
-    fn push(&mut self, line: String) {
+    fn push(&mut self, mut line: String) {
+        if let Some((cut, _)) = line.char_indices().nth(SHOWN_PER_LINE) {
+            line.truncate(cut);
+            line.push('…');
+        }
         self.transcript.push_back(line);
         while self.transcript.len() > LINES {
             self.transcript.pop_front();
         }
     }
 
-    /// The panel's text: status, transcript, the reply streaming in, the prompt or the input line.
-    pub fn render(&self) -> String {
+    /// The panel's text: status, transcript, the reply streaming in, the prompt, and the input line while the
+    /// panel has the keyboard (`focused`).
+    pub fn render(&self, focused: bool) -> String {
         let mut lines = vec![format!("chat  {}", self.status.as_deref().unwrap_or("(no session yet)"))];
         lines.extend(self.transcript.iter().cloned());
         if let Some((_, text)) = &self.streaming {
-            lines.push(format!("agent: {text}…"));
+            let chars = text.chars().count();
+            let shown: String = text.chars().skip(chars.saturating_sub(SHOWN_PER_LINE)).collect();
+            let cut = if chars > SHOWN_PER_LINE { "…" } else { "" };
+            lines.push(format!("agent: {cut}{shown}…"));
         }
         if let Some((request, tool)) = self.asking.front() {
             let more = match self.asking.len() - 1 {
                 0 => String::new(),
                 n => format!(" ({n} more waiting)"),
             };
-            let first = if self.input.is_empty() { "" } else { " (send or clear your line first)" };
+            let first = if self.input.is_empty() || !focused { "" } else { " (send or clear your line first)" };
             lines.push(format!("the agent asks to use {tool} (request {request}): Y allow, N deny{first}{more}"));
         }
-        lines.push(format!("> {}_   (Enter: send, Esc: close)", self.input));
+        match focused {
+            true => lines.push(format!(
+                "> {}_   (Enter: send, Ctrl+C: cancel the turn, Ctrl+R: resume, Esc: close)",
+                self.input
+            )),
+            false => lines.push("(T: chat)".into()),
+        }
         lines.join("\n")
     }
 }
@@ -316,22 +362,22 @@ mod tests {
     #[test]
     fn prompts_wait_in_the_order_asked_and_one_settled_without_a_key_leaves_the_panel() {
         let mut panel = ChatPanel::default();
-        assert!(panel.apply(asked(1, "run tests")));
-        assert!(panel.apply(asked(2, "edit files")));
-        assert!(panel.render().contains("run tests (request 1): Y allow, N deny (1 more waiting)"));
+        panel.apply(asked(1, "run tests"));
+        panel.apply(asked(2, "edit files"));
+        assert!(panel.render(true).contains("run tests (request 1): Y allow, N deny (1 more waiting)"));
 
         // The first timed out: the second is shown, and the transcript says what became of the first.
-        assert!(!panel.apply(settled(1, PermissionOutcome::TimedOut)));
-        let text = panel.render();
+        panel.apply(settled(1, PermissionOutcome::TimedOut));
+        let text = panel.render(true);
         assert!(text.contains("[run tests: timed_out]"), "{text}");
         assert!(text.contains("edit files (request 2): Y allow, N deny") && !text.contains("more waiting"), "{text}");
 
         panel.apply(settled(2, PermissionOutcome::Withdrawn));
-        let text = panel.render();
+        let text = panel.render(true);
         assert!(text.contains("[edit files: withdrawn]") && !text.contains("Y allow"), "{text}");
         // A settlement of a prompt the player already answered (or never saw) changes nothing.
         panel.apply(settled(3, PermissionOutcome::Allowed));
-        assert_eq!(panel.render(), text);
+        assert_eq!(panel.render(true), text);
     }
 
     fn typed(panel: &mut ChatPanel, focus: &mut Focus, text: &str) -> Vec<ChatCommand> {
@@ -340,7 +386,8 @@ mod tests {
             '\n' => (Key::Enter, KeyCode::Enter),
             c => (Key::Character(c.to_string().into()), KeyCode::KeyA),
         });
-        keys.filter_map(|(key, code)| panel.press(&key, code, focus, true)).collect()
+        keys.filter_map(|(key, code)| panel.press(Press { key: &key, code, repeat: false, ctrl: false }, focus, true))
+            .collect()
     }
 
     #[test]
@@ -349,12 +396,44 @@ mod tests {
         assert!(typed(&mut panel, &mut focus, "build a ").is_empty());
         panel.apply(asked(7, "run tests"));
         assert!(typed(&mut panel, &mut focus, "yellow tower on sand").is_empty(), "no y or n answered it");
-        assert!(panel.render().contains("> build a yellow tower on sand_"), "{}", panel.render());
-        assert!(panel.render().contains("Y allow, N deny (send or clear your line first)"), "{}", panel.render());
+        assert!(panel.render(true).contains("> build a yellow tower on sand_"), "{}", panel.render(true));
+        assert!(
+            panel.render(true).contains("Y allow, N deny (send or clear your line first)"),
+            "{}",
+            panel.render(true)
+        );
         let sent = typed(&mut panel, &mut focus, "\n");
         assert_eq!(sent, [ChatCommand::Say("build a yellow tower on sand".into())]);
         assert_eq!(typed(&mut panel, &mut focus, "n"), [ChatCommand::Deny(7)], "the empty line answers");
-        assert!(panel.render().contains("[denied run tests]"), "{}", panel.render());
+        panel.apply(settled(7, PermissionOutcome::Denied));
+        assert!(panel.render(true).contains("[run tests: denied]"), "{}", panel.render(true));
+    }
+
+    #[test]
+    fn a_held_key_answers_one_prompt_and_the_transcript_says_what_the_agent_was_told() {
+        let (mut panel, mut focus) = (ChatPanel::default(), Focus::World);
+        panel.apply(asked(1, "run tests"));
+        panel.apply(asked(2, "edit files"));
+        let y = Key::Character("y".into());
+        let held = |repeat| Press { key: &y, code: KeyCode::KeyY, repeat, ctrl: false };
+        assert_eq!(panel.press(held(false), &mut focus, true), Some(ChatCommand::Allow(1)));
+        assert_eq!(panel.press(held(true), &mut focus, true), None, "the key's repeats answer nothing more");
+        assert!(panel.render(false).contains("edit files (request 2): Y allow"), "{}", panel.render(false));
+        // The answer came after the request timed out: the agent was told no.
+        panel.apply(settled(1, PermissionOutcome::TimedOut));
+        let text = panel.render(false);
+        assert!(text.contains("[run tests: timed_out]") && !text.contains("allowed"), "{text}");
+        assert_eq!(focus, Focus::World, "the prompt never took the keyboard");
+    }
+
+    #[test]
+    fn ctrl_c_cancels_the_turn_and_ctrl_r_resumes_and_neither_types() {
+        let (mut panel, mut focus) = (ChatPanel::default(), Focus::Chat);
+        let (c, r) = (Key::Character("c".into()), Key::Character("r".into()));
+        let ctrl = |key, code| Press { key, code, repeat: false, ctrl: true };
+        assert_eq!(panel.press(ctrl(&c, KeyCode::KeyC), &mut focus, true), Some(ChatCommand::Cancel));
+        assert_eq!(panel.press(ctrl(&r, KeyCode::KeyR), &mut focus, true), Some(ChatCommand::Resume(None)));
+        assert!(panel.render(true).contains("> _"), "{}", panel.render(true));
     }
 
     /// The Esc that leaves the world (`keys::transitions`, next in the chain) only counts when the keys before it
@@ -367,6 +446,7 @@ mod tests {
         app.add_message::<KeyboardInput>()
             .add_message::<ChatRequest>()
             .init_resource::<Focus>()
+            .init_resource::<ButtonInput<KeyCode>>()
             .init_resource::<ChatPanel>()
             .init_resource::<Seen>()
             .add_systems(
@@ -399,10 +479,11 @@ mod tests {
         let sent = typed(&mut panel, &mut focus, "hello\n");
         let refused = "SESSION_BUSY turn 1 of session `chat-1` is still running".to_string();
         panel.answered(&ChatAnswered { command: sent[0].clone(), answer: Err(refused.clone()) });
-        let text = panel.render();
+        let text = panel.render(true);
         assert!(text.contains("you: hello") && text.contains(&format!("[not sent: {refused}]")), "{text}");
+        assert!(text.contains("> hello_"), "back in the line, to send again: {text}");
         panel.answered(&ChatAnswered { command: ChatCommand::Say("again".into()), answer: Ok("sent".into()) });
-        assert_eq!(panel.render(), text, "a text that went says nothing more");
+        assert_eq!(panel.render(true), text, "a text that went says nothing more");
     }
 
     fn status(session: &str, status: ConversationStatus) -> PanelEvent {
@@ -421,16 +502,16 @@ mod tests {
         let answer = |command: ChatCommand, answer: &str| ChatAnswered { command, answer: Ok(answer.into()) };
         // Started: idle at once, not "no session" until the first text.
         panel.answered(&answer(ChatCommand::Resume(None), "started session=chat-1"));
-        assert!(panel.render().starts_with("chat  chat-1 idle"), "{}", panel.render());
+        assert!(panel.render(true).starts_with("chat  chat-1 idle"), "{}", panel.render(true));
         // Another session resumed in its place: the old one's end is not the player's session's status.
         let resumed = "attached session=chat-2 status=idle ended=chat-1";
         panel.answered(&answer(ChatCommand::Resume(Some("chat-2".into())), resumed));
         panel.apply(status("chat-1", ConversationStatus::Ended));
-        assert!(panel.render().starts_with("chat  chat-2 idle"), "{}", panel.render());
+        assert!(panel.render(true).starts_with("chat  chat-2 idle"), "{}", panel.render(true));
         panel.apply(status("chat-2", ConversationStatus::Running));
-        assert!(panel.render().starts_with("chat  chat-2 running"), "{}", panel.render());
+        assert!(panel.render(true).starts_with("chat  chat-2 running"), "{}", panel.render(true));
         // Forgotten: said, whatever its last status was.
         panel.answered(&answer(ChatCommand::Forget("chat-2".into()), "forgot session=chat-2"));
-        assert!(panel.render().starts_with("chat  chat-2 forgotten"), "{}", panel.render());
+        assert!(panel.render(true).starts_with("chat  chat-2 forgotten"), "{}", panel.render(true));
     }
 }
