@@ -159,6 +159,17 @@ impl Agent {
     }
 }
 
+/// A test that failed midway does not leave the agent running (it would wait minutes for its reads, holding the
+/// test's output open).
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// The value of `key=` in a status line.
 fn field<'a>(status: &'a str, key: &str) -> &'a str {
     let prefix = format!("{key}=");
