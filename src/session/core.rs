@@ -487,8 +487,10 @@ impl SessionCore {
             return;
         };
         let core = Arc::downgrade(self);
+        // Made before the task is spawned: a runtime that stops before the task first runs drops it too.
+        let unfinished = FailsTurnIfDropped { core: core.clone(), number };
         self.host.runtime.spawn(async move {
-            let _unfinished = FailsTurnIfDropped { core: core.clone(), number };
+            let _unfinished = unfinished;
             tokio::select! {
                 () = tokio::time::sleep(after) => {}
                 () = over.cancelled() => return,
@@ -928,10 +930,11 @@ fn exit_error(reported: Option<ToolError>) -> ToolError {
     reported.unwrap_or_else(|| ToolError::with_code(ErrorCode::AgentUnavailable, "the agent exited"))
 }
 
-/// Held by a turn's timeout while it waits: dropped unfinished only when the runtime stops (the app dropped, or
-/// unwound from a panic, without `AppExit`), when it fails turn `number` if that still runs. No task of the runtime
-/// is left to answer it, and whoever awaits it off the runtime (a game thread, a Bevy task) would wait forever. A
-/// no-op once the turn is over (the failure checks the turn's number).
+/// Held by a turn's timeout task, and dropped when it ends: fails turn `number` if that still runs, which it does
+/// only if the task was dropped unfinished, when the runtime stops (the app dropped, or unwound from a panic,
+/// without `AppExit`): no task of the runtime is left to answer the turn, and whoever awaits it off the runtime (a
+/// game thread, a Bevy task) would wait forever. Otherwise a no-op: the turn is over, and the failure checks the
+/// turn's number (numbers are never reused).
 struct FailsTurnIfDropped {
     core: std::sync::Weak<SessionCore>,
     number: u64,

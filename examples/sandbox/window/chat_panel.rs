@@ -2,7 +2,7 @@
 //! `say` the console has), Ctrl+C cancels the agent's turn, Ctrl+R resumes a session that failed or ended, Esc
 //! closes the panel. The agent's replies stream in as they arrive; its status shows on top. A permission request
 //! shows the panel without taking the keyboard (the player may be walking): Y allows and N denies while the input
-//! line is empty (a prompt that arrives mid-sentence never takes its letters: send or clear the line, then answer;
+//! line is empty or the panel does not have the keyboard (a prompt that arrives mid-sentence never takes its letters: send or clear the line, then answer;
 //! a held key answers one prompt, not every one queued; several wait in the order asked), and the transcript says
 //! what became of it once the agent is told (allowed, denied, or timed out if the answer came too late). A text
 //! the agent refused (its turn still running, the session ended or failed) says so, and goes back to the input
@@ -88,8 +88,17 @@ pub fn type_keys(
 ) {
     // On a copy: `Focus` is marked changed only when it changed (the Esc that leaves the world looks for that).
     let mut now = *focus;
-    let ctrl = held.any_pressed([KeyCode::ControlLeft, KeyCode::ControlRight]);
-    for key in keys.read().filter(|key| key.state.is_pressed()) {
+    // Ctrl as it was before this frame's keys (`held` has them all already), then as each of them leaves it.
+    let controls = [KeyCode::ControlLeft, KeyCode::ControlRight];
+    let mut ctrl = controls.iter().any(|&c| held.pressed(c) && !held.just_pressed(c) || held.just_released(c));
+    for key in keys.read() {
+        if controls.contains(&key.key_code) {
+            ctrl = key.state.is_pressed();
+            continue;
+        }
+        if !key.state.is_pressed() {
+            continue;
+        }
         let press = Press { key: &key.logical_key, code: key.key_code, repeat: key.repeat, ctrl };
         if let Some(command) = panel.press(press, &mut now, agents.is_some()) {
             requests.write(ChatRequest(command));
@@ -182,9 +191,13 @@ impl ChatPanel {
         let Press { key, code, repeat, ctrl } = press;
         let answers = self.input.is_empty() || *focus != Focus::Chat;
         if let (true, Some((request, tool))) = (answers, self.asking.front().cloned()) {
-            let answer = match key {
-                Key::Character(c) if c.eq_ignore_ascii_case("y") => Some(true),
-                Key::Character(c) if c.eq_ignore_ascii_case("n") => Some(false),
+            // The letter typed while the panel has the keyboard; else the key where Y and N are (the game's own
+            // keys go by where they are too: on another layout, the letter Y may be on a key the game uses).
+            let answer = match (key, *focus) {
+                (Key::Character(c), Focus::Chat) if c.eq_ignore_ascii_case("y") => Some(true),
+                (Key::Character(c), Focus::Chat) if c.eq_ignore_ascii_case("n") => Some(false),
+                (_, elsewhere) if elsewhere != Focus::Chat && code == KeyCode::KeyY => Some(true),
+                (_, elsewhere) if elsewhere != Focus::Chat && code == KeyCode::KeyN => Some(false),
                 _ => None,
             };
             if let Some(allow) = answer {
@@ -198,11 +211,13 @@ impl ChatPanel {
             }
         }
         match *focus {
-            Focus::Chat if ctrl => match code {
-                KeyCode::KeyC if agent => return Some(ChatCommand::Cancel),
-                KeyCode::KeyR if agent => return Some(ChatCommand::Resume(None)),
-                _ => {}
-            },
+            Focus::Chat if ctrl && matches!(code, KeyCode::KeyC | KeyCode::KeyR) => {
+                return match code {
+                    _ if repeat || !agent => None,
+                    KeyCode::KeyC => Some(ChatCommand::Cancel),
+                    _ => Some(ChatCommand::Resume(None)),
+                };
+            }
             Focus::World if code == KeyCode::KeyT => {
                 *focus = Focus::Chat;
                 if !agent {
@@ -308,7 +323,12 @@ impl ChatPanel {
             line.push('…');
         }
         self.transcript.push_back(line);
-        while self.transcript.len() > LINES {
+        // At most LINES lines, and about as many rows on the screen (a row holds about 56 characters).
+        let rows = |line: &String| line.chars().count().div_ceil(56).max(1) + line.matches('\n').count();
+        while self.transcript.len() > LINES || self.transcript.iter().map(rows).sum::<usize>() > 2 * LINES {
+            if self.transcript.len() == 1 {
+                break;
+            }
             self.transcript.pop_front();
         }
     }
@@ -434,6 +454,22 @@ mod tests {
         assert_eq!(panel.press(ctrl(&c, KeyCode::KeyC), &mut focus, true), Some(ChatCommand::Cancel));
         assert_eq!(panel.press(ctrl(&r, KeyCode::KeyR), &mut focus, true), Some(ChatCommand::Resume(None)));
         assert!(panel.render(true).contains("> _"), "{}", panel.render(true));
+        let held = |key, code| Press { key, code, repeat: true, ctrl: true };
+        assert_eq!(panel.press(held(&c, KeyCode::KeyC), &mut focus, true), None, "a held Ctrl+C cancels once");
+        typed(&mut panel, &mut focus, "hi");
+        let sent = panel.press(ctrl(&Key::Enter, KeyCode::Enter), &mut focus, true);
+        assert_eq!(sent, Some(ChatCommand::Say("hi".into())), "Ctrl does not take Enter");
+    }
+
+    #[test]
+    fn the_transcript_keeps_to_about_as_many_rows_as_it_has_lines_and_the_newest_stays() {
+        let mut panel = ChatPanel::default();
+        for n in 0..10 {
+            panel.push(format!("agent: {n} {}", "word ".repeat(100)));
+        }
+        let rows: usize = panel.transcript.iter().map(|line| line.chars().count().div_ceil(56)).sum();
+        assert!(rows <= 2 * LINES, "{rows} rows");
+        assert!(panel.transcript.back().is_some_and(|line| line.starts_with("agent: 9 ")));
     }
 
     /// The Esc that leaves the world (`keys::transitions`, next in the chain) only counts when the keys before it
