@@ -2189,17 +2189,8 @@ fn an_answered_permission_request_leaves_no_task_waiting_out_its_timeout() {
         assert!(game.sessions.answer_permission(request.expect("a request number"), true));
         assert_eq!(game.block_on(pending).expect("ends").final_message.as_deref(), Some("permission: allowed"));
     }
-    // Each request's timeout (a minute by default) stops once it is answered. (Polled: a stopped timeout's task
-    // ends when the runtime next polls it.)
-    let until = Instant::now() + LIMIT;
-    while metrics.num_alive_tasks() > before + 5 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert!(
-        metrics.num_alive_tasks() <= before + 5,
-        "{} tasks alive, {before} before 20 requests",
-        metrics.num_alive_tasks()
-    );
+    // Each request's timeout (a minute by default) stops once it is answered.
+    common::wait_tasks_back_to(&metrics, before, "20 requests", LIMIT);
 }
 
 #[test]

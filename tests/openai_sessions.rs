@@ -2395,14 +2395,6 @@ fn a_finished_turn_leaves_no_task_waiting_out_its_timeout() {
         game.block_on(session.send_text(&format!("turn {n}"))).expect("a turn");
     }
     // A turn's timeout (10 minutes by default) stops watching it once it ends: the tasks left are the runtime's
-    // steady ones. (Polled: a stopped watcher's task ends when the runtime next polls it.)
-    let until = Instant::now() + LIMIT;
-    while metrics.num_alive_tasks() > before + 5 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert!(
-        metrics.num_alive_tasks() <= before + 5,
-        "{} tasks alive, {before} before 30 turns",
-        metrics.num_alive_tasks()
-    );
+    // steady ones.
+    common::wait_tasks_back_to(&metrics, before, "30 turns", LIMIT);
 }

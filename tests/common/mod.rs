@@ -286,3 +286,20 @@ pub fn example_with(name: &str, features: &[&str]) -> std::path::PathBuf {
     assert!(status.success(), "cargo build --example {name} --features {features:?} failed");
     profile_dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
 }
+
+/// Waits (up to `within`) until the runtime of `metrics` has at most `before` + 5 tasks alive again, and fails
+/// saying `after` otherwise: tasks of finished work (a timeout that should stop watching) end when the runtime
+/// next polls them, so the count is polled.
+pub fn wait_tasks_back_to(
+    metrics: &tokio::runtime::RuntimeMetrics,
+    before: usize,
+    after: &str,
+    within: std::time::Duration,
+) {
+    let until = std::time::Instant::now() + within;
+    while metrics.num_alive_tasks() > before + 5 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let alive = metrics.num_alive_tasks();
+    assert!(alive <= before + 5, "{alive} tasks alive, {before} before {after}");
+}
