@@ -149,6 +149,12 @@ fn the_player_chats_with_an_agent_that_builds_through_the_game_and_quit_leaves_n
     assert_eq!(game.line_starting("ok ").as_str(), "ok cancelling the turn");
     game.until("the cancelled turn's end", |line| line.ends_with("status=idle previous=running"));
 
+    // A turn cut short says why (its reply would just stop).
+    game.send("say refusal");
+    assert_eq!(game.line_starting("ok ").as_str(), "ok sent");
+    assert_eq!(game.line_starting("chat-turn-ended "), format!("chat-turn-ended session={id} stop=refusal"));
+    game.until("the refused turn's end", |line| line.ends_with("status=idle previous=running"));
+
     game.send("say crash");
     let failed = game.line_starting(&format!("chat-error session={id} "));
     assert!(failed.contains("code=AGENT_UNAVAILABLE") && failed.contains("crashing on purpose"), "{failed}");
@@ -159,12 +165,12 @@ fn the_player_chats_with_an_agent_that_builds_through_the_game_and_quit_leaves_n
     assert_eq!(game.line_starting("ok "), format!("ok resumed session={id}"));
     game.send("say history");
     game.line_starting("ok sent");
-    // place, wait, crash, history: the refused texts never reached the agent.
-    game.line_starting(&format!("chat session={id}: I remember 4 turns"));
+    // place, wait, refusal, crash, history: the texts the game refused never reached the agent.
+    game.line_starting(&format!("chat session={id}: I remember 5 turns"));
 
     game.send("status");
     let status = game.line_starting("ok world=");
-    assert!(status.contains(&format!("chat={id} chat-status=")) && status.contains("usage=400/200000"), "{status}");
+    assert!(status.contains(&format!("chat={id} chat-status=")) && status.contains("usage=500/200000"), "{status}");
     assert_eq!(agents_alive(&state), 1);
     assert!(game.quit().success());
     assert_eq!(agents_alive(&state), 0, "quit stopped the agent");

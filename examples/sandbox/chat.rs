@@ -7,6 +7,8 @@
 //! chat-status session=ID status=S previous=P     every status change, once, in order
 //! chat session=ID: TEXT                          each completed agent message (newlines as \n)
 //! chat-error session=ID code=C message=M         the session failed (a crash is AGENT_UNAVAILABLE)
+//! chat-turn-ended session=ID stop=S              a turn cut short: S is max_tokens, max_turn_requests, refusal
+//!                                                or other (a turn that ended normally, or cancelled, says nothing)
 //! chat-permission session=ID request=R tool=T    the agent asks; with --ask-permissions answer chat-allow/deny R
 //! chat-permission-settled session=ID request=R outcome=O
 //!                                                it no longer waits: allowed, denied, timed_out or withdrawn
@@ -25,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bevy::prelude::*;
-use bevy_agent_tools::session::{AgentSession, AgentSessions, Attached, PermissionPolicy, SessionConfig};
+use bevy_agent_tools::session::{AgentSession, AgentSessions, Attached, PermissionPolicy, SessionConfig, StopReason};
 use bevy_agent_tools::{
     AgentRuntime, ChatError, ChatMessage, ConversationEvent, ConversationStatusChanged, ErrorCode, PermissionRequested,
     PermissionSettled, ToolError,
@@ -184,8 +186,17 @@ async fn run(
             )),
             (ChatCommand::Say(text), Some(session)) => match session.start_turn(text).await {
                 Ok(turn) => {
-                    // The outcome shows as chat lines; a failure also as a chat-error line.
-                    tokio::spawn(turn);
+                    // The outcome shows as chat lines; a failure also as a chat-error line; a turn cut short (a
+                    // limit, a refusal) also says why, or its reply would just stop.
+                    let id = session.id().clone();
+                    tokio::spawn(async move {
+                        let stop = turn.await.ok().map(|end| end.stop_reason);
+                        if let Some(stop) =
+                            stop.filter(|stop| !matches!(stop, StopReason::EndTurn | StopReason::Cancelled))
+                        {
+                            say(format_args!("chat-turn-ended session={id} stop={}", stop.as_str()));
+                        }
+                    });
                     Ok("sent".to_string())
                 }
                 Err(error) => Err(error),
