@@ -2209,3 +2209,14 @@ fn s2_a_turn_awaited_elsewhere_gets_an_outcome_when_the_game_is_dropped_without_
     assert_eq!(error.code, ErrorCode::SessionEnded, "{error:?}");
     dirs.wait_no_agents(LIMIT);
 }
+
+#[test]
+fn an_update_the_agent_sends_for_another_session_is_not_this_sessions_chat() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("starts");
+    let turn = game.block_on(session.send_text("stray")).expect("the turn ends");
+    assert_eq!(turn.final_message.as_deref(), Some("mine"), "only this session's words");
+    let log = game.log_after_frames();
+    assert!(!log.iter().any(|line| line.contains("not this session's words")), "{log:#?}");
+}

@@ -114,6 +114,8 @@ pub(crate) fn spawn(
             let replaying = replay.clone();
             let agent_name = AgentName::default();
             let named = agent_name.clone();
+            let ours = OurSession::default();
+            let heard_for = ours.clone();
             let codex_calls = super::codex::CodexCalls::default();
             let heard_calls = codex_calls.clone();
             let ended = Client
@@ -121,6 +123,12 @@ pub(crate) fn spawn(
                 .name("bevy_agent_tools")
                 .on_receive_notification(
                     async move |notification: SessionNotification, _cx| {
+                        // An update of another session (one the agent had before a resume started anew, or keeps
+                        // beside this one) is not this session's chat.
+                        if heard_for.get().is_some_and(|ours| **ours != *notification.session_id.0) {
+                            tracing::debug!(session = %notification.session_id, "an update of another session: dropped");
+                            return Ok(());
+                        }
                         if let SessionUpdate::ToolCall(call) = &notification.update {
                             heard_calls.heard(call);
                         }
@@ -192,7 +200,8 @@ pub(crate) fn spawn(
                     agent_client_protocol::on_receive_request!(),
                 )
                 .connect_with(agent, async move |cx: ConnectionTo<Agent>| {
-                    let start = Start { ready: ready_tx, replay, step: stepping, auth_method, agent_name, again_to };
+                    let start =
+                        Start { ready: ready_tx, replay, step: stepping, auth_method, agent_name, again_to, ours };
                     let ran = run(cx, setup, inbox, start, Reports { sink, exit, ending }).await;
                     if ran.is_ok() {
                         asked_to_close.store(true, Ordering::SeqCst);
@@ -284,16 +293,20 @@ struct Start {
     /// The connection's commands, for a sign-in a turn's answer asks to make again ([`SignInAgain`]); weak, so
     /// that the connection still ends when its link lets go.
     again_to: WeakUnboundedSender<Command>,
+    ours: OurSession,
 }
 
 /// The agent's name, from its answer to `initialize` (some requests are read as one agent sends them).
 type AgentName = Arc<std::sync::OnceLock<String>>;
 
+/// The agent's id of the session this connection serves, once it is open: updates of other ids are dropped.
+type OurSession = Arc<std::sync::OnceLock<String>>;
+
 async fn run(
     cx: ConnectionTo<Agent>,
     setup: Setup,
     mut inbox: UnboundedReceiver<Command>,
-    Start { ready, replay, step, auth_method, agent_name, again_to }: Start,
+    Start { ready, replay, step, auth_method, agent_name, again_to, ours }: Start,
     Reports { sink, exit, ending }: Reports,
 ) -> Result<(), agent_client_protocol::Error> {
     let opened = match open(&cx, &setup, auth_method.as_deref(), &replay, &step, &agent_name).await {
@@ -304,6 +317,7 @@ async fn run(
         }
     };
     let session = SessionId::new(opened.session.clone());
+    let _ = ours.set(opened.session.clone());
     let can_close = opened.can_close;
     let sign_in = opened.sign_in;
     let again = auth_method.clone().map(|method| SignInAgain { commands: again_to, method });
