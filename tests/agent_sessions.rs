@@ -2211,12 +2211,15 @@ fn s2_a_turn_awaited_elsewhere_gets_an_outcome_when_the_game_is_dropped_without_
 }
 
 #[test]
-fn an_update_the_agent_sends_for_another_session_is_not_this_sessions_chat() {
+fn an_update_or_a_permission_request_the_agent_sends_for_another_session_is_not_this_sessions() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
-    let session = game.create(agent(&dirs, &[])).expect("starts");
+    let session = game.create(agent(&dirs, &[]).permissions(PermissionPolicy::AskPlayer)).expect("starts");
     let turn = game.block_on(session.send_text("stray")).expect("the turn ends");
-    assert_eq!(turn.final_message.as_deref(), Some("mine"), "only this session's words");
+    // Its permission request is refused as ACP's "resource not found" (-32002), and not put to this player.
+    let mine = "mine; another session's permission: error -32002";
+    assert_eq!(turn.final_message.as_deref(), Some(mine), "only this session's words");
     let log = game.log_after_frames();
     assert!(!log.iter().any(|line| line.contains("not this session's words")), "{log:#?}");
+    assert!(!log.iter().any(|line| line.starts_with("permission ")), "nobody asked: {log:#?}");
 }

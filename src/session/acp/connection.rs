@@ -115,7 +115,7 @@ pub(crate) fn spawn(
             let agent_name = AgentName::default();
             let named = agent_name.clone();
             let ours = OurSession::default();
-            let heard_for = ours.clone();
+            let (heard_for, asked_for) = (ours.clone(), ours.clone());
             let codex_calls = super::codex::CodexCalls::default();
             let heard_calls = codex_calls.clone();
             let ended = Client
@@ -139,6 +139,16 @@ pub(crate) fn spawn(
                 )
                 .on_receive_request(
                     async move |request: RequestPermissionRequest, responder, cx: ConnectionTo<Agent>| {
+                        // Another session's request is not this session's player's to answer.
+                        if asked_for.get().is_some_and(|ours| **ours != *request.session_id.0) {
+                            tracing::warn!(session = %request.session_id, "a permission request of another session: refused");
+                            let message = format!("session {} is not this connection's", request.session_id);
+                            let error = agent_client_protocol::Error::new(
+                                agent_client_protocol::ErrorCode::RESOURCE_NOT_FOUND,
+                                message,
+                            );
+                            return responder.respond_with_error(error);
+                        }
                         let (reply, decision) = oneshot::channel();
                         let fields = &request.tool_call.fields;
                         let announced = codex_calls.take(&request.tool_call.tool_call_id.0);
