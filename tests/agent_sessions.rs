@@ -1934,6 +1934,43 @@ fn s4_the_games_exit_removes_an_ended_sessions_folder_even_when_its_agent_never_
     dirs.wait_no_agents(LIMIT);
 }
 
+#[test]
+fn s4_ends_already_under_way_when_the_game_exits_get_the_exits_close_time_not_their_own() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    // Agents that never answer `session/close`, in a game that gives them long to (longer than the exit's 5 s).
+    let config = || {
+        let mut config = agent(&dirs, &["--silent-close"]);
+        config.timeouts.close = Duration::from_secs(10);
+        config
+    };
+    let (forgotten, ended) = (game.create(config()).expect("starts"), game.create(config()).expect("starts"));
+    let folder = dirs.data.join(forgotten.id().as_str());
+    // The player deletes one chat and ends the other: both wait for their agent's answer when the game exits.
+    let (sessions, id) = (game.sessions.clone(), forgotten.id().clone());
+    let runtime = game.game.agent().runtime().clone();
+    let _forgetting = runtime.spawn(async move { sessions.forget(id).await });
+    let _ending = runtime.spawn(async move { ended.end().await });
+    let asked = || {
+        let files = std::fs::read_dir(&dirs.state).expect("the agents' state folder").filter_map(Result::ok);
+        files.filter(|file| file.file_name().to_string_lossy().ends_with(".close-asked")).count()
+    };
+    let until = Instant::now() + LIMIT;
+    while asked() < 2 {
+        assert!(Instant::now() < until, "both agents were asked to close their sessions");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    game.game.with_app(|app| {
+        app.world_mut().write_message(AppExit::Success);
+        app.update();
+    });
+    // Within the exit's time for sessions: the forget finished, and both agents stopped.
+    assert!(!folder.exists(), "the forget under way finished in the exit frame");
+    assert_eq!(dirs.agents_running(), 0, "the ends under way stopped their agents in the exit frame");
+    game.game.stop();
+    dirs.wait_no_agents(LIMIT);
+}
+
 /// POSTs `tools/list` (2026-07-28, stateless) with `token`; returns the HTTP status.
 fn post_tools_list(url: &str, token: &str) -> u16 {
     use std::io::{Read, Write};

@@ -9,9 +9,11 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use crate::error::ToolError;
 
@@ -32,6 +34,49 @@ pub(crate) struct McpEndpoint {
     pub game_token: String,
 }
 
+/// The longest an agent is given to answer `session/close` (or an OpenAI-compatible turn to wind down) once the
+/// game exits: the exit's time for sessions (5 s) also stops the agent (up to 3 s) and removes the session's folder.
+pub(crate) const EXIT_CLOSE: Duration = Duration::from_secs(1);
+
+/// How long a closing session's agent is given to answer `session/close` (or its turn to wind down): the
+/// session's close timeout, and at most [`EXIT_CLOSE`] once the game's exit has begun, whether the exit ended the
+/// session or found its end (the player's `end`, a `forget`, a failure's wind-down) already under way.
+#[derive(Clone, Debug)]
+pub(crate) struct CloseWithin {
+    timeout: Duration,
+    at_exit: Duration,
+    exiting: CancellationToken,
+}
+
+impl CloseWithin {
+    pub(crate) fn new(timeout: Duration, exiting: CancellationToken) -> Self {
+        Self { timeout, at_exit: EXIT_CLOSE, exiting }
+    }
+
+    /// The same bound with `more` time on both clocks (for what comes after the close: the agent's stop).
+    #[cfg_attr(not(feature = "acp"), allow(dead_code))]
+    pub(crate) fn and(&self, more: Duration) -> Self {
+        Self {
+            timeout: self.timeout.saturating_add(more),
+            at_exit: self.at_exit.saturating_add(more),
+            exiting: self.exiting.clone(),
+        }
+    }
+
+    /// Runs `work` within the bound: `None` if it did not finish in time.
+    pub(crate) async fn run<F: Future>(&self, work: F) -> Option<F::Output> {
+        let exit_cut = async {
+            self.exiting.cancelled().await;
+            tokio::time::sleep(self.at_exit).await;
+        };
+        tokio::select! {
+            biased;
+            done = tokio::time::timeout(self.timeout, work) => done.ok(),
+            () = exit_cut => None,
+        }
+    }
+}
+
 /// What a backend needs to open a session.
 pub(crate) struct Setup {
     /// The game's MCP endpoint with the session's credential, or why the game serves none (a backend that runs
@@ -49,6 +94,9 @@ pub(crate) struct Setup {
     pub new_if_unresumable: bool,
     /// The session's timeouts.
     pub timeouts: super::SessionTimeouts,
+    /// How long the agent is given to close: the session's close timeout, cut short by the game's exit.
+    #[cfg_attr(not(feature = "openai"), allow(dead_code))]
+    pub close_within: CloseWithin,
     /// The in-process agent side of the host: a backend that runs the agent loop in the game calls tools with it;
     /// an ACP backend cancels the session's calls with it when the player cancels a turn.
     #[cfg_attr(not(any(feature = "openai", feature = "acp")), allow(dead_code))]
@@ -109,9 +157,8 @@ pub(crate) trait Link: Send + Sync {
         self.cancel();
     }
     /// Closes the connection: ends the backend session first when `end_session` (where the backend offers it,
-    /// bounded by `close_timeout`: the session's, or less at the game's exit), then stops the agent. Resolves when
-    /// the agent process is gone.
-    fn close(&self, end_session: bool, close_timeout: std::time::Duration) -> BoxFuture<()>;
+    /// bounded by `within`), then stops the agent. Resolves when the agent process is gone.
+    fn close(&self, end_session: bool, within: CloseWithin) -> BoxFuture<()>;
     /// Stops the agent now, without a word to it: no more model requests or tool calls.
     fn kill(&self);
     /// Resolves once a [killed](Self::kill) connection has written what the game keeps of the session (an

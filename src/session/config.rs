@@ -198,9 +198,10 @@ pub struct SessionTimeouts {
     /// How long the player has to answer a permission request ([`PermissionPolicy::AskPlayer`]) before it is
     /// denied. Default 60 s.
     pub permission: Duration,
-    /// How long `end` waits for the agent to close the session before the process is stopped anyway. Default 2 s;
-    /// at most 1 s at the game's exit, whose time for sessions (5 s) also stops their agents and removes the
-    /// folders of those that ended.
+    /// How long `end` waits for the agent to close the session before the process is stopped anyway (and an
+    /// OpenAI-compatible turn stopped by an end or a failure has to wind down). Default 2 s; at most 1 s from the
+    /// game's exit on, for ends the exit starts and ends already under way (`end`, `forget`) alike: the exit's time
+    /// for sessions (5 s) also stops their agents and removes the folders of those that ended.
     pub close: Duration,
     /// How long signing in to an ACP agent ([`SessionConfig::auth_method`]) may take: a method may open a
     /// browser and wait for the person. Not counted in `start`. Default 5 minutes.

@@ -65,9 +65,6 @@ struct OpenMessage {
 /// The most of one chat message kept and shown: an agent that streams without end (a loop, between turns or in
 /// one) is cut there, with a line saying so, instead of filling the game's memory.
 const MESSAGE_LIMIT: usize = 1024 * 1024;
-/// The longest an agent is given to answer `session/close` at the game's exit (its session's close timeout if
-/// shorter): the exit's time for sessions (5 s) also stops the agent (up to 3 s) and removes the session's folder.
-pub(crate) const EXIT_CLOSE: Duration = Duration::from_secs(1);
 /// What ends a message cut at [`MESSAGE_LIMIT`].
 const MESSAGE_CUT: &str = "\n[the rest of this message was not kept: it passed 1 MiB]";
 
@@ -292,6 +289,7 @@ impl SessionCore {
                 resume,
                 new_if_unresumable,
                 timeouts: self.config.timeouts.clone(),
+                close_within: self.close_within(),
                 agent: self.host.agent.clone(),
                 conversation: self.id.clone(),
                 session_dir,
@@ -740,17 +738,11 @@ impl SessionCore {
     /// published once; ending again does nothing. Resolves when the agent process is gone.
     /// (A resume asked for before the end is stopped by whoever asked for the end, when it was asked:
     /// [`stop_resuming`](Self::stop_resuming).)
+    /// The agent is given the session's close timeout to answer `session/close`, and less once the game exits
+    /// ([`CloseWithin`](super::backend::CloseWithin)).
     pub(crate) async fn end(self: &Arc<Self>, end_session: bool) {
         let _lifecycle = self.lifecycle.lock().await;
-        self.end_locked(end_session, self.config.timeouts.close).await;
-    }
-
-    /// [`end`](Self::end) at the game's exit: the agent is given at most [`EXIT_CLOSE`] to answer `session/close`,
-    /// so that its stop (up to 3 s more) and the removal of the session's folder fit in the exit's time for
-    /// sessions.
-    pub(crate) async fn end_at_exit(self: &Arc<Self>, end_session: bool) {
-        let _lifecycle = self.lifecycle.lock().await;
-        self.end_locked(end_session, self.config.timeouts.close.min(EXIT_CLOSE)).await;
+        self.end_locked(end_session).await;
     }
 
     /// Stops a resume asked for before now (it is `SESSION_ENDED`): an end is coming.
@@ -769,10 +761,10 @@ impl SessionCore {
         let _lifecycle = self.lifecycle.lock().await;
         // First: the turn this end rejects already says so.
         self.forgotten.store(true, Ordering::Relaxed);
-        self.end_locked(true, self.config.timeouts.close).await;
+        self.end_locked(true).await;
     }
 
-    async fn end_locked(self: &Arc<Self>, end_session: bool, close_timeout: Duration) {
+    async fn end_locked(self: &Arc<Self>, end_session: bool) {
         // Before the record is saved, and before `forget` removes the session's folder.
         self.settle_stopped().await;
         let (link, turn) = {
@@ -804,7 +796,7 @@ impl SessionCore {
         // The agent is stopped meanwhile: a slow disk does not keep it running.
         let close = async {
             if let Some(link) = link {
-                link.close(end_session, close_timeout).await;
+                link.close(end_session, self.close_within()).await;
             }
         };
         tokio::join!(self.save_record(end_session), close);
@@ -848,6 +840,11 @@ impl SessionCore {
             format!("session `{}` was ended while it was being resumed", self.id),
         )
         .with_detail("session", &self.id)
+    }
+
+    /// How long the agent is given to close: the session's close timeout, cut short by the game's exit.
+    fn close_within(&self) -> super::backend::CloseWithin {
+        super::backend::CloseWithin::new(self.config.timeouts.close, self.host.exiting.clone())
     }
 
     pub(crate) fn ended_error(&self) -> ToolError {

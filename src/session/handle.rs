@@ -43,8 +43,6 @@ pub struct AgentSessions {
     /// what they started: the agent is killed, and a new session's folder removed on a blocking thread, which the
     /// runtime's stop waits for) and waits until they have stopped.
     attaching: Arc<UnderWay>,
-    /// Cancelled when the game exits: what is under way stops, and nothing new starts.
-    exiting: tokio_util::sync::CancellationToken,
 }
 
 impl std::fmt::Debug for AgentSessions {
@@ -61,7 +59,6 @@ impl AgentSessions {
             by_id: IdLocks::default(),
             forgetting: Arc::default(),
             attaching: Arc::default(),
-            exiting: tokio_util::sync::CancellationToken::new(),
         }
     }
 
@@ -142,13 +139,13 @@ impl AgentSessions {
     async fn until_exit<T>(&self, attach: impl Future<Output = Result<T, ToolError>>) -> Result<T, ToolError> {
         let _under_way = UnderWay::begin(&self.attaching);
         let exiting = || ToolError::with_code(ErrorCode::AgentUnavailable, "the game is exiting");
-        if self.exiting.is_cancelled() {
+        if self.host.exiting.is_cancelled() {
             return Err(exiting());
         }
         tokio::select! {
             biased;
             outcome = attach => outcome,
-            () = self.exiting.cancelled() => Err(exiting()),
+            () = self.host.exiting.cancelled() => Err(exiting()),
         }
     }
 
@@ -260,14 +257,21 @@ impl AgentSessions {
     /// process is gone when this returns, or `deadline` passed.
     pub(crate) fn disconnect_all(&self, deadline: Duration) {
         let until = crate::deadline::after(std::time::Instant::now(), deadline);
-        self.exiting.cancel();
+        self.host.exiting.cancel();
         // Those that finished first are live, and end with the others below.
         self.attaching.wait_until_none(until);
         let cores: Vec<Arc<SessionCore>> = self.live.lock().drain().map(|(_, core)| core).collect();
         if !cores.is_empty() {
             self.disconnect(cores, until);
         }
-        self.forgetting.wait_until_none(until);
+        let left = self.forgetting.wait_until_none(until);
+        if left > 0 {
+            tracing::warn!(
+                left,
+                "forgets of in-game agent sessions had not finished when the exit's time for them ran out: what \
+                 the game keeps of such a session may be left on disk (`forget` it again after the next start)"
+            );
+        }
     }
 
     fn disconnect(&self, cores: Vec<Arc<SessionCore>>, until: std::time::Instant) {
@@ -277,7 +281,7 @@ impl AgentSessions {
             let (done, host) = (done.clone(), self.host.clone());
             self.host.runtime.spawn(async move {
                 let end_session = core.config.auto_end_on_disconnect;
-                core.end_at_exit(end_session).await;
+                core.end(end_session).await;
                 if end_session {
                     // Under its lock (taken again if the session had ended and let it go): not deleted under
                     // another copy of the game that took the session since.
@@ -332,14 +336,15 @@ impl UnderWay {
         Finished(this.clone())
     }
 
-    /// Waits until none is under way, or `until`.
-    fn wait_until_none(&self, until: std::time::Instant) {
+    /// Waits until none is under way, or `until`; returns how many are still under way.
+    fn wait_until_none(&self, until: std::time::Instant) -> usize {
         let mut under_way = self.under_way.lock();
         while *under_way > 0 {
             if self.finished.wait_until(&mut under_way, until).timed_out() {
-                return;
+                break;
             }
         }
+        *under_way
     }
 }
 

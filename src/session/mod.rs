@@ -124,6 +124,9 @@ pub(crate) struct SessionHost {
     pub permissions: PermissionBook,
     /// The sessions this copy of the game has open (each locked in its folder).
     pub in_use: in_use::InUse,
+    /// Cancelled when the game exits: what is under way stops, nothing new starts, and closing agents are given
+    /// less time ([`backend::CloseWithin`]).
+    pub exiting: tokio_util::sync::CancellationToken,
 }
 
 /// A session's folder `dir` (or one in it) could not be made.

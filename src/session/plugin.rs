@@ -95,6 +95,7 @@ impl Plugin for AgentSessionsPlugin {
             permissions: PermissionBook::new(agent.clone(), runtime.clone()),
             runtime,
             in_use: Default::default(),
+            exiting: Default::default(),
         });
         // What a game that did not exit cleanly left of sessions it did not keep.
         let records = host.records.clone();

@@ -397,11 +397,11 @@ async fn run(
                     ))),
                 }
             }
-            Command::Close { end_session, close_timeout } => {
+            Command::Close { end_session, within } => {
                 if end_session && can_close {
                     let closed = cx.send_request(CloseSessionRequest::new(session.clone())).block_task();
-                    if tokio::time::timeout(close_timeout, closed).await.is_err() {
-                        tracing::debug!(?close_timeout, "the agent did not answer session/close");
+                    if within.run(closed).await.is_none() {
+                        tracing::debug!(?within, "the agent did not answer session/close in time");
                     }
                 }
                 return Ok(());

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use agent_client_protocol::{AcpAgent, AcpAgentConfig};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::backend::{BoxFuture, EventSink, Link, PromptBlock, Setup};
+use super::backend::{BoxFuture, CloseWithin, EventSink, Link, PromptBlock, Setup};
 use super::{AcpAgentCommand, Backend, Connected};
 use crate::error::{ErrorCode, ToolError};
 
@@ -141,7 +141,7 @@ pub(crate) enum Command {
     },
     Close {
         end_session: bool,
-        close_timeout: std::time::Duration,
+        within: CloseWithin,
     },
     /// The agent refused a turn asking for a sign-in: sign in again with the game's method, before the next
     /// prompt (queued after this).
@@ -174,8 +174,10 @@ impl Link for AcpLink {
         let _ = self.commands.send(Command::Cancel { by_player: false });
     }
 
-    fn close(&self, end_session: bool, close_timeout: std::time::Duration) -> BoxFuture<()> {
-        let sent = self.commands.send(Command::Close { end_session, close_timeout }).is_ok();
+    fn close(&self, end_session: bool, within: CloseWithin) -> BoxFuture<()> {
+        // The connection closes the agent's stdin, waits 1 s, sends SIGTERM, waits 2 s, sends SIGKILL.
+        let stopped_within = within.and(std::time::Duration::from_secs(4));
+        let sent = self.commands.send(Command::Close { end_session, within }).is_ok();
         let task = self.task.clone();
         let exit = self.exit.clone();
         Box::pin(async move {
@@ -183,9 +185,7 @@ impl Link for AcpLink {
                 task.abort();
                 return;
             }
-            // The connection closes the agent's stdin, waits 1 s, sends SIGTERM, waits 2 s, sends SIGKILL.
-            let bound = close_timeout.saturating_add(std::time::Duration::from_secs(4));
-            if tokio::time::timeout(bound, connection::wait_exit(exit)).await.is_err() {
+            if stopped_within.run(connection::wait_exit(exit)).await.is_none() {
                 task.abort();
             }
         })

@@ -59,7 +59,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::{OpenAiEndpoint, Sampling, TokenLimitField};
 
-use super::backend::{Attached, BackendEvent, BoxFuture, EventSink, Link, PromptBlock, Setup};
+use super::backend::{Attached, BackendEvent, BoxFuture, CloseWithin, EventSink, Link, PromptBlock, Setup};
 use super::{Backend, Connected};
 use crate::agent::AgentHandle;
 use crate::error::{ErrorCode, ToolError};
@@ -110,7 +110,7 @@ impl Backend for OpenAiBackend {
                 running: Mutex::new(None),
                 stopping: Mutex::new(None),
                 runtime,
-                close_timeout: setup.timeouts.close,
+                close_within: setup.close_within,
             };
             // The system prompt goes as the `system` message of every request.
             Ok((Arc::new(link) as Arc<dyn Link>, attached, true))
@@ -365,7 +365,7 @@ struct OpenAiLink {
     /// A killed turn ending (see [`Link::kill`]).
     stopping: Mutex<Option<tokio::task::JoinHandle<()>>>,
     runtime: tokio::runtime::Handle,
-    close_timeout: std::time::Duration,
+    close_within: CloseWithin,
 }
 
 impl Link for OpenAiLink {
@@ -411,7 +411,7 @@ impl Link for OpenAiLink {
         }
     }
 
-    fn close(&self, _end_session: bool, close_timeout: std::time::Duration) -> BoxFuture<()> {
+    fn close(&self, _end_session: bool, within: CloseWithin) -> BoxFuture<()> {
         // The history stays on disk: `resume` continues the conversation. A turn still running ends as a cancel
         // ends it (what was said and done so far is kept, every time), within the close timeout; else it is
         // stopped where it is.
@@ -420,7 +420,7 @@ impl Link for OpenAiLink {
             let Some(Running { cancel, task, .. }) = running else { return };
             cancel.cancel();
             let abort = task.abort_handle();
-            if tokio::time::timeout(close_timeout, task).await.is_err() {
+            if within.run(task).await.is_none() {
                 abort.abort();
             }
         })
@@ -432,7 +432,7 @@ impl Link for OpenAiLink {
         // timeout, so that the model knows after a resume what it changed in the world.
         // Now, not when the task below first runs: the turn must not start another request or tool call.
         self.stop_for_end();
-        let stopping = self.runtime.spawn(self.close(false, self.close_timeout));
+        let stopping = self.runtime.spawn(self.close(false, self.close_within.clone()));
         *self.stopping.lock() = Some(stopping);
     }
 
@@ -440,7 +440,7 @@ impl Link for OpenAiLink {
         // Asked before `kill` ran (the session's failure kills its link just after recording it): wind the turn
         // down here, as the kill would.
         let stopping = self.stopping.lock().take();
-        let winding = stopping.is_none().then(|| self.close(false, self.close_timeout));
+        let winding = stopping.is_none().then(|| self.close(false, self.close_within.clone()));
         Box::pin(async move {
             if let Some(stopping) = stopping {
                 let _ = stopping.await;
