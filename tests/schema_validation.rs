@@ -242,6 +242,46 @@ fn an_argument_no_shape_of_an_enum_has_is_invalid_input_naming_it_rather_than_dr
 }
 
 #[derive(Deserialize, JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum Recipient {
+    Name { name: String },
+    Id { id: u64 },
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[allow(dead_code)]
+struct Give {
+    count: u32,
+    #[serde(flatten)]
+    to: Recipient,
+}
+
+#[test]
+fn arguments_of_two_shapes_at_once_are_invalid_input_naming_what_would_be_dropped() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let counted = ran.clone();
+    let give = AgentTool::new("give", "Gives.", move |_: CallContext<Session>, _: Give| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move { Ok(()) }
+    });
+    let mut app = app_with(TestGame::default(), vec![give]);
+    app.enter_world("alpha");
+    let call = |app: &mut bevy::app::App, args: Value| {
+        let call = app.agent().conversation("a").call("give", args);
+        app.run_until_resolved(&call)
+    };
+    // serde would read them as `Name` and drop `id`: the gift would go to whoever is named, not to the id given.
+    let error = call(&mut app, json!({ "count": 1, "name": "ada", "id": 7 })).expect_err("refused");
+    assert_eq!(error.code, ErrorCode::InvalidInput);
+    assert_eq!(error.details.extra["field"], "id", "{error:?}");
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the handler never ran");
+    call(&mut app, json!({ "count": 1, "id": 7, "operation_id": "op-1" })).expect("one shape, and a reserved argument");
+    call(&mut app, json!({ "count": 1, "name": "ada" })).expect("the other shape");
+    assert_eq!(ran.load(Ordering::SeqCst), 2);
+}
+
+#[derive(Deserialize, JsonSchema)]
 struct Aim {
     yaw: f32,
     /// Bounded below only.

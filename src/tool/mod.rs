@@ -7,6 +7,7 @@ mod image;
 pub(crate) mod input;
 mod registry;
 mod reserved;
+mod shapes;
 
 use std::any::TypeId;
 use std::future::Future;
@@ -134,7 +135,7 @@ type Handler<S, A> = dyn Fn(CallContext<S>, A) -> BoxFuture<Result<Value, ToolEr
 pub struct AgentTool<S> {
     info: ToolInfo,
     /// The published input schema, compiled at the first call (builder methods may still change it until then).
-    validator: OnceLock<Option<jsonschema::Validator>>,
+    validator: OnceLock<Option<(jsonschema::Validator, shapes::Shapes)>>,
     /// Whether the handler's own arguments have a `confirm` (a flattened [`DestructiveGuard`]): if not, the host
     /// takes the `confirm` that [`requires_confirmation`](Self::requires_confirmation) adds out of the arguments
     /// before they are parsed, so arguments that refuse unknown fields still parse.
@@ -352,10 +353,13 @@ impl<S: Send + Sync + 'static> ErasedTool for AgentTool<S> {
         if self.info.requires_confirmation && !self.handler_confirms {
             input::take_confirm(&self.info.name, &mut args)?;
         }
-        let validator =
-            self.validator.get_or_init(|| input::compile_schema(&self.info.name, &self.info.client_input_schema()));
-        if let Some(validator) = validator {
+        let validator = self.validator.get_or_init(|| {
+            let schema = self.info.client_input_schema();
+            input::compile_schema(&self.info.name, &schema).map(|validator| (validator, shapes::Shapes::of(&schema)))
+        });
+        if let Some((validator, shapes)) = validator {
             input::validate(&self.info.name, validator, &args)?;
+            shapes.check(&self.info.name, &args)?;
         }
         // The game's own parsing code runs here (`deserialize_with`, `try_from`, defaults): a panic in it is the
         // call's `INTERNAL`, as a handler's is.
