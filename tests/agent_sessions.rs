@@ -1479,6 +1479,18 @@ fn permission_requests_for_the_games_own_tools_are_allowed_without_asking_under_
 }
 
 #[test]
+fn a_permission_request_offering_only_a_standing_allow_is_refused_without_asking_the_player() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[]).permissions(PermissionPolicy::AskPlayer)).expect("starts");
+    let turn = game.block_on(session.send_text("ask-standing")).expect("the turn ends");
+    // Neither the player nor the game's policy gives an allow for every later request.
+    assert_eq!(turn.final_message.as_deref(), Some("permission: reject"));
+    let log = game.log_after_frames();
+    assert!(!log.iter().any(|line| line.starts_with("permission ")), "nobody was asked: {log:#?}");
+}
+
+#[test]
 fn a_request_shaped_as_codexs_approval_from_another_agent_goes_to_the_permission_policy() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);
@@ -1608,10 +1620,16 @@ fn s2_a_permission_request_that_crosses_the_players_cancel_is_answered_cancelled
     assert!(!log.iter().any(|line| line.starts_with(&format!("permission {id} "))), "nobody was asked");
     assert_eq!(session.status(), ConversationStatus::Idle, "the session stays usable");
 
-    // For one of the game's own tools too, which is allowed without asking while the turn runs.
-    let (_, _, turn) = cancel_while_the_agent_waits(&game, &dirs, "after-cancel ask-game bump");
-    let answer = turn.final_message.expect("the agent's last message");
-    assert!(answer.ends_with("permission: cancelled"), "ACP: `cancelled` after a cancel, not allowed: {answer}");
+    // For one of the game's own tools too, which is allowed without asking while the turn runs; and for a request
+    // offering only a standing allow, which is refused without asking while the turn runs.
+    for (script, otherwise) in [("after-cancel ask-game bump", "allowed"), ("after-cancel ask-standing", "refused")] {
+        let (_, _, turn) = cancel_while_the_agent_waits(&game, &dirs, script);
+        let answer = turn.final_message.expect("the agent's last message");
+        assert!(
+            answer.ends_with("permission: cancelled"),
+            "ACP: `cancelled` after a cancel, not {otherwise}: {answer}"
+        );
+    }
 }
 
 #[test]

@@ -240,12 +240,15 @@ pub(crate) enum BackendEvent {
     Usage(Usage),
     /// The agent asks permission; answer through `reply` (dropping it denies). For one of the game's own tools
     /// (`game_tool`: guarded by the host's rules, not by the permission policy) the answer is `Allow` unless the
-    /// turn was cancelled. `withdrawn` is cancelled when the agent takes the request back: a prompt put to the
-    /// player is taken down and settled, then answered `Cancelled`.
+    /// turn was cancelled. A request that cannot be allowed once (`allow_once` false: an allow would be a standing
+    /// one, which neither the player nor the game's policy gives) is denied without asking, or `Cancelled` after a
+    /// cancel. `withdrawn` is cancelled when the agent takes the request back: a prompt put to the player is taken
+    /// down and settled, then answered `Cancelled`.
     #[cfg_attr(not(feature = "acp"), allow(dead_code))]
     Permission {
         tool: String,
         game_tool: bool,
+        allow_once: bool,
         reply: oneshot::Sender<PermissionDecision>,
         withdrawn: tokio_util::sync::CancellationToken,
     },

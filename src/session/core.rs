@@ -595,13 +595,18 @@ impl SessionCore {
                 }
                 BackendEvent::ToolCall => self.finish_message(&mut state, &mut feed),
                 BackendEvent::Usage(usage) => state.usage = Some(usage),
-                BackendEvent::Permission { tool, game_tool, reply, withdrawn } => {
+                BackendEvent::Permission { tool, game_tool, allow_once, reply, withdrawn } => {
                     if state.turn.as_ref().is_some_and(|turn| turn.cancelled) {
                         // Sent before the agent read the player's cancel: answered as ACP asks of every request
                         // pending at a cancel, without asking anyone.
                         let _ = reply.send(PermissionDecision::Cancelled);
                     } else if game_tool {
                         let _ = reply.send(PermissionDecision::Allow);
+                    } else if !allow_once {
+                        // Only a standing allow is offered: nobody is asked to give one. Refused, as the game's
+                        // answer would have to be.
+                        tracing::warn!(session = %self.id, %tool, "the agent asked permission offering no one-time allow: refused");
+                        let _ = reply.send(PermissionDecision::Deny);
                     } else {
                         // Under the lock: an end or a failure after this withdraws the request it puts to the player.
                         self.host.permissions.ask(self, tool, reply, withdrawn);

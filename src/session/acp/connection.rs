@@ -165,17 +165,11 @@ pub(crate) fn spawn(
                         let registered = |name: &str| registered.is_registered(name);
                         let game_tool = updates::is_game_tool(fields, registered)
                             || super::codex::approves_game_tool(&request, agent, announced.as_deref(), registered);
-                        if !game_tool && !updates::can_allow_once(&request.options) {
-                            // Only a standing allow is offered: nobody is asked to give one. Refused, as the
-                            // game's answer would have to be.
-                            tracing::warn!(%tool, "the agent asked permission offering no one-time allow: refused");
-                            let refused = crate::session::backend::PermissionDecision::Deny;
-                            return responder.respond(updates::permission_response(&request.options, refused));
-                        }
                         let withdrawn = tokio_util::sync::CancellationToken::new();
                         let ask = BackendEvent::Permission {
                             tool: tool.clone(),
                             game_tool,
+                            allow_once: updates::can_allow_once(&request.options),
                             reply,
                             withdrawn: withdrawn.clone(),
                         };
