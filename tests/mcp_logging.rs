@@ -65,6 +65,27 @@ fn foreign_request(address: std::net::SocketAddr) -> u16 {
     response.split_whitespace().nth(1).and_then(|status| status.parse().ok()).unwrap_or(0)
 }
 
+/// What the `nearest` tool answers.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+struct Nearest {
+    distances: Vec<f64>,
+}
+
+/// A request with bearer token `token`; its status.
+fn bearer_request(address: std::net::SocketAddr, token: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n\
+         Content-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+    );
+    stream.write_all(request.as_bytes()).expect("write");
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response.split_whitespace().nth(1).and_then(|status| status.parse().ok()).unwrap_or(0)
+}
+
 #[test]
 fn rmcp_connection_lines_are_quiet_and_a_stateless_client_disconnect_is_not_an_error() {
     let captured = Captured::default();
@@ -81,6 +102,23 @@ fn rmcp_connection_lines_are_quiet_and_a_stateless_client_disconnect_is_not_an_e
                 "Logs a line from its handler, which runs where the server does.",
                 |_: CallContext<Session>, _: bevy_agent_tools::NoArgs| async move {
                     tracing::info!("{SPOKEN}");
+                    Ok(())
+                },
+            ))
+            .with_tool(AgentTool::new(
+                "nearest",
+                "Says how far the nearest enemy is: infinitely far when there is none.",
+                |_: CallContext<Session>, _: bevy_agent_tools::NoArgs| async move {
+                    Ok(Nearest { distances: vec![1.0, f64::INFINITY, f64::INFINITY] })
+                },
+            ))
+            .with_tool(AgentTool::new(
+                "buggy",
+                "Panics: the game's bug.",
+                |_: CallContext<Session>, _: bevy_agent_tools::NoArgs| async move {
+                    if true {
+                        panic!("the buggy tool's bug");
+                    }
                     Ok(())
                 },
             ));
@@ -103,6 +141,13 @@ fn rmcp_connection_lines_are_quiet_and_a_stateless_client_disconnect_is_not_an_e
         let client = ().serve(transport(&url)).await.expect("connect");
         client.call_tool(CallToolRequestParams::new("bump")).await.expect("a call");
         client.call_tool(CallToolRequestParams::new("speaks")).await.expect("a call");
+        for _ in 0..3 {
+            // A tool that does not exist (a left world's, say), called in a loop; a non-finite output; a panic.
+            client.call_tool(CallToolRequestParams::new("gone")).await.expect_err("no such tool");
+            client.call_tool(CallToolRequestParams::new("nearest")).await.expect("a call");
+            let buggy = client.call_tool(CallToolRequestParams::new("buggy")).await.expect("a result");
+            assert_eq!(buggy.is_error, Some(true), "{buggy:?}");
+        }
         client.cancel().await.expect("close");
 
         // Stateless (2026-07-28): a call whose client goes away while it runs.
@@ -136,6 +181,10 @@ fn rmcp_connection_lines_are_quiet_and_a_stateless_client_disconnect_is_not_an_e
     for _ in 0..20 {
         assert_eq!(foreign_request(address), 403);
     }
+    // A client set up with another run's token, retrying.
+    for _ in 0..20 {
+        assert_eq!(bearer_request(address, "an-old-token"), 401);
+    }
     gate.open();
     game.stop();
 
@@ -151,10 +200,24 @@ fn rmcp_connection_lines_are_quiet_and_a_stateless_client_disconnect_is_not_an_e
         server.iter().any(|(_, _, message)| message == SPOKEN),
         "the server's threads are heard (else the checks below would pass on nothing): {captured:#?}"
     );
-    let errors: Vec<_> = server.iter().filter(|(level, _, _)| *level == Level::ERROR).collect();
+    let count = |level: Level, start: &str| {
+        server.iter().filter(|(at, _, message)| *at == level && message.starts_with(start)).count()
+    };
+    // The tool's panic is the game's error, logged (with its tool) each time.
+    assert_eq!(count(Level::ERROR, "a tool's handler panicked"), 3, "{captured:#?}");
+    let errors: Vec<_> = server
+        .iter()
+        .filter(|(level, _, message)| *level == Level::ERROR && !message.starts_with("a tool's handler panicked"))
+        .collect();
     assert!(errors.is_empty(), "a client going away is not an error: {errors:#?}");
-    let refusals = server.iter().filter(|(_, _, message)| message.starts_with("rejected request with")).count();
-    assert_eq!(refusals, 1, "one warning for 20 refused requests in a few seconds, not one each: {captured:#?}");
+    for (warning, what) in [
+        ("rejected request with", "20 requests of another origin"),
+        ("response error", "3 calls of a tool that does not exist"),
+        ("refused an MCP request with a wrong or revoked bearer token", "20 requests with an old token"),
+        ("the tool's output has a float that is NaN or infinite", "3 outputs with 2 infinities each"),
+    ] {
+        assert_eq!(count(Level::WARN, warning), 1, "one warning for {what}, not one each: {captured:#?}");
+    }
     let rmcp_chatter: Vec<_> =
         server.iter().filter(|(level, target, _)| target.starts_with("rmcp") && *level > Level::WARN).collect();
     assert!(rmcp_chatter.is_empty(), "rmcp's INFO lines are quiet by default: {rmcp_chatter:#?}");

@@ -412,13 +412,13 @@ async fn run(
     let core = CallCore { life: life.clone(), host: host.clone() };
     let mut handler = match catch_unwind(AssertUnwindSafe(|| prepared(core))) {
         Ok(future) => CatchUnwind(future),
-        Err(panic) => return (Err(panicked(&*panic)), None),
+        Err(panic) => return (Err(panicked(life, &*panic)), None),
     };
     let outcome = tokio::select! {
         biased;
         joined = &mut handler => return (match joined {
             Ok(result) => result.map(|value| CallOutput { value, observed: life.observed() }),
-            Err(panic) => Err(panicked(&*panic)),
+            Err(panic) => Err(panicked(life, &*panic)),
         }, None),
         _ = life.ended_token().cancelled() => Err(life.end_error()),
         _ = tokio::time::sleep_until(deadline) => Err(ToolError::with_code(
@@ -429,8 +429,13 @@ async fn run(
     (outcome, Some(handler))
 }
 
-fn panicked(panic: &(dyn std::any::Any + Send)) -> ToolError {
-    ToolError::internal(format!("the tool's handler panicked: {}", panic_message(panic)))
+/// The call's `INTERNAL` for its handler's panic, logged as an error: the game's bug, which the game's log keeps
+/// with the call's tool and request (the default panic hook's line on stderr names neither).
+fn panicked(life: &CallLife, panic: &(dyn std::any::Any + Send)) -> ToolError {
+    let message = panic_message(panic);
+    let (tool, request) = (&life.coords.tool, life.coords.request);
+    tracing::error!(tool, %request, conversation = %life.coords.conversation, panic = %message, "a tool's handler panicked");
+    ToolError::internal(format!("the tool's handler panicked: {message}"))
 }
 
 #[cfg(test)]

@@ -333,7 +333,12 @@ impl McpPlugin {
             .layer(axum::middleware::from_fn_with_state(self.max_body_bytes, super::parse::refuse_unparsable))
             .layer(axum::middleware::from_fn_with_state(limit, limit_in_flight))
             .layer(axum::middleware::from_fn_with_state(
-                security::Bearer { token: Arc::<str>::from(token.as_str()), credentials: credentials.clone() },
+                security::Bearer {
+                    token: Arc::<str>::from(token.as_str()),
+                    credentials: credentials.clone(),
+                    token_file: Arc::from(token_file.as_path()),
+                    logged: Arc::default(),
+                },
                 security::require_bearer,
             ))
             .layer(axum::middleware::from_fn(security::cors))

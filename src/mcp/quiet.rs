@@ -3,8 +3,10 @@
 //! response (an ordinary disconnect), which would fill a game's console.
 //!
 //! On the plugin's runtime threads (where rmcp runs) events of the `rmcp` targets below WARN are dropped, as are
-//! rmcp's two errors for a response nobody waits for any more, and all but one every 10 s of its warnings for a
-//! request refused for its `Host` or `Origin` (a web page can send those as fast as it likes). Everything else,
+//! rmcp's two errors for a response nobody waits for any more, and all but one every 10 s of each of its two
+//! repeating warnings: a request refused for its `Host` or `Origin` (a web page can send those as fast as it
+//! likes), and a request answered with an error (a client's mistake: a tool that does not exist, such as one of a
+//! world the game left that an agent keeps calling, or a method the server does not offer). Everything else,
 //! the game's own events from the same threads included, goes to the game's subscriber unchanged. To see rmcp's
 //! lines, set the environment variable `BEVY_AGENT_TOOLS_RMCP_LOG` to a level (`info`, `debug`, `trace`): rmcp's events at that level and
 //! above pass (and then the game's own filter decides, e.g. `RUST_LOG=rmcp=debug`); `off` drops them all.
@@ -22,12 +24,14 @@ pub const RMCP_LOG_ENV: &str = "BEVY_AGENT_TOOLS_RMCP_LOG";
 
 /// rmcp's messages for a response whose client no longer waits for it.
 const DISCONNECT_ERRORS: &[&str] = &["fail to response message", "failed to send pending response during drain"];
-/// How rmcp's warnings for a request refused for its `Host` or `Origin` start: a web page can send such requests as
-/// fast as it likes, so at most one of them is logged per [`REFUSALS_LOGGED_EVERY`] (at rmcp's `debug`, all).
-const REFUSAL_WARNING: &str = "rejected request with";
-const REFUSALS_LOGGED_EVERY: Duration = Duration::from_secs(10);
-/// When a refusal warning was last let through.
-static REFUSAL_LOGGED: Mutex<Option<Instant>> = Mutex::new(None);
+/// How rmcp's warnings that repeat start, one per request: for a request refused for its `Host` or `Origin` (a web
+/// page can send such requests as fast as it likes), and for a request answered with an error (an agent calling a
+/// tool that does not exist, in a loop). At most one of each is logged per [`REPEATS_LOGGED_EVERY`] (at rmcp's
+/// `debug`, all).
+const REPEATING_WARNINGS: [&str; 2] = ["rejected request with", "response error"];
+const REPEATS_LOGGED_EVERY: Duration = Duration::from_secs(10);
+/// When each of [`REPEATING_WARNINGS`] was last let through.
+static REPEAT_LOGGED: Mutex<[Option<Instant>; 2]> = Mutex::new([None; 2]);
 
 /// Makes rmcp quiet on the calling thread (call it when a runtime thread starts). Does nothing when the game has
 /// set no subscriber yet, so a subscriber set later is never hidden from this thread.
@@ -76,23 +80,23 @@ impl QuietRmcp {
         DISCONNECT_ERRORS.iter().any(|known| message.0.starts_with(known))
     }
 
-    /// rmcp's warning for a refused `Host` or `Origin`, when another was let through less than
-    /// [`REFUSALS_LOGGED_EVERY`] ago.
-    fn repeated_refusal(&self, event: &Event<'_>) -> bool {
+    /// One of rmcp's [`REPEATING_WARNINGS`], when another of its kind was let through less than
+    /// [`REPEATS_LOGGED_EVERY`] ago.
+    fn repeated_warning(&self, event: &Event<'_>) -> bool {
         if !Self::is_rmcp(event.metadata()) || *event.metadata().level() != Level::WARN || self.rmcp >= Level::DEBUG {
             return false;
         }
         let mut message = Message(String::new());
         event.record(&mut message);
-        if !message.0.starts_with(REFUSAL_WARNING) {
+        let Some(kind) = REPEATING_WARNINGS.iter().position(|warning| message.0.starts_with(warning)) else {
             return false;
-        }
+        };
         let now = Instant::now();
-        let mut logged = REFUSAL_LOGGED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if logged.is_some_and(|at| now.saturating_duration_since(at) < REFUSALS_LOGGED_EVERY) {
+        let mut logged = REPEAT_LOGGED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if logged[kind].is_some_and(|at| now.saturating_duration_since(at) < REPEATS_LOGGED_EVERY) {
             return true;
         }
-        *logged = Some(now);
+        logged[kind] = Some(now);
         false
     }
 }
@@ -139,7 +143,7 @@ impl Subscriber for QuietRmcp {
     }
 
     fn event(&self, event: &Event<'_>) {
-        if !self.ordinary_disconnect(event) && !self.repeated_refusal(event) {
+        if !self.ordinary_disconnect(event) && !self.repeated_warning(event) {
             self.game.event(event)
         }
     }

@@ -85,8 +85,35 @@ pub(crate) fn redacted(token: &str) -> String {
 /// What the bearer check accepts: the game's token, and the live per-conversation credentials.
 #[derive(Clone)]
 pub(crate) struct Bearer {
-    pub token: std::sync::Arc<str>,
+    pub token: Arc<str>,
     pub credentials: Credentials,
+    /// Where the game's token is (for the warning that a client sent another one).
+    pub token_file: Arc<Path>,
+    /// When a refusal was last logged: at most one per [`REFUSALS_LOGGED_EVERY`].
+    pub logged: Arc<parking_lot::Mutex<Option<std::time::Instant>>>,
+}
+
+/// How often a refused bearer token is logged at most: a client with an old token retries as fast as it likes.
+const REFUSALS_LOGGED_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Bearer {
+    /// Logs a refusal (never the token presented), unless one was logged less than [`REFUSALS_LOGGED_EVERY`] ago.
+    fn log_refusal(&self, missing: bool) {
+        let now = std::time::Instant::now();
+        {
+            let mut logged = self.logged.lock();
+            if logged.is_some_and(|at| now.saturating_duration_since(at) < REFUSALS_LOGGED_EVERY) {
+                return;
+            }
+            *logged = Some(now);
+        }
+        let presented = if missing { "no bearer token" } else { "a wrong or revoked bearer token" };
+        tracing::warn!(
+            token_file = %self.token_file.display(),
+            "refused an MCP request with {presented} (401): a client set up with another run's token? The game's \
+             token is in its token file (at most one of these lines every 10 s)"
+        );
+    }
 }
 
 /// rmcp's own `Host` and `Origin` check (the allow-lists of [`McpPlugin`](super::McpPlugin)), asked before
@@ -123,6 +150,7 @@ pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Re
             connection.presented_token();
         }
     };
+    let presented_one = presented_bearer(request.headers()).is_some();
     let reason = match presented_bearer(request.headers()) {
         None => {
             "missing bearer token: send the header `Authorization: Bearer <token>`, with the token from the \
@@ -144,6 +172,7 @@ pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Re
             }
         },
     };
+    bearer.log_refusal(!presented_one);
     refusal(StatusCode::UNAUTHORIZED, "unauthorized", reason)
 }
 

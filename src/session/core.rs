@@ -605,7 +605,7 @@ impl SessionCore {
                     } else if !allow_once {
                         // Only a standing allow is offered: nobody is asked to give one. Refused, as the game's
                         // answer would have to be.
-                        tracing::warn!(session = %self.id, %tool, "the agent asked permission offering no one-time allow: refused");
+                        tracing::info!(session = %self.id, %tool, "the agent asks permission offering no one-time allow: refused");
                         let _ = reply.send(PermissionDecision::Deny);
                     } else {
                         // Under the lock: an end or a failure after this withdraws the request it puts to the player.

@@ -107,11 +107,12 @@ impl PermissionBook {
                     };
                     let mut waiting = waiting.lock();
                     let Some(asked) = waiting.remove(&request) else { return };
+                    let session = &asked.session;
                     if timed_out {
-                        tracing::info!(request, ?timeout, "no answer to the permission request: denied");
+                        tracing::info!(%session, request, ?timeout, "no answer to the permission request: denied");
                         settle(&agent, request, asked, PermissionOutcome::TimedOut, PermissionDecision::Deny);
                     } else {
-                        tracing::info!(request, "the agent took its permission request back: withdrawn");
+                        tracing::info!(%session, request, "the agent took its permission request back: withdrawn");
                         settle(&agent, request, asked, PermissionOutcome::Withdrawn, PermissionDecision::Cancelled);
                     }
                 });

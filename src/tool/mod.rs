@@ -161,17 +161,22 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
     {
         let name = name.into();
         let named = name.clone();
+        // The fields already warned of: a tool whose output says "none" with an infinity would warn at every call.
+        let warned: Arc<crate::sync::Mutex<std::collections::HashSet<String>>> = Arc::default();
         let handler: Arc<Handler<S, A>> = Arc::new(move |ctx, args| {
             let run = handler(ctx, args);
-            let tool = named.clone();
+            let (tool, warned) = (named.clone(), warned.clone());
             Box::pin(async move {
                 let output = run.await?;
                 if let Some(field) = crate::finite::non_finite(&output, None) {
-                    tracing::warn!(
-                        tool,
-                        field,
-                        "the tool's output has a float that is NaN or infinite, which JSON sends as null"
-                    );
+                    if first_of_its_kind(&warned, &field) {
+                        tracing::warn!(
+                            tool,
+                            field,
+                            "the tool's output has a float that is NaN or infinite, which JSON sends as null (said \
+                             once per field)"
+                        );
+                    }
                 }
                 serde_json::to_value(output)
                     .map_err(|error| ToolError::internal(format!("the tool's output is not valid JSON: {error}")))
@@ -373,6 +378,46 @@ impl<S: Send + Sync + 'static> ErasedTool for AgentTool<S> {
     }
 }
 
+/// Whether `field` (a path in a tool's output: `enemies[3].distance`) is the first of its kind `warned` has seen:
+/// the same field at another index is not (`enemies[].distance`). At most [`FIELDS_WARNED`] kinds are kept, then
+/// none is the first any more.
+fn first_of_its_kind(warned: &crate::sync::Mutex<std::collections::HashSet<String>>, field: &str) -> bool {
+    let mut kind = String::with_capacity(field.len());
+    let mut in_index = false;
+    for c in field.chars() {
+        match c {
+            '[' | ']' => {
+                in_index = c == '[';
+                kind.push(c);
+            }
+            _ if in_index => {}
+            _ => kind.push(c),
+        }
+    }
+    let mut warned = warned.lock();
+    warned.len() < FIELDS_WARNED && warned.insert(kind)
+}
+
+/// How many kinds of non-finite output fields one tool warns of at most (a map's keys are fields too).
+const FIELDS_WARNED: usize = 64;
+
 /// Arguments for tools that take none.
 #[derive(Clone, Copy, Debug, Default, Deserialize, JsonSchema)]
 pub struct NoArgs {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_non_finite_output_field_is_warned_of_once_whatever_its_index_and_the_kinds_kept_are_bounded() {
+        let warned = crate::sync::Mutex::default();
+        assert!(first_of_its_kind(&warned, "enemies[3].distance"));
+        assert!(!first_of_its_kind(&warned, "enemies[12].distance"), "the same field at another index");
+        assert!(first_of_its_kind(&warned, "enemies[3].bearing"));
+        (0..2 * FIELDS_WARNED).for_each(|key| {
+            first_of_its_kind(&warned, &format!("scores.player{key}"));
+        });
+        assert_eq!(warned.lock().len(), FIELDS_WARNED);
+    }
+}

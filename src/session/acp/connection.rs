@@ -111,6 +111,7 @@ pub(crate) fn spawn(
             let notifications = sink.clone();
             let permissions = sink.clone();
             let registered = setup.agent.clone();
+            let game_session = setup.conversation.clone();
             let replaying = replay.clone();
             let agent_name = AgentName::default();
             let named = agent_name.clone();
@@ -141,7 +142,11 @@ pub(crate) fn spawn(
                     async move |request: RequestPermissionRequest, responder, cx: ConnectionTo<Agent>| {
                         // Another session's request is not this session's player's to answer.
                         if asked_for.get().is_some_and(|ours| **ours != *request.session_id.0) {
-                            tracing::warn!(session = %request.session_id, "a permission request of another session: refused");
+                            tracing::warn!(
+                                session = %game_session,
+                                other = %request.session_id,
+                                "the agent asked permission for another session of its own: refused"
+                            );
                             let message = format!("session {} is not this connection's", request.session_id);
                             let error = agent_client_protocol::Error::new(
                                 agent_client_protocol::ErrorCode::RESOURCE_NOT_FOUND,
@@ -185,7 +190,7 @@ pub(crate) fn spawn(
                                 // `$/cancel_request`: the prompt is taken down and settled, then the agent is
                                 // answered (`cancelled`, as ACP says), so the game hears of it first.
                                 () = taken_back.cancelled() => {
-                                    tracing::info!(%tool, "the agent took its permission request back");
+                                    tracing::debug!(%tool, "the agent took its permission request back");
                                     withdrawn.cancel();
                                     decision.await
                                 }
