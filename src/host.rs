@@ -234,7 +234,7 @@ impl HostShared {
         }
         crate::tool::check_name(tool.info())?;
         if let Some(mistake) = tool.mistake() {
-            return Err(mistake.to_string());
+            return Err(mistake);
         }
         crate::tool::check_arguments(tool.info())?;
         self.tools.insert(tool);

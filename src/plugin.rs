@@ -101,7 +101,12 @@ type StateCheck = dyn Fn(&App) -> Option<&'static str> + Send + Sync;
 /// #     fn close(&self, _: (), _: &mut World) -> Completion { Completion::done() }
 /// # }
 /// App::new()
-///     .add_plugins(MinimalPlugins)
+///     // Headless at 60 frames per second (`MinimalPlugins` alone would run frames back to back on a whole core),
+///     // and Ctrl+C is an `AppExit`, which closes and saves the open world; a windowed game adds `DefaultPlugins`.
+///     .add_plugins((
+///         MinimalPlugins.set(bevy::app::ScheduleRunnerPlugin::run_loop(std::time::Duration::from_secs_f64(1.0 / 60.0))),
+///         bevy::app::TerminalCtrlCHandlerPlugin,
+///     ))
 ///     .add_plugins(AgentToolsPlugin::new(MyLifecycle).pump_budget(std::time::Duration::from_millis(2)))
 ///     .run();
 /// ```
@@ -217,10 +222,10 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
         self
     }
 
-    /// How many calls one conversation may have in flight at once; more get `BUSY` (default 32). As many more may
-    /// wait for a tool that is not registered yet ([`tool_wait`](Self::tool_wait)).
+    /// How many calls one conversation may have in flight at once (at least 1: 0 is taken as 1); more get `BUSY`
+    /// (default 32). As many more may wait for a tool that is not registered yet ([`tool_wait`](Self::tool_wait)).
     pub fn max_in_flight_per_conversation(mut self, limit: usize) -> Self {
-        self.config.max_in_flight = limit;
+        self.config.max_in_flight = limit.max(1);
         self
     }
 

@@ -36,7 +36,8 @@ use crate::{AgentToolsAppExt, StepPoints};
 /// #     fn close(&self, _: (), _: &mut World) -> Completion { Completion::done() }
 /// # }
 /// App::new()
-///     .add_plugins(MinimalPlugins)
+///     // (Ctrl+C is an `AppExit`, which closes and saves the open world, only with `TerminalCtrlCHandlerPlugin`.)
+///     .add_plugins((MinimalPlugins, bevy::app::TerminalCtrlCHandlerPlugin))
 ///     .add_plugins(AgentToolsPlugin::new(MyLifecycle))
 ///     .add_plugins(AgentToolsRunnerPlugin::run_loop(Duration::from_secs_f64(1.0 / 60.0)))
 ///     .run();

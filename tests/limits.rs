@@ -43,6 +43,18 @@ fn busy_when_a_conversation_is_over_its_in_flight_limit_and_others_are_unaffecte
 }
 
 #[test]
+fn an_in_flight_limit_of_zero_is_one_not_every_call_busy() {
+    let (mut app, gate) = limited(0);
+    let agent = app.agent().conversation("agent");
+    let first = agent.call("slow", json!({}));
+    assert!(first.is_running(), "one call runs");
+    let second = agent.call("slow", json!({})).try_outcome().expect("at once").expect_err("busy");
+    assert_eq!((second.code, &second.details.extra["limit"]), (ErrorCode::Busy, &json!(1)));
+    gate.open();
+    assert!(app.run_until_resolved(&first).is_ok());
+}
+
+#[test]
 fn busy_never_counts_a_call_whose_caller_already_has_its_outcome() {
     let (mut app, _gate) = limited(1);
     let agent = app.agent().conversation("agent");

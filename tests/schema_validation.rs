@@ -174,6 +174,24 @@ fn a_tool_with_an_argument_of_a_reserved_name_is_refused_at_registration() {
     assert!(said.iter().any(|line| line.contains("never be called") && line.contains("Stop")), "{said:?}");
 }
 
+#[derive(Deserialize, JsonSchema)]
+#[allow(dead_code)]
+struct Named {
+    /// A pattern that is not a regular expression (its `]` is missing).
+    #[schemars(pattern(r"^[a-z+$"))]
+    name: String,
+}
+
+#[test]
+fn a_tool_whose_input_schema_cannot_be_compiled_is_refused_at_registration_not_run_unchecked() {
+    let mut app = app_with(TestGame::default(), vec![]);
+    let name = AgentTool::new("name", "Names.", |_: CallContext<Session>, _: Named| async move { Ok(()) });
+    let refused = app.agent().register_tool(name).expect_err("its arguments could never be checked");
+    assert!(refused.message.contains("input schema of agent tool `name` cannot be compiled"), "{}", refused.message);
+    app.enter_world("alpha");
+    assert!(!app.agent().tools().iter().any(|tool| tool.name == "name"), "not listed");
+}
+
 #[test]
 fn an_argument_the_tool_does_not_have_is_invalid_input_naming_it_rather_than_dropped() {
     let ran = Arc::new(AtomicUsize::new(0));

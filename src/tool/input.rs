@@ -208,17 +208,16 @@ pub(crate) fn take_confirm(tool: &str, args: &mut Value) -> Result<(), ToolError
 /// The schema a tool publishes, compiled once: calls are checked against exactly what clients were shown
 /// (`minimum`/`maximum`, `enum`, lengths, `pattern`, `required`, types), before the handler runs.
 ///
-/// `None` when the schema cannot be compiled (a hand-written schema with a remote `$ref`, say: the validator is
-/// built without network or file access). Such a tool's arguments are still parsed into their Rust type; the
-/// tool's registration logs why.
-pub(crate) fn compile_schema(tool: &str, schema: &Value) -> Option<jsonschema::Validator> {
-    match jsonschema::validator_for(schema) {
-        Ok(validator) => Some(validator),
-        Err(error) => {
-            tracing::warn!(tool, %error, "the tool's input schema cannot be compiled: its arguments are only parsed, not validated against it");
-            None
-        }
-    }
+/// Why not, when the schema cannot be compiled (a `pattern` that is not a regular expression, a hand-written
+/// schema with a remote `$ref`: the validator is built without network or file access): registering the tool
+/// fails with it, a mistake in the game's set-up, rather than the tool taking arguments it never checks.
+pub(crate) fn compile_schema(tool: &str, schema: &Value) -> Result<jsonschema::Validator, String> {
+    jsonschema::validator_for(schema).map_err(|error| {
+        format!(
+            "the input schema of agent tool `{tool}` cannot be compiled ({error}): every call's arguments are checked \
+             against it; fix the schema (a `pattern` must be a regular expression; remote `$ref`s are not fetched)"
+        )
+    })
 }
 
 /// How many of the arguments' problems one error lists.

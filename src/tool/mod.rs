@@ -99,8 +99,9 @@ pub(crate) type PreparedCall = Box<dyn FnOnce(CallCore) -> BoxFuture<Result<Valu
 pub(crate) trait ErasedTool: Send + Sync + 'static {
     fn info(&self) -> &ToolInfo;
     fn session_type(&self) -> (TypeId, &'static str);
-    /// A mistake the tool's builder found, which registering it reports.
-    fn mistake(&self) -> Option<&str>;
+    /// A mistake the tool's builder found, or an input schema that cannot be compiled (the published schema is
+    /// final by then), which registering it reports.
+    fn mistake(&self) -> Option<String>;
     /// Parses the arguments (rejections happen here, before anything runs).
     fn prepare(&self, args: Value) -> Result<PreparedCall, ToolError>;
 }
@@ -135,7 +136,7 @@ type Handler<S, A> = dyn Fn(CallContext<S>, A) -> BoxFuture<Result<Value, ToolEr
 pub struct AgentTool<S> {
     info: ToolInfo,
     /// The published input schema, compiled at the first call (builder methods may still change it until then).
-    validator: OnceLock<Option<(jsonschema::Validator, shapes::Shapes)>>,
+    validator: OnceLock<Result<(jsonschema::Validator, shapes::Shapes), String>>,
     /// Whether the handler's own arguments have a `confirm` (a flattened [`DestructiveGuard`]): if not, the host
     /// takes the `confirm` that [`requires_confirmation`](Self::requires_confirmation) adds out of the arguments
     /// before they are parsed, so arguments that refuse unknown fields still parse.
@@ -349,8 +350,8 @@ impl<S: Send + Sync + 'static> ErasedTool for AgentTool<S> {
         (TypeId::of::<S>(), std::any::type_name::<S>())
     }
 
-    fn mistake(&self) -> Option<&str> {
-        self.mistake.as_deref()
+    fn mistake(&self) -> Option<String> {
+        self.mistake.clone().or_else(|| self.checks().err())
     }
 
     fn prepare(&self, args: Value) -> Result<PreparedCall, ToolError> {
@@ -358,14 +359,10 @@ impl<S: Send + Sync + 'static> ErasedTool for AgentTool<S> {
         if self.info.requires_confirmation && !self.handler_confirms {
             input::take_confirm(&self.info.name, &mut args)?;
         }
-        let validator = self.validator.get_or_init(|| {
-            let schema = self.info.client_input_schema();
-            input::compile_schema(&self.info.name, &schema).map(|validator| (validator, shapes::Shapes::of(&schema)))
-        });
-        if let Some((validator, shapes)) = validator {
-            input::validate(&self.info.name, validator, &args)?;
-            shapes.check(&self.info.name, &args)?;
-        }
+        // (Registration refused a schema that cannot be compiled: the error is for a tool called without it.)
+        let (validator, shapes) = self.checks().map_err(ToolError::internal)?;
+        input::validate(&self.info.name, validator, &args)?;
+        shapes.check(&self.info.name, &args)?;
         // The game's own parsing code runs here (`deserialize_with`, `try_from`, defaults): a panic in it is the
         // call's `INTERNAL`, as a handler's is.
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.start)(args))).unwrap_or_else(|panic| {
@@ -375,6 +372,19 @@ impl<S: Send + Sync + 'static> ErasedTool for AgentTool<S> {
                 crate::panic::panic_message(&*panic)
             )))
         })
+    }
+}
+
+impl<S> AgentTool<S> {
+    /// The published input schema, compiled (at registration, or the first call): what every call's arguments are
+    /// checked against, or why it cannot be compiled.
+    fn checks(&self) -> Result<&(jsonschema::Validator, shapes::Shapes), String> {
+        let compiled = self.validator.get_or_init(|| {
+            let schema = self.info.client_input_schema();
+            let validator = input::compile_schema(&self.info.name, &schema)?;
+            Ok((validator, shapes::Shapes::of(&schema)))
+        });
+        compiled.as_ref().map_err(String::clone)
     }
 }
 
