@@ -72,14 +72,17 @@ pub mod internals {
     pub use crate::replay::{canonical_arguments, Begin, ReplayKey, ReplayTable};
 }
 
-/// Everything you need to get started: the trait to implement, the plugin, tools, contexts and errors.
+/// Everything you need to get started: the trait to implement, the plugin, tools, contexts and errors, and the
+/// messages a game's systems read (a visit's, a call's, a conversation's).
 pub mod prelude {
     #[allow(deprecated)]
     pub use crate::AgentToolsSet;
     pub use crate::{
         AgentHandle, AgentTool, AgentToolsAppExt, AgentToolsPlugin, AgentToolsRunnerPlugin, AgentToolsSystems,
-        CallContext, Completion, DimensionId, EnterWorld, ErrorCode, ExitWorld, Location, NoArgs, OpenError, Opened,
-        ToolError, ToolScope, TravelTo, VisitInfo, VisitLoadFailed, VisitSession, VisitSessionExt, WorldBinding,
-        WorldId, WorldLifecycle, WorldOpenFailed,
+        CallContext, CallFinished, CallOutcome, CallOutput, Completion, ConversationEvent, ConversationId,
+        ConversationStatus, ConversationStatusChanged, DimensionId, EnterWorld, ErrorCode, ExitWorld, Location, NoArgs,
+        OpenError, Opened, ToolError, ToolScope, TravelTo, VisitClosed, VisitInfo, VisitLoadFailed, VisitOpened,
+        VisitRelocated, VisitSaved, VisitSession, VisitSessionExt, WorldBinding, WorldId, WorldLifecycle,
+        WorldOpenFailed,
     };
 }

@@ -135,7 +135,8 @@ type Handler<S, A> = dyn Fn(CallContext<S>, A) -> BoxFuture<Result<Value, ToolEr
 /// ```
 pub struct AgentTool<S> {
     info: ToolInfo,
-    /// The published input schema, compiled at the first call (builder methods may still change it until then).
+    /// The published input schema, compiled when the tool is registered (builder methods may still change it until
+    /// then), or why it cannot be.
     validator: OnceLock<Result<(jsonschema::Validator, shapes::Shapes), String>>,
     /// Whether the handler's own arguments have a `confirm` (a flattened [`DestructiveGuard`]): if not, the host
     /// takes the `confirm` that [`requires_confirmation`](Self::requires_confirmation) adds out of the arguments
@@ -153,6 +154,10 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
     ///
     /// The argument schema is derived from `A`, the output schema from `O`. Defaults: `World` scope, MCP's
     /// default annotations (not read-only, destructive, not idempotent), the host's default timeout.
+    ///
+    /// The handler's future runs on the plugin's worker threads, beside the MCP server, and must not block: a
+    /// blocking read or sleep holds a worker, and its call cannot time out meanwhile. Await `tokio::fs`, or
+    /// [`CallContext::runtime`]'s `spawn_blocking`; reach game state with [`CallContext::on_client`].
     pub fn new<A, O, F, Fut>(name: impl Into<String>, description: impl Into<String>, handler: F) -> Self
     where
         A: DeserializeOwned + JsonSchema + Send + 'static,
