@@ -26,14 +26,20 @@ thread_local! {
 
 impl WorkerPriority {
     /// Applies the priority to the calling thread (a worker, as it starts). A refusal by the operating system is
-    /// logged once per thread and the worker runs at normal priority.
+    /// logged once per process, not at each blocking thread the runtime starts, and the worker runs at normal
+    /// priority.
     pub(crate) fn apply_to_this_thread(self) {
         if self == Self::Normal {
             return;
         }
         match lower_this_thread() {
             Ok(()) => THIS_THREAD.with(|this| this.set(self)),
-            Err(error) => tracing::warn!("agent tools could not lower their worker thread's priority: {error}"),
+            Err(error) => {
+                static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!("agent tools could not lower their worker threads' priority: {error}");
+                }
+            }
         }
     }
 

@@ -102,11 +102,14 @@ impl AgentSessions {
     }
 
     async fn create_here(&self, config: SessionConfig) -> Result<AgentSession, ToolError> {
-        if !config.auto_end_on_disconnect && self.host.records.in_temporary_dir() {
+        // Once per run: the data directory does not change.
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let kept_in_temporary = !config.auto_end_on_disconnect && self.host.records.in_temporary_dir();
+        if kept_in_temporary && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!(
                 data_dir = %self.host.records.data_dir.display(),
-                "a session kept to be resumed after a restart has its record in the system's temporary directory, \
-                 which the system may clean: set AgentSessionsPlugin::data_dir"
+                "sessions kept to be resumed after a restart have their records in the system's temporary \
+                 directory, which the system may clean: set AgentSessionsPlugin::data_dir (said once)"
             );
         }
         let id = ConversationId::new(format!("chat-{}", random_hex()?));

@@ -82,7 +82,16 @@ pub(crate) fn lock(id: &str, dir: &Path) -> Result<Lock, ToolError> {
             .with_detail("session", id)),
             // A file system without locks (some network mounts): not locked, as elsewhere.
             Err(TryLockError::Error(error)) if unsupported(&error) => {
-                tracing::warn!(session = id, %error, "the session's folder cannot be locked here: not locked");
+                // Once per run: a property of the file system, not of the session.
+                static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(
+                        session = id,
+                        %error,
+                        "sessions' folders cannot be locked on this file system: two copies of the game could open \
+                         the same session (said once)"
+                    );
+                }
                 Ok(Lock { folder: None })
             }
             Err(TryLockError::Error(error)) => Err(unlockable(id, dir, error)),
