@@ -118,14 +118,18 @@ const REFUSAL_DRAIN: u64 = 64 * 1024;
 const MAX_CONNECTIONS: usize =
     if Semaphore::MAX_PERMITS < u32::MAX as usize { Semaphore::MAX_PERMITS } else { u32::MAX as usize };
 
+/// How often a full server says so at most.
+const FULL_WARNED_EVERY: Duration = Duration::from_secs(10);
+
 /// Serves `router` on `listener` until `stop`, then lets each connection finish the requests it has in flight and
 /// returns once every connection has closed.
 pub(crate) async fn serve(listener: TcpListener, router: Router, limits: ConnectionLimits, stop: CancellationToken) {
     let max = limits.max_connections.clamp(1, MAX_CONNECTIONS);
     let permits = Arc::new(Semaphore::new(max));
     let open = Arc::new(Open::default());
-    // Whether the cap was reached and not left since (to warn once each time).
-    let mut full = false;
+    // When the cap was last warned of, and how many connections were refused since (a client retrying after its
+    // 503 fills each freed place again: one warning per place would be one per retry).
+    let (mut warned, mut refused) = (None::<Instant>, 0_u64);
     loop {
         let tcp = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -142,7 +146,6 @@ pub(crate) async fn serve(listener: TcpListener, router: Router, limits: Connect
         let (router, stop, open) = (router.clone(), stop.clone(), open.clone());
         match permits.clone().try_acquire_owned() {
             Ok(permit) => {
-                full = false;
                 // Listed now, in the order accepted, before the next accept can look for one to give way.
                 let connection = open.add(Instant::now());
                 tokio::spawn(serve_connection(tcp, connection, permit, router, limits, stop));
@@ -158,8 +161,16 @@ pub(crate) async fn serve(listener: TcpListener, router: Router, limits: Connect
                 });
             }
             Err(_) => {
-                if !std::mem::replace(&mut full, true) {
-                    tracing::warn!(max, "the MCP server has its limit of connections open: new ones are answered 503");
+                refused += 1;
+                let now = Instant::now();
+                if warned.is_none_or(|at| now.saturating_duration_since(at) >= FULL_WARNED_EVERY) {
+                    tracing::warn!(
+                        max,
+                        refused,
+                        "the MCP server has its limit of connections open: new ones are answered 503 (at most one of \
+                         these lines every 10 s, with the number refused since the last)"
+                    );
+                    (warned, refused) = (Some(now), 0);
                 }
                 tokio::spawn(refuse(tcp, max));
             }
