@@ -56,29 +56,42 @@ impl JobSender {
 
 /// Frames further apart than this, with steps waiting for them: the game's loop may sleep between frames.
 const SLEEPING_LOOP: std::time::Duration = std::time::Duration::from_secs(2);
+/// How many frames in a row found steps waiting that long before it is said: one late frame is a hitch (a level
+/// loading, a debugger's pause), not a loop that sleeps.
+const LATE_IN_A_ROW: u8 = 3;
 
-/// Warns once when steps waited for a frame that came more than [`SLEEPING_LOOP`] after the one before while
-/// nothing wakes the game's loop: a windowed game with reactive updates (`WinitSettings::desktop_app()`) serves a
+/// Warns once when steps waited for [`LATE_IN_A_ROW`] frames in a row (of those that found steps waiting) that each
+/// came more than [`SLEEPING_LOOP`] after the one before, while nothing wakes the game's loop: a windowed game with reactive updates (`WinitSettings::desktop_app()`) serves a
 /// step only at its next window event (an unfocused one waits a minute, and its calls time out) unless it has the
 /// crate's `winit` feature or sets a wake ([`AgentHandle::set_wake`](crate::AgentHandle::set_wake)).
 /// (On the main thread, as the pump: where the game's log subscriber, if it set one for its thread, is.)
 pub(crate) fn notice_sleeping_loop<L: crate::lifecycle::WorldLifecycle>(
     world: &mut bevy::prelude::World,
-    mut warned: bevy::prelude::Local<bool>,
+    mut seen: bevy::prelude::Local<(bool, u8)>,
 ) {
+    let (warned, late_in_a_row) = &mut *seen;
     let time = world.get_resource::<bevy::time::Time<bevy::time::Real>>();
     let waited = time.map(|time| time.delta()).unwrap_or_default();
     let Some(slot) = world.get_resource::<crate::visit::VisitSlot<L>>() else { return };
-    if *warned || waited < SLEEPING_LOOP || slot.jobs.is_empty() || slot.host.jobs.has_wake() {
+    if *warned || slot.jobs.is_empty() || slot.host.jobs.has_wake() {
+        return;
+    }
+    if waited < SLEEPING_LOOP {
+        *late_in_a_row = 0;
+        return;
+    }
+    *late_in_a_row += 1;
+    if *late_in_a_row < LATE_IN_A_ROW {
         return;
     }
     *warned = true;
     tracing::warn!(
         ?waited,
         steps = slot.jobs.len(),
-        "agents' steps waited for a frame that came late: a game whose loop sleeps between frames \
-         (WinitSettings::desktop_app) turns on bevy_agent_tools' `winit` feature, or sets a wake with \
-         AgentHandle::set_wake, or its agents' calls wait for the next window event (said once)"
+        "agents' steps waited for frames that each came {waited:?} after the one before, {LATE_IN_A_ROW} frames in \
+         a row: if the game's loop sleeps between frames (WinitSettings::desktop_app), turn on bevy_agent_tools' \
+         `winit` feature or set a wake with AgentHandle::set_wake, or its agents' calls wait for the next window \
+         event (said once)"
     );
 }
 
