@@ -74,6 +74,16 @@ fn drift() -> AgentTool<session::Visit> {
     .read_only()
 }
 
+/// The node client, stopped if the test fails before it ends (a panic midway would leave it running).
+struct Client(std::process::Child);
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn typescript_mcp_client_reads_every_domain_error_gets_all_progress_cancels_and_resumes_after_a_cut() {
     let client = typescript_mcp_client();
@@ -100,18 +110,20 @@ fn typescript_mcp_client_reads_every_domain_error_gets_all_progress_cancels_and_
     let url = game.with_app(|app| app.world().resource::<McpServer>().url().to_string());
     let mut events = game.agent().subscribe();
 
-    let mut node = Command::new("node")
-        .arg(client.join("client.mjs"))
-        .arg(&url)
-        .arg(TOKEN)
-        .current_dir(&client)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run node");
-    let mut stdin = node.stdin.take().expect("stdin");
-    let stdout = BufReader::new(node.stdout.take().expect("stdout"));
+    let mut node = Client(
+        Command::new("node")
+            .arg(client.join("client.mjs"))
+            .arg(&url)
+            .arg(TOKEN)
+            .current_dir(&client)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run node"),
+    );
+    let mut stdin = node.0.stdin.take().expect("stdin");
+    let stdout = BufReader::new(node.0.stdout.take().expect("stdout"));
     let mut transcript = Vec::new();
     for line in stdout.lines() {
         let line = line.expect("a line from the client");
@@ -124,9 +136,9 @@ fn typescript_mcp_client_reads_every_domain_error_gets_all_progress_cancels_and_
         }
         transcript.push(line);
     }
-    let status = node.wait().expect("the client ends");
+    let status = node.0.wait().expect("the client ends");
     let mut stderr = String::new();
-    let _ = std::io::Read::read_to_string(&mut node.stderr.take().expect("stderr"), &mut stderr);
+    let _ = std::io::Read::read_to_string(&mut node.0.stderr.take().expect("stderr"), &mut stderr);
     let transcript = transcript.join("\n");
     assert!(status.success(), "the TypeScript client failed:\n{transcript}\n{stderr}");
     let checks = transcript.lines().filter(|line| line.contains(r#""ok":true"#)).count();
