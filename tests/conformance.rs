@@ -70,7 +70,8 @@ fn the_official_conformance_suite_passes_every_scenario_for_a_tools_only_server(
             .arg(&cli)
             .args(["server", "--url", &url, "--scenario", scenario])
             .env("MCP_BEARER_TOKEN", TOKEN)
-            .env("NODE_OPTIONS", format!("--import={}", suite.join("auth.mjs").display()))
+            // Quoted: node splits NODE_OPTIONS at spaces, and the repository's path may have one.
+            .env("NODE_OPTIONS", format!("--import=\"{}\"", suite.join("auth.mjs").display()))
             .current_dir(&suite)
             .output()
             .expect("node runs");

@@ -85,10 +85,11 @@ impl Drop for Sandbox {
     }
 }
 
-/// `--agent` for the scripted agent remembering in `state` (a path with a space: quotes are honoured).
+/// `--agent` for the scripted agent remembering in `state` (a path with a space: quotes are honoured, as they are
+/// around the agent's own path, which has one when the repository's does).
 fn agent_flag(state: &Path, more: &str) -> Vec<String> {
     let agent = common::example("scripted_acp_agent");
-    vec!["--agent".into(), format!("{} --state '{}' {more}", agent.display(), state.display())]
+    vec!["--agent".into(), format!("'{}' --state '{}' {more}", agent.display(), state.display())]
 }
 
 fn agents_alive(state: &Path) -> usize {
