@@ -1293,16 +1293,25 @@ fn a_rate_limit_is_retried_after_its_retry_after_and_gives_up_after_the_bounded_
     assert_eq!(turn.final_message.as_deref(), Some("after the wait"));
     assert!(started.elapsed() >= Duration::from_millis(950), "Retry-After honoured: {:?}", started.elapsed());
 
-    // As an HTTP date (whole seconds): a minute from now is far past the bound here, two seconds (the backoff would
-    // be 250 ms): the wait is the bound.
-    let date = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(60));
+    // As an HTTP date (whole seconds): two seconds from now, within the session's 2 s (the backoff would be 250 ms).
+    let date = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(2));
     server.reply(Reply::Status(503, Some(date))).reply(says("after the date"));
     let started = Instant::now();
     let turn = game.block_on(session.send_text("hello")).expect("retried");
     assert_eq!(turn.final_message.as_deref(), Some("after the date"));
     let waited = started.elapsed();
-    assert!(waited >= Duration::from_secs(2), "Retry-After's date honoured: {waited:?}");
-    assert!(waited < Duration::from_secs(30), "up to the bound, not the minute asked: {waited:?}");
+    assert!(waited >= Duration::from_secs(1), "Retry-After's date honoured: {waited:?}");
+
+    // Longer than the session waits (2 s here; a daily limit says minutes): asked again sooner, the endpoint would
+    // say the same. The turn fails at once, saying how long the endpoint asked for.
+    let before = server.requests().len();
+    server.reply(Reply::Status(429, Some("864".into()))).reply(says("never asked"));
+    let (code, message) = code_of(game.block_on(session.send_text("soon")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert!(message.contains("asks to retry in 864 s"), "{message}");
+    assert_eq!(server.requests().len(), before + 1, "not retried");
+    let turn = game.block_on(session.send_text("later")).expect("the next text is taken");
+    assert_eq!(turn.final_message.as_deref(), Some("never asked"));
 
     for _ in 0..3 {
         server.reply(Reply::Status(429, Some("0".into())));
@@ -1311,7 +1320,7 @@ fn a_rate_limit_is_retried_after_its_retry_after_and_gives_up_after_the_bounded_
     let (code, message) = code_of(game.block_on(session.send_text("again")));
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains("429") && message.contains("rate limiting"), "{message}");
-    assert_eq!(server.requests().len(), 4 + 3, "one request and two retries, no more");
+    assert_eq!(server.requests().len(), 6 + 3, "one request and two retries, no more");
     assert_eq!(session.status(), ConversationStatus::Idle, "the turn failed, not the session");
     let turn = game.block_on(session.send_text("later")).expect("the next text is taken as it is");
     assert_eq!(turn.final_message.as_deref(), Some("never asked"), "the answer the failed turn never asked for");
@@ -2131,6 +2140,22 @@ fn a_refusal_for_the_contexts_length_is_asked_again_once_with_less_history_then_
     // Asked again without the earlier turns: what is left is not the history's to fix.
     assert_eq!(server.history(server.requests().len() - 1).last().map(String::as_str), Some("user: four"));
     assert!(message.contains("larger context (llama.cpp's -c"), "what to change: {message}");
+}
+
+/// Groq's refusal of a request over its tokens-per-minute limit (413), and OpenAI's (429).
+const GROQ_TOO_LARGE: &str = r#"{"error":{"message":"Request too large for model `llama-3.3-70b-versatile` in organization `org_1` service tier `on_demand` on tokens per minute (TPM): Limit 12000, Requested 14137, please reduce your message size and try again.","type":"tokens","code":"rate_limit_exceeded"}}"#;
+const OPENAI_TOO_LARGE: &str = r#"{"error":{"message":"Request too large for gpt-4o in organization org-1 on tokens per min (TPM): Limit 30000, Requested 31562. The input or output tokens must be reduced in order to run successfully.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}"#;
+
+#[test]
+fn a_request_too_large_for_a_tokens_per_minute_limit_is_asked_again_with_less_history_not_retried_as_it_is() {
+    for (status, refusal) in [(413, GROQ_TOO_LARGE), (429, OPENAI_TOO_LARGE)] {
+        let (_data, server, game, session) = after_one_turn();
+        server.reply(Reply::Refusal(status, refusal)).reply(says("it fits now"));
+        let turn = game.block_on(session.send_text("two")).expect("a turn, once the history fits");
+        assert_eq!(turn.final_message.as_deref(), Some("it fits now"), "{status}");
+        assert_eq!(server.requests().len(), 3, "{status}: asked again once, shorter, not retried as it was");
+        assert!(!server.history(2).contains(&"user: one".to_string()), "{status}: {:?}", server.history(2));
+    }
 }
 
 #[test]

@@ -283,19 +283,46 @@ impl Retry {
             if !retryable || attempt >= self.max_retries {
                 return readable(response, &self.heard).await;
             }
-            let asked = response
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|value| value.to_str().ok())
-                .and_then(|value| retry_after(value, SystemTime::now()));
+            let asked = asked_wait(response.headers(), SystemTime::now());
+            if let Some(asked) = asked.filter(|asked| *asked > self.max_wait) {
+                // A wait longer than the session's (a daily limit's "try again in 14m"): asked again sooner, the
+                // endpoint would say the same. The turn fails now, saying how long it asked for.
+                let mut error = refused(response).await;
+                if let OpenAIError::ApiError(api) = &mut error {
+                    let seconds = asked.as_secs_f64().ceil();
+                    api.api_error.message.push_str(&format!(
+                        " (the endpoint asks to retry in {seconds} s, longer than the session waits: \
+                         `OpenAiEndpoint::retries`)"
+                    ));
+                }
+                return Err(error);
+            }
+            if status.as_u16() == 429 {
+                // OpenAI's "Request too large ... on tokens per min": too big for the limit, however long it waits.
+                let error = refused(response).await;
+                if too_long(&error) {
+                    return Err(error);
+                }
+            } else {
+                drop(response);
+            }
             let backoff = Duration::from_millis(250).saturating_mul(2u32.saturating_pow(attempt));
             let wait = asked.unwrap_or(backoff).min(self.max_wait);
             tracing::debug!(%status, ?wait, attempt, "the endpoint asked to retry");
-            drop(response);
             attempt += 1;
             tokio::time::sleep(wait).await;
         }
     }
+}
+
+/// How long the endpoint asks to wait before a retry: `retry-after-ms` (OpenAI's and Azure's, finer), else
+/// `Retry-After` (seconds or an HTTP date).
+fn asked_wait(headers: &reqwest::header::HeaderMap, now: SystemTime) -> Option<Duration> {
+    let header = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
+    let millis = header("retry-after-ms")
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .and_then(|millis| Duration::try_from_secs_f64(millis / 1000.0).ok());
+    millis.or_else(|| header(reqwest::header::RETRY_AFTER.as_str()).and_then(|value| retry_after(value, now)))
 }
 
 /// The detail of an error that says the endpoint refused the API key (which the client holds until `resume`).
@@ -577,6 +604,8 @@ pub(crate) fn refuses_stream_options(error: &OpenAIError) -> bool {
 fn says_too_long(words: &str) -> bool {
     // Gemini's OpenAI-compatible endpoint: "The input token count (N) exceeds the maximum number of tokens allowed
     // (M)"; Anthropic's: "prompt is too long: N tokens > M maximum".
+    // Groq's 413 and OpenAI's 429 for a request over the tokens-per-minute limit: "Request too large for model
+    // ... on tokens per minute (TPM): Limit 12000, Requested 14137, please reduce your message size".
     [
         "exceed_context_size",
         "context_length_exceeded",
@@ -584,6 +613,8 @@ fn says_too_long(words: &str) -> bool {
         "context length",
         "exceeds the maximum number of tokens allowed",
         "prompt is too long",
+        "request too large",
+        "reduce your message size",
     ]
     .iter()
     .any(|marker| words.contains(marker))
@@ -763,6 +794,24 @@ mod tests {
         for nothing in ["-1", "NaN", "1e20", "soon", ""] {
             assert_eq!(retry_after(nothing, now), None, "{nothing:?}");
         }
+    }
+
+    #[test]
+    fn the_wait_asked_for_is_retry_after_ms_when_given_else_retry_after() {
+        let now = SystemTime::UNIX_EPOCH;
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut headers = reqwest::header::HeaderMap::new();
+            for (name, value) in pairs {
+                headers.insert(*name, reqwest::header::HeaderValue::from_static(value));
+            }
+            headers
+        };
+        let both = headers(&[("retry-after-ms", "1500"), ("retry-after", "2")]);
+        assert_eq!(asked_wait(&both, now), Some(Duration::from_millis(1500)));
+        assert_eq!(asked_wait(&headers(&[("retry-after", "2")]), now), Some(Duration::from_secs(2)));
+        let unreadable = headers(&[("retry-after-ms", "soon"), ("retry-after", "3")]);
+        assert_eq!(asked_wait(&unreadable, now), Some(Duration::from_secs(3)));
+        assert_eq!(asked_wait(&headers(&[]), now), None);
     }
 
     #[test]

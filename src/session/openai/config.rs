@@ -54,10 +54,12 @@ pub struct OpenAiEndpoint {
     /// model writes a tool call, so raise it for a slow model that writes long arguments.
     pub stall_timeout: Duration,
     /// Retries of a request answered `429` or `5xx` (but `501` and `505`, which say the same however often
-    /// asked), each after the `Retry-After` the endpoint asked for (at most
-    /// [`max_retry_wait`](Self::max_retry_wait)), else after 250 ms, 500 ms, 1 s... Default 3.
+    /// asked, and a `429` saying the request is too large for a tokens-per-minute limit, which is asked again with
+    /// less history), each after the wait the endpoint asked for (`retry-after-ms`, else `Retry-After`), else
+    /// after 250 ms, 500 ms, 1 s... Default 3.
     pub max_retries: u32,
-    /// The longest wait before one retry, whatever `Retry-After` says. Default 20 s.
+    /// The longest wait before one retry: an endpoint that asks for longer (a daily limit) fails the turn at once,
+    /// its error saying how long it asked for, rather than being asked again sooner in vain. Default 20 s.
     pub max_retry_wait: Duration,
     /// The history's bound, in bytes of JSON (an image counted as 4,000, about what a model reads of it, whatever
     /// the size of its `data:` URL): past it the oldest turns are dropped (whole turns, never the
