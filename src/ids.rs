@@ -48,18 +48,6 @@ macro_rules! string_id {
                 Self(Arc::from(id))
             }
         }
-
-        impl From<&String> for $name {
-            fn from(id: &String) -> Self {
-                Self::new(id)
-            }
-        }
-
-        impl From<&$name> for $name {
-            fn from(id: &$name) -> Self {
-                id.clone()
-            }
-        }
     };
 }
 
@@ -134,18 +122,5 @@ impl TaskId {
     /// The task a call belongs to when it names none: its conversation's, sharing the conversation id's string.
     pub(crate) fn of_conversation(conversation: &ConversationId) -> Self {
         Self(conversation.0.clone())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_id_is_made_from_a_borrowed_string_or_id_as_from_a_str() {
-        let name = String::from("alpha");
-        let world: WorldId = (&name).into();
-        assert_eq!(WorldId::from(&world), WorldId::from("alpha"));
-        assert_eq!(world.as_str(), "alpha");
     }
 }

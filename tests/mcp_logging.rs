@@ -181,6 +181,11 @@ fn rmcp_connection_lines_are_quiet_and_a_stateless_client_disconnect_is_not_an_e
     for _ in 0..20 {
         assert_eq!(foreign_request(address), 403);
     }
+    // An ended session's agent still winding down, its credential revoked: not a client with the wrong token.
+    let credentials = game.with_app(|app| app.world().resource::<McpServer>().credentials().clone());
+    let revoked = credentials.mint(&"chat-ended".into()).expect("a credential");
+    credentials.revoke(&revoked);
+    assert_eq!(bearer_request(address, &revoked), 401);
     // A client set up with another run's token, retrying.
     for _ in 0..20 {
         assert_eq!(bearer_request(address, "an-old-token"), 401);
@@ -210,6 +215,7 @@ fn rmcp_connection_lines_are_quiet_and_a_stateless_client_disconnect_is_not_an_e
         .filter(|(level, _, message)| *level == Level::ERROR && !message.starts_with("a tool's handler panicked"))
         .collect();
     assert!(errors.is_empty(), "a client going away is not an error: {errors:#?}");
+    assert_eq!(count(Level::DEBUG, "refused an MCP request with a revoked session credential"), 1, "{captured:#?}");
     for (warning, what) in [
         ("rejected request with", "20 requests of another origin"),
         ("response error", "3 calls of a tool that does not exist"),

@@ -26,7 +26,13 @@ pub(crate) struct BoundConversation {
 #[derive(Clone, Default)]
 pub struct Credentials {
     tokens: Arc<Mutex<HashMap<Arc<str>, BoundConversation>>>,
+    /// The last [`REVOKED_KEPT`] tokens revoked: a request presenting one is an ended session's agent still
+    /// winding down, not a client set up with the wrong token.
+    revoked: Arc<Mutex<std::collections::VecDeque<Arc<str>>>>,
 }
+
+/// How many revoked tokens are remembered as such.
+const REVOKED_KEPT: usize = 64;
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -58,7 +64,17 @@ impl Credentials {
 
     /// Revokes `token`: requests presenting it are refused from now on. Revoking twice does nothing.
     pub fn revoke(&self, token: &str) {
-        self.tokens.lock().remove(token);
+        let Some((token, _)) = self.tokens.lock().remove_entry(token) else { return };
+        let mut revoked = self.revoked.lock();
+        if revoked.len() == REVOKED_KEPT {
+            revoked.pop_front();
+        }
+        revoked.push_back(token);
+    }
+
+    /// Whether `token` is one of the last tokens revoked.
+    pub(crate) fn recently_revoked(&self, token: &str) -> bool {
+        self.revoked.lock().iter().any(|revoked| **revoked == *token)
     }
 
     /// The conversation `token` belongs to, if it is live.
@@ -84,10 +100,14 @@ mod tests {
         let token = credentials.mint(&chat).unwrap();
         assert_eq!(
             credentials.conversation_of(&token),
-            Some(BoundConversation { conversation: chat, of_session: false })
+            Some(BoundConversation { conversation: chat.clone(), of_session: false })
         );
         credentials.revoke(&token);
         assert_eq!(credentials.conversation_of(&token), None);
+        assert!(credentials.recently_revoked(&token) && !credentials.recently_revoked("another"));
+        let later: Vec<String> = (0..REVOKED_KEPT).map(|_| credentials.mint(&chat).unwrap()).collect();
+        later.iter().for_each(|token| credentials.revoke(token));
+        assert!(!credentials.recently_revoked(&token), "only the last {REVOKED_KEPT} are kept");
         assert_eq!(credentials.live(), 0);
     }
 }

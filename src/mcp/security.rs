@@ -89,23 +89,31 @@ pub(crate) struct Bearer {
     pub credentials: Credentials,
     /// Where the game's token is (for the warning that a client sent another one).
     pub token_file: Arc<Path>,
-    /// When a refusal was last logged: at most one per [`REFUSALS_LOGGED_EVERY`].
-    pub logged: Arc<parking_lot::Mutex<Option<std::time::Instant>>>,
+    /// When a refusal for no token, and for a wrong one, was last logged: at most one of each per
+    /// [`REFUSALS_LOGGED_EVERY`].
+    pub logged: Arc<parking_lot::Mutex<[Option<std::time::Instant>; 2]>>,
 }
 
 /// How often a refused bearer token is logged at most: a client with an old token retries as fast as it likes.
 const REFUSALS_LOGGED_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Bearer {
-    /// Logs a refusal (never the token presented), unless one was logged less than [`REFUSALS_LOGGED_EVERY`] ago.
-    fn log_refusal(&self, missing: bool) {
+    /// Logs a refusal (never the token presented), unless one of its kind was logged less than
+    /// [`REFUSALS_LOGGED_EVERY`] ago. A token revoked a moment ago is an ended session's agent winding down: debug.
+    fn log_refusal(&self, presented: Option<&str>) {
+        if presented.is_some_and(|token| self.credentials.recently_revoked(token)) {
+            tracing::debug!("refused an MCP request with a revoked session credential (its session ended)");
+            return;
+        }
+        let missing = presented.is_none();
         let now = std::time::Instant::now();
         {
             let mut logged = self.logged.lock();
-            if logged.is_some_and(|at| now.saturating_duration_since(at) < REFUSALS_LOGGED_EVERY) {
+            let last = &mut logged[usize::from(missing)];
+            if last.is_some_and(|at| now.saturating_duration_since(at) < REFUSALS_LOGGED_EVERY) {
                 return;
             }
-            *logged = Some(now);
+            *last = Some(now);
         }
         let presented = if missing { "no bearer token" } else { "a wrong or revoked bearer token" };
         tracing::warn!(
@@ -150,7 +158,6 @@ pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Re
             connection.presented_token();
         }
     };
-    let presented_one = presented_bearer(request.headers()).is_some();
     let reason = match presented_bearer(request.headers()) {
         None => {
             "missing bearer token: send the header `Authorization: Bearer <token>`, with the token from the \
@@ -172,7 +179,7 @@ pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Re
             }
         },
     };
-    bearer.log_refusal(!presented_one);
+    bearer.log_refusal(presented_bearer(request.headers()));
     refusal(StatusCode::UNAUTHORIZED, "unauthorized", reason)
 }
 

@@ -4,6 +4,12 @@
 //! whole schema counts every property some shape evaluated. serde takes the first shape that fits and drops the
 //! rest without a word, so a call would run on part of what the agent asked. Here such arguments are refused
 //! with `INVALID_INPUT` naming what the shape they were read as has no room for.
+//!
+//! Which shape serde reads them as is told by each shape's schema, with its `format`s checked (a `Uuid` field's
+//! `uuid`: serde refuses a string that is not one, and goes on to the next shape). A field read by code of the
+//! game's own (`deserialize_with`, `try_from`) beyond what its schema says can make serde take a later shape than
+//! its schema does. Only the arguments' own `anyOf` is looked at: one untagged enum at their root or flattened
+//! into them (two flattened ones are an `allOf` of alternatives, not checked).
 
 use serde_json::{Map, Value};
 
@@ -29,8 +35,9 @@ impl Shapes {
                 let closed = alone(root, alternative);
                 let mut open = closed.clone();
                 open.remove("unevaluatedProperties");
-                let open = jsonschema::validator_for(&Value::Object(open)).ok()?;
-                let closed = jsonschema::validator_for(&Value::Object(closed)).ok()?;
+                let compile =
+                    |schema| jsonschema::options().should_validate_formats(true).build(&Value::Object(schema));
+                let (open, closed) = (compile(open).ok()?, compile(closed).ok()?);
                 Some((open, closed))
             })
             .collect();
@@ -41,6 +48,9 @@ impl Shapes {
     /// leaves some of their properties unread.
     pub(crate) fn check(&self, tool: &str, args: &Value) -> Result<(), ToolError> {
         let Some((_, closed)) = self.0.iter().find(|(open, _)| open.is_valid(args)) else { return Ok(()) };
+        if closed.is_valid(args) {
+            return Ok(());
+        }
         let dropped: Vec<String> = closed
             .iter_errors(args)
             .filter_map(|error| match error.kind() {
@@ -95,6 +105,30 @@ mod tests {
         Name { name: String },
         Both { name: String, id: u64 },
         Id { id: u64 },
+        // serde refuses a `kind` that is not a date, and reads such arguments as `Tag`.
+        Dated { kind: Date },
+        Tag { kind: String, weight: u32 },
+    }
+
+    /// A date, as serde reads it from a string (its schema's `format` says so).
+    #[allow(dead_code)]
+    struct Date(String);
+
+    impl schemars::JsonSchema for Date {
+        fn schema_name() -> std::borrow::Cow<'static, str> {
+            "Date".into()
+        }
+        fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+            schemars::json_schema!({ "type": "string", "format": "date" })
+        }
+    }
+
+    impl<'de> serde::Deserialize<'de> for Date {
+        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            let text = String::deserialize(deserializer)?;
+            let date = text.len() == 10 && text.chars().all(|c| c.is_ascii_digit() || c == '-');
+            date.then_some(Self(text)).ok_or_else(|| serde::de::Error::custom("not a date"))
+        }
     }
 
     #[derive(serde::Deserialize, schemars::JsonSchema)]
@@ -120,5 +154,9 @@ mod tests {
         let shapes = Shapes::of(&input_schema_of::<Target>());
         assert!(shapes.check("target", &json!({ "name": "ada", "id": 7 })).is_err(), "at the root too");
         shapes.check("target", &json!({ "id": 7 })).expect("one shape");
+        // Not a date: serde reads it as `Tag`, which takes every property given.
+        shapes.check("target", &json!({ "kind": "rare", "weight": 2 })).expect("read as `Tag`, nothing dropped");
+        let error = shapes.check("target", &json!({ "kind": "2026-12-05", "weight": 2 })).expect_err("refused");
+        assert_eq!(error.details.extra["field"], "weight", "read as `Dated`: {error:?}");
     }
 }
