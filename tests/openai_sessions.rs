@@ -2315,6 +2315,21 @@ fn a_models_reasoning_content_goes_back_with_the_tool_calls_it_led_to_and_reason
         }
         assert!(with_calls[0].get(other).is_none(), "{field}: {messages:#?}");
     }
+
+    // DeepSeek's thinking mode, having thought nothing: `reasoning_content: ""`, which it wants back all the same.
+    let (_data, server, game, session) = after_one_turn();
+    let empty = Piece::Data(json!({"choices": [{"index": 0, "delta": {"reasoning_content": ""}}]}));
+    server.reply(calls(vec![empty, call(0, "c1", "bump", "{}")])).reply(says("done"));
+    game.block_on(session.send_text("two")).expect("a turn");
+    let messages = server.requests()[2]["messages"].as_array().expect("messages").clone();
+    let with_calls: Vec<&Value> = messages.iter().filter(|m| m.get("tool_calls").is_some()).collect();
+    assert_eq!(with_calls[0]["reasoning_content"], "", "{messages:#?}");
+    // An endpoint that never said the field: none sent.
+    let (_data, server, game, session) = after_one_turn();
+    server.reply(calls(vec![call(0, "c1", "bump", "{}")])).reply(says("done"));
+    game.block_on(session.send_text("two")).expect("a turn");
+    let messages = server.requests()[2]["messages"].as_array().expect("messages").clone();
+    assert!(messages.iter().all(|m| m.get("reasoning_content").is_none()), "{messages:#?}");
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -70,13 +70,20 @@ struct Reasoning {
 }
 
 impl Reasoning {
-    /// Adds what `delta` brings of it; returns the bytes added.
+    /// Adds what `delta` brings of it; returns the bytes added. An empty piece still says which field the
+    /// endpoint uses (DeepSeek's thinking mode streams `reasoning_content: ""` when it thought nothing, and refuses
+    /// that answer's tool calls sent back without the field), unless another field brought thinking already.
     fn add(&mut self, delta: &super::client::Delta) -> usize {
         let pieces = [("reasoning_content", &delta.reasoning_content), ("reasoning", &delta.reasoning)];
         let mut added = 0;
         for (field, piece) in pieces {
-            let Some(piece) = piece.as_deref().filter(|piece| !piece.is_empty()) else { continue };
-            if *self.field.get_or_insert(field) == field {
+            let Some(piece) = piece.as_deref() else { continue };
+            // Until thinking came, the field is the one that brought some (or DeepSeek's empty one).
+            let says_field = !piece.is_empty() || (field == "reasoning_content" && self.field.is_none());
+            if self.text.is_empty() && says_field {
+                self.field = Some(field);
+            }
+            if !piece.is_empty() && self.field == Some(field) {
                 self.text.push_str(piece);
                 added += piece.len();
             }
@@ -314,7 +321,7 @@ async fn drive(
             .collect();
         let content = if text.is_empty() { Value::Null } else { Value::String(text) };
         let mut message = json!({"role": "assistant", "content": content, "tool_calls": wire_calls});
-        if reasoning.field == Some("reasoning_content") && reasoning.any() {
+        if reasoning.field == Some("reasoning_content") {
             message["reasoning_content"] = Value::String(reasoning.text);
         }
         messages.push(message);
