@@ -1450,11 +1450,20 @@ fn a_stream_that_stalls_times_out() {
     assert!(message.contains("holds a tool call back") && message.contains("stall_timeout"), "{message}");
     assert_eq!(session.status(), ConversationStatus::Idle, "the turn failed, not the session");
 
-    // Silent from the start, as a local server reading a long prompt is: the message says so, and what to set.
+    // Silent from the start, as a local server loading its model or reading a long prompt is: waited for longer
+    // than a silence mid-answer, then the message says so, and what to set.
+    let config =
+        endpoint(&server).stall_timeout(Duration::from_millis(300)).first_answer_timeout(Duration::from_secs(2));
+    let session = game.create(config).expect("starts");
+    server.reply(Reply::Stream(vec![Piece::Wait(Duration::from_millis(900)), text("loaded"), finish("stop")]));
+    let turn = game.block_on(session.send_text("hi")).expect("the first chunk came within the first answer's time");
+    assert_eq!(turn.final_message.as_deref(), Some("loaded"));
     server.reply(Reply::Stream(vec![Piece::Stall]));
+    let started = Instant::now();
     let (code, message) = code_of(game.block_on(session.send_text("hi again")));
     assert_eq!(code, ErrorCode::Timeout, "{message}");
-    assert!(message.contains("reading the prompt") && message.contains("stall_timeout"), "{message}");
+    assert!(started.elapsed() >= Duration::from_secs(2), "the first answer's time: {:?}", started.elapsed());
+    assert!(message.contains("reading the prompt") && message.contains("first_answer_timeout"), "{message}");
 }
 
 #[test]

@@ -48,11 +48,17 @@ pub struct OpenAiEndpoint {
     /// Default 32.
     #[serde(default = "default_max_tool_calls_per_round")]
     pub max_tool_calls_per_round: u32,
-    /// How long the endpoint may stay silent (before its answer starts, or between two chunks of it) before the
-    /// turn fails with `TIMEOUT`. Default 60 s (a local model loading into memory can take that long). Any bytes
-    /// count, also the comments some endpoints send to keep a waiting request alive; Ollama sends none while the
-    /// model writes a tool call, so raise it for a slow model that writes long arguments.
+    /// How long the endpoint may stay silent between two chunks of its answer before the turn fails with
+    /// `TIMEOUT`. Default 60 s. Any bytes count, also the comments some endpoints send to keep a waiting request
+    /// alive; Ollama sends none while the model writes a tool call, so raise it for a slow model that writes long
+    /// arguments.
     pub stall_timeout: Duration,
+    /// How long the endpoint may stay silent before the first chunk of its answer (if longer than
+    /// [`stall_timeout`](Self::stall_timeout)): a local server loads the model into memory at its first request
+    /// (Ollama, LM Studio) and reads the whole prompt before it answers, minutes on a CPU, and a reasoning model
+    /// may think that long before it streams a word. Default 5 min.
+    #[serde(default = "default_first_answer_timeout")]
+    pub first_answer_timeout: Duration,
     /// Retries of a request answered `429` or `5xx` (but `501` and `505`, which say the same however often
     /// asked, and a `429` saying the request is too large for a tokens-per-minute limit, which is asked again with
     /// less history), each after the wait the endpoint asked for (`retry-after-ms`, else `Retry-After`), else
@@ -89,6 +95,10 @@ pub struct OpenAiEndpoint {
 
 fn default_max_tool_calls_per_round() -> u32 {
     32
+}
+
+fn default_first_answer_timeout() -> Duration {
+    Duration::from_secs(300)
 }
 
 /// The request field that carries [`Sampling::max_tokens`], as the endpoint names it.
@@ -144,6 +154,7 @@ impl OpenAiEndpoint {
             max_tool_rounds: 8,
             max_tool_calls_per_round: default_max_tool_calls_per_round(),
             stall_timeout: Duration::from_secs(60),
+            first_answer_timeout: default_first_answer_timeout(),
             max_retries: 3,
             max_retry_wait: Duration::from_secs(20),
             max_history_bytes: 512 * 1024,
@@ -196,9 +207,15 @@ impl OpenAiEndpoint {
         self
     }
 
-    /// How long the endpoint may stay silent.
+    /// How long the endpoint may stay silent between two chunks of its answer.
     pub fn stall_timeout(mut self, timeout: Duration) -> Self {
         self.stall_timeout = timeout;
+        self
+    }
+
+    /// How long the endpoint may stay silent before the first chunk of its answer.
+    pub fn first_answer_timeout(mut self, timeout: Duration) -> Self {
+        self.first_answer_timeout = timeout;
         self
     }
 

@@ -379,8 +379,10 @@ async fn stream_round(
 ) -> Result<RoundEnd, ToolError> {
     let endpoint = &shared.endpoint;
     let stall = endpoint.stall_timeout;
+    // Before the first chunk: a local server loading the model, or reading a long prompt on a CPU.
+    let first = endpoint.first_answer_timeout.max(stall);
     // Opening may include the bounded retries' waits.
-    let open_bound = stall.saturating_add(endpoint.max_retry_wait.saturating_mul(endpoint.max_retries));
+    let open_bound = first.saturating_add(endpoint.max_retry_wait.saturating_mul(endpoint.max_retries));
     let chat = shared.client.chat();
     let opening = tokio::time::timeout(open_bound, chat.create_stream_byot::<Value, Chunk>(request));
     let opened = tokio::select! {
@@ -412,10 +414,14 @@ async fn stream_round(
     // Silence is counted from the answer's last bytes, whatever they were: a comment that keeps the connection
     // alive is no event, yet says the endpoint is there.
     shared.heard.now();
+    // Whether a chunk came: until then the silence waited for is `first`.
+    let mut answering = false;
     loop {
+        let silence = if answering { stall } else { first };
         // Once the answer said how it finished, only what may follow it (the usage chunk, `[DONE]`) is awaited, and
         // not for long: a server that then keeps the connection open without a word has given its whole answer.
-        let wait = if finish.is_some() { stall.min(AFTER_FINISH) } else { stall.saturating_sub(shared.heard.since()) };
+        let wait =
+            if finish.is_some() { stall.min(AFTER_FINISH) } else { silence.saturating_sub(shared.heard.since()) };
         let next = tokio::select! {
             biased;
             // Dropping the stream closes the request: the endpoint stops generating.
@@ -425,8 +431,8 @@ async fn stream_round(
         let chunk = match next {
             Err(_elapsed) if finish.is_some() => break,
             // Bytes came meanwhile (a comment): the silence is counted from them.
-            Err(_elapsed) if shared.heard.since() < stall => continue,
-            Err(_elapsed) => return Err(stalled(shared, stall, held == 0)),
+            Err(_elapsed) if shared.heard.since() < silence => continue,
+            Err(_elapsed) => return Err(stalled(shared, silence, !answering)),
             Ok(None) => break,
             // The answer said how it finished: what breaks after that (a server that sends no `[DONE]`) takes
             // nothing from it.
@@ -434,6 +440,7 @@ async fn stream_round(
             Ok(Some(Err(error))) => return Err(describe(endpoint, error)),
             Ok(Some(Ok(chunk))) => chunk,
         };
+        answering = true;
         if let Some(error) = chunk.error {
             // Before any of the answer: the request was refused, and one too long is asked again shorter.
             if text.is_empty() && calls.is_empty() && super::client::in_stream_too_long(&error) {
@@ -561,8 +568,9 @@ fn stalled(shared: &Shared, waited: std::time::Duration, before_the_answer: bool
     let mut message = format!("{url} sent nothing for {waited:?}: the request was abandoned");
     if before_the_answer {
         message.push_str(
-            " (before any of the answer: a local server may still have been reading the prompt, which takes minutes \
-             on a CPU; `OpenAiEndpoint::stall_timeout` sets how long a silence is waited for)",
+            " (before any of the answer: a local server may still have been loading the model or reading the \
+             prompt, which takes minutes on a CPU; `OpenAiEndpoint::first_answer_timeout` sets how long that is \
+             waited for)",
         );
     } else {
         message.push_str(
