@@ -2333,6 +2333,24 @@ fn a_models_reasoning_content_goes_back_with_the_tool_calls_it_led_to_and_reason
     let messages = server.requests()[2]["messages"].as_array().expect("messages").clone();
     let with_calls: Vec<&Value> = messages.iter().filter(|m| m.get("tool_calls").is_some()).collect();
     assert_eq!(with_calls[0]["reasoning_content"], "", "{messages:#?}");
+    // OpenRouter's reasoning blocks (Gemini's refuse the next request without them), streamed a piece at a time.
+    let (_data, server, game, session) = after_one_turn();
+    let block = |text: &str, signature: Option<&str>| {
+        let mut piece = json!({"type": "reasoning.text", "text": text, "index": 0, "format": "google-gemini-v1"});
+        if let Some(signature) = signature {
+            piece["signature"] = json!(signature);
+        }
+        Piece::Data(json!({"choices": [{"index": 0, "delta": {"reasoning": text, "reasoning_details": [piece]}}]}))
+    };
+    server
+        .reply(calls(vec![block("Bump ", None), block("it.", Some("c2ln")), call(0, "c1", "bump", "{}")]))
+        .reply(says("done"));
+    game.block_on(session.send_text("two")).expect("a turn");
+    let messages = server.requests()[2]["messages"].as_array().expect("messages").clone();
+    let with_calls: Vec<&Value> = messages.iter().filter(|m| m.get("tool_calls").is_some()).collect();
+    let expected = json!([{"type": "reasoning.text", "text": "Bump it.", "index": 0, "format": "google-gemini-v1",
+        "signature": "c2ln"}]);
+    assert_eq!(with_calls[0]["reasoning_details"], expected, "{messages:#?}");
     // An endpoint that never said the field: none sent.
     let (_data, server, game, session) = after_one_turn();
     server.reply(calls(vec![call(0, "c1", "bump", "{}")])).reply(says("done"));

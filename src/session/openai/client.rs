@@ -51,6 +51,9 @@ pub(crate) struct Delta {
     /// The same, as Ollama sends it.
     #[serde(default)]
     pub reasoning: Option<String>,
+    /// OpenRouter's reasoning blocks ([`ReasoningDetails`](super::reasoning_details::ReasoningDetails)).
+    #[serde(default)]
+    pub reasoning_details: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -45,6 +45,7 @@ mod config;
 mod history;
 mod inlined;
 mod probe;
+mod reasoning_details;
 mod roles;
 mod think_tags;
 mod turn;

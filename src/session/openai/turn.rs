@@ -57,7 +57,8 @@ enum RoundEnd {
 /// A reasoning model's thinking in one answer (`reasoning_content` as llama.cpp's server, DeepSeek and Kimi send
 /// it, or `reasoning` as Ollama, Groq and newer vLLM do: the first of the two the answer used, so that a server
 /// sending both is read once). Never shown. Sent back with the tool calls it led to when it came as
-/// `reasoning_content`: DeepSeek's and Kimi's thinking modes refuse a tool call's message without it, and
+/// `reasoning_content` (and OpenRouter's `reasoning_details` as they came): DeepSeek's and Kimi's thinking modes
+/// refuse a tool call's message without it, Gemini's through OpenRouter without its blocks, and
 /// llama.cpp gives it to the templates of models trained to see it there (gpt-oss). Never as `reasoning`, which
 /// Groq refuses in a request. An answer without tool calls keeps only its text (DeepSeek's reasoner refuses
 /// reasoning elsewhere).
@@ -67,6 +68,8 @@ struct Reasoning {
     text: String,
     /// Thinking the answer's text held, apart: never sent back, whatever `field` says.
     tagged: String,
+    /// OpenRouter's reasoning blocks: sent back with the answer's tool calls, as they came.
+    details: super::reasoning_details::ReasoningDetails,
 }
 
 impl Reasoning {
@@ -87,6 +90,9 @@ impl Reasoning {
                 self.text.push_str(piece);
                 added += piece.len();
             }
+        }
+        if let Some(details) = &delta.reasoning_details {
+            added += self.details.add(details);
         }
         added
     }
@@ -323,6 +329,9 @@ async fn drive(
         let mut message = json!({"role": "assistant", "content": content, "tool_calls": wire_calls});
         if reasoning.field == Some("reasoning_content") {
             message["reasoning_content"] = Value::String(reasoning.text);
+        }
+        if let Some(details) = reasoning.details.into_value() {
+            message["reasoning_details"] = details;
         }
         messages.push(message);
         let mut cancelled = false;
