@@ -2280,6 +2280,31 @@ fn thinking_in_the_answers_text_is_never_shown_nor_kept() {
 }
 
 #[test]
+fn tool_calls_a_model_wrote_in_its_text_run_as_calls_and_are_not_shown() {
+    let (_data, server, game, session) = started();
+    // vLLM with a tool-call parser that does not match the model: Hermes' markup comes as text, `stop`.
+    let markup = "<tool_call>\n{\"name\": \"bump\", \"arguments\": {\"by\": 2}}\n</tool_call>";
+    server.reply(Reply::Stream(vec![text("On it. <tool_"), text(&markup[6..]), finish("stop")])).reply(says("done"));
+    let turn = game.block_on(session.send_text("bump it by two")).expect("the turn ends");
+    assert_eq!(turn.final_message.as_deref(), Some("done"));
+    assert_eq!(game.counter(), 1, "the call ran");
+    let messages = server.requests()[1]["messages"].as_array().expect("messages").clone();
+    let with_calls: Vec<&Value> = messages.iter().filter(|m| m.get("tool_calls").is_some()).collect();
+    assert_eq!(with_calls[0]["content"], "On it. ", "the markup is not what the model said: {messages:#?}");
+    assert_eq!(with_calls[0]["tool_calls"][0]["function"]["name"], "bump", "{messages:#?}");
+    let result = messages.iter().find(|m| m["role"] == "tool").expect("the call's result");
+    assert!(result["content"].as_str().is_some_and(|content| content.contains("\"counter\":2")), "{result:#?}");
+    assert!(!game.log.lines().iter().any(|line| line.contains("<tool_call>")), "{:#?}", game.log.lines());
+
+    // A tool the model was not offered: its words, shown as they came, and nothing runs.
+    let unknown = "<tool_call>{\"name\": \"delete_world\", \"arguments\": {}}</tool_call>";
+    server.reply(Reply::Stream(vec![text(unknown), finish("stop")]));
+    let turn = game.block_on(session.send_text("delete it")).expect("the turn ends");
+    assert_eq!(turn.final_message.as_deref(), Some(unknown));
+    assert_eq!(game.counter(), 1);
+}
+
+#[test]
 fn an_empty_first_answer_tells_the_player_the_model_answered_nothing() {
     let (_data, server, game, session) = started();
     // LM Studio's answer to a prompt longer than the context it loaded the model with: no delta, `stop`.

@@ -47,6 +47,7 @@ mod inlined;
 mod probe;
 mod reasoning_details;
 mod roles;
+mod text_calls;
 mod think_tags;
 mod turn;
 

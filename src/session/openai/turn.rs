@@ -192,6 +192,16 @@ fn cut_short(endpoint: &super::OpenAiEndpoint, calls: &[PendingCall]) -> ToolErr
 
 /// What the player is told when the model's first answer of a turn was empty.
 fn answered_nothing(endpoint: &super::OpenAiEndpoint, finish: Option<&str>) -> ToolError {
+    if finish == Some("tool_calls") {
+        return ToolError::new(
+            "NO_ANSWER",
+            format!(
+                "{} said its answer was tool calls, but sent none: its tool-call parser did not read the model's \
+                 (vLLM's --tool-call-parser must match the model; llama.cpp needs --jinja)",
+                endpoint.completions_url()
+            ),
+        );
+    }
     let finish = finish.unwrap_or("none");
     ToolError::new(
         "NO_ANSWER",
@@ -418,6 +428,7 @@ async fn stream_round(
     let mut finish = None;
     let mut reasoning = Reasoning::default();
     let mut think_tags = super::think_tags::ThinkTags::default();
+    let mut text_calls = super::text_calls::TextCalls::default();
     // What the answer holds so far (a server that streams without end is stopped at the limit, not by memory).
     let mut held = 0usize;
     // Silence is counted from the answer's last bytes, whatever they were: a comment that keeps the connection
@@ -475,9 +486,10 @@ async fn stream_round(
                 held = held.saturating_add(piece.len());
                 let split = think_tags.push(&piece);
                 reasoning.thought(&split.thought);
-                if !split.shown.is_empty() {
-                    text.push_str(&split.shown);
-                    (shared.sink)(BackendEvent::MessageChunk { message: Some(message.clone()), text: split.shown });
+                let shown = text_calls.push(&split.shown);
+                if !shown.is_empty() {
+                    text.push_str(&shown);
+                    (shared.sink)(BackendEvent::MessageChunk { message: Some(message.clone()), text: shown });
                 }
             }
             for fragment in choice.delta.tool_calls.unwrap_or_default() {
@@ -541,9 +553,25 @@ async fn stream_round(
     }
     let split = think_tags.finish();
     reasoning.thought(&split.thought);
-    if !split.shown.is_empty() {
-        text.push_str(&split.shown);
-        (shared.sink)(BackendEvent::MessageChunk { message: Some(message.clone()), text: split.shown });
+    let mut shown = text_calls.push(&split.shown);
+    // Calls written as text are the answer's calls only when the server gave none of its own.
+    let tools = shared.agent.tools();
+    let offered = |name: &str| calls.is_empty() && tools.iter().any(|tool| tool.name == name);
+    let (written, rest) = text_calls.finish(offered);
+    shown.push_str(&rest);
+    if !written.is_empty() {
+        tracing::debug!(session = %shared.conversation, calls = written.len(), "tool calls written in the answer's text");
+    }
+    calls.extend(written.into_iter().enumerate().map(|(index, call)| PendingCall {
+        index,
+        id: String::new(),
+        name: call.name,
+        arguments: call.arguments,
+        extra_content: None,
+    }));
+    if !shown.is_empty() {
+        text.push_str(&shown);
+        (shared.sink)(BackendEvent::MessageChunk { message: Some(message.clone()), text: shown });
     }
     for (n, call) in calls.iter_mut().enumerate() {
         if call.id.is_empty() {
