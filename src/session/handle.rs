@@ -15,6 +15,7 @@ use super::backend::{Attached, Usage};
 use super::core::{Phase, SessionCore};
 use super::record::not_found;
 use super::record::Record;
+use super::under_way::UnderWay;
 use super::{SessionConfig, SessionHost, TurnEnd};
 use crate::conversation::ConversationStatus;
 use crate::error::{ErrorCode, ToolError};
@@ -267,6 +268,9 @@ impl AgentSessions {
         if !cores.is_empty() {
             self.disconnect(cores, until);
         }
+        // The folders of sessions the exit stopped while they started (their removal, a blocking task, would be
+        // dropped unrun by the runtime's stop).
+        self.host.records.removing.wait_until_none(until);
         let left = self.forgetting.wait_until_none(until);
         if left > 0 {
             tracing::warn!(
@@ -314,40 +318,6 @@ impl AgentSessions {
                  the runtime, and an ended session's folder may be left for the next start to remove"
             );
         }
-    }
-}
-
-/// How many operations of a kind are under way, and a signal when one finishes.
-#[derive(Default)]
-struct UnderWay {
-    under_way: parking_lot::Mutex<usize>,
-    finished: parking_lot::Condvar,
-}
-
-impl UnderWay {
-    /// Counts an operation until the returned guard is dropped (it finished, or its future was dropped).
-    fn begin(this: &Arc<Self>) -> impl Drop {
-        *this.under_way.lock() += 1;
-        struct Finished(Arc<UnderWay>);
-        impl Drop for Finished {
-            fn drop(&mut self) {
-                let mut under_way = self.0.under_way.lock();
-                *under_way = under_way.saturating_sub(1);
-                self.0.finished.notify_all();
-            }
-        }
-        Finished(this.clone())
-    }
-
-    /// Waits until none is under way, or `until`; returns how many are still under way.
-    fn wait_until_none(&self, until: std::time::Instant) -> usize {
-        let mut under_way = self.under_way.lock();
-        while *under_way > 0 {
-            if self.finished.wait_until(&mut under_way, until).timed_out() {
-                break;
-            }
-        }
-        *under_way
     }
 }
 

@@ -66,6 +66,7 @@ mod plugin;
 mod record;
 mod requests;
 mod runs;
+mod under_way;
 
 #[cfg(feature = "acp")]
 mod acp;

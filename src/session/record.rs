@@ -49,6 +49,9 @@ pub(crate) struct Records {
     /// nobody knows (or a forgotten session brought back). Its lock is held by each record write and folder
     /// removal, so one never runs into the other.
     abandoned: Arc<Mutex<HashSet<String>>>,
+    /// The removals of new sessions' folders under way ([`remove_new`](Self::remove_new)): the game's exit waits
+    /// for them, since the runtime's stop drops a blocking task that has not started yet.
+    pub removing: Arc<super::under_way::UnderWay>,
 }
 
 impl Records {
@@ -59,12 +62,13 @@ impl Records {
                 // Made absolute once: a session's working directory is its ACP `cwd`, which must be absolute, and
                 // a game that changes its current directory later keeps finding its sessions.
                 let data_dir = std::path::absolute(&data_dir).unwrap_or(data_dir);
-                Self { data_dir, private_root: None, runtime, abandoned: Arc::default() }
+                Self { data_dir, private_root: None, runtime, abandoned: Arc::default(), removing: Arc::default() }
             }
             None => {
                 let root = crate::private::default_dir();
                 let data_dir = root.join("sessions");
-                Self { data_dir, private_root: Some(root), runtime, abandoned: Arc::default() }
+                let (abandoned, removing) = (Arc::default(), Arc::default());
+                Self { data_dir, private_root: Some(root), runtime, abandoned, removing }
             }
         }
     }
@@ -215,7 +219,9 @@ impl Records {
         }
         let dir = super::config::session_dir(&self.data_dir, id);
         let abandoned = self.abandoned.clone();
+        let under_way = super::under_way::UnderWay::begin(&self.removing);
         self.runtime.spawn_blocking(move || {
+            let _under_way = under_way;
             let _writes = abandoned.lock();
             if let Err(error) = remove_folder(&dir) {
                 tracing::warn!(path = %dir.display(), %error, "could not remove the folder of a session that did not start");
