@@ -1302,7 +1302,12 @@ fn a_rate_limit_is_retried_after_its_retry_after_and_gives_up_after_the_bounded_
     let waited = started.elapsed();
     assert!(waited >= Duration::from_secs(1), "Retry-After's date honoured: {waited:?}");
 
-    // Longer than the session waits (2 s here; a daily limit says minutes): asked again sooner, the endpoint would
+    // Longer than one wait (2 s here), within what the two retries may wait in all: asked again after the bound.
+    server.reply(Reply::Status(429, Some("3".into()))).reply(says("after the bound"));
+    let turn = game.block_on(session.send_text("in a bit")).expect("retried");
+    assert_eq!(turn.final_message.as_deref(), Some("after the bound"));
+
+    // Longer than the retries may wait in all (a daily limit says minutes): asked again sooner, the endpoint would
     // say the same. The turn fails at once, saying how long the endpoint asked for.
     let before = server.requests().len();
     server.reply(Reply::Status(429, Some("864".into()))).reply(says("never asked"));
@@ -1320,7 +1325,7 @@ fn a_rate_limit_is_retried_after_its_retry_after_and_gives_up_after_the_bounded_
     let (code, message) = code_of(game.block_on(session.send_text("again")));
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains("429") && message.contains("rate limiting"), "{message}");
-    assert_eq!(server.requests().len(), 6 + 3, "one request and two retries, no more");
+    assert_eq!(server.requests().len(), 8 + 3, "one request and two retries, no more");
     assert_eq!(session.status(), ConversationStatus::Idle, "the turn failed, not the session");
     let turn = game.block_on(session.send_text("later")).expect("the next text is taken as it is");
     assert_eq!(turn.final_message.as_deref(), Some("never asked"), "the answer the failed turn never asked for");
@@ -2295,6 +2300,18 @@ fn tool_calls_a_model_wrote_in_its_text_run_as_calls_and_are_not_shown() {
     let result = messages.iter().find(|m| m["role"] == "tool").expect("the call's result");
     assert!(result["content"].as_str().is_some_and(|content| content.contains("\"counter\":2")), "{result:#?}");
     assert!(!game.log.lines().iter().any(|line| line.contains("<tool_call>")), "{:#?}", game.log.lines());
+
+    // Cancelled while text after a `<tool_call>` is held back: what the model wrote is shown and kept all the same.
+    let id = session.id().to_string();
+    server.reply(Reply::Stream(vec![text("Placing <tool_call>{\"na"), Piece::Stall]));
+    let waiting = game.block_on(session.start_turn("place")).expect("sent");
+    game.log.wait_for(&format!("delta {id} {id}-m3: Placing "));
+    assert!(session.cancel());
+    assert_eq!(game.block_on(waiting).expect("ends").stop_reason, StopReason::Cancelled);
+    server.reply(says("ok"));
+    game.block_on(session.send_text("again")).expect("a turn");
+    let history = server.history(server.requests().len() - 1);
+    assert!(history.contains(&"assistant: Placing <tool_call>{\"na".to_string()), "{history:#?}");
 
     // A tool the model was not offered: its words, shown as they came, and nothing runs.
     let unknown = "<tool_call>{\"name\": \"delete_world\", \"arguments\": {}}</tool_call>";

@@ -287,14 +287,16 @@ impl Retry {
                 return readable(response, &self.heard).await;
             }
             let asked = asked_wait(response.headers(), SystemTime::now());
-            if let Some(asked) = asked.filter(|asked| *asked > self.max_wait) {
-                // A wait longer than the session's (a daily limit's "try again in 14m"): asked again sooner, the
-                // endpoint would say the same. The turn fails now, saying how long it asked for.
+            // What the retries left may wait in all (a minute's limit asking for 30 s is waited out in two).
+            let budget = self.max_wait.saturating_mul(self.max_retries - attempt);
+            if let Some(asked) = asked.filter(|asked| *asked > budget) {
+                // A wait longer than the session's retries cover (a daily limit's "try again in 14m"): asked again
+                // sooner, the endpoint would say the same. The turn fails now, saying how long it asked for.
                 let mut error = refused(response).await;
                 if let OpenAIError::ApiError(api) = &mut error {
                     let seconds = asked.as_secs_f64().ceil();
                     api.api_error.message.push_str(&format!(
-                        " (the endpoint asks to retry in {seconds} s, longer than the session waits: \
+                        " (the endpoint asks to retry in {seconds} s, longer than the session's retries wait: \
                          `OpenAiEndpoint::retries`)"
                     ));
                 }

@@ -25,7 +25,7 @@
 //! - **Faults**: connection refused and other HTTP failures are `AGENT_UNAVAILABLE` naming the URL; `401`/`403`
 //!   names the key's environment variable, with the endpoint's own words (the key hidden where they quote it);
 //!   `429` and `5xx` (not `501`, `505`) are retried a bounded number of times honouring `Retry-After` (one that
-//!   asks for longer than the session waits fails at once); an endpoint silent for
+//!   asks for longer than the retries may wait in all fails at once); an endpoint silent for
 //!   [`OpenAiEndpoint::first_answer_timeout`] before its answer, or [`OpenAiEndpoint::stall_timeout`] within it, is
 //!   `TIMEOUT` (but an answer that gave its `finish_reason` is complete after
 //!   2 s of silence, whether or not `[DONE]` follows); a malformed chunk is `AGENT_UNAVAILABLE` quoting it. A

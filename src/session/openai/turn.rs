@@ -445,7 +445,19 @@ async fn stream_round(
         let next = tokio::select! {
             biased;
             // Dropping the stream closes the request: the endpoint stops generating.
-            _ = cancel.cancelled() => return Ok(RoundEnd::Cancelled { text }),
+            _ = cancel.cancelled() => {
+                // What was held back (the start of a tag, the text after a `<tool_call>`) is the model's words all
+                // the same: shown and kept, as what came before.
+                let split = think_tags.finish();
+                reasoning.thought(&split.thought);
+                let mut held_back = text_calls.push(&split.shown);
+                held_back.push_str(&text_calls.finish(|_| false).1);
+                if !held_back.is_empty() {
+                    text.push_str(&held_back);
+                    (shared.sink)(BackendEvent::MessageChunk { message: Some(message.clone()), text: held_back });
+                }
+                return Ok(RoundEnd::Cancelled { text });
+            }
             next = tokio::time::timeout(wait, stream.next()) => next,
         };
         let chunk = match next {
@@ -559,6 +571,9 @@ async fn stream_round(
     let offered = |name: &str| calls.is_empty() && tools.iter().any(|tool| tool.name == name);
     let (written, rest) = text_calls.finish(offered);
     shown.push_str(&rest);
+    if written.len() > MAX_CALLS_PER_ANSWER {
+        return Err(oversized(shared, held, written.len()));
+    }
     if !written.is_empty() {
         tracing::debug!(session = %shared.conversation, calls = written.len(), "tool calls written in the answer's text");
     }
