@@ -1510,6 +1510,15 @@ fn an_answer_streamed_past_its_size_or_call_limit_fails_the_turn_instead_of_fill
     assert!(message.contains("over 256 tool calls"), "{message}");
     assert_eq!(game.executions.load(Ordering::SeqCst), 0, "none of them ran");
 
+    // 257 calls written as markup in the answer's text: the same limit.
+    game.block_on(session.resume()).expect("resumed");
+    let markup = "<tool_call>{\"name\": \"held\", \"arguments\": {}}</tool_call>".repeat(257);
+    server.reply(Reply::Stream(vec![text(&markup), finish("stop")]));
+    let (code, message) = code_of(game.block_on(session.send_text("call")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert!(message.contains("over 256 tool calls"), "{message}");
+    assert_eq!(game.executions.load(Ordering::SeqCst), 0, "none of them ran");
+
     // 17 calls with an id of 1 MiB each: their ids count too.
     game.block_on(session.resume()).expect("resumed");
     let mut pieces: Vec<Piece> = (0..17).map(|n| call(n, &format!("{n}{megabyte}"), "held", "{}")).collect();
