@@ -1127,6 +1127,32 @@ fn resume_session_after_a_restart_reloads_the_games_history() {
     assert_eq!(code, ErrorCode::SessionNotFound);
 }
 
+#[test]
+fn ids_given_to_calls_that_came_without_one_do_not_repeat_after_a_restart() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    // A call with no id (servers that leave it out): the session gives it one.
+    let bump_without_id = || calls(vec![fragment(Some(0), None, Some("bump"), "{\"by\":1}")]);
+    let game = Game::start(data.path());
+    server.reply(bump_without_id()).reply(says("bumped"));
+    let config = SessionConfig::openai_endpoint(endpoint(&server)).auto_end_on_disconnect(false);
+    let session = game.block_on(game.sessions.create(config)).expect("starts");
+    game.block_on(session.send_text("bump")).expect("a turn");
+    let id = session.id().clone();
+    game.game.stop();
+
+    // The next run's first turn is numbered as the first run's was.
+    let game = Game::start(data.path());
+    let resumed = game.block_on(game.sessions.resume_session(id)).expect("re-attached");
+    server.reply(bump_without_id()).reply(says("bumped again"));
+    game.block_on(resumed.send_text("bump again")).expect("a turn");
+    let requests = server.requests();
+    let messages = requests.last().and_then(|request| request["messages"].as_array()).cloned().unwrap_or_default();
+    let ids: Vec<&str> = messages.iter().filter_map(|message| message["tool_call_id"].as_str()).collect();
+    assert_eq!(ids.len(), 2, "{messages:#?}");
+    assert_ne!(ids[0], ids[1], "two calls, two ids, in the history the model reads");
+}
+
 /// The history is what the model is told happened: one others could have written is not resumed (the control: the
 /// same file, private again, is).
 #[cfg(unix)]
@@ -1463,6 +1489,11 @@ fn a_stream_that_stalls_times_out() {
     server.reply(Reply::Stream(vec![Piece::Wait(Duration::from_millis(900)), text("loaded"), finish("stop")]));
     let turn = game.block_on(session.send_text("hi")).expect("the first chunk came within the first answer's time");
     assert_eq!(turn.final_message.as_deref(), Some("loaded"));
+    // A first chunk that only says whose answer it is (sent before the prompt is read) is not the answer's start.
+    let role = Piece::Data(json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}));
+    server.reply(Reply::Stream(vec![role, Piece::Wait(Duration::from_millis(900)), text("read"), finish("stop")]));
+    let turn = game.block_on(session.send_text("a long one")).expect("the answer came within the first answer's time");
+    assert_eq!(turn.final_message.as_deref(), Some("read"));
     server.reply(Reply::Stream(vec![Piece::Stall]));
     let started = Instant::now();
     let (code, message) = code_of(game.block_on(session.send_text("hi again")));

@@ -53,8 +53,8 @@ pub struct OpenAiEndpoint {
     /// alive; Ollama sends none while the model writes a tool call, so raise it for a slow model that writes long
     /// arguments.
     pub stall_timeout: Duration,
-    /// How long the endpoint may stay silent before the first chunk of its answer (if longer than
-    /// [`stall_timeout`](Self::stall_timeout)): a local server loads the model into memory at its first request
+    /// How long the endpoint may stay silent before the first chunk of its answer, a chunk that says only the
+    /// answer's role not counting (if longer than [`stall_timeout`](Self::stall_timeout)): a local server loads the model into memory at its first request
     /// (Ollama, LM Studio) and reads the whole prompt before it answers, minutes on a CPU, and a reasoning model
     /// may think that long before it streams a word. Default 5 min.
     #[serde(default = "default_first_answer_timeout")]

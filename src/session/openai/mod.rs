@@ -104,6 +104,7 @@ impl Backend for OpenAiBackend {
                 history: Mutex::new(history),
                 learned_bound: Mutex::new(None),
                 asks_usage: std::sync::atomic::AtomicBool::new(true),
+                run_mark: run_mark(),
                 history_path,
                 sink,
                 runtime: runtime.clone(),
@@ -120,6 +121,13 @@ impl Backend for OpenAiBackend {
             Ok((Arc::new(link) as Arc<dyn Link>, attached, true))
         })
     }
+}
+
+/// A mark that differs from run to run of a session (random, as std's hash keys are): 8 hex digits.
+fn run_mark() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    format!("{:08x}", random as u32)
 }
 
 /// The history to start from: a new session's empty one (written at once, so that `resume_session` finds it),
@@ -234,6 +242,9 @@ pub(crate) struct Shared {
     /// Whether requests ask for the usage (`stream_options.include_usage`): until the endpoint refuses the field
     /// (Mistral's API, which sends the usage anyway), then no more in this run of the session.
     asks_usage: std::sync::atomic::AtomicBool,
+    /// This run's mark in the ids given to tool calls that came without one: turn numbers start again after a
+    /// restart, and the history the model reads must not hold two calls of one id.
+    run_mark: String,
     history_path: PathBuf,
     sink: EventSink,
     runtime: tokio::runtime::Handle,

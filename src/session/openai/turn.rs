@@ -472,7 +472,9 @@ async fn stream_round(
             Ok(Some(Err(error))) => return Err(describe(endpoint, error)),
             Ok(Some(Ok(chunk))) => chunk,
         };
-        answering = true;
+        // What the answer held before this chunk: a chunk that brings nothing of it (only the role, before the
+        // prompt is read) does not start the answer's time.
+        let before = held;
         if let Some(error) = chunk.error {
             // Before any of the answer: the request was refused, and one too long is asked again shorter.
             if text.is_empty() && calls.is_empty() && super::client::in_stream_too_long(&error) {
@@ -559,6 +561,7 @@ async fn stream_round(
                 finish = choice.finish_reason;
             }
         }
+        answering |= held > before || finish.is_some();
         if held > ANSWER_LIMIT || calls.len() > MAX_CALLS_PER_ANSWER {
             return Err(oversized(shared, held, calls.len()));
         }
@@ -590,7 +593,7 @@ async fn stream_round(
     }
     for (n, call) in calls.iter_mut().enumerate() {
         if call.id.is_empty() {
-            call.id = format!("call_{turn}_{round}_{n}");
+            call.id = format!("call_{}_{turn}_{round}_{n}", shared.run_mark);
         }
     }
     Ok(RoundEnd::Done { text, calls, finish, reasoning })
