@@ -2209,6 +2209,13 @@ fn a_request_too_large_for_a_tokens_per_minute_limit_is_asked_again_with_less_hi
         assert_eq!(turn.final_message.as_deref(), Some("it fits now"), "{status}");
         assert_eq!(server.requests().len(), 3, "{status}: asked again once, shorter, not retried as it was");
         assert!(!server.history(2).contains(&"user: one".to_string()), "{status}: {:?}", server.history(2));
+
+        // Too large even with less: the advice is the provider's limit's, not the model's context's.
+        server.reply(Reply::Refusal(status, refusal)).reply(Reply::Refusal(status, refusal));
+        let (code, message) = code_of(game.block_on(session.send_text("three")));
+        assert_eq!(code, ErrorCode::AgentUnavailable, "{status}: {message}");
+        assert!(message.contains("tokens-per-minute limit"), "{status}: {message}");
+        assert!(!message.contains("context window"), "{status}: {message}");
     }
 }
 

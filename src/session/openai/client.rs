@@ -639,8 +639,18 @@ pub(crate) fn in_stream_too_long(error: &Value) -> bool {
 
 /// What to do about a request longer than the model's context, which the turn asked again with at most half of
 /// the history (`history_sent` is what the last request carried of it, in bytes; `round` the turn's round, past
-/// 0 once it carries the turn's own tool calls and results).
-pub(crate) fn too_long_advice(endpoint: &OpenAiEndpoint, history_sent: usize, round: u32) -> String {
+/// 0 once it carries the turn's own tool calls and results; `refusal` the endpoint's words).
+pub(crate) fn too_long_advice(endpoint: &OpenAiEndpoint, history_sent: usize, round: u32, refusal: &str) -> String {
+    // Groq's and OpenAI's "Request too large ... on tokens per minute (TPM)": the account's limit, not the model's
+    // context, is what the request is over.
+    let refusal = refusal.to_lowercase();
+    if refusal.contains("tokens per min") || refusal.contains("(tpm)") {
+        return format!(
+            "the request is over the provider's tokens-per-minute limit for the account, a rate limit and not the \
+             model's context: send less (OpenAiEndpoint::max_history_bytes bounds the history; {history_sent} bytes \
+             of it went; offer the model fewer tools, have them return less) or raise the account's limit"
+        );
+    }
     let server_context = "start the server with a larger context (llama.cpp's -c, Ollama's num_ctx, vLLM's \
                           --max-model-len)";
     let advice = too_long_cause(endpoint, history_sent, round, server_context);

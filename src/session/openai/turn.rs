@@ -250,7 +250,7 @@ async fn drive(
                     shrunk = true;
                 }
                 RoundEnd::TooLong(error) => {
-                    let advice = super::client::too_long_advice(&shared.endpoint, sent, round);
+                    let advice = super::client::too_long_advice(&shared.endpoint, sent, round, &error.message);
                     return Err(ToolError { message: format!("{}: {advice}", error.message), ..error });
                 }
                 // Once per session: the flag is cleared, so a second refusal is an error like any other.
