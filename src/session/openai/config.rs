@@ -54,9 +54,10 @@ pub struct OpenAiEndpoint {
     /// arguments.
     pub stall_timeout: Duration,
     /// How long the endpoint may stay silent before the first chunk of its answer, a chunk that says only the
-    /// answer's role not counting (if longer than [`stall_timeout`](Self::stall_timeout)): a local server loads the model into memory at its first request
-    /// (Ollama, LM Studio) and reads the whole prompt before it answers, minutes on a CPU, and a reasoning model
-    /// may think that long before it streams a word. Default 5 min.
+    /// answer's role not counting (if longer than [`stall_timeout`](Self::stall_timeout)): a local server loads
+    /// the model into memory at its first request (Ollama, LM Studio) and reads the whole prompt before it
+    /// answers, minutes on a CPU, and a reasoning model may think that long before it streams a word. Default
+    /// 5 min.
     #[serde(default = "default_first_answer_timeout")]
     pub first_answer_timeout: Duration,
     /// Retries of a request answered `429` or `5xx` (but `501` and `505`, which say the same however often
