@@ -1710,6 +1710,16 @@ fn an_agent_process_gets_no_variable_holding_the_games_own_token_but_the_rest_of
     let said = |name: &str| game.block_on(session.send_text(&format!("env {name}"))).expect("a turn").final_message;
     assert_eq!(said("AGENT_SESSIONS_GAME_TOKEN").as_deref(), Some("env AGENT_SESSIONS_GAME_TOKEN="));
     assert_eq!(said("AGENT_SESSIONS_OTHER").as_deref(), Some("env AGENT_SESSIONS_OTHER=kept"));
+    // Gemini CLI starts no MCP server in a folder it does not trust: told to trust the session's workspace, unless
+    // the game's environment or the session's command says otherwise.
+    let trust = "GEMINI_CLI_TRUST_WORKSPACE";
+    if std::env::var_os(trust).is_none() {
+        assert_eq!(said(trust).as_deref(), Some("env GEMINI_CLI_TRUST_WORKSPACE=true"));
+    }
+    game.block_on(session.end());
+    let session = game.create(agent(&dirs, &[]).env(trust, "false")).expect("starts");
+    let said = game.block_on(session.send_text(&format!("env {trust}"))).expect("a turn").final_message;
+    assert_eq!(said.as_deref(), Some("env GEMINI_CLI_TRUST_WORKSPACE=false"), "the session's command decides");
     game.block_on(session.end());
     dirs.wait_no_agents(LIMIT);
 }
@@ -2033,6 +2043,12 @@ fn the_players_text_reaches_the_agent_as_one_block_word_for_word_and_the_system_
     let fallback = game.create(agent(&dirs, &["--no-system-prompt"]).system_prompt("Be brief.")).expect("starts");
     assert_eq!(blocks(&fallback), vec!["[Instructions from the game]\nBe brief.".to_string(), text.to_string()]);
     assert_eq!(blocks(&fallback), vec![text.to_string()], "the instructions go once, with the first turn");
+
+    // Claude's adapter offers no `systemPrompt` capability but reads `_meta.systemPrompt.append`: the prompt goes
+    // there, as a system prompt that a compaction of a long conversation keeps, not as a first turn's text.
+    let claude = agent(&dirs, &["--no-system-prompt", "--name", "claude-agent-acp"]).system_prompt("Be brief.");
+    let claude = game.create(claude).expect("starts");
+    assert_eq!(blocks(&claude), vec!["[system] Be brief.".to_string(), text.to_string()]);
 }
 
 #[test]

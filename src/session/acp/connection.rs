@@ -499,8 +499,11 @@ async fn attach(
         .as_ref()
         .filter(|_| takes_system_prompt)
         .map(|prompt| SystemPrompt::new(vec![ContentBlock::Text(TextContent::new(prompt.clone()))]));
-    let system_prompt_sent = system_prompt.is_some();
-    let meta = quirks::session_meta(info.agent_info.as_ref().map(|agent| agent.name.as_str()));
+    let agent_name = info.agent_info.as_ref().map(|agent| agent.name.as_str());
+    // An agent that takes it otherwise (Claude's, in `_meta`) gets it there.
+    let untaken = setup.system_prompt.as_deref().filter(|_| !takes_system_prompt);
+    let (meta, carried_in_meta) = quirks::session_meta(agent_name, untaken);
+    let system_prompt_sent = system_prompt.is_some() || carried_in_meta;
 
     if let Some(id) = &setup.resume {
         let session = SessionId::new(id.clone());

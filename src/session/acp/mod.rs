@@ -54,9 +54,10 @@ impl Backend for AcpBackend {
             Ok(mcp) => mcp.game_token.clone(),
             Err(error) => return Box::pin(std::future::ready(Err(error))),
         };
-        let config = AcpAgentConfig::new(&self.command.program)
+        let config = AcpAgentConfig::new(spawned_program(&self.command.program))
             .args(self.command.args.clone())
             .envs(without_game_token(&game_token))
+            .envs(quirks::environment())
             .envs(self.command.env.iter().cloned());
         let agent = AcpAgent::new(config);
         let described = self.command.to_string();
@@ -100,7 +101,7 @@ impl Backend for AcpBackend {
                 Ok(Some(exit)) => format!("{}; {exit}", failure.message),
                 _ => failure.message.clone(),
             };
-            if !program_exists(&program) {
+            if find_program(&program, &path_extensions()).is_none() {
                 why = format!("no program `{program}` was found (neither a file at that path nor on PATH); {why}");
             }
             // Its details stay (a sign-in's methods, the URL).
@@ -110,22 +111,47 @@ impl Backend for AcpBackend {
     }
 }
 
-/// Whether `program` names a file: a path, or a name found in one of `PATH`'s directories (on Windows, with one of
-/// `PATHEXT`'s extensions too). Only for saying why an agent could not start.
-fn program_exists(program: &str) -> bool {
-    let path = std::path::Path::new(program);
-    if path.components().count() > 1 {
-        return path.is_file();
-    }
-    let extensions: Vec<String> = if cfg!(windows) {
+/// The extensions a program's name may leave out: on Windows, `PATHEXT`'s (after none); elsewhere, none.
+fn path_extensions() -> Vec<String> {
+    if cfg!(windows) {
         let listed = std::env::var("PATHEXT").unwrap_or_else(|_| ".COM;.EXE;.BAT;.CMD".into());
         std::iter::once(String::new()).chain(listed.split(';').map(str::to_string)).collect()
     } else {
         vec![String::new()]
-    };
+    }
+}
+
+/// The file `program` names: a path, or found in `PATH`'s directories ([`find_in`]).
+fn find_program(program: &str, extensions: &[String]) -> Option<std::path::PathBuf> {
+    let path = std::path::Path::new(program);
+    if path.components().count() > 1 {
+        return path.is_file().then(|| path.to_path_buf());
+    }
     let dirs: Vec<std::path::PathBuf> =
         std::env::var_os("PATH").map(|paths| std::env::split_paths(&paths).collect()).unwrap_or_default();
-    dirs.iter().any(|dir| extensions.iter().any(|extension| dir.join(format!("{program}{extension}")).is_file()))
+    find_in(program, &dirs, extensions)
+}
+
+/// The first of `dirs` holding a file named `program` with one of `extensions` added (tried in order).
+fn find_in(program: &str, dirs: &[std::path::PathBuf], extensions: &[String]) -> Option<std::path::PathBuf> {
+    dirs.iter()
+        .flat_map(|dir| extensions.iter().map(move |extension| dir.join(format!("{program}{extension}"))))
+        .find(|file| file.is_file())
+}
+
+/// What to start for `program`. On Windows, a process is started from an `.exe` only, found without `PATHEXT`:
+/// `npx`, `gemini` and the npm-installed adapters are `.cmd` scripts, found there only at their full path (which
+/// std runs through `cmd.exe`, its arguments escaped). Elsewhere, `program` as it is.
+fn spawned_program(program: &str) -> String {
+    if !cfg!(windows) {
+        return program.to_string();
+    }
+    match find_program(program, &path_extensions()) {
+        Some(file) if !file.extension().is_some_and(|extension| extension.eq_ignore_ascii_case("exe")) => {
+            file.to_string_lossy().into_owned()
+        }
+        _ => program.to_string(),
+    }
 }
 
 /// A command to the connection's task. `Cancel` sends `session/cancel`; with `by_player` (the player's cancel, not
@@ -243,9 +269,22 @@ impl Drop for Starting {
 mod tests {
     #[test]
     fn a_program_is_found_on_path_or_at_its_path() {
-        assert!(super::program_exists("sh"), "on PATH");
-        assert!(super::program_exists("/bin/sh") || cfg!(windows));
-        assert!(!super::program_exists("no-such-agent-program-here"));
-        assert!(!super::program_exists("./no/such/agent"));
+        let none = [String::new()];
+        assert!(super::find_program("sh", &none).is_some(), "on PATH");
+        assert!(super::find_program("/bin/sh", &none).is_some() || cfg!(windows));
+        assert!(super::find_program("no-such-agent-program-here", &none).is_none());
+        assert!(super::find_program("./no/such/agent", &none).is_none());
+    }
+
+    #[test]
+    fn a_program_named_without_its_extension_is_found_with_the_first_that_fits() {
+        // As on Windows, where `npx` is `npx.cmd` in a directory of PATH, after one that has none.
+        let (empty, npm) = (tempfile::tempdir().expect("a folder"), tempfile::tempdir().expect("a folder"));
+        std::fs::write(npm.path().join("agent-shim.cmd"), "@echo off").expect("written");
+        let dirs = [empty.path().to_path_buf(), npm.path().to_path_buf()];
+        let extensions = [String::new(), ".EXE".to_string(), ".cmd".to_string()];
+        let found = super::find_in("agent-shim", &dirs, &extensions);
+        assert_eq!(found, Some(npm.path().join("agent-shim.cmd")));
+        assert_eq!(super::find_in("agent-shim", &dirs, &[String::new()]), None, "not without its extension");
     }
 }
