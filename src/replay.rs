@@ -226,6 +226,30 @@ impl<T: Clone, O: Clone> ReplayTable<T, O> {
         while self.bytes > self.retention.max_bytes && self.evict_oldest(Some(generation)) {}
     }
 
+    /// Settles the in-flight entries whose execution already ended, whose caller may already hold the outcome while
+    /// the entry waits to be completed a moment later (so a sequential agent's next keyed call is not refused
+    /// `BUSY` in between). `ended` says, of an execution: still running (`None`), ended with an outcome to retain
+    /// and its size (`Some(Some(..))`), or ended without one (`Some(None)`: forgotten). Looks at every entry: for
+    /// a table that [`begin`](Self::begin) found full. Returns whether any was settled.
+    pub fn settle_ended(&mut self, ended: impl Fn(&T) -> Option<Option<(O, usize)>>, now: Instant) -> bool {
+        let settled: Vec<(ReplayKey, Option<(O, usize)>)> = self
+            .entries
+            .iter()
+            .filter_map(|(key, entry)| match &entry.state {
+                State::InFlight(running) => ended(running).map(|outcome| (key.clone(), outcome)),
+                State::Done(_) => None,
+            })
+            .collect();
+        let any = !settled.is_empty();
+        for (key, outcome) in settled {
+            match outcome {
+                Some((outcome, bytes)) => self.complete(&key, outcome, bytes, now),
+                None => self.remove(&key),
+            }
+        }
+        any
+    }
+
     /// Forgets an execution that never started its handler, so a retry can run: the key's in-flight entry, if
     /// `is_it` says the entry is that execution's (a retry may already hold the key with an execution of its own).
     pub fn forget(&mut self, key: &ReplayKey, is_it: impl FnOnce(&T) -> bool) {
@@ -334,6 +358,30 @@ mod tests {
         assert_eq!(canonical_arguments(&a), canonical_arguments(&b));
         assert_ne!(canonical_arguments(&json!({"a": 1})), canonical_arguments(&json!({"a": 1.5})));
         assert_ne!(canonical_arguments(&json!({"a": "1"})), canonical_arguments(&json!({"a": 1})));
+    }
+
+    #[test]
+    fn h12_a_full_table_makes_room_from_executions_that_ended_before_their_entries_were_completed() {
+        let mut table: ReplayTable<u32, &str> =
+            ReplayTable::new(ReplayRetention { max_entries: 2, ..Default::default() });
+        let now = Instant::now();
+        // Two executions in flight: 1 has ended with an outcome (its caller has it; its entry is completed a
+        // moment later), 2 still runs.
+        for n in [1, 2] {
+            table.start(key(n), "{}", n as u32);
+        }
+        assert!(matches!(table.begin(&key(3), "{}", now), Begin::Full));
+        let ended = |running: &u32| (*running == 1).then_some(Some(("one", 3)));
+        assert!(table.settle_ended(ended, now), "1 settled");
+        assert!(matches!(table.begin(&key(1), "{}", now), Begin::Retained("one")), "its outcome retained");
+        assert!(matches!(table.begin(&key(3), "{}", now), Begin::Fresh), "room for a new key");
+        table.start(key(3), "{}", 3);
+        assert!(matches!(table.begin(&key(1), "{}", now), Begin::Full), "1's outcome evicted for 3; the rest run");
+        assert!(matches!(table.begin(&key(2), "{}", now), Begin::Join(2)), "2 still runs, never evicted");
+        // One that ended before its handler started leaves no trace: forgotten.
+        assert!(table.settle_ended(|running: &u32| (*running == 3).then_some(None), now));
+        assert!(matches!(table.begin(&key(3), "{}", now), Begin::Fresh));
+        assert!(!table.settle_ended(|_: &u32| None, now), "nothing ended: nothing settled");
     }
 
     #[test]

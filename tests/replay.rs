@@ -20,8 +20,8 @@ use serde_json::{json, Value};
 #[test]
 fn h12_how_long_outcomes_are_kept_is_the_games_choice_and_an_evicted_operation_runs_again() {
     let executions = Arc::new(AtomicUsize::new(0));
-    // One call in flight at a time: once the conversation is not busy, its call has left the visit and its
-    // operation's entry is completed (one step, under the host's lock), so eviction sees it.
+    // One call in flight at a time: once the conversation is not busy, its call has its outcome; its operation's
+    // entry is completed then or a moment later, and a full table settles such entries before it refuses `BUSY`.
     let plugin = AgentToolsPlugin::new(TestGame::default())
         .replay_retention(bevy_agent_tools::ReplayRetention { max_entries: 2, ..Default::default() })
         .max_in_flight_per_conversation(1)
@@ -688,6 +688,15 @@ fn reserved_arguments_are_in_schemas_of_mutating_tools_and_taken_off_the_wire() 
     assert_eq!(request.arguments, json!({"by": 1}));
     let bad = CallRequest::from_wire("bump", json!({"operation_id": 5})).expect_err("not a string");
     assert_eq!(bad.code, ErrorCode::InvalidInput);
+
+    // What is published is what is taken: ids of 1 to 256 characters, for both.
+    for field in [OPERATION_ID, TASK_ID] {
+        let published = jsonschema::validator_for(&schema["properties"][field]).expect("a schema");
+        for (id, taken) in [(String::new(), false), ("x".repeat(256), true), ("x".repeat(257), false)] {
+            let read = CallRequest::from_wire("bump", json!({ field: id })).is_ok();
+            assert_eq!((published.is_valid(&json!(id)), read), (taken, taken), "{field} of {} characters", id.len());
+        }
+    }
 }
 
 #[derive(Deserialize, JsonSchema)]

@@ -187,7 +187,22 @@ fn admit_inner(
             // An execution that ended before its handler started leaves no trace (rule H12): its key is free, for
             // these arguments or others (its entry is forgotten a moment later anyway).
             open.replay.forget(key, |running| running.outcome().is_set() && !running.handler_started());
-            match open.replay.begin(key, canonical, admitted_at) {
+            let mut begun = open.replay.begin(key, canonical, admitted_at);
+            if matches!(begun, Begin::Full) {
+                // Executions that ended (their callers may hold the outcome already) whose entries are completed a
+                // moment later make room now, as they will then (under the lock: a rare path, a full table).
+                let ended = |life: &Arc<CallLife>| {
+                    let outcome = life.outcome().get()?;
+                    Some(life.handler_started().then(|| {
+                        let bytes = crate::replay::retained_bytes(&outcome);
+                        ((life.coords.request, outcome), bytes)
+                    }))
+                };
+                if open.replay.settle_ended(ended, admitted_at) {
+                    begun = open.replay.begin(key, canonical, admitted_at);
+                }
+            }
+            match begun {
                 Begin::Fresh => {}
                 // An execution that already has its outcome (its table entry is completed a moment later)
                 // answers like a retained one.
