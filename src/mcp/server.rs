@@ -27,7 +27,7 @@ use crate::agent::AgentHandle;
 use crate::call::{CallOutcome, CallRequest, Progress, ProgressSink};
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
-use crate::tool::{take_images, ToolInfo};
+use crate::tool::{declares_images, take_images, ToolInfo};
 use crate::tool::{OPERATION_ID, TASK_ID};
 
 /// The `_meta` key under which results carry the visit and location they observed (rule H11). Its prefix follows
@@ -188,12 +188,15 @@ pub(crate) fn to_mcp_tool(info: &ToolInfo) -> Tool {
     anything_as_empty_schema(&mut input);
     // Every tool takes the handle, also one without arguments of its own (its schema has no `properties`).
     if let Some(properties) = input.entry("properties").or_insert_with(|| json!({})).as_object_mut() {
-        properties.entry(CONVERSATION).or_insert(json!({ "type": "string", "description": CONVERSATION_HELP }));
+        let handle = json!({ "type": "string", "minLength": 1, "description": CONVERSATION_HELP });
+        properties.entry(CONVERSATION).or_insert(handle);
     }
     let mut tool =
         Tool::new(info.name.clone(), info.description.clone(), Arc::new(input)).with_annotations(annotations);
+    // A tool with pictures sends no `structuredContent` (see `outcome_to_result`): no output schema either, which
+    // the TypeScript SDK would hold each of its results to.
     if let Value::Object(mut output) = info.client_output_schema() {
-        if output.get("type").and_then(Value::as_str) == Some("object") {
+        if output.get("type").and_then(Value::as_str) == Some("object") && !declares_images(&info.output_schema) {
             anything_as_empty_schema(&mut output);
             tool = tool.with_raw_output_schema(Arc::new(output));
         }
@@ -428,8 +431,11 @@ async fn notify_progress(context: &RequestContext<RoleServer>, token: &mut Optio
 /// Maps a call's outcome onto MCP.
 ///
 /// - Success: `structuredContent` is the output (conforming to the published output schema), a text block
-///   carries the same JSON, and each [`ImageContent`](crate::ImageContent) field of the output travels once, as image content (it is
-///   in neither of the other two). `_meta["bevy-agent-tools/observed"]` says which visit and location it saw.
+///   carries the same JSON (a string output: the string itself), and `_meta["bevy-agent-tools/observed"]` says which visit and location it saw. Each
+///   [`ImageContent`](crate::ImageContent) field of the output travels once, as image content (not in the
+///   text); then, and for every result of a tool whose output declares one, there is no `structuredContent`:
+///   Codex and Claude Code give their model a result's `structuredContent` alone when it has one, and the
+///   picture would never reach it.
 /// - A domain error: `isError: true`, one text block holding the error as JSON (`{"code", "message",
 ///   "details"}`), the same object under `_meta["bevy-agent-tools/error"]`, and no `structuredContent`: clients
 ///   that check `structuredContent` against the tool's output schema even on errors (the TypeScript SDK, the
@@ -442,10 +448,16 @@ pub(crate) fn outcome_to_result(outcome: CallOutcome, schema: &Value) -> Result<
         Ok(output) => {
             let mut value = output.value;
             let images = value.as_object_mut().map(|object| take_images(object, schema)).unwrap_or_default();
-            let mut content = vec![ContentBlock::text(value.to_string())];
+            let pictured = !images.is_empty() || declares_images(schema);
+            // A string output is text as it is: quoted as JSON, its lines would reach the model as `\n`s.
+            let text = match &value {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            let mut content = vec![ContentBlock::text(text)];
             content.extend(images.into_iter().map(|image| ContentBlock::image(image.data, image.mime_type)));
             let mut result = CallToolResult::success(content);
-            result.structured_content = value.is_object().then_some(value);
+            result.structured_content = (value.is_object() && !pictured).then_some(value);
             let mut meta = JsonObject::new();
             meta.insert(OBSERVED_META_KEY.into(), json!(output.observed));
             Ok(result.with_meta(Some(MetaObject(meta))))
@@ -511,7 +523,7 @@ mod tests {
     }
 
     #[test]
-    fn a_results_structured_content_is_what_the_client_output_schema_describes_images_aside() {
+    fn a_result_with_a_picture_carries_no_structured_content_and_a_string_output_is_its_own_text() {
         #[derive(serde::Serialize, schemars::JsonSchema)]
         #[serde(deny_unknown_fields)]
         struct Look {
@@ -535,21 +547,39 @@ mod tests {
                 revision: crate::LocationRevision(0),
             },
         };
+        let text = |result: &CallToolResult| -> Value {
+            let text = result.content.first().and_then(|block| block.as_text()).expect("a text block");
+            serde_json::from_str(&text.text).expect("JSON")
+        };
         for (picture, images) in [(Value::Null, 0), (image.clone(), 1)] {
             let value = serde_json::json!({ "picture": picture, "raw": image, "label": "x" });
             let output = crate::CallOutput { value, observed: observed.clone() };
             let result = outcome_to_result(Ok(output), &info.output_schema).expect("a result");
-            let structured = result.structured_content.expect("structured");
-            assert_eq!(structured, serde_json::json!({ "raw": image, "label": "x" }), "picture {picture}");
-            assert!(validator.is_valid(&structured), "{structured} against {client_schema}");
+            // Codex and Claude Code give their model `structuredContent` alone when a result has it: none, so the
+            // picture reaches the model; and none published as the tool's output schema either.
+            assert_eq!(result.structured_content, None, "picture {picture}");
+            let read = text(&result);
+            assert_eq!(read, serde_json::json!({ "raw": image, "label": "x" }), "picture {picture}");
+            assert!(validator.is_valid(&read), "{read} against {client_schema}");
             assert_eq!(result.content.len(), 1 + images, "the text, and the picture when there is one");
+            assert!(result.content.get(1).is_none_or(|block| block.as_image().is_some()));
         }
-        // Free-form output: an image-shaped field is taken.
+        assert!(to_mcp_tool(info).output_schema.is_none(), "a tool with pictures publishes no output schema");
+        // Free-form output: an image-shaped field is taken, and the result with it has no `structuredContent`.
         let value = serde_json::json!({ "shot": image, "label": "x" });
-        let output = crate::CallOutput { value, observed };
+        let output = crate::CallOutput { value, observed: observed.clone() };
+        let result = outcome_to_result(Ok(output), &Value::Null).expect("a result");
+        assert_eq!((result.structured_content.clone(), text(&result)), (None, serde_json::json!({ "label": "x" })));
+        assert_eq!(result.content.len(), 2);
+        // A string output is its own text, lines and quotes as they are.
+        let output = crate::CallOutput { value: serde_json::json!("line \"1\"\nline 2"), observed: observed.clone() };
+        let result = outcome_to_result(Ok(output), &Value::Null).expect("a result");
+        let text = result.content.first().and_then(|block| block.as_text()).map(|text| text.text.clone());
+        assert_eq!(text.as_deref(), Some("line \"1\"\nline 2"));
+        // Control: without a picture, `structuredContent` is the output.
+        let output = crate::CallOutput { value: serde_json::json!({ "label": "x" }), observed };
         let result = outcome_to_result(Ok(output), &Value::Null).expect("a result");
         assert_eq!(result.structured_content, Some(serde_json::json!({ "label": "x" })));
-        assert_eq!(result.content.len(), 2);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Pictures in tool output: a field of this type becomes an image the client can show. Over MCP the picture
-//! travels once, as an image content block: the field is left out of the JSON text, of `structuredContent` and of
-//! the published output schema, so no model ever reads base64 as text.
+//! travels once, as an image content block beside the JSON text of the rest, so no model ever reads base64 as
+//! text. A result with a picture has no `structuredContent`, and a tool whose output declares one publishes no
+//! output schema: Codex and Claude Code give their model only the `structuredContent` of a result that has one,
+//! so its pictures would never reach the model.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -30,6 +32,13 @@ impl ImageContent {
         let object = value.as_object()?;
         (object.get("type")?.as_str()? == "image").then(|| serde_json::from_value(value.clone()).ok())?
     }
+}
+
+/// Whether an output schema declares a top-level [`ImageContent`] field (see [`is_image_schema`]).
+#[cfg(feature = "mcp")]
+pub(crate) fn declares_images(schema: &serde_json::Value) -> bool {
+    let properties = schema.get("properties").and_then(serde_json::Value::as_object);
+    properties.is_some_and(|properties| properties.values().any(is_image_schema))
 }
 
 /// Whether a property of an output schema is an [`ImageContent`] (directly, or as an `Option`).

@@ -27,9 +27,9 @@ use crate::error::ToolError;
 #[cfg(any(feature = "mcp", feature = "openai"))]
 pub(crate) use flat_root::flat_root;
 pub use guard::{check_version, require_confirmation, DestructiveGuard};
-#[cfg(feature = "mcp")]
-pub(crate) use image::take_images;
 pub use image::ImageContent;
+#[cfg(feature = "mcp")]
+pub(crate) use image::{declares_images, take_images};
 pub(crate) use registry::{shown_name, ToolRegistry};
 pub(crate) use reserved::{check_arguments, check_name};
 #[cfg(feature = "mcp")]

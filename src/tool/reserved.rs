@@ -170,8 +170,11 @@ impl ToolInfo {
                     super::ToolScope::Location => format!("{OPERATION_HELP}{OPERATION_HELP_LOCATION}"),
                     super::ToolScope::World => OPERATION_HELP.to_string(),
                 };
-                properties.entry(OPERATION_ID).or_insert(json!({ "type": "string", "description": help }));
-                properties.entry(TASK_ID).or_insert(json!({ "type": "string", "description": TASK_HELP }));
+                // As `take_id` reads them: 1 to 256 characters.
+                let id =
+                    |help: &str| json!({ "type": "string", "minLength": 1, "maxLength": 256, "description": help });
+                properties.entry(OPERATION_ID).or_insert(id(&help));
+                properties.entry(TASK_ID).or_insert(id(TASK_HELP));
             }
         }
         schema
@@ -179,8 +182,10 @@ impl ToolInfo {
 }
 
 impl ToolInfo {
-    /// The output schema a client sees: the tool's own without its [`ImageContent`](super::ImageContent) fields,
-    /// which travel as image content rather than in the structured result.
+    /// The shape of a result's JSON as a client reads it: the tool's own output schema without its
+    /// [`ImageContent`](super::ImageContent) fields, which travel as image content. Over MCP it is the published
+    /// output schema, except for a tool with such fields, which publishes none (its results carry no
+    /// `structuredContent`, for clients that would give their model only that).
     pub fn client_output_schema(&self) -> Value {
         let mut schema = self.output_schema.clone();
         let Some(object) = schema.as_object_mut() else { return schema };
