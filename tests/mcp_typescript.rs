@@ -142,7 +142,7 @@ fn typescript_mcp_client_reads_every_domain_error_gets_all_progress_cancels_and_
     let transcript = transcript.join("\n");
     assert!(status.success(), "the TypeScript client failed:\n{transcript}\n{stderr}");
     let checks = transcript.lines().filter(|line| line.contains(r#""ok":true"#)).count();
-    assert_eq!(checks, 32, "every check passed:\n{transcript}");
+    assert_eq!(checks, 33, "every check passed:\n{transcript}");
 
     // The aborted tower was cancelled in the game, not left running.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
