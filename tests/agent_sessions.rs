@@ -2052,6 +2052,23 @@ fn the_players_text_reaches_the_agent_as_one_block_word_for_word_and_the_system_
 }
 
 #[test]
+fn an_agent_that_lost_the_session_fails_it_and_resume_starts_the_agent_again() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[])).expect("starts");
+    game.block_on(session.send_text("hello")).expect("a turn");
+    // As Claude's adapter once its Claude Code process died: it still runs, but refuses every text from now on.
+    let (code, message) = code_of(game.block_on(session.send_text("lose-session")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert!(message.contains("lost the session") && message.contains("resume"), "{message}");
+    assert_eq!(session.status(), ConversationStatus::Error, "failed, not left to refuse each text alike");
+    dirs.wait_no_agents(LIMIT);
+    assert_eq!(game.block_on(session.resume()).expect("resumed"), Attached::Resumed);
+    let history = game.block_on(session.send_text("history")).expect("a turn");
+    assert_eq!(history.final_message.as_deref(), Some("I remember 2 turns"), "the same session, re-attached");
+}
+
+#[test]
 fn the_games_instructions_go_again_until_a_turn_that_carried_them_ended() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

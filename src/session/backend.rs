@@ -255,8 +255,9 @@ pub(crate) enum BackendEvent {
     /// The turn ended.
     TurnEnded { turn: u64, stop: StopReason },
     /// The turn failed and the session with it: the agent is stopped and the status is `Error` until `resume`
-    /// (an OpenAI-compatible endpoint that refused its API key; a panic in the turn's loop).
-    #[cfg_attr(not(feature = "openai"), allow(dead_code))]
+    /// (an OpenAI-compatible endpoint that refused its API key; a panic in the turn's loop; an ACP agent that no
+    /// longer holds the session).
+    #[cfg_attr(not(any(feature = "acp", feature = "openai")), allow(dead_code))]
     TurnFailed { turn: u64, error: ToolError },
     /// The agent answered the turn with an error (its provider's rate limit or overload, a context too long) and
     /// is still running: the turn fails with `error`, and the session takes the next text.

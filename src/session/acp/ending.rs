@@ -8,7 +8,7 @@ use agent_client_protocol::v1::schema::PromptResponse;
 use tokio::sync::mpsc::WeakUnboundedSender;
 
 use super::auth::SignIn;
-use super::connection::{agent_gone, describe, unavailable, wait_exit, ExitWatch};
+use super::connection::{agent_gone, describe, unavailable, unknown_session, wait_exit, ExitWatch};
 use super::updates;
 use crate::error::{ErrorCode, ToolError};
 use crate::session::backend::{BackendEvent, EventSink, StopReason};
@@ -113,6 +113,14 @@ impl TurnAnswer {
             Err(error) if error.code == agent_client_protocol::ErrorCode::REQUEST_CANCELLED => {
                 BackendEvent::TurnEnded { turn, stop: StopReason::Cancelled }
             }
+            // The agent still runs but no longer holds the session (Claude's adapter, once its Claude Code process
+            // died, forgets it; Codex's, once its app server exited, refuses every prompt): each later text would
+            // fail alike. The session fails, and `resume` starts the agent again and re-attaches it.
+            Err(error) if lost_the_session(&error) => {
+                let why = describe(&error);
+                let message = format!("the agent lost the session ({why}): resume it to start the agent again");
+                BackendEvent::TurnFailed { turn, error: ToolError::with_code(ErrorCode::AgentUnavailable, message) }
+            }
             // The agent's own trouble (a sign-in it needs, its provider's rate limit, a context too long): this
             // turn fails, the agent stays, and the player may send again. A sign-in it asks for during the session
             // (its login expired) with a method the game chose is made again before the next prompt.
@@ -178,6 +186,15 @@ impl TurnAnswer {
             Err(_) => report(gone.then_some(None)),
         }
     }
+}
+
+/// Whether a turn's error says the agent no longer holds the session: it does not know it, or the process behind it
+/// exited (Claude's adapter: "The Claude Agent process exited unexpectedly. Please start a new session."; Codex's:
+/// "Codex process has exited with code N").
+fn lost_the_session(error: &agent_client_protocol::Error) -> bool {
+    let words = format!("{} {}", error.message, error.data.as_ref().map(|data| data.to_string()).unwrap_or_default());
+    let words = words.to_ascii_lowercase();
+    unknown_session(error) || words.contains("process exited unexpectedly") || words.contains("process has exited")
 }
 
 impl Drop for TurnAnswer {
