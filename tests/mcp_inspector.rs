@@ -71,7 +71,7 @@ fn run(inspector: &Path, home: &Path, url: &str, args: &[&str]) -> Printed {
     let launcher = inspector.join("node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js");
     let output = Command::new(node)
         .arg(launcher)
-        .args(["--cli", url, "--header", &format!("Authorization: Bearer {TOKEN}")])
+        .args(["--cli", url, "--transport", "http", "--header", &format!("Authorization: Bearer {TOKEN}")])
         .args(args)
         .env("HOME", home)
         .env("MCP_CATALOG_PATH", home.join("mcp.json"))
