@@ -9,6 +9,8 @@ use bevy_agent_tools::testing::{headless_app, AgentTestAppExt};
 use bevy_agent_tools::{VisitSaved, WorldOpenFailed};
 use serde_json::json;
 
+mod common;
+
 /// Panics in whichever callback its world's name says.
 struct Panicky;
 
@@ -43,6 +45,37 @@ fn app() -> App {
     })
     .read_only();
     headless_app(AgentToolsPlugin::new(Panicky).with_tool(peek))
+}
+
+/// An app that ends without the plugin's exit drops its open world unsaved: the log says so, also when a panic
+/// unwound it (the panic's own message says nothing of the world).
+#[test]
+fn an_app_that_ends_with_a_world_open_without_the_exit_says_the_world_was_not_saved() {
+    let built = |world: &str| {
+        let mut app = App::new();
+        app.add_plugins((MinimalPlugins, AgentToolsPlugin::new(Panicky)));
+        app.finish();
+        app.cleanup();
+        app.world_mut().write_message(EnterWorld::new(world));
+        app.update();
+        app
+    };
+    let (unwound, said) = common::warnings::with_warnings(|| {
+        std::panic::catch_unwind(|| {
+            let mut app = built("meadow");
+            app.add_systems(Update, || -> () { panic!("a system is on fire") });
+            app.update();
+        })
+    });
+    assert!(unwound.is_err(), "the panic unwound the app");
+    let unsaved = |line: &String, world: &str| line.contains("not saved") && line.contains(&format!("world={world}"));
+    assert!(said.iter().any(|line| unsaved(line, "meadow") && line.contains("panic")), "{said:#?}");
+
+    let ((), said) = common::warnings::with_warnings(|| drop(built("orchard")));
+    assert!(
+        said.iter().any(|line| unsaved(line, "orchard") && line.contains("without the plugin's exit")),
+        "{said:#?}"
+    );
 }
 
 #[test]

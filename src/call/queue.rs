@@ -91,7 +91,8 @@ pub(crate) fn notice_sleeping_loop<L: crate::lifecycle::WorldLifecycle>(
         "agents' steps waited for frames that each came {waited:?} after the one before, {LATE_IN_A_ROW} frames in \
          a row: if the game's loop sleeps between frames (WinitSettings::desktop_app), turn on bevy_agent_tools' \
          `winit` feature or set a wake with AgentHandle::set_wake, or its agents' calls wait for the next window \
-         event (said once)"
+         event; a headless loop this slow serves steps between its frames with AgentToolsRunnerPlugin::run_loop \
+         (said once)"
     );
 }
 

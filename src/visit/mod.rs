@@ -59,15 +59,21 @@ pub(crate) struct VisitSlot<L: WorldLifecycle> {
 }
 
 impl<L: WorldLifecycle> Drop for VisitSlot<L> {
-    /// An app that ends without `AppExit` (`ScheduleRunnerPlugin::run_once`, a loop of the game's own that stops
-    /// calling `update`) drops the open world unsaved: said, as nothing else would show it.
+    /// An app that ends without the plugin's exit (`ScheduleRunnerPlugin::run_once`, a loop of the game's own that
+    /// stops calling `update`, an `AppExit` written after the frame's last systems as Bevy's renderer writes one on
+    /// a GPU error, a panic that unwinds the app) drops the open world unsaved: said, as nothing else would show it.
     fn drop(&mut self) {
-        if let Some(open) = self.open.as_ref().filter(|_| !std::thread::panicking() && !self.test_app) {
+        let Some(open) = self.open.as_ref().filter(|_| !self.shut_down && !self.test_app) else { return };
+        let (world, visit) = (&open.info.world, open.info.visit);
+        if std::thread::panicking() {
+            tracing::error!(%world, %visit, "the app unwound from a panic while a world was open: it was not saved");
+        } else {
             tracing::error!(
-                world = %open.info.world,
-                visit = %open.info.visit,
-                "the app ended without AppExit while a world was open: its `close` never ran and it was not saved \
-                 (end the game by writing AppExit)"
+                %world,
+                %visit,
+                "the app ended while a world was open without the plugin's exit (no AppExit, or one written after \
+                 the frame's last systems): its `close` never ran and it was not saved (end the game by writing \
+                 AppExit in a system)"
             );
         }
     }
