@@ -268,7 +268,9 @@ fn look_gives_each_columns_ground_height_where_a_block_placed_on_it_goes() {
     let seen = ok(call(&mut app, "look", json!({"radius": 1})));
     let player = &seen["player"];
     let (px, pz) = (player["x"].as_i64().unwrap(), player["z"].as_i64().unwrap());
-    // Rows north to south, columns west to east, the player in the middle.
+    // Rows north to south, columns west to east, the player in the middle: the first row's first column is the
+    // one `north_west` names.
+    assert_eq!((seen["north_west"]["x"].as_i64(), seen["north_west"]["z"].as_i64()), (Some(px - 1), Some(pz - 1)));
     let east = seen["heights"][1][2].as_i64().expect("a column in the world");
     let on_it = json!({"x": px + 1, "y": east + 1, "z": pz, "block": "gold"});
     assert_eq!(ok(call(&mut app, "place_block", on_it))["changed"], true);

@@ -23,7 +23,7 @@
 //! it open, this copy chats in a session of its own; if its agent fails, `chat-resume` tries again. `chat-resume
 //! ID` notes the session it attaches.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use bevy::prelude::*;
@@ -155,7 +155,7 @@ async fn run(
             (ChatCommand::Resume(Some(id)), previous) => match sessions.resume_session(id).await {
                 Ok(session) => {
                     let mut answer = format!("attached session={} status={}", session.id(), session.status());
-                    note_kept(&opening, session.id().as_str());
+                    note_kept(&opening, session.id().as_str()).await;
                     *current.lock() = Some(session.clone());
                     // The session it replaces ends (its agent stops; a kept one stays on disk, ended).
                     if let Some(previous) = previous.filter(|previous| previous.id() != session.id()) {
@@ -239,7 +239,7 @@ async fn run(
 /// Re-attaches the session the last run with the same configuration kept, if there is one and it can be;
 /// otherwise [`start`]s one.
 async fn reattach_kept(opening: &Opening, current: &Mutex<Option<AgentSession>>) -> Result<String, ToolError> {
-    let note = opening.kept.as_deref().and_then(read_note).filter(|note| note.config == opening.config);
+    let note = read_note(opening.kept.clone()).await.filter(|note| note.config == opening.config);
     if let Some(KeptNote { session: id, .. }) = note {
         match opening.sessions.resume_session(id.as_str()).await {
             Ok(session) => {
@@ -273,7 +273,7 @@ async fn start(opening: &Opening, current: &Mutex<Option<AgentSession>>, note: b
     let session = opening.sessions.create(opening.config.clone()).await?;
     say(format_args!("chat-status session={} status=idle previous=none", session.id()));
     if note {
-        note_kept(opening, session.id().as_str());
+        note_kept(opening, session.id().as_str()).await;
     }
     let started = format!("started session={}", session.id());
     *current.lock() = Some(session);
@@ -281,21 +281,35 @@ async fn start(opening: &Opening, current: &Mutex<Option<AgentSession>>, note: b
 }
 
 /// With `--agent-keep`, notes session `id` as the one the next start re-attaches (written aside, then renamed
-/// over the last note: a crash leaves one or the other).
-fn note_kept(opening: &Opening, id: &str) {
-    let Some(path) = &opening.kept else { return };
+/// over the last note: a crash leaves one or the other). On a blocking thread: the crate's workers this runs on
+/// must not wait for a disk.
+async fn note_kept(opening: &Opening, id: &str) {
+    let Some(path) = opening.kept.clone() else { return };
     let note = KeptNote { session: id.to_string(), config: opening.config.clone() };
-    let aside = path.with_extension(format!("json.{}.new", std::process::id()));
-    let written = serde_json::to_vec_pretty(&note).map_err(std::io::Error::other);
-    let written = written.and_then(|bytes| std::fs::write(&aside, bytes)).and_then(|()| std::fs::rename(&aside, path));
+    let shown = path.display().to_string();
+    let written = tokio::task::spawn_blocking(move || {
+        let aside = path.with_extension(format!("json.{}.new", std::process::id()));
+        let bytes = serde_json::to_vec_pretty(&note).map_err(std::io::Error::other)?;
+        std::fs::write(&aside, bytes)?;
+        std::fs::rename(&aside, &path)
+    })
+    .await
+    .unwrap_or_else(|stopped| Err(std::io::Error::other(stopped)));
     if let Err(error) = written {
-        warn!(path = %path.display(), %error, "could not note the kept session: the next start makes a new one");
+        warn!(path = %shown, %error, "could not note the kept session: the next start makes a new one");
     }
 }
 
-/// The kept session's note, if there is a readable one.
-fn read_note(path: &Path) -> Option<KeptNote> {
-    let bytes = std::fs::read(path).ok()?;
+/// The kept session's note, if there is a readable one (read on a blocking thread, as [`note_kept`] writes it).
+async fn read_note(path: Option<PathBuf>) -> Option<KeptNote> {
+    let path = path?;
+    let bytes = tokio::task::spawn_blocking({
+        let path = path.clone();
+        move || std::fs::read(path)
+    })
+    .await
+    .ok()?
+    .ok()?;
     serde_json::from_slice(&bytes).map_err(|error| warn!(path = %path.display(), %error, "unreadable note")).ok()
 }
 

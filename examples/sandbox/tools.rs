@@ -126,11 +126,21 @@ struct LookArgs {
     radius: i32,
 }
 
+/// A column of the world, by its x (west–east) and z (north–south).
+#[derive(Serialize, JsonSchema)]
+struct Column {
+    x: i32,
+    z: i32,
+}
+
 #[derive(Serialize, JsonSchema)]
 struct LookOutput {
     dimension: Dimension,
     player: Pos,
     radius: i32,
+    /// The column of the map's first character (its first row's first column): row r, column c is the column at
+    /// x = north_west.x + c, z = north_west.z + r.
+    north_west: Column,
     /// One line per z (north first), one character per x (west first): the highest block of each column. `@`
     /// is the player.
     map: String,
@@ -146,8 +156,8 @@ fn look() -> AgentTool<Visit> {
     AgentTool::new(
         "look",
         "A text map of the columns around the player, seen from above: each character is the highest block of one \
-         column (see the legend); `@` is the player. Rows go north to south (z increasing), columns west to east. \
-         `heights` gives the y of each column's highest block (water or lava too) in the same layout: a block \
+         column (see the legend); `@` is the player. Rows go north to south (z increasing), columns west to east, \
+         from the column `north_west` names. `heights` gives the y of each column's highest block (water or lava too) in the same layout: a block \
          placed on it goes at y + 1, where there is room.",
         |ctx: CallContext<Visit>, args: LookArgs| async move {
             let dimension = called_in(&ctx)?;
@@ -179,7 +189,8 @@ fn look() -> AgentTool<Visit> {
                     map.push('\n');
                     heights.push(row);
                 }
-                Ok(LookOutput { dimension, player, radius: args.radius, map, heights, legend })
+                let north_west = Column { x: player.x - args.radius, z: player.z - args.radius };
+                Ok(LookOutput { dimension, player, radius: args.radius, north_west, map, heights, legend })
             })
             .await
         },
@@ -209,7 +220,8 @@ fn observe() -> AgentTool<Visit> {
     AgentTool::new(
         "observe",
         "A top-down picture (PNG) of the columns around the player, each in its highest block's colour, lighter \
-         above the player and darker below; the player is red. Also a one-line summary.",
+         above the player and darker below; the player is red, in the centre. North is up and west is left; each \
+         column is a square of `width / (2 * radius + 1)` pixels. Also a one-line summary.",
         |ctx: CallContext<Visit>, args: ObserveArgs| async move {
             let dimension = called_in(&ctx)?;
             let drawn = step(&ctx, move |_, visit| {
@@ -247,9 +259,10 @@ struct At {
 }
 
 impl At {
-    /// The host already checked the bounds against the published schema: no argument outside it reaches here.
+    /// The host checked the arguments against the published schema; checked here too, against the world's own
+    /// bounds, so that a world made smaller than the schema says still refuses a block outside it.
     fn pos(&self) -> Result<Pos, ToolError> {
-        Ok(Pos { x: self.x, y: self.y, z: self.z })
+        Pos { x: self.x, y: self.y, z: self.z }.check().map_err(|(field, why)| ToolError::invalid_input(field, why))
     }
 }
 

@@ -1,5 +1,6 @@
-//! What the window draws, handed over by the lifecycle's `tick` (the only place that sees the visit's world
-//! state): the player, and snapshots of the chunks the window asked for or that changed. Exists only when the
+//! What the window draws, handed over by the lifecycle's `tick`: the player, and snapshots of the chunks the window
+//! asked for or that changed. (A system of the game's can also reach the visit's state itself, with the
+//! `VisitSession` system parameter; the sandbox keeps its few uses of it in `tick`, in one place.) Exists only when the
 //! sandbox runs with `--window`; the headless sandbox never inserts it, so `tick` skips all of this.
 
 use std::collections::HashSet;
