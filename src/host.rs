@@ -292,7 +292,8 @@ impl HostShared {
         if let Some(key) = &life.coords.replay_key {
             match retained {
                 Some((outcome, bytes)) => {
-                    open.replay.complete(key, (life.coords.request, outcome), bytes, std::time::Instant::now())
+                    let own = |running: &Arc<CallLife>| std::ptr::eq(&**running, life);
+                    open.replay.complete_own(key, own, (life.coords.request, outcome), bytes, std::time::Instant::now())
                 }
                 None => open.replay.forget(key, |running| std::ptr::eq(&**running, life)),
             }

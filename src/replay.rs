@@ -226,6 +226,22 @@ impl<T: Clone, O: Clone> ReplayTable<T, O> {
         while self.bytes > self.retention.max_bytes && self.evict_oldest(Some(generation)) {}
     }
 
+    /// [`complete`](Self::complete)s the key's entry only if it is still the execution `is_it` says: once an
+    /// ended execution's entry was settled ([`settle_ended`](Self::settle_ended)) and evicted, a retry may hold the
+    /// key with an execution of its own, which the first one's late completion must not end.
+    pub fn complete_own(
+        &mut self,
+        key: &ReplayKey,
+        is_it: impl FnOnce(&T) -> bool,
+        outcome: O,
+        outcome_bytes: usize,
+        now: Instant,
+    ) {
+        if matches!(self.entries.get(key), Some(Entry { state: State::InFlight(running), .. }) if is_it(running)) {
+            self.complete(key, outcome, outcome_bytes, now);
+        }
+    }
+
     /// Settles the in-flight entries whose execution already ended, whose caller may already hold the outcome while
     /// the entry waits to be completed a moment later (so a sequential agent's next keyed call is not refused
     /// `BUSY` in between). `ended` says, of an execution: still running (`None`), ended with an outcome to retain
@@ -382,6 +398,26 @@ mod tests {
         assert!(table.settle_ended(|running: &u32| (*running == 3).then_some(None), now));
         assert!(matches!(table.begin(&key(3), "{}", now), Begin::Fresh));
         assert!(!table.settle_ended(|_: &u32| None, now), "nothing ended: nothing settled");
+    }
+
+    #[test]
+    fn h12_a_settled_executions_late_completion_never_ends_a_retry_that_runs_under_its_key() {
+        let mut table: ReplayTable<u32, &str> =
+            ReplayTable::new(ReplayRetention { max_entries: 2, ..Default::default() });
+        let now = Instant::now();
+        table.start(key(1), "{}", 1);
+        table.start(key(2), "{}", 2);
+        // 1 ended: settled, then evicted for 3; 2 completes; a retry of 1's key runs as 4.
+        assert!(table.settle_ended(|running: &u32| (*running == 1).then_some(Some(("one", 3))), now));
+        table.start(key(3), "{}", 3);
+        table.complete_own(&key(2), |running| *running == 2, "two", 3, now);
+        assert!(matches!(table.begin(&key(1), "{}", now), Begin::Fresh), "1's outcome was evicted");
+        table.start(key(1), "{}", 4);
+        // 1's own completion, coming late, leaves 4 running.
+        table.complete_own(&key(1), |running| *running == 1, "one", 3, now);
+        assert!(matches!(table.begin(&key(1), "{}", now), Begin::Join(4)), "4 still runs");
+        table.complete_own(&key(1), |running| *running == 4, "four", 3, now);
+        assert!(matches!(table.begin(&key(1), "{}", now), Begin::Retained("four")));
     }
 
     #[test]

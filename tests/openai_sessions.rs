@@ -1328,10 +1328,13 @@ fn a_rate_limit_is_retried_after_its_retry_after_and_gives_up_after_the_bounded_
     let waited = started.elapsed();
     assert!(waited >= Duration::from_secs(1), "Retry-After's date honoured: {waited:?}");
 
-    // Longer than one wait (2 s here), within what the two retries may wait in all: asked again after the bound.
-    server.reply(Reply::Status(429, Some("3".into()))).reply(says("after the bound"));
+    // Longer than one retry's wait (2 s here), within what the two retries may wait in all: waited out whole, as
+    // asked (sooner, the endpoint would only refuse again).
+    server.reply(Reply::Status(429, Some("3".into()))).reply(says("after the whole wait"));
+    let started = Instant::now();
     let turn = game.block_on(session.send_text("in a bit")).expect("retried");
-    assert_eq!(turn.final_message.as_deref(), Some("after the bound"));
+    assert_eq!(turn.final_message.as_deref(), Some("after the whole wait"));
+    assert!(started.elapsed() >= Duration::from_millis(2950), "the 3 s asked for: {:?}", started.elapsed());
 
     // Longer than the retries may wait in all (a daily limit says minutes): asked again sooner, the endpoint would
     // say the same. The turn fails at once, saying how long the endpoint asked for.

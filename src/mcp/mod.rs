@@ -33,8 +33,10 @@
 //! request) naming a session that does not exist any more (the game ended its conversation, or it expired), 404.
 //!
 //! A tool call travels as `tools/call`. A successful result carries the output as `structuredContent` (matching
-//! the tool's published `outputSchema`) and as JSON text; an [`ImageContent`](crate::ImageContent) field of the
-//! output travels once, as image content, and is in neither (nor in the published output schema). The visit and
+//! the tool's published `outputSchema`) and as JSON text (a string output: the string itself). An
+//! [`ImageContent`](crate::ImageContent) field of the output travels once, as image content, not in the text; a
+//! result with one has no `structuredContent`, nor does a tool whose output declares one publish an output schema
+//! (Codex and Claude Code give their model only `structuredContent` when a result has it). The visit and
 //! location it observed are under `_meta["bevy-agent-tools/observed"]` ([`OBSERVED_META_KEY`]).
 //!
 //! A domain error (`NO_WORLD`, `INVALID_INPUT`, `LOCATION_CHANGED`, ...) is a result with `isError: true` whose one

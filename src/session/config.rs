@@ -79,7 +79,8 @@ impl SessionConfig {
     }
 
     /// The agent's system prompt: the game's instructions. An agent that takes a system prompt (ACP's
-    /// `sessionCapabilities.systemPrompt`; every OpenAI-compatible endpoint) gets it as one; another gets it as a
+    /// `sessionCapabilities.systemPrompt`; Claude's adapter, in `_meta.systemPrompt.append`, added to Claude Code's
+    /// own; every OpenAI-compatible endpoint) gets it as one; another gets it as a
     /// block `[Instructions from the game]` at the start of the session's first turn, sent again with the next
     /// turn until a turn that carried it ended (one refused, or cut short by the agent's crash, did not deliver it;
     /// the session's record keeps this across restarts).

@@ -254,7 +254,7 @@ pub(super) fn agent_gone(error: &agent_client_protocol::Error) -> bool {
     agent_client_protocol::is_connection_terminated(error) || agent_client_protocol::is_incoming_transport_closed(error)
 }
 
-/// Whether the agent's answer (to `session/resume`, `session/load`, or a prompt) says it does not know the session: ACP's
+/// Whether the agent's answer to `session/resume` or `session/load` says it does not know the session: ACP's
 /// `-32002` (resource not found), or, from agents that use another code, words that say the session was not found
 /// (not any "not found": an API key, a model or a method not found is the agent's own trouble), in the error's
 /// message or in its data: agents built on ACP's TypeScript SDK answer a thrown "Session not found" with `-32603`
@@ -262,7 +262,7 @@ pub(super) fn agent_gone(error: &agent_client_protocol::Error) -> bool {
 /// CLI keep no session before its first prompt, and say so in words of their own: Codex's "no rollout found for
 /// thread id …" (also for a thread it never had), Gemini's "No previous sessions found for this project." (none
 /// at all) and "Invalid session identifier …".
-pub(super) fn unknown_session(error: &agent_client_protocol::Error) -> bool {
+fn unknown_session(error: &agent_client_protocol::Error) -> bool {
     const THEIR_WORDS: [&str; 4] =
         ["no rollout found", "thread not found", "no previous sessions found", "invalid session identifier"];
     let says_so = |text: &str| {

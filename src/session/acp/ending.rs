@@ -8,7 +8,7 @@ use agent_client_protocol::v1::schema::PromptResponse;
 use tokio::sync::mpsc::WeakUnboundedSender;
 
 use super::auth::SignIn;
-use super::connection::{agent_gone, describe, unavailable, unknown_session, wait_exit, ExitWatch};
+use super::connection::{agent_gone, describe, unavailable, wait_exit, ExitWatch};
 use super::updates;
 use crate::error::{ErrorCode, ToolError};
 use crate::session::backend::{BackendEvent, EventSink, StopReason};
@@ -188,13 +188,16 @@ impl TurnAnswer {
     }
 }
 
-/// Whether a turn's error says the agent no longer holds the session: it does not know it, or the process behind it
-/// exited (Claude's adapter: "The Claude Agent process exited unexpectedly. Please start a new session."; Codex's:
-/// "Codex process has exited with code N").
+/// Whether a turn's error says the agent no longer holds the session, in the words the agents use (not any error
+/// that names a session, nor a process of the agent's own, an MCP server say, that exited): ACP's `-32002`, "session
+/// not found" (Claude's and Gemini's adapters), Claude's adapter's "The Claude Agent process exited unexpectedly.
+/// Please start a new session.", Codex's "Codex process has exited with code N".
 fn lost_the_session(error: &agent_client_protocol::Error) -> bool {
+    const THEIR_WORDS: [&str; 3] =
+        ["session not found", "agent process exited unexpectedly", "codex process has exited"];
     let words = format!("{} {}", error.message, error.data.as_ref().map(|data| data.to_string()).unwrap_or_default());
     let words = words.to_ascii_lowercase();
-    unknown_session(error) || words.contains("process exited unexpectedly") || words.contains("process has exited")
+    error.code == agent_client_protocol::ErrorCode::RESOURCE_NOT_FOUND || THEIR_WORDS.iter().any(|w| words.contains(w))
 }
 
 impl Drop for TurnAnswer {

@@ -114,11 +114,16 @@ impl Backend for AcpBackend {
 /// The extensions a program's name may leave out: on Windows, `PATHEXT`'s (after none); elsewhere, none.
 fn path_extensions() -> Vec<String> {
     if cfg!(windows) {
-        let listed = std::env::var("PATHEXT").unwrap_or_else(|_| ".COM;.EXE;.BAT;.CMD".into());
-        std::iter::once(String::new()).chain(listed.split(';').map(str::to_string)).collect()
+        std::iter::once(String::new()).chain(windows_extensions()).collect()
     } else {
         vec![String::new()]
     }
+}
+
+/// `PATHEXT`'s extensions, the ones Windows starts a program by.
+fn windows_extensions() -> Vec<String> {
+    let listed = std::env::var("PATHEXT").unwrap_or_else(|_| ".COM;.EXE;.BAT;.CMD".into());
+    listed.split(';').filter(|extension| !extension.is_empty()).map(str::to_string).collect()
 }
 
 /// The file `program` names: a path, or found in `PATH`'s directories ([`find_in`]).
@@ -141,12 +146,13 @@ fn find_in(program: &str, dirs: &[std::path::PathBuf], extensions: &[String]) ->
 
 /// What to start for `program`. On Windows, a process is started from an `.exe` only, found without `PATHEXT`:
 /// `npx`, `gemini` and the npm-installed adapters are `.cmd` scripts, found there only at their full path (which
-/// std runs through `cmd.exe`, its arguments escaped). Elsewhere, `program` as it is.
+/// std runs through `cmd.exe`, its arguments escaped), and never by their bare name, which npm gives a shell
+/// script for other shells beside them. Elsewhere, `program` as it is.
 fn spawned_program(program: &str) -> String {
     if !cfg!(windows) {
         return program.to_string();
     }
-    match find_program(program, &path_extensions()) {
+    match find_program(program, &windows_extensions()) {
         Some(file) if !file.extension().is_some_and(|extension| extension.eq_ignore_ascii_case("exe")) => {
             file.to_string_lossy().into_owned()
         }
@@ -278,13 +284,15 @@ mod tests {
 
     #[test]
     fn a_program_named_without_its_extension_is_found_with_the_first_that_fits() {
-        // As on Windows, where `npx` is `npx.cmd` in a directory of PATH, after one that has none.
+        // As on Windows, where `npx` is `npx.cmd` in a directory of PATH, after one that has none, beside npm's
+        // shell script `npx` for other shells, which Windows cannot start.
         let (empty, npm) = (tempfile::tempdir().expect("a folder"), tempfile::tempdir().expect("a folder"));
-        std::fs::write(npm.path().join("agent-shim.cmd"), "@echo off").expect("written");
+        // (Upper case: Windows' file names are not, this test's may be.)
+        std::fs::write(npm.path().join("agent-shim.CMD"), "@echo off").expect("written");
+        std::fs::write(npm.path().join("agent-shim"), "#!/bin/sh").expect("written");
         let dirs = [empty.path().to_path_buf(), npm.path().to_path_buf()];
-        let extensions = [String::new(), ".EXE".to_string(), ".cmd".to_string()];
-        let found = super::find_in("agent-shim", &dirs, &extensions);
-        assert_eq!(found, Some(npm.path().join("agent-shim.cmd")));
-        assert_eq!(super::find_in("agent-shim", &dirs, &[String::new()]), None, "not without its extension");
+        let found = super::find_in("agent-shim", &dirs, &super::windows_extensions());
+        assert_eq!(found, Some(npm.path().join("agent-shim.CMD")), "what is started");
+        assert_eq!(super::find_in("agent-shim", &dirs, &[String::new()]), Some(npm.path().join("agent-shim")));
     }
 }

@@ -1,6 +1,7 @@
 //! What particular agents need beyond the protocol, in one place. The protocol's `_meta` is ignored by agents
 //! that do not know a key, and the environment's variables by agents that do not read them, so these never hurt
-//! another agent.
+//! another agent. (Claude's adapter is known by its name; one older than October 2025, which did not read
+//! `_meta.systemPrompt`, would not get the game's system prompt at all.)
 //!
 //! - Gemini CLI (`gemini --acp`): `GEMINI_CLI_TRUST_WORKSPACE=true` ([`environment`]).
 //! - Claude Code's adapter (`claude-agent-acp`): its built-in tools (shell, file edits, web) are switched off

@@ -287,7 +287,7 @@ impl Retry {
                 return readable(response, &self.heard).await;
             }
             let asked = asked_wait(response.headers(), SystemTime::now());
-            // What the retries left may wait in all (a minute's limit asking for 30 s is waited out in two).
+            // What the retries left may wait in all (a minute's limit asking for 30 s takes two of them).
             let budget = self.max_wait.saturating_mul(self.max_retries - attempt);
             if let Some(asked) = asked.filter(|asked| *asked > budget) {
                 // A wait longer than the session's retries cover (a daily limit's "try again in 14m"): asked again
@@ -311,10 +311,14 @@ impl Retry {
             } else {
                 drop(response);
             }
-            let backoff = Duration::from_millis(250).saturating_mul(2u32.saturating_pow(attempt));
-            let wait = asked.unwrap_or(backoff).min(self.max_wait);
+            let backoff = Duration::from_millis(250).saturating_mul(2u32.saturating_pow(attempt)).min(self.max_wait);
+            // A wait asked for that is longer than one retry's (within what the retries left may wait, checked
+            // above) is waited out whole, as the endpoint asked, and spends the retries it spans: asked again
+            // sooner, the endpoint would only refuse again.
+            let wait = asked.unwrap_or(backoff);
+            let spans = wait.as_nanos().div_ceil(self.max_wait.as_nanos().max(1)).max(1);
             tracing::debug!(%status, ?wait, attempt, "the endpoint asked to retry");
-            attempt += 1;
+            attempt = attempt.saturating_add(u32::try_from(spans).unwrap_or(u32::MAX));
             tokio::time::sleep(wait).await;
         }
     }

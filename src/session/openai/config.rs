@@ -65,9 +65,10 @@ pub struct OpenAiEndpoint {
     /// less history), each after the wait the endpoint asked for (`retry-after-ms`, else `Retry-After`), else
     /// after 250 ms, 500 ms, 1 s... Default 3.
     pub max_retries: u32,
-    /// The longest wait before one retry: an endpoint that asks for longer than the retries left may wait in all
-    /// (a daily limit) fails the turn at once, its error saying how long it asked for, rather than being asked
-    /// again sooner in vain. Default 20 s.
+    /// The longest wait before one retry. An endpoint that asks for longer is waited for whole, and the wait
+    /// spends as many retries as it spans; one that asks for longer than the retries left may wait in all (a daily
+    /// limit) fails the turn at once, its error saying how long it asked for, rather than being asked again sooner
+    /// in vain. Default 20 s.
     pub max_retry_wait: Duration,
     /// The history's bound, in bytes of JSON (an image counted as 4,000, about what a model reads of it, whatever
     /// the size of its `data:` URL): past it the oldest turns are dropped (whole turns, never the
