@@ -221,6 +221,11 @@ fn tools_place_conflict_replay_break_and_note_then_the_world_is_there_on_the_nex
     assert_eq!((cell["block"].as_str(), cell["version"].as_u64()), (Some("brick"), Some(1)));
     assert_eq!(ok(call(&mut app, "get_block", json!({"x": x, "y": y, "z": z})))["version"], 2);
     assert_eq!(ok(call(&mut app, "notes", json!({})))["notes"], json!(["gold was here"]));
+    // The newest ones only, as many as asked (a model reads the answer whole), and how many there are.
+    ok(call(&mut app, "note", json!({"text": "then brick"})));
+    let newest = ok(call(&mut app, "notes", json!({"last": 1})));
+    assert_eq!((newest["notes"].clone(), newest["total"].clone()), (json!(["then brick"]), json!(2)));
+    assert_eq!(err(call(&mut app, "notes", json!({"last": 51}))).code, ErrorCode::InvalidInput);
 }
 
 #[test]

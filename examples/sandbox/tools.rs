@@ -157,8 +157,8 @@ fn look() -> AgentTool<Visit> {
         "look",
         "A text map of the columns around the player, seen from above: each character is the highest block of one \
          column (see the legend); `@` is the player. Rows go north to south (z increasing), columns west to east, \
-         from the column `north_west` names. `heights` gives the y of each column's highest block (water or lava too) in the same layout: a block \
-         placed on it goes at y + 1, where there is room.",
+         from the column `north_west` names. `heights` gives the y of each column's highest block (water or lava \
+         too) in the same layout: a block placed on it goes at y + 1, where there is room.",
         |ctx: CallContext<Visit>, args: LookArgs| async move {
             let dimension = called_in(&ctx)?;
             step(&ctx, move |_, visit| {
@@ -487,7 +487,8 @@ struct NoteCount {
 fn note() -> AgentTool<Visit> {
     AgentTool::new(
         "note",
-        "Writes a note into this world (kept with its save; up to 500 characters). Returns how many notes it has.",
+        "Writes a note into this world (kept with its save; up to 500 characters; a world keeps at most 1,000, and \
+         notes are never removed). Returns how many notes it has.",
         |ctx: CallContext<Visit>, args: NoteArgs| async move {
             // The schema bounds the length (checked by the host); it cannot say "not only spaces".
             if args.text.trim().is_empty() {
@@ -495,7 +496,12 @@ fn note() -> AgentTool<Visit> {
             }
             step(&ctx, move |_, visit| {
                 let notes = visit.state()?.add_note(args.text).ok_or_else(|| {
-                    ToolError::new("NOTES_FULL", format!("the world keeps at most {} notes", crate::world::MAX_NOTES))
+                    let most = crate::world::MAX_NOTES;
+                    let why = format!(
+                        "the world keeps at most {most} notes and has them all: notes are never removed, so keep \
+                         this one in your own memory"
+                    );
+                    ToolError::new("NOTES_FULL", why)
                 })?;
                 Ok(NoteCount { notes })
             })
@@ -506,18 +512,33 @@ fn note() -> AgentTool<Visit> {
     .idempotent(false)
 }
 
+#[derive(Deserialize, JsonSchema)]
+struct NotesArgs {
+    /// How many of the newest notes to return (1 to 50; 20 if left out).
+    #[schemars(range(min = 1, max = 50))]
+    last: Option<usize>,
+}
+
 #[derive(Serialize, JsonSchema)]
 struct NotesOutput {
-    /// The world's notes, oldest first.
+    /// The newest notes, oldest of them first.
     notes: Vec<String>,
+    /// How many notes the world has in all.
+    total: usize,
 }
 
 fn notes() -> AgentTool<Visit> {
     AgentTool::new(
         "notes",
-        "The notes written in this world, oldest first.",
-        |ctx: CallContext<Visit>, _: NoArgs| async move {
-            step(&ctx, |_, visit| Ok(NotesOutput { notes: visit.state()?.notes().to_vec() })).await
+        "The newest notes written in this world (20, or `last`), oldest of them first, and how many it has in all.",
+        |ctx: CallContext<Visit>, args: NotesArgs| async move {
+            // At most 50 of 500 characters: an answer a model reads whole, whatever the world keeps.
+            let last = args.last.unwrap_or(20);
+            step(&ctx, move |_, visit| {
+                let all = visit.state()?.notes();
+                Ok(NotesOutput { notes: all[all.len().saturating_sub(last)..].to_vec(), total: all.len() })
+            })
+            .await
         },
     )
     .read_only()
