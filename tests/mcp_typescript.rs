@@ -7,6 +7,9 @@
 //! later) and `npm`, and the npm registry the first time.
 
 #[allow(dead_code)]
+#[path = "../examples/sandbox/batch.rs"]
+mod batch;
+#[allow(dead_code)]
 #[path = "../examples/sandbox/picture.rs"]
 mod picture;
 #[allow(dead_code)]

@@ -3,6 +3,9 @@
 //! compiled into this test with `#[path]`, so they are tested exactly as the example runs them.
 
 #[allow(dead_code)]
+#[path = "../examples/sandbox/batch.rs"]
+mod batch;
+#[allow(dead_code)]
 #[path = "../examples/sandbox/picture.rs"]
 mod picture;
 #[allow(dead_code)]
@@ -263,6 +266,37 @@ fn travel_during_build_tower_stops_it_with_location_changed_and_the_count_is_kep
         }
     }
     assert_eq!(planks, placed, "the report counts exactly the blocks in the world");
+}
+
+#[test]
+fn place_blocks_places_a_floor_in_one_call_and_answers_each_block_on_its_own() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut app = sandbox(dir.path());
+    app.enter_world("alpha");
+    let seen = ok(call(&mut app, "look", json!({"radius": 1})));
+    let (px, pz) = (seen["player"]["x"].as_i64().unwrap(), seen["player"]["z"].as_i64().unwrap());
+    let y = seen["heights"][1][2].as_i64().expect("the column east of the player") + 1;
+    let at = |dx: i64, block: &str| json!({"x": px + dx, "y": y, "z": pz, "block": block});
+    // Two blocks placed; one of a name the palette lacks, and one into a cell the first of them filled: refused,
+    // each on its own, and the rest placed all the same.
+    let asked = json!({"blocks": [at(1, "gold"), at(1, "stone"), at(1, "unobtainium"), at(2, "brick")]});
+    let placed = ok(call(&mut app, "place_blocks", asked));
+    let results = placed["results"].as_array().expect("results").clone();
+    assert_eq!(results.len(), 4, "{placed}");
+    assert_eq!((results[0]["block"].as_str(), results[0]["changed"].as_bool()), (Some("gold"), Some(true)));
+    assert!(results[1]["error"].as_str().is_some_and(|why| why.starts_with("OCCUPIED")), "{placed}");
+    assert!(results[2]["error"].as_str().is_some_and(|why| why.contains("unobtainium")), "{placed}");
+    assert_eq!(results[3]["changed"], true, "{placed}");
+    assert_eq!(placed["changed"], 2);
+    // What clients that check a result against the published output schema (the TypeScript SDK) accept.
+    let tools = app.agent().tools();
+    let schema = tools.iter().find(|tool| tool.name == "place_blocks").expect("listed").client_output_schema();
+    let published = jsonschema::validator_for(&schema).expect("a schema");
+    assert!(published.is_valid(&placed), "{placed} against {schema}");
+    let east = ok(call(&mut app, "get_block", json!({"x": px + 1, "y": y, "z": pz})));
+    assert_eq!(east["block"], "gold", "the refused stone changed nothing");
+    let too_many = json!({"blocks": (0..65).map(|dx| at(dx, "gold")).collect::<Vec<_>>()});
+    assert_eq!(err(call(&mut app, "place_blocks", too_many)).code, ErrorCode::InvalidInput);
 }
 
 #[test]

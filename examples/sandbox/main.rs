@@ -45,6 +45,7 @@
 //! The count is also kept in the visit's tower log, shown by `world_info` as `last_tower` (`placed`, and
 //! `status`: `building`, `finished`, or the code that stopped it).
 
+mod batch;
 mod chat;
 mod console;
 mod picture;

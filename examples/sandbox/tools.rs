@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::picture;
 use crate::session::{TowerReport, Visit};
-use crate::world::{BlockId, Dimension, Palette, Pos, AIR, XZ_BOUNDS, Y_BOUNDS};
+use crate::world::{BlockId, Dimension, Palette, Pos, WorldState, AIR, XZ_BOUNDS, Y_BOUNDS};
 
 /// Every tool of the sandbox.
 pub fn all(palette: Arc<Palette>) -> Vec<AgentTool<Visit>> {
@@ -23,6 +23,7 @@ pub fn all(palette: Arc<Palette>) -> Vec<AgentTool<Visit>> {
         observe(),
         get_block(),
         place_block(palette.clone()),
+        crate::batch::place_blocks(palette.clone()),
         break_block(palette.clone()),
         travel(),
         crate::tower::build_tower(palette),
@@ -68,7 +69,7 @@ pub(crate) fn block_id(palette: &Palette, name: &str) -> Result<BlockId, ToolErr
     }
 }
 
-fn bounds_text() -> String {
+pub(crate) fn bounds_text() -> String {
     format!("x and z in {}..={}, y in {}..={}", XZ_BOUNDS.start(), XZ_BOUNDS.end(), Y_BOUNDS.start(), Y_BOUNDS.end())
 }
 
@@ -246,7 +247,7 @@ fn observe() -> AgentTool<Visit> {
 // ---- blocks -----------------------------------------------------------------------------------------------------
 
 #[derive(Deserialize, JsonSchema)]
-struct At {
+pub(crate) struct At {
     /// West–east, -256 to 255.
     #[schemars(range(min = -256, max = 255))]
     x: i32,
@@ -261,7 +262,7 @@ struct At {
 impl At {
     /// The host checked the arguments against the published schema; checked here too, against the world's own
     /// bounds, so that a world made smaller than the schema says still refuses a block outside it.
-    fn pos(&self) -> Result<Pos, ToolError> {
+    pub fn pos(&self) -> Result<Pos, ToolError> {
         Pos { x: self.x, y: self.y, z: self.z }.check().map_err(|(field, why)| ToolError::invalid_input(field, why))
     }
 }
@@ -293,22 +294,52 @@ fn get_block() -> AgentTool<Visit> {
 }
 
 #[derive(Deserialize, JsonSchema)]
-struct PlaceArgs {
+pub(crate) struct PlaceArgs {
     #[serde(flatten)]
-    at: At,
+    pub at: At,
     /// The block to place (one of the palette's names).
-    block: String,
+    pub block: String,
     /// The cell's version you last read: the block is placed only if the cell has not changed since.
     #[serde(default)]
-    expected_version: Option<u64>,
+    pub expected_version: Option<u64>,
 }
 
 #[derive(Serialize, JsonSchema)]
-struct PlaceOutput {
-    block: String,
-    version: u64,
+pub(crate) struct PlaceOutput {
+    pub block: String,
+    pub version: u64,
     /// False when the block was already there (nothing changed).
-    changed: bool,
+    pub changed: bool,
+}
+
+/// Places `block` at `pos`, as `place_block` does (and `place_blocks`, for each of its blocks).
+pub(crate) fn place_one(
+    state: &mut WorldState,
+    dimension: Dimension,
+    pos: Pos,
+    block: BlockId,
+    expected_version: Option<u64>,
+) -> Result<PlaceOutput, ToolError> {
+    let cell = state.block(dimension, pos);
+    check_version(&format!("block {pos}"), expected_version, cell.version)?;
+    let name = state.palette().name(block).to_string();
+    if cell.block == block {
+        return Ok(PlaceOutput { block: name, version: cell.version, changed: false });
+    }
+    if state.palette().is_solid(cell.block) {
+        let there = state.palette().name(cell.block).to_string();
+        return Err(ToolError::new(
+            "OCCUPIED",
+            format!("there is already {there} at {pos}: break it first (break_block)"),
+        )
+        .with_detail("block", there)
+        .with_detail("version", cell.version));
+    }
+    if state.would_trap_player(dimension, pos, block) {
+        return Err(player_in_the_way(pos));
+    }
+    let version = state.set(dimension, pos, block);
+    Ok(PlaceOutput { block: name, version, changed: true })
 }
 
 fn place_block(palette: Arc<Palette>) -> AgentTool<Visit> {
@@ -326,30 +357,8 @@ fn place_block(palette: Arc<Palette>) -> AgentTool<Visit> {
             async move {
                 let (dimension, pos) = (called_in(&ctx)?, args.at.pos()?);
                 let block = block_id(&palette, &args.block)?;
-                step(&ctx, move |_, visit| {
-                    let state = visit.state()?;
-                    let cell = state.block(dimension, pos);
-                    check_version(&format!("block {pos}"), args.expected_version, cell.version)?;
-                    let name = state.palette().name(block).to_string();
-                    if cell.block == block {
-                        return Ok(PlaceOutput { block: name, version: cell.version, changed: false });
-                    }
-                    if state.palette().is_solid(cell.block) {
-                        let there = state.palette().name(cell.block).to_string();
-                        return Err(ToolError::new(
-                            "OCCUPIED",
-                            format!("there is already {there} at {pos}: break it first (break_block)"),
-                        )
-                        .with_detail("block", there)
-                        .with_detail("version", cell.version));
-                    }
-                    if state.would_trap_player(dimension, pos, block) {
-                        return Err(player_in_the_way(pos));
-                    }
-                    let version = state.set(dimension, pos, block);
-                    Ok(PlaceOutput { block: name, version, changed: true })
-                })
-                .await
+                step(&ctx, move |_, visit| place_one(visit.state()?, dimension, pos, block, args.expected_version))
+                    .await
             }
         },
     )
