@@ -2,6 +2,12 @@
 //! errors, and permission requests and how they ended. They travel with the conversation's status changes and calls, in one
 //! sequence, so a chat box sees a reply complete before the status that follows it; the game reads them as Bevy
 //! messages, Rust code through a [`Subscription`](super::Subscription).
+//!
+//! As Bevy messages, each kind is a queue of its own: where the order across kinds matters (a reply, then the error
+//! that cut it short), order a frame's events by their `sequence`. And a message not read within two frames is
+//! gone: read them in systems that run every frame and keep what they say in a resource, gating only the drawing
+//! (a `PermissionRequested` missed while a chat window was closed would never be shown, and be denied at its
+//! timeout); or keep a [`Subscription`](super::Subscription) and drain it when the window opens.
 
 use bevy::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -12,7 +18,8 @@ use crate::ids::ConversationId;
 /// A piece of an agent message as it streams in. Pieces of one message share its `message` id, in order.
 #[derive(Message, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatDelta {
-    /// The session (its conversation id).
+    /// The session (its conversation id: the `conversation` of its
+    /// [`ConversationStatusChanged`](crate::ConversationStatusChanged)).
     pub session: ConversationId,
     /// The message this piece belongs to: an opaque id, unique within the session across every run of the game.
     pub message: String,
@@ -22,7 +29,9 @@ pub struct ChatDelta {
     pub sequence: u64,
 }
 
-/// A completed agent message: it ends when the agent starts another message, calls a tool, or ends its turn.
+/// A completed agent message: it ends when the agent starts another message, calls a tool, or ends its turn, and
+/// also, with the text that came so far, when its turn is cancelled, refused or fails, when the session ends, or
+/// when the next turn starts (an agent that went on writing after its turn).
 #[derive(Message, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     /// The session.
