@@ -1343,10 +1343,19 @@ fn permission_requests_are_denied_by_default_and_the_player_can_allow_or_let_the
     // The player answers, well within the default minute to answer.
     let asking = game.create(agent(&dirs, &[]).permissions(PermissionPolicy::AskPlayer)).expect("starts");
     let id = asking.id().to_string();
+    let mut events = game.game.agent().subscribe();
     let pending = game.block_on(asking.start_turn("ask")).expect("sent");
     let line = game.log.wait_for(&format!("permission {id} "));
     let request: u64 = line.split(' ').nth(2).and_then(|n| n.parse().ok()).expect("a request number");
     assert!(line.ends_with("run rm -rf /"), "{line}");
+    // Beside its title, what the action is and takes, as the agent said: the title alone may not say it.
+    let asked = events.drain().into_iter().find_map(|event| match event {
+        ConversationEvent::PermissionRequested(asked) if asked.request == request => Some(asked),
+        _ => None,
+    });
+    let asked = asked.expect("the prompt was put to the player");
+    assert_eq!(asked.kind.as_deref(), Some("execute"));
+    assert_eq!(asked.input.as_deref(), Some(r#"{"command":"rm -rf /"}"#));
     assert!(game.sessions.answer_permission(request, true));
     assert_eq!(game.block_on(pending).expect("ends").final_message.as_deref(), Some("permission: allowed"));
     game.log.wait_for(&format!("settled {id} {request} allowed"));

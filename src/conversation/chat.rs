@@ -80,9 +80,19 @@ pub struct PermissionRequested {
     pub request: u64,
     /// What the agent wants to do, as it titled it (often the tool's name).
     pub tool: String,
+    /// The kind of action, if the agent said (ACP's: `read`, `edit`, `delete`, `move`, `search`, `execute`,
+    /// `fetch`, `think`, `other`).
+    pub kind: Option<String>,
+    /// What the action would take, if the agent said: its input as JSON text (a shell command, a file's path), cut
+    /// at [`PERMISSION_INPUT_LIMIT`] characters. Show it beside the title: the title alone may not say what
+    /// the player allows.
+    pub input: Option<String>,
     /// The conversation's event sequence number.
     pub sequence: u64,
 }
+
+/// The most of a permission request's input a [`PermissionRequested`] carries, in characters.
+pub const PERMISSION_INPUT_LIMIT: usize = 1_000;
 
 /// A permission request shown with a [`PermissionRequested`] no longer waits for the player: take its prompt down.
 /// Exactly one follows each `PermissionRequested`, in the session's event sequence.

@@ -34,7 +34,10 @@ mod registry;
 mod snapshot;
 mod status;
 
-pub use chat::{ChatDelta, ChatError, ChatMessage, PermissionOutcome, PermissionRequested, PermissionSettled};
+pub use chat::{
+    ChatDelta, ChatError, ChatMessage, PermissionOutcome, PermissionRequested, PermissionSettled,
+    PERMISSION_INPUT_LIMIT,
+};
 pub use events::{CallFinished, CallProgress, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription};
 pub(crate) use game::{end_idle_conversations, publish_conversation_messages, ConversationFeed};
 pub(crate) use pending::{ended, tool_wait, wait_for_tool, WaitingCall, WaitingCalls};

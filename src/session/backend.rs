@@ -247,6 +247,9 @@ pub(crate) enum BackendEvent {
     #[cfg_attr(not(feature = "acp"), allow(dead_code))]
     Permission {
         tool: String,
+        /// The action's kind and input, if the agent said ([`PermissionRequested`](crate::PermissionRequested)).
+        kind: Option<String>,
+        input: Option<String>,
         game_tool: bool,
         allow_once: bool,
         reply: oneshot::Sender<PermissionDecision>,

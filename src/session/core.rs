@@ -595,7 +595,7 @@ impl SessionCore {
                 }
                 BackendEvent::ToolCall => self.finish_message(&mut state, &mut feed),
                 BackendEvent::Usage(usage) => state.usage = Some(usage),
-                BackendEvent::Permission { tool, game_tool, allow_once, reply, withdrawn } => {
+                BackendEvent::Permission { tool, kind, input, game_tool, allow_once, reply, withdrawn } => {
                     if state.turn.as_ref().is_some_and(|turn| turn.cancelled) {
                         // Sent before the agent read the player's cancel: answered as ACP asks of every request
                         // pending at a cancel, without asking anyone.
@@ -609,7 +609,7 @@ impl SessionCore {
                         let _ = reply.send(PermissionDecision::Deny);
                     } else {
                         // Under the lock: an end or a failure after this withdraws the request it puts to the player.
-                        self.host.permissions.ask(self, tool, reply, withdrawn);
+                        self.host.permissions.ask(self, Asking { tool, kind, input, reply, withdrawn });
                     }
                 }
                 BackendEvent::TurnEnded { turn, stop } => {
@@ -915,15 +915,9 @@ pub(crate) fn next_permission_request() -> u64 {
 
 impl PermissionBook {
     /// Decides a request by the session's policy, or asks the player.
-    pub(crate) fn ask(
-        &self,
-        core: &Arc<SessionCore>,
-        tool: String,
-        reply: oneshot::Sender<PermissionDecision>,
-        withdrawn: CancellationToken,
-    ) {
+    pub(crate) fn ask(&self, core: &Arc<SessionCore>, asking: Asking) {
         let (policy, timeout) = (core.config.permissions, core.config.timeouts.permission);
-        self.decide(core.id.clone(), policy, timeout, Asking { tool, reply, withdrawn });
+        self.decide(core.id.clone(), policy, timeout, asking);
     }
 }
 

@@ -28,6 +28,8 @@ const MAX_WAITING_PER_SESSION: usize = 16;
 /// cancels.
 pub(crate) struct Asking {
     pub(crate) tool: String,
+    pub(crate) kind: Option<String>,
+    pub(crate) input: Option<String>,
     pub(crate) reply: oneshot::Sender<PermissionDecision>,
     pub(crate) withdrawn: CancellationToken,
 }
@@ -69,7 +71,7 @@ impl PermissionBook {
     }
 
     pub(crate) fn decide(&self, session: ConversationId, policy: PermissionPolicy, timeout: Duration, asking: Asking) {
-        let Asking { tool, reply, withdrawn } = asking;
+        let Asking { tool, kind, input, reply, withdrawn } = asking;
         let request = super::core::next_permission_request();
         tracing::info!(%session, request, %tool, ?policy, "the agent asks permission");
         match policy {
@@ -80,7 +82,8 @@ impl PermissionBook {
                 let _ = reply.send(PermissionDecision::Allow);
             }
             PermissionPolicy::AskPlayer => {
-                let requested = PermissionRequested { session: session.clone(), request, tool, sequence: 0 };
+                let requested =
+                    PermissionRequested { session: session.clone(), request, tool, kind, input, sequence: 0 };
                 let settled = CancellationToken::new();
                 {
                     // Published before anyone can take it out: its settlement follows it.

@@ -294,7 +294,14 @@ impl ChatPanel {
                 self.streaming = None;
                 self.push(format!("error {}: {}", e.code, e.message));
             }
-            PanelEvent::Permission(p) => self.asking.push_back((p.request, p.tool)),
+            // What the action takes (a command), beside its title: the title alone may not say it.
+            PanelEvent::Permission(p) => {
+                let label = match p.input {
+                    Some(input) => format!("{} {input}", p.tool),
+                    None => p.tool,
+                };
+                self.asking.push_back((p.request, label));
+            }
             // Answered, or settled without the player's key (timed out, withdrawn with its turn): the prompt goes,
             // saying what the agent was told.
             PanelEvent::Settled(s) => {
@@ -371,7 +378,14 @@ mod tests {
 
     fn asked(request: u64, tool: &str) -> PanelEvent {
         let session = ConversationId::new("chat-1");
-        PanelEvent::Permission(PermissionRequested { session, request, tool: tool.into(), sequence: request })
+        PanelEvent::Permission(PermissionRequested {
+            session,
+            request,
+            tool: tool.into(),
+            kind: None,
+            input: None,
+            sequence: request,
+        })
     }
 
     fn settled(request: u64, outcome: PermissionOutcome) -> PanelEvent {

@@ -171,8 +171,11 @@ pub(crate) fn spawn(
                         let game_tool = updates::is_game_tool(fields, registered)
                             || super::codex::approves_game_tool(&request, agent, announced.as_deref(), registered);
                         let withdrawn = tokio_util::sync::CancellationToken::new();
+                        let (kind, input) = updates::kind_and_input(fields);
                         let ask = BackendEvent::Permission {
                             tool: tool.clone(),
+                            kind,
+                            input,
                             game_tool,
                             allow_once: updates::can_allow_once(&request.options),
                             reply,

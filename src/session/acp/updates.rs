@@ -109,6 +109,23 @@ pub(crate) fn stop_reason(reason: AcpStopReason) -> StopReason {
 /// The name the game's MCP server is given in `session/new`.
 pub(crate) const GAME_SERVER: &str = "game";
 
+/// What a permission request's title may leave out: the kind of action, and what it takes (a command, a path), as
+/// JSON text cut at [`PERMISSION_INPUT_LIMIT`](crate::PERMISSION_INPUT_LIMIT) characters.
+pub(crate) fn kind_and_input(fields: &ToolCallUpdateFields) -> (Option<String>, Option<String>) {
+    let kind = fields.kind.as_ref().and_then(|kind| match serde_json::to_value(kind) {
+        Ok(serde_json::Value::String(kind)) => Some(kind),
+        _ => None,
+    });
+    let input = fields.raw_input.as_ref().filter(|input| !input.is_null()).map(|input| {
+        let text = input.to_string();
+        match text.char_indices().nth(crate::PERMISSION_INPUT_LIMIT) {
+            Some((cut, _)) => format!("{}…", &text[..cut]),
+            None => text,
+        }
+    });
+    (kind, input)
+}
+
 /// Whether a permission request is for one of the game's own tools (`registered` says whether a name is one).
 /// Agents that ask before an MCP tool they have no standing rule for name it in one of two forms, which the
 /// request's programmatic `name` must be exactly where it has one, else its title:
@@ -202,6 +219,18 @@ fn pick(options: &[PermissionOption], preferred: &[PermissionOptionKind]) -> Req
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_permission_requests_input_is_cut_at_its_limit_on_a_character() {
+        let long = serde_json::json!({ "command": "é".repeat(2 * crate::PERMISSION_INPUT_LIMIT) });
+        let fields = ToolCallUpdateFields::new().kind(ToolKind::Edit).raw_input(long);
+        let (kind, input) = kind_and_input(&fields);
+        assert_eq!(kind.as_deref(), Some("edit"));
+        let input = input.expect("an input");
+        assert_eq!(input.chars().count(), crate::PERMISSION_INPUT_LIMIT + 1, "cut, and marked so");
+        assert!(input.starts_with(r#"{"command":"éé"#) && input.ends_with('…'), "{input}");
+        assert_eq!(kind_and_input(&ToolCallUpdateFields::new()), (None, None));
+    }
 
     #[test]
     fn a_denial_picks_the_reject_option_and_never_an_allow_one() {
