@@ -291,7 +291,9 @@ fn window_keys_chat_with_the_agent_walk_travel_and_closing_the_window_quits_afte
     x.key(XK_RETURN);
     sandbox.run.until("the request", |line| line.starts_with("chat-permission "));
     let hud = sandbox.hud_until("the prompt", |hud| hud.contains("Y allow, N deny"));
-    assert!(hud.contains("run rm -rf /"), "the prompt names what the agent wants to do: {hud}");
+    // Its title, and what it takes as the agent sent it (the title alone may not say it).
+    let asked = r#"run rm -rf / {"command":"rm -rf /"}"#;
+    assert!(hud.contains(asked), "the prompt names what the agent wants to do: {hud}");
     sandbox.screenshot("2-permission-prompt");
     x.type_text("n");
     let verdict = sandbox.run.until("the agent's verdict", |line| line.contains("permission: "));
@@ -307,7 +309,7 @@ fn window_keys_chat_with_the_agent_walk_travel_and_closing_the_window_quits_afte
     sandbox.run.send("chat-cancel");
     sandbox.run.until("the cancel's answer", |line| line == "ok cancelling the turn");
     let hud = sandbox.hud_until("the prompt taken down", |hud| !hud.contains("Y allow, N deny"));
-    assert!(hud.contains("[run rm -rf /: withdrawn]"), "the panel says why: {hud}");
+    assert!(hud.contains(&format!("[{asked}: withdrawn]")), "the panel says why: {hud}");
 
     // Esc closes the panel; a tap of W walks the player one cell (through the world state, like everything).
     x.key(0xff1b);
