@@ -61,9 +61,11 @@ const SLEEPING_LOOP: std::time::Duration = std::time::Duration::from_secs(2);
 const LATE_IN_A_ROW: u8 = 3;
 
 /// Warns once when steps waited for [`LATE_IN_A_ROW`] frames in a row (of those that found steps waiting) that each
-/// came more than [`SLEEPING_LOOP`] after the one before, while nothing wakes the game's loop: a windowed game with reactive updates (`WinitSettings::desktop_app()`) serves a
-/// step only at its next window event (an unfocused one waits a minute, and its calls time out) unless it has the
-/// crate's `winit` feature or sets a wake ([`AgentHandle::set_wake`](crate::AgentHandle::set_wake)).
+/// came more than [`SLEEPING_LOOP`] after the one before, while nothing wakes the game's loop: a windowed game with
+/// reactive updates (`WinitSettings::desktop_app()`) serves a step only at its next window event (an unfocused one
+/// waits a minute, and its calls time out) unless it has the crate's `winit` feature or sets a wake
+/// ([`AgentHandle::set_wake`](crate::AgentHandle::set_wake)); a headless loop that slow serves a step a frame
+/// unless `AgentToolsRunnerPlugin` serves them between its frames.
 /// (On the main thread, as the pump: where the game's log subscriber, if it set one for its thread, is.)
 pub(crate) fn notice_sleeping_loop<L: crate::lifecycle::WorldLifecycle>(
     world: &mut bevy::prelude::World,

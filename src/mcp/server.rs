@@ -431,11 +431,11 @@ async fn notify_progress(context: &RequestContext<RoleServer>, token: &mut Optio
 /// Maps a call's outcome onto MCP.
 ///
 /// - Success: `structuredContent` is the output (conforming to the published output schema), a text block
-///   carries the same JSON (a string output: the string itself), and `_meta["bevy-agent-tools/observed"]` says which visit and location it saw. Each
-///   [`ImageContent`](crate::ImageContent) field of the output travels once, as image content (not in the
-///   text); then, and for every result of a tool whose output declares one, there is no `structuredContent`:
-///   Codex and Claude Code give their model a result's `structuredContent` alone when it has one, and the
-///   picture would never reach it.
+///   carries the same JSON (a string output: the string itself), and `_meta["bevy-agent-tools/observed"]` says
+///   which visit and location it saw. Each [`ImageContent`](crate::ImageContent) field of the output travels
+///   once, as image content (not in the text); then, and for every result of a tool whose output declares one,
+///   there is no `structuredContent`: Codex and Claude Code give their model a result's `structuredContent` alone
+///   when it has one, and the picture would never reach it.
 /// - A domain error: `isError: true`, one text block holding the error as JSON (`{"code", "message",
 ///   "details"}`), the same object under `_meta["bevy-agent-tools/error"]`, and no `structuredContent`: clients
 ///   that check `structuredContent` against the tool's output schema even on errors (the TypeScript SDK, the

@@ -10,8 +10,8 @@
 //! game's own (`deserialize_with`, `try_from`) beyond what its schema says can make serde take a later shape than
 //! its schema does, and a format serde reads more loosely than its schema's checker (a `Uuid` written without
 //! hyphens, which serde takes and the `uuid` format does not) an earlier one: then the dropped properties named are
-//! those of the shape the schema judged. Only the arguments' own `anyOf` is looked at: one untagged enum at their root or flattened
-//! into them (two flattened ones are an `allOf` of alternatives, not checked).
+//! those of the shape the schema judged. Only the arguments' own `anyOf` is looked at: one untagged enum at their
+//! root or flattened into them (two flattened ones are an `allOf` of alternatives, not checked).
 
 use serde_json::{Map, Value};
 
