@@ -9,6 +9,12 @@ use bevy::ecs::schedule::ScheduleLabel;
 use bevy::ecs::system::ScheduleSystem;
 use bevy::prelude::*;
 
+#[cfg(feature = "render")]
+mod render_errors;
+
+#[cfg(feature = "render")]
+pub(crate) use render_errors::wrap_render_error_handler;
+
 use crate::lifecycle::WorldLifecycle;
 use crate::runtime::AgentRuntime;
 use crate::visit::VisitSlot;
@@ -104,6 +110,37 @@ fn decide(here: ExitIn) -> impl FnMut(&mut World) {
         }
         world.insert_resource(here);
     }
+}
+
+/// Runs the plugin's exit now, for an `AppExit` that no schedule of the frame will see: one written after the
+/// frame's schedules ran, as Bevy's `RenderErrorHandler` writes one on a GPU error (in the render sub-app's
+/// extract), or by a loop of the game's own that writes it and stops calling `update`. The whole exit runs, in
+/// its order ([`AgentToolsExitSystems`]): in-game agent sessions end, the open visit closes and its save
+/// completes, `WorldLifecycle::shutdown` runs, the transports and the runtime stop, bounded by
+/// [`AgentToolsPlugin::exit_deadline`](crate::AgentToolsPlugin::exit_deadline).
+///
+/// Returns `true` if it ran the exit; `false`, doing nothing, if no `AppExit` is pending (write one first), the
+/// exit already began (it runs once), or the app has no [`AgentToolsPlugin`](crate::AgentToolsPlugin). Call it with
+/// the app's main world, outside its schedules. With the crate's `render` feature the plugin calls it from Bevy's
+/// `RenderErrorHandler` (wrapping the one the game or Bevy set when the plugin was finished): a game that sets a
+/// handler of its own later calls it there, after writing `AppExit`.
+///
+/// ```
+/// # use bevy::prelude::*;
+/// # fn render_error(main_world: &mut World) {
+/// // In a handler that gives up on the renderer:
+/// main_world.write_message(AppExit::error());
+/// bevy_agent_tools::run_pending_exit(main_world); // the open world is saved before the app stops
+/// # }
+/// ```
+pub fn run_pending_exit(world: &mut World) -> bool {
+    let pending = world.get_resource::<Messages<AppExit>>().is_some_and(|exits| !exits.is_empty());
+    if !pending || !world.contains_resource::<ExitDeadline>() || world.contains_resource::<ExitStarted>() {
+        return false;
+    }
+    tracing::debug!("AppExit was written after the frame's schedules: the exit runs now");
+    world.insert_resource(ExitIn::LateExit);
+    world.try_run_schedule(LateExit).is_ok()
 }
 
 fn exits_in(here: ExitIn) -> impl FnMut(Option<Res<ExitIn>>) -> bool + Clone {

@@ -47,7 +47,7 @@ pub use conversation::{
 };
 pub use error::{ErrorCode, ErrorDetails, ToolError};
 #[allow(deprecated)]
-pub use exit::{AgentToolsExitSystems, ExitSet};
+pub use exit::{run_pending_exit, AgentToolsExitSystems, ExitSet};
 pub use host::{VisitPhase, VisitStatus};
 pub use ids::{ConversationId, DimensionId, LocationRevision, OperationId, RequestId, TaskId, VisitId, WorldId};
 pub use lifecycle::{Location, OpenError, Opened, VisitInfo, WorldLifecycle};

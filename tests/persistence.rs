@@ -13,7 +13,7 @@ use bevy::prelude::*;
 use bevy_agent_tools::persist::{Codec, Loaded, WorldStore, WorldStorePlugin};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::AgentTestAppExt;
-use bevy_agent_tools::{AgentToolsExitSystems, NoArgs, VisitClosed, VisitSaved, WorldId};
+use bevy_agent_tools::{AgentRuntime, AgentToolsExitSystems, NoArgs, VisitClosed, VisitSaved, WorldId};
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -511,6 +511,22 @@ fn h6_an_app_exit_written_in_last_after_the_exit_sets_still_closes_and_saves_the
     app.update();
     assert!(app.should_exit().is_some(), "the runner would stop after this frame");
     assert_eq!(read_progress(data.path(), "alpha"), r#"{"count":1}"#, "the visit was saved before it");
+}
+
+#[test]
+fn h6_an_app_exit_written_after_the_frames_schedules_is_closed_and_saved_by_run_pending_exit() {
+    let data = tempfile::tempdir().unwrap();
+    let mut app = game(Saves::default(), data.path());
+    app.enter_world("alpha");
+    call(&mut app, "bump");
+    assert!(!bevy_agent_tools::run_pending_exit(app.world_mut()), "no AppExit is pending: there is no exit to run");
+    // As Bevy's renderer writes one on a GPU error: after the frame's schedules, and the runner stops next.
+    app.world_mut().write_message(AppExit::error());
+    assert!(bevy_agent_tools::run_pending_exit(app.world_mut()), "the exit ran");
+    assert_eq!(read_progress(data.path(), "alpha"), r#"{"count":1}"#, "the visit was saved before the runner stops");
+    assert!(app.world().resource::<AgentRuntime>().is_stopped(), "the whole exit ran, to the runtime's stop");
+    assert!(!bevy_agent_tools::run_pending_exit(app.world_mut()), "the exit runs once");
+    assert!(app.should_exit().is_some(), "and the AppExit is left for the runner");
 }
 
 fn read_progress(root: &Path, world: &str) -> String {

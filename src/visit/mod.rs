@@ -60,8 +60,9 @@ pub(crate) struct VisitSlot<L: WorldLifecycle> {
 
 impl<L: WorldLifecycle> Drop for VisitSlot<L> {
     /// An app that ends without the plugin's exit (`ScheduleRunnerPlugin::run_once`, a loop of the game's own that
-    /// stops calling `update`, an `AppExit` written after the frame's last systems as Bevy's renderer writes one on
-    /// a GPU error, a panic that unwinds the app) drops the open world unsaved: said, as nothing else would show it.
+    /// stops calling `update`, an `AppExit` written after the frame's last systems and not followed by
+    /// [`run_pending_exit`](crate::run_pending_exit), a panic that unwinds the app) drops the open world unsaved:
+    /// said, as nothing else would show it.
     fn drop(&mut self) {
         let Some(open) = self.open.as_ref().filter(|_| !self.shut_down && !self.test_app) else { return };
         let (world, visit) = (&open.info.world, open.info.visit);
@@ -73,7 +74,7 @@ impl<L: WorldLifecycle> Drop for VisitSlot<L> {
                 %visit,
                 "the app ended while a world was open without the plugin's exit (no AppExit, or one written after \
                  the frame's last systems): its `close` never ran and it was not saved (end the game by writing \
-                 AppExit in a system)"
+                 AppExit in a system, or call bevy_agent_tools::run_pending_exit after writing it elsewhere)"
             );
         }
     }
