@@ -234,7 +234,8 @@ fn a_kept_session_is_reattached_at_the_next_start_or_by_id_and_permissions_go_to
     let kept = session_of(&first.line_starting("chat-status "));
     first.send("say ask");
     let asked = first.line_starting(&format!("chat-permission session={kept} "));
-    assert!(asked.ends_with("tool=run rm -rf /"), "{asked}");
+    let shown = r#"kind=execute input="{\"command\":\"rm -rf /\"}" tool=run rm -rf /"#;
+    assert!(asked.ends_with(shown), "the command the player allows is shown with the title: {asked}");
     let request = asked.split(' ').find_map(|w| w.strip_prefix("request=")).expect("a request number").to_string();
     first.send(&format!("chat-allow {request}"));
     assert_eq!(first.line_starting("ok allowed"), format!("ok allowed request={request}"));

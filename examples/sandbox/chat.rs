@@ -9,7 +9,9 @@
 //! chat-error session=ID code=C message=M         the session failed (a crash is AGENT_UNAVAILABLE)
 //! chat-turn-ended session=ID stop=S              a turn cut short: S is max_tokens, max_turn_requests, refusal
 //!                                                or other (a turn that ended normally, or cancelled, says nothing)
-//! chat-permission session=ID request=R tool=T    the agent asks; with --ask-permissions answer chat-allow/deny R
+//! chat-permission session=ID request=R [kind=K] [input="I"] tool=T
+//!                                                the agent asks (the input a JSON string); with
+//!                                                --ask-permissions answer chat-allow/deny R
 //! chat-permission-settled session=ID request=R outcome=O
 //!                                                it no longer waits: allowed, denied, timed_out or withdrawn
 //! ```
@@ -324,6 +326,11 @@ fn answer_permission(sessions: &AgentSessions, request: u64, allow: bool) -> Res
 /// `text` on one line, as the console prints an agent's words: line breaks as `\n` and `\r`, and every other control
 /// character escaped too (an agent's text or its stderr tail could otherwise move the cursor, clear the screen or
 /// print a line that looks like the game's own).
+/// `text` as a JSON string: on one line, its quotes and controls escaped.
+fn quoted(text: &str) -> String {
+    serde_json::Value::String(text.to_string()).to_string()
+}
+
 fn one_line(text: &str) -> String {
     let mut line = String::with_capacity(text.len());
     for c in text.chars() {
@@ -365,12 +372,18 @@ fn print_chat(
             ConversationEvent::ChatError(e) => {
                 say(format_args!("chat-error session={} code={} message={}", e.session, e.code, one_line(&e.message)))
             }
-            ConversationEvent::PermissionRequested(p) => say(format_args!(
-                "chat-permission session={} request={} tool={}",
-                p.session,
-                p.request,
-                one_line(&p.tool)
-            )),
+            ConversationEvent::PermissionRequested(p) => {
+                // The action's kind and input (a shell command), when the agent sent them: the input quoted as a
+                // JSON string, as it may hold spaces; the title last, running to the line's end.
+                let kind = p.kind.as_deref().map(|kind| format!(" kind={}", one_line(kind))).unwrap_or_default();
+                let input = p.input.as_deref().map(|input| format!(" input={}", quoted(input))).unwrap_or_default();
+                say(format_args!(
+                    "chat-permission session={} request={}{kind}{input} tool={}",
+                    p.session,
+                    p.request,
+                    one_line(&p.tool)
+                ))
+            }
             ConversationEvent::PermissionSettled(p) => say(format_args!(
                 "chat-permission-settled session={} request={} outcome={}",
                 p.session, p.request, p.outcome
