@@ -41,9 +41,10 @@ pub use call::{
 };
 pub use completion::{Completer, Completion, CompletionError, CompletionResult};
 pub use conversation::{
-    ActiveCall, CallFinished, CallProgress, CallStarted, ChatDelta, ChatError, ChatMessage, ConversationEvent,
-    ConversationSnapshot, ConversationStatus, ConversationStatusChanged, PendingCall, PermissionOutcome,
-    PermissionRequested, PermissionSettled, Reported, StatusSource, Subscription, PERMISSION_INPUT_LIMIT,
+    ActiveCall, CallFinished, CallProgress, CallStarted, ChatDelta, ChatError, ChatErrorScope, ChatMessage,
+    ConversationEvent, ConversationSnapshot, ConversationStatus, ConversationStatusChanged, PendingCall,
+    PermissionOutcome, PermissionRequested, PermissionSettled, Reported, StatusSource, Subscription,
+    PERMISSION_INPUT_LIMIT,
 };
 pub use error::{ErrorCode, ErrorDetails, ToolError};
 #[allow(deprecated)]

@@ -71,7 +71,7 @@ fn record(
     let mut lines = Vec::new();
     lines.extend(deltas.read().map(|d| format!("delta {} {}: {}", d.session, d.message, d.text)));
     lines.extend(messages.read().map(|m| format!("message {} {}: {}", m.session, m.message, m.text)));
-    lines.extend(errors.read().map(|e| format!("error {} {}: {}", e.session, e.code, e.message)));
+    lines.extend(errors.read().map(|e| format!("error {} {} [{}]: {}", e.session, e.code, e.scope, e.message)));
     lines.extend(permissions.read().map(|p| format!("permission {} {} {}", p.session, p.request, p.tool)));
     lines.extend(settled.read().map(|p| format!("settled {} {} {}", p.session, p.request, p.outcome)));
     lines.extend(
@@ -614,7 +614,7 @@ fn an_agent_that_answers_a_turn_with_an_error_fails_that_turn_only_and_takes_the
     let (code, message) = code_of(game.block_on(session.send_text("refuse provider overloaded")));
     assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
     assert!(message.contains("provider overloaded"), "the agent's words: {message}");
-    game.log.wait_for(&format!("error {id} AGENT_UNAVAILABLE"));
+    game.log.wait_for(&format!("error {id} AGENT_UNAVAILABLE [turn]"));
     assert_eq!(session.status(), ConversationStatus::Idle, "the session is not failed");
     assert_eq!(dirs.agents_running(), 1, "its agent is kept");
     let next = game.block_on(session.send_text("history")).expect("the next text is taken");
@@ -785,7 +785,7 @@ fn s2_an_agent_that_crashes_mid_turn_fails_the_turn_and_resume_restarts_it_in_th
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains("crashing on purpose"), "the stderr tail: {message}");
     assert_eq!(session.status(), ConversationStatus::Error);
-    game.log.wait_for(&format!("error {id} AGENT_UNAVAILABLE"));
+    game.log.wait_for(&format!("error {id} AGENT_UNAVAILABLE [session]"));
     dirs.wait_no_agents(LIMIT);
     let (code, _) = code_of(game.block_on(session.send_text("hello")));
     assert_eq!(code, ErrorCode::AgentUnavailable, "a failed session answers with its failure until resumed");
@@ -803,7 +803,7 @@ fn s2_an_agent_that_exits_between_turns_fails_the_session_at_once_saying_why() {
     assert_eq!(turn.final_message.as_deref(), Some("leaving after this turn"));
 
     // No message from the player is needed for the game to learn of it.
-    let error = game.log.wait_for(&format!("error {id} AGENT_UNAVAILABLE"));
+    let error = game.log.wait_for(&format!("error {id} AGENT_UNAVAILABLE [session]"));
     assert!(error.contains("leaving between turns"), "the stderr tail: {error}");
     assert_eq!(session.status(), ConversationStatus::Error);
     let (code, message) = code_of(game.block_on(session.send_text("hello")));

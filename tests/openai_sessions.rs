@@ -349,7 +349,7 @@ fn record(
     let mut lines = Vec::new();
     lines.extend(deltas.read().map(|d| format!("delta {} {}: {}", d.session, d.message, d.text)));
     lines.extend(messages.read().map(|m| format!("message {} {}: {}", m.session, m.message, m.text)));
-    lines.extend(errors.read().map(|e| format!("error {} {}: {}", e.session, e.code, e.message)));
+    lines.extend(errors.read().map(|e| format!("error {} {} [{}]: {}", e.session, e.code, e.scope, e.message)));
     lines.extend(statuses.read().map(|s| format!("status {} {}->{}", s.conversation, s.previous, s.status)));
     lines.extend(started.read().map(|c| format!("call-started {} {}", c.conversation, c.tool)));
     log.0.write(lines);
@@ -833,7 +833,7 @@ fn a_history_that_cannot_be_saved_is_shown_to_the_player_and_the_turn_still_ends
     server.reply(says("second"));
     let turn = game.block_on(session.send_text("two")).expect("the turn ends");
     assert_eq!(turn.final_message.as_deref(), Some("second"));
-    let shown = game.log.wait_for(&format!("error {id} HISTORY_NOT_SAVED"));
+    let shown = game.log.wait_for(&format!("error {id} HISTORY_NOT_SAVED [notice]"));
     assert!(shown.contains("could not be saved"), "{shown}");
     assert_eq!(session.status(), ConversationStatus::Idle, "nothing failed");
 }
@@ -987,7 +987,7 @@ fn an_answer_cut_at_its_token_limit_during_a_tool_call_ends_the_turn_max_tokens_
     assert_eq!(game.counter(), 0, "the cut-short call never ran");
     assert_eq!(server.requests().len(), 1, "nothing more was asked of the model");
     // The player is told why the call it announced never came.
-    let shown = game.log.wait_for(&format!("error {} CALL_CUT_SHORT", session.id()));
+    let shown = game.log.wait_for(&format!("error {} CALL_CUT_SHORT [notice]", session.id()));
     assert!(shown.contains("while it wrote its call to `bump`: nothing was run"), "{shown}");
 }
 
@@ -1415,7 +1415,7 @@ fn a_server_error_is_retried_then_fails_the_turn_alone_and_the_next_text_goes_on
     assert_eq!(code, ErrorCode::AgentUnavailable);
     assert!(message.contains("503") && message.contains(&server.url), "{message}");
     assert_eq!(server.requests().len(), 4);
-    game.log.wait_for(&format!("error {} AGENT_UNAVAILABLE", session.id()));
+    game.log.wait_for(&format!("error {} AGENT_UNAVAILABLE [turn]", session.id()));
 
     goes_on_with_the_failed_turn_left_out(&game, &server, &session);
 }

@@ -158,7 +158,10 @@ fn the_player_chats_with_an_agent_that_builds_through_the_game_and_quit_leaves_n
 
     game.send("say crash");
     let failed = game.line_starting(&format!("chat-error session={id} "));
-    assert!(failed.contains("code=AGENT_UNAVAILABLE") && failed.contains("crashing on purpose"), "{failed}");
+    assert!(
+        failed.contains("scope=session code=AGENT_UNAVAILABLE") && failed.contains("crashing on purpose"),
+        "{failed}"
+    );
     game.until("the error status", |line| line.ends_with("status=error previous=running"));
     game.send("say hello");
     assert!(game.line_starting("error: ").starts_with("error: AGENT_UNAVAILABLE "));

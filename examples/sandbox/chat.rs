@@ -6,7 +6,9 @@
 //! chat-starting                                  at start-up: the agent starts (commands typed meanwhile wait)
 //! chat-status session=ID status=S previous=P     every status change, once, in order
 //! chat session=ID: TEXT                          each completed agent message (newlines as \n)
-//! chat-error session=ID code=C message=M         the session failed (a crash is AGENT_UNAVAILABLE)
+//! chat-error session=ID scope=S code=C message=M
+//!                                                S: session (it failed: a crash is AGENT_UNAVAILABLE; chat-resume),
+//!                                                turn (that turn ended) or notice (nothing failed)
 //! chat-turn-ended session=ID stop=S              a turn cut short: S is max_tokens, max_turn_requests, refusal
 //!                                                or other (a turn that ended normally, or cancelled, says nothing)
 //! chat-permission session=ID request=R [kind=K] [input="I"] tool=T
@@ -146,7 +148,11 @@ async fn run(
     say("chat-starting");
     // The window's chat panel shows the outcome too (it has no console line to point at).
     let started = reattach_kept(&opening, &current).await.map_err(|error| {
-        say(format_args!("chat-error session=none code={} message={}", error.code, one_line(&error.message)));
+        say(format_args!(
+            "chat-error session=none scope=session code={} message={}",
+            error.code,
+            one_line(&error.message)
+        ));
         format!("the agent did not start: {} {}", error.code, one_line(&error.message))
     });
     let _ = answered.send(ChatAnswered { command: ChatCommand::Resume(None), answer: started });
@@ -370,7 +376,8 @@ fn print_chat(
             }
             ConversationEvent::ChatMessage(m) => say(format_args!("chat session={}: {}", m.session, one_line(&m.text))),
             ConversationEvent::ChatError(e) => {
-                say(format_args!("chat-error session={} code={} message={}", e.session, e.code, one_line(&e.message)))
+                let (session, scope, code, message) = (&e.session, e.scope, &e.code, one_line(&e.message));
+                say(format_args!("chat-error session={session} scope={scope} code={code} message={message}"))
             }
             ConversationEvent::PermissionRequested(p) => {
                 // The action's kind and input (a shell command), when the agent sent them: the input quoted as a

@@ -44,8 +44,8 @@ pub struct ChatMessage {
     pub sequence: u64,
 }
 
-/// Something went wrong in a session, for the player to see. Three cases, told apart by the session's status
-/// (its [`ConversationStatusChanged`](crate::ConversationStatusChanged) comes with it):
+/// Something went wrong in a session, for the player to see. Three cases, its [`scope`](Self::scope) says which
+/// (and the session's status, whose [`ConversationStatusChanged`](crate::ConversationStatusChanged) comes with it):
 ///
 /// - the session failed (its backend stopped or could not be reached, a turn timed out): its status is then
 ///   `Error` until `session::AgentSession::resume`;
@@ -64,8 +64,39 @@ pub struct ChatError {
     pub code: ErrorCode,
     /// What happened, in words (for a crash, the exit status and the tail of the agent's stderr).
     pub message: String,
+    /// What it ended: the session, its turn, or nothing.
+    pub scope: ChatErrorScope,
     /// The conversation's event sequence number.
     pub sequence: u64,
+}
+
+/// What a [`ChatError`] ended, for a chat box to say what the player can do next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChatErrorScope {
+    /// The session failed: its status is `Error`, it takes no text until `session::AgentSession::resume`.
+    Session,
+    /// The agent could not do one turn: that turn ended, the status went back to `Idle`, the next text is taken.
+    Turn,
+    /// A notice: nothing failed, the session goes on as it was.
+    Notice,
+}
+
+impl ChatErrorScope {
+    /// The stable lower-case name (`session`, `turn`, `notice`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Session => "session",
+            Self::Turn => "turn",
+            Self::Notice => "notice",
+        }
+    }
+}
+
+impl std::fmt::Display for ChatErrorScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// The agent asks permission for one of its own actions, and the session's policy is `PermissionPolicy::AskPlayer`:

@@ -35,7 +35,7 @@ mod snapshot;
 mod status;
 
 pub use chat::{
-    ChatDelta, ChatError, ChatMessage, PermissionOutcome, PermissionRequested, PermissionSettled,
+    ChatDelta, ChatError, ChatErrorScope, ChatMessage, PermissionOutcome, PermissionRequested, PermissionSettled,
     PERMISSION_INPUT_LIMIT,
 };
 pub use events::{CallFinished, CallProgress, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription};

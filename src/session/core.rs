@@ -21,7 +21,7 @@ use super::backend::{Attached, BackendEvent, EventSink, Link, PermissionDecision
 use super::permission::{Asking, PermissionBook};
 use super::record::Record;
 use super::{SessionConfig, SessionHost, TurnEnd};
-use crate::conversation::{ChatDelta, ChatError, ChatMessage, ConversationEvent};
+use crate::conversation::{ChatDelta, ChatError, ChatErrorScope, ChatMessage, ConversationEvent};
 use crate::conversation::{ConversationStatus, StatusSource, Suspension};
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
@@ -632,7 +632,7 @@ impl SessionCore {
                         // Prompts the refused turn left open are its own, not the next turn's.
                         self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
                         self.finish_message(&mut state, &mut feed);
-                        feed.push(self.chat_error(&error));
+                        feed.push(self.chat_error(&error, ChatErrorScope::Turn));
                         ended_turn = state.turn.take().map(|turn| (turn, Err(error)));
                         self.end_cancel_suspension();
                     }
@@ -642,7 +642,7 @@ impl SessionCore {
                         failure = Some(error);
                     }
                 }
-                BackendEvent::Notice(error) => feed.push(self.chat_error(&error)),
+                BackendEvent::Notice(error) => feed.push(self.chat_error(&error, ChatErrorScope::Notice)),
                 BackendEvent::Exited(error) => failure = Some(exit_error(error)),
             }
             let idle = ended_turn.as_ref().map(|_| ConversationStatus::Idle);
@@ -670,12 +670,13 @@ impl SessionCore {
         self.host.agent.host().conversations.end_suspension(&self.id, Suspension::TurnCancelled);
     }
 
-    /// What the player is shown of a failed turn.
-    fn chat_error(&self, error: &ToolError) -> ConversationEvent {
+    /// What the player is shown of an error, and what it ended.
+    fn chat_error(&self, error: &ToolError, scope: ChatErrorScope) -> ConversationEvent {
         ConversationEvent::ChatError(ChatError {
             session: self.id.clone(),
             code: error.code.clone(),
             message: error.message.clone(),
+            scope,
             sequence: 0,
         })
     }
@@ -720,7 +721,7 @@ impl SessionCore {
             self.host.publish(&self.id, std::mem::take(&mut feed), None, StatusSource::Host);
             // Before `Error`, as before `Ended`: a prompt the player sees goes before its session's failure.
             self.host.permissions.withdraw_all(&self.id, PermissionDecision::Cancelled);
-            feed.push(self.chat_error(&error));
+            feed.push(self.chat_error(&error, ChatErrorScope::Session));
             self.host.publish(&self.id, feed, Some(ConversationStatus::Error), StatusSource::Host);
             (link, state.turn.take())
         };

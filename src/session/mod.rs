@@ -77,7 +77,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use crate::conversation::{
-    ChatDelta, ChatError, ChatMessage, PermissionOutcome, PermissionRequested, PermissionSettled,
+    ChatDelta, ChatError, ChatErrorScope, ChatMessage, PermissionOutcome, PermissionRequested, PermissionSettled,
 };
 pub use backend::{Attached, StopReason, Usage};
 pub use config::{AcpAgentCommand, PermissionPolicy, SessionBackend, SessionConfig, SessionTimeouts};

@@ -18,7 +18,8 @@ use bevy::input::keyboard::{Key, KeyboardInput};
 use bevy::prelude::*;
 use bevy_agent_tools::session::AgentSessions;
 use bevy_agent_tools::{
-    ChatDelta, ChatError, ChatMessage, ConversationStatusChanged, PermissionRequested, PermissionSettled,
+    ChatDelta, ChatError, ChatErrorScope, ChatMessage, ConversationStatusChanged, PermissionRequested,
+    PermissionSettled,
 };
 
 use super::Focus;
@@ -290,9 +291,14 @@ impl ChatPanel {
                 self.streaming = None;
                 self.push(format!("agent: {}", m.text));
             }
+            // What the player can do next: resume a failed session, or go on.
             PanelEvent::Error(e) => {
                 self.streaming = None;
-                self.push(format!("error {}: {}", e.code, e.message));
+                self.push(match e.scope {
+                    ChatErrorScope::Session => format!("error {}: {} (Ctrl+R resumes)", e.code, e.message),
+                    ChatErrorScope::Turn => format!("error {}: {} (the turn ended)", e.code, e.message),
+                    ChatErrorScope::Notice => format!("notice {}: {}", e.code, e.message),
+                });
             }
             // What the action takes (a command), beside its title: the title alone may not say it.
             PanelEvent::Permission(p) => {
