@@ -8,8 +8,9 @@
 //! the agent refused (its turn still running, the session ended or failed) says so, and goes back to the input
 //! line to be sent again.
 //!
-//! Bevy's default font has ASCII only: a game whose players write other scripts gives the panel a font that has
-//! them (and turns on `Window::ime_enabled` for input methods).
+//! Bevy's default font has ASCII only: the window puts Fira Mono in its place (Latin, Greek, Cyrillic and their
+//! punctuation: an agent's dashes and curly quotes); a game whose players write other scripts gives the panel a
+//! font that has them (and turns on `Window::ime_enabled` for input methods).
 
 use std::collections::VecDeque;
 

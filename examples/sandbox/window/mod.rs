@@ -24,6 +24,9 @@ use crate::console::ConsoleLines;
 use crate::view::WorldView;
 use crate::world::Palette;
 
+/// The window's font (see `SandboxWindow::build`).
+const FONT: &[u8] = include_bytes!("../../../assets/fonts/FiraMono-Medium.ttf");
+
 /// Where the keyboard goes.
 #[derive(Resource, Default, Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Focus {
@@ -60,6 +63,15 @@ pub struct SandboxWindow {
 impl Plugin for SandboxWindow {
     fn build(&self, app: &mut App) {
         let air = self.palette.kind(crate::world::AIR).rgb;
+        // Bevy's default font has ASCII only, and agents write dashes, curly quotes and accents: the window's text
+        // uses Fira Mono (SIL Open Font License 1.1: `assets/fonts/FiraMono-LICENSE`) in its place, which has Latin,
+        // Greek and Cyrillic with their punctuation.
+        if let Some(mut fonts) = app.world_mut().get_resource_mut::<Assets<Font>>() {
+            let font = Font::from_bytes(FONT.to_vec());
+            if let Err(error) = fonts.insert(AssetId::default(), font) {
+                warn!("the window's font could not be set, Bevy's ASCII one stays: {error}");
+            }
+        }
         bevy::asset::load_internal_asset!(app, chunks::BLOCKS_SHADER, "blocks.wgsl", Shader::from_wgsl);
         app.add_plugins(MaterialPlugin::<chunks::BlockMaterial>::default());
         app.insert_resource(ClearColor(Color::srgb_u8(air[0], air[1], air[2])))
@@ -112,5 +124,21 @@ fn close_is_quit(
     if requests.read().count() > 0 && !*asked {
         *asked = true;
         console.send("quit");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FONT;
+
+    #[test]
+    fn the_windows_font_has_the_characters_agents_write_beyond_ascii() {
+        let face = ttf_parser::Face::parse(FONT, 0).expect("the font parses");
+        // Typographic punctuation, accented Latin, Greek and Cyrillic, the euro sign, arrows.
+        for c in "’‘“”—–…•·→←éèêàâüöäßñçøåœÉÇΩπλЖжщ€".chars() {
+            assert!(face.glyph_index(c).is_some(), "{c:?} ({:#x}) has no glyph", c as u32);
+        }
+        // The control: a character it does not have is told apart.
+        assert!(face.glyph_index('漢').is_none());
     }
 }
