@@ -10,10 +10,10 @@ use bevy::ecs::system::ScheduleSystem;
 use bevy::prelude::*;
 
 #[cfg(feature = "render")]
-mod render_errors;
+mod render;
 
 #[cfg(feature = "render")]
-pub(crate) use render_errors::wrap_render_error_handler;
+pub(crate) use render::exit_after_render_extracts;
 
 use crate::lifecycle::WorldLifecycle;
 use crate::runtime::AgentRuntime;
@@ -121,9 +121,8 @@ fn decide(here: ExitIn) -> impl FnMut(&mut World) {
 ///
 /// Returns `true` if it ran the exit; `false`, doing nothing, if no `AppExit` is pending (write one first), the
 /// exit already began (it runs once), or the app has no [`AgentToolsPlugin`](crate::AgentToolsPlugin). Call it with
-/// the app's main world, outside its schedules. With the crate's `render` feature the plugin calls it from Bevy's
-/// `RenderErrorHandler` (wrapping the one the game or Bevy set when the plugin was finished): a game that sets a
-/// handler of its own later calls it there, after writing `AppExit`.
+/// the app's main world, outside its schedules. With the crate's `render` feature the plugin calls it itself for
+/// an `AppExit` Bevy's renderer writes (see [`AgentToolsPlugin`](crate::AgentToolsPlugin)'s `finish`).
 ///
 /// ```
 /// # use bevy::prelude::*;

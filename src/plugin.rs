@@ -501,13 +501,14 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
     /// followed: every call would get `NO_WORLD`), a mistake in the game's set-up, as `with_tool` panics for its. In a
     /// windowed app (feature `winit`), agent work that needs a frame wakes winit's loop (see
     /// [`AgentHandle::set_wake`]), so a game with reactive updates (`WinitSettings::desktop_app()`) runs that frame
-    /// instead of sleeping until the next window event. With the feature `render`, Bevy's `RenderErrorHandler` is
-    /// wrapped so that an `AppExit` it writes runs the plugin's exit ([`run_pending_exit`](crate::run_pending_exit)).
+    /// instead of sleeping until the next window event. With the feature `render`, the extract of Bevy's render sub-apps is
+    /// wrapped so that an `AppExit` written there (by its `RenderErrorHandler` on a GPU error, or for a render thread
+    /// that panicked) runs the plugin's exit ([`run_pending_exit`](crate::run_pending_exit)).
     /// Plugins are all built by now, so the order in which the game added them does not matter.
     fn finish(&self, app: &mut App) {
         crate::exit::run_late_exit_last(app);
         #[cfg(feature = "render")]
-        crate::exit::wrap_render_error_handler(app);
+        crate::exit::exit_after_render_extracts(app);
         if !self.followers.is_empty() && !app.is_plugin_added::<bevy::state::app::StatesPlugin>() {
             panic!(
                 "AgentToolsPlugin::follow_state needs Bevy's `StatesPlugin` (in `DefaultPlugins`, not in \

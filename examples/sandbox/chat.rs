@@ -329,14 +329,23 @@ fn answer_permission(sessions: &AgentSessions, request: u64, allow: bool) -> Res
     }
 }
 
+/// `text` as a JSON string, on one line: its quotes escaped, and every control character (JSON escapes only those
+/// below U+0020; DEL and the C1 controls, such as U+009B, move a terminal's cursor too) as `\uXXXX`.
+fn quoted(text: &str) -> String {
+    let json = serde_json::Value::String(text.to_string()).to_string();
+    let mut quoted = String::with_capacity(json.len());
+    for c in json.chars() {
+        match c {
+            c if c.is_control() => quoted.push_str(&format!("\\u{:04x}", c as u32)),
+            c => quoted.push(c),
+        }
+    }
+    quoted
+}
+
 /// `text` on one line, as the console prints an agent's words: line breaks as `\n` and `\r`, and every other control
 /// character escaped too (an agent's text or its stderr tail could otherwise move the cursor, clear the screen or
 /// print a line that looks like the game's own).
-/// `text` as a JSON string: on one line, its quotes and controls escaped.
-fn quoted(text: &str) -> String {
-    serde_json::Value::String(text.to_string()).to_string()
-}
-
 fn one_line(text: &str) -> String {
     let mut line = String::with_capacity(text.len());
     for c in text.chars() {
@@ -419,5 +428,14 @@ mod tests {
     fn an_agents_words_reach_the_console_on_one_line_with_no_control_character_left() {
         let said = "done\r\nok quitting\u{1b}[2J\u{7}";
         assert_eq!(super::one_line(said), "done\\r\\nok quitting\\u{1b}[2J\\u{7}");
+    }
+
+    #[test]
+    fn a_permission_prompts_input_reaches_the_console_as_a_json_string_with_no_control_character_left() {
+        let input = "{\"command\":\"rm -rf /\"}\n\u{7f}\u{9b}2J";
+        let quoted = super::quoted(input);
+        assert_eq!(quoted, r#""{\"command\":\"rm -rf /\"}\n\u007f\u009b2J""#);
+        let read: String = serde_json::from_str(&quoted).expect("a JSON string");
+        assert_eq!(read, input, "read back as it was sent");
     }
 }

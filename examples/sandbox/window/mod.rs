@@ -63,15 +63,6 @@ pub struct SandboxWindow {
 impl Plugin for SandboxWindow {
     fn build(&self, app: &mut App) {
         let air = self.palette.kind(crate::world::AIR).rgb;
-        // Bevy's default font has ASCII only, and agents write dashes, curly quotes and accents: the window's text
-        // uses Fira Mono (SIL Open Font License 1.1: `assets/fonts/FiraMono-LICENSE`) in its place, which has Latin,
-        // Greek and Cyrillic with their punctuation.
-        if let Some(mut fonts) = app.world_mut().get_resource_mut::<Assets<Font>>() {
-            let font = Font::from_bytes(FONT.to_vec());
-            if let Err(error) = fonts.insert(AssetId::default(), font) {
-                warn!("the window's font could not be set, Bevy's ASCII one stays: {error}");
-            }
-        }
         bevy::asset::load_internal_asset!(app, chunks::BLOCKS_SHADER, "blocks.wgsl", Shader::from_wgsl);
         app.add_plugins(MaterialPlugin::<chunks::BlockMaterial>::default());
         app.insert_resource(ClearColor(Color::srgb_u8(air[0], air[1], air[2])))
@@ -112,6 +103,21 @@ impl Plugin for SandboxWindow {
                     .after(AgentToolsSystems::Pump)
                     .before(bevy::ui::UiSystems::Prepare),
             );
+    }
+
+    /// Bevy's default font has ASCII only, and agents write dashes, curly quotes and accents: the window's text
+    /// uses Fira Mono (SIL Open Font License 1.1: `assets/fonts/FiraMono-LICENSE`) in its place, which has Latin,
+    /// Greek and Cyrillic with their punctuation. Set once every plugin is built (Bevy's `TextPlugin` sets its own
+    /// there), before the first frame loads it.
+    fn finish(&self, app: &mut App) {
+        let set = app.world_mut().get_resource_mut::<Assets<Font>>().map(|mut fonts| {
+            fonts.insert(AssetId::default(), Font::from_bytes(FONT.to_vec())).map_err(|error| error.to_string())
+        });
+        match set {
+            Some(Ok(())) => {}
+            Some(Err(error)) => warn!("the window's font could not be set, Bevy's ASCII one stays: {error}"),
+            None => warn!("the window has no fonts (Bevy's `TextPlugin` is missing): its text is not drawn"),
+        }
     }
 }
 
