@@ -27,6 +27,9 @@ pub enum VisitPhase {
     Loading,
     /// Calls are admitted and run.
     Open,
+    /// The session that was loading failed to load ([`VisitLoadFailed`](crate::VisitLoadFailed)): calls get
+    /// `INTERNAL` saying why, until the game exits the world (which it usually should, telling the player).
+    LoadFailed,
     /// Exit began: admission is closed (`WORLD_CLOSED`) and `close` is running.
     Closing,
 }
@@ -131,10 +134,12 @@ impl OpenVisit {
     pub(crate) fn phase(&self) -> VisitPhase {
         if self.closing {
             VisitPhase::Closing
-        } else if self.ready.as_ref().is_some_and(|ready| !ready.is_done()) {
-            VisitPhase::Loading
         } else {
-            VisitPhase::Open
+            match self.ready.as_ref().map(Completion::result) {
+                Some(None) => VisitPhase::Loading,
+                Some(Some(Err(_))) => VisitPhase::LoadFailed,
+                None | Some(Some(Ok(()))) => VisitPhase::Open,
+            }
         }
     }
 }

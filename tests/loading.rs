@@ -88,6 +88,8 @@ fn h3_a_session_that_fails_to_load_fails_waiting_calls_with_internal() {
     assert_eq!(failed.len(), 1, "reported once: {failed:?}");
     assert_eq!(failed[0].info.world.as_str(), "alpha");
     assert!(failed[0].error.message().contains("region file unreadable"));
+    let phase = app.agent().visit().expect("the visit stays open until the game exits it").phase;
+    assert_eq!(phase, VisitPhase::LoadFailed, "what a HUD reads says so too");
 }
 
 #[derive(Resource, Default)]

@@ -440,6 +440,7 @@ fn status(player: &Player, binding: &WorldBinding<Sandbox>, summary: &VisitSumma
     let phase = match open.phase {
         VisitPhase::Loading => "loading",
         VisitPhase::Open => "open",
+        VisitPhase::LoadFailed => "load-failed",
         VisitPhase::Closing => "closing",
     };
     let info = &open.info;
