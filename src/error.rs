@@ -119,7 +119,8 @@ pub struct ErrorDetails {
     /// The tool.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool: Option<String>,
-    /// Anything else: the field that failed, the closest tool names, the current version...
+    /// Anything else: the field that failed, the closest tool names, the current version... (Keys named as the
+    /// fields above are not put here by [`ToolError::with_detail`], which would hide them.)
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -146,8 +147,13 @@ impl ToolError {
         Self::with_code(ErrorCode::named(code), message)
     }
 
-    /// An error with one of the host's codes.
+    /// An error with one of the host's codes. An `ErrorCode::Tool` naming one of them is that code, as in
+    /// [`new`](Self::new).
     pub fn with_code(code: ErrorCode, message: impl Into<String>) -> Self {
+        let code = match code {
+            ErrorCode::Tool(name) => ErrorCode::named(name),
+            code => code,
+        };
         Self { code, message: message.into(), details: Box::default() }
     }
 
@@ -164,10 +170,12 @@ impl ToolError {
         Self::with_code(ErrorCode::Internal, message)
     }
 
-    /// Adds one entry to the details.
+    /// Adds one entry to the details. A key that names one of the call's coordinates (`visit`, `world`,
+    /// `revision`, `request`, `tool`: a game's "tool" may be a pickaxe) is kept as `detail_<key>`, so it never
+    /// replaces them.
     pub fn with_detail(mut self, key: impl Into<String>, value: impl Serialize) -> Self {
         let value = serde_json::to_value(value).unwrap_or(Value::Null);
-        self.details.extra.insert(key.into(), value);
+        self.details.extra.insert(detail_key(key.into()), value);
         self
     }
 
@@ -191,9 +199,39 @@ impl fmt::Display for ToolError {
 
 impl std::error::Error for ToolError {}
 
+/// The coordinates [`ErrorDetails`] names itself, beside its `extra` entries.
+const COORDINATES: [&str; 5] = ["visit", "world", "revision", "request", "tool"];
+
+/// Where a detail named `key` is kept in [`ErrorDetails::extra`]: a coordinate's name is prefixed `detail_`.
+pub(crate) fn detail_key(key: String) -> String {
+    if COORDINATES.contains(&key.as_str()) {
+        format!("detail_{key}")
+    } else {
+        key
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_detail_named_as_a_coordinate_never_replaces_it() {
+        let mut error = ToolError::new("BROKEN", "the pickaxe broke").with_detail("tool", "pickaxe");
+        error.details.tool = Some("mine".into());
+        let sent = serde_json::to_value(&error).expect("serializes");
+        assert_eq!(sent["details"]["tool"], "mine", "the call's tool, as the host said");
+        assert_eq!(sent["details"]["detail_tool"], "pickaxe", "the game's detail, kept");
+        let read: ToolError = serde_json::from_value(sent).expect("reads back");
+        assert_eq!(read, error);
+    }
+
+    #[test]
+    fn a_tool_code_named_as_one_of_the_hosts_is_that_code_however_it_is_made() {
+        let made = ToolError::with_code(ErrorCode::Tool("TOOL_NOT_FOUND".into()), "gone");
+        assert_eq!(made.code, ErrorCode::ToolNotFound);
+        assert_eq!(ToolError::with_code(ErrorCode::Tool("MINE".into()), "m").code, ErrorCode::Tool("MINE".into()));
+    }
 
     #[test]
     fn a_code_named_as_one_of_the_hosts_is_that_code_and_any_other_is_the_tools() {

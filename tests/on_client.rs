@@ -417,6 +417,7 @@ fn details_the_handler_recorded_reach_the_error_that_ended_the_call() {
                     ctx.on_client(|_, session| session.counter += 1).await?;
                     ctx.set_detail("placed", placed);
                 }
+                ctx.set_detail("tool", "pickaxe");
                 gate.pass().await;
                 Ok(())
             }
@@ -430,6 +431,8 @@ fn details_the_handler_recorded_reach_the_error_that_ended_the_call() {
     let error = app.run_until_resolved(&call).expect_err("ended by the travel");
     assert_eq!(error.code, ErrorCode::LocationChanged);
     assert_eq!(error.details.extra["placed"], 2, "the agent learns what was already done");
+    assert_eq!(error.details.tool.as_deref(), Some("tower"), "a detail named as a coordinate never replaces it");
+    assert_eq!(error.details.extra["detail_tool"], "pickaxe", "it is kept beside it");
 }
 
 // Step points: the frame's pump, and the wait between frames (`serve_steps_until`, `AgentToolsRunnerPlugin`).

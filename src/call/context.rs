@@ -107,9 +107,11 @@ impl<S: Send + Sync + 'static> CallContext<S> {
 
     /// Records a detail (e.g. how many blocks were placed so far) that is added to the error the call ends with,
     /// whoever ends it: a travel, an exit, a cancel, a timeout, or the handler itself. Keep it current as work
-    /// progresses, so an agent told `LOCATION_CHANGED` also learns what had already been done.
+    /// progresses, so an agent told `LOCATION_CHANGED` also learns what had already been done. A key that names one
+    /// of the call's coordinates is kept as `detail_<key>`, as in [`ToolError::with_detail`](crate::ToolError::with_detail).
     pub fn set_detail(&self, key: impl Into<String>, value: impl serde::Serialize) {
-        self.core.life.set_detail(key.into(), serde_json::to_value(value).unwrap_or(serde_json::Value::Null));
+        let key = crate::error::detail_key(key.into());
+        self.core.life.set_detail(key, serde_json::to_value(value).unwrap_or(serde_json::Value::Null));
     }
 
     /// Whether the call is still live. A hint only: the answer can change right after it is read, so it is not
