@@ -118,8 +118,8 @@ impl AgentHandle {
         self.host.conversations.status(id)
     }
 
-    /// Every conversation's events from now on (status changes, calls started and finished), in publication
-    /// order per conversation.
+    /// Every conversation's events from now on (status changes; calls started, progressing and finished; in-game
+    /// agent sessions' chat and permission requests), in publication order per conversation.
     pub fn subscribe(&self) -> Subscription {
         self.host.conversations.subscribe_all()
     }

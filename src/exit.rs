@@ -43,10 +43,6 @@ pub enum AgentToolsExitSystems {
     Transport,
 }
 
-/// The name [`AgentToolsExitSystems`] had before it followed Bevy's naming of system sets (`*Systems`).
-#[deprecated(since = "0.1.0", note = "renamed `AgentToolsExitSystems`, as Bevy names its system sets")]
-pub type ExitSet = AgentToolsExitSystems;
-
 /// Runs right after `Last`: the exit, for an `AppExit` written in `Last` after the exit was decided there.
 #[derive(ScheduleLabel, Clone, Debug, PartialEq, Eq, Hash)]
 struct LateExit;

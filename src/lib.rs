@@ -47,14 +47,12 @@ pub use conversation::{
     PERMISSION_INPUT_LIMIT,
 };
 pub use error::{ErrorCode, ErrorDetails, ToolError};
-#[allow(deprecated)]
-pub use exit::{run_pending_exit, AgentToolsExitSystems, ExitSet};
+pub use exit::{run_pending_exit, AgentToolsExitSystems};
 pub use host::{VisitPhase, VisitStatus};
 pub use ids::{ConversationId, DimensionId, LocationRevision, OperationId, RequestId, TaskId, VisitId, WorldId};
 pub use lifecycle::{Location, OpenError, Opened, VisitInfo, WorldLifecycle};
 pub use persist::{Loaded, StoreError, WorldStore, WorldStorePlugin};
-#[allow(deprecated)]
-pub use plugin::{AgentToolsAppExt, AgentToolsPlugin, AgentToolsSet, AgentToolsSystems, StepPoints};
+pub use plugin::{AgentToolsAppExt, AgentToolsPlugin, AgentToolsSystems, StepPoints};
 pub use replay::ReplayRetention;
 pub use runner::AgentToolsRunnerPlugin;
 pub use runtime::{AgentRuntime, WorkerPriority};
@@ -76,8 +74,6 @@ pub mod internals {
 /// Everything you need to get started: the trait to implement, the plugin, tools, contexts and errors, and the
 /// messages a game's systems read (a visit's, a call's, a conversation's).
 pub mod prelude {
-    #[allow(deprecated)]
-    pub use crate::AgentToolsSet;
     pub use crate::{
         AgentHandle, AgentTool, AgentToolsAppExt, AgentToolsPlugin, AgentToolsRunnerPlugin, AgentToolsSystems,
         CallContext, CallFinished, CallOutcome, CallOutput, Completion, ConversationEvent, ConversationId,

@@ -49,10 +49,6 @@ pub enum AgentToolsSystems {
     Pump,
 }
 
-/// The name [`AgentToolsSystems`] had before it followed Bevy's naming of system sets (`*Systems`).
-#[deprecated(since = "0.1.0", note = "renamed `AgentToolsSystems`, as Bevy names its system sets")]
-pub type AgentToolsSet = AgentToolsSystems;
-
 /// Where in the game's loop queued main-thread steps (`on_client` steps, `on_end` cleanups, input observations)
 /// run. `every_frame` steps always run in the frame's [`AgentToolsSystems::Pump`], once per frame; a step queued
 /// after one waits for that pump too, to keep the queue's order. Set with [`AgentToolsPlugin::step_points`].

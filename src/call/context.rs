@@ -126,7 +126,8 @@ impl<S: Send + Sync + 'static> CallContext<S> {
     }
 
     /// Resolves with the reason when the call ends: cancelled, timed out, its visit ended, (`Location` scope) the
-    /// player relocated, or it finished. Cancel-safe.
+    /// player relocated, or it finished (with its error, or, after a success, `CANCELLED` saying the call already
+    /// finished). Cancel-safe.
     ///
     /// Observers may stop waiting here; work the handler already started (I/O, native resources) is still the
     /// handler's to clean up (rule H10).
@@ -317,7 +318,9 @@ fn wrong_session<S>() -> ToolError {
     ))
 }
 
-/// The future returned by [`CallContext::ended`]: resolves with why the call ended.
+/// The future returned by [`CallContext::ended`]: resolves with why the call ended. Does nothing unless awaited
+/// (or polled, as in `select!`).
+#[must_use = "a future does nothing unless awaited"]
 pub struct Ended(std::pin::Pin<Box<dyn Future<Output = ToolError> + Send>>);
 
 impl std::fmt::Debug for Ended {

@@ -113,7 +113,7 @@ pub enum ConversationEvent {
     ChatDelta(ChatDelta),
     /// An in-game agent session's completed message.
     ChatMessage(ChatMessage),
-    /// An in-game agent session failed.
+    /// An error in an in-game agent session: it failed, one turn did, or a notice ([`ChatError::scope`]).
     ChatError(ChatError),
     /// An in-game agent session's agent asks permission.
     PermissionRequested(PermissionRequested),

@@ -55,6 +55,7 @@ use crate::panic::{panic_message, CatchUnwind};
 /// ```
 #[derive(Message, Clone, Debug)]
 #[allow(clippy::large_enum_variant)] // A few per player action: a boxed configuration would only cost the writer.
+#[non_exhaustive]
 pub enum SessionRequest {
     /// Create a session ([`AgentSessions::create`]): answered with [`SessionReply::Created`] once it is ready for
     /// text, or with the reason it could not start.

@@ -157,7 +157,9 @@ fn declares_in(root: &Value, shape: &Value, name: &str, depth: usize) -> bool {
 }
 
 impl ToolInfo {
-    /// The input schema a client sees: the tool's own, plus `operation_id` and `task_id` for non-read-only tools.
+    /// The tool's own input schema plus `operation_id` and `task_id` for non-read-only tools: what transports
+    /// build theirs from (the MCP server adds `conversation` and flattens the root; the OpenAI-compatible backend
+    /// leaves the reserved arguments out).
     pub fn client_input_schema(&self) -> Value {
         let mut schema = self.input_schema.clone();
         if self.annotations.read_only {
