@@ -48,6 +48,25 @@ macro_rules! string_id {
                 Self(Arc::from(id))
             }
         }
+
+        impl From<&String> for $name {
+            fn from(id: &String) -> Self {
+                Self::new(id)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        /// Maps and sets keyed by the identifier are looked up with a `&str`.
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
     };
 }
 
@@ -122,5 +141,21 @@ impl TaskId {
     /// The task a call belongs to when it names none: its conversation's, sharing the conversation id's string.
     pub(crate) fn of_conversation(conversation: &ConversationId) -> Self {
         Self(conversation.0.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    #[test]
+    fn an_identifier_is_made_from_a_borrowed_string_and_looked_up_by_str() {
+        let name = String::from("alpha");
+        let world = WorldId::from(&name);
+        let worlds = HashMap::from([(world.clone(), 1)]);
+        assert_eq!(worlds.get("alpha"), Some(&1), "Borrow<str> hashes as the str does");
+        assert_eq!(world.as_ref(), "alpha");
     }
 }

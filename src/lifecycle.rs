@@ -56,6 +56,13 @@ impl fmt::Display for OpenError {
 
 impl std::error::Error for OpenError {}
 
+/// A [`WorldStore`](crate::persist::WorldStore) refusal in `open` (`store.world_dir(&visit.world)?`), as its words.
+impl From<crate::persist::StoreError> for OpenError {
+    fn from(error: crate::persist::StoreError) -> Self {
+        Self::new(error)
+    }
+}
+
 /// What `open` hands back: a session, ready now or still loading.
 ///
 /// A session that loads asynchronously is returned at once with a readiness [`Completion`]; calls that arrive
