@@ -26,7 +26,7 @@ use crate::session::{SessionBackend, SessionConfig};
 ///         .sampling(Sampling { max_tokens: Some(4096), ..Sampling::default() }),
 /// );
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OpenAiEndpoint {
     /// The API's base URL, up to and including `/v1`.
     pub base_url: String,
@@ -141,9 +141,6 @@ pub struct Sampling {
     /// `seed`, for endpoints that honour it.
     pub seed: Option<i64>,
 }
-
-// `SessionBackend` is `Eq`; a NaN sampling parameter is meaningless to every endpoint, so equality is total here.
-impl Eq for Sampling {}
 
 impl OpenAiEndpoint {
     /// An endpoint with no API key and the defaults.
