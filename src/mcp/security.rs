@@ -17,7 +17,8 @@ use super::credentials::Credentials;
 use super::server::GameServer;
 use super::sessions::ConversationSessions;
 
-/// Why the MCP server would not start.
+/// Why the MCP server would not start (an address refused or taken, a token file that cannot be written), or
+/// why a token could not be minted (the system's random source failed), in words.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct McpConfigError(pub String);
 
