@@ -282,7 +282,9 @@ fn s_a_turn_streams_deltas_and_its_tool_call_changes_the_world_as_the_sessions_o
     assert_eq!(statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>(), expected.each_ref().map(|s| s.as_str()));
     // The message before the tool call ended at it; the one after is the turn's last.
     assert!(lines.iter().any(|line| line == &format!("message {id} {id}-m2: Calling bump.")), "{lines:#?}");
-    assert!(session.usage().is_some_and(|usage| usage.context_tokens == 200_000));
+    let usage = session.usage().expect("the agent reported its usage");
+    assert_eq!(usage.context_tokens, 200_000);
+    assert_eq!(usage.cost, Some(Cost { amount: 0.25, currency: "USD".into() }), "with its cost");
     game.block_on(session.end());
     dirs.wait_no_agents(LIMIT);
 }

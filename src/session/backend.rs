@@ -222,8 +222,17 @@ pub struct Usage {
     pub used_tokens: u64,
     /// The size of its context window, in tokens.
     pub context_tokens: u64,
-    /// What the session has cost so far, if the agent says (amount, ISO 4217 currency).
-    pub cost: Option<(f64, String)>,
+    /// What the session has cost so far, if the agent says.
+    pub cost: Option<Cost>,
+}
+
+/// What a session has cost so far, as its agent reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Cost {
+    /// How much, in `currency`.
+    pub amount: f64,
+    /// An ISO 4217 currency code (`USD`), or another unit the agent names (`credits`).
+    pub currency: String,
 }
 
 /// The player's answer to a permission request, or the policy's.

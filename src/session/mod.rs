@@ -79,7 +79,7 @@ use std::sync::Arc;
 pub use crate::conversation::{
     ChatDelta, ChatError, ChatErrorScope, ChatMessage, PermissionOutcome, PermissionRequested, PermissionSettled,
 };
-pub use backend::{Attached, StopReason, Usage};
+pub use backend::{Attached, Cost, StopReason, Usage};
 pub use config::{AcpAgentCommand, PermissionPolicy, SessionBackend, SessionConfig, SessionTimeouts};
 pub use handle::{AgentSession, AgentSessions, PendingTurn};
 pub use messages::PermissionAnswer;

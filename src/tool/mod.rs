@@ -219,7 +219,8 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
         self
     }
 
-    /// Marks the tool read-only (and so neither destructive nor in need of replay keys).
+    /// Marks the tool read-only: neither destructive nor in need of replay keys, and idempotent (reading twice
+    /// changes nothing; an [`idempotent(false)`](Self::idempotent) after this says otherwise).
     pub fn read_only(mut self) -> Self {
         self.info.annotations = ToolAnnotations { read_only: true, destructive: false, idempotent: true };
         self

@@ -11,7 +11,7 @@ use agent_client_protocol::v1::schema::{
     ToolKind,
 };
 
-use crate::session::backend::{BackendEvent, EventSink, PermissionDecision, StopReason, Usage};
+use crate::session::backend::{BackendEvent, Cost, EventSink, PermissionDecision, StopReason, Usage};
 
 /// Set while the agent may be replaying a loaded session's history (from `session/load` until the first prompt):
 /// those updates are not new chat.
@@ -88,7 +88,7 @@ pub(crate) fn forward(sink: &EventSink, replay: &Replay, update: SessionUpdate) 
         SessionUpdate::UsageUpdate(usage) => sink(BackendEvent::Usage(Usage {
             used_tokens: usage.used,
             context_tokens: usage.size,
-            cost: usage.cost.map(|cost| (cost.amount, cost.currency)),
+            cost: usage.cost.map(|cost| Cost { amount: cost.amount, currency: cost.currency }),
         })),
         _ => {}
     }
