@@ -186,6 +186,13 @@ async fn story(url: String, modern: bool, seen: Arc<Seen>) {
     assert!(structured["counter"].as_u64().is_some());
     let observed = &result.meta.as_ref().expect("meta").0[OBSERVED_META_KEY];
     assert_eq!(observed["world"], "alpha", "results say which visit they observed");
+    // Every result says who answered (2026-07-28: no session or handshake tells a client otherwise).
+    let listed = client.list_tools(None).await.expect("tools/list").meta.expect("meta");
+    for meta in [&result.meta.as_ref().expect("meta").0, &listed.0] {
+        let answered_by = &meta["io.modelcontextprotocol/serverInfo"];
+        assert_eq!(answered_by["name"], "bevy_agent_tools", "{meta:?}");
+        assert_eq!(answered_by["version"], env!("CARGO_PKG_VERSION"));
+    }
 
     let error = client.call_tool(params("bump", json!({"by": "many"}))).await.expect("a result, not a protocol error");
     let error = domain_error(&error);

@@ -243,7 +243,7 @@ impl ServerHandler for GameServer {
 
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build())
-            .with_server_info(Implementation::new("bevy_agent_tools", env!("CARGO_PKG_VERSION")))
+            .with_server_info(server_info())
             .with_instructions(instructions(false))
     }
 
@@ -284,7 +284,9 @@ impl ServerHandler for GameServer {
         } else {
             std::iter::once(begin_conversation_tool()).chain(registered.iter().map(to_mcp_tool)).collect()
         };
-        Ok(ListToolsResult::with_all_items(tools))
+        let mut listed = ListToolsResult::with_all_items(tools);
+        identify(&mut listed.meta);
+        Ok(listed)
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -295,6 +297,21 @@ impl ServerHandler for GameServer {
     }
 
     async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let mut response = self.answer_call(request, context).await?;
+        if let CallToolResponse::Complete(result) = &mut response {
+            identify(&mut result.meta);
+        }
+        Ok(response)
+    }
+}
+
+impl GameServer {
+    /// What a `tools/call` is answered with ([`call_tool`](ServerHandler::call_tool) adds who answers).
+    async fn answer_call(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
@@ -468,6 +485,20 @@ pub(crate) fn outcome_to_result(outcome: CallOutcome, schema: &Value) -> Result<
         Err(error) => Ok(error_result(&error)),
     }
 }
+
+/// The server's name and version, as `initialize`, `server/discover` and every result's `_meta` say them.
+fn server_info() -> Implementation {
+    Implementation::new("bevy_agent_tools", env!("CARGO_PKG_VERSION"))
+}
+
+/// Says who answers in a result's `_meta` (MCP 2026-07-28: servers SHOULD identify themselves in each result;
+/// without a session, nothing else tells a client).
+fn identify(meta: &mut Option<MetaObject>) {
+    meta.get_or_insert_default().0.insert(SERVER_INFO_META_KEY.into(), json!(server_info()));
+}
+
+/// Where a result's `_meta` names the server.
+const SERVER_INFO_META_KEY: &str = "io.modelcontextprotocol/serverInfo";
 
 /// A domain error as a tool result: see [`outcome_to_result`].
 pub(crate) fn error_result(error: &ToolError) -> CallToolResult {
