@@ -98,6 +98,7 @@ mod exchanges;
 mod handles;
 mod late_answers;
 mod limit;
+mod listed;
 mod listen;
 mod naming;
 mod parse;

@@ -305,6 +305,7 @@ impl McpPlugin {
             sessions: sessions.clone(),
             peers,
             announced: Arc::default(),
+            listed: Default::default(),
         };
         sessions.spawn_upkeep(runtime, shutdown.child_token());
         let service: StreamableHttpService<GameServer, ConversationSessions> = StreamableHttpService::new(

@@ -84,6 +84,8 @@ pub(crate) struct GameServer {
     /// This session's client is among [`peers`](Self::peers) (each session has a server of its own): a client
     /// that says `initialized` again is not added again, to be told of each change once per time it said it.
     pub announced: Arc<std::sync::atomic::AtomicBool>,
+    /// The tools as MCP shows them, converted once per change.
+    pub listed: super::listed::ListedTools,
 }
 
 impl GameServer {
@@ -293,7 +295,7 @@ impl ServerHandler for GameServer {
         if name == BEGIN_CONVERSATION {
             return Some(begin_conversation_tool());
         }
-        self.agent.tools().iter().find(|tool| tool.name == name).map(to_mcp_tool)
+        self.listed.get(&self.agent, name)
     }
 
     async fn call_tool(
@@ -351,8 +353,8 @@ impl GameServer {
         let anonymous = named.id.is_none();
         let keyed = |name: &str| arguments.get(name).is_some_and(|value| !value.is_null());
         // (Only for a tool that takes the key: an unknown tool is refused as such, a read-only one keys nothing.)
-        let takes_keys =
-            self.agent.tools().iter().any(|tool| tool.name == *request.name && !tool.annotations.read_only);
+        let tools = &self.agent.host().tools;
+        let takes_keys = tools.find(&request.name).is_some_and(|tool| !tool.info().annotations.read_only);
         if anonymous && takes_keys && keyed(OPERATION_ID) && !keyed(TASK_ID) {
             // Its retry would be another conversation's, whose default task is another: it would run again, where
             // the argument promises it runs once.
@@ -383,7 +385,7 @@ impl GameServer {
     ) -> Result<CallToolResponse, ErrorData> {
         // The schema of the tool the call is for, as it is now: the call's result is read by it even if the tool is
         // replaced or removed while the call runs.
-        let schema = self.agent.host().tools.output_schema(&tool);
+        let registered = self.agent.host().tools.find(&tool);
         let mut call_request = match CallRequest::from_wire(tool.clone(), Value::Object(arguments)) {
             Ok(call_request) => call_request,
             Err(error) => return Ok(error_result(&error).into()),
@@ -421,8 +423,9 @@ impl GameServer {
             notify_progress(context, &mut progress_token, progress).await;
         }
         // Or as it is now: a call may have waited for its tool to be registered.
-        let schema = schema.or_else(|| self.agent.host().tools.output_schema(&tool));
-        outcome_to_result(outcome, schema.as_ref().unwrap_or(&Value::Null)).map(Into::into)
+        let registered = registered.or_else(|| self.agent.host().tools.find(&tool));
+        let schema = registered.as_ref().map_or(&Value::Null, |tool| &tool.info().output_schema);
+        outcome_to_result(outcome, schema).map(Into::into)
     }
 }
 

@@ -52,10 +52,10 @@ impl ToolRegistry {
         Err(error)
     }
 
-    /// The output schema of the tool named `name`, if it is registered.
+    /// The tool named `name`, if it is registered (a cheap handle: its info is read through it, never copied).
     #[cfg(feature = "mcp")]
-    pub(crate) fn output_schema(&self, name: &str) -> Option<serde_json::Value> {
-        self.tools.read().get(name).map(|tool| tool.info().output_schema.clone())
+    pub(crate) fn find(&self, name: &str) -> Option<Arc<dyn ErasedTool>> {
+        self.tools.read().get(name).cloned()
     }
 
     /// Removes the tool named `name`; returns whether there was one.
