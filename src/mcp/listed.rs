@@ -1,8 +1,9 @@
-//! The registered tools as MCP shows them, converted once per change of the tool list: a 2026-07-28 client's
-//! every `tools/call` asks for its tool's input schema (rmcp checks `Mcp-Param-*` headers against it), and a
-//! conversion per call (the schema copied, flattened, completed) was a good part of the server's time.
+//! The registered tools as MCP shows them, converted once per change of the tool list, for `tools/list` and for
+//! a 2026-07-28 client's every `tools/call`, which asks for its tool's input schema (rmcp checks `Mcp-Param-*`
+//! headers against it): a conversion per call (the schema copied, flattened, completed) was a good part of the
+//! server's time.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -10,8 +11,8 @@ use rmcp::model::Tool;
 
 use crate::agent::AgentHandle;
 
-/// Every registered tool as MCP shows it, by name.
-pub(crate) type Converted = Arc<HashMap<String, Tool>>;
+/// Every registered tool as MCP shows it, by name (in the registry's order, as `tools/list` lists them).
+pub(crate) type Converted = Arc<BTreeMap<String, Tool>>;
 
 /// The converted tools, and the count of tool list changes they were converted at.
 #[derive(Clone, Default)]
@@ -26,7 +27,7 @@ impl ListedTools {
         if let Some((_, tools)) = listed.as_ref().filter(|(at, _)| *at == changes) {
             return tools.clone();
         }
-        let tools: HashMap<String, Tool> =
+        let tools: BTreeMap<String, Tool> =
             agent.tools().iter().map(|info| (info.name.clone(), super::server::to_mcp_tool(info))).collect();
         let tools = Arc::new(tools);
         *listed = Some((changes, tools.clone()));

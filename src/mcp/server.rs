@@ -280,11 +280,11 @@ impl ServerHandler for GameServer {
                 None,
             ));
         }
-        let registered = self.agent.tools();
+        let registered = self.listed.all(&self.agent);
         let tools: Vec<Tool> = if is_bound(&context) {
-            registered.iter().map(|info| without_conversation(to_mcp_tool(info))).collect()
+            registered.values().cloned().map(without_conversation).collect()
         } else {
-            std::iter::once(begin_conversation_tool()).chain(registered.iter().map(to_mcp_tool)).collect()
+            std::iter::once(begin_conversation_tool()).chain(registered.values().cloned()).collect()
         };
         let mut listed = ListToolsResult::with_all_items(tools);
         identify(&mut listed.meta);
