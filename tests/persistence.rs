@@ -692,6 +692,74 @@ impl bevy_agent_tools::persist::WriteFaults for ReadsFail {
     }
 }
 
+/// Holds the freeing of each save two saves old until released.
+struct FreeingHeld(Hold);
+
+impl bevy_agent_tools::persist::WriteFaults for FreeingHeld {
+    fn before_commit(&self, _: &WorldId, _: &str) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn before_freeing(&self, _: &WorldId, document: &str) -> std::io::Result<()> {
+        self.0.pass(document);
+        Ok(())
+    }
+}
+
+struct ReleasedOnDrop(Hold);
+
+impl Drop for ReleasedOnDrop {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+/// The files in `world`'s folder, sorted, with what each ends with (a save's payload is its end).
+fn folder(store: &WorldStore, world: &WorldId) -> Vec<(String, String)> {
+    let mut files: Vec<_> = std::fs::read_dir(store.world_dir(world).unwrap())
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.file_name().is_some_and(|name| name != "world.lock"))
+        .map(|path| {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let end = text.rsplit('\n').next().unwrap_or_default().to_string();
+            (path.file_name().unwrap().to_string_lossy().into_owned(), end)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn h6_a_save_is_durable_and_reported_before_the_save_two_saves_ago_is_freed_which_the_next_operation_waits_for() {
+    let data = tempfile::tempdir().unwrap();
+    let (runtime, store) = runtime_and_store(data.path());
+    let world = WorldId::new("rotating");
+    for count in [1, 2] {
+        store.save(&world, "progress", Progress { count }).wait().unwrap();
+    }
+    let hold = Hold::default();
+    store.set_write_faults(FreeingHeld(hold.clone()));
+    // Released on a failed assertion too, before the runtime's drop waits for the held thread.
+    let _released = ReleasedOnDrop(hold.clone());
+    let third = store.save(&world, "progress", Progress { count: 3 });
+    assert_eq!(hold.arrivals(1), ["progress"], "the save two saves ago is about to be freed");
+    let reported = third.wait_timeout(DEADLINE);
+    assert!(matches!(reported, Some(Ok(()))), "reported while its freeing is held: {reported:?}");
+    let files = folder(&store, &world);
+    assert_eq!(files.len(), 3, "the primary, the previous save and the one not yet freed: {files:?}");
+    assert_eq!(files[0].1, r#"{"count":1}"#, "the save two saves ago, under a temporary name: {files:?}");
+    assert!(files[0].0.starts_with(".progress.json."), "{files:?}");
+    let next = runtime.spawn(store.load::<Progress>(&world, "progress"));
+    assert!(!store.flush().is_done(), "the world's next operation waits for the freeing");
+    hold.release();
+    assert_eq!(runtime.block_on(next).unwrap().unwrap(), Some(Progress { count: 3 }));
+    store.flush().wait().unwrap();
+    let expected = [("progress.json", r#"{"count":3}"#), ("progress.json.prev", r#"{"count":2}"#)];
+    let expected: Vec<_> = expected.iter().map(|(name, end)| (name.to_string(), end.to_string())).collect();
+    assert_eq!(folder(&store, &world), expected, "freed: nothing else is left");
+}
+
 /// A store whose `world` was saved twice (counts 1 and 2), then whose next `failures` reads of a primary fail.
 #[cfg(unix)]
 fn saved_twice_then_reads_fail(

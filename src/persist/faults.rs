@@ -30,6 +30,14 @@ pub trait WriteFaults: Send + Sync + 'static {
         let _ = (world, document);
         Ok(())
     }
+
+    /// Called on a blocking thread before the save from two saves ago is freed, which happens after the save that
+    /// superseded it is reported and before the world's next operation runs: an error leaves the file for the
+    /// world's next lock holder to remove; blocking here delays the world's next operation, not the save's report.
+    fn before_freeing(&self, world: &WorldId, document: &str) -> io::Result<()> {
+        let _ = (world, document);
+        Ok(())
+    }
 }
 
 impl<F> WriteFaults for F

@@ -9,12 +9,13 @@
 //! | `<doc>.json` | the primary save, in an [envelope](super::envelope) (named `.json` whatever its codec: the header says which) |
 //! | `<doc>.json.prev` | the save before it, loaded if the primary is damaged |
 //! | `<doc>.json.unreadable-N` | a primary the disk could not read (at a load that then took the previous save, or when a save replaced it), kept for a person to recover (Unix: where the disk's `EIO` is known) |
-//! | `.<doc>.json.*` | temporary files; a crash can leave them, the next lock holder removes them |
+//! | `.<doc>.json.*` | temporary files, and the save from two saves ago until it is freed; a crash can leave them, the next lock holder removes them |
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use atomic_write_file::AtomicWriteFile;
 
@@ -116,13 +117,34 @@ pub(crate) struct WorldFiles {
     /// Documents whose primary a load could not read, so it took the previous save: the next save keeps that
     /// primary aside (it may be the newest save, readable again), whether or not it reads by then.
     unread: HashSet<String>,
+    /// Saves from two saves ago, still linked under a temporary name: freed after the save that superseded them
+    /// is reported ([`take_superseded`](Self::take_superseded)), not inside it.
+    superseded: Vec<Superseded>,
 }
+
+/// A save two saves old, linked under a temporary name until it is freed.
+pub(crate) struct Superseded {
+    /// The document it was a save of.
+    pub document: String,
+    /// Its temporary name.
+    pub link: PathBuf,
+}
+
+/// Numbers superseded saves' links: unique within the process, so a link another visit of the same world left for
+/// its task to remove is never reused (the next lock holder removes any a crash left).
+static SUPERSEDED: AtomicU64 = AtomicU64::new(0);
 
 impl WorldFiles {
     /// The files of `world` in `dir`; `unread` are the documents a load could not read when the world was last in
     /// use ([`take_unread`](Self::take_unread)).
     pub(crate) fn new(world: WorldId, dir: PathBuf, unread: HashSet<String>) -> Self {
-        Self { world, dir, lock: None, intact: HashSet::new(), unread }
+        Self { world, dir, lock: None, intact: HashSet::new(), unread, superseded: Vec::new() }
+    }
+
+    /// The saves the last operations superseded, for the caller to remove once it has reported them (any thread,
+    /// any time: nothing else uses these names, and a file left behind is removed by the next lock holder).
+    pub(crate) fn take_superseded(&mut self) -> Vec<Superseded> {
+        std::mem::take(&mut self.superseded)
     }
 
     /// The documents whose primary a load could not read and no save has replaced yet: kept by the store while the
@@ -200,7 +222,12 @@ impl WorldFiles {
             let name = entry.file_name();
             let name = name.to_string_lossy();
             if name.starts_with('.') && name.contains(".json") {
-                if let Err(error) = fs::remove_file(entry.path()) {
+                // (A superseded save may be removed by its own task meanwhile.)
+                let removed = fs::remove_file(entry.path()).or_else(|error| match error.kind() {
+                    std::io::ErrorKind::NotFound => Ok(()),
+                    _ => Err(error),
+                });
+                if let Err(error) = removed {
                     tracing::warn!(world = %self.world, file = %name, %error, "could not remove a leftover temporary file");
                 }
             }
@@ -307,12 +334,27 @@ impl WorldFiles {
                 .and_then(|_| OpenOptions::new().write(true).open(&staging)?.sync_all())
                 .map_err(|e| self.error("copying the current save to", &staging, e))?;
         }
+        self.supersede(document, &previous);
         // No directory fsync of its own: the commit that follows fsyncs the directory, which makes this rename
         // durable too. Until then the old primary is still in place, so nothing depends on `.prev` yet.
         fs::rename(&staging, &previous).map_err(|e| self.error("keeping the previous save as", &previous, e))?;
         // Loaded if the next primary is damaged: not left for other users to rewrite, as a save that came so.
         only_its_owner_writes(&previous);
         Ok(())
+    }
+
+    /// Links the save from two saves ago (the current `.prev`) under a temporary name, so that the rename over it
+    /// frees nothing: its blocks are freed once this save is durable and reported ([`take_superseded`]). Freeing a
+    /// file can take longer than writing one (a file system mounted with `discard` trims the blocks then: 1.7 ms
+    /// for 2.6 MB on this project's CI machines), and nothing needs to wait for it. Where hard links fail, the
+    /// rename frees it as before.
+    ///
+    /// [`take_superseded`]: Self::take_superseded
+    fn supersede(&mut self, document: &str, previous: &Path) {
+        let link = self.dir.join(format!(".{document}.json.superseded-{}", SUPERSEDED.fetch_add(1, Ordering::Relaxed)));
+        if fs::hard_link(previous, &link).is_ok() {
+            self.superseded.push(Superseded { document: document.to_string(), link });
+        }
     }
 
     /// Keeps `document`'s primary as `<doc>.json.unreadable-N` (the first number free: an earlier one is never

@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use super::codec::{Codec, EncodeError};
 use super::error::{NameKind, StoreError};
 use super::faults::WriteFaults;
-use super::files::{PayloadSink, WorldFiles};
+use super::files::{PayloadSink, Superseded, WorldFiles};
 use super::loaded::Loaded;
 use super::name;
 use super::records;
@@ -32,7 +32,9 @@ use crate::ids::WorldId;
 ///   I/O run on the tokio runtime given to [`new`](Self::new) (the plugin's [`AgentRuntime`](crate::AgentRuntime)).
 ///   The returned [`Completion`] resolves when the data is durable, and never waits for a frame (rule H6).
 /// - **Atomic and durable**: temporary file, fsync, rename, fsync of the directory. The current save becomes
-///   `<doc>.json.prev` before it is replaced; a damaged primary falls back to it, with a warning.
+///   `<doc>.json.prev` before it is replaced; a damaged primary falls back to it, with a warning. The save from
+///   two saves ago is freed after the new one is reported durable, before the world's next operation (freeing a
+///   file's blocks can take as long as writing them; nothing needs to wait for it).
 /// - **Ordered per world** (rule H7): operations on one world run one at a time, in the order they were
 ///   *called* (not polled), across visits, so a load issued by the next visit's `open` sees the save issued by
 ///   the previous visit's `close`. Different worlds never wait for each other.
@@ -528,19 +530,32 @@ impl WorldStore {
         O: Send + 'static,
     {
         let mut turn = queue.turns.take();
-        let runtime = self.shared.runtime.clone();
+        let (runtime, shared) = (self.shared.runtime.clone(), self.shared.clone());
         let world = queue.world.clone();
         let task = self.shared.runtime.spawn(async move {
             let id = queue.world.clone();
             turn.wait().await;
-            let result = blocking(&runtime, &id, move || {
-                let result = work(&mut queue.files.lock());
+            let outcome = blocking(&runtime, &id, move || {
+                let mut files = queue.files.lock();
+                let result = work(&mut files);
+                let superseded = files.take_superseded();
+                drop(files);
                 // Before this operation is reported: once it is, the world is let go if nothing uses it.
                 drop(queue);
-                result
+                Ok((result, superseded))
             })
             .await;
-            turn.done.succeed();
+            let (result, superseded) = outcome.unwrap_or_else(|interrupted| (Err(interrupted), Vec::new()));
+            if superseded.is_empty() {
+                turn.done.succeed();
+            } else {
+                // Freed after the report, before the world's next operation: the caller does not wait for it.
+                let (remover, faults) = (runtime.clone(), shared.faults.read().clone());
+                drop(runtime.spawn(async move {
+                    let _ = remover.spawn_blocking(move || remove_superseded(&id, superseded, faults)).await;
+                    turn.done.succeed();
+                }));
+            }
             finish(result)
         });
         (world, task)
@@ -555,6 +570,22 @@ async fn blocking<R: Send + 'static>(
     runtime.spawn_blocking(work).await.unwrap_or_else(|error| {
         Err(StoreError::Interrupted { world: world.clone(), message: format!("the I/O work failed: {error}") })
     })
+}
+
+/// Frees `world`'s saves two saves old (see `WorldFiles::supersede`); one that cannot be removed is left for the
+/// world's next lock holder.
+fn remove_superseded(world: &WorldId, superseded: Vec<Superseded>, faults: Option<Arc<dyn WriteFaults>>) {
+    for Superseded { document, link } in superseded {
+        let freed = match &faults {
+            Some(faults) => faults.before_freeing(world, &document),
+            None => Ok(()),
+        };
+        if let Err(error) = freed.and_then(|()| std::fs::remove_file(&link)) {
+            if error.kind() != std::io::ErrorKind::NotFound {
+                tracing::debug!(%world, document, file = %link.display(), %error, "could not free a superseded save");
+            }
+        }
+    }
 }
 
 /// The outcome of a queued operation, or `Interrupted` if its task never finished.
