@@ -1199,6 +1199,24 @@ fn app_exit_answers_a_call_waiting_for_its_tool_with_no_world_open_before_the_se
     }
 }
 
+/// MCP 2026-07-28, subscriptions: a server that ends a subscription itself (at shutdown) SHOULD answer its
+/// `subscriptions/listen` request before closing the stream. At the game's exit the stream ends with that final
+/// result, which the client tells from a dropped connection (one it would reconnect after).
+#[test]
+fn app_exit_ends_a_subscriptions_listen_stream_with_its_final_result_not_a_dropped_connection() {
+    let (game, server) = game(Arc::default(), Gate::new());
+    let runtime = runtime();
+    let (client, _) = runtime.block_on(connect(server.url(), true));
+    let filter = rmcp::model::SubscriptionFilter::builder().tools_list_changed().build();
+    let mut subscription = runtime.block_on(client.peer().listen(filter)).expect("listening");
+    game.stop();
+    let next = runtime.block_on(async { tokio::time::timeout(Duration::from_secs(10), subscription.next()).await });
+    assert!(matches!(next, Ok(Ok(None))), "the stream ended in time: {next:?}");
+    let end = subscription.end();
+    assert!(matches!(end, Some(rmcp::service::SubscriptionEnd::Graceful(_))), "a final result: {end:?}");
+    drop(client);
+}
+
 /// Writes `AppExit` once `Quit` is present.
 #[derive(Resource)]
 struct Quit;

@@ -84,14 +84,21 @@ pub(crate) async fn note_tools_seen(
     next.run(request).await
 }
 
-/// Serves one `subscriptions/listen` stream (2026-07-28) until its client closes it or the server stops: each time
+/// Serves one `subscriptions/listen` stream (2026-07-28) until its client closes it or the game exits: each time
 /// a tool is registered, `notifications/tools/list_changed` on it. A tool registered after the request arrived but
 /// before this listens (rmcp acknowledges the request first, and the client may already act on it) is announced at
-/// once. Its exchange is one that may last for ever (the game's exit does not wait for it to end).
-pub(crate) async fn listen(agent: &AgentHandle, subscription: SubscriptionContext) -> Result<(), ErrorData> {
+/// once. At the exit (`end`) it returns, so rmcp sends the request's final result (a graceful end, which a client
+/// tells from a dropped connection, and need not reconnect after); the exit waits for that as for a call's
+/// outcome, where before it its exchange may last for ever.
+pub(crate) async fn listen(
+    agent: &AgentHandle,
+    subscription: SubscriptionContext,
+    end: &CancellationToken,
+) -> Result<(), ErrorData> {
     let parts = subscription.request_context().extensions.get::<axum::http::request::Parts>();
     if let Some(exchange) = parts.and_then(|parts| parts.extensions.get::<Arc<super::exchanges::Exchange>>()) {
-        exchange.answers(Arc::new(|| true));
+        let ending = end.clone();
+        exchange.answers(Arc::new(move || !ending.is_cancelled()));
     }
     let seen = parts.and_then(|parts| parts.extensions.get::<ToolsSeen>()).map(|seen| seen.0);
     let mut changed = agent.host().tools_changed.subscribe();
@@ -101,6 +108,7 @@ pub(crate) async fn listen(agent: &AgentHandle, subscription: SubscriptionContex
         if !std::mem::take(&mut missed) {
             tokio::select! {
                 () = subscription.cancelled() => return Ok(()),
+                () = end.cancelled() => return Ok(()),
                 changed = changed.changed(), if wanted => if changed.is_err() { return Ok(()) },
             }
         }

@@ -259,7 +259,7 @@ impl McpPlugin {
             );
         }
 
-        let shutdown = CancellationToken::new();
+        let (shutdown, subscriptions_end) = (CancellationToken::new(), CancellationToken::new());
         let credentials = Credentials::default();
         let mut hosts = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
         hosts.push(address.ip().to_string());
@@ -306,6 +306,7 @@ impl McpPlugin {
             peers,
             announced: Arc::default(),
             listed: Default::default(),
+            subscriptions_end: subscriptions_end.clone(),
         };
         sessions.spawn_upkeep(runtime, shutdown.child_token());
         let service: StreamableHttpService<GameServer, ConversationSessions> = StreamableHttpService::new(
@@ -363,6 +364,7 @@ impl McpPlugin {
             token: token.into(),
             credentials,
             shutdown,
+            subscriptions_end,
             stopping,
         })
     }
@@ -380,6 +382,8 @@ pub struct McpServer {
     token: Arc<str>,
     credentials: Credentials,
     shutdown: CancellationToken,
+    /// Ends the `subscriptions/listen` streams, each with its final result, at the exit before the server stops.
+    subscriptions_end: CancellationToken,
     stopping: Stopping,
 }
 
@@ -501,8 +505,8 @@ fn holds_token(path: &std::path::Path, token: &str) -> bool {
 }
 
 /// On `AppExit`, after the host ended the visit's calls
-/// ([`AgentToolsExitSystems::Host`](crate::AgentToolsExitSystems::Host)): waits until every call that ended has had its
-/// response sent (bounded by what is left of the exit deadline, and at least [`RESPONSE_GRACE`]), then stops the server
+/// ([`AgentToolsExitSystems::Host`](crate::AgentToolsExitSystems::Host)): ends every `subscriptions/listen` stream, then
+/// waits until every call that ended, and every stream that ended, has had its response sent (bounded by what is left of the exit deadline, and at least [`RESPONSE_GRACE`]), then stops the server
 /// and waits (up to [`CLOSE_GRACE`]) for its connections to close. Every call has ended by then (the host ends the
 /// visit's calls and those waiting for a tool); one whose outcome is still on its way at the deadline is not waited
 /// for: its client sees the connection close.
@@ -512,6 +516,8 @@ fn stop_on_app_exit(mut exits: MessageReader<AppExit>, server: Res<McpServer>, s
     }
     let now = std::time::Instant::now();
     let deadline = started.map_or(now, |started| started.deadline).max(now + RESPONSE_GRACE);
+    // Their final results are then owed as the ended calls' outcomes are.
+    server.subscriptions_end.cancel();
     let owed = server.stopping.exchanges.wait_for_ended_calls(deadline, super::stream_log::STALL_TIMEOUT);
     if owed > 0 {
         tracing::warn!(owed, "the MCP server stops with responses still unsent: the exit deadline passed");

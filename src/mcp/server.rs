@@ -86,6 +86,9 @@ pub(crate) struct GameServer {
     pub announced: Arc<std::sync::atomic::AtomicBool>,
     /// The tools as MCP shows them, converted once per change.
     pub listed: super::listed::ListedTools,
+    /// Cancelled at the game's exit, before the server stops: each `subscriptions/listen` stream then ends with
+    /// its final result.
+    pub subscriptions_end: tokio_util::sync::CancellationToken,
 }
 
 impl GameServer {
@@ -234,7 +237,7 @@ impl ServerHandler for GameServer {
     }
 
     async fn listen(&self, subscription: rmcp::service::SubscriptionContext) -> Result<(), ErrorData> {
-        super::announce::listen(&self.agent, subscription).await
+        super::announce::listen(&self.agent, subscription, &self.subscriptions_end).await
     }
 
     async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
