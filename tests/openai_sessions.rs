@@ -1811,6 +1811,78 @@ fn a_connection_broken_mid_answer_fails_the_turn_and_leaves_the_history() {
     goes_on_with_the_failed_turn_left_out(&game, &server, &session);
 }
 
+/// Each `POST` a server read, with the connection (numbered from 1) it came on.
+type Posts = Arc<Mutex<Vec<(usize, Value)>>>;
+
+/// A chat completions server over raw HTTP/1.1 that keeps connections alive, but closes the one the `closing`-th
+/// `POST` (counting from 1) arrives on after reading it, without an answer: as a server (llama.cpp's, uvicorn's)
+/// ends a connection idle in the client's pool at the moment the client sends on it. Every other `POST` is answered
+/// with the next of `answers`, streamed; a `GET` (the start-up probe) with an empty model list. Returns its URL, and
+/// each `POST` it read with the connection (numbered from 1) it came on.
+fn closing_keep_alive(closing: usize, answers: &'static [&'static str]) -> (String, Posts) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let posts = Arc::new(Mutex::new(Vec::new()));
+    let read = posts.clone();
+    std::thread::spawn(move || {
+        let mut answers = answers.iter();
+        for (connection, stream) in listener.incoming().enumerate() {
+            let Ok(stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut writer = stream;
+            loop {
+                let mut head = Vec::new();
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                    head.push(std::mem::take(&mut line));
+                }
+                let Some(request_line) = head.first() else { break };
+                let length = head
+                    .iter()
+                    .find_map(|h| h.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0usize);
+                let mut body = vec![0; length];
+                reader.read_exact(&mut body).unwrap();
+                let body = if request_line.starts_with("POST") {
+                    let mut posts = read.lock();
+                    posts.push((connection + 1, serde_json::from_slice(&body).unwrap()));
+                    if posts.len() == closing {
+                        break;
+                    }
+                    let chunk = json!({"choices": [{"index": 0, "delta": {"content": answers.next().unwrap()},
+                        "finish_reason": "stop"}]});
+                    format!("data: {chunk}\n\ndata: [DONE]\n\n")
+                } else {
+                    r#"{"object":"list","data":[]}"#.to_string()
+                };
+                let kind = if request_line.starts_with("POST") { "text/event-stream" } else { "application/json" };
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\r\n", body.len());
+                writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(body.as_bytes())).unwrap();
+            }
+        }
+    });
+    (url, posts)
+}
+
+#[test]
+fn a_request_whose_kept_alive_connection_the_server_closed_is_sent_again_once_on_a_new_one() {
+    let data = tempfile::tempdir().unwrap();
+    let (url, posts) = closing_keep_alive(2, &["first", "second"]);
+    let game = Game::start(data.path());
+    let session = game.block_on(game.sessions.create(SessionConfig::openai_endpoint(OpenAiEndpoint::new(&url, "m"))));
+    let session = session.expect("starts");
+    game.block_on(session.send_text("one")).expect("a turn");
+    let turn = game.block_on(session.send_text("two")).expect("the turn, though its connection was closed under it");
+    assert_eq!(turn.final_message.as_deref(), Some("second"));
+    let posts = posts.lock();
+    let on: Vec<usize> = posts.iter().map(|(connection, _)| *connection).collect();
+    let kept_alive = on[0];
+    assert_eq!(on, [kept_alive, kept_alive, kept_alive + 1], "the second sent again, on a new connection");
+    assert_eq!(posts[1].1, posts[2].1, "the same request");
+}
+
 #[test]
 fn an_answer_cut_short_before_its_end_fails_the_turn_and_runs_none_of_its_calls() {
     let (_data, server, game, session) = after_one_turn();

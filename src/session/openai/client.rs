@@ -257,7 +257,8 @@ pub(crate) fn build(
 }
 
 /// Sends a request again after `429` and `5xx` (not `501`, `505`), a bounded number of times, waiting what
-/// `Retry-After` asks (up to a bound) or a doubling backoff.
+/// `Retry-After` asks (up to a bound) or a doubling backoff; and once, at once, on a new connection, when the server
+/// closed the connection it went out on ([`closed_under_request`]).
 #[derive(Clone)]
 struct Retry {
     http: reqwest::Client,
@@ -269,6 +270,7 @@ struct Retry {
 impl Retry {
     async fn send(&self, factory: HttpRequestFactory) -> Result<reqwest::Response, OpenAIError> {
         let mut attempt = 0u32;
+        let mut resent = false;
         loop {
             let mut request = factory.build().await?;
             // The client always sends `Authorization: Bearer <key>`: without a key, none at all rather than an
@@ -277,7 +279,15 @@ impl Retry {
             if authorization.is_some_and(|value| value.as_bytes().trim_ascii() == b"Bearer") {
                 request.headers_mut().remove(reqwest::header::AUTHORIZATION);
             }
-            let response = self.http.execute(request).await.map_err(OpenAIError::Reqwest)?;
+            let response = match self.http.execute(request).await {
+                Ok(response) => response,
+                Err(error) if !resent && closed_under_request(&error) => {
+                    resent = true;
+                    tracing::debug!(%error, "the endpoint closed the connection the request went out on: sending it again");
+                    continue;
+                }
+                Err(error) => return Err(OpenAIError::Reqwest(error)),
+            };
             let status = response.status();
             // A server that does not do what was asked (501: llama.cpp's `not_supported_error`; 505) says the same
             // however often it is asked.
@@ -322,6 +332,30 @@ impl Retry {
             tokio::time::sleep(wait).await;
         }
     }
+}
+
+/// Whether the server closed the connection as `error`'s request went out on it, before any answer: a kept-alive
+/// connection the server let go while it sat in the pool (llama.cpp's server and uvicorn's, vLLM's, end an idle one
+/// after 5 s; a player's turn can come later), whose end the client had not seen yet. Nothing was answered, so the
+/// request is sent again once, on a new connection (the failed one is not pooled again). A refused connection or a
+/// timeout is not this.
+fn closed_under_request(error: &reqwest::Error) -> bool {
+    if error.is_connect() || error.is_timeout() {
+        return false;
+    }
+    let mut cause = std::error::Error::source(error);
+    while let Some(error) = cause {
+        if error.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_incomplete_message) {
+            return true;
+        }
+        use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+        let reset = [ConnectionReset, ConnectionAborted, BrokenPipe];
+        if error.downcast_ref::<std::io::Error>().is_some_and(|io| reset.contains(&io.kind())) {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// How long the endpoint asks to wait before a retry: `retry-after-ms` (OpenAI's and Azure's, finer), else
