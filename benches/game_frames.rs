@@ -10,7 +10,7 @@
 //! system), steers each away from its neighbours in the 3×3 cells around it (in parallel over the task pool), and
 //! moves them (in parallel). That is the CPU side of a game whose GPU draws: a few milliseconds of work per frame
 //! on both cores, then the wait for the next frame. The agent: one rmcp client in this process (its own runtime
-//! thread, one MCP 2025-11-25 session), calling `read` (one creature's position, an `on_client` step) or `steer`
+//! thread, one MCP 2025-11-25 session; with `BENCH_MCP_PROTOCOL=2026-07-28`, sessionless requests), calling `read` (one creature's position, an `on_client` step) or `steer`
 //! (turns one creature by a small angle, an `on_client` step that writes; speeds stay as they were, so the flock
 //! costs what it did) 200 times a second. The phases' order rotates every round.
 //!
@@ -35,8 +35,9 @@ use bevy_agent_tools::mcp::{McpPlugin, McpServer};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{headless_app_with, CounterGame};
 use bevy_agent_tools::AgentToolsRunnerPlugin;
-use rmcp::model::CallToolRequestParams;
+use rmcp::model::{CallToolRequestParams, ProtocolVersion};
 use rmcp::service::RunningService;
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
@@ -326,8 +327,18 @@ fn main() {
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("tokio");
     let config = StreamableHttpClientTransportConfig::with_uri(url).auth_header(TOKEN);
-    let connected = runtime.block_on(async { ().serve(StreamableHttpClientTransport::from_config(config)).await });
-    let client = Arc::new(connected.expect("an MCP session"));
+    let transport = StreamableHttpClientTransport::from_config(config);
+    let modern = std::env::var("BENCH_MCP_PROTOCOL").is_ok_and(|version| version == "2026-07-28");
+    eprintln!("MCP protocol: {}", if modern { "2026-07-28" } else { "2025-11-25" });
+    let connected = runtime.block_on(async {
+        if modern {
+            let mode = ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
+            ().serve_with_lifecycle(transport, mode).await
+        } else {
+            ().serve(transport).await
+        }
+    });
+    let client = Arc::new(connected.expect("connected"));
     for phase in [Phase::Read, Phase::Steer] {
         runtime.block_on(load(client.clone(), phase, WARM_UP));
     }

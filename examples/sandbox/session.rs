@@ -212,7 +212,7 @@ impl WorldLifecycle for Sandbox {
         let store = world
             .get_resource::<WorldStore>()
             .ok_or_else(|| OpenError::new("the sandbox has no world store: add WorldStorePlugin"))?;
-        store.world_dir(&visit.world).map_err(OpenError::new)?;
+        store.world_dir(&visit.world)?;
         Dimension::parse(visit.location.dimension.as_str()).map_err(OpenError::new)?;
         let (save, ready) = store.load_in_background(&visit.world, SAVE_DOCUMENT, SaveDoc::default);
         let session = Visit {
