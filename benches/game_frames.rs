@@ -327,10 +327,10 @@ fn main() {
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("tokio");
     let config = StreamableHttpClientTransportConfig::with_uri(url).auth_header(TOKEN);
-    let transport = StreamableHttpClientTransport::from_config(config);
     let modern = std::env::var("BENCH_MCP_PROTOCOL").is_ok_and(|version| version == "2026-07-28");
     eprintln!("MCP protocol: {}", if modern { "2026-07-28" } else { "2025-11-25" });
     let connected = runtime.block_on(async {
+        let transport = StreamableHttpClientTransport::from_config(config);
         if modern {
             let mode = ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
             ().serve_with_lifecycle(transport, mode).await
