@@ -295,7 +295,8 @@ impl Conversation {
                 // Another caller waiting for a keyed execution: the others' cancels no longer end it while this
                 // one waits. Unless the conversation ended (or cancelled the task) meanwhile: its end withdrew
                 // the callers it had, and must not leave this one waiting.
-                let seat = life.join(&self.id, None);
+                // (None: its last caller is ending it this moment.)
+                let seat = life.try_join(&self.id, None)?;
                 if !hub.accepts(&self.id) || hub.live_call(&self.id, request).is_none() {
                     life.leave(&seat, None);
                     return None;

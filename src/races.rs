@@ -13,6 +13,8 @@
 //! - A retry of an operation whose first call ended before its handler started (the world still loading),
 //!   against that call's end and release: the retry runs anew (or joined the first while it waited), never gets
 //!   the first's outcome, and keeps its own replay entry (H12).
+//! - A retry arriving as its execution's only caller cancels it: it joins (the execution goes on for it) or runs
+//!   anew (the execution never started), never joined to an execution that cancel then ends (H12).
 //! - The idle timeout ending a conversation as a call of it is admitted: the call is refused or runs on, never
 //!   admitted and then cancelled.
 //! - A caller of a shared execution cancelling it as it finishes: the caller reads what its conversation's
@@ -563,6 +565,52 @@ fn h12_a_retry_joining_as_its_execution_finishes_never_stays_in_flight_for_its_c
         assert_ne!(fixture.host.conversations.status(&other), Some(ConversationStatus::WaitingToolResult));
     });
 }
+
+/// A retry from another conversation arrives as the execution's only caller cancels it (its handler not started):
+/// as if it came before the cancel (it joins, and the execution goes on for it: the canceller only stopped
+/// waiting) or after it (the execution left no trace, and the retry runs anew), never joined to an execution that
+/// its other caller's cancel then ends.
+#[test]
+fn h12_a_retry_arriving_as_the_last_caller_cancels_keeps_the_execution_going_or_runs_anew() {
+    explore(|| {
+        let fixture = fixture();
+        let other = other_conversation(&fixture);
+        let Ok(Admitted::Running { life, seat, owner: true }) =
+            admit(&fixture.host, &fixture.conversation, shared_request())
+        else {
+            panic!("admitted")
+        };
+        let first = Call::running(life.clone(), Some(seat), true);
+        let cancelling = shuttle::thread::spawn(move || first.cancel());
+        let retry = admit(&fixture.host, &other, shared_request());
+        let ended_it = cancelling.join().expect("cancel");
+        match retry {
+            Ok(Admitted::Running { life: joined, owner: false, .. }) => {
+                assert!(Arc::ptr_eq(&joined, &life), "joined the execution");
+                assert!(!life.outcome().is_set(), "joined, then ended by the other caller: {:?}", life.outcome().get());
+                ARRIVED_BEFORE_CANCEL[1].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(Admitted::Running { life: anew, owner: true, .. }) => {
+                assert!(!Arc::ptr_eq(&anew, &life), "a new execution");
+                assert!(ended_it, "the cancel ended the first execution");
+                assert_eq!(code(&life), Some(ErrorCode::Cancelled));
+                ARRIVED_BEFORE_CANCEL[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(Admitted::Retained(_, outcome)) => {
+                panic!("a retained outcome of an execution never started: {outcome:?}")
+            }
+            Err(error) => panic!("refused: {error:?}"),
+        }
+    });
+    let [after, before] = [&ARRIVED_BEFORE_CANCEL[0], &ARRIVED_BEFORE_CANCEL[1]]
+        .map(|count| count.load(std::sync::atomic::Ordering::Relaxed));
+    assert!(after > 0 && before > 0, "schedules with the retry after the cancel: {after}, before it: {before}");
+}
+
+/// Schedules of `h12_a_retry_arriving_as_the_last_caller_cancels_keeps_the_execution_going_or_runs_anew` where the
+/// retry ran anew / joined. (std's atomics, outside shuttle: they count across schedules.)
+static ARRIVED_BEFORE_CANCEL: [std::sync::atomic::AtomicUsize; 2] =
+    [std::sync::atomic::AtomicUsize::new(0), std::sync::atomic::AtomicUsize::new(0)];
 
 /// An MCP client's conversation its transport stops naming (a handle forgotten) as a call of it is admitted: the
 /// call is never cancelled for it, and the conversation ends once that call finishes, rather than staying open

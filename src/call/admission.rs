@@ -214,13 +214,27 @@ fn admit_inner(
                     // (rule H12), so this one runs.
                     Some(_) => open.replay.forget(key, |running| Arc::ptr_eq(running, &life)),
                     None => {
-                        let seat = life.join(conversation, request.progress.clone());
-                        // Under the state lock, as a start: a conversation that ends withdraws this caller too.
-                        if !host.conversations.call_joined(conversation, &life) {
-                            life.leave(&seat, None);
-                            return Err(rejected(host.conversations.refusal(conversation)));
+                        // Its last caller may be ending it this moment (its outcome is set as soon as the one ending
+                        // it has the call's step lock, which it holds). As after that end: a handler that never
+                        // started leaves no trace (this one runs, below); one that started answers with that end,
+                        // which this caller reads once it is set, as a caller that joined before it would.
+                        let progress = request.progress.clone();
+                        let seat = match life.try_join(conversation, progress.clone()) {
+                            Some(seat) => Some(seat),
+                            None if life.handler_started() => Some(life.join(conversation, progress)),
+                            None => None,
+                        };
+                        match seat {
+                            Some(seat) => {
+                                // Under the state lock, as a start: a conversation that ends withdraws this caller.
+                                if !host.conversations.call_joined(conversation, &life) {
+                                    life.leave(&seat, None);
+                                    return Err(rejected(host.conversations.refusal(conversation)));
+                                }
+                                return Ok(Admitted::Running { life, owner: false, seat });
+                            }
+                            None => open.replay.forget(key, |running| Arc::ptr_eq(running, &life)),
                         }
-                        return Ok(Admitted::Running { life, owner: false, seat });
                     }
                 },
                 Begin::Retained((first, outcome)) => return Ok(Admitted::Retained(first, outcome)),

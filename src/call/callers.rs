@@ -65,6 +65,9 @@ struct Book {
     next_group: u64,
     /// Why each withdrawn group was withdrawn, and whether its withdrawal ended the call.
     withdrawn: HashMap<u64, (String, bool)>,
+    /// The last caller left or was withdrawn, and that ends the call (decided here, then ended under the call's
+    /// step lock): a retry can no longer join it to keep it going ([`Callers::try_join`]).
+    ending: bool,
 }
 
 struct Group {
@@ -87,8 +90,8 @@ pub(crate) struct Withdrawal {
     /// The group of callers it withdrew, if the conversation had callers waiting for the call, and the token that
     /// tells them: cancel it (with [`Withdrawal::tell`]) once what they are to read is recorded.
     pub group: Option<(u64, CancellationToken)>,
-    /// No caller of any conversation is left waiting for it.
-    pub none_left: bool,
+    /// It ends the call: no caller is left waiting for it (asked for with `ends_if_last`).
+    pub ends: bool,
 }
 
 impl Withdrawal {
@@ -106,10 +109,20 @@ impl Withdrawal {
 }
 
 impl Callers {
-    /// One more caller from `conversation` waits for the call.
-    pub(crate) fn join(&self, conversation: &ConversationId) -> CallerSeat {
+    /// One more caller from `conversation` waits for the call, unless its last caller is ending it this moment
+    /// (its outcome is set as soon as the one ending it has the call's step lock, which it holds already).
+    pub(crate) fn try_join(&self, conversation: &ConversationId) -> Option<CallerSeat> {
         let mut book = self.book.lock();
-        let Book { waiting, next_group, .. } = &mut *book;
+        (!book.ending).then(|| Self::seat(&mut book, conversation))
+    }
+
+    /// One more caller from `conversation` waits for the call (and reads its end, if it is ending).
+    pub(crate) fn join(&self, conversation: &ConversationId) -> CallerSeat {
+        Self::seat(&mut self.book.lock(), conversation)
+    }
+
+    fn seat(book: &mut Book, conversation: &ConversationId) -> CallerSeat {
+        let Book { waiting, next_group, .. } = book;
         let group = waiting.entry(conversation.clone()).or_insert_with(|| {
             *next_group += 1;
             Group { id: *next_group, callers: 0, withdrawn: CancellationToken::new() }
@@ -125,7 +138,9 @@ impl Callers {
     }
 
     /// The caller of `seat` leaves (each leaves once); a caller its conversation already withdrew changes nothing.
-    pub(crate) fn leave(&self, seat: &CallerSeat) -> Left {
+    /// With `ends_if_last`, the call ends if no caller is left then (it cancelled): decided under the book's lock,
+    /// so no retry joins in between ([`try_join`](Self::try_join)).
+    pub(crate) fn leave(&self, seat: &CallerSeat, ends_if_last: bool) -> Left {
         seat.left.store(true, Ordering::SeqCst);
         let mut book = self.book.lock();
         let Some(group) = book.waiting.get_mut(&seat.conversation).filter(|group| group.id == seat.group) else {
@@ -136,18 +151,26 @@ impl Callers {
         if conversation_gone {
             book.waiting.remove(&seat.conversation);
         }
-        Left { conversation_gone, none_left: book.waiting.is_empty() }
+        let none_left = book.waiting.is_empty();
+        book.ending |= none_left && ends_if_last;
+        Left { conversation_gone, none_left }
     }
 
     /// `conversation` withdraws its callers, because of `why`: each of them stops waiting once the returned
-    /// withdrawal is told ([`Withdrawal::tell`]), after the caller recorded whether that ended the call.
-    pub(crate) fn withdraw(&self, conversation: &ConversationId, why: &str) -> Withdrawal {
+    /// withdrawal is told ([`Withdrawal::tell`]), after the caller recorded whether that ended the call. With
+    /// `ends_if_last: Some(own)`, the call ends if no caller is left then and the conversation had callers or
+    /// the call is its own (`own`) ([`Withdrawal::ends`]): decided under the book's lock, as for
+    /// [`leave`](Self::leave).
+    pub(crate) fn withdraw(&self, conversation: &ConversationId, why: &str, ends_if_last: Option<bool>) -> Withdrawal {
         let mut book = self.book.lock();
         let group = book.waiting.remove(conversation);
         if let Some(group) = &group {
             book.withdrawn.insert(group.id, (why.to_owned(), false));
         }
-        Withdrawal { group: group.map(|group| (group.id, group.withdrawn)), none_left: book.waiting.is_empty() }
+        let none_left = book.waiting.is_empty();
+        let ends = none_left && ends_if_last.is_some_and(|own| own || group.is_some());
+        book.ending |= ends;
+        Withdrawal { group: group.map(|group| (group.id, group.withdrawn)), ends }
     }
 
     /// The withdrawal of `group` ended the call: its callers read the call's outcome, not that it goes on.
@@ -185,17 +208,20 @@ mod tests {
         let (a, b) = (ConversationId::from("a"), ConversationId::from("b"));
         let old = callers.join(&a);
         let other = callers.join(&b);
-        let withdrawal = callers.withdraw(&a, "a ended");
-        assert!(withdrawal.had_callers() && !withdrawal.none_left, "b still waits");
+        let withdrawal = callers.withdraw(&a, "a ended", Some(true));
+        assert!(withdrawal.had_callers() && !withdrawal.ends, "b still waits");
         assert!(!old.withdrawn.is_cancelled() && old.waits(), "told only once what it reads is recorded");
         withdrawal.tell();
         assert!(old.withdrawn.is_cancelled() && !old.waits());
         assert_eq!(callers.why_withdrawn(&old), Some(("a ended".to_string(), false)));
         let again = callers.join(&a);
-        assert!(!callers.leave(&old).conversation_gone, "the old seat leaves nothing");
-        let left = callers.leave(&again);
+        assert!(!callers.leave(&old, true).conversation_gone, "the old seat leaves nothing");
+        let left = callers.leave(&again, true);
         assert!(left.conversation_gone && !left.none_left, "a's new group is gone, b still waits");
-        assert!(callers.leave(&other).none_left, "the last caller left");
+        let late = callers.try_join(&a).expect("the call goes on for b: a retry may join it");
+        assert!(!callers.leave(&late, true).none_left, "b still waits");
+        assert!(callers.leave(&other, true).none_left, "the last caller left");
+        assert!(callers.try_join(&a).is_none(), "ending: no retry joins it any more");
         assert_eq!(callers.why_withdrawn(&other), None);
     }
 }

@@ -138,12 +138,23 @@ impl CallLife {
     /// waits.
     pub(crate) fn join(&self, conversation: &ConversationId, progress: Option<ProgressSink>) -> CallerSeat {
         let seat = self.callers.join(conversation);
+        self.listen(&seat, progress);
+        seat
+    }
+
+    /// [`join`](Self::join), unless the call's last caller is ending it this moment ([`Callers::try_join`]).
+    pub(crate) fn try_join(&self, conversation: &ConversationId, progress: Option<ProgressSink>) -> Option<CallerSeat> {
+        let seat = self.callers.try_join(conversation)?;
+        self.listen(&seat, progress);
+        Some(seat)
+    }
+
+    fn listen(&self, seat: &CallerSeat, progress: Option<ProgressSink>) {
         if let Some(sink) = progress {
             let mut listeners = self.progress.lock();
             listeners.retain(|(seat, _)| seat.waits());
             listeners.push((seat.clone(), sink));
         }
-        seat
     }
 
     /// Hands `progress` to its first caller's sink and to those of the joined callers still waiting.
@@ -168,7 +179,7 @@ impl CallLife {
     /// observing (a keyed call dropped so that its retry can join it): the call runs on.
     pub(crate) fn leave(&self, seat: &CallerSeat, cancel: Option<&str>) -> Left {
         let Some(why) = cancel else {
-            self.callers.leave(seat);
+            self.callers.leave(seat, false);
             return Left::StoppedWaiting;
         };
         // Under the step lock, as an end (see `withdraw`).
@@ -176,7 +187,8 @@ impl CallLife {
         if self.outcome.is_set() {
             return Left::AlreadyEnded;
         }
-        let left = self.callers.leave(seat);
+        // Under the step lock, the outcome unset: no caller left means this ends the call.
+        let left = self.callers.leave(seat, true);
         if left.none_left {
             return match self.end_under(&mut step, Err(self.cancelled(why))) {
                 true => Left::EndedIt,
@@ -202,10 +214,10 @@ impl CallLife {
         if self.outcome.is_set() {
             return false;
         }
-        let withdrawal = self.callers.withdraw(conversation, why);
         // A retry of `conversation` that joined the call and already left it: the call is not its to end.
-        let its_to_end = withdrawal.had_callers() || self.coords.conversation == *conversation;
-        let stopped = if withdrawal.none_left && its_to_end {
+        let own = self.coords.conversation == *conversation;
+        let withdrawal = self.callers.withdraw(conversation, why, Some(own));
+        let stopped = if withdrawal.ends {
             let ended = self.end_under(&mut step, Err(self.cancelled(why)));
             if let (true, Some((group, _))) = (ended, &withdrawal.group) {
                 self.callers.ended_by(*group);
@@ -216,7 +228,7 @@ impl CallLife {
             // conversation's `CallFinished` says what its callers read.
             let stopped = self.hub.call_withdrawn(conversation, self);
             // A `rejoin` that raced this (it still found the call in flight) joined a new group: withdrawn too.
-            self.callers.withdraw(conversation, why).tell();
+            self.callers.withdraw(conversation, why, None).tell();
             stopped
         };
         // Only now are its callers told: what they read is recorded.
