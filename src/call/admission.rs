@@ -219,11 +219,9 @@ fn admit_inner(
                         // started leaves no trace (this one runs, below); one that started answers with that end,
                         // which this caller reads once it is set, as a caller that joined before it would.
                         let progress = request.progress.clone();
-                        let seat = match life.try_join(conversation, progress.clone()) {
-                            Some(seat) => Some(seat),
-                            None if life.handler_started() => Some(life.join(conversation, progress)),
-                            None => None,
-                        };
+                        let seat = life
+                            .try_join(conversation, progress.clone())
+                            .or_else(|| life.handler_started().then(|| life.join(conversation, progress)));
                         match seat {
                             Some(seat) => {
                                 // Under the state lock, as a start: a conversation that ends withdraws this caller.

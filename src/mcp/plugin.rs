@@ -505,9 +505,10 @@ fn holds_token(path: &std::path::Path, token: &str) -> bool {
 }
 
 /// On `AppExit`, after the host ended the visit's calls
-/// ([`AgentToolsExitSystems::Host`](crate::AgentToolsExitSystems::Host)): ends every `subscriptions/listen` stream, then
-/// waits until every call that ended, and every stream that ended, has had its response sent (bounded by what is left of the exit deadline, and at least [`RESPONSE_GRACE`]), then stops the server
-/// and waits (up to [`CLOSE_GRACE`]) for its connections to close. Every call has ended by then (the host ends the
+/// ([`AgentToolsExitSystems::Host`](crate::AgentToolsExitSystems::Host)): ends every `subscriptions/listen` stream,
+/// then waits until every call that ended, and every stream that ended, has had its response sent (bounded by what
+/// is left of the exit deadline, and at least [`RESPONSE_GRACE`]), then stops the server and waits (up to
+/// [`CLOSE_GRACE`]) for its connections to close. Every call has ended by then (the host ends the
 /// visit's calls and those waiting for a tool); one whose outcome is still on its way at the deadline is not waited
 /// for: its client sees the connection close.
 fn stop_on_app_exit(mut exits: MessageReader<AppExit>, server: Res<McpServer>, started: Option<Res<ExitStarted>>) {

@@ -27,7 +27,7 @@ use crate::agent::AgentHandle;
 use crate::call::{CallOutcome, CallRequest, Progress, ProgressSink};
 use crate::error::{ErrorCode, ToolError};
 use crate::ids::ConversationId;
-use crate::tool::{declares_images, take_images, ToolInfo};
+use crate::tool::{declares_images, take_images, ErasedTool, ToolInfo};
 use crate::tool::{OPERATION_ID, TASK_ID};
 
 /// The `_meta` key under which results carry the visit and location they observed (rule H11). Its prefix follows
@@ -355,9 +355,11 @@ impl GameServer {
         // A sessionless request without a handle or a client name: a conversation of its own, ended with it.
         let anonymous = named.id.is_none();
         let keyed = |name: &str| arguments.get(name).is_some_and(|value| !value.is_null());
-        // (Only for a tool that takes the key: an unknown tool is refused as such, a read-only one keys nothing.)
-        let tools = &self.agent.host().tools;
-        let takes_keys = tools.find(&request.name).is_some_and(|tool| !tool.info().annotations.read_only);
+        // The tool the call is for, as it is now: the call's result is read by its schema even if the tool is
+        // replaced or removed while the call runs. (Only a tool that takes the key: an unknown tool is refused as
+        // such, a read-only one keys nothing.)
+        let registered = self.agent.host().tools.find(&request.name);
+        let takes_keys = registered.as_ref().is_some_and(|tool| !tool.info().annotations.read_only);
         if anonymous && takes_keys && keyed(OPERATION_ID) && !keyed(TASK_ID) {
             // Its retry would be another conversation's, whose default task is another: it would run again, where
             // the argument promises it runs once.
@@ -370,7 +372,7 @@ impl GameServer {
             ConversationId::new(format!("mcp-request:{}", NEXT_REQUEST.fetch_add(1, Ordering::Relaxed)))
         });
         let conversation = conversation_for_call(&self.agent, id.clone(), named.bound);
-        let outcome = self.run(conversation, request.name.to_string(), arguments, &context).await;
+        let outcome = self.run(conversation, request.name.to_string(), registered, arguments, &context).await;
         if anonymous {
             let _ = self.agent.end_conversation(&id);
         }
@@ -383,12 +385,10 @@ impl GameServer {
         &self,
         conversation: crate::agent::Conversation,
         tool: String,
+        registered: Option<Arc<dyn ErasedTool>>,
         arguments: JsonObject,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        // The schema of the tool the call is for, as it is now: the call's result is read by it even if the tool is
-        // replaced or removed while the call runs.
-        let registered = self.agent.host().tools.find(&tool);
         let mut call_request = match CallRequest::from_wire(tool.clone(), Value::Object(arguments)) {
             Ok(call_request) => call_request,
             Err(error) => return Ok(error_result(&error).into()),

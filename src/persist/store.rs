@@ -530,12 +530,12 @@ impl WorldStore {
         O: Send + 'static,
     {
         let mut turn = queue.turns.take();
-        let (runtime, shared) = (self.shared.runtime.clone(), self.shared.clone());
+        let shared = self.shared.clone();
         let world = queue.world.clone();
         let task = self.shared.runtime.spawn(async move {
             let id = queue.world.clone();
             turn.wait().await;
-            let outcome = blocking(&runtime, &id, move || {
+            let outcome = blocking(&shared.runtime, &id, move || {
                 let mut files = queue.files.lock();
                 let result = work(&mut files);
                 let superseded = files.take_superseded();
@@ -550,9 +550,9 @@ impl WorldStore {
                 turn.done.succeed();
             } else {
                 // Freed after the report, before the world's next operation: the caller does not wait for it.
-                let (remover, faults) = (runtime.clone(), shared.faults.read().clone());
-                drop(runtime.spawn(async move {
-                    let _ = remover.spawn_blocking(move || remove_superseded(&id, superseded, faults)).await;
+                let (runtime, faults) = (shared.runtime.clone(), shared.faults.read().clone());
+                drop(shared.runtime.spawn(async move {
+                    let _ = runtime.spawn_blocking(move || remove_superseded(&id, superseded, faults)).await;
                     turn.done.succeed();
                 }));
             }
