@@ -378,6 +378,18 @@ pub(crate) fn app_schedule(app: &App) -> InternedScheduleLabel {
 #[derive(Resource, Default)]
 struct EarlyTools(Vec<Arc<dyn ErasedTool>>);
 
+/// Whether the [`AgentToolsPlugin`] has been built: the crate's other plugins need its runtime and handle. Each of
+/// them sets itself up when it is built if this is so, else in its `finish` (every plugin has been built by then),
+/// so a game may add them before or after the `AgentToolsPlugin`.
+pub(crate) fn host_built(app: &App) -> bool {
+    app.world().contains_resource::<AgentHost>()
+}
+
+/// The set-up mistake of a plugin of this crate in an app without an [`AgentToolsPlugin`], found in its `finish`.
+pub(crate) fn host_missing(plugin: &str) -> ! {
+    panic!("{plugin} needs AgentToolsPlugin, which the app does not have: add it (before or after {plugin})")
+}
+
 /// What `add_agent_tool` needs to find the host.
 #[derive(Resource, Clone)]
 pub(crate) struct AgentHost {

@@ -2271,6 +2271,38 @@ fn a_session_created_while_the_app_is_built_waits_for_its_mcp_server() {
 }
 
 #[test]
+fn the_crates_plugins_added_before_agent_tools_plugin_are_set_up_when_the_app_is_finished() {
+    let dirs = Dirs::new();
+    let mut app = App::new();
+    // The sessions' `finish` comes before the MCP server starts in its own: they learn of it in `cleanup`.
+    app.add_plugins(MinimalPlugins).add_plugins((
+        AgentSessionsPlugin::new().data_dir(&dirs.data),
+        McpPlugin::new().port(0).token(TOKEN),
+        bevy_agent_tools::persist::WorldStorePlugin::new(dirs.data.join("saves")),
+        AgentToolsPlugin::new(TestGame::default()),
+    ));
+    assert!(!app.world().contains_resource::<McpServer>(), "nothing to start on before the host is built");
+    app.finish();
+    app.cleanup();
+    assert!(app.world().contains_resource::<McpServer>());
+    assert!(app.world().contains_resource::<bevy_agent_tools::persist::WorldStore>());
+    let sessions = app.world().resource::<AgentSessions>().clone();
+    let runtime = app.world().resource::<bevy_agent_tools::AgentRuntime>().handle().clone();
+    // An ACP agent's session starts only with the game's MCP endpoint.
+    let session = runtime.block_on(sessions.create(agent(&dirs, &[]))).expect("the session finds the MCP server");
+    runtime.block_on(session.end());
+}
+
+#[test]
+#[should_panic(expected = "AgentSessionsPlugin needs AgentToolsPlugin, which the app does not have")]
+fn a_sessions_plugin_in_an_app_without_agent_tools_plugin_is_a_set_up_mistake_found_at_finish() {
+    let dirs = Dirs::new();
+    let mut app = App::new();
+    app.add_plugins(MinimalPlugins).add_plugins(AgentSessionsPlugin::new().data_dir(&dirs.data));
+    app.finish();
+}
+
+#[test]
 fn an_answered_permission_request_leaves_no_task_waiting_out_its_timeout() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

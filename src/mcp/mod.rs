@@ -1,7 +1,9 @@
 //! The MCP transport: a Streamable HTTP server (the official `rmcp` SDK, both protocol generations it speaks)
 //! on the plugin's runtime, secure by default.
 //!
-//! Add it after [`AgentToolsPlugin`](crate::AgentToolsPlugin):
+//! It needs the [`AgentToolsPlugin`](crate::AgentToolsPlugin). Added after it, as here, the server starts when the
+//! plugin is added (so the app has [`McpServer`] at once); added before it, when the app is finished (`App::run`
+//! finishes it before the first frame):
 //!
 //! ```no_run
 //! # use bevy::prelude::*;

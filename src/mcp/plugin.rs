@@ -455,13 +455,37 @@ impl McpServer {
 }
 
 impl Plugin for McpPlugin {
+    /// Starts the server, if the [`AgentToolsPlugin`](crate::AgentToolsPlugin) was added before this plugin; else
+    /// [`finish`](Plugin::finish) does.
     fn build(&self, app: &mut App) {
-        let (Some(agent), Some(runtime)) =
-            (app.world().get_resource::<AgentHandle>(), app.world().get_resource::<AgentRuntime>())
-        else {
-            panic!("add AgentToolsPlugin before McpPlugin");
-        };
-        match self.start(agent.clone(), runtime.handle()) {
+        if crate::plugin::host_built(app) {
+            self.start_in(app);
+        }
+    }
+
+    /// Starts the server if `build` could not (the `AgentToolsPlugin` was added after this plugin).
+    ///
+    /// # Panics
+    ///
+    /// If the app has no `AgentToolsPlugin`.
+    fn finish(&self, app: &mut App) {
+        let world = app.world();
+        if world.contains_resource::<McpServer>() || world.contains_resource::<McpUnavailable>() {
+            return;
+        }
+        if !crate::plugin::host_built(app) {
+            crate::plugin::host_missing("McpPlugin");
+        }
+        self.start_in(app);
+    }
+}
+
+impl McpPlugin {
+    /// Starts the server on the host's runtime and inserts [`McpServer`], or [`McpUnavailable`] saying why not.
+    fn start_in(&self, app: &mut App) {
+        let agent = app.world().resource::<AgentHandle>().clone();
+        let runtime = app.world().resource::<AgentRuntime>().handle().clone();
+        match self.start(agent, &runtime) {
             Ok(server) => {
                 app.insert_resource(server);
                 crate::exit::add_exit_systems(app, || {

@@ -9,8 +9,8 @@ use super::store::WorldStore;
 use crate::runtime::AgentRuntime;
 
 /// Inserts a [`WorldStore`] over a data directory as a resource, running on the
-/// [`AgentRuntime`]. Add it after [`AgentToolsPlugin`](crate::AgentToolsPlugin); a lifecycle reaches the store
-/// with `world.resource::<WorldStore>()` in `open` and `close`.
+/// [`AgentRuntime`] of the [`AgentToolsPlugin`](crate::AgentToolsPlugin), which it needs (added before or after it);
+/// a lifecycle reaches the store with `world.resource::<WorldStore>()` in `open` and `close`.
 ///
 /// ```
 /// # use bevy::prelude::*;
@@ -40,11 +40,33 @@ impl WorldStorePlugin {
 }
 
 impl Plugin for WorldStorePlugin {
+    /// Inserts the store, if the [`AgentToolsPlugin`](crate::AgentToolsPlugin) was added before this plugin; else
+    /// [`finish`](Plugin::finish) does.
     fn build(&self, app: &mut App) {
-        let Some(runtime) = app.world().get_resource::<AgentRuntime>() else {
-            panic!("add AgentToolsPlugin before WorldStorePlugin: the store runs on its runtime");
-        };
-        let store = WorldStore::new(self.root.clone(), runtime.handle().clone()).with_codec(self.codec).managed();
-        app.insert_resource(store);
+        if crate::plugin::host_built(app) {
+            self.insert(app);
+        }
+    }
+
+    /// Inserts the store if `build` could not (the `AgentToolsPlugin` was added after this plugin).
+    ///
+    /// # Panics
+    ///
+    /// If the app has no `AgentToolsPlugin`: the store runs on its runtime.
+    fn finish(&self, app: &mut App) {
+        if app.world().contains_resource::<WorldStore>() {
+            return;
+        }
+        if !crate::plugin::host_built(app) {
+            crate::plugin::host_missing("WorldStorePlugin");
+        }
+        self.insert(app);
+    }
+}
+
+impl WorldStorePlugin {
+    fn insert(&self, app: &mut App) {
+        let runtime = app.world().resource::<AgentRuntime>().handle().clone();
+        app.insert_resource(WorldStore::new(self.root.clone(), runtime).with_codec(self.codec).managed());
     }
 }

@@ -34,9 +34,9 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(5);
 /// `auto_end_on_disconnect(false)`, the disconnection) of every session, with its agent process stopped
 /// ([`AgentToolsExitSystems::Sessions`]).
 ///
-/// Add it after [`AgentToolsPlugin`](crate::AgentToolsPlugin). An ACP agent reaches the game's tools through the
-/// MCP server of `McpPlugin` (added before or after this plugin: a session created before the app is finished
-/// waits for it, within its start timeout), and a session with one fails to start
+/// It needs the [`AgentToolsPlugin`](crate::AgentToolsPlugin), added before or after it. An ACP agent reaches the
+/// game's tools through the MCP server of `McpPlugin` (added before or after this plugin: a session created before
+/// the app is finished waits for it, within its start timeout), and a session with one fails to start
 /// (`AGENT_UNAVAILABLE`, saying why) when the game serves no MCP (the plugin not added, or `McpUnavailable`).
 /// Sessions with an OpenAI-compatible backend call the tools in process and need no MCP server.
 ///
@@ -81,13 +81,42 @@ impl AgentSessionsPlugin {
 }
 
 impl Plugin for AgentSessionsPlugin {
+    /// Sets the sessions up, if the [`AgentToolsPlugin`](crate::AgentToolsPlugin) was added before this plugin;
+    /// else [`finish`](Plugin::finish) does.
     fn build(&self, app: &mut App) {
+        if crate::plugin::host_built(app) {
+            self.set_up(app);
+        }
+    }
+
+    /// Sets the sessions up if `build` could not (the `AgentToolsPlugin` was added after this plugin), and tells
+    /// them the game's MCP server, or why it has none, if `McpPlugin` is set up by now.
+    ///
+    /// # Panics
+    ///
+    /// If the app has no `AgentToolsPlugin`.
+    fn finish(&self, app: &mut App) {
+        if !app.world().contains_resource::<AgentSessions>() {
+            if !crate::plugin::host_built(app) {
+                crate::plugin::host_missing("AgentSessionsPlugin");
+            }
+            self.set_up(app);
+        }
+        learn_server(app, false);
+    }
+
+    /// Tells the sessions the game's MCP server if `finish` could not: an `McpPlugin` added before the
+    /// `AgentToolsPlugin` and this plugin starts its server in its own `finish`, which may come after this one's.
+    fn cleanup(&self, app: &mut App) {
+        learn_server(app, true);
+    }
+}
+
+impl AgentSessionsPlugin {
+    fn set_up(&self, app: &mut App) {
         let world = app.world();
-        let (Some(agent), Some(runtime)) = (world.get_resource::<AgentHandle>(), world.get_resource::<AgentRuntime>())
-        else {
-            panic!("add AgentToolsPlugin before AgentSessionsPlugin");
-        };
-        let runtime = runtime.handle().clone();
+        let agent = world.resource::<AgentHandle>().clone();
+        let runtime = world.resource::<AgentRuntime>().handle().clone();
         let host = Arc::new(SessionHost {
             agent: agent.clone(),
             server: tokio::sync::watch::Sender::new(game_mcp(app.world())),
@@ -119,12 +148,29 @@ impl Plugin for AgentSessionsPlugin {
             );
         crate::exit::add_exit_systems(app, || disconnect_on_app_exit.in_set(AgentToolsExitSystems::Sessions));
     }
+}
 
-    /// `McpPlugin` may have been added after this plugin: its server (or why it has none) is known by now.
-    fn finish(&self, app: &mut App) {
-        let Some(sessions) = app.world().get_resource::<AgentSessions>() else { return };
-        let server = game_mcp(app.world()).unwrap_or_else(|| Err("McpPlugin was not added to the app".into()));
-        sessions.host().server.send_if_modified(|known| known.is_none() && known.replace(server).is_none());
+/// Tells the sessions the game's MCP server, or why it has none, once: when `McpPlugin` is set up, when it is not
+/// in the app, or (`last`, in `cleanup`, after every plugin's `finish`) in any case.
+fn learn_server(app: &App, last: bool) {
+    let world = app.world();
+    let Some(sessions) = world.get_resource::<AgentSessions>() else { return };
+    let server = match game_mcp(world) {
+        Some(server) => server,
+        None if last || !mcp_added(app) => Err("McpPlugin was not added to the app".into()),
+        None => return,
+    };
+    sessions.host().server.send_if_modified(|known| known.is_none() && known.replace(server).is_none());
+}
+
+/// Whether the app has an `McpPlugin`, set up or not.
+fn mcp_added(app: &App) -> bool {
+    #[cfg(feature = "mcp")]
+    return app.is_plugin_added::<crate::mcp::McpPlugin>();
+    #[cfg(not(feature = "mcp"))]
+    {
+        let _ = app;
+        false
     }
 }
 
