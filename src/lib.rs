@@ -43,8 +43,8 @@ pub use completion::{Completer, Completion, CompletionError, CompletionResult};
 pub use conversation::{
     ActiveCall, CallFinished, CallProgress, CallStarted, ChatDelta, ChatError, ChatErrorScope, ChatMessage,
     ConversationEvent, ConversationSnapshot, ConversationStatus, ConversationStatusChanged, PendingCall,
-    PermissionOutcome, PermissionRequested, PermissionSettled, Reported, StatusSource, Subscription,
-    PERMISSION_INPUT_LIMIT,
+    PermissionDetail, PermissionOutcome, PermissionRequested, PermissionSettled, Reported, StatusSource, Subscription,
+    PERMISSION_DETAILS_LIMIT, PERMISSION_INPUT_LIMIT,
 };
 pub use error::{ErrorCode, ErrorDetails, ToolError};
 pub use exit::{run_pending_exit, AgentToolsExitSystems};

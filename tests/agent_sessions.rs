@@ -1335,6 +1335,36 @@ fn forget_deletes_a_kept_session_for_good_and_ends_a_live_one_first() {
 }
 
 #[test]
+fn a_permission_prompt_shows_the_file_and_the_change_an_edit_would_make() {
+    let dirs = Dirs::new();
+    let game = Game::start(&dirs);
+    let session = game.create(agent(&dirs, &[]).permissions(PermissionPolicy::AskPlayer)).expect("starts");
+    let id = session.id().to_string();
+    let mut events = game.game.agent().subscribe();
+    let pending = game.block_on(session.start_turn("ask-edit")).expect("sent");
+    let line = game.log.wait_for(&format!("permission {id} "));
+    let request: u64 = line.split(' ').nth(2).and_then(|n| n.parse().ok()).expect("a request number");
+    let asked = events.drain().into_iter().find_map(|event| match event {
+        ConversationEvent::PermissionRequested(asked) if asked.request == request => Some(asked),
+        _ => None,
+    });
+    let asked = asked.expect("the prompt was put to the player");
+    assert_eq!((asked.tool.as_str(), asked.kind.as_deref()), ("Edit notes.txt", Some("edit")));
+    let [PermissionDetail::Location { path, line: Some(2) }, PermissionDetail::Diff { path: changed, old_text, new_text }] =
+        asked.details.as_slice()
+    else {
+        panic!("the file, then the change: {:?}", asked.details);
+    };
+    assert!(path.ends_with("notes.txt") && changed == path, "{path} {changed}");
+    assert_eq!((old_text.as_deref(), new_text.as_str()), (Some("2"), "two"));
+    // As the game reads it, and as a client of the conversation's events over MCP would.
+    let json = serde_json::to_value(&asked).expect("serializes");
+    assert_eq!(json["details"][1]["type"], "diff", "{json}");
+    assert!(game.sessions.answer_permission(request, true));
+    assert_eq!(game.block_on(pending).expect("ends").final_message.as_deref(), Some("edit: allowed"));
+}
+
+#[test]
 fn permission_requests_are_denied_by_default_and_the_player_can_allow_or_let_them_time_out() {
     let dirs = Dirs::new();
     let game = Game::start(&dirs);

@@ -245,15 +245,27 @@ fn a_kept_session_is_reattached_at_the_next_start_or_by_id_and_permissions_go_to
     first.line_starting(&format!("chat session={kept}: permission: allowed"));
     let settled = format!("chat-permission-settled session={kept} request={request} outcome=allowed");
     assert_eq!(first.seen_or_next(&settled), settled, "the prompt is settled");
+    // An edit's prompt shows the file and the change, beside the arguments.
+    first.send("say ask-edit");
+    let asked = first.line_starting(&format!("chat-permission session={kept} "));
+    let details = asked.split(" details=").nth(1).and_then(|rest| rest.split(" tool=").next()).expect("details");
+    let details: Vec<serde_json::Value> =
+        serde_json::from_str(&serde_json::from_str::<String>(details).expect("a JSON string")).expect("JSON");
+    assert_eq!((details[0]["type"].as_str(), details[0]["line"].as_u64()), (Some("location"), Some(2)), "{asked}");
+    assert_eq!((details[1]["old_text"].as_str(), details[1]["new_text"].as_str()), (Some("2"), Some("two")));
+    assert!(asked.ends_with(" tool=Edit notes.txt"), "{asked}");
+    let request = asked.split(' ').find_map(|w| w.strip_prefix("request=")).expect("a request number").to_string();
+    first.send(&format!("chat-deny {request}"));
+    first.line_starting(&format!("chat session={kept}: edit: not allowed"));
     assert_eq!(agents_alive(&state), 1, "the control: the agent is found while it runs");
     assert!(first.quit().success());
     assert_eq!(agents_alive(&state), 0, "quit stopped the agent, keeping its session");
 
-    // The next start with the same flags re-attaches it: the same agent session, its first turn remembered.
+    // The next start with the same flags re-attaches it: the same agent session, its first two turns remembered.
     let mut second = Sandbox::start(&data, &keep(""));
     assert_eq!(session_of(&second.line_starting("chat-status ")), kept, "re-attached, not a new one");
     second.send("say history");
-    second.line_starting(&format!("chat session={kept}: I remember 2 turns"));
+    second.line_starting(&format!("chat session={kept}: I remember 3 turns"));
     assert!(second.quit().success());
 
     // Other agent flags: a new session (kept in its place); the old one can still be re-attached by its id.
@@ -267,7 +279,7 @@ fn a_kept_session_is_reattached_at_the_next_start_or_by_id_and_permissions_go_to
     assert_eq!(second.line_starting("ok attached"), attached, "the session it replaced ended");
     assert_eq!(agents_alive(&state), 1, "only the attached session's agent runs");
     second.send("say history");
-    second.line_starting(&format!("chat session={kept}: I remember 3 turns"));
+    second.line_starting(&format!("chat session={kept}: I remember 4 turns"));
     // The fresh session of this run, never used again: deleted for good.
     second.send(&format!("chat-forget {fresh}"));
     assert_eq!(second.line_starting("ok forgot"), format!("ok forgot session={fresh}"));

@@ -389,12 +389,17 @@ fn print_chat(
                 say(format_args!("chat-error session={session} scope={scope} code={code} message={message}"))
             }
             ConversationEvent::PermissionRequested(p) => {
-                // The action's kind and input (a shell command), when the agent sent them: the input quoted as a
-                // JSON string, as it may hold spaces; the title last, running to the line's end.
+                // The action's kind, input (a shell command) and details (the files and changes it names), when
+                // the agent sent them: the input and the details' JSON quoted as JSON strings, as they may hold
+                // spaces; the title last, running to the line's end.
                 let kind = p.kind.as_deref().map(|kind| format!(" kind={}", one_line(kind))).unwrap_or_default();
                 let input = p.input.as_deref().map(|input| format!(" input={}", quoted(input))).unwrap_or_default();
+                let details = match serde_json::to_string(&p.details) {
+                    Ok(json) if !p.details.is_empty() => format!(" details={}", quoted(&json)),
+                    _ => String::new(),
+                };
                 say(format_args!(
-                    "chat-permission session={} request={}{kind}{input} tool={}",
+                    "chat-permission session={} request={}{kind}{input}{details} tool={}",
                     p.session,
                     p.request,
                     one_line(&p.tool)

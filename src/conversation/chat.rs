@@ -118,12 +118,51 @@ pub struct PermissionRequested {
     /// at [`PERMISSION_INPUT_LIMIT`] characters. Show it beside the title: the title alone may not say what
     /// the player allows.
     pub input: Option<String>,
+    /// The files the action would touch and what it would change or run, if the agent said, in its order (at
+    /// most [`PERMISSION_DETAILS_LIMIT`]): show a diff as a diff, so the player sees what an edit does without
+    /// reading it out of `input`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub details: Vec<PermissionDetail>,
     /// The conversation's event sequence number.
     pub sequence: u64,
 }
 
-/// The most of a permission request's input a [`PermissionRequested`] carries, in characters.
+/// The most of a permission request's input a [`PermissionRequested`] carries, in characters; each text of its
+/// [`details`](PermissionRequested::details) is cut there too.
 pub const PERMISSION_INPUT_LIMIT: usize = 1_000;
+
+/// The most [`details`](PermissionRequested::details) a permission request carries; the agent's further ones are
+/// left out.
+pub const PERMISSION_DETAILS_LIMIT: usize = 16;
+
+/// A file an action the agent asks permission for would touch, or what it would change or show (ACP's tool call
+/// `locations` and `content`). Texts are cut at [`PERMISSION_INPUT_LIMIT`] characters, marked with a final `…`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum PermissionDetail {
+    /// A file the action would read or change.
+    Location {
+        /// The file's path, as the agent gave it (absolute in ACP).
+        path: String,
+        /// The line it would act at (1-based), if the agent said.
+        line: Option<u32>,
+    },
+    /// A change to a file's text.
+    Diff {
+        /// The file's path, as the agent gave it.
+        path: String,
+        /// Its text before the change; `None` for a new file.
+        old_text: Option<String>,
+        /// Its text after the change.
+        new_text: String,
+    },
+    /// Text the agent shows with the request (what a command does, a tool's arguments).
+    Text {
+        /// The text.
+        text: String,
+    },
+}
 
 /// A permission request shown with a [`PermissionRequested`] no longer waits for the player: take its prompt down.
 /// Exactly one follows each `PermissionRequested`, in the session's event sequence.

@@ -35,8 +35,8 @@ mod snapshot;
 mod status;
 
 pub use chat::{
-    ChatDelta, ChatError, ChatErrorScope, ChatMessage, PermissionOutcome, PermissionRequested, PermissionSettled,
-    PERMISSION_INPUT_LIMIT,
+    ChatDelta, ChatError, ChatErrorScope, ChatMessage, PermissionDetail, PermissionOutcome, PermissionRequested,
+    PermissionSettled, PERMISSION_DETAILS_LIMIT, PERMISSION_INPUT_LIMIT,
 };
 pub use events::{CallFinished, CallProgress, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription};
 pub(crate) use game::{end_idle_conversations, publish_conversation_messages, ConversationFeed};

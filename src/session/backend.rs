@@ -265,6 +265,8 @@ pub(crate) enum BackendEvent {
         /// The action's kind and input, if the agent said ([`PermissionRequested`](crate::PermissionRequested)).
         kind: Option<String>,
         input: Option<String>,
+        /// The files and changes it names ([`PermissionRequested::details`](crate::PermissionRequested::details)).
+        details: Vec<crate::PermissionDetail>,
         game_tool: bool,
         allow_once: bool,
         reply: oneshot::Sender<PermissionDecision>,

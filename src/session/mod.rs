@@ -77,7 +77,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use crate::conversation::{
-    ChatDelta, ChatError, ChatErrorScope, ChatMessage, PermissionOutcome, PermissionRequested, PermissionSettled,
+    ChatDelta, ChatError, ChatErrorScope, ChatMessage, PermissionDetail, PermissionOutcome, PermissionRequested,
+    PermissionSettled,
 };
 pub use backend::{Attached, Cost, StopReason, Usage};
 pub use config::{AcpAgentCommand, PermissionPolicy, SessionBackend, SessionConfig, SessionTimeouts};

@@ -30,6 +30,7 @@ pub(crate) struct Asking {
     pub(crate) tool: String,
     pub(crate) kind: Option<String>,
     pub(crate) input: Option<String>,
+    pub(crate) details: Vec<crate::PermissionDetail>,
     pub(crate) reply: oneshot::Sender<PermissionDecision>,
     pub(crate) withdrawn: CancellationToken,
 }
@@ -71,7 +72,7 @@ impl PermissionBook {
     }
 
     pub(crate) fn decide(&self, session: ConversationId, policy: PermissionPolicy, timeout: Duration, asking: Asking) {
-        let Asking { tool, kind, input, reply, withdrawn } = asking;
+        let Asking { tool, kind, input, details, reply, withdrawn } = asking;
         let request = super::core::next_permission_request();
         tracing::info!(%session, request, %tool, ?policy, "the agent asks permission");
         match policy {
@@ -83,7 +84,7 @@ impl PermissionBook {
             }
             PermissionPolicy::AskPlayer => {
                 let requested =
-                    PermissionRequested { session: session.clone(), request, tool, kind, input, sequence: 0 };
+                    PermissionRequested { session: session.clone(), request, tool, kind, input, details, sequence: 0 };
                 let settled = CancellationToken::new();
                 {
                     // Published before anyone can take it out: its settlement follows it.

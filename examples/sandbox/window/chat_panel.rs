@@ -19,8 +19,8 @@ use bevy::input::keyboard::{Key, KeyboardInput};
 use bevy::prelude::*;
 use bevy_agent_tools::session::AgentSessions;
 use bevy_agent_tools::{
-    ChatDelta, ChatError, ChatErrorScope, ChatMessage, ConversationStatusChanged, PermissionRequested,
-    PermissionSettled,
+    ChatDelta, ChatError, ChatErrorScope, ChatMessage, ConversationStatusChanged, PermissionDetail,
+    PermissionRequested, PermissionSettled,
 };
 
 use super::Focus;
@@ -301,12 +301,8 @@ impl ChatPanel {
                     ChatErrorScope::Notice => format!("notice {}: {}", e.code, e.message),
                 });
             }
-            // What the action takes (a command), beside its title: the title alone may not say it.
             PanelEvent::Permission(p) => {
-                let label = match p.input {
-                    Some(input) => format!("{} {input}", p.tool),
-                    None => p.tool,
-                };
+                let label = action(&p);
                 self.asking.push_back((p.request, label));
             }
             // Answered, or settled without the player's key (timed out, withdrawn with its turn): the prompt goes,
@@ -377,6 +373,34 @@ impl ChatPanel {
     }
 }
 
+/// What the prompt shows beside the action's title, which alone may not say what the player allows: the changes to
+/// files the agent sent (an edit's diff reads better than its arguments), else what the action takes (a command).
+fn action(p: &PermissionRequested) -> String {
+    let first_line = |text: &str| {
+        let line = text.lines().next().unwrap_or("");
+        let more = if text.lines().nth(1).is_some() { " …" } else { "" };
+        format!("{line}{more}")
+    };
+    let diffs: Vec<String> = p
+        .details
+        .iter()
+        .filter_map(|detail| match detail {
+            PermissionDetail::Diff { path, old_text: Some(old), new_text } => {
+                Some(format!("{path}: - {} + {}", first_line(old), first_line(new_text)))
+            }
+            PermissionDetail::Diff { path, old_text: None, new_text } => {
+                Some(format!("{path} (new): + {}", first_line(new_text)))
+            }
+            _ => None,
+        })
+        .collect();
+    match (&p.input, diffs.is_empty()) {
+        (_, false) => format!("{} [{}]", p.tool, diffs.join("; ")),
+        (Some(input), true) => format!("{} {input}", p.tool),
+        (None, true) => p.tool.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use bevy_agent_tools::{ConversationId, ConversationStatus, PermissionOutcome};
@@ -391,6 +415,7 @@ mod tests {
             tool: tool.into(),
             kind: None,
             input: None,
+            details: Vec::new(),
             sequence: request,
         })
     }
@@ -398,6 +423,35 @@ mod tests {
     fn settled(request: u64, outcome: PermissionOutcome) -> PanelEvent {
         let session = ConversationId::new("chat-1");
         PanelEvent::Settled(PermissionSettled { session, request, outcome, sequence: request + 10 })
+    }
+
+    #[test]
+    fn a_prompt_shows_the_changes_an_edit_would_make_rather_than_its_arguments() {
+        let mut panel = ChatPanel::default();
+        let PanelEvent::Permission(mut edit) = asked(1, "Edit notes.txt") else { unreachable!() };
+        edit.input = Some(r#"{"file_path":"/w/notes.txt","old_string":"a","new_string":"b"}"#.into());
+        edit.details = vec![
+            PermissionDetail::Location { path: "/w/notes.txt".into(), line: Some(3) },
+            PermissionDetail::Diff {
+                path: "/w/notes.txt".into(),
+                old_text: Some("one\ntwo".into()),
+                new_text: "uno".into(),
+            },
+            PermissionDetail::Diff { path: "/w/new.txt".into(), old_text: None, new_text: "hello".into() },
+        ];
+        panel.apply(PanelEvent::Permission(edit));
+        let text = panel.render(false);
+        assert!(
+            text.contains("Edit notes.txt [/w/notes.txt: - one … + uno; /w/new.txt (new): + hello] (request 1)"),
+            "{text}"
+        );
+        assert!(!text.contains("old_string"), "the diff instead of the arguments: {text}");
+        // Without a diff, the input, as before.
+        panel.apply(settled(1, PermissionOutcome::Allowed));
+        let PanelEvent::Permission(mut run) = asked(2, "run") else { unreachable!() };
+        run.input = Some(r#"{"command":"make"}"#.into());
+        panel.apply(PanelEvent::Permission(run));
+        assert!(panel.render(false).contains(r#"run {"command":"make"} (request 2)"#));
     }
 
     #[test]

@@ -176,6 +176,7 @@ pub(crate) fn spawn(
                             tool: tool.clone(),
                             kind,
                             input,
+                            details: updates::permission_details(fields),
                             game_tool,
                             allow_once: updates::can_allow_once(&request.options),
                             reply,

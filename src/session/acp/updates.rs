@@ -12,6 +12,7 @@ use agent_client_protocol::v1::schema::{
 };
 
 use crate::session::backend::{BackendEvent, Cost, EventSink, PermissionDecision, StopReason, Usage};
+use crate::PermissionDetail;
 
 /// Set while the agent may be replaying a loaded session's history (from `session/load` until the first prompt):
 /// those updates are not new chat.
@@ -116,14 +117,41 @@ pub(crate) fn kind_and_input(fields: &ToolCallUpdateFields) -> (Option<String>, 
         Ok(serde_json::Value::String(kind)) => Some(kind),
         _ => None,
     });
-    let input = fields.raw_input.as_ref().filter(|input| !input.is_null()).map(|input| {
-        let text = input.to_string();
-        match text.char_indices().nth(crate::PERMISSION_INPUT_LIMIT) {
-            Some((cut, _)) => format!("{}…", &text[..cut]),
-            None => text,
-        }
-    });
+    let input = fields.raw_input.as_ref().filter(|input| !input.is_null()).map(|input| cut(&input.to_string()));
     (kind, input)
+}
+
+/// `text` cut at [`PERMISSION_INPUT_LIMIT`](crate::PERMISSION_INPUT_LIMIT) characters, marked with a final `…`.
+fn cut(text: &str) -> String {
+    match text.char_indices().nth(crate::PERMISSION_INPUT_LIMIT) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
+    }
+}
+
+/// The files a permission request names and what it would change or show: its locations, then its content
+/// (diffs and text; a terminal, an image or a resource says nothing before the action runs), at most
+/// [`PERMISSION_DETAILS_LIMIT`](crate::PERMISSION_DETAILS_LIMIT).
+pub(crate) fn permission_details(fields: &ToolCallUpdateFields) -> Vec<PermissionDetail> {
+    let path = |path: &std::path::Path| cut(&path.display().to_string());
+    let locations = fields
+        .locations
+        .iter()
+        .flatten()
+        .map(|location| PermissionDetail::Location { path: path(&location.path), line: location.line });
+    let content = fields.content.iter().flatten().filter_map(|content| match content {
+        ToolCallContent::Diff(diff) => Some(PermissionDetail::Diff {
+            path: path(&diff.path),
+            old_text: diff.old_text.as_deref().map(cut),
+            new_text: cut(&diff.new_text),
+        }),
+        ToolCallContent::Content(content) => match &content.content {
+            ContentBlock::Text(text) => Some(PermissionDetail::Text { text: cut(&text.text) }),
+            _ => None,
+        },
+        _ => None,
+    });
+    locations.chain(content).take(crate::PERMISSION_DETAILS_LIMIT).collect()
 }
 
 /// Whether a permission request is for one of the game's own tools (`registered` says whether a name is one).
@@ -230,6 +258,41 @@ mod tests {
         assert_eq!(input.chars().count(), crate::PERMISSION_INPUT_LIMIT + 1, "cut, and marked so");
         assert!(input.starts_with(r#"{"command":"éé"#) && input.ends_with('…'), "{input}");
         assert_eq!(kind_and_input(&ToolCallUpdateFields::new()), (None, None));
+    }
+
+    #[test]
+    fn a_permission_requests_locations_then_diffs_and_text_are_its_details_each_cut_at_the_limit() {
+        use agent_client_protocol::v1::schema::{Content, Diff, Terminal, TextContent, ToolCallLocation};
+        let long = "é".repeat(2 * crate::PERMISSION_INPUT_LIMIT);
+        let text = |text: &str| ToolCallContent::Content(Content::new(ContentBlock::Text(TextContent::new(text))));
+        let fields = ToolCallUpdateFields::new()
+            .locations(vec![ToolCallLocation::new("/w/a.txt").line(3), ToolCallLocation::new("/w/b.txt")])
+            .content(vec![
+                ToolCallContent::Diff(Diff::new("/w/a.txt", "new").old_text("old".to_string())),
+                ToolCallContent::Terminal(Terminal::new("t1")),
+                ToolCallContent::Diff(Diff::new("/w/c.txt", long.clone())),
+                text("why"),
+            ]);
+        let details = permission_details(&fields);
+        let cut = format!("{}…", "é".repeat(crate::PERMISSION_INPUT_LIMIT));
+        assert_eq!(
+            details,
+            vec![
+                PermissionDetail::Location { path: "/w/a.txt".into(), line: Some(3) },
+                PermissionDetail::Location { path: "/w/b.txt".into(), line: None },
+                PermissionDetail::Diff {
+                    path: "/w/a.txt".into(),
+                    old_text: Some("old".into()),
+                    new_text: "new".into()
+                },
+                PermissionDetail::Diff { path: "/w/c.txt".into(), old_text: None, new_text: cut },
+                PermissionDetail::Text { text: "why".into() },
+            ],
+            "a terminal says nothing before the action runs"
+        );
+        let many = ToolCallUpdateFields::new().content((0..40).map(|n| text(&n.to_string())).collect::<Vec<_>>());
+        assert_eq!(permission_details(&many).len(), crate::PERMISSION_DETAILS_LIMIT);
+        assert!(permission_details(&ToolCallUpdateFields::new()).is_empty());
     }
 
     #[test]

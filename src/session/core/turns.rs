@@ -192,7 +192,7 @@ impl SessionCore {
                 }
                 BackendEvent::ToolCall => self.finish_message(&mut state, &mut feed),
                 BackendEvent::Usage(usage) => state.usage = Some(usage),
-                BackendEvent::Permission { tool, kind, input, game_tool, allow_once, reply, withdrawn } => {
+                BackendEvent::Permission { tool, kind, input, details, game_tool, allow_once, reply, withdrawn } => {
                     if state.turn.as_ref().is_some_and(|turn| turn.cancelled) {
                         // Sent before the agent read the player's cancel: answered as ACP asks of every request
                         // pending at a cancel, without asking anyone.
@@ -206,7 +206,7 @@ impl SessionCore {
                         let _ = reply.send(PermissionDecision::Deny);
                     } else {
                         // Under the lock: an end or a failure after this withdraws the request it puts to the player.
-                        self.host.permissions.ask(self, Asking { tool, kind, input, reply, withdrawn });
+                        self.host.permissions.ask(self, Asking { tool, kind, input, details, reply, withdrawn });
                     }
                 }
                 BackendEvent::TurnEnded { turn, stop } => {
