@@ -1,6 +1,7 @@
-//! The HTTP side: `async-openai`'s client (its SSE parsing, its error types) with this crate's own, lenient chunk
-//! types (`byot`: local servers omit fields OpenAI always sends) and a bounded retry under it (its middleware
-//! hook) that honours `Retry-After`. Failures become errors a person can act on.
+//! The HTTP side: `async-openai`'s client (its SSE parsing, its error types) reading this crate's own chunks
+//! ([`chunk`](super::chunk), through `byot`), with a bounded retry under it (its middleware hook) that honours
+//! `Retry-After`, and every answer made readable: a refusal in any server's shape, a whole answer to a streamed
+//! request. What a failure means is [`failures`](super::failures)'s.
 
 use std::time::{Duration, SystemTime};
 
@@ -8,192 +9,13 @@ use async_openai::config::OpenAIConfig;
 use async_openai::error::{ApiError, ApiErrorResponse, OpenAIError};
 use async_openai::middleware::HttpRequestFactory;
 use async_openai::Client;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::answer_end::{DoneWatch, Heard};
+use super::chunk::LIST_LIMIT;
+use super::failures::too_long;
 use super::OpenAiEndpoint;
 use crate::error::{ErrorCode, ToolError};
-
-/// One streamed chunk, as lenient as the servers that send it: a field may be missing or `null` (`#[serde(default)]`
-/// alone covers only a missing one, and some servers send `"choices": null`, `"delta": null` or null token counts),
-/// and text may come as content parts ([`text_or_parts`]).
-#[derive(Debug, Default, Deserialize)]
-pub(crate) struct Chunk {
-    #[serde(default, deserialize_with = "first_few")]
-    pub choices: Vec<Choice>,
-    #[serde(default)]
-    pub usage: Option<UsageReport>,
-    /// An error reported inside the stream (some servers do, after a `200`; llama.cpp's `error:` line comes as
-    /// this too, see [`DoneWatch`]).
-    #[serde(default)]
-    pub error: Option<serde_json::Value>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub(crate) struct Choice {
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub delta: Delta,
-    /// Why the answer ended; `""` is none (older Ollama and SGLang send it on every chunk).
-    #[serde(default, deserialize_with = "empty_as_none")]
-    pub finish_reason: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub(crate) struct Delta {
-    #[serde(default, deserialize_with = "text_or_parts")]
-    pub content: Option<String>,
-    #[serde(default, deserialize_with = "some_first_few")]
-    pub tool_calls: Option<Vec<ToolCallChunk>>,
-    /// A reasoning model's thinking, as llama.cpp's server, vLLM and LM Studio send it.
-    #[serde(default)]
-    pub reasoning_content: Option<String>,
-    /// The same, as Ollama sends it.
-    #[serde(default)]
-    pub reasoning: Option<String>,
-    /// OpenRouter's reasoning blocks ([`ReasoningDetails`](super::reasoning_details::ReasoningDetails)).
-    #[serde(default)]
-    pub reasoning_details: Option<Value>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub(crate) struct ToolCallChunk {
-    #[serde(default)]
-    pub index: Option<usize>,
-    #[serde(default)]
-    pub id: Option<String>,
-    #[serde(default)]
-    pub function: Option<FunctionChunk>,
-    /// What the server wants back with the call (Gemini's `{"google": {"thought_signature": ...}}`: without it,
-    /// its next request is refused).
-    #[serde(default)]
-    pub extra_content: Option<Value>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub(crate) struct FunctionChunk {
-    #[serde(default)]
-    pub name: Option<String>,
-    /// Text to append; a JSON value given in its place (LiteLLM's proxy streams an object) is its text.
-    #[serde(default, deserialize_with = "text_or_json")]
-    pub arguments: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub(crate) struct UsageReport {
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub prompt_tokens: u64,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub completion_tokens: u64,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub total_tokens: u64,
-}
-
-/// A field given as `null` read as its default, as a missing one is.
-fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
-}
-
-/// The most elements of a chunk's list read (its choices, a delta's tool calls): one more than the calls an answer
-/// may hold, so that the turn still sees it pass that limit. The rest are skipped unread: a server's million empty
-/// `{}` would each cost a hundred times their size once read.
-pub(crate) const LIST_LIMIT: usize = super::turn::MAX_CALLS_PER_ANSWER + 1;
-
-/// A list, at most its first [`LIST_LIMIT`] elements; `null` as none.
-fn first_few<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    struct FirstFew<T>(std::marker::PhantomData<T>);
-
-    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for FirstFew<T> {
-        type Value = Vec<T>;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a list or null")
-        }
-
-        fn visit_unit<E>(self) -> Result<Vec<T>, E> {
-            Ok(Vec::new())
-        }
-
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
-            let mut kept = Vec::new();
-            while kept.len() < LIST_LIMIT {
-                match seq.next_element()? {
-                    Some(element) => kept.push(element),
-                    None => return Ok(kept),
-                }
-            }
-            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-            Ok(kept)
-        }
-    }
-
-    deserializer.deserialize_any(FirstFew(std::marker::PhantomData))
-}
-
-/// [`first_few`], as the optional list it stands for.
-fn some_first_few<'de, D, T>(deserializer: D) -> Result<Option<Vec<T>>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    first_few(deserializer).map(Some)
-}
-
-/// A string, `""` read as none.
-fn empty_as_none<'de, D>(deserializer: D) -> Result<Option<String>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    Ok(Option::<String>::deserialize(deserializer)?.filter(|text| !text.is_empty()))
-}
-
-/// A string as it is; any other JSON value (but `null`) as its JSON text.
-fn text_or_json<'de, D>(deserializer: D) -> Result<Option<String>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    Ok(match Option::<Value>::deserialize(deserializer)? {
-        None | Some(Value::Null) => None,
-        Some(Value::String(text)) => Some(text),
-        Some(other) => Some(other.to_string()),
-    })
-}
-
-/// A message's text: a string, or content parts (`[{"type": "text", "text": ...}]`, as Mistral's API sends it),
-/// whose text parts are read in order and joined; parts of other types (a reasoning model's `thinking`) are left
-/// out, as reasoning is. Anything else is malformed.
-fn text_or_parts<'de, D>(deserializer: D) -> Result<Option<String>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    match Option::<Value>::deserialize(deserializer)? {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(text)) => Ok(Some(text)),
-        Some(Value::Array(parts)) => Ok(Some(
-            parts
-                .iter()
-                .filter_map(|part| match part {
-                    Value::String(text) => Some(text.as_str()),
-                    Value::Object(part) if part.get("type").is_none_or(|kind| kind == "text") => {
-                        part.get("text").and_then(Value::as_str)
-                    }
-                    _ => None,
-                })
-                .collect(),
-        )),
-        Some(other) => {
-            Err(serde::de::Error::custom(format!("content is neither text nor an array of content parts: {other}")))
-        }
-    }
-}
 
 /// The API key, read from the variable the game named. `Ok(None)` when it named none.
 pub(crate) fn api_key(endpoint: &OpenAiEndpoint) -> Result<Option<String>, ToolError> {
@@ -369,10 +191,6 @@ fn asked_wait(headers: &reqwest::header::HeaderMap, now: SystemTime) -> Option<D
 }
 
 /// The detail of an error that says the endpoint refused the API key (which the client holds until `resume`).
-pub(crate) const KEY_REFUSED: &str = "key_refused";
-
-/// The shortest key looked for in an endpoint's message to hide it (a shorter one would match ordinary words).
-const MIN_KEY_HIDDEN: usize = 6;
 /// The most of a refusal's body read (the message quoted from it is shorter still).
 const REFUSAL_LIMIT: usize = 64 * 1024;
 /// The most of a whole (not streamed) answer read.
@@ -438,7 +256,7 @@ async fn read_bounded(mut response: reqwest::Response, limit: usize) -> Result<V
 
 /// A refusal's message, type and code, from OpenAI's `{"error": {...}}`, the same fields at the top level, an
 /// `error` or `detail` string, or the body's text.
-fn refusal(body: &[u8]) -> ApiError {
+pub(super) fn refusal(body: &[u8]) -> ApiError {
     let parsed: Option<Value> = serde_json::from_slice(body).ok();
     let fields = parsed.as_ref().map(|value| value.get("error").filter(|error| error.is_object()).unwrap_or(value));
     let text_of = |value: &Value, key: &str| value.get(key).and_then(Value::as_str).map(str::to_string);
@@ -534,238 +352,9 @@ fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     }
 }
 
-/// What a failed request means, in words naming what to fix.
-pub(crate) fn describe(endpoint: &OpenAiEndpoint, error: OpenAIError) -> ToolError {
-    // The URL of the request that failed (the model list at start-up, or the completions), else the completions'.
-    let url = match &error {
-        OpenAIError::Reqwest(error) => error.url().map(|url| url.to_string()),
-        _ => None,
-    }
-    .unwrap_or_else(|| endpoint.completions_url());
-    let unavailable =
-        |message: String| ToolError::with_code(ErrorCode::AgentUnavailable, message).with_detail("url", &url);
-    match error {
-        OpenAIError::Reqwest(error) if error.is_connect() => {
-            unavailable(format!("could not connect to {url}: {}", source_chain(&error)))
-        }
-        // The client's only timeout is its connect timeout (the session's start timeout): the endpoint could not be
-        // reached. Silence once connected is the stall timeout's, which says so itself.
-        OpenAIError::Reqwest(error) if error.is_timeout() => {
-            unavailable(format!("could not connect to {url} in time: {}", source_chain(&error)))
-        }
-        OpenAIError::Reqwest(error) => unavailable(format!("the request to {url} failed: {}", source_chain(&error))),
-        OpenAIError::ApiError(api) => {
-            let status = api.status_code.as_u16();
-            let said = quoted(endpoint, &api.api_error.message);
-            let advice = advice(endpoint, &api.api_error);
-            // Gemini's OpenAI-compatible endpoint refuses a key with `400` "API key not valid".
-            let key_refused =
-                matches!(status, 401 | 403) || (status == 400 && refusal_words(&api.api_error).contains("api key"));
-            let message = match status {
-                _ if key_refused => match &endpoint.api_key_env {
-                    Some(var) => format!(
-                        "{url} refused the API key ({status}: {said}): check the key in the environment variable {var}"
-                    ),
-                    None => format!(
-                        "{url} wants an API key ({status}: {said}): name the environment variable that holds it \
-                         (OpenAiEndpoint::api_key_env, the sandbox's --api-key-env)"
-                    ),
-                },
-                404 => format!(
-                    "{url} answered 404 ({said}): check the base URL and that model `{}` exists there",
-                    endpoint.model
-                ),
-                429 => format!("{url} is rate limiting (429: {said}), still after {} retries", endpoint.max_retries),
-                501 | 505 => format!("{url} does not support the request ({status}: {said}): not asked again"),
-                500..=599 => format!("{url} failed ({status}: {said}), still after {} retries", endpoint.max_retries),
-                _ => format!("{url} refused the request ({status}: {said})"),
-            };
-            let message = match advice {
-                Some(advice) => format!("{message}: {advice}"),
-                None => message,
-            };
-            let refused = unavailable(message).with_detail("status", status);
-            match key_refused {
-                true => refused.with_detail(KEY_REFUSED, true),
-                false => refused,
-            }
-        }
-        OpenAIError::JSONDeserialize(error, content) => unavailable(format!(
-            "{url} sent a malformed chunk ({error}): {}",
-            content.chars().take(200).collect::<String>()
-        )),
-        OpenAIError::StreamError(error) => unavailable(format!(
-            "the stream from {url} broke before the answer's end (a connection closed mid-answer, or a body that \
-             ended without `data: [DONE]` or a finish_reason): {error}"
-        )),
-        other => unavailable(format!("the request to {url} failed: {other}")),
-    }
-}
-
-/// An endpoint's own words as the player reads them: at most 500 characters, and without the API key.
-fn quoted(endpoint: &OpenAiEndpoint, message: &str) -> String {
-    let mut said = message.to_string();
-    // An endpoint that quotes the key it refused (some proxies do) does not get it shown to the player.
-    if let Ok(Some(key)) = api_key(endpoint) {
-        if key.chars().count() >= MIN_KEY_HIDDEN {
-            said = said.replace(&key, "[the API key]");
-        }
-    }
-    said.chars().take(500).collect()
-}
-
-/// An error the endpoint reported inside its stream, after a `200`: an `{"error": ...}` chunk, or llama.cpp's
-/// `error:` line ([`DoneWatch`]). Its message and code read as a refusal's are, whatever its shape, and what to
-/// change where its words say it (a conversation longer than the model's context).
-pub(crate) fn in_stream(endpoint: &OpenAiEndpoint, error: &Value) -> ToolError {
-    let url = endpoint.completions_url();
-    let api = refusal(json!({ "error": error }).to_string().as_bytes());
-    let code = api.code.as_ref().map(|code| format!("{code}: ")).unwrap_or_default();
-    let message = format!("{url} reported an error in its stream ({code}{})", quoted(endpoint, &api.message));
-    let message = match advice(endpoint, &api) {
-        Some(advice) => format!("{message}: {advice}"),
-        None => message,
-    };
-    ToolError::with_code(ErrorCode::AgentUnavailable, message).with_detail("url", &url)
-}
-
-/// Whether the endpoint refused the request as longer than the model's context: llama.cpp's server
-/// (`exceed_context_size_error`, "exceeds the available context size"), OpenAI (`context_length_exceeded`), vLLM
-/// ("maximum context length").
-pub(crate) fn too_long(error: &OpenAIError) -> bool {
-    matches!(error, OpenAIError::ApiError(api) if says_too_long(&refusal_words(&api.api_error)))
-}
-
-/// Whether the endpoint refused the request for its `stream_options` (Mistral's API: 422, `extra_forbidden` at
-/// `["body", "stream_options", ...]`; it sends the usage without being asked).
-pub(crate) fn refuses_stream_options(error: &OpenAIError) -> bool {
-    matches!(error, OpenAIError::ApiError(api)
-        if matches!(api.status_code.as_u16(), 400 | 422) && refusal_words(&api.api_error).contains("stream_options"))
-}
-
-/// Whether a refusal's words ([`refusal_words`]) say the request is longer than the model's context.
-fn says_too_long(words: &str) -> bool {
-    // Gemini's OpenAI-compatible endpoint: "The input token count (N) exceeds the maximum number of tokens allowed
-    // (M)"; Anthropic's: "prompt is too long: N tokens > M maximum".
-    // Groq's 413 and OpenAI's 429 for a request over the tokens-per-minute limit: "Request too large for model
-    // ... on tokens per minute (TPM): Limit 12000, Requested 14137, please reduce your message size".
-    [
-        "exceed_context_size",
-        "context_length_exceeded",
-        "context size",
-        "context length",
-        "exceeds the maximum number of tokens allowed",
-        "prompt is too long",
-        "request too large",
-        "reduce your message size",
-    ]
-    .iter()
-    .any(|marker| words.contains(marker))
-}
-
-/// A refusal's message, type and code, in lower case, for recognising the refusals [`advice`] knows.
-fn refusal_words(api: &ApiError) -> String {
-    let fields = [Some(&api.message), api.r#type.as_ref(), api.code.as_ref()];
-    fields.into_iter().flatten().map(|field| field.to_lowercase()).collect::<Vec<_>>().join(" ")
-}
-
-/// Whether an error the endpoint reported in its stream says the request is longer than the model's context
-/// (llama.cpp's server said so in the stream before it refused such requests up front, SGLang still does).
-pub(crate) fn in_stream_too_long(error: &Value) -> bool {
-    says_too_long(&refusal_words(&refusal(json!({ "error": error }).to_string().as_bytes())))
-}
-
-/// What to do about a request longer than the model's context, which the turn asked again with at most half of
-/// the history (`history_sent` is what the last request carried of it, in bytes; `round` the turn's round, past
-/// 0 once it carries the turn's own tool calls and results; `refusal` the endpoint's words).
-pub(crate) fn too_long_advice(endpoint: &OpenAiEndpoint, history_sent: usize, round: u32, refusal: &str) -> String {
-    // Groq's and OpenAI's "Request too large ... on tokens per minute (TPM)": the account's limit, not the model's
-    // context, is what the request is over.
-    let refusal = refusal.to_lowercase();
-    if refusal.contains("tokens per min") || refusal.contains("(tpm)") {
-        return format!(
-            "the request is over the provider's tokens-per-minute limit for the account, a rate limit and not the \
-             model's context: send less (OpenAiEndpoint::max_history_bytes bounds the history; {history_sent} bytes \
-             of it went; offer the model fewer tools, have them return less) or raise the account's limit"
-        );
-    }
-    let server_context = "start the server with a larger context (llama.cpp's -c, Ollama's num_ctx, vLLM's \
-                          --max-model-len)";
-    let advice = too_long_cause(endpoint, history_sent, round, server_context);
-    // Servers that count the answer's room in the request's length (vLLM) refuse a large one however short the
-    // history is.
-    match endpoint.sampling.max_tokens {
-        Some(tokens) => format!(
-            "{advice}; the answer's room counts too: Sampling::max_tokens ({tokens}) is asked of the same context, \
-             lower it"
-        ),
-        None => advice,
-    }
-}
-
-/// [`too_long_advice`] without the answer's room.
-fn too_long_cause(endpoint: &OpenAiEndpoint, history_sent: usize, round: u32, server_context: &str) -> String {
-    match endpoint.context_window {
-        _ if history_sent == 0 && round > 0 => format!(
-            "this turn's tool calls and their results, with the system prompt, the tools' descriptions and the \
-             player's text, are longer than the model's context window (a tool's result may be too large for it): \
-             {server_context}, or have the tools return less"
-        ),
-        _ if history_sent == 0 => format!(
-            "the system prompt, the tools' descriptions and the player's text alone are longer than the model's \
-             context window, with no earlier turns: {server_context}, or offer the model fewer tools"
-        ),
-        None => "the conversation is longer than the model's context window: set the window's size in tokens on \
-                 the session's endpoint, OpenAiEndpoint::context_window (the sandbox's --context-window), and the \
-                 history sent is bounded to fit it"
-            .to_string(),
-        Some(window) => format!(
-            "the request is longer than the model's context window even with {history_sent} bytes of history: \
-             OpenAiEndpoint::context_window ({window} tokens) is likely more than the server gives the model \
-             ({server_context}, or set the window the server has)"
-        ),
-    }
-}
-
-/// What to do about a refusal that says how the server or the model is set up: one that cannot call tools, a
-/// server not started for them. These refuse every request alike, and their words alone do not say what to
-/// change. (A request longer than the model's context is the turn's to advise on: [`too_long_advice`].)
-fn advice(endpoint: &OpenAiEndpoint, api: &ApiError) -> Option<String> {
-    let words = refusal_words(api);
-    if words.contains("does not support tools") {
-        return Some(format!(
-            "model `{}` cannot call tools there: pick a model with tool support (for Ollama, `ollama show <model>` \
-             lists `tools` among its capabilities)",
-            endpoint.model
-        ));
-    }
-    if words.contains("--jinja") {
-        return Some("start llama-server with --jinja: tool calls need the model's own chat template".to_string());
-    }
-    if words.contains("enable-auto-tool-choice") {
-        return Some(
-            "start vLLM with --enable-auto-tool-choice --tool-call-parser <the model's parser, e.g. hermes for \
-             Qwen>"
-                .to_string(),
-        );
-    }
-    None
-}
-
-/// An error and its causes (reqwest's own message hides "connection refused" in its source).
-fn source_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::chunk::Chunk;
     use super::*;
 
     #[test]
@@ -786,24 +375,6 @@ mod tests {
         assert_eq!(refusal(br#"{"detail":"Not Found"}"#).message, "Not Found");
         assert_eq!(refusal(b"404 page not found\n").message, "404 page not found");
         assert_eq!(refusal(b"").message, "no message");
-    }
-
-    #[test]
-    fn a_refusal_that_says_how_the_server_or_model_is_set_up_gets_what_to_change() {
-        let endpoint = OpenAiEndpoint::new("http://127.0.0.1:8080/v1", "m");
-        let advised = |body: &[u8]| advice(&endpoint, &refusal(body)).unwrap_or_default();
-        // llama.cpp's server without `--jinja` (a 500).
-        let jinja = br#"{"error":{"code":500,"message":"tools param requires --jinja flag","type":"server_error"}}"#;
-        assert!(advised(jinja).starts_with("start llama-server with --jinja"), "{}", advised(jinja));
-        let openai = br#"{"error":{"message":"This model's maximum context length is 128000 tokens.","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
-        // An overflow is the turn's to advise on (`too_long_advice`): it knows what the request carried.
-        assert_eq!(advice(&endpoint, &refusal(openai)), None);
-        let api_error = |body: &[u8]| {
-            let status = reqwest::StatusCode::BAD_REQUEST;
-            OpenAIError::ApiError(ApiErrorResponse { status_code: status, api_error: refusal(body) })
-        };
-        assert!(too_long(&api_error(openai)) && !too_long(&api_error(jinja)));
-        assert_eq!(advice(&endpoint, &refusal(br#"{"error":{"message":"bad temperature"}}"#)), None);
     }
 
     #[test]
@@ -865,16 +436,6 @@ mod tests {
         let unreadable = headers(&[("retry-after-ms", "soon"), ("retry-after", "3")]);
         assert_eq!(asked_wait(&unreadable, now), Some(Duration::from_secs(3)));
         assert_eq!(asked_wait(&headers(&[]), now), None);
-    }
-
-    #[test]
-    fn gemini_and_anthropic_words_for_a_request_longer_than_the_context_are_read_as_such() {
-        let gemini = "The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).";
-        let anthropic = "prompt is too long: 210000 tokens > 200000 maximum";
-        for said in [gemini, anthropic] {
-            assert!(in_stream_too_long(&json!({ "message": said })), "{said}");
-        }
-        assert!(!in_stream_too_long(&json!({ "message": "the answer is too long to show" })));
     }
 
     #[test]

@@ -40,8 +40,10 @@
 //!   (status `Error`): `resume` reconnects, reading the key again.
 
 mod answer_end;
+mod chunk;
 mod client;
 mod config;
+mod failures;
 mod history;
 mod inlined;
 mod probe;

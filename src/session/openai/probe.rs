@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
-use super::client;
 use super::config::OpenAiEndpoint;
+use super::{client, failures};
 use crate::error::{ErrorCode, ToolError};
 
 /// How often the endpoint is asked again while it is not ready.
@@ -48,12 +48,12 @@ pub(super) async fn probe(endpoint: &OpenAiEndpoint, start: Duration) -> Result<
                 // The endpoint's own words (OpenAI's "Incorrect API key provided", a proxy's "key expired").
                 Ok(response) if matches!(response.status().as_u16(), 401 | 403 | 503) => {
                     let loading = (response.status().as_u16() == 503).then_some(NotYet::Loading);
-                    Err((loading, client::describe(endpoint, client::refused(response).await)))
+                    Err((loading, failures::describe(endpoint, client::refused(response).await)))
                 }
                 Ok(_) => Ok(()),
                 Err(error) => {
                     let not_listening = is_refused(&error).then_some(NotYet::NotListening);
-                    Err((not_listening, client::describe(endpoint, async_openai::error::OpenAIError::Reqwest(error))))
+                    Err((not_listening, failures::describe(endpoint, async_openai::error::OpenAIError::Reqwest(error))))
                 }
             }
         };

@@ -11,7 +11,8 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::client::{describe, in_stream, too_long, Chunk};
+use super::chunk::Chunk;
+use super::failures::{describe, in_stream, too_long};
 use super::Shared;
 use crate::call::{CallOutcome, CallRequest};
 use crate::error::{ErrorCode, ToolError};
@@ -76,7 +77,7 @@ impl Reasoning {
     /// Adds what `delta` brings of it; returns the bytes added. An empty piece still says which field the
     /// endpoint uses (DeepSeek's thinking mode streams `reasoning_content: ""` when it thought nothing, and refuses
     /// that answer's tool calls sent back without the field), unless another field brought thinking already.
-    fn add(&mut self, delta: &super::client::Delta) -> usize {
+    fn add(&mut self, delta: &super::chunk::Delta) -> usize {
         let pieces = [("reasoning_content", &delta.reasoning_content), ("reasoning", &delta.reasoning)];
         let mut added = 0;
         for (field, piece) in pieces {
@@ -138,7 +139,7 @@ pub(crate) async fn run(
                 messages.push(json!({"role": "assistant", "content": failed_note(&error)}));
                 shared.commit(messages).await;
             }
-            if error.details.extra.get(super::client::KEY_REFUSED) == Some(&Value::Bool(true)) {
+            if error.details.extra.get(super::failures::KEY_REFUSED) == Some(&Value::Bool(true)) {
                 BackendEvent::TurnFailed { turn, error }
             } else {
                 BackendEvent::TurnRefused { turn, error }
@@ -250,7 +251,7 @@ async fn drive(
                     shrunk = true;
                 }
                 RoundEnd::TooLong(error) => {
-                    let advice = super::client::too_long_advice(&shared.endpoint, sent, round, &error.message);
+                    let advice = super::failures::too_long_advice(&shared.endpoint, sent, round, &error.message);
                     return Err(ToolError { message: format!("{}: {advice}", error.message), ..error });
                 }
                 // Once per session: the flag is cleared, so a second refusal is an error like any other.
@@ -413,7 +414,7 @@ async fn stream_round(
         Err(_elapsed) => return Err(stalled(shared, open_bound, true)),
         Ok(Err(error)) if too_long(&error) => return Ok(RoundEnd::TooLong(describe(endpoint, error))),
         Ok(Err(error))
-            if super::client::refuses_stream_options(&error)
+            if super::failures::refuses_stream_options(&error)
                 && shared.asks_usage.swap(false, std::sync::atomic::Ordering::Relaxed) =>
         {
             tracing::warn!(session = %shared.conversation, error = %describe(endpoint, error), "the endpoint refuses `stream_options`: asking again without it");
@@ -477,7 +478,7 @@ async fn stream_round(
         let before = held;
         if let Some(error) = chunk.error {
             // Before any of the answer: the request was refused, and one too long is asked again shorter.
-            if text.is_empty() && calls.is_empty() && super::client::in_stream_too_long(&error) {
+            if text.is_empty() && calls.is_empty() && super::failures::in_stream_too_long(&error) {
                 return Ok(RoundEnd::TooLong(in_stream(endpoint, &error)));
             }
             return Err(in_stream(endpoint, &error));
