@@ -1350,16 +1350,16 @@ fn a_permission_prompt_shows_the_file_and_the_change_an_edit_would_make() {
     });
     let asked = asked.expect("the prompt was put to the player");
     assert_eq!((asked.tool.as_str(), asked.kind.as_deref()), ("Edit notes.txt", Some("edit")));
-    let [PermissionDetail::Location { path, line: Some(2) }, PermissionDetail::Diff { path: changed, old_text, new_text }] =
+    let [PermissionDetail::Diff { path: changed, old_text, new_text }, PermissionDetail::Location { path, line: Some(2) }] =
         asked.details.as_slice()
     else {
-        panic!("the file, then the change: {:?}", asked.details);
+        panic!("the change, then the file: {:?}", asked.details);
     };
     assert!(path.ends_with("notes.txt") && changed == path, "{path} {changed}");
     assert_eq!((old_text.as_deref(), new_text.as_str()), (Some("2"), "two"));
     // As the game reads it, and as a client of the conversation's events over MCP would.
     let json = serde_json::to_value(&asked).expect("serializes");
-    assert_eq!(json["details"][1]["type"], "diff", "{json}");
+    assert_eq!(json["details"][0]["type"], "diff", "{json}");
     assert!(game.sessions.answer_permission(request, true));
     assert_eq!(game.block_on(pending).expect("ends").final_message.as_deref(), Some("edit: allowed"));
 }

@@ -251,8 +251,8 @@ fn a_kept_session_is_reattached_at_the_next_start_or_by_id_and_permissions_go_to
     let details = asked.split(" details=").nth(1).and_then(|rest| rest.split(" tool=").next()).expect("details");
     let details: Vec<serde_json::Value> =
         serde_json::from_str(&serde_json::from_str::<String>(details).expect("a JSON string")).expect("JSON");
-    assert_eq!((details[0]["type"].as_str(), details[0]["line"].as_u64()), (Some("location"), Some(2)), "{asked}");
-    assert_eq!((details[1]["old_text"].as_str(), details[1]["new_text"].as_str()), (Some("2"), Some("two")));
+    assert_eq!((details[0]["old_text"].as_str(), details[0]["new_text"].as_str()), (Some("2"), Some("two")));
+    assert_eq!((details[1]["type"].as_str(), details[1]["line"].as_u64()), (Some("location"), Some(2)), "{asked}");
     assert!(asked.ends_with(" tool=Edit notes.txt"), "{asked}");
     let request = asked.split(' ').find_map(|w| w.strip_prefix("request=")).expect("a request number").to_string();
     first.send(&format!("chat-deny {request}"));

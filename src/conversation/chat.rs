@@ -162,6 +162,9 @@ pub enum PermissionDetail {
         /// The text.
         text: String,
     },
+    /// A kind of detail this version does not know, read from a newer version's JSON (never made by this one).
+    #[serde(other)]
+    Other,
 }
 
 /// A permission request shown with a [`PermissionRequested`] no longer waits for the player: take its prompt down.

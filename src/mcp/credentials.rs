@@ -22,8 +22,10 @@ pub(crate) struct BoundConversation {
     pub of_session: bool,
 }
 
-/// The live per-conversation tokens. Cheap to clone; shared by the bearer check and whoever mints them.
-#[derive(Clone, Default)]
+/// The live per-conversation tokens of a game's MCP server ([`McpServer::credentials`](super::McpServer::credentials)).
+/// Cheap to clone; shared by the bearer check and whoever mints them. Only the server makes one: a book of tokens
+/// no server checks would mint tokens nothing accepts.
+#[derive(Clone)]
 pub struct Credentials {
     tokens: Arc<Mutex<HashMap<Arc<str>, BoundConversation>>>,
     /// The last [`REVOKED_KEPT`] tokens revoked: a request presenting one is an ended session's agent still
@@ -41,6 +43,11 @@ impl std::fmt::Debug for Credentials {
 }
 
 impl Credentials {
+    /// An empty book, for the server being started.
+    pub(crate) fn new() -> Self {
+        Self { tokens: Arc::default(), revoked: Arc::default() }
+    }
+
     /// Mints a new bearer token for `conversation` (32 random bytes, hex). Every request that presents it is
     /// attributed to `conversation` until [`revoke`](Self::revoke); the conversation opens as any a client names
     /// does (and reopens after it ended, `Ended → Idle`).
@@ -95,7 +102,7 @@ mod tests {
 
     #[test]
     fn a_minted_credential_names_its_conversation_until_revoked() {
-        let credentials = Credentials::default();
+        let credentials = Credentials::new();
         let chat = ConversationId::new("chat-1");
         let token = credentials.mint(&chat).unwrap();
         assert_eq!(

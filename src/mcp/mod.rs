@@ -8,12 +8,14 @@
 //! ```no_run
 //! # use bevy::prelude::*;
 //! # use bevy_agent_tools::prelude::*;
-//! # use bevy_agent_tools::mcp::McpPlugin;
+//! # use bevy_agent_tools::mcp::{McpPlugin, McpServer, McpUnavailable};
 //! # fn add(app: &mut App) {
 //! app.add_plugins(McpPlugin::new().port(15777));
-//! match app.world().get_resource::<bevy_agent_tools::mcp::McpServer>() {
-//!     Some(server) => println!("mcp: {}", server.url()),
-//!     None => println!("no mcp: {}", app.world().resource::<bevy_agent_tools::mcp::McpUnavailable>().error),
+//! let world = app.world();
+//! match (world.get_resource::<McpServer>(), world.get_resource::<McpUnavailable>()) {
+//!     (Some(server), _) => println!("mcp: {}", server.url()),
+//!     (None, Some(unavailable)) => println!("no mcp: {}", unavailable.error),
+//!     (None, None) => println!("mcp starts when the app is finished"), // added before AgentToolsPlugin
 //! }
 //! # }
 //! ```

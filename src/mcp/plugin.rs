@@ -260,7 +260,7 @@ impl McpPlugin {
         }
 
         let (shutdown, subscriptions_end) = (CancellationToken::new(), CancellationToken::new());
-        let credentials = Credentials::default();
+        let credentials = Credentials::new();
         let mut hosts = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
         hosts.push(address.ip().to_string());
         hosts.extend(self.allowed_hosts.iter().cloned());

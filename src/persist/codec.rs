@@ -118,22 +118,15 @@ impl Codec {
         }
     }
 
-    /// Encodes `value` at the end of `bytes`, in memory (a run of [`save_records`](super::WorldStore::save_records)).
-    /// For postcard, straight into the vector: its output is a few bytes at a time, and gathering them in a chunk
-    /// first, as [`encode`](Self::encode) does for a file, would copy every byte once more.
-    pub(crate) fn encode_to_vec<T: Serialize + ?Sized>(
-        self,
-        value: &T,
-        bytes: &mut Vec<u8>,
-    ) -> Result<(), EncodeError> {
+    /// Encodes `value` into memory (a run of [`save_records`](super::WorldStore::save_records)), in a buffer
+    /// allocated with `room` bytes. For postcard, straight into it: its output is a few bytes at a time, and
+    /// gathering them in a chunk first, as [`encode`](Self::encode) does for a file, would copy every byte once more.
+    pub(crate) fn encode_to_vec<T: Serialize + ?Sized>(self, value: &T, room: usize) -> Result<Vec<u8>, EncodeError> {
+        let mut bytes = Vec::with_capacity(room);
         match self {
-            Codec::Json => self.encode(value, bytes),
-            Codec::Postcard => {
-                let taken = InMemory(std::mem::take(bytes));
-                *bytes = postcard::serialize_with_flavor(value, taken)
-                    .map_err(|error| EncodeError::Codec(format!("postcard: {error}")))?;
-                Ok(())
-            }
+            Codec::Json => self.encode(value, &mut bytes).map(|()| bytes),
+            Codec::Postcard => postcard::serialize_with_flavor(value, InMemory(bytes))
+                .map_err(|error| EncodeError::Codec(format!("postcard: {error}"))),
         }
     }
 
@@ -313,10 +306,9 @@ mod tests {
         Codec::Postcard.encode(&document, &mut bytes).unwrap();
         assert!(bytes.len() > 3 * CHUNK, "crosses chunks: {}", bytes.len());
         assert_eq!(bytes, postcard::to_stdvec(&document).unwrap(), "the same bytes as postcard's reference encoder");
-        let mut in_memory = b"before".to_vec();
-        Codec::Postcard.encode_to_vec(&document, &mut in_memory).unwrap();
-        assert_eq!(in_memory[..6], *b"before", "appended");
-        assert_eq!(in_memory[6..], bytes[..], "the same bytes in memory");
+        for room in [0, 16, bytes.len()] {
+            assert_eq!(Codec::Postcard.encode_to_vec(&document, room).unwrap(), bytes, "the same bytes in memory");
+        }
     }
 
     #[test]

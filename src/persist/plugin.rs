@@ -9,8 +9,9 @@ use super::store::WorldStore;
 use crate::runtime::AgentRuntime;
 
 /// Inserts a [`WorldStore`] over a data directory as a resource, running on the
-/// [`AgentRuntime`] of the [`AgentToolsPlugin`](crate::AgentToolsPlugin), which it needs (added before or after it);
-/// a lifecycle reaches the store with `world.resource::<WorldStore>()` in `open` and `close`.
+/// [`AgentRuntime`] of the [`AgentToolsPlugin`](crate::AgentToolsPlugin), which it needs (added before or after it:
+/// after it, the store is there at once; before it, from the app's `finish`, which `App::run` calls); a lifecycle
+/// reaches the store with `world.resource::<WorldStore>()` in `open` and `close`.
 ///
 /// ```
 /// # use bevy::prelude::*;

@@ -249,9 +249,9 @@ fn close(codec: Codec, out: &mut impl Write) -> Result<(), EncodeError> {
 /// tuple has no length), JSON a comma. `first` is the run's first record (a JSON error names the field by its path
 /// in the whole document). `room`: the bytes to allocate up front.
 fn encode_run<T: Serialize>(codec: Codec, run: &[T], first: usize, room: usize) -> Result<Vec<u8>, EncodeError> {
-    let mut bytes = Vec::with_capacity(room);
     match codec {
         Codec::Json => {
+            let mut bytes = Vec::with_capacity(room);
             for (i, record) in run.iter().enumerate() {
                 if i > 0 {
                     bytes.push(b',');
@@ -259,10 +259,10 @@ fn encode_run<T: Serialize>(codec: Codec, run: &[T], first: usize, room: usize) 
                 super::finite::element_to_writer(&mut bytes, record, first + i)
                     .map_err(|error| EncodeError::Codec(error.to_string()))?;
             }
+            Ok(bytes)
         }
-        Codec::Postcard => codec.encode_to_vec(&Elements(run), &mut bytes)?,
+        Codec::Postcard => codec.encode_to_vec(&Elements(run), room),
     }
-    Ok(bytes)
 }
 
 /// A run's elements one after another, with no length before them (a tuple, in postcard).

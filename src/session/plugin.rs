@@ -34,7 +34,10 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(5);
 /// `auto_end_on_disconnect(false)`, the disconnection) of every session, with its agent process stopped
 /// ([`AgentToolsExitSystems::Sessions`]).
 ///
-/// It needs the [`AgentToolsPlugin`](crate::AgentToolsPlugin), added before or after it. An ACP agent reaches the
+/// It needs the [`AgentToolsPlugin`](crate::AgentToolsPlugin), added before or after it: added after it, this
+/// plugin's resources and messages are there at once (for the game's own plugins added later to use); added before
+/// it, from the app's `finish` (`App::run` calls it; a test that drives `app.update()` itself calls `app.finish()`
+/// and `app.cleanup()` first). An ACP agent reaches the
 /// game's tools through the MCP server of `McpPlugin` (added before or after this plugin: a session created before
 /// the app is finished waits for it, within its start timeout), and a session with one fails to start
 /// (`AGENT_UNAVAILABLE`, saying why) when the game serves no MCP (the plugin not added, or `McpUnavailable`).

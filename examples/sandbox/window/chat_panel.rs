@@ -302,7 +302,12 @@ impl ChatPanel {
                 });
             }
             PanelEvent::Permission(p) => {
-                let label = action(&p);
+                let mut label = action(&p);
+                if let Some((cut, _)) = label.char_indices().nth(SHOWN_PER_LINE) {
+                    // Long enough that the keys to answer it could fall off the screen.
+                    label.truncate(cut);
+                    label.push('…');
+                }
                 self.asking.push_back((p.request, label));
             }
             // Answered, or settled without the player's key (timed out, withdrawn with its turn): the prompt goes,
@@ -374,22 +379,19 @@ impl ChatPanel {
 }
 
 /// What the prompt shows beside the action's title, which alone may not say what the player allows: the changes to
-/// files the agent sent (an edit's diff reads better than its arguments), else what the action takes (a command).
+/// files the agent sent (an edit's diff reads better than its arguments: the first line it changes, as the file
+/// had it and as it would have it), else what the action takes (a command).
 fn action(p: &PermissionRequested) -> String {
-    let first_line = |text: &str| {
-        let line = text.lines().next().unwrap_or("");
-        let more = if text.lines().nth(1).is_some() { " …" } else { "" };
-        format!("{line}{more}")
-    };
     let diffs: Vec<String> = p
         .details
         .iter()
         .filter_map(|detail| match detail {
             PermissionDetail::Diff { path, old_text: Some(old), new_text } => {
-                Some(format!("{path}: - {} + {}", first_line(old), first_line(new_text)))
+                let (line, was, would_be) = first_change(old, new_text);
+                Some(format!("{path}:{line}: - {was} + {would_be}"))
             }
             PermissionDetail::Diff { path, old_text: None, new_text } => {
-                Some(format!("{path} (new): + {}", first_line(new_text)))
+                Some(format!("{path} (new): + {}", new_text.lines().next().unwrap_or("")))
             }
             _ => None,
         })
@@ -398,6 +400,18 @@ fn action(p: &PermissionRequested) -> String {
         (_, false) => format!("{} [{}]", p.tool, diffs.join("; ")),
         (Some(input), true) => format!("{} {input}", p.tool),
         (None, true) => p.tool.clone(),
+    }
+}
+
+/// The first line (1-based) where `new` differs from `old`, as each has it (empty where one has no such line).
+fn first_change<'a>(old: &'a str, new: &'a str) -> (usize, &'a str, &'a str) {
+    let (mut old_lines, mut new_lines) = (old.lines(), new.lines());
+    let mut line = 1;
+    loop {
+        match (old_lines.next(), new_lines.next()) {
+            (Some(was), Some(would_be)) if was == would_be => line += 1,
+            (was, would_be) => return (line, was.unwrap_or(""), would_be.unwrap_or("")),
+        }
     }
 }
 
@@ -434,15 +448,15 @@ mod tests {
             PermissionDetail::Location { path: "/w/notes.txt".into(), line: Some(3) },
             PermissionDetail::Diff {
                 path: "/w/notes.txt".into(),
-                old_text: Some("one\ntwo".into()),
-                new_text: "uno".into(),
+                old_text: Some("use std::io;\ntwo\nthree".into()),
+                new_text: "use std::io;\n2\nthree".into(),
             },
             PermissionDetail::Diff { path: "/w/new.txt".into(), old_text: None, new_text: "hello".into() },
         ];
         panel.apply(PanelEvent::Permission(edit));
         let text = panel.render(false);
         assert!(
-            text.contains("Edit notes.txt [/w/notes.txt: - one … + uno; /w/new.txt (new): + hello] (request 1)"),
+            text.contains("Edit notes.txt [/w/notes.txt:2: - two + 2; /w/new.txt (new): + hello] (request 1)"),
             "{text}"
         );
         assert!(!text.contains("old_string"), "the diff instead of the arguments: {text}");
@@ -452,6 +466,14 @@ mod tests {
         run.input = Some(r#"{"command":"make"}"#.into());
         panel.apply(PanelEvent::Permission(run));
         assert!(panel.render(false).contains(r#"run {"command":"make"} (request 2)"#));
+        // A long one is cut, keeping the keys that answer it on the screen.
+        panel.apply(settled(2, PermissionOutcome::Denied));
+        let PanelEvent::Permission(mut long) = asked(3, "run") else { unreachable!() };
+        long.input = Some("x".repeat(3 * SHOWN_PER_LINE));
+        panel.apply(PanelEvent::Permission(long));
+        let text = panel.render(false);
+        let prompt = text.lines().find(|line| line.contains("(request 3)")).expect("the prompt");
+        assert!(prompt.contains("x… (request 3): Y allow, N deny") && prompt.len() < SHOWN_PER_LINE + 100, "{prompt}");
     }
 
     #[test]

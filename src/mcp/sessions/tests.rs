@@ -27,7 +27,7 @@ fn held_at_a_gate() -> (bevy::app::App, Gate) {
 #[test]
 fn a_new_session_is_refused_while_the_ceiling_of_sessions_in_use_is_open() {
     let (app, _gate) = held_at_a_gate();
-    let sessions = ConversationSessions::new(app.agent(), Credentials::default(), None);
+    let sessions = ConversationSessions::new(app.agent(), Credentials::new(), None);
     let runtime = app.agent().runtime().clone();
     let initialize = |session: Option<&SessionId>| {
         let mut request = Request::builder().method("POST");
@@ -74,7 +74,7 @@ fn a_new_session_is_refused_while_the_ceiling_of_sessions_in_use_is_open() {
 fn a_session_being_closed_takes_no_request_one_with_a_request_on_its_way_stays_and_a_request_gone_away_is_uncounted() {
     let (app, _gate) = held_at_a_gate();
     let timeout = Duration::from_secs(60);
-    let sessions = ConversationSessions::new(app.agent(), Credentials::default(), Some(timeout));
+    let sessions = ConversationSessions::new(app.agent(), Credentials::new(), Some(timeout));
     let runtime = app.agent().runtime().clone();
     // Sessions rmcp holds (their transports kept, unserved: no request reaches a tool here), silent for long.
     let (running, _kept) = runtime.block_on(sessions.create_session()).expect("a session");
@@ -135,7 +135,7 @@ fn a_session_being_closed_takes_no_request_one_with_a_request_on_its_way_stays_a
 #[test]
 fn the_wait_for_a_sessions_calls_outlasts_the_longest_tool_timeout() {
     let (app, _gate) = held_at_a_gate();
-    let sessions = ConversationSessions::new(app.agent(), Credentials::default(), None);
+    let sessions = ConversationSessions::new(app.agent(), Credentials::new(), None);
     assert_eq!(sessions.drain_limit(), DRAIN_LIMIT, "no tool longer than the default timeout");
     let long = AgentTool::new("long", "Takes half an hour.", |_: CallContext<u64>, _: NoArgs| async { Ok(()) })
         .timeout(Duration::from_secs(30 * 60));
@@ -147,7 +147,7 @@ fn the_wait_for_a_sessions_calls_outlasts_the_longest_tool_timeout() {
 fn a_session_with_a_call_in_flight_never_expires_and_a_silent_one_does() {
     let (mut app, gate) = held_at_a_gate();
     let timeout = Duration::from_secs(60);
-    let sessions = ConversationSessions::new(app.agent(), Credentials::default(), Some(timeout));
+    let sessions = ConversationSessions::new(app.agent(), Credentials::new(), Some(timeout));
     let (busy, silent): (SessionId, SessionId) = ("busy".into(), "silent".into());
     let start = Instant::now();
     for id in [&busy, &silent] {
@@ -172,7 +172,7 @@ fn a_session_with_a_call_in_flight_never_expires_and_a_silent_one_does() {
 fn a_new_session_over_the_cap_ends_the_longest_silent_idle_one_never_one_in_use() {
     let (mut app, gate) = held_at_a_gate();
     let _runtime = app.agent().host().runtime.enter();
-    let credentials = Credentials::default();
+    let credentials = Credentials::new();
     let sessions = ConversationSessions::new(app.agent(), credentials, Some(Duration::from_secs(60)));
     let start = Instant::now();
     let now = start + ROOM_GRACE + Duration::from_secs(10);
@@ -220,7 +220,7 @@ fn a_session_whose_client_listens_never_expires_and_its_idle_time_starts_when_it
     let (app, _gate) = held_at_a_gate();
     let _runtime = app.agent().host().runtime.enter();
     let timeout = Duration::from_secs(60);
-    let sessions = ConversationSessions::new(app.agent(), Credentials::default(), Some(timeout));
+    let sessions = ConversationSessions::new(app.agent(), Credentials::new(), Some(timeout));
     let (listening, silent): (SessionId, SessionId) = ("listening".into(), "silent".into());
     let start = Instant::now();
     for id in [&listening, &silent] {
@@ -261,7 +261,7 @@ fn a_client_that_stops_reading_its_get_stream_no_longer_keeps_its_session() {
     let runtime = app.agent().host().runtime.clone();
     let _runtime = runtime.enter();
     let timeout = Duration::from_secs(60);
-    let sessions = ConversationSessions::new(app.agent(), Credentials::default(), Some(timeout));
+    let sessions = ConversationSessions::new(app.agent(), Credentials::new(), Some(timeout));
     let id: SessionId = "stalled".into();
     let start = Instant::now();
     sessions.open.lock().insert(id.clone(), Tracked::new(session_conversation(id.as_ref()), start));
@@ -291,7 +291,7 @@ fn a_client_that_stops_reading_its_get_stream_no_longer_keeps_its_session() {
 fn a_session_whose_retry_waits_for_another_sessions_execution_does_not_expire() {
     let (mut app, gate) = held_at_a_gate();
     let timeout = Duration::from_secs(60);
-    let sessions = ConversationSessions::new(app.agent(), Credentials::default(), Some(timeout));
+    let sessions = ConversationSessions::new(app.agent(), Credentials::new(), Some(timeout));
     let (old, new): (SessionId, SessionId) = ("old".into(), "new".into());
     let start = Instant::now();
     sessions.open.lock().insert(new.clone(), Tracked::new(session_conversation(new.as_ref()), start));
@@ -311,7 +311,7 @@ fn a_session_whose_retry_waits_for_another_sessions_execution_does_not_expire() 
 fn a_call_in_flight_in_a_handles_conversation_keeps_its_session_and_an_agent_sessions_never_expires() {
     let (mut app, gate) = held_at_a_gate();
     let timeout = Duration::from_secs(60);
-    let credentials = Credentials::default();
+    let credentials = Credentials::new();
     let sessions = ConversationSessions::new(app.agent(), credentials.clone(), Some(timeout));
     let (handled, agents, silent): (SessionId, SessionId, SessionId) =
         ("handled".into(), "agents".into(), "silent".into());
@@ -348,7 +348,7 @@ fn a_call_in_flight_in_a_handles_conversation_keeps_its_session_and_an_agent_ses
 fn an_agent_sessions_mcp_sessions_past_eight_end_the_longest_silent_idle_one_and_a_revoked_ones_end_without_an_idle_timeout(
 ) {
     let (app, _) = held_at_a_gate();
-    let credentials = Credentials::default();
+    let credentials = Credentials::new();
     let sessions = ConversationSessions::new(app.agent(), credentials.clone(), None);
     let in_game = ConversationId::new("chat-1");
     let credential = credentials.mint_for_session(&in_game).expect("a credential");

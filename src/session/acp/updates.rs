@@ -129,29 +129,34 @@ fn cut(text: &str) -> String {
     }
 }
 
-/// The files a permission request names and what it would change or show: its locations, then its content
-/// (diffs and text; a terminal, an image or a resource says nothing before the action runs), at most
-/// [`PERMISSION_DETAILS_LIMIT`](crate::PERMISSION_DETAILS_LIMIT).
+/// What a permission request says it would change, touch and show, at most
+/// [`PERMISSION_DETAILS_LIMIT`](crate::PERMISSION_DETAILS_LIMIT) in all and in that order, each in the agent's
+/// order: its diffs first (what the player most needs to see, which a long list of locations must not push out),
+/// then its locations, then its text (a terminal, an image or a resource says nothing before the action runs).
 pub(crate) fn permission_details(fields: &ToolCallUpdateFields) -> Vec<PermissionDetail> {
     let path = |path: &std::path::Path| cut(&path.display().to_string());
-    let locations = fields
-        .locations
-        .iter()
-        .flatten()
-        .map(|location| PermissionDetail::Location { path: path(&location.path), line: location.line });
-    let content = fields.content.iter().flatten().filter_map(|content| match content {
+    let content = || fields.content.iter().flatten();
+    let diffs = content().filter_map(|content| match content {
         ToolCallContent::Diff(diff) => Some(PermissionDetail::Diff {
             path: path(&diff.path),
             old_text: diff.old_text.as_deref().map(cut),
             new_text: cut(&diff.new_text),
         }),
+        _ => None,
+    });
+    let locations = fields
+        .locations
+        .iter()
+        .flatten()
+        .map(|location| PermissionDetail::Location { path: path(&location.path), line: location.line });
+    let texts = content().filter_map(|content| match content {
         ToolCallContent::Content(content) => match &content.content {
             ContentBlock::Text(text) => Some(PermissionDetail::Text { text: cut(&text.text) }),
             _ => None,
         },
         _ => None,
     });
-    locations.chain(content).take(crate::PERMISSION_DETAILS_LIMIT).collect()
+    diffs.chain(locations).chain(texts).take(crate::PERMISSION_DETAILS_LIMIT).collect()
 }
 
 /// Whether a permission request is for one of the game's own tools (`registered` says whether a name is one).
@@ -261,7 +266,7 @@ mod tests {
     }
 
     #[test]
-    fn a_permission_requests_locations_then_diffs_and_text_are_its_details_each_cut_at_the_limit() {
+    fn a_permission_requests_diffs_then_locations_then_text_are_its_details_each_cut_at_the_limit() {
         use agent_client_protocol::v1::schema::{Content, Diff, Terminal, TextContent, ToolCallLocation};
         let long = "é".repeat(2 * crate::PERMISSION_INPUT_LIMIT);
         let text = |text: &str| ToolCallContent::Content(Content::new(ContentBlock::Text(TextContent::new(text))));
@@ -278,20 +283,27 @@ mod tests {
         assert_eq!(
             details,
             vec![
-                PermissionDetail::Location { path: "/w/a.txt".into(), line: Some(3) },
-                PermissionDetail::Location { path: "/w/b.txt".into(), line: None },
                 PermissionDetail::Diff {
                     path: "/w/a.txt".into(),
                     old_text: Some("old".into()),
                     new_text: "new".into()
                 },
                 PermissionDetail::Diff { path: "/w/c.txt".into(), old_text: None, new_text: cut },
+                PermissionDetail::Location { path: "/w/a.txt".into(), line: Some(3) },
+                PermissionDetail::Location { path: "/w/b.txt".into(), line: None },
                 PermissionDetail::Text { text: "why".into() },
             ],
             "a terminal says nothing before the action runs"
         );
         let many = ToolCallUpdateFields::new().content((0..40).map(|n| text(&n.to_string())).collect::<Vec<_>>());
         assert_eq!(permission_details(&many).len(), crate::PERMISSION_DETAILS_LIMIT);
+        // However many files it lists, the change itself is shown.
+        let listed = ToolCallUpdateFields::new()
+            .locations((0..40).map(|n| ToolCallLocation::new(format!("/w/{n}"))).collect::<Vec<_>>())
+            .content(vec![ToolCallContent::Diff(Diff::new("/w/a.txt", "new"))]);
+        let details = permission_details(&listed);
+        assert!(matches!(&details[0], PermissionDetail::Diff { new_text, .. } if new_text == "new"), "{details:?}");
+        assert_eq!(details.len(), crate::PERMISSION_DETAILS_LIMIT);
         assert!(permission_details(&ToolCallUpdateFields::new()).is_empty());
     }
 

@@ -14,7 +14,7 @@ pub(crate) struct Chunk {
     #[serde(default)]
     pub usage: Option<UsageReport>,
     /// An error reported inside the stream (some servers do, after a `200`; llama.cpp's `error:` line comes as
-    /// this too, see [`DoneWatch`]).
+    /// this too, see [`DoneWatch`](super::answer_end::DoneWatch)).
     #[serde(default)]
     pub error: Option<serde_json::Value>,
 }

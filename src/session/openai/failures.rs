@@ -94,8 +94,8 @@ fn quoted(endpoint: &OpenAiEndpoint, message: &str) -> String {
 }
 
 /// An error the endpoint reported inside its stream, after a `200`: an `{"error": ...}` chunk, or llama.cpp's
-/// `error:` line ([`DoneWatch`]). Its message and code read as a refusal's are, whatever its shape, and what to
-/// change where its words say it (a conversation longer than the model's context).
+/// `error:` line ([`DoneWatch`](super::answer_end::DoneWatch)). Its message and code read as a refusal's are,
+/// whatever its shape, and what to change where its words say it (a conversation longer than the model's context).
 pub(crate) fn in_stream(endpoint: &OpenAiEndpoint, error: &Value) -> ToolError {
     let url = endpoint.completions_url();
     let api = refusal(json!({ "error": error }).to_string().as_bytes());
