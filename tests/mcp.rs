@@ -692,6 +692,7 @@ fn non_loopback_bind_without_opt_in_is_refused_at_start_up() {
     assert!(!app.world().contains_resource::<McpServer>(), "the plugin refuses to serve");
     let unavailable = app.world().resource::<McpUnavailable>();
     assert!(unavailable.error.to_string().contains("allow_non_loopback"), "and says why: {}", unavailable.error);
+    assert_eq!(unavailable.error.kind(), bevy_agent_tools::mcp::McpConfigErrorKind::Refused);
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bevy::prelude::*;
-use bevy_agent_tools::mcp::{McpPlugin, McpServer, McpUnavailable};
+use bevy_agent_tools::mcp::{McpConfigErrorKind, McpPlugin, McpServer, McpUnavailable};
 use bevy_agent_tools::prelude::*;
 use bevy_agent_tools::testing::{headless_app_with, AgentTestAppExt};
 use common::*;
@@ -131,7 +131,9 @@ fn a_token_file_that_cannot_be_written_leaves_the_game_running_without_mcp() {
     // A directory where the file should be.
     let (mut app, logged) = game_logged(McpPlugin::new().port(0).token(TOKEN).token_file(dir.path()));
     assert!(!app.world().contains_resource::<McpServer>());
-    let error = app.world().resource::<McpUnavailable>().error.to_string();
+    let unavailable = &app.world().resource::<McpUnavailable>().error;
+    assert_eq!(unavailable.kind(), McpConfigErrorKind::TokenFile, "what the game can act on: {unavailable}");
+    let error = unavailable.to_string();
     assert!(error.contains(&dir.path().display().to_string()), "names the file: {error}");
     assert!(logged.iter().any(|line| line.starts_with("ERROR")), "logged: {logged:?}");
     bump_runs(&mut app);
@@ -143,7 +145,9 @@ fn with_strict_port_a_taken_port_leaves_the_game_running_without_mcp() {
     let (mut app, logged) = game_logged(McpPlugin::new().port(taken).strict_port(true).token(TOKEN));
     assert!(logged.iter().any(|line| line.starts_with("ERROR")), "the failure is logged: {logged:?}");
     assert!(!app.world().contains_resource::<McpServer>());
-    let error = app.world().resource::<McpUnavailable>().error.to_string();
+    let unavailable = &app.world().resource::<McpUnavailable>().error;
+    assert_eq!(unavailable.kind(), McpConfigErrorKind::Listen, "{unavailable}");
+    let error = unavailable.to_string();
     assert!(error.contains(&format!("127.0.0.1:{taken}")), "says which port: {error}");
     bump_runs(&mut app);
     app.world_mut().write_message(AppExit::Success);
@@ -154,7 +158,9 @@ fn with_strict_port_a_taken_port_leaves_the_game_running_without_mcp() {
 fn a_refused_configuration_leaves_the_game_running_without_mcp() {
     let mut app = game(McpPlugin::new().port(0).token("too-short"));
     assert!(!app.world().contains_resource::<McpServer>());
-    let error = app.world().resource::<McpUnavailable>().error.to_string();
+    let unavailable = &app.world().resource::<McpUnavailable>().error;
+    assert_eq!(unavailable.kind(), McpConfigErrorKind::Refused, "{unavailable}");
+    let error = unavailable.message();
     assert!(error.contains("at least 16 characters"), "{error}");
     bump_runs(&mut app);
     // A token no client can send (an HTTP header carries visible ASCII as it is) is refused too, not served.

@@ -52,7 +52,7 @@ impl Handles {
     /// A new handle (`cv-` and 32 random bytes in hex), and the handle forgotten to make room for it, if one was,
     /// whose conversation the caller ends: the one used longest ago of those `may_forget` allows.
     pub(crate) fn mint(&self, may_forget: impl Fn(&str) -> bool) -> Result<(String, Option<String>), ToolError> {
-        let handle = format!("cv-{}", generate_token().map_err(|error| ToolError::internal(error.0))?);
+        let handle = format!("cv-{}", generate_token().map_err(|error| ToolError::internal(error.to_string()))?);
         let forgotten = self.minted.used(&handle, may_forget);
         Ok((handle, forgotten))
     }

@@ -5,6 +5,7 @@ use std::io::ErrorKind;
 use std::net::{IpAddr, TcpListener};
 
 use super::security::McpConfigError;
+use super::McpConfigErrorKind::Listen;
 
 /// How many ports after a taken one are tried before letting the system pick.
 const NEXT_PORTS: u16 = 9;
@@ -30,7 +31,7 @@ pub(crate) fn listen(address: IpAddr, port: u16, strict: bool) -> Result<Listeni
     };
     let movable = matches!(refused.kind(), ErrorKind::AddrInUse | ErrorKind::PermissionDenied);
     if !movable || port == 0 || strict {
-        return Err(McpConfigError(format!("could not listen on {address}:{port}: {refused}")));
+        return Err(McpConfigError::new(Listen, format!("could not listen on {address}:{port}: {refused}")));
     }
     let next = (1..=NEXT_PORTS).filter_map(|step| port.checked_add(step));
     for candidate in next.chain([0]) {
@@ -38,9 +39,10 @@ pub(crate) fn listen(address: IpAddr, port: u16, strict: bool) -> Result<Listeni
             return Ok(Listening { listener, replaced: Some(Replaced { port, why: refused }) });
         }
     }
-    Err(McpConfigError(format!(
-        "could not listen on {address}:{port} ({refused}), nor on any other port of that address"
-    )))
+    Err(McpConfigError::new(
+        Listen,
+        format!("could not listen on {address}:{port} ({refused}), nor on any other port of that address"),
+    ))
 }
 
 #[cfg(test)]
@@ -66,7 +68,7 @@ mod tests {
             Err(error) => panic!("{error}"),
         }
         let strict = listen(LOOPBACK, port, true).err().expect("strict: refused");
-        assert!(strict.0.contains(&format!(":{port}:")), "{strict}");
+        assert!(strict.message().contains(&format!(":{port}:")), "{strict}");
     }
 
     #[test]
@@ -93,6 +95,6 @@ mod tests {
         // An address this machine does not have: not a taken port, so no move (and the error names it).
         let foreign: IpAddr = "192.0.2.1".parse().unwrap();
         let error = listen(foreign, 15777, false).err().expect("not this machine's address");
-        assert!(error.0.contains("192.0.2.1:15777"), "{error}");
+        assert!(error.message().contains("192.0.2.1:15777"), "{error}");
     }
 }

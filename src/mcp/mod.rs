@@ -121,5 +121,5 @@ pub use credentials::Credentials;
 pub(crate) use exchanges::RunningProbe;
 pub use plugin::{McpPlugin, McpServer, McpUnavailable};
 pub use quiet::RMCP_LOG_ENV;
-pub use security::McpConfigError;
+pub use security::{McpConfigError, McpConfigErrorKind};
 pub use server::{ERROR_META_KEY, OBSERVED_META_KEY};

@@ -19,6 +19,7 @@ use super::listen::{listen, Listening, Replaced};
 use super::security::{self, McpConfigError};
 use super::server::GameServer;
 use super::sessions::ConversationSessions;
+use super::McpConfigErrorKind::{Listen, Refused};
 use crate::agent::AgentHandle;
 use crate::completion::Completion;
 use crate::exit::ExitStarted;
@@ -203,14 +204,14 @@ impl McpPlugin {
         security::check_bind(self.address, self.allow_non_loopback)?;
         if let Some(token) = self.token.as_deref() {
             if token.chars().count() < 16 {
-                return Err(McpConfigError("the MCP token must be at least 16 characters".into()));
+                return Err(McpConfigError::new(Refused, "the MCP token must be at least 16 characters"));
             }
             // A non-ASCII token cannot be sent in an HTTP header as it is, and one with spaces is read back trimmed
             // and split by some clients: refused at start-up rather than failing every request as a wrong token.
             if !token.bytes().all(|byte| byte.is_ascii_graphic()) {
-                return Err(McpConfigError(
-                    "the MCP token must be visible ASCII characters (letters, digits, punctuation), without spaces"
-                        .into(),
+                return Err(McpConfigError::new(
+                    Refused,
+                    "the MCP token must be visible ASCII characters (letters, digits, punctuation), without spaces",
                 ));
             }
         }
@@ -220,11 +221,12 @@ impl McpPlugin {
     fn start(&self, agent: AgentHandle, runtime: &tokio::runtime::Handle) -> Result<McpServer, McpConfigError> {
         self.validate()?;
         let Listening { listener, replaced } = listen(self.address, self.port, self.strict_port)?;
-        let address = listener.local_addr().map_err(|error| McpConfigError(error.to_string()))?;
-        listener.set_nonblocking(true).map_err(|error| McpConfigError(error.to_string()))?;
+        let unusable = |error: std::io::Error| McpConfigError::new(Listen, format!("the bound port: {error}"));
+        let address = listener.local_addr().map_err(unusable)?;
+        listener.set_nonblocking(true).map_err(unusable)?;
         let listener = {
             let _entered = runtime.enter();
-            tokio::net::TcpListener::from_std(listener).map_err(|error| McpConfigError(error.to_string()))?
+            tokio::net::TcpListener::from_std(listener).map_err(unusable)?
         };
         let token = match &self.token {
             Some(token) => token.clone(),

@@ -18,13 +18,50 @@ use super::server::GameServer;
 use super::sessions::ConversationSessions;
 
 /// Why the MCP server would not start (an address refused or taken, a token file that cannot be written), or
-/// why a token could not be minted (the system's random source failed), in words.
+/// why a token could not be minted (the system's random source failed): its [`kind`](Self::kind), for the game to
+/// act on, and a message naming what to change, for a person (its `Display`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct McpConfigError(pub String);
+pub struct McpConfigError {
+    kind: McpConfigErrorKind,
+    message: String,
+}
+
+/// What kind of failure an [`McpConfigError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum McpConfigErrorKind {
+    /// The configuration itself, refused before anything is tried ([`McpPlugin::validate`](super::McpPlugin::validate)):
+    /// an address other machines can reach without `allow_non_loopback`, a token too short or with characters an
+    /// HTTP header cannot carry.
+    Refused,
+    /// No port could be listened on: the one asked for was taken under `strict_port`, or no port of the address
+    /// could be bound (an address that is not this machine's, a system out of ports).
+    Listen,
+    /// The token file, or the folder it goes in, could not be written.
+    TokenFile,
+    /// The system's random source failed (a token could not be made).
+    Randomness,
+}
+
+impl McpConfigError {
+    pub(crate) fn new(kind: McpConfigErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into() }
+    }
+
+    /// What kind of failure it is.
+    pub fn kind(&self) -> McpConfigErrorKind {
+        self.kind
+    }
+
+    /// What went wrong and what to change, in words.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
 
 impl fmt::Display for McpConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
@@ -35,16 +72,21 @@ pub(crate) fn check_bind(address: IpAddr, allow_non_loopback: bool) -> Result<()
     if address.is_loopback() || allow_non_loopback {
         return Ok(());
     }
-    Err(McpConfigError(format!(
-        "refusing to serve MCP on {address}: it is reachable from other machines. Bind 127.0.0.1, or call \
+    Err(McpConfigError::new(
+        McpConfigErrorKind::Refused,
+        format!(
+            "refusing to serve MCP on {address}: it is reachable from other machines. Bind 127.0.0.1, or call \
          McpPlugin::allow_non_loopback() if you really mean to expose the game (and keep the token secret)"
-    )))
+        ),
+    ))
 }
 
 /// A fresh token: 32 random bytes, hex.
 pub(crate) fn generate_token() -> Result<String, McpConfigError> {
     let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).map_err(|error| McpConfigError(format!("no randomness for the MCP token: {error}")))?;
+    getrandom::fill(&mut bytes).map_err(|error| {
+        McpConfigError::new(McpConfigErrorKind::Randomness, format!("no randomness for the MCP token: {error}"))
+    })?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
@@ -52,10 +94,14 @@ pub(crate) fn generate_token() -> Result<String, McpConfigError> {
 /// is replaced atomically, so a client never reads half a token and a link at `path` is replaced, not followed).
 pub(crate) fn write_token_file(path: &Path, token: &str) -> Result<(), McpConfigError> {
     let folder = path.parent().filter(|folder| !folder.as_os_str().is_empty());
-    folder
-        .map_or(Ok(()), std::fs::create_dir_all)
-        .and_then(|()| crate::private::write(path, token.as_bytes()))
-        .map_err(|error| McpConfigError(format!("could not write the MCP token to {}: {error}", path.display())))
+    folder.map_or(Ok(()), std::fs::create_dir_all).and_then(|()| crate::private::write(path, token.as_bytes())).map_err(
+        |error| {
+            McpConfigError::new(
+                McpConfigErrorKind::TokenFile,
+                format!("could not write the MCP token to {}: {error}", path.display()),
+            )
+        },
+    )
 }
 
 /// The default token file, named after the port, in the user's own directory inside the system's temporary
@@ -63,9 +109,10 @@ pub(crate) fn write_token_file(path: &Path, token: &str) -> Result<(), McpConfig
 pub(crate) fn default_token_path(port: u16) -> Result<PathBuf, McpConfigError> {
     let dir = crate::private::default_dir();
     crate::private::ensure_dir(&dir).map_err(|error| {
-        McpConfigError(format!(
-            "the MCP token's default directory: {error} (`McpPlugin::token_file` chooses another place)"
-        ))
+        McpConfigError::new(
+            McpConfigErrorKind::TokenFile,
+            format!("the MCP token's default directory: {error} (`McpPlugin::token_file` chooses another place)"),
+        )
     })?;
     Ok(dir.join(format!("mcp-{port}.token")))
 }
@@ -263,7 +310,7 @@ mod tests {
     #[test]
     fn non_loopback_bind_is_refused_without_opt_in() {
         let public: IpAddr = "0.0.0.0".parse().unwrap();
-        assert!(check_bind(public, false).unwrap_err().0.contains("allow_non_loopback"));
+        assert!(check_bind(public, false).unwrap_err().message().contains("allow_non_loopback"));
         assert!(check_bind(public, true).is_ok());
         assert!(check_bind("127.0.0.1".parse().unwrap(), false).is_ok());
         assert!(check_bind("::1".parse().unwrap(), false).is_ok());
