@@ -378,11 +378,23 @@ pub(crate) fn app_schedule(app: &App) -> InternedScheduleLabel {
 #[derive(Resource, Default)]
 struct EarlyTools(Vec<Arc<dyn ErasedTool>>);
 
-/// Whether the [`AgentToolsPlugin`] has been built: the crate's other plugins need its runtime and handle. Each of
-/// them sets itself up when it is built if this is so, else in its `finish` (every plugin has been built by then),
-/// so a game may add them before or after the `AgentToolsPlugin`.
-pub(crate) fn host_built(app: &App) -> bool {
-    app.world().contains_resource::<AgentHost>()
+/// The set-ups of this crate's plugins that were added before the [`AgentToolsPlugin`], in the order they were
+/// added: run at the end of its `build`.
+#[derive(Resource, Default)]
+struct AwaitingHost(Vec<Box<SetUp>>);
+
+/// A plugin's set-up, run once the host is there.
+type SetUp = dyn FnOnce(&mut App) + Send + Sync;
+
+/// Runs `set_up` of a plugin of this crate that needs the [`AgentToolsPlugin`] (its runtime, its handle, its
+/// schedule): now if the `AgentToolsPlugin` has been built, else at the end of its `build`. So a game adds the
+/// crate's plugins in any order, and they are all set up once the last of them is added.
+pub(crate) fn when_host_built(app: &mut App, set_up: impl FnOnce(&mut App) + Send + Sync + 'static) {
+    if app.world().contains_resource::<AgentHost>() {
+        set_up(app);
+    } else {
+        app.world_mut().get_resource_or_init::<AwaitingHost>().0.push(Box::new(set_up));
+    }
 }
 
 /// The set-up mistake of a plugin of this crate in an app without an [`AgentToolsPlugin`], found in its `finish`.
@@ -503,6 +515,12 @@ impl<L: WorldLifecycle> Plugin for AgentToolsPlugin<L> {
         crate::exit::add_exit_systems(app, || stop_on_app_exit::<L>.in_set(AgentToolsExitSystems::Host));
         // The runtime serves the transports too: it stops once they sent what they owed.
         crate::exit::add_exit_systems(app, || stop_runtime.after(AgentToolsExitSystems::Transport));
+        // The crate's plugins added before this one, now that the host is there.
+        if let Some(AwaitingHost(set_ups)) = app.world_mut().remove_resource::<AwaitingHost>() {
+            for set_up in set_ups {
+                set_up(app);
+            }
+        }
     }
 
     /// Panics for a state given to [`follow_state`](Self::follow_state) that was never set up (it would never be

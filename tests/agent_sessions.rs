@@ -2301,21 +2301,22 @@ fn a_session_created_while_the_app_is_built_waits_for_its_mcp_server() {
 }
 
 #[test]
-fn the_crates_plugins_added_before_agent_tools_plugin_are_set_up_when_the_app_is_finished() {
+fn the_crates_plugins_added_before_agent_tools_plugin_are_set_up_when_it_is_added() {
     let dirs = Dirs::new();
     let mut app = App::new();
-    // The sessions' `finish` comes before the MCP server starts in its own: they learn of it in `cleanup`.
     app.add_plugins(MinimalPlugins).add_plugins((
         AgentSessionsPlugin::new().data_dir(&dirs.data),
         McpPlugin::new().port(0).token(TOKEN),
         bevy_agent_tools::persist::WorldStorePlugin::new(dirs.data.join("saves")),
-        AgentToolsPlugin::new(TestGame::default()),
     ));
     assert!(!app.world().contains_resource::<McpServer>(), "nothing to start on before the host is built");
+    app.add_plugins(AgentToolsPlugin::new(TestGame::default()));
+    // Set up as the host is added, as they would be added after it: the game's plugins added next find them.
+    assert!(app.world().contains_resource::<McpServer>());
+    assert!(app.world().contains_resource::<AgentSessions>());
+    assert!(app.world().contains_resource::<bevy_agent_tools::persist::WorldStore>());
     app.finish();
     app.cleanup();
-    assert!(app.world().contains_resource::<McpServer>());
-    assert!(app.world().contains_resource::<bevy_agent_tools::persist::WorldStore>());
     let sessions = app.world().resource::<AgentSessions>().clone();
     let runtime = app.world().resource::<bevy_agent_tools::AgentRuntime>().handle().clone();
     // An ACP agent's session starts only with the game's MCP endpoint.

@@ -1,9 +1,8 @@
 //! The MCP transport: a Streamable HTTP server (the official `rmcp` SDK, both protocol generations it speaks)
 //! on the plugin's runtime, secure by default.
 //!
-//! It needs the [`AgentToolsPlugin`](crate::AgentToolsPlugin). Added after it, as here, the server starts when the
-//! plugin is added (so the app has [`McpServer`] at once); added before it, when the app is finished (`App::run`
-//! finishes it before the first frame):
+//! It needs the [`AgentToolsPlugin`](crate::AgentToolsPlugin), added before or after it: the server starts once
+//! both are added, and the app then has [`McpServer`] (or [`McpUnavailable`]):
 //!
 //! ```no_run
 //! # use bevy::prelude::*;
@@ -11,11 +10,9 @@
 //! # use bevy_agent_tools::mcp::{McpPlugin, McpServer, McpUnavailable};
 //! # fn add(app: &mut App) {
 //! app.add_plugins(McpPlugin::new().port(15777));
-//! let world = app.world();
-//! match (world.get_resource::<McpServer>(), world.get_resource::<McpUnavailable>()) {
-//!     (Some(server), _) => println!("mcp: {}", server.url()),
-//!     (None, Some(unavailable)) => println!("no mcp: {}", unavailable.error),
-//!     (None, None) => println!("mcp starts when the app is finished"), // added before AgentToolsPlugin
+//! match app.world().get_resource::<McpServer>() {
+//!     Some(server) => println!("mcp: {}", server.url()),
+//!     None => println!("no mcp: {}", app.world().resource::<McpUnavailable>().error),
 //! }
 //! # }
 //! ```

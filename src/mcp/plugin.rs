@@ -457,28 +457,21 @@ impl McpServer {
 }
 
 impl Plugin for McpPlugin {
-    /// Starts the server, if the [`AgentToolsPlugin`](crate::AgentToolsPlugin) was added before this plugin; else
-    /// [`finish`](Plugin::finish) does.
+    /// Starts the server on the [`AgentToolsPlugin`](crate::AgentToolsPlugin)'s runtime: now, or when that plugin is
+    /// added, if it was not yet.
     fn build(&self, app: &mut App) {
-        if crate::plugin::host_built(app) {
-            self.start_in(app);
-        }
+        let plugin = self.clone();
+        crate::plugin::when_host_built(app, move |app| plugin.start_in(app));
     }
 
-    /// Starts the server if `build` could not (the `AgentToolsPlugin` was added after this plugin).
-    ///
     /// # Panics
     ///
     /// If the app has no `AgentToolsPlugin`.
     fn finish(&self, app: &mut App) {
         let world = app.world();
-        if world.contains_resource::<McpServer>() || world.contains_resource::<McpUnavailable>() {
-            return;
-        }
-        if !crate::plugin::host_built(app) {
+        if !world.contains_resource::<McpServer>() && !world.contains_resource::<McpUnavailable>() {
             crate::plugin::host_missing("McpPlugin");
         }
-        self.start_in(app);
     }
 }
 

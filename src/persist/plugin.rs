@@ -10,8 +10,8 @@ use crate::runtime::AgentRuntime;
 
 /// Inserts a [`WorldStore`] over a data directory as a resource, running on the
 /// [`AgentRuntime`] of the [`AgentToolsPlugin`](crate::AgentToolsPlugin), which it needs (added before or after it:
-/// after it, the store is there at once; before it, from the app's `finish`, which `App::run` calls); a lifecycle
-/// reaches the store with `world.resource::<WorldStore>()` in `open` and `close`.
+/// the store is there once both are); a lifecycle reaches the store with `world.resource::<WorldStore>()` in
+/// `open` and `close`.
 ///
 /// ```
 /// # use bevy::prelude::*;
@@ -20,7 +20,7 @@ use crate::runtime::AgentRuntime;
 /// app.add_plugins(WorldStorePlugin::new("saves").codec(Codec::Postcard));
 /// # }
 /// ```
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct WorldStorePlugin {
     root: PathBuf,
     codec: Codec,
@@ -41,27 +41,20 @@ impl WorldStorePlugin {
 }
 
 impl Plugin for WorldStorePlugin {
-    /// Inserts the store, if the [`AgentToolsPlugin`](crate::AgentToolsPlugin) was added before this plugin; else
-    /// [`finish`](Plugin::finish) does.
+    /// Inserts the store, on the [`AgentToolsPlugin`](crate::AgentToolsPlugin)'s runtime: now, or when that plugin
+    /// is added, if it was not yet.
     fn build(&self, app: &mut App) {
-        if crate::plugin::host_built(app) {
-            self.insert(app);
-        }
+        let plugin = self.clone();
+        crate::plugin::when_host_built(app, move |app| plugin.insert(app));
     }
 
-    /// Inserts the store if `build` could not (the `AgentToolsPlugin` was added after this plugin).
-    ///
     /// # Panics
     ///
     /// If the app has no `AgentToolsPlugin`: the store runs on its runtime.
     fn finish(&self, app: &mut App) {
-        if app.world().contains_resource::<WorldStore>() {
-            return;
-        }
-        if !crate::plugin::host_built(app) {
+        if !app.world().contains_resource::<WorldStore>() {
             crate::plugin::host_missing("WorldStorePlugin");
         }
-        self.insert(app);
     }
 }
 

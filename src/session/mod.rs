@@ -202,7 +202,7 @@ impl SessionHost {
 
     /// The MCP endpoint with a new credential for the session (revoke it with [`revoke`](Self::revoke)), or why
     /// the game serves no MCP. A session created while the app is being built waits, up to `wait`, for the app's
-    /// `finish` (or `cleanup`), where the server is looked up.
+    /// `finish`, where the server is looked up.
     pub(crate) async fn endpoint(
         &self,
         id: &ConversationId,
@@ -217,11 +217,7 @@ impl SessionHost {
         let server = match server {
             Some(Ok(server)) => server,
             Some(Err(why)) => return Ok(Err(why)),
-            None => {
-                return Ok(Err(
-                    "the app was not finished (`App::finish` and `App::cleanup`, which `App::run` calls)".into()
-                ))
-            }
+            None => return Ok(Err("the app was not finished (`App::finish`, which `App::run` does)".into())),
         };
         #[cfg(not(feature = "mcp"))]
         match (server, id) {}

@@ -34,10 +34,8 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(5);
 /// `auto_end_on_disconnect(false)`, the disconnection) of every session, with its agent process stopped
 /// ([`AgentToolsExitSystems::Sessions`]).
 ///
-/// It needs the [`AgentToolsPlugin`](crate::AgentToolsPlugin), added before or after it: added after it, this
-/// plugin's resources and messages are there at once (for the game's own plugins added later to use); added before
-/// it, from the app's `finish` (`App::run` calls it; a test that drives `app.update()` itself calls `app.finish()`
-/// and `app.cleanup()` first). An ACP agent reaches the
+/// It needs the [`AgentToolsPlugin`](crate::AgentToolsPlugin), added before or after it: its resources and messages
+/// are there once both are added (for the game's own plugins added later to use). An ACP agent reaches the
 /// game's tools through the MCP server of `McpPlugin` (added before or after this plugin: a session created before
 /// the app is finished waits for it, within its start timeout), and a session with one fails to start
 /// (`AGENT_UNAVAILABLE`, saying why) when the game serves no MCP (the plugin not added, or `McpUnavailable`).
@@ -84,34 +82,26 @@ impl AgentSessionsPlugin {
 }
 
 impl Plugin for AgentSessionsPlugin {
-    /// Sets the sessions up, if the [`AgentToolsPlugin`](crate::AgentToolsPlugin) was added before this plugin;
-    /// else [`finish`](Plugin::finish) does.
+    /// Sets the sessions up on the [`AgentToolsPlugin`](crate::AgentToolsPlugin)'s runtime: now, or when that
+    /// plugin is added, if it was not yet.
     fn build(&self, app: &mut App) {
-        if crate::plugin::host_built(app) {
-            self.set_up(app);
-        }
+        let plugin = self.clone();
+        crate::plugin::when_host_built(app, move |app| plugin.set_up(app));
     }
 
-    /// Sets the sessions up if `build` could not (the `AgentToolsPlugin` was added after this plugin), and tells
-    /// them the game's MCP server, or why it has none, if `McpPlugin` is set up by now.
+    /// Tells the sessions the game's MCP server, or why it has none: every plugin is built by now, `McpPlugin`
+    /// whether it was added before or after this one.
     ///
     /// # Panics
     ///
     /// If the app has no `AgentToolsPlugin`.
     fn finish(&self, app: &mut App) {
-        if !app.world().contains_resource::<AgentSessions>() {
-            if !crate::plugin::host_built(app) {
-                crate::plugin::host_missing("AgentSessionsPlugin");
-            }
-            self.set_up(app);
-        }
-        learn_server(app, false);
-    }
-
-    /// Tells the sessions the game's MCP server if `finish` could not: an `McpPlugin` added before the
-    /// `AgentToolsPlugin` and this plugin starts its server in its own `finish`, which may come after this one's.
-    fn cleanup(&self, app: &mut App) {
-        learn_server(app, true);
+        let world = app.world();
+        let Some(sessions) = world.get_resource::<AgentSessions>() else {
+            crate::plugin::host_missing("AgentSessionsPlugin");
+        };
+        let server = game_mcp(world).unwrap_or_else(|| Err("McpPlugin was not added to the app".into()));
+        sessions.host().server.send_if_modified(|known| known.is_none() && known.replace(server).is_none());
     }
 }
 
@@ -150,30 +140,6 @@ impl AgentSessionsPlugin {
                 ),
             );
         crate::exit::add_exit_systems(app, || disconnect_on_app_exit.in_set(AgentToolsExitSystems::Sessions));
-    }
-}
-
-/// Tells the sessions the game's MCP server, or why it has none, once: when `McpPlugin` is set up, when it is not
-/// in the app, or (`last`, in `cleanup`, after every plugin's `finish`) in any case.
-fn learn_server(app: &App, last: bool) {
-    let world = app.world();
-    let Some(sessions) = world.get_resource::<AgentSessions>() else { return };
-    let server = match game_mcp(world) {
-        Some(server) => server,
-        None if last || !mcp_added(app) => Err("McpPlugin was not added to the app".into()),
-        None => return,
-    };
-    sessions.host().server.send_if_modified(|known| known.is_none() && known.replace(server).is_none());
-}
-
-/// Whether the app has an `McpPlugin`, set up or not.
-fn mcp_added(app: &App) -> bool {
-    #[cfg(feature = "mcp")]
-    return app.is_plugin_added::<crate::mcp::McpPlugin>();
-    #[cfg(not(feature = "mcp"))]
-    {
-        let _ = app;
-        false
     }
 }
 
