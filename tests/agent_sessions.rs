@@ -53,6 +53,12 @@ impl Log {
     fn wait_for(&self, what: &str) -> String {
         self.0.wait_for(what, LIMIT)
     }
+    /// The line of session `session`'s next permission request put to the player, and the request's number.
+    fn permission_asked(&self, session: &str) -> (String, u64) {
+        let line = self.wait_for(&format!("permission {session} "));
+        let request = line.split(' ').nth(2).and_then(|n| n.parse().ok()).expect("a request number");
+        (line, request)
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1342,8 +1348,7 @@ fn a_permission_prompt_shows_the_file_and_the_change_an_edit_would_make() {
     let id = session.id().to_string();
     let mut events = game.game.agent().subscribe();
     let pending = game.block_on(session.start_turn("ask-edit")).expect("sent");
-    let line = game.log.wait_for(&format!("permission {id} "));
-    let request: u64 = line.split(' ').nth(2).and_then(|n| n.parse().ok()).expect("a request number");
+    let (_, request) = game.log.permission_asked(&id);
     let asked = events.drain().into_iter().find_map(|event| match event {
         ConversationEvent::PermissionRequested(asked) if asked.request == request => Some(asked),
         _ => None,
@@ -1377,8 +1382,7 @@ fn permission_requests_are_denied_by_default_and_the_player_can_allow_or_let_the
     let id = asking.id().to_string();
     let mut events = game.game.agent().subscribe();
     let pending = game.block_on(asking.start_turn("ask")).expect("sent");
-    let line = game.log.wait_for(&format!("permission {id} "));
-    let request: u64 = line.split(' ').nth(2).and_then(|n| n.parse().ok()).expect("a request number");
+    let (line, request) = game.log.permission_asked(&id);
     assert!(line.ends_with("run rm -rf /"), "{line}");
     // Beside its title, what the action is and takes, as the agent said: the title alone may not say it.
     let asked = events.drain().into_iter().find_map(|event| match event {
@@ -1400,8 +1404,7 @@ fn permission_requests_are_denied_by_default_and_the_player_can_allow_or_let_the
     let ignored_id = ignored.id().to_string();
     let unanswered = game.block_on(ignored.send_text("ask")).expect("the turn ends");
     assert_eq!(unanswered.final_message.as_deref(), Some("permission: denied"), "unanswered is denied");
-    let line = game.log.wait_for(&format!("permission {ignored_id} "));
-    let unanswered: u64 = line.split(' ').nth(2).and_then(|n| n.parse().ok()).expect("a request number");
+    let (_, unanswered) = game.log.permission_asked(&ignored_id);
     game.log.wait_for(&format!("settled {ignored_id} {unanswered} timed_out"));
     let settled =
         |session: &str| game.log.lines().iter().filter(|line| line.starts_with(&format!("settled {session} "))).count();
@@ -1575,8 +1578,7 @@ fn s2_cancelling_a_turn_answers_its_waiting_permission_request_cancelled_so_the_
     let session = game.create(config).expect("starts");
     let id = session.id().to_string();
     let pending = game.block_on(session.start_turn("ask")).expect("sent");
-    let line = game.log.wait_for(&format!("permission {id} "));
-    let request: u64 = line.split(' ').nth(2).and_then(|n| n.parse().ok()).expect("a request number");
+    let (_, request) = game.log.permission_asked(&id);
 
     assert!(session.cancel());
     let turn = game.block_on(pending).expect("the agent ends the cancelled turn itself, within its grace");
@@ -1797,8 +1799,7 @@ fn a_permission_prompt_of_a_session_that_fails_is_settled_withdrawn_before_its_f
     let session = game.create(config).expect("starts");
     let id = session.id().to_string();
     let pending = game.block_on(session.start_turn("ask")).expect("sent");
-    let line = game.log.wait_for(&format!("permission {id} "));
-    let request: u64 = line.split(' ').nth(2).and_then(|n| n.parse().ok()).expect("a request number");
+    let (_, request) = game.log.permission_asked(&id);
 
     // Every event from now on, in the order published; nobody answers, and the turn times out.
     let mut events = game.game.agent().subscribe();
@@ -1819,8 +1820,7 @@ fn a_permission_prompt_of_a_session_that_ends_is_settled_withdrawn_before_its_en
     let session = game.create(agent(&dirs, &[]).permissions(PermissionPolicy::AskPlayer)).expect("starts");
     let id = session.id().to_string();
     let pending = game.block_on(session.start_turn("ask")).expect("sent");
-    let line = game.log.wait_for(&format!("permission {id} "));
-    let request: u64 = line.split(' ').nth(2).and_then(|n| n.parse().ok()).expect("a request number");
+    let (_, request) = game.log.permission_asked(&id);
 
     // Every event from now on, in the order published.
     let mut events = game.game.agent().subscribe();
