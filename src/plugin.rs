@@ -85,7 +85,8 @@ type Follower = dyn Fn(&mut App, Arc<HostShared>) + Send + Sync;
 type StateCheck = dyn Fn(&App) -> Option<&'static str> + Send + Sync;
 
 /// Adds the agent-tools host for one [`WorldLifecycle`]: one per app (a second one, for another lifecycle, panics
-/// when added).
+/// when added). The crate's other plugins (`McpPlugin`, `AgentSessionsPlugin`, `WorldStorePlugin`) need it and
+/// may be added before or after it: they are set up once both are added.
 ///
 /// ```no_run
 /// # use bevy::prelude::*;
