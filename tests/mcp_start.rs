@@ -210,3 +210,11 @@ fn the_default_token_file_is_removed_at_exit_and_a_chosen_one_is_kept() {
         assert_eq!(path.is_file(), token_file.is_some(), "after the exit: {}", path.display());
     }
 }
+
+#[test]
+#[should_panic(expected = "McpPlugin needs AgentToolsPlugin, which the app does not have")]
+fn an_mcp_plugin_in_an_app_without_agent_tools_plugin_is_a_set_up_mistake_found_at_finish() {
+    let mut app = App::new();
+    app.add_plugins(MinimalPlugins).add_plugins(McpPlugin::new().port(0).token(TOKEN));
+    app.finish();
+}

@@ -1369,3 +1369,12 @@ fn a_record_that_panics_fails_save_records_with_its_own_panic_like_save_and_neve
     }
     assert_eq!(runtime.block_on(store.load::<Vec<u32>>(&world, "numbers")).unwrap(), Some(vec![7]));
 }
+
+#[test]
+#[should_panic(expected = "WorldStorePlugin needs AgentToolsPlugin, which the app does not have")]
+fn a_store_plugin_in_an_app_without_agent_tools_plugin_is_a_set_up_mistake_found_at_finish() {
+    let data = tempfile::tempdir().expect("a temporary directory");
+    let mut app = App::new();
+    app.add_plugins(MinimalPlugins).add_plugins(WorldStorePlugin::new(data.path()));
+    app.finish();
+}
