@@ -10,9 +10,9 @@
 //! system), steers each away from its neighbours in the 3×3 cells around it (in parallel over the task pool), and
 //! moves them (in parallel). That is the CPU side of a game whose GPU draws: a few milliseconds of work per frame
 //! on both cores, then the wait for the next frame. The agent: one rmcp client in this process (its own runtime
-//! thread, one MCP 2025-11-25 session; with `BENCH_MCP_PROTOCOL=2026-07-28`, sessionless requests), calling `read` (one creature's position, an `on_client` step) or `steer`
-//! (turns one creature by a small angle, an `on_client` step that writes; speeds stay as they were, so the flock
-//! costs what it did) 200 times a second. The phases' order rotates every round.
+//! thread, one MCP 2025-11-25 session; with `BENCH_MCP_PROTOCOL=2026-07-28`, sessionless requests), calling
+//! `read` (one creature's position, an `on_client` step) or `steer` (turns one creature by a small angle, an
+//! `on_client` step that writes; speeds stay as they were, so the flock costs what it did) 200 times a second. The phases' order rotates every round.
 //!
 //! Frame time is the frame's work: from a schedule just before `First` to one just after `Last`, on the main
 //! thread; steps served in the frame's pump are in it, those served in the wait between frames are not. "Late"

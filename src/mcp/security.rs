@@ -30,9 +30,9 @@ pub struct McpConfigError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum McpConfigErrorKind {
-    /// The configuration itself, refused before anything is tried ([`McpPlugin::validate`](super::McpPlugin::validate)):
-    /// an address other machines can reach without `allow_non_loopback`, a token too short or with characters an
-    /// HTTP header cannot carry.
+    /// The configuration itself, refused before anything is tried
+    /// ([`McpPlugin::validate`](super::McpPlugin::validate)): an address other machines can reach without
+    /// `allow_non_loopback`, a token too short or with characters an HTTP header cannot carry.
     Refused,
     /// No port could be listened on: the one asked for was taken under `strict_port`, or no port of the address
     /// could be bound (an address that is not this machine's, a system out of ports).

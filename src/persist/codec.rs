@@ -118,18 +118,6 @@ impl Codec {
         }
     }
 
-    /// Encodes `value` into memory (a run of [`save_records`](super::WorldStore::save_records)), in a buffer
-    /// allocated with `room` bytes. For postcard, straight into it: its output is a few bytes at a time, and
-    /// gathering them in a chunk first, as [`encode`](Self::encode) does for a file, would copy every byte once more.
-    pub(crate) fn encode_to_vec<T: Serialize + ?Sized>(self, value: &T, room: usize) -> Result<Vec<u8>, EncodeError> {
-        let mut bytes = Vec::with_capacity(room);
-        match self {
-            Codec::Json => self.encode(value, &mut bytes).map(|()| bytes),
-            Codec::Postcard => postcard::serialize_with_flavor(value, InMemory(bytes))
-                .map_err(|error| EncodeError::Codec(format!("postcard: {error}"))),
-        }
-    }
-
     /// Decodes a whole payload: trailing bytes are an error, not ignored.
     pub(crate) fn decode<T: DeserializeOwned>(self, payload: &[u8]) -> Result<T, String> {
         match self {
@@ -238,6 +226,14 @@ impl<W: Write> postcard::ser_flavors::Flavor for Chunks<'_, W> {
     }
 }
 
+/// `value` in postcard, in memory (a run of [`save_records`](super::WorldStore::save_records)), in a buffer
+/// allocated with `room` bytes: straight into it, as postcard's output is a few bytes at a time, and gathering them
+/// in a chunk first, as [`Codec::encode`] does for a file, would copy every byte once more.
+pub(crate) fn postcard_to_vec<T: Serialize + ?Sized>(value: &T, room: usize) -> Result<Vec<u8>, EncodeError> {
+    postcard::serialize_with_flavor(value, InMemory(Vec::with_capacity(room)))
+        .map_err(|error| EncodeError::Codec(format!("postcard: {error}")))
+}
+
 /// postcard's output appended to a vector (`postcard::ser_flavors::StdVec` makes every piece an
 /// `extend_from_slice`, a `memcpy` call for a byte or two).
 struct InMemory(Vec<u8>);
@@ -307,7 +303,7 @@ mod tests {
         assert!(bytes.len() > 3 * CHUNK, "crosses chunks: {}", bytes.len());
         assert_eq!(bytes, postcard::to_stdvec(&document).unwrap(), "the same bytes as postcard's reference encoder");
         for room in [0, 16, bytes.len()] {
-            assert_eq!(Codec::Postcard.encode_to_vec(&document, room).unwrap(), bytes, "the same bytes in memory");
+            assert_eq!(postcard_to_vec(&document, room).unwrap(), bytes, "the same bytes in memory");
         }
     }
 

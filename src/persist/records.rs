@@ -261,7 +261,7 @@ fn encode_run<T: Serialize>(codec: Codec, run: &[T], first: usize, room: usize) 
             }
             Ok(bytes)
         }
-        Codec::Postcard => codec.encode_to_vec(&Elements(run), room),
+        Codec::Postcard => super::codec::postcard_to_vec(&Elements(run), room),
     }
 }
 

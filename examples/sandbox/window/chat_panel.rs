@@ -301,15 +301,8 @@ impl ChatPanel {
                     ChatErrorScope::Notice => format!("notice {}: {}", e.code, e.message),
                 });
             }
-            PanelEvent::Permission(p) => {
-                let mut label = action(&p);
-                if let Some((cut, _)) = label.char_indices().nth(SHOWN_PER_LINE) {
-                    // Long enough that the keys to answer it could fall off the screen.
-                    label.truncate(cut);
-                    label.push('…');
-                }
-                self.asking.push_back((p.request, label));
-            }
+            // Cut, as a line of the transcript is: the keys that answer it stay on the screen.
+            PanelEvent::Permission(p) => self.asking.push_back((p.request, shown(action(&p)))),
             // Answered, or settled without the player's key (timed out, withdrawn with its turn): the prompt goes,
             // saying what the agent was told.
             PanelEvent::Settled(s) => {
@@ -332,12 +325,8 @@ impl ChatPanel {
         }
     }
 
-    fn push(&mut self, mut line: String) {
-        if let Some((cut, _)) = line.char_indices().nth(SHOWN_PER_LINE) {
-            line.truncate(cut);
-            line.push('…');
-        }
-        self.transcript.push_back(line);
+    fn push(&mut self, line: String) {
+        self.transcript.push_back(shown(line));
         // At most LINES lines, and about as many rows on the screen (a row holds about 56 characters).
         let rows = |line: &String| line.chars().count().div_ceil(56).max(1) + line.matches('\n').count();
         while self.transcript.len() > LINES || self.transcript.iter().map(rows).sum::<usize>() > 2 * LINES {
@@ -401,6 +390,15 @@ fn action(p: &PermissionRequested) -> String {
         (Some(input), true) => format!("{} {input}", p.tool),
         (None, true) => p.tool.clone(),
     }
+}
+
+/// `line` as the panel shows it: at most [`SHOWN_PER_LINE`] characters, a cut marked with `…`.
+fn shown(mut line: String) -> String {
+    if let Some((cut, _)) = line.char_indices().nth(SHOWN_PER_LINE) {
+        line.truncate(cut);
+        line.push('…');
+    }
+    line
 }
 
 /// The first line (1-based) where `new` differs from `old`, as each has it (empty where one has no such line).

@@ -135,8 +135,7 @@ fn cut(text: &str) -> String {
 /// then its locations, then its text (a terminal, an image or a resource says nothing before the action runs).
 pub(crate) fn permission_details(fields: &ToolCallUpdateFields) -> Vec<PermissionDetail> {
     let path = |path: &std::path::Path| cut(&path.display().to_string());
-    let content = || fields.content.iter().flatten();
-    let diffs = content().filter_map(|content| match content {
+    let diffs = fields.content.iter().flatten().filter_map(|content| match content {
         ToolCallContent::Diff(diff) => Some(PermissionDetail::Diff {
             path: path(&diff.path),
             old_text: diff.old_text.as_deref().map(cut),
@@ -149,14 +148,19 @@ pub(crate) fn permission_details(fields: &ToolCallUpdateFields) -> Vec<Permissio
         .iter()
         .flatten()
         .map(|location| PermissionDetail::Location { path: path(&location.path), line: location.line });
-    let texts = content().filter_map(|content| match content {
+    let texts = texts(fields).map(|text| PermissionDetail::Text { text: cut(text) });
+    diffs.chain(locations).chain(texts).take(crate::PERMISSION_DETAILS_LIMIT).collect()
+}
+
+/// The text blocks of a tool call's content, in its order.
+fn texts(fields: &ToolCallUpdateFields) -> impl Iterator<Item = &str> {
+    fields.content.iter().flatten().filter_map(|content| match content {
         ToolCallContent::Content(content) => match &content.content {
-            ContentBlock::Text(text) => Some(PermissionDetail::Text { text: cut(&text.text) }),
+            ContentBlock::Text(text) => Some(text.text.as_str()),
             _ => None,
         },
         _ => None,
-    });
-    diffs.chain(locations).chain(texts).take(crate::PERMISSION_DETAILS_LIMIT).collect()
+    })
 }
 
 /// Whether a permission request is for one of the game's own tools (`registered` says whether a name is one).
@@ -186,18 +190,7 @@ pub(crate) fn is_game_tool(fields: &ToolCallUpdateFields, registered: impl Fn(&s
 
 /// Whether a Gemini CLI permission request's content shows the tool's arguments, without one named `command`.
 fn shows_no_command(fields: &ToolCallUpdateFields) -> bool {
-    let texts: Vec<&str> = fields
-        .content
-        .iter()
-        .flatten()
-        .filter_map(|content| match content {
-            ToolCallContent::Content(content) => match &content.content {
-                ContentBlock::Text(text) => Some(text.text.as_str()),
-                _ => None,
-            },
-            _ => None,
-        })
-        .collect();
+    let texts: Vec<&str> = texts(fields).collect();
     let no_command = |text: &&str| match serde_json::from_str::<serde_json::Value>(text) {
         Ok(serde_json::Value::Object(arguments)) => !arguments.contains_key("command"),
         // Long arguments: `[Payload omitted due to length with parameters: a, b, ...]` (the first five names).
