@@ -518,6 +518,48 @@ fn raw(server: &McpServer, headers: &[(&str, &str)], body: &str) -> (u16, String
     raw_method(server, "POST", headers, body)
 }
 
+/// The value of the response header `name` (lower case) in a raw HTTP response.
+fn header_line<'a>(response: &'a str, name: &str) -> Option<&'a str> {
+    let head = response.split("\r\n\r\n").next()?;
+    head.lines().find_map(|line| {
+        let (header, value) = line.split_once(':')?;
+        header.eq_ignore_ascii_case(name).then_some(value.trim())
+    })
+}
+
+/// What an OAuth client does after a 401 (Claude Code, the SDKs' auth helpers): it looks for the server's OAuth
+/// metadata. There is none, and the answer says so at once, with or without a token, instead of another 401 that
+/// would read as "this resource is protected, go and authorize".
+#[test]
+fn an_oauth_clients_discovery_is_answered_404_saying_what_to_send_instead() {
+    let (game, server) = game(Arc::default(), Gate::new());
+    let bearer = format!("Bearer {TOKEN}");
+    for path in [
+        "/.well-known/oauth-protected-resource/mcp",
+        "/.well-known/oauth-protected-resource",
+        "/.well-known/oauth-authorization-server",
+    ] {
+        for headers in [vec![], vec![("Authorization", bearer.as_str())]] {
+            let (status, body) = common::raw_mcp::request_to(server.address(), "GET", path, &headers, "");
+            assert_eq!(status, 404, "{path}: {body}");
+            assert!(body.contains("does not use OAuth") && body.contains("Authorization: Bearer"), "{path}: {body}");
+        }
+    }
+    // A foreign Origin is still refused before anything else.
+    let (status, _) = common::raw_mcp::request_to(
+        server.address(),
+        "GET",
+        "/.well-known/oauth-protected-resource",
+        &[("Origin", "http://evil.example")],
+        "",
+    );
+    assert_eq!(status, 403);
+    // Other paths still need the token.
+    let (status, _) = common::raw_mcp::request_to(server.address(), "GET", "/elsewhere", &[], "");
+    assert_eq!(status, 401);
+    game.stop();
+}
+
 fn raw_method(server: &McpServer, method: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
     common::raw_mcp::request(server.address(), method, headers, body)
 }
@@ -546,9 +588,12 @@ fn security_refusals_have_the_right_status_and_say_why() {
         body.contains("file the game printed") && body.contains("not use OAuth"),
         "says where the token is: {body}"
     );
+    assert!(header_line(&body, "www-authenticate").is_some_and(|value| value == r#"Bearer realm="mcp""#), "{body}");
     let (status, body) = raw(&server, &[("Authorization", "Bearer wrong-token-wrong-token")], INITIALIZE);
     assert_eq!(status, 401, "wrong token: {body}");
     assert!(body.contains("wrong or revoked bearer token"));
+    let challenge = header_line(&body, "www-authenticate").unwrap_or_default();
+    assert!(challenge.starts_with("Bearer realm=\"mcp\", error=\"invalid_token\""), "RFC 6750: {body}");
     // HTTP authentication schemes are case-insensitive.
     let lower = format!("bearer {TOKEN}");
     let (status, body) = raw(&server, &[("Authorization", &lower)], INITIALIZE);

@@ -28,7 +28,9 @@
 //! the host (`BUSY`, an error result for the request, answered at the HTTP layer before the call reaches the MCP
 //! service, or by the host for a call that races past it); at most [`McpPlugin::max_connections`] connections, and
 //! a request that takes over [`McpPlugin::request_read_timeout`] to arrive is let go. Refusals: 403 (Origin, Host:
-//! with or without a token), 401 (token), 413 (body), 408 (a body that stopped coming), 503 (too many connections).
+//! with or without a token), 401 (token; its `WWW-Authenticate` names `invalid_token` when a token was sent), 413
+//! (body), 408 (a body that stopped coming), 503 (too many connections). There is no OAuth: an OAuth client's
+//! discovery after a 401 (`/.well-known/...`) is answered 404, token or not, with a body saying what to send.
 //!
 //! A 2025-11-25 client that ends its session with `DELETE` is answered 204 No Content; a `DELETE` (like any
 //! request) naming a session that does not exist any more (the game ended its conversation, or it expired), 404.

@@ -197,9 +197,15 @@ impl RebindingCheck {
 
 /// Requires `Authorization: Bearer <token>` (the scheme is case-insensitive, as in HTTP): the game's token, or a
 /// live per-conversation credential, whose conversation is then put in the request's extensions
-/// ([`BoundConversation`](super::credentials::BoundConversation)). 401 with a JSON body that says why otherwise. The game's token is compared in
-/// constant time.
+/// ([`BoundConversation`](super::credentials::BoundConversation)). Otherwise 401, with a JSON body that says why
+/// and an RFC 6750 challenge; the game's token is compared in constant time. `/.well-known/` paths (an OAuth
+/// client's discovery) are answered 404 whatever the token: there is nothing to discover.
 pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Request, next: Next) -> Response {
+    if request.uri().path().starts_with("/.well-known/") {
+        // An OAuth client's discovery (RFC 9728, RFC 8414) after a 401: no metadata, so it stops there, and a
+        // person reading the answer learns what to send instead.
+        return refusal(StatusCode::NOT_FOUND, "not_found", NO_OAUTH);
+    }
     let presented = |request: &Request| {
         // Its connection keeps its place at the connection cap (`connections`).
         if let Some(connection) = request.extensions().get::<Arc<super::connections::Connection>>() {
@@ -207,10 +213,7 @@ pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Re
         }
     };
     let reason = match presented_bearer(request.headers()) {
-        None => {
-            "missing bearer token: send the header `Authorization: Bearer <token>`, with the token from the \
-                 file the game printed at start-up (this server does not use OAuth)"
-        }
+        None => MISSING_TOKEN,
         Some(token) if constant_time_eq(token.as_bytes(), bearer.token.as_bytes()) => {
             presented(&request);
             return next.run(request).await;
@@ -228,7 +231,25 @@ pub(crate) async fn require_bearer(State(bearer): State<Bearer>, mut request: Re
         },
     };
     bearer.log_refusal(presented_bearer(request.headers()));
-    refusal(StatusCode::UNAUTHORIZED, "unauthorized", reason)
+    let mut response = refusal(StatusCode::UNAUTHORIZED, "unauthorized", reason);
+    response.headers_mut().insert(header::WWW_AUTHENTICATE, challenge(reason != MISSING_TOKEN));
+    response
+}
+
+const MISSING_TOKEN: &str = "missing bearer token: send the header `Authorization: Bearer <token>`, with the token \
+    from the file the game printed at start-up (this server does not use OAuth)";
+
+/// The answer to an OAuth client's discovery (`/.well-known/...`).
+const NO_OAUTH: &str = "this server does not use OAuth and publishes no authorization metadata: send the header \
+    `Authorization: Bearer <token>`, with the token from the file the game printed at start-up";
+
+/// A 401's `WWW-Authenticate` (RFC 6750 §3): the scheme and realm, and `invalid_token` when a token was sent.
+fn challenge(token_sent: bool) -> header::HeaderValue {
+    header::HeaderValue::from_static(if token_sent {
+        r#"Bearer realm="mcp", error="invalid_token", error_description="the token is wrong or revoked""#
+    } else {
+        r#"Bearer realm="mcp""#
+    })
 }
 
 /// Refuses a request whose `Host` or `Origin` is not allowed ([`RebindingCheck`]), before anything else.
@@ -292,11 +313,7 @@ pub(crate) fn presented_bearer(headers: &axum::http::HeaderMap) -> Option<&str> 
 /// A refusal with a JSON body that says why.
 pub(crate) fn refusal(status: StatusCode, error: &str, message: &str) -> Response {
     let body = serde_json::json!({ "error": error, "message": message }).to_string();
-    let mut response = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
-    if status == StatusCode::UNAUTHORIZED {
-        response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
-    }
-    response
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

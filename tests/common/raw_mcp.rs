@@ -8,8 +8,13 @@ use std::time::{Duration, Instant};
 /// The text of a `method` request to `/mcp` with `headers` (a `Host` naming `address` unless they give one) and
 /// `body`, on a connection that closes after it.
 pub fn request_text(address: SocketAddr, method: &str, headers: &[(&str, &str)], body: &str) -> String {
+    request_text_to(address, method, "/mcp", headers, body)
+}
+
+/// [`request_text`] to another `path`.
+pub fn request_text_to(address: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> String {
     let mut request = format!(
-        "{method} /mcp HTTP/1.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+        "{method} {path} HTTP/1.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
          Content-Length: {}\r\nConnection: close\r\n",
         body.len()
     );
@@ -26,9 +31,20 @@ pub fn request_text(address: SocketAddr, method: &str, headers: &[(&str, &str)],
 
 /// Sends a `method` request to `/mcp` with `headers` and `body`; returns the status and the whole response.
 pub fn request(address: SocketAddr, method: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    request_to(address, method, "/mcp", headers, body)
+}
+
+/// [`request`] to another `path`.
+pub fn request_to(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
     let mut stream = TcpStream::connect(address).expect("connect");
     stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    stream.write_all(request_text(address, method, headers, body).as_bytes()).expect("write");
+    stream.write_all(request_text_to(address, method, path, headers, body).as_bytes()).expect("write");
     let mut response = String::new();
     let _ = stream.read_to_string(&mut response);
     let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
