@@ -114,6 +114,22 @@ impl Hold {
         held.arrived.clone()
     }
 
+    /// Counts `who` in without waiting.
+    fn note(&self, who: &str) {
+        let (held, changed) = &*self.0;
+        held.lock().arrived.push(who.to_owned());
+        changed.notify_all();
+    }
+
+    /// Who arrived, once `count` did or `within` passed: what has *not* happened can only be shown over a time.
+    fn arrivals_within(&self, count: usize, within: Duration) -> Vec<String> {
+        let (held, changed) = &*self.0;
+        let mut held = held.lock();
+        let deadline = Instant::now() + within;
+        while held.arrived.len() < count && !changed.wait_until(&mut held, deadline).timed_out() {}
+        held.arrived.clone()
+    }
+
     fn release(&self) {
         let (held, changed) = &*self.0;
         held.lock().released = true;
@@ -692,7 +708,7 @@ impl bevy_agent_tools::persist::WriteFaults for ReadsFail {
     }
 }
 
-/// Holds the freeing of each save two saves old until released.
+/// Holds the freeing of each save two saves old until released, and notes every read of a save (`read`).
 struct FreeingHeld(Hold);
 
 impl bevy_agent_tools::persist::WriteFaults for FreeingHeld {
@@ -704,7 +720,15 @@ impl bevy_agent_tools::persist::WriteFaults for FreeingHeld {
         self.0.pass(document);
         Ok(())
     }
+
+    fn before_read(&self, _: &WorldId, _: &str) -> std::io::Result<()> {
+        self.0.note("read");
+        Ok(())
+    }
 }
+
+/// How long a test watches for a read that must not come yet: a load takes well under a millisecond here.
+const NOT_YET: Duration = Duration::from_millis(300);
 
 struct ReleasedOnDrop(Hold);
 
@@ -751,13 +775,45 @@ fn h6_a_save_is_durable_and_reported_before_the_save_two_saves_ago_is_freed_whic
     assert_eq!(files[0].1, r#"{"count":1}"#, "the save two saves ago, under a temporary name: {files:?}");
     assert!(files[0].0.starts_with(".progress.json."), "{files:?}");
     let next = runtime.spawn(store.load::<Progress>(&world, "progress"));
-    assert!(!store.flush().is_done(), "the world's next operation waits for the freeing");
+    assert_eq!(hold.arrivals_within(2, NOT_YET), ["progress"], "the world's next operation waits for the freeing");
+    assert!(!store.flush().is_done(), "a flush waits for the freeing");
     hold.release();
     assert_eq!(runtime.block_on(next).unwrap().unwrap(), Some(Progress { count: 3 }));
+    assert_eq!(hold.arrivals(2), ["progress", "read"]);
     store.flush().wait().unwrap();
     let expected = [("progress.json", r#"{"count":3}"#), ("progress.json.prev", r#"{"count":2}"#)];
     let expected: Vec<_> = expected.iter().map(|(name, end)| (name.to_string(), end.to_string())).collect();
     assert_eq!(folder(&store, &world), expected, "freed: nothing else is left");
+}
+
+#[test]
+fn h7_a_world_let_go_and_entered_again_loads_after_its_last_saves_freeing() {
+    // The plugin's store lets a world go once its visit has closed, before the save two saves ago is freed: the next
+    // visit's load comes to a new queue of the world, which waits for that freeing as the old one's next operation
+    // would.
+    let data = tempfile::tempdir().unwrap();
+    let mut app = game(Saves::default(), data.path());
+    for count in [1, 2] {
+        app.enter_world("alpha");
+        assert_eq!(call(&mut app, "bump"), json!(count));
+        app.exit_world();
+        assert_eq!(last_close(&mut app).wait_timeout(DEADLINE), Some(Ok(())));
+    }
+    app.enter_world("alpha");
+    assert_eq!(call(&mut app, "bump"), json!(3));
+    let hold = Hold::default();
+    store(&app).set_write_faults(FreeingHeld(hold.clone()));
+    let _released = ReleasedOnDrop(hold.clone());
+    app.exit_world();
+    assert_eq!(last_close(&mut app).wait_timeout(DEADLINE), Some(Ok(())), "saved, and the world let go");
+    assert_eq!(hold.arrivals(1), ["progress"], "the save two saves ago is being freed");
+
+    app.enter_world("alpha");
+    assert_eq!(hold.arrivals_within(2, NOT_YET), ["progress"], "the load waits for the freeing");
+    assert!(!store(&app).flush().is_done(), "a flush waits for the freeing of a world let go");
+    hold.release();
+    assert_eq!(call(&mut app, "read"), json!(3));
+    assert_eq!(hold.arrivals(2), ["progress", "read"]);
 }
 
 /// A store whose `world` was saved twice (counts 1 and 2), then whose next `failures` reads of a primary fail.

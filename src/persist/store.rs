@@ -85,11 +85,10 @@ struct Worlds {
     /// first visit): then a world no visit uses is let go whenever nothing of it is queued or running. A store the
     /// host never used keeps each world until it is dropped.
     managed: bool,
-    /// Worlds let go whose lock file is being closed, each with the completion of that close and its number: the
-    /// world's next queue starts after it (its lock file would be found locked by this very process before).
-    retiring: HashMap<WorldId, (u64, Completion)>,
-    /// The number of the last world let go.
-    retired: u64,
+    /// Worlds let go, each with what its next queue starts after: its lock file closed (it would be found locked by
+    /// this very process before) and its last operation's freeing of a superseded save done. Taken by the world's
+    /// next queue; those resolved are dropped whenever a world is let go.
+    retiring: HashMap<WorldId, Completion>,
     /// Of the worlds let go, the documents a load could not read ([`WorldFiles::take_unread`]).
     unread: HashMap<WorldId, std::collections::HashSet<String>>,
 }
@@ -104,7 +103,6 @@ struct InUse {
 /// the close to report.
 struct Retired {
     queue: Arc<WorldQueue>,
-    number: u64,
     closed: crate::completion::Completer,
 }
 
@@ -125,9 +123,12 @@ impl Worlds {
             self.unread.insert(world.clone(), unread);
         }
         let (closed, closing) = Completion::pending();
-        self.retired += 1;
-        self.retiring.insert(world.clone(), (self.retired, closing));
-        Some(Retired { queue, number: self.retired, closed })
+        // The last operation reports before it frees the save two saves ago (`enqueue`): the next queue waits for
+        // that too, as the same queue's next operation would.
+        let after = Completion::all(std::iter::once(closing).chain(queue.turns.last()));
+        self.retiring.retain(|_, after| !after.is_done());
+        self.retiring.insert(world.clone(), after);
+        Some(Retired { queue, closed })
     }
 }
 
@@ -165,13 +166,8 @@ impl Shared {
             change(&mut worlds);
             worlds.take_if_idle(world)
         };
-        let Some(Retired { queue, number, closed }) = retired else { return };
+        let Some(Retired { queue, closed }) = retired else { return };
         drop(queue);
-        let mut worlds = self.worlds.lock();
-        if worlds.retiring.get(world).is_some_and(|(retiring, _)| *retiring == number) {
-            worlds.retiring.remove(world);
-        }
-        drop(worlds);
         closed.succeed();
     }
 }
@@ -456,9 +452,7 @@ impl WorldStore {
         let turns: Vec<_> = {
             let worlds = self.shared.worlds.lock();
             let last = worlds.queues.values().filter_map(|in_use| in_use.queue.turns.last());
-            last.chain(worlds.retiring.values().map(|(_, closing)| closing.clone()))
-                .filter(|turn| !turn.is_done())
-                .collect()
+            last.chain(worlds.retiring.values().cloned()).filter(|turn| !turn.is_done()).collect()
         };
         if turns.is_empty() {
             // Resolved now, not by a task of the runtime: an exit whose deadline has passed asks without waiting.
@@ -502,7 +496,7 @@ impl WorldStore {
         let mut worlds = self.shared.worlds.lock();
         let worlds = &mut *worlds;
         let in_use = worlds.queues.entry(world.clone()).or_insert_with(|| {
-            let before = worlds.retiring.get(world).map(|(_, closing)| closing.clone());
+            let before = worlds.retiring.remove(world);
             let unread = worlds.unread.remove(world).unwrap_or_default();
             InUse {
                 queue: Arc::new(WorldQueue {
