@@ -662,31 +662,57 @@ fn damaged_save_falls_back_to_the_previous_one_with_a_warning() {
 }
 
 #[test]
-fn a_save_that_cannot_be_read_falls_back_to_the_previous_one_and_a_failed_commit_leaves_no_temporary_file() {
+fn a_folder_where_a_save_goes_is_moved_aside_and_a_failed_commit_leaves_no_temporary_file() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let data = tempfile::tempdir().unwrap();
     let store = WorldStore::new(data.path(), runtime.handle().clone());
     let world = WorldId::new("unreadable");
     store.save(&world, "progress", Progress { count: 1 }).wait().unwrap();
     store.save(&world, "progress", Progress { count: 2 }).wait().unwrap();
-    // The primary cannot be read (as a bad sector's: here a folder in its place).
+    // A folder in the primary's place (a person's, a sync tool's): it cannot be read, so the previous save loads.
     let path = store.document_path(&world, "progress").unwrap();
+    let dir = path.parent().unwrap().to_path_buf();
     std::fs::remove_file(&path).unwrap();
     std::fs::create_dir(&path).unwrap();
-    let loaded = runtime.block_on(store.load::<Progress>(&world, "progress"));
-    assert_eq!(loaded.unwrap(), Some(Progress { count: 1 }), "falls back to the previous save");
+    std::fs::write(path.join("notes.txt"), "mine").unwrap();
+    let load = |store: &WorldStore| runtime.block_on(store.load::<Progress>(&world, "progress")).unwrap();
+    assert_eq!(load(&store), Some(Progress { count: 1 }), "falls back to the previous save");
 
-    // A save cannot replace a folder: it fails, and its temporary file does not stay behind to fill the disk.
-    let error = store.save(&world, "progress", Progress { count: 3 }).wait().unwrap_err();
+    // No file can be renamed over a folder: the next save moves it aside, contents and all, and takes its place.
+    store.save(&world, "progress", Progress { count: 3 }).wait().unwrap();
+    assert_eq!(load(&store), Some(Progress { count: 3 }));
+    let kept = std::fs::read_to_string(dir.join("progress.json.unreadable-1/notes.txt"));
+    assert_eq!(kept.unwrap(), "mine", "the folder is kept aside");
+    // The same for a folder where the previous save goes.
+    let previous = dir.join("progress.json.prev");
+    std::fs::remove_file(&previous).unwrap();
+    std::fs::create_dir(&previous).unwrap();
+    store.save(&world, "progress", Progress { count: 4 }).wait().unwrap();
+    assert!(dir.join("progress.json.prev.unreadable-1").is_dir());
+    assert!(std::fs::read_to_string(&previous).unwrap().ends_with(r#"{"count":3}"#), "the save it replaced");
+
+    // A commit that fails (here its rename: the temporary file is moved away first) leaves no temporary file to
+    // fill the disk, and the save before it loads.
+    let moving = dir.clone();
+    store.set_write_faults(move |_: &WorldId, _: &str| {
+        for entry in std::fs::read_dir(&moving)?.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(".progress.json") && !name.contains("superseded") && !name.contains("moved") {
+                std::fs::rename(entry.path(), moving.join(".progress.json.moved"))?;
+            }
+        }
+        Ok(())
+    });
+    let error = store.save(&world, "progress", Progress { count: 5 }).wait().unwrap_err();
     assert!(error.message().contains("committing"), "{error}");
-    let left: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+    store.flush().wait().unwrap();
+    let left: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|name| name.starts_with('.'))
         .collect();
     assert!(left.is_empty(), "no temporary file left: {left:?}");
-    let loaded = runtime.block_on(store.load::<Progress>(&world, "progress"));
-    assert_eq!(loaded.unwrap(), Some(Progress { count: 1 }), "the previous save is kept");
+    assert_eq!(load(&store), Some(Progress { count: 4 }), "the last save is kept");
 }
 
 /// Fails the next `left` reads of a primary save with the disk's `EIO`, as a network file system's passing failure

@@ -296,6 +296,7 @@ impl WorldFiles {
     /// bytes instead of copying them; a damaged primary is never rotated in, so `.prev` stays the last good save.
     fn keep_previous(&mut self, document: &str, faults: Option<&dyn WriteFaults>) -> Result<(), StoreError> {
         let primary = self.primary(document);
+        self.move_folder_aside(document, &primary)?;
         if self.unread.contains(document) {
             // Not read again: the game built on the previous save, whatever the primary holds.
             self.keep_aside(document, "the current save could not be read when it was loaded");
@@ -316,7 +317,8 @@ impl WorldFiles {
                     self.keep_aside(document, &format!("the current save cannot be read ({e})"));
                     return Ok(());
                 }
-                // Something else in its place (a folder, a link, a FIFO): replaced, and `.prev` kept.
+                // Something else in its place (a link, a FIFO; a folder was moved aside): replaced, and `.prev`
+                // kept.
                 Err(e) if is_damage(&e) => {
                     tracing::warn!(world = %self.world, document, error = %e, "the current save is not a save; keeping the previous one");
                     return Ok(());
@@ -335,6 +337,7 @@ impl WorldFiles {
                 .map_err(|e| self.error("copying the current save to", &staging, e))?;
         }
         self.supersede(document, &previous);
+        self.move_folder_aside(document, &previous)?;
         // No directory fsync of its own: the commit that follows fsyncs the directory, which makes this rename
         // durable too. Until then the old primary is still in place, so nothing depends on `.prev` yet.
         fs::rename(&staging, &previous).map_err(|e| self.error("keeping the previous save as", &previous, e))?;
@@ -357,15 +360,36 @@ impl WorldFiles {
         }
     }
 
+    /// `<path>.unreadable-N`, the first number free (an earlier one is never replaced), if one of the first 1,000 is.
+    fn aside(&self, path: &Path) -> Option<PathBuf> {
+        let name = path.file_name()?.to_string_lossy();
+        (1..=1_000)
+            .map(|n| self.dir.join(format!("{name}.unreadable-{n}")))
+            .find(|aside| fs::symlink_metadata(aside).is_err())
+    }
+
+    /// A folder where a save of `document` goes (the primary or `.prev`: put there by a person or a sync tool):
+    /// a file cannot be renamed over it, so that no save of the document could ever be made, it is moved aside,
+    /// contents and all, as `<its name>.unreadable-N` ([`aside`](Self::aside)), and the save takes its place.
+    fn move_folder_aside(&self, document: &str, path: &Path) -> Result<(), StoreError> {
+        if !fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir()) {
+            return Ok(());
+        }
+        let moving = "moving aside the folder at";
+        let aside = self.aside(path).ok_or_else(|| {
+            self.error(moving, path, std::io::Error::other("1,000 are kept aside already: remove some"))
+        })?;
+        fs::rename(path, &aside).map_err(|e| self.error(moving, path, e))?;
+        tracing::warn!(world = %self.world, document, folder = %path.display(), aside = %aside.display(), "a folder was where the save goes: moved aside");
+        Ok(())
+    }
+
     /// Keeps `document`'s primary as `<doc>.json.unreadable-N` (the first number free: an earlier one is never
     /// replaced): a hard link, or where there are none a copy, synced under a temporary name first (a crash or a
     /// failure part way leaves no partial copy under the name); `why` goes in the warning.
     fn keep_aside(&self, document: &str, why: &str) {
         let primary = self.primary(document);
-        let Some(aside) = (1..=1_000)
-            .map(|n| self.dir.join(format!("{document}.json.unreadable-{n}")))
-            .find(|aside| fs::symlink_metadata(aside).is_err())
-        else {
+        let Some(aside) = self.aside(&primary) else {
             tracing::warn!(world = %self.world, document, "{why}, and 1,000 copies are kept aside already; the previous save is kept");
             return;
         };
