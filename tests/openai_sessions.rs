@@ -1562,6 +1562,17 @@ fn an_answer_streamed_past_its_size_or_call_limit_fails_the_turn_instead_of_fill
     assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
     assert!(message.contains("over 16 MiB"), "{message}");
     assert_eq!(game.executions.load(Ordering::SeqCst), 0, "none of them ran");
+
+    // OpenRouter's reasoning blocks: past 1,024 in one answer (here 100 chunks of 11 empty pieces each, each a block
+    // of its own), the answer is abandoned, not held until the turn's timeout.
+    game.block_on(session.resume()).expect("resumed");
+    let empty = json!({"choices": [{"index": 0, "delta": {"reasoning_details": vec![json!({}); 11]}}]});
+    let mut pieces: Vec<Piece> = (0..100).map(|_| Piece::Data(empty.clone())).collect();
+    pieces.push(Piece::Stall);
+    server.reply(Reply::Stream(pieces));
+    let (code, message) = code_of(game.block_on(session.send_text("think")));
+    assert_eq!(code, ErrorCode::AgentUnavailable, "{message}");
+    assert!(message.contains("over 1024 reasoning blocks"), "{message}");
 }
 
 #[test]

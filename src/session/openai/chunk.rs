@@ -40,9 +40,10 @@ pub(crate) struct Delta {
     /// The same, as Ollama sends it.
     #[serde(default)]
     pub reasoning: Option<String>,
-    /// OpenRouter's reasoning blocks ([`ReasoningDetails`](super::reasoning_details::ReasoningDetails)).
-    #[serde(default)]
-    pub reasoning_details: Option<Value>,
+    /// OpenRouter's reasoning blocks ([`ReasoningDetails`](super::reasoning_details::ReasoningDetails)): the pieces
+    /// of a list, at most [`LIST_LIMIT`] a delta; anything else is not OpenRouter's, and is left out.
+    #[serde(default, deserialize_with = "first_few_of_a_list")]
+    pub reasoning_details: Vec<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -134,6 +135,65 @@ where
     T: Deserialize<'de>,
 {
     first_few(deserializer).map(Some)
+}
+
+/// [`first_few`] of a list; anything else read (and skipped) as no elements.
+fn first_few_of_a_list<'de, D>(deserializer: D) -> Result<Vec<Value>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct FirstFewOfAList;
+
+    impl<'de> serde::de::Visitor<'de> for FirstFewOfAList {
+        type Value = Vec<Value>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("anything")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Value>, A::Error> {
+            let mut kept = Vec::new();
+            while kept.len() < LIST_LIMIT {
+                match seq.next_element()? {
+                    Some(element) => kept.push(element),
+                    None => return Ok(kept),
+                }
+            }
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok(kept)
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Vec<Value>, A::Error> {
+            while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+            Ok(Vec::new())
+        }
+
+        fn visit_unit<E>(self) -> Result<Vec<Value>, E> {
+            Ok(Vec::new())
+        }
+
+        fn visit_bool<E>(self, _: bool) -> Result<Vec<Value>, E> {
+            Ok(Vec::new())
+        }
+
+        fn visit_i64<E>(self, _: i64) -> Result<Vec<Value>, E> {
+            Ok(Vec::new())
+        }
+
+        fn visit_u64<E>(self, _: u64) -> Result<Vec<Value>, E> {
+            Ok(Vec::new())
+        }
+
+        fn visit_f64<E>(self, _: f64) -> Result<Vec<Value>, E> {
+            Ok(Vec::new())
+        }
+
+        fn visit_str<E>(self, _: &str) -> Result<Vec<Value>, E> {
+            Ok(Vec::new())
+        }
+    }
+
+    deserializer.deserialize_any(FirstFewOfAList)
 }
 
 /// A string, `""` read as none.

@@ -77,7 +77,7 @@ impl Reasoning {
     /// Adds what `delta` brings of it; returns the bytes added. An empty piece still says which field the
     /// endpoint uses (DeepSeek's thinking mode streams `reasoning_content: ""` when it thought nothing, and refuses
     /// that answer's tool calls sent back without the field), unless another field brought thinking already.
-    fn add(&mut self, delta: &super::chunk::Delta) -> usize {
+    fn add(&mut self, delta: &super::chunk::Delta) -> Result<usize, super::reasoning_details::TooManyBlocks> {
         let pieces = [("reasoning_content", &delta.reasoning_content), ("reasoning", &delta.reasoning)];
         let mut added = 0;
         for (field, piece) in pieces {
@@ -92,10 +92,8 @@ impl Reasoning {
                 added += piece.len();
             }
         }
-        if let Some(details) = &delta.reasoning_details {
-            added += self.details.add(details);
-        }
-        added
+        added += self.details.add(&delta.reasoning_details)?;
+        Ok(added)
     }
 
     /// Adds thinking the answer's text held ([`ThinkTags`](super::think_tags::ThinkTags)): never sent back (the
@@ -496,7 +494,8 @@ async fn stream_round(
             }));
         }
         for choice in chunk.choices {
-            held = held.saturating_add(reasoning.add(&choice.delta));
+            let reasoned = reasoning.add(&choice.delta).map_err(|_| too_many_blocks(shared))?;
+            held = held.saturating_add(reasoned);
             if let Some(piece) = choice.delta.content.filter(|piece| !piece.is_empty()) {
                 held = held.saturating_add(piece.len());
                 let split = think_tags.push(&piece);
@@ -614,6 +613,17 @@ fn oversized(shared: &Shared, held: usize, calls: usize) -> ToolError {
     )
     .with_detail("url", &url)
     .with_detail("calls", calls)
+}
+
+/// An answer past [`MAX_BLOCKS`](super::reasoning_details::MAX_BLOCKS) reasoning blocks.
+fn too_many_blocks(shared: &Shared) -> ToolError {
+    let url = shared.endpoint.completions_url();
+    let most = super::reasoning_details::MAX_BLOCKS;
+    ToolError::with_code(
+        ErrorCode::AgentUnavailable,
+        format!("{url} streamed over {most} reasoning blocks in one answer: the request was abandoned"),
+    )
+    .with_detail("url", &url)
 }
 
 /// `waited`: the stall timeout, or while the request opens, that and the bounded retries' waits.
