@@ -213,8 +213,11 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     }
 
     /// How many outcomes of keyed operations (`operation_id`) a visit retains, in how many bytes, and for how long
-    /// (default 10,000 entries, 64 MiB, 10 minutes).
-    pub fn replay_retention(mut self, retention: ReplayRetention) -> Self {
+    /// (default 10,000 entries, 64 MiB, 10 minutes). The entries count the keyed operations still running too, which
+    /// are never evicted: with that many running in a visit at once, another keyed call is refused `BUSY`. At least
+    /// one entry (0 is taken as 1).
+    pub fn replay_retention(mut self, mut retention: ReplayRetention) -> Self {
+        retention.max_entries = retention.max_entries.max(1);
         self.config.replay = retention;
         self
     }

@@ -48,7 +48,8 @@ pub struct ReplayKey {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReplayRetention {
-    /// At most this many entries (completed ones are evicted oldest first; in-flight ones never).
+    /// At most this many entries (completed ones are evicted oldest first; in-flight ones never, so this also
+    /// bounds the keyed operations running in a visit at once: past it, a keyed call is refused `BUSY`). At least 1.
     pub max_entries: usize,
     /// Completed entries older than this are dropped.
     pub max_age: Duration,

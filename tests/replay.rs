@@ -43,6 +43,22 @@ fn h12_how_long_outcomes_are_kept_is_the_games_choice_and_an_evicted_operation_r
 }
 
 #[test]
+fn h12_a_retention_of_no_entries_is_taken_as_one_so_keyed_calls_still_run() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let plugin = AgentToolsPlugin::new(TestGame::default())
+        .replay_retention(bevy_agent_tools::ReplayRetention { max_entries: 0, ..Default::default() })
+        .with_tool(bump_tool("counted", ToolScope::World, executions.clone(), None));
+    let mut app = bevy_agent_tools::testing::headless_app(plugin);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("agent");
+    let first = app.run_until_resolved(&conversation.request(keyed("counted", json!({}), "op-1")));
+    assert!(first.is_ok(), "{first:?}");
+    let again = app.run_until_resolved(&conversation.request(keyed("counted", json!({}), "op-1")));
+    assert_eq!(again, first, "its one entry replays it");
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+}
+
+#[test]
 fn h12_a_keyed_call_when_every_kept_entry_is_in_flight_is_refused_busy_and_runs_nothing() {
     let (gate, executions) = (Gate::new(), Arc::new(AtomicUsize::new(0)));
     let plugin = AgentToolsPlugin::new(TestGame::default())
@@ -146,6 +162,25 @@ fn h12_an_in_process_call_with_operation_id_in_its_arguments_runs_once_as_over_m
     let empty = conversation.call("count", json!({ "by": 5, OPERATION_ID: "" })).try_outcome().expect("at once");
     assert_eq!(empty.expect_err("empty id").code, ErrorCode::InvalidInput);
     assert_eq!(executions.load(Ordering::SeqCst), 1, "nothing refused ran");
+}
+
+#[test]
+fn h12_a_read_only_tool_keys_nothing_so_a_repeated_read_sees_the_world_as_it_is_now() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let peek = AgentTool::new("peek", "Reads the counter.", |ctx: CallContext<Session>, _: NoArgs| async move {
+        ctx.on_client(|_, session| session.counter).await
+    })
+    .read_only();
+    let mut app = app_with(TestGame::default(), vec![bump_tool("count", ToolScope::World, executions, None), peek]);
+    app.enter_world("alpha");
+    let conversation = app.agent().conversation("a");
+    let mut read = |app: &mut bevy::prelude::App, arguments: Value| {
+        let outcome = app.run_until_resolved(&conversation.call("peek", arguments)).expect("reads");
+        outcome.value
+    };
+    assert_eq!(read(&mut app, json!({ OPERATION_ID: "look" })), json!(0));
+    app.run_until_resolved(&conversation.call("count", json!({ "by": 2 }))).expect("bumps");
+    assert_eq!(read(&mut app, json!({ OPERATION_ID: "look" })), json!(2), "read again, not replayed");
 }
 
 #[derive(Default)]

@@ -177,7 +177,10 @@ fn admit_inner(
             return Err(error);
         }
         let task = request.task.clone().unwrap_or_else(|| TaskId::of_conversation(conversation));
-        let replay_key = request.operation.clone().map(|operation| ReplayKey {
+        // A read-only tool keys nothing (its schema offers no `operation_id`): reading again reads the world as it
+        // is now, where a kept outcome would be the world as it was.
+        let keyed = request.operation.clone().filter(|_| !info.annotations.read_only);
+        let replay_key = keyed.map(|operation| ReplayKey {
             tool: info.name.clone(),
             task: task.clone(),
             location: (info.scope == ToolScope::Location).then_some(open.info.location.revision),
