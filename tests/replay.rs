@@ -174,7 +174,7 @@ fn h12_a_read_only_tool_keys_nothing_so_a_repeated_read_sees_the_world_as_it_is_
     let mut app = app_with(TestGame::default(), vec![bump_tool("count", ToolScope::World, executions, None), peek]);
     app.enter_world("alpha");
     let conversation = app.agent().conversation("a");
-    let mut read = |app: &mut bevy::prelude::App, arguments: Value| {
+    let read = |app: &mut bevy::prelude::App, arguments: Value| {
         let outcome = app.run_until_resolved(&conversation.call("peek", arguments)).expect("reads");
         outcome.value
     };
