@@ -159,7 +159,9 @@ impl AgentHandle {
         self.host.is_busy(conversation)
     }
 
-    /// How many `on_client` steps are queued for the main thread now.
+    /// How many jobs are queued for the main thread now: `on_client` steps, and the host's own work there (a call's
+    /// clean-up, a tool's request for the player's input context). An `every_frame` step counts until its first
+    /// run, not while it waits for its next frame.
     pub fn queued_steps(&self) -> usize {
         self.host.jobs.len()
     }

@@ -472,6 +472,11 @@ fn busy_over_the_in_flight_limit_in(modern: bool) {
         let text = third.content.first().and_then(|content| content.as_text()).map(|text| text.text.clone());
         let error: Value = serde_json::from_str(&text.unwrap_or_default()).expect("the error as JSON text");
         assert_eq!((&error["code"], &error["details"]["limit"]), (&json!("BUSY"), &json!(2)), "DESIGN §5: {error}");
+        let meta = third.meta.as_ref().map(|meta| meta.0.clone()).unwrap_or_default();
+        assert!(
+            meta.get("io.modelcontextprotocol/serverInfo").is_some(),
+            "says who answers, as every result: {meta:?}"
+        );
         // At the limit, the way out of a shared conversation still works, and an unknown tool is still an unknown
         // tool (a JSON-RPC error), not BUSY.
         let begun = peer.call_tool(params("begin_conversation", json!({}))).await.expect("a result");
@@ -493,6 +498,7 @@ fn busy_over_the_in_flight_limit_in(modern: bool) {
             let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
             let answer: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("a JSON body ({e}): {response}"));
             assert_eq!((&answer["id"], &answer["result"]["isError"]), (&json!(9), &json!(true)), "{answer}");
+            assert_eq!(answer["result"]["resultType"], "complete", "2026-07-28: every result says its type: {answer}");
             let error = &answer["result"]["_meta"][ERROR_META_KEY];
             assert_eq!((&error["code"], &error["details"]["limit"]), (&json!("BUSY"), &json!(2)), "DESIGN §5: {error}");
             assert!(error["message"].as_str().is_some_and(|m| m.contains("wait for one")), "{error}");

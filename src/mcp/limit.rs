@@ -23,7 +23,7 @@ use super::naming::{
     client_identity, conversation_id, is_sessionless, session_named, CLIENT_CAPABILITIES_META, CLIENT_INFO_META,
     PROTOCOL_VERSION_META,
 };
-use super::server::error_result;
+use super::server::{error_result, identify};
 use super::sessions::ConversationSessions;
 use crate::agent::AgentHandle;
 use crate::error::{ErrorCode, ToolError};
@@ -42,15 +42,21 @@ pub(crate) struct InFlightLimit {
 }
 
 /// The answer to request `id`: the host's `BUSY` as an error tool result (DESIGN §5), exactly as admission would
-/// give it, in a JSON-RPC response with `Retry-After: 1`.
-fn busy(agent: &AgentHandle, conversation: &ConversationId, id: &Value) -> Response {
+/// give it and as the server shapes every result (who answers in `_meta`; `resultType` only for a sessionless
+/// 2026-07-28 request, as rmcp leaves it out for older ones), in a JSON-RPC response with `Retry-After: 1`.
+fn busy(agent: &AgentHandle, conversation: &ConversationId, id: &Value, sessionless: bool) -> Response {
     let error = ToolError::with_code(
         ErrorCode::Busy,
         "this conversation already has its limit of calls in flight; wait for one to finish",
     )
     .with_detail("conversation", conversation)
     .with_detail("limit", agent.host().config.max_in_flight);
-    let result = serde_json::to_value(error_result(&error)).unwrap_or_else(|_| serde_json::json!({"isError": true}));
+    let mut result = error_result(&error);
+    identify(&mut result.meta);
+    if !sessionless {
+        result.result_type = None;
+    }
+    let result = serde_json::to_value(result).unwrap_or_else(|_| serde_json::json!({"isError": true}));
     let body = serde_json::json!({ "jsonrpc": "2.0", "id": id, "result": result });
     let mut response = (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response();
     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -90,7 +96,7 @@ pub(crate) async fn limit_in_flight(State(limit): State<InFlightLimit>, request:
             let conversation = conversation_id(bound, handle, session, client.as_deref());
             let refused = |conversation: &ConversationId| takes_a_place && !keyed && limit.agent.is_busy(conversation);
             if let Some(conversation) = conversation.filter(refused) {
-                return busy(&limit.agent, &conversation, id);
+                return busy(&limit.agent, &conversation, id, sessionless);
             }
         }
     }

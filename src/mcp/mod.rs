@@ -69,11 +69,16 @@
 //! of its later calls. Only minted handles pass (`CONVERSATION_NOT_FOUND`). A sessionless request that names no
 //! client is a conversation of its own, ended with the request. A `task_id` is shared by every conversation that
 //! names it. A request presenting an in-game agent session's credential ([`Credentials`]) is that session's
-//! conversation. The 1,000 client names used most recently keep their conversations open; the conversation of
+//! conversation. A request that names none of these (sessionless, no client name, no handle) is a conversation of
+//! its own, so the per-conversation in-flight limit does not bound such requests together: the connection cap does.
+//! The 1,000 client names used most recently keep their conversations open; the conversation of
 //! one used longer ago ends, and opens again when it comes back.
 //!
-//! Progress: every report a handler makes before its result reaches the client (as `notifications/progress`, when
-//! the request carried a progress token) before the result.
+//! Progress: the reports a handler makes before its result reach the client (as `notifications/progress`, when
+//! the request carried a progress token) before the result, in order. MCP wants each to go forward: one that is not
+//! finite, or does not go forward and says nothing new, is dropped. A client that reads them slower than the
+//! tool makes them gets at most 4,096 waiting (a newer report replaces the latest waiting, so the last one still
+//! comes), one that reads none for 5 s gets no more of that call's, and none follow a cancel.
 //!
 //! Resumption (2025-11-25 sessions): a response stream starts with a priming event and `retry: 3000`. A client
 //! whose connection dropped comes back with `GET` and `Last-Event-ID` and gets the events it missed, the result

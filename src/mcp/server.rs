@@ -499,7 +499,7 @@ fn server_info() -> Implementation {
 
 /// Says who answers in a result's `_meta` (MCP 2026-07-28: servers SHOULD identify themselves in each result;
 /// without a session, nothing else tells a client).
-fn identify(meta: &mut Option<MetaObject>) {
+pub(crate) fn identify(meta: &mut Option<MetaObject>) {
     meta.get_or_insert_default().0.insert(SERVER_INFO_META_KEY.into(), json!(server_info()));
 }
 
