@@ -1148,6 +1148,22 @@ fn an_ended_session_lets_its_folder_go_and_takes_it_again_to_resume() {
     assert_eq!(turn.final_message.as_deref(), Some("I remember 1 turns"), "the same agent session");
 }
 
+#[test]
+fn an_ended_session_another_copy_only_looked_at_is_not_held_by_it() {
+    let dirs = Dirs::new();
+    let (first, second) = (Game::start(&dirs), Game::start(&dirs));
+    let session = first.create(agent(&dirs, &[]).auto_end_on_disconnect(false)).expect("starts");
+    let id = session.id().clone();
+    first.block_on(session.end());
+    // The other copy's menu of past chats reads it: ended, it stays ended, and that copy keeps nothing of it.
+    let shown = second.block_on(second.sessions.resume_session(id.clone())).expect("read");
+    let (code, _) = code_of(second.block_on(shown.send_text("hello?")));
+    assert_eq!(code, ErrorCode::SessionEnded);
+    assert_eq!(first.block_on(session.resume()).expect("not held by a copy that only looked"), Attached::Resumed);
+    let (code, message) = code_of(second.block_on(shown.resume()));
+    assert_eq!(code, ErrorCode::SessionBusy, "taken to resume, and refused while the first has it: {message}");
+}
+
 /// The file descriptors this process has open (Linux).
 #[cfg(target_os = "linux")]
 fn open_files() -> usize {

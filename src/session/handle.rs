@@ -127,7 +127,8 @@ impl AgentSessions {
 
     /// Re-attaches to session `id` with an authoritative status: a session of this run as it is; else one kept
     /// from an earlier run (created with `auto_end_on_disconnect(false)`): an ended one stays ended (without
-    /// contacting the agent) until [`AgentSession::resume`]; a live one is re-attached at its agent (ACP
+    /// contacting the agent, writing nothing, and not kept from other copies of the game: a menu of past chats may
+    /// read them all) until [`AgentSession::resume`]; a live one is re-attached at its agent (ACP
     /// `session/resume`, or `session/load`), under a new credential. An empty id is `INVALID_INPUT`; an id neither
     /// the game nor the agent knows is `SESSION_NOT_FOUND` (nothing is created in its place; an ACP agent may say it
     /// in its error's message or its data). An agent that fails for reasons of its own (it does not say the session
@@ -171,7 +172,10 @@ impl AgentSessions {
         let phase = if record.ended { Phase::Ended } else { Phase::Live };
         let core = SessionCore::new(id.clone(), record.config.clone(), self.host.clone(), phase);
         core.set_backend_session(record.backend_session.clone());
-        core.take_up(&record).await;
+        if !record.ended {
+            // An ended one is only read: nothing of it is written by a copy that does not keep it (below).
+            core.take_up(&record).await;
+        }
         self.host.agent.host().conversations.restore_held(&id, record.ended);
         let unkept = Unkept { host: &self.host, core: &core, new: false };
         if !record.ended {
@@ -179,8 +183,11 @@ impl AgentSessions {
                 return Err(not_found(id.as_str()));
             };
             core.connect(Some(backend_session), false, None).await?;
+            holding.keep();
         }
-        holding.keep();
+        // An ended session is not this copy's once read (dropped, `holding` lets its folder go): another copy of the
+        // game may resume or forget it, and a menu of past chats holds no folder open for each one it showed.
+        // `AgentSession::resume` takes it again.
         unkept.keep();
         // Under the id's lock: no other resume of `id` is under way, so this one is the session's only core.
         self.live.lock().insert(id, core.clone());
