@@ -1991,11 +1991,13 @@ fn s4_the_games_exit_stops_every_agent_even_one_that_ignores_sigterm_and_its_inp
     assert_eq!(dirs.agents_running(), 2);
     let started = Instant::now();
     game.game.stop();
-    // The close ladder is about 3 s (input closed, 1 s, SIGTERM, 2 s, SIGKILL); an exit that waited for the
-    // stubborn agent to leave on its own would wait the whole exit deadline (30 s).
+    // Bounded: the close ladder (input closed, 1 s, SIGTERM, 2 s, SIGKILL) inside the sessions' exit deadline (5 s).
     assert!(started.elapsed() < Duration::from_secs(20), "the exit waited {:?}", started.elapsed());
     // The stubborn one ignores SIGTERM and its input: were it left behind, it would never go.
     dirs.wait_no_agents(LIMIT);
+    // And it went by the ladder, each step taken in turn, not only by the runtime's drop (which kills at once).
+    assert!(dirs.state.join("input-closed").exists(), "its input was closed first");
+    assert!(dirs.state.join("sigterm").exists(), "then it was asked to stop with SIGTERM");
 }
 
 #[test]
