@@ -202,13 +202,21 @@ fn h13_panic_before_the_handlers_first_await_gives_internal_and_the_app_keeps_up
 
 #[test]
 fn h10_a_handler_that_panics_while_cleaning_up_after_its_call_ended_harms_nothing() {
+    /// Counts its drop: the handler's future unwound by its panic.
+    struct Unwound(Arc<AtomicUsize>);
+    impl Drop for Unwound {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
     let gate = Gate::new();
-    let cleaning = Arc::new(AtomicUsize::new(0));
+    let (cleaning, unwound) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let tool = AgentTool::new("cleanup_panics", "Panics in its cleanup.", {
-        let (gate, cleaning) = (gate.clone(), cleaning.clone());
+        let (gate, cleaning, unwound) = (gate.clone(), cleaning.clone(), unwound.clone());
         move |ctx: CallContext<Session>, _: NoArgs| {
-            let (gate, cleaning) = (gate.clone(), cleaning.clone());
+            let (gate, cleaning, unwound) = (gate.clone(), cleaning.clone(), unwound.clone());
             async move {
+                let _unwound = Unwound(unwound);
                 gate.pass().await;
                 ctx.ended().await;
                 cleaning.fetch_add(1, Ordering::SeqCst);
@@ -220,15 +228,29 @@ fn h10_a_handler_that_panics_while_cleaning_up_after_its_call_ended_harms_nothin
         }
     });
     let mut app = app_with(TestGame::default(), vec![tool]);
+    let mut events = app.agent().subscribe();
     app.enter_world("alpha");
     let call = app.agent().conversation("a").call("cleanup_panics", json!({}));
     app.run_until("handler started", |_| gate.arrived() == 1);
     assert!(call.cancel());
     gate.open();
     assert_eq!(code(&call.try_outcome().expect("cancelled at once")), Some(ErrorCode::Cancelled));
-    app.run_until("the handler reached its panicking cleanup", |_| cleaning.load(Ordering::SeqCst) == 1);
+    app.run_until("the handler panicked in its cleanup", |_| unwound.load(Ordering::SeqCst) == 1);
+    assert_eq!(cleaning.load(Ordering::SeqCst), 1);
     let output = app.run_until_resolved(&app.agent().conversation("a").call("bump", json!({}))).expect("still works");
     assert_eq!(output.value["counter"], 1);
+    // The call had its one outcome: the panic after it is not another.
+    let finished: Vec<_> = events
+        .drain()
+        .into_iter()
+        .filter_map(|event| match event {
+            bevy_agent_tools::ConversationEvent::CallFinished(finished) if finished.tool == "cleanup_panics" => {
+                Some(finished.code)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(finished, [Some(ErrorCode::Cancelled)]);
 }
 
 #[test]

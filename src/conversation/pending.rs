@@ -447,7 +447,7 @@ mod tests {
         assert_eq!(host.cancel_task(&conversation, &crate::ids::TaskId::new("T")), 1, "found, though just made");
         let outcome = runtime.block_on(call.outcome.wait());
         assert_eq!(outcome.map_err(|error| error.code), Err(ErrorCode::Cancelled));
-        // Its tool registered later does not run it.
+        // Its place among the calls waiting for a tool is given back.
         assert!(!host.conversations.waits_for_tools(&conversation), "its place given back");
     }
 
