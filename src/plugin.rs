@@ -232,8 +232,9 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// How long a call for a tool that is not registered waits for it to be registered (with
     /// [`AgentHandle::register_tool`] or `add_agent_tool`) before it fails with `TOOL_NOT_FOUND`; the call's own
     /// timeout, when it sets one, replaces this wait. By default (and with `Duration::ZERO`) such a call waits only
-    /// while the open visit is still loading (up to the default timeout), and is rejected at once otherwise, so that a
-    /// mistyped name does not hang. A call that waits is still bound to the visit open when it was made (rules H5, H9):
+    /// while the open visit is still loading (up to the default timeout; a second more once the load has finished,
+    /// for a world that registers its tools then; at once the load's error if it failed), and is rejected at once
+    /// otherwise, so that a mistyped name does not hang. A call that waits is still bound to the visit open when it was made (rules H5, H9):
     /// it ends with `VISIT_ENDED` when that visit ends, and a location-scoped one is refused with `LOCATION_CHANGED` if
     /// the player relocated before its tool appeared; one made with no world open waits for its tool and a visit both
     /// (a game may register its tools before it enters, in `open` or an `OnEnter` system), runs in that visit, gets

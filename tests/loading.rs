@@ -65,6 +65,46 @@ fn h3_a_call_for_a_tool_the_loading_world_has_not_registered_yet_times_out_with_
 }
 
 #[test]
+fn h3_a_call_for_a_tool_that_waited_for_the_load_ends_soon_after_it_with_tool_not_found_or_the_loads_error() {
+    // A typo made while the world loads waits for the load, not for its whole timeout (30 s by default) after it.
+    let game = loading_game();
+    let loading = game.loading.clone();
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("plcae_block", json!({}));
+    app.step(3);
+    assert!(call.try_outcome().is_none(), "it waits while the world loads");
+    let loaded = std::time::Instant::now();
+    loading.lock().take().expect("completer").succeed();
+    let error = app.run_until_resolved(&call).expect_err("never registered");
+    assert_eq!(error.code, ErrorCode::ToolNotFound, "{}", error.message);
+    assert!(loaded.elapsed() < Duration::from_secs(15), "ended soon after the load: {:?}", loaded.elapsed());
+    // A tool the world registers as it finishes loading is still found.
+    let game = loading_game();
+    let loading = game.loading.clone();
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("registered_when_loaded", json!({}));
+    loading.lock().take().expect("completer").succeed();
+    app.step(2);
+    let tool = bump_tool("registered_when_loaded", ToolScope::World, Arc::default(), None);
+    app.agent().register_tool(tool).expect("registered");
+    assert_eq!(app.run_until_resolved(&call).expect("found").value["counter"], 1);
+    // A load that fails: its error at once, as a call for a registered tool gets.
+    let game = loading_game();
+    let loading = game.loading.clone();
+    let mut app = app_with(game, vec![]);
+    app.enter_world("alpha");
+    let call = app.agent().conversation("a").call("plcae_block", json!({}));
+    let failed = std::time::Instant::now();
+    loading.lock().take().expect("completer").fail("region file unreadable");
+    let error = app.run_until_resolved(&call).expect_err("load failed");
+    assert_eq!(error.code, ErrorCode::Internal, "{}", error.message);
+    assert!(error.message.contains("region file unreadable"), "{}", error.message);
+    assert!(failed.elapsed() < Duration::from_secs(15), "at once: {:?}", failed.elapsed());
+}
+
+#[test]
 fn h3_a_session_that_fails_to_load_fails_waiting_calls_with_internal() {
     let game = loading_game();
     let loading = game.loading.clone();

@@ -4,7 +4,8 @@
 //! session finishes loading), or always when the plugin sets
 //! [`tool_wait`](crate::AgentToolsPlugin::tool_wait). It waits until the tool is registered, or until its wait
 //! passes: then it fails with `TOOL_NOT_FOUND`, saying how long it waited (`WORLD_LOADING_TIMEOUT` if the world
-//! is still loading then). A call made while a visit was open is admitted into that visit only (a location-scoped
+//! is still loading then). Waiting only for the load, it waits at most [`LOADED_GRACE`] more once the load has
+//! finished, and fails with the load's error (`INTERNAL`) at once if the load failed. A call made while a visit was open is admitted into that visit only (a location-scoped
 //! one at that location only): if the visit ends first, it ends with `VISIT_ENDED` as the visit's calls do; one made
 //! with no world open ends with `WORLD_CLOSED` when the game exits. The
 //! wait counts toward the call's own timeout: once admitted, its deadline is its arrival plus its timeout.
@@ -176,6 +177,18 @@ impl WaitingCalls {
     }
 }
 
+/// How long a call waiting for its tool only because the world was loading ([`tool_wait`]) still waits once the load
+/// has finished: a world that registers its tools as its session finishes loading does so within a frame or two.
+const LOADED_GRACE: Duration = Duration::from_secs(1);
+
+/// The readiness of the visit `arrival` was made in, if that visit is open and still loading.
+fn still_loading(host: &HostShared, arrival: &Arrival) -> Option<crate::completion::Completion> {
+    let made_in = arrival.made_in.as_ref()?;
+    let state = host.state.lock();
+    let open = state.visit.as_ref().filter(|open| open.info.visit == made_in.visit)?;
+    (open.phase() == VisitPhase::Loading).then(|| open.ready.clone()).flatten()
+}
+
 /// How long a call for the unknown tool may wait for it, or `None` if it should be rejected at once.
 pub(crate) fn tool_wait(host: &HostShared, request: &CallRequest) -> Option<Duration> {
     let configured = host.config.tool_wait.filter(|wait| !wait.is_zero());
@@ -278,7 +291,13 @@ async fn run(
     // If the runtime stops (the game exits) while this waits, the caller still gets an outcome (rule H13).
     let _stopped = OutcomeOnDrop(call.clone());
     let tool = request.tool.clone();
-    let deadline = crate::deadline::after_tokio(tokio::time::Instant::now(), wait);
+    let mut deadline = crate::deadline::after_tokio(tokio::time::Instant::now(), wait);
+    // Waiting only because the visit it was made in is loading: the load's end ends the wait too.
+    let mut loading = match host.config.tool_wait.filter(|wait| !wait.is_zero()) {
+        Some(_) => None,
+        None => still_loading(&host, &arrival),
+    };
+    let mut loaded_at = None;
     let found = loop {
         let registered = host.tool_or_visit_came.notified();
         tokio::pin!(registered);
@@ -293,14 +312,36 @@ async fn run(
         if registered_now && (arrival.made_in.is_some() || host.state.lock().visit.is_some()) {
             break Ok(());
         }
+        let load_ends = async {
+            match &loading {
+                Some(ready) => ready.finished().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
             _ = call.cancel.cancelled() => break Err(cancelled(&conversation, &host, &call)),
             _ = &mut registered => {}
-            _ = tokio::time::sleep_until(deadline) => break Err(match registered_now {
-                true => no_world_came(wait),
-                false => not_registered(&host, &tool, wait),
-            }),
+            loaded = load_ends => {
+                loading = None;
+                match loaded {
+                    // As a call admitted meanwhile fails.
+                    Err(error) => break Err(ToolError::internal(format!("the world failed to load: {error}"))),
+                    Ok(()) => {
+                        let now = tokio::time::Instant::now();
+                        deadline = deadline.min(now + LOADED_GRACE);
+                        loaded_at = Some(now);
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                // Waited for its whole wait, or until the grace after the load ended.
+                let waited = loaded_at.map_or(wait, |_| Duration::from_millis(arrival.at.elapsed().as_millis() as u64));
+                break Err(match registered_now {
+                    true => no_world_came(waited),
+                    false => not_registered(&host, &tool, waited),
+                })
+            }
         }
     };
     let outcome = match found {
