@@ -21,6 +21,8 @@
 //!   `CallFinished` said (H13).
 //! - An old visit's save against the next visit's load of the same world: the load runs after the save,
 //!   whatever order their tasks are scheduled in (H7).
+//! - A call that waited for its tool, admitted as the visit it was made in exits: refused, or run and ended by the
+//!   exit, never told "it was not run" when it was (H13).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -301,6 +303,50 @@ fn h13_a_late_completion_racing_the_exit_gives_each_call_exactly_one_outcome() {
         assert_eq!(fixture.host.in_flight(&fixture.conversation), 0, "no call left counted in flight");
         let state = fixture.host.state.lock();
         assert_eq!(state.visit.as_ref().map(|visit| visit.calls.iter().count()), Some(0), "no call left behind");
+    });
+}
+
+#[test]
+fn h13_a_waiting_call_admitted_as_its_visit_exits_is_never_told_it_was_not_run_when_it_was() {
+    explore(|| {
+        let fixture = fixture();
+        let request = CallRequest::new("noop", json!({}));
+        // Waiting for its tool (its task never runs here): the tool came, and this thread admits it, as that task would.
+        let waiting = crate::conversation::wait_for_tool(
+            &fixture.host,
+            &fixture.conversation,
+            request.clone(),
+            Duration::from_secs(60),
+        );
+        let made_in = fixture.host.state.lock().visit.as_ref().map(|open| open.info.clone());
+        let info = made_in.clone().expect("a visit is open");
+        let admitting = {
+            let (host, conversation, call) = (fixture.host.clone(), fixture.conversation.clone(), waiting.clone());
+            let arrival = crate::call::Arrival { at: std::time::Instant::now(), made_in };
+            shuttle::thread::spawn(move || {
+                match crate::conversation::admit_waiting(&host, &conversation, request, arrival, &call) {
+                    Ok(Admitted::Running { life, .. }) => Ok(life),
+                    Ok(Admitted::Retained(..)) => unreachable!("no operation ids here"),
+                    Err(error) => Err(error.code),
+                }
+            })
+        };
+        let exiting = {
+            let host = fixture.host.clone();
+            shuttle::thread::spawn(move || {
+                // The exit's order (`Transitions::exit`): the visit's calls, then those still waiting for a tool.
+                exit(&host);
+                host.waiting_calls.end_visit(&info);
+            })
+        };
+        exiting.join().expect("exit");
+        match admitting.join().expect("admission") {
+            Ok(life) => {
+                assert_eq!(code(&life), Some(ErrorCode::VisitEnded), "admitted before the exit: ended by it");
+                assert!(!waiting.outcome.is_set(), "it ran: its execution's outcome is its own, not \"not run\"");
+            }
+            Err(code) => assert_eq!(code, ErrorCode::VisitEnded, "refused: the visit it was made in ended"),
+        }
     });
 }
 

@@ -40,6 +40,8 @@ pub use chat::{
 };
 pub use events::{CallFinished, CallProgress, CallStarted, ConversationEvent, ConversationStatusChanged, Subscription};
 pub(crate) use game::{end_idle_conversations, publish_conversation_messages, ConversationFeed};
+#[cfg(all(test, feature = "shuttle"))]
+pub(crate) use pending::admit_waiting;
 pub(crate) use pending::{ended, tool_wait, wait_for_tool, WaitingCall, WaitingCalls};
 pub(crate) use registry::ConversationHub;
 #[cfg(any(feature = "acp", feature = "openai"))]

@@ -46,6 +46,8 @@ pub(crate) struct WaitingCall {
 #[derive(Default)]
 struct Slot {
     life: Option<(Arc<CallLife>, CallerSeat)>,
+    /// Its tool came and it is being admitted ([`admit_waiting`]): its admission decides its outcome.
+    admitting: bool,
     /// The caller left (`true`: it cancelled): it leaves the execution once, as soon as there is one.
     left: Option<bool>,
 }
@@ -86,10 +88,11 @@ impl WaitingCall {
         }
     }
 
-    /// Its visit ended before it was admitted: it ends with `error`, and stops waiting. (One admitted meanwhile is
-    /// among the visit's calls, which the exit ends.)
+    /// Its visit ended before it was admitted: it ends with `error`, and stops waiting. One being admitted is left
+    /// to its admission: refused once the exit began, or among the visit's calls, which the exit ends.
     fn end_unadmitted(&self, error: ToolError) {
-        if self.slot.lock().life.is_none() {
+        let slot = self.slot.lock();
+        if slot.life.is_none() && !slot.admitting {
             self.outcome.set(Err(error));
             self.cancel.cancel();
         }
@@ -351,12 +354,11 @@ async fn run(
         }
         Ok(()) => {
             tracing::debug!(tool = %tool, conversation = %conversation, "the tool a call waited for was registered");
-            let admitted = admit_since(&host, &conversation, request, arrival);
+            let admitted = admit_waiting(&host, &conversation, request, arrival, &call);
             // Admission counted the call as executing first: the status never dips between waiting and running.
             place.give_back();
             match admitted {
                 Ok(Admitted::Running { life, seat, .. }) => {
-                    call.admitted(&life, &seat);
                     tokio::select! {
                         biased;
                         // Its conversation ended or cancelled the task: it stops waiting, whether or not the
@@ -389,6 +391,25 @@ async fn run(
         error.details.tool.get_or_insert_with(|| shown_name(&tool));
         error
     }));
+}
+
+/// Admits `call`, whose tool came. Marked as being admitted first, under the call's lock: a visit's exit ending the
+/// calls still waiting meanwhile leaves it to this admission, which refuses it (`VISIT_ENDED`: the exit began) or
+/// counts it among the visit's calls, which the exit ends. Either way it has one outcome, and never "it was not
+/// run" for a call that ran.
+pub(crate) fn admit_waiting(
+    host: &Arc<HostShared>,
+    conversation: &ConversationId,
+    request: CallRequest,
+    arrival: Arrival,
+    call: &WaitingCall,
+) -> Result<Admitted, ToolError> {
+    call.slot.lock().admitting = true;
+    let admitted = admit_since(host, conversation, request, arrival);
+    if let Ok(Admitted::Running { life, seat, .. }) = &admitted {
+        call.admitted(life, seat);
+    }
+    admitted
 }
 
 fn game_exiting() -> ToolError {
