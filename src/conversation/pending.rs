@@ -184,14 +184,6 @@ impl WaitingCalls {
 /// has finished: a world that registers its tools as its session finishes loading does so within a frame or two.
 const LOADED_GRACE: Duration = Duration::from_secs(1);
 
-/// The readiness of the visit `arrival` was made in, if that visit is open and still loading.
-fn still_loading(host: &HostShared, arrival: &Arrival) -> Option<crate::completion::Completion> {
-    let made_in = arrival.made_in.as_ref()?;
-    let state = host.state.lock();
-    let open = state.visit.as_ref().filter(|open| open.info.visit == made_in.visit)?;
-    (open.phase() == VisitPhase::Loading).then(|| open.ready.clone()).flatten()
-}
-
 /// How long a call for the unknown tool may wait for it, or `None` if it should be rejected at once.
 pub(crate) fn tool_wait(host: &HostShared, request: &CallRequest) -> Option<Duration> {
     let configured = host.config.tool_wait.filter(|wait| !wait.is_zero());
@@ -219,7 +211,7 @@ pub(crate) fn wait_for_tool(
     // The visit open now (if any) is the one it was made for: it is admitted into no other, and its exit ends it.
     // Under the state lock, as the exit's first step is: a call either is among those the exit ends, or finds
     // the visit closing and is refused.
-    let made_in = {
+    let (made_in, loading) = {
         let state = host.state.lock();
         match state.visit.as_ref() {
             Some(open) if open.closing => {
@@ -236,7 +228,12 @@ pub(crate) fn wait_for_tool(
                     call.outcome.set(Err(error));
                     return call;
                 }
-                open.map(|open| open.info.clone())
+                // Waiting only because this visit is loading: its load's end ends the wait too (`run`).
+                let waits_for_load = host.config.tool_wait.is_none_or(|wait| wait.is_zero());
+                let loading = open
+                    .filter(|open| waits_for_load && open.phase() == VisitPhase::Loading)
+                    .and_then(|open| open.ready.clone());
+                (open.map(|open| open.info.clone()), loading)
             }
         }
     };
@@ -255,7 +252,8 @@ pub(crate) fn wait_for_tool(
             return call;
         }
     };
-    let task = run(host.clone(), conversation.clone(), request, wait, call.clone(), arrival, place);
+    let waited = Wait { wait, loading };
+    let task = run(host.clone(), conversation.clone(), request, waited, call.clone(), arrival, place);
     host.runtime.spawn(task);
     call
 }
@@ -282,11 +280,18 @@ impl Drop for WaitingPlace {
     }
 }
 
+/// How long a call waits for its tool, and the readiness of the loading visit it waits for instead of a tool, if
+/// it waits only because that visit was loading (no [`tool_wait`] set).
+struct Wait {
+    wait: Duration,
+    loading: Option<crate::completion::Completion>,
+}
+
 async fn run(
     host: Arc<HostShared>,
     conversation: ConversationId,
     request: CallRequest,
-    wait: Duration,
+    Wait { wait, mut loading }: Wait,
     call: Arc<WaitingCall>,
     arrival: Arrival,
     mut place: WaitingPlace,
@@ -295,11 +300,6 @@ async fn run(
     let _stopped = OutcomeOnDrop(call.clone());
     let tool = request.tool.clone();
     let mut deadline = crate::deadline::after_tokio(tokio::time::Instant::now(), wait);
-    // Waiting only because the visit it was made in is loading: the load's end ends the wait too.
-    let mut loading = match host.config.tool_wait.filter(|wait| !wait.is_zero()) {
-        Some(_) => None,
-        None => still_loading(&host, &arrival),
-    };
     let mut loaded_at = None;
     let found = loop {
         let registered = host.tool_or_visit_came.notified();
