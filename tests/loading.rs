@@ -185,8 +185,14 @@ fn h3_input_context_awaited_when_the_player_leaves_a_loading_world_is_visit_ende
     let (loading, record) = (game.loading.clone(), game.record.clone());
     let mut app = app_with(game, vec![]);
     app.enter_world("alpha");
-    let observing = app.agent().runtime().spawn(app.agent().conversation("a").observe_input());
-    app.step(3);
+    // Polled once here, so that it is waiting for the load before the exit (a task spawned may not have run yet).
+    let mut observing = Box::pin(app.agent().conversation("a").observe_input());
+    {
+        let _runtime = app.agent().runtime().enter();
+        let mut polled = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(observing.as_mut().poll(&mut polled).is_pending(), "it waits for the load");
+    }
+    let observing = app.agent().runtime().spawn(observing);
     // The load never finishes (its completer is kept): only the exit can end the wait before the timeout.
     app.exit_world();
     let error = app.run_future(async move { observing.await.map_err(|e| e.to_string()) });
