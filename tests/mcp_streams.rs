@@ -304,7 +304,7 @@ fn flood() -> AgentTool<Session> {
 }
 
 #[test]
-fn once_a_call_is_cancelled_its_queued_progress_is_dropped_not_sent() {
+fn once_a_call_is_cancelled_none_of_its_later_progress_reaches_the_client() {
     let (game, server, mut events) = serve(burst());
     let session = open_session(&server);
     let in_session = [("Mcp-Session-Id", session.as_str()), ("MCP-Protocol-Version", "2025-11-25")];
