@@ -112,20 +112,25 @@ where
             Ok(Vec::new())
         }
 
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
-            let mut kept = Vec::new();
-            while kept.len() < LIST_LIMIT {
-                match seq.next_element()? {
-                    Some(element) => kept.push(element),
-                    None => return Ok(kept),
-                }
-            }
-            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-            Ok(kept)
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Vec<T>, A::Error> {
+            keep_first(seq)
         }
     }
 
     deserializer.deserialize_any(FirstFew(std::marker::PhantomData))
+}
+
+/// A list's first [`LIST_LIMIT`] elements; the rest skipped unread.
+fn keep_first<'de, A: serde::de::SeqAccess<'de>, T: Deserialize<'de>>(mut seq: A) -> Result<Vec<T>, A::Error> {
+    let mut kept = Vec::new();
+    while kept.len() < LIST_LIMIT {
+        match seq.next_element()? {
+            Some(element) => kept.push(element),
+            None => return Ok(kept),
+        }
+    }
+    while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+    Ok(kept)
 }
 
 /// [`first_few`], as the optional list it stands for.
@@ -151,16 +156,8 @@ where
             f.write_str("anything")
         }
 
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Value>, A::Error> {
-            let mut kept = Vec::new();
-            while kept.len() < LIST_LIMIT {
-                match seq.next_element()? {
-                    Some(element) => kept.push(element),
-                    None => return Ok(kept),
-                }
-            }
-            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-            Ok(kept)
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Vec<Value>, A::Error> {
+            keep_first(seq)
         }
 
         fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Vec<Value>, A::Error> {
