@@ -234,13 +234,13 @@ impl<L: WorldLifecycle> AgentToolsPlugin<L> {
     /// timeout, when it sets one, replaces this wait. By default (and with `Duration::ZERO`) such a call waits only
     /// while the open visit is still loading (up to the default timeout; a second more once the load has finished,
     /// for a world that registers its tools then; at once the load's error if it failed), and is rejected at once
-    /// otherwise, so that a mistyped name does not hang. A call that waits is still bound to the visit open when it was made (rules H5, H9):
-    /// it ends with `VISIT_ENDED` when that visit ends, and a location-scoped one is refused with `LOCATION_CHANGED` if
-    /// the player relocated before its tool appeared; one made with no world open waits for its tool and a visit both
-    /// (a game may register its tools before it enters, in `open` or an `OnEnter` system), runs in that visit, gets
-    /// `NO_WORLD` if its tool came but no world opened within its wait (`TOOL_NOT_FOUND` if the tool never came),
-    /// and ends with `WORLD_CLOSED` if the game exits first. One still
-    /// waiting when its wait passes while the world loads gets `WORLD_LOADING_TIMEOUT`.
+    /// otherwise, so that a mistyped name does not hang. A call that waits is still bound to the visit open when it
+    /// was made (rules H5, H9): it ends with `VISIT_ENDED` when that visit ends, and a location-scoped one is refused
+    /// with `LOCATION_CHANGED` if the player relocated before its tool appeared; one made with no world open waits for
+    /// its tool and a visit both (a game may register its tools before it enters, in `open` or an `OnEnter` system),
+    /// runs in that visit, gets `NO_WORLD` if its tool came but no world opened within its wait (`TOOL_NOT_FOUND` if
+    /// the tool never came), and ends with `WORLD_CLOSED` if the game exits first. One still waiting when its wait
+    /// passes while the world loads gets `WORLD_LOADING_TIMEOUT`.
     pub fn tool_wait(mut self, wait: Duration) -> Self {
         self.config.tool_wait = Some(wait);
         self

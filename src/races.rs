@@ -311,7 +311,8 @@ fn h13_a_waiting_call_admitted_as_its_visit_exits_is_never_told_it_was_not_run_w
     explore(|| {
         let fixture = fixture();
         let request = CallRequest::new("noop", json!({}));
-        // Waiting for its tool (its task never runs here): the tool came, and this thread admits it, as that task would.
+        // Waiting for its tool (its task never runs here): the tool came, and this thread admits it, as that task
+        // would.
         let waiting = crate::conversation::wait_for_tool(
             &fixture.host,
             &fixture.conversation,

@@ -5,10 +5,11 @@
 //! [`tool_wait`](crate::AgentToolsPlugin::tool_wait). It waits until the tool is registered, or until its wait
 //! passes: then it fails with `TOOL_NOT_FOUND`, saying how long it waited (`WORLD_LOADING_TIMEOUT` if the world
 //! is still loading then). Waiting only for the load, it waits at most [`LOADED_GRACE`] more once the load has
-//! finished, and fails with the load's error (`INTERNAL`) at once if the load failed. A call made while a visit was open is admitted into that visit only (a location-scoped
-//! one at that location only): if the visit ends first, it ends with `VISIT_ENDED` as the visit's calls do; one made
-//! with no world open ends with `WORLD_CLOSED` when the game exits. The
-//! wait counts toward the call's own timeout: once admitted, its deadline is its arrival plus its timeout.
+//! finished, and fails with the load's error (`INTERNAL`) at once if the load failed. A call made while a visit was
+//! open is admitted into that visit only (a location-scoped one at that location only): if the visit ends first, it
+//! ends with `VISIT_ENDED` as the visit's calls do; one made with no world open ends with `WORLD_CLOSED` when the
+//! game exits. The wait counts toward the call's own timeout: once admitted, its deadline is its arrival plus its
+//! timeout.
 //! Otherwise an unknown tool is rejected at once (a typo should not hang). While it waits, the conversation is
 //! `WaitingToolResult` and the call shows in the snapshot's `pending_calls`. A conversation may have as many calls
 //! waiting as it may have in flight ([`AgentToolsPlugin::max_in_flight_per_conversation`]): beyond, a call gets
