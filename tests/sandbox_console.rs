@@ -380,8 +380,9 @@ fn a_switch_given_a_value_is_refused_rather_than_turned_on() {
 
 #[test]
 fn a_flag_that_would_change_nothing_with_the_others_given_is_refused_rather_than_dropped() {
-    let refused: [(&[&str], &str); 9] = [
+    let refused: [(&[&str], &str); 10] = [
         (&["--no-console"], "--no-console"),
+        (&["--world", "alpha", "--no-console", "--agent", "some-agent --acp"], "--no-console"),
         (&["--agent-keep"], "--agent-keep"),
         (&["--agent-auth", "openai-api-key"], "--agent-auth"),
         (&["--agent-openai", "http://127.0.0.1:9/v1", "--model", "m", "--agent-auth", "k"], "--agent-auth"),

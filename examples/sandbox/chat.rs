@@ -346,7 +346,7 @@ fn quoted(text: &str) -> String {
 /// `text` on one line, as the console prints an agent's words: line breaks as `\n` and `\r`, and every other control
 /// character escaped too (an agent's text or its stderr tail could otherwise move the cursor, clear the screen or
 /// print a line that looks like the game's own).
-fn one_line(text: &str) -> String {
+pub fn one_line(text: &str) -> String {
     let mut line = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

@@ -279,6 +279,11 @@ impl Args {
                         permission, it calls the game's tools only"
                 .into());
         }
+        if args.no_console && !args.window && (args.agent.is_some() || args.agent_openai.is_some()) {
+            return Err("--no-console is for a sandbox nobody talks to: an in-game agent is talked to from the \
+                        console (`say`), or with --window from its chat panel"
+                .into());
+        }
         if args.window && tps_given {
             return Err("--tps does not apply with --window: the window's frames run at the display's rate".into());
         }

@@ -483,7 +483,7 @@ fn travel() -> AgentTool<Visit> {
 #[derive(Deserialize, JsonSchema)]
 struct NoteArgs {
     /// What to remember about this world (1 to 500 characters).
-    #[schemars(length(min = 1, max = 500))]
+    #[schemars(length(min = 1, max = crate::world::MAX_NOTE_CHARS))]
     text: String,
 }
 

@@ -18,6 +18,8 @@ pub const XZ_BOUNDS: RangeInclusive<i32> = -256..=255;
 pub const Y_BOUNDS: RangeInclusive<i32> = 0..=127;
 /// How many notes a world keeps.
 pub const MAX_NOTES: usize = 1000;
+/// The longest note, in characters (what the `note` tool takes).
+pub const MAX_NOTE_CHARS: usize = 500;
 
 /// An index into the [`Palette`].
 pub type BlockId = u8;
@@ -510,6 +512,14 @@ impl WorldState {
         }
         state.notes = doc.notes;
         state.notes.truncate(MAX_NOTES);
+        // A save written by hand (or by another program) may hold notes longer than `note` takes: cut, so that a
+        // `notes` answer stays one a model reads whole.
+        for (index, note) in state.notes.iter_mut().enumerate() {
+            if let Some((cut, _)) = note.char_indices().nth(MAX_NOTE_CHARS) {
+                warnings.push(format!("note {index}: longer than {MAX_NOTE_CHARS} characters, cut"));
+                note.truncate(cut);
+            }
+        }
         (state, warnings)
     }
 }
@@ -538,4 +548,20 @@ pub struct SavedCell {
     pub z: i32,
     pub block: String,
     pub version: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_saves_notes_longer_than_the_note_tool_takes_are_cut_so_a_notes_answer_stays_bounded() {
+        let palette = Arc::new(Palette::parse(include_str!("../../assets/palette.json")).expect("the palette"));
+        let long = "é".repeat(MAX_NOTE_CHARS + 10);
+        let doc = SaveDoc { format: SAVE_FORMAT, notes: vec!["short".into(), long], ..SaveDoc::default() };
+        let (state, warnings) = WorldState::from_save("alpha", palette, doc);
+        assert_eq!(state.notes()[0], "short");
+        assert_eq!(state.notes()[1].chars().count(), MAX_NOTE_CHARS, "cut at a character, not a byte");
+        assert_eq!(warnings, ["note 1: longer than 500 characters, cut"]);
+    }
 }

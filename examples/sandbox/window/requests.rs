@@ -11,6 +11,7 @@ use bevy::render::view::screenshot::{Screenshot, ScreenshotCaptured};
 use super::chat_panel::ChatPanelText;
 use super::chunks::ChunkMeshes;
 use super::hud::HudText;
+use crate::chat::one_line;
 use crate::console::{say, WindowCommand, WindowRequest};
 use crate::view::{record_time, WorldView};
 
@@ -97,8 +98,4 @@ fn stats(times: &mut Vec<Duration>) -> String {
     sorted.sort_by(f64::total_cmp);
     let at = |q: f64| sorted.get(((sorted.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
     format!("n={} median_ms={:.3} p99_ms={:.3} max_ms={:.3}", sorted.len(), at(0.5), at(0.99), at(1.0))
-}
-
-fn one_line(text: &str) -> String {
-    text.replace('\r', "\\r").replace('\n', "\\n")
 }
