@@ -20,6 +20,9 @@ mod tool_args;
 #[path = "../examples/sandbox/console.rs"]
 mod console;
 #[allow(dead_code)]
+#[path = "../examples/sandbox/output.rs"]
+mod output;
+#[allow(dead_code)]
 #[path = "../examples/sandbox/session.rs"]
 mod session;
 #[allow(dead_code)]

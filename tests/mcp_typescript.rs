@@ -10,6 +10,9 @@
 #[path = "../examples/sandbox/batch.rs"]
 mod batch;
 #[allow(dead_code)]
+#[path = "../examples/sandbox/output.rs"]
+mod output;
+#[allow(dead_code)]
 #[path = "../examples/sandbox/picture.rs"]
 mod picture;
 #[allow(dead_code)]

@@ -486,3 +486,65 @@ fn an_mcp_agent_places_replays_conflicts_survives_travel_and_exit_and_finds_its_
     );
     assert_eq!(game.wait_exit().code(), Some(0));
 }
+
+#[cfg(unix)]
+#[test]
+fn a_program_that_stops_reading_the_sandboxs_output_never_stops_its_game() {
+    use std::io::{BufRead, Read};
+    let data = tempfile::tempdir().expect("temp dir");
+    /// Stopped however the test ends: one blocked on its output would otherwise outlive it.
+    struct Stopped(Child);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let sandbox = Command::new(sandbox_binary())
+        .args(["--port", "0", "--token-env", "SANDBOX_TEST_TOKEN", "--world", "alpha", "--no-console", "--data-dir"])
+        .arg(data.path())
+        .env("SANDBOX_TEST_TOKEN", TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the sandbox starts");
+    let mut sandbox = Stopped(sandbox);
+    let mut output = std::io::BufReader::new(sandbox.0.stdout.take().expect("its output"));
+    let mut first = String::new();
+    output.read_line(&mut first).expect("its first line");
+    let address = first.trim().trim_start_matches("mcp: http://").trim_end_matches("/mcp");
+    let address: std::net::SocketAddr = address.parse().unwrap_or_else(|e| panic!("{first}: {e}"));
+    // From here nobody reads. Each call here is a conversation of its own, whose status lines fill the pipe's
+    // 64 KiB within a few hundred calls: a game writing them on its main thread would stop there, and its calls with
+    // it (each reads the world in a frame).
+    let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+    let call = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"world_info","arguments":{{}},{meta}}}}}"#
+    );
+    let headers = [("MCP-Protocol-Version", "2026-07-28"), ("Mcp-Method", "tools/call"), ("Mcp-Name", "world_info")];
+    let read_alpha = || {
+        let (status, response) = common::raw_mcp::send(address, TOKEN, &headers, &call);
+        // Its output, not an error (a call that timed out names the world too).
+        let read =
+            status == 200 && response.contains(r#""structuredContent""#) && !response.contains(r#""isError":true"#);
+        (read && response.contains("alpha"), response)
+    };
+    let entered = Instant::now();
+    while !read_alpha().0 {
+        assert!(entered.elapsed() < Duration::from_secs(30), "alpha never opened");
+    }
+    // Past the pipe and the lines that may wait (4,096): three lines a call.
+    for n in 0..2_000 {
+        let (read, response) = read_alpha();
+        assert!(read, "call {n}: {response}");
+    }
+    // Read again: what could not wait is said to have been dropped, and the game saves and ends as asked.
+    // SAFETY: `kill` with the child's own pid and a signal number has no memory effects.
+    unsafe { libc::kill(sandbox.0.id() as i32, libc::SIGTERM) };
+    let mut rest = String::new();
+    output.read_to_string(&mut rest).expect("the rest of its output");
+    assert!(rest.contains("output-dropped lines="), "{}", &rest[rest.len().saturating_sub(2_000)..]);
+    assert!(rest.contains("saved world=alpha"), "{}", &rest[rest.len().saturating_sub(2_000)..]);
+    assert!(sandbox.0.wait().expect("it ends").code().is_some(), "it exits, not killed");
+}

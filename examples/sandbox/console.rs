@@ -1,10 +1,9 @@
 //! The console: standing in for the player. Reads commands from standard input (on its own thread, handed to the
 //! game through a channel, one command per frame) and prints one `ok ...` or `error: ...` line per command, and
-//! one line per visit event. Every line is flushed at once, so a program reading through a pipe sees it.
+//! one line per visit event ([`say`]: every line is flushed at once, so a program reading through a pipe sees it).
 
 use std::collections::BTreeSet;
-use std::fmt::Display;
-use std::io::{BufRead, Read, Write};
+use std::io::{BufRead, Read};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -38,12 +37,7 @@ pub fn exit_code(app_exit: AppExit) -> AppExit {
     }
 }
 
-/// Prints one line to standard output and flushes it. A closed pipe is not the game's problem: it is ignored.
-pub fn say(line: impl Display) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
+pub use crate::output::say;
 
 /// The data directory's own entries besides worlds (see `main.rs`): no world may be named so.
 pub const NOT_WORLDS: [&str; 3] = ["agent-sessions", "mcp-token", "kept-session.json"];

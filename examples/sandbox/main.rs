@@ -48,6 +48,7 @@
 mod batch;
 mod chat;
 mod console;
+mod output;
 mod picture;
 mod session;
 mod terrain;
@@ -342,7 +343,17 @@ fn add_window(app: &mut App, palette: &Arc<Palette>, args: &Args) {
 #[cfg(not(feature = "window"))]
 fn add_window(_: &mut App, _: &Arc<Palette>, _: &Args) {}
 
+/// How long the sandbox, exiting, waits for its last lines to be written (a reader that stopped reading would
+/// otherwise keep it).
+const LAST_LINES_WITHIN: Duration = Duration::from_secs(5);
+
 fn main() -> AppExit {
+    let exit = run();
+    output::written(LAST_LINES_WITHIN);
+    exit
+}
+
+fn run() -> AppExit {
     let args = match Args::parse(std::env::args().skip(1)) {
         Ok(Some(args)) => args,
         Ok(None) => {

@@ -1,7 +1,6 @@
 //! The sandbox's [`WorldLifecycle`]: a visit loads its world's save in the background (open never blocks the main
 //! thread), and saves it through the [`WorldStore`] when the player leaves.
 
-use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -75,16 +74,13 @@ impl Visit {
                 None => return,
                 Some(Ok(())) => self.durable = *changes,
                 Some(Err(error)) => {
-                    // A console line as `console::say` writes one (this module is also built without the console): a
-                    // closed standard output is not the game's problem.
-                    let line = format!(
+                    // A console line, written off the main thread: `tick` never waits for a reader.
+                    crate::output::say(format_args!(
                         "autosave-failed world={} visit={} error={:?}",
                         self.world,
                         self.visit.0,
                         error.to_string()
-                    );
-                    let mut out = std::io::stdout().lock();
-                    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+                    ));
                     self.autosaved = 0;
                 }
             }
