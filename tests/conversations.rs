@@ -548,12 +548,15 @@ fn h5_a_call_waiting_for_its_tool_ends_with_its_visit_and_never_runs_in_the_next
     let (mut app, loading, call) = calling_world_tool_while_alpha_loads();
     let agent = app.agent();
     waits_for_its_tool(&mut app, &["agent"]);
-    drop(loading.lock().take());
+    // Alpha's load is still under way when the player leaves (dropped, its completer would fail the load, which
+    // a call waiting for the load reads as such: kept until the visit is over).
+    let alphas_load = loading.lock().take();
     app.exit_world();
     // It ends with the visit it was made in, in the exit's frame (not at its deadline, 30 s on).
     let error = call.try_outcome().expect("ended by the exit").expect_err("its visit ended");
     assert_eq!(error.code, ErrorCode::VisitEnded, "{}", error.message);
     assert_eq!(error.details.world.as_ref().map(|world| world.as_str()), Some("alpha"));
+    drop(alphas_load);
 
     app.enter_world("beta");
     let executions = Arc::new(AtomicUsize::new(0));
