@@ -140,8 +140,9 @@ pub trait AgentTestAppExt {
     fn run_until_resolved(&mut self, call: &Call) -> CallOutcome;
     /// Runs frames until `done` returns true. Fails the test, naming `what`, after [`HARNESS_LIMIT`].
     fn run_until(&mut self, what: &str, done: impl FnMut(&mut App) -> bool) -> &mut Self;
-    /// Waits, without running frames, until at least `steps` `on_client` steps are queued. Fails the test after
-    /// [`HARNESS_LIMIT`].
+    /// Waits, without running frames, until at least `steps` jobs are queued for the main thread
+    /// ([`AgentHandle::queued_steps`]: `on_client` steps, and the host's own, such as an ended call's `on_end`
+    /// clean-up). Fails the test after [`HARNESS_LIMIT`].
     fn wait_for_queued_steps(&self, steps: usize);
     /// Runs `future` on the plugin's runtime while running frames, and returns its output.
     fn run_future<F>(&mut self, future: F) -> F::Output

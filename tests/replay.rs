@@ -240,6 +240,11 @@ fn h12_changed_arguments_conflict_and_run_nothing_but_reordered_keys_do_not() {
     assert_eq!(error.code, ErrorCode::OperationConflict);
     assert_eq!(error.details.extra["operation_id"], "op");
     assert_eq!(error.details.extra["arguments_differ"], true);
+    // DESIGN §5: a refusal names the visit and location it was refused in.
+    let visit = app.agent().visit().expect("open").info;
+    assert_eq!(error.details.visit, Some(visit.visit));
+    assert_eq!(error.details.world.as_ref(), Some(&visit.world));
+    assert_eq!(error.details.revision, Some(visit.location.revision));
     app.step(3);
     assert_eq!(executions.load(Ordering::SeqCst), 1, "nothing ran for the conflict");
 }

@@ -176,6 +176,15 @@ fn admit_inner(
             error.details.world = Some(open.info.world.clone());
             return Err(error);
         }
+        // From here a refusal names the visit and location it was refused in (DESIGN §5), as the call's end would.
+        let (visit, world, revision) = (open.info.visit, open.info.world.clone(), open.info.location.revision);
+        let rejected = |error: ToolError| {
+            let mut error = rejected(error);
+            error.details.visit.get_or_insert(visit);
+            error.details.world.get_or_insert_with(|| world.clone());
+            error.details.revision.get_or_insert(revision);
+            error
+        };
         let task = request.task.clone().unwrap_or_else(|| TaskId::of_conversation(conversation));
         // A read-only tool keys nothing (its schema offers no `operation_id`): reading again reads the world as it
         // is now, where a kept outcome would be the world as it was.

@@ -98,8 +98,10 @@ pub(crate) fn close(schema: &mut Value) {
 /// The `format`s schemars writes for Rust's integer and float types. JSON Schema 2020-12 defines none of them, so
 /// validators warn about each ("unknown format ignored"); the bounds they stand for are already in
 /// `minimum`/`maximum` where they matter.
-const RUST_FORMATS: &[&str] =
-    &["int8", "int16", "int32", "int64", "int", "uint8", "uint16", "uint32", "uint64", "uint", "float", "double"];
+const RUST_FORMATS: &[&str] = &[
+    "int8", "int16", "int32", "int64", "int128", "int", "uint8", "uint16", "uint32", "uint64", "uint128", "uint",
+    "float", "double",
+];
 
 /// Gives every `f32` (schemars' `format: "float"`) the bounds of a finite `f32`, unless it has bounds of its own:
 /// serde reads a larger JSON number into an `f32` as infinity (`1e39 as f32`), which a handler would take into
@@ -561,6 +563,11 @@ mod tests {
         count: u64,
         small: u8,
         ratio: f32,
+        wide: i128,
+        wider: u128,
+        size: usize,
+        offset: isize,
+        precise: f64,
         #[serde(flatten)]
         guard: DestructiveGuard,
     }

@@ -299,8 +299,10 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
     /// checked against it like the rest of the schema: a value not in the list is refused with `INVALID_INPUT`
     /// (`details.field`) before the handler runs.
     ///
-    /// `field` is the argument's name as the schema has it (after serde's renames). Naming an argument the tool
-    /// does not have is a mistake in the game's set-up: registering the tool fails
+    /// `field` is the argument's name as the schema has it (after serde's renames), a field of the arguments' own
+    /// struct (flattened structs' fields included): fields inside the variants of an enum, or behind a newtype, are
+    /// not reached (give those a Rust enum type instead). Naming an argument the tool does not have there is a
+    /// mistake in the game's set-up: registering the tool fails
     /// ([`AgentToolsPlugin::with_tool`](crate::AgentToolsPlugin::with_tool) panics at start-up).
     ///
     /// ```
@@ -328,7 +330,8 @@ impl<S: Send + Sync + 'static> AgentTool<S> {
         }
         self.mistake.get_or_insert_with(|| {
             format!(
-                "agent tool `{}`: argument_enum names `{field}`, an argument the tool does not have",
+                "agent tool `{}`: argument_enum names `{field}`, an argument the tool does not have among its \
+                 arguments' own fields (those inside an enum's variants are not reached)",
                 self.info.name
             )
         });
