@@ -23,7 +23,7 @@ fn sandbox_binary() -> &'static Path {
 
 /// A running sandbox and the lines it printed.
 struct Sandbox {
-    child: Child,
+    child: Stopped,
     stdin: Option<ChildStdin>,
     out: Lines,
     /// The MCP endpoint it printed.
@@ -49,7 +49,7 @@ impl Sandbox {
             .expect("the sandbox starts");
         let out = Lines::of(child.stdout.take().expect("stdout"), WAIT);
         let stdin = child.stdin.take();
-        let mut sandbox = Self { child, stdin, out, url: String::new() };
+        let mut sandbox = Self { child: Stopped(child), stdin, out, url: String::new() };
         let mcp = sandbox.next_line();
         assert!(mcp.starts_with("mcp: http://127.0.0.1:") && mcp.ends_with("/mcp"), "{mcp}");
         sandbox.url = mcp.trim_start_matches("mcp: ").to_string();
@@ -120,18 +120,36 @@ impl Sandbox {
     }
 }
 
-impl Drop for Sandbox {
+/// A child process stopped however the test that started it ends: a test that failed midway leaves no sandbox or
+/// agent running (an agent would wait minutes for its reads, holding the test's output open; a sandbox blocked on
+/// its output would never end).
+struct Stopped(Child);
+
+impl std::ops::Deref for Stopped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Stopped {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Stopped {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
         }
     }
 }
 
 /// One run of tests/e2e/sandbox_agent.py, read line by line.
 struct Agent {
-    child: Child,
+    child: Stopped,
     out: Lines,
 }
 
@@ -144,7 +162,7 @@ impl Agent {
             .spawn()
             .expect("the Python agent starts");
         let out = Lines::of(child.stdout.take().expect("stdout"), WAIT);
-        Self { child, out }
+        Self { child: Stopped(child), out }
     }
 
     /// The next event the agent printed, as JSON.
@@ -156,17 +174,6 @@ impl Agent {
     fn finish(mut self) {
         let status = self.child.wait().expect("the agent exits");
         assert!(status.success(), "the Python agent failed");
-    }
-}
-
-/// A test that failed midway does not leave the agent running (it would wait minutes for its reads, holding the
-/// test's output open).
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
     }
 }
 
@@ -492,14 +499,6 @@ fn an_mcp_agent_places_replays_conflicts_survives_travel_and_exit_and_finds_its_
 fn a_program_that_stops_reading_the_sandboxs_output_never_stops_its_game() {
     use std::io::{BufRead, Read};
     let data = tempfile::tempdir().expect("temp dir");
-    /// Stopped however the test ends: one blocked on its output would otherwise outlive it.
-    struct Stopped(Child);
-    impl Drop for Stopped {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let sandbox = Command::new(sandbox_binary())
         .args(["--port", "0", "--token-env", "SANDBOX_TEST_TOKEN", "--world", "alpha", "--no-console", "--data-dir"])
         .arg(data.path())
@@ -510,7 +509,7 @@ fn a_program_that_stops_reading_the_sandboxs_output_never_stops_its_game() {
         .spawn()
         .expect("the sandbox starts");
     let mut sandbox = Stopped(sandbox);
-    let mut output = std::io::BufReader::new(sandbox.0.stdout.take().expect("its output"));
+    let mut output = std::io::BufReader::new(sandbox.stdout.take().expect("its output"));
     let mut first = String::new();
     output.read_line(&mut first).expect("its first line");
     let address = first.trim().trim_start_matches("mcp: http://").trim_end_matches("/mcp");
@@ -541,10 +540,10 @@ fn a_program_that_stops_reading_the_sandboxs_output_never_stops_its_game() {
     }
     // Read again: what could not wait is said to have been dropped, and the game saves and ends as asked.
     // SAFETY: `kill` with the child's own pid and a signal number has no memory effects.
-    unsafe { libc::kill(sandbox.0.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(sandbox.id() as i32, libc::SIGTERM) };
     let mut rest = String::new();
     output.read_to_string(&mut rest).expect("the rest of its output");
     assert!(rest.contains("output-dropped lines="), "{}", &rest[rest.len().saturating_sub(2_000)..]);
     assert!(rest.contains("saved world=alpha"), "{}", &rest[rest.len().saturating_sub(2_000)..]);
-    assert!(sandbox.0.wait().expect("it ends").code().is_some(), "it exits, not killed");
+    assert!(sandbox.wait().expect("it ends").code().is_some(), "it exits, not killed");
 }

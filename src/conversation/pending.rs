@@ -185,9 +185,14 @@ impl WaitingCalls {
 /// has finished: a world that registers its tools as its session finishes loading does so within a frame or two.
 const LOADED_GRACE: Duration = Duration::from_secs(1);
 
+/// The plugin's [`tool_wait`](crate::AgentToolsPlugin::tool_wait), if it set one (`Duration::ZERO` is none).
+fn configured_tool_wait(host: &HostShared) -> Option<Duration> {
+    host.config.tool_wait.filter(|wait| !wait.is_zero())
+}
+
 /// How long a call for the unknown tool may wait for it, or `None` if it should be rejected at once.
 pub(crate) fn tool_wait(host: &HostShared, request: &CallRequest) -> Option<Duration> {
-    let configured = host.config.tool_wait.filter(|wait| !wait.is_zero());
+    let configured = configured_tool_wait(host);
     let loading = host.status().is_some_and(|status| status.phase == VisitPhase::Loading);
     match (configured, loading) {
         (Some(wait), _) => Some(request.timeout.unwrap_or(wait)),
@@ -230,7 +235,7 @@ pub(crate) fn wait_for_tool(
                     return call;
                 }
                 // Waiting only because this visit is loading: its load's end ends the wait too (`run`).
-                let waits_for_load = host.config.tool_wait.is_none_or(|wait| wait.is_zero());
+                let waits_for_load = configured_tool_wait(host).is_none();
                 let loading = open
                     .filter(|open| waits_for_load && open.phase() == VisitPhase::Loading)
                     .and_then(|open| open.ready.clone());
