@@ -353,7 +353,7 @@ impl Conversation {
                         biased;
                         () = exiting.cancelled() => return Err(left()),
                         loaded = ready.finished() => if let Err(error) = loaded {
-                            return Err(ToolError::internal(format!("the world failed to load: {error}")));
+                            return Err(crate::call::load_failed(&error));
                         },
                         () = tokio::time::sleep_until(deadline) => return Err(ToolError::with_code(
                             ErrorCode::WorldLoadingTimeout,

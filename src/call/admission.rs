@@ -389,6 +389,12 @@ fn drive(
     }
 }
 
+/// What a call (or an input observation) waiting for the open visit's session to load gets when the load failed
+/// (`VisitPhase::LoadFailed`).
+pub(crate) fn load_failed(error: &crate::completion::CompletionError) -> ToolError {
+    ToolError::internal(format!("the world failed to load: {error}"))
+}
+
 /// The outcome of a call whose driver the plugin's runtime dropped as it stopped, before the call ended.
 pub(crate) fn game_stopped() -> ToolError {
     ToolError::with_code(ErrorCode::VisitEnded, "the game stopped before the call ended")
@@ -436,7 +442,7 @@ async fn run(
             biased;
             _ = life.ended_token().cancelled() => return (Err(life.end_error()), None),
             loaded = ready.finished() => if let Err(error) = loaded {
-                return (Err(ToolError::internal(format!("the world failed to load: {error}"))), None);
+                return (Err(load_failed(&error)), None);
             },
             _ = tokio::time::sleep_until(deadline) => return (Err(ToolError::with_code(
                 ErrorCode::WorldLoadingTimeout,

@@ -16,7 +16,9 @@ use std::sync::Arc;
 use bevy::prelude::World;
 
 pub use admission::CallRequest;
-pub(crate) use admission::{admit, admit_since, game_stopped, visit_ended_while_waiting, Admitted, Arrival};
+pub(crate) use admission::{
+    admit, admit_since, game_stopped, load_failed, visit_ended_while_waiting, Admitted, Arrival,
+};
 pub(crate) use callers::CallerSeat;
 pub use context::{CallContext, Ended};
 pub(crate) use life::{CallCoordinates, CallLife, Left};

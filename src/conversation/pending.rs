@@ -24,7 +24,8 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use crate::call::{
-    admit_since, visit_ended_while_waiting, Admitted, Arrival, CallLife, CallOutcome, CallRequest, CallerSeat,
+    admit_since, load_failed, visit_ended_while_waiting, Admitted, Arrival, CallLife, CallOutcome, CallRequest,
+    CallerSeat,
 };
 use crate::error::{ErrorCode, ToolError};
 use crate::host::{HostShared, VisitPhase};
@@ -306,7 +307,8 @@ async fn run(
     let _stopped = OutcomeOnDrop(call.clone());
     let tool = request.tool.clone();
     let mut deadline = crate::deadline::after_tokio(tokio::time::Instant::now(), wait);
-    let mut loaded_at = None;
+    // The load ended (and its grace began) before the tool came.
+    let mut load_ended = false;
     let found = loop {
         let registered = host.tool_or_visit_came.notified();
         tokio::pin!(registered);
@@ -335,17 +337,19 @@ async fn run(
                 loading = None;
                 match loaded {
                     // As a call admitted meanwhile fails.
-                    Err(error) => break Err(ToolError::internal(format!("the world failed to load: {error}"))),
+                    Err(error) => break Err(load_failed(&error)),
                     Ok(()) => {
-                        let now = tokio::time::Instant::now();
-                        deadline = deadline.min(now + LOADED_GRACE);
-                        loaded_at = Some(now);
+                        deadline = deadline.min(tokio::time::Instant::now() + LOADED_GRACE);
+                        load_ended = true;
                     }
                 }
             }
             _ = tokio::time::sleep_until(deadline) => {
                 // Waited for its whole wait, or until the grace after the load ended.
-                let waited = loaded_at.map_or(wait, |_| Duration::from_millis(arrival.at.elapsed().as_millis() as u64));
+                let waited = match load_ended {
+                    true => Duration::from_millis(arrival.at.elapsed().as_millis() as u64),
+                    false => wait,
+                };
                 break Err(match registered_now {
                     true => no_world_came(waited),
                     false => not_registered(&host, &tool, waited),
